@@ -1,0 +1,135 @@
+"""Synthetic click data with a known answer.
+
+Every value is a pure function of (seed, split, feature, global sample index), computed with a
+counter-based hash, so any batch of any size can be produced on any rank in any order, and the
+same sample always has the same ids, numericals and label.
+
+Labels come from a hidden ground-truth logistic model:
+
+    logit = bias + sum_f a_f[c_f] + w . x + sum_{(i, j) in pairs} <u_i[c_i], u_j[c_j]>
+
+with per-category effects `a_f`, numerical weights `w` and low-rank pairwise category
+interactions `u` (all drawn from the hash), and label ~ Bernoulli(sigmoid(logit)). The oracle
+logit of every sample is available, so the best achievable AUC is known.
+"""
+import dataclasses
+from typing import Dict, List
+
+import numpy as np
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MUL1 = np.uint64(0xBF58476D1CE4E5B9)
+_MUL2 = np.uint64(0x94D049BB133111EB)
+_SPLITS = {"train": 1, "eval": 2}
+# Hash streams: distinct constants so no two quantities share random numbers.
+_IDS, _NUMERICAL, _LABEL, _EFFECT, _WEIGHT, _LATENT = range(1, 7)
+
+_LATENT_DIM = 4
+_MAX_PAIRS = 6
+_CATEGORICAL_VARIANCE = 1.0   # logit variance from per-category effects
+_NUMERICAL_VARIANCE = 0.6     # ... from the numerical features
+_PAIR_VARIANCE = 1.2          # ... from the pairwise interactions
+_BIAS = -1.0
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser on uint64 arrays (wrap-around arithmetic)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _MUL1
+    x = x ^ (x >> np.uint64(27))
+    x = x * _MUL2
+    return x ^ (x >> np.uint64(31))
+
+
+def _hash(*keys) -> np.ndarray:
+    """Hashes a sequence of integer scalars/arrays (broadcast together) to uint64."""
+    h = np.uint64(0)
+    with np.errstate(over="ignore"):
+        for k in keys:
+            h = _mix(h + _GOLDEN + np.asarray(k, dtype=np.uint64))
+    return h
+
+
+def _uniform(*keys) -> np.ndarray:
+    """Uniform floats in [0, 1) from a hash of `keys`."""
+    return (_hash(*keys) >> np.uint64(11)).astype(np.float64) * (1.0 / 2 ** 53)
+
+
+def _normal(*keys) -> np.ndarray:
+    """Standard normal floats (Box-Muller on two hashed uniforms)."""
+    u1 = 1.0 - _uniform(*keys, 0)
+    u2 = _uniform(*keys, 1)
+    return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+
+
+def power_law_ids(u: np.ndarray, cardinality: int, alpha: float) -> np.ndarray:
+    """Maps uniforms in [0, 1) to ids in [0, cardinality), P(id = k) roughly ~ (k + 1)^-alpha.
+
+    Inverse CDF of the continuous density ~ (x + 1)^-alpha on [0, cardinality); alpha = 0 gives
+    uniform ids.
+    """
+    n = float(cardinality)
+    if alpha == 1.0:
+        x = np.power(n + 1.0, u) - 1.0
+    else:
+        a = 1.0 - alpha
+        x = np.power(u * ((n + 1.0) ** a - 1.0) + 1.0, 1.0 / a) - 1.0
+    return np.minimum(x.astype(np.int64), cardinality - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticDataset:
+    """Random-access synthetic dataset; see the module docstring for the label model."""
+    cardinalities: List[int]
+    num_numerical: int
+    alpha: float = 0.0
+    seed: int = 0
+
+    @property
+    def pairs(self):
+        """The categorical feature pairs with a planted interaction."""
+        f = len(self.cardinalities)
+        return [(i, i + 1) for i in range(0, f - 1, 2)][:_MAX_PAIRS]
+
+    @property
+    def id_dtype(self):
+        return np.int32 if max(self.cardinalities) <= np.iinfo(np.int32).max else np.int64
+
+    def batch(self, split: str, start: int, size: int) -> Dict[str, np.ndarray]:
+        """Samples [start, start + size) of `split` ("train" or "eval").
+
+        Returns numerical [n, num_numerical] float32, categorical: list of F arrays [n] of ids,
+        labels [n] float32 (0/1) and oracle_logits [n] float32 (the ground truth's logit).
+        """
+        s = _SPLITS[split]
+        idx = np.arange(start, start + size, dtype=np.uint64)
+        ids = [power_law_ids(_uniform(self.seed, _IDS, s, f, idx), card, self.alpha)
+               for f, card in enumerate(self.cardinalities)]
+        feats = np.arange(self.num_numerical, dtype=np.uint64)
+        numerical = _normal(self.seed, _NUMERICAL, s, idx[:, None], feats[None, :])
+        logits = self._logits(ids, numerical)
+        labels = _uniform(self.seed, _LABEL, s, idx) < 1.0 / (1.0 + np.exp(-logits))
+        return {
+            "numerical": numerical.astype(np.float32),
+            "categorical": [i.astype(self.id_dtype) for i in ids],
+            "labels": labels.astype(np.float32),
+            "oracle_logits": logits.astype(np.float32),
+        }
+
+    def _logits(self, ids, numerical):
+        f = len(self.cardinalities)
+        logit = np.full(numerical.shape[0], _BIAS)
+        a_scale = np.sqrt(_CATEGORICAL_VARIANCE / f)
+        for k, c in enumerate(ids):
+            logit += a_scale * _normal(self.seed, _EFFECT, k, c)
+        w = _normal(self.seed, _WEIGHT, np.arange(self.num_numerical)) * np.sqrt(_NUMERICAL_VARIANCE / self.num_numerical)
+        logit += numerical @ w
+        if self.pairs:
+            # <u_i, u_j> with N(0, s^2) entries has variance L * s^4.
+            s = (_PAIR_VARIANCE / len(self.pairs) / _LATENT_DIM) ** 0.25
+            dims = np.arange(_LATENT_DIM, dtype=np.uint64)
+            for i, j in self.pairs:
+                ui = _normal(self.seed, _LATENT, i, ids[i][:, None], dims[None, :])
+                uj = _normal(self.seed, _LATENT, j, ids[j][:, None], dims[None, :])
+                logit += s * s * np.sum(ui * uj, axis=1)
+        return logit

@@ -1,0 +1,169 @@
+"""Train, evaluate or benchmark a DLRM / DCNv2 model (DLRM defaults; see dlrm.py, dcnv2.py).
+
+    python main.py --mode=train --batch_size=4096 --embedding_dim=16 ...
+"""
+import os
+import sys
+import time
+
+from absl import app
+
+from nn.checkpoint import CheckpointError
+from utils import flags as run_flags
+from utils.config import ConfigError, RunConfig
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def model_signature(cfg: RunConfig) -> dict:
+    """The settings a checkpoint must share with the run that reads it, named as the flags."""
+    return {"synthetic_cardinalities": cfg.cardinalities, "synthetic_num_numerical": cfg.num_numerical,
+            "embedding_dim": cfg.embedding_dims, "bottom_mlp_dims": cfg.bottom_mlp_dims,
+            "top_mlp_dims": cfg.top_mlp_dims, "interaction": cfg.interaction,
+            "num_cross_layers": cfg.num_cross_layers if cfg.interaction == "cross" else None,
+            "cross_layer_projection_dim": cfg.cross_layer_projection_dim if cfg.interaction == "cross" else None,
+            "optimizer": cfg.optimizer}
+
+
+def eval_steps(steps_per_epoch: int, evals_per_epoch: int, total_steps: int):
+    """Global steps (1-based counts) after which to evaluate: evenly spaced in each epoch."""
+    if not evals_per_epoch:
+        return set()
+    steps = set()
+    for epoch_start in range(0, total_steps, steps_per_epoch):
+        for k in range(1, evals_per_epoch + 1):
+            steps.add(epoch_start + max(1, k * steps_per_epoch // evals_per_epoch))
+    return {s for s in steps if s <= total_steps}
+
+
+class Run:
+    """One run of main.py: builds the dataset, model and trainer for `cfg`."""
+
+    def __init__(self, cfg: RunConfig):
+        import tensorflow as tf
+        from dataloading.synthetic import SyntheticDataset
+        from nn.lr_schedule import LearningRateSchedule
+        from nn.model import RankingModel
+        from nn.trainer import Trainer, amp_dtype
+        from utils.logger import RunLogger
+
+        self.cfg = cfg
+        self.log = RunLogger(cfg.log_path)
+        self.dataset = SyntheticDataset(cfg.cardinalities, cfg.num_numerical, cfg.synthetic_alpha, cfg.seed)
+        compute_dtype = amp_dtype() if cfg.amp else tf.float32
+        self.model = RankingModel(cfg.cardinalities, cfg.embedding_dims, cfg.num_numerical, cfg.bottom_mlp_dims,
+                                  cfg.top_mlp_dims, cfg.interaction, cfg.num_cross_layers,
+                                  cfg.cross_layer_projection_dim, seed=cfg.seed, compute_dtype=compute_dtype)
+        schedule = LearningRateSchedule(cfg.learning_rate, cfg.warmup_steps, cfg.decay_start_step, cfg.decay_steps)
+        self.trainer = Trainer(self.model, cfg.optimizer, schedule, cfg.beta1, cfg.beta2, xla=cfg.xla,
+                               loss_scaling=compute_dtype == tf.float16)
+        params = sum(int(v.shape.num_elements()) for v in self.model.table_variables + self.model.dense_variables)
+        self.log.print(f"model: {cfg.interaction} interaction, {len(cfg.cardinalities)} tables, "
+                       f"{params:,} parameters, compute dtype {compute_dtype.name}, xla {cfg.xla}")
+        self.log.record("params", **{k: v for k, v in vars(cfg).items()}, parameters=params)
+        self.start_step = 0
+        if cfg.restore_checkpoint_path:
+            from nn import checkpoint
+            manifest = checkpoint.restore(cfg.restore_checkpoint_path, self.trainer.variables_by_name(),
+                                          model_signature(cfg))
+            self.start_step = int(self.trainer.step.numpy())
+            self.log.print(f"restored {manifest['path']} at step {self.start_step}")
+
+    def _eval_data(self):
+        from dataloading.batches import eval_batches, prefetched
+        d = self.dataset
+        return prefetched(eval_batches(d, self.cfg.synthetic_eval_rows, self.cfg.valid_batch_size),
+                          d.num_numerical, len(d.cardinalities), d.id_dtype)
+
+    def evaluate(self, step: int) -> dict:
+        from nn.evaluator import evaluate, format_metrics
+        t0 = time.perf_counter()
+        metrics = evaluate(self.trainer.predict, self._eval_data())
+        metrics["seconds"] = time.perf_counter() - t0
+        self.log.print(f"eval at step {step}: {format_metrics(metrics)} | {metrics['samples']:,} samples "
+                       f"in {metrics['seconds']:.1f} s")
+        self.log.record("eval", step, **metrics)
+        return metrics
+
+    def save(self, step: int):
+        from nn import checkpoint
+        path = checkpoint.save(self.cfg.save_checkpoint_path, self.trainer.variables_by_name(), step,
+                               model_signature(self.cfg))
+        self.log.print(f"saved checkpoint {path}")
+
+    def train(self) -> dict:
+        from dataloading.batches import prefetched, train_batches
+        cfg, d = self.cfg, self.dataset
+        steps_per_epoch = cfg.synthetic_rows // cfg.batch_size
+        total = steps_per_epoch * cfg.epochs
+        if cfg.max_steps > 0:
+            total = min(total, cfg.max_steps)
+        evals = eval_steps(steps_per_epoch, cfg.evals_per_epoch, total)
+        batches = prefetched(train_batches(d, cfg.batch_size, steps_per_epoch, cfg.seed, self.start_step, total),
+                             d.num_numerical, len(d.cardinalities), d.id_dtype)
+        self.log.print(f"training steps {self.start_step}..{total} ({steps_per_epoch} per epoch, "
+                       f"batch {cfg.batch_size})")
+        step, losses, metrics = self.start_step, [], None
+        t_start = t_last = time.perf_counter()
+        for numerical, categorical, labels, _ in batches:
+            losses.append(self.trainer.train_step(numerical, categorical, labels))
+            step += 1
+            if step % cfg.print_freq == 0 or step == total:
+                loss = float(sum(float(x) for x in losses) / len(losses))
+                now = time.perf_counter()
+                lr = float(self.trainer.schedule(step - 1))
+                self.log.progress(step, total, loss, (now - t_last) / len(losses), cfg.batch_size, lr)
+                losses, t_last = [], now
+            if cfg.checkpoint_every_n_steps and step % cfg.checkpoint_every_n_steps == 0 and step != total:
+                self.save(step)
+            if step in evals or step == total:
+                metrics = self.evaluate(step)
+                t_last += metrics["seconds"]
+        train_seconds = time.perf_counter() - t_start
+        if cfg.save_checkpoint_path:
+            self.save(step)
+        result = dict(metrics or {}, steps=step, train_seconds=train_seconds,
+                      samples_per_s=(step - self.start_step) * cfg.batch_size / max(train_seconds, 1e-9))
+        self.log.print(f"done: {step} steps, {result['samples_per_s']:,.0f} samples/s overall (with evaluation)")
+        self.log.record("final", step, **result)
+        return result
+
+    def inference(self) -> list:
+        from nn.evaluator import measure_latency
+        results = []
+        self.log.print("batch_size | samples/s | mean ms | p50 ms | p90 ms | p99 ms")
+        for size in self.cfg.inference_batch_sizes:
+            r = measure_latency(self.trainer.predict, self.dataset.batch("eval", 0, size), self.cfg.inference_steps)
+            self.log.print(f"{size} | {r['samples_per_s']:,.0f} | {r['mean_ms']:.3f} | {r['p50_ms']:.3f} | "
+                           f"{r['p90_ms']:.3f} | {r['p99_ms']:.3f}")
+            self.log.record("inference", int(self.trainer.step.numpy()), **r)
+            results.append(r)
+        return results
+
+
+def run(cfg: RunConfig):
+    """Executes `cfg.mode`; returns its results (final metrics, or inference figures)."""
+    r = Run(cfg)
+    try:
+        if cfg.mode == "train":
+            return r.train()
+        if cfg.mode == "eval":
+            return r.evaluate(r.start_step)
+        return r.inference()
+    finally:
+        r.log.close()
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    try:
+        cfg = run_flags.config_from_flags()
+        run(cfg)
+    except (ConfigError, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    app.run(main)

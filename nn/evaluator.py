@@ -1,0 +1,44 @@
+"""Evaluation (exact metrics over every sample) and inference latency measurement."""
+import time
+from typing import Callable, Dict, Iterable, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from utils.metrics import log_loss, roc_auc
+
+
+def evaluate(predict: Callable, batches: Iterable) -> Dict[str, float]:
+    """Runs `predict(numerical, categorical) -> logits` over every batch and returns AUC and
+    logloss of the model and of the ground-truth oracle logits shipped with the batches."""
+    logits, labels, oracle = [], [], []
+    for numerical, categorical, y, oracle_logits in batches:
+        logits.append(predict(numerical, categorical).numpy())
+        labels.append(y.numpy())
+        oracle.append(oracle_logits.numpy())
+    logits, labels, oracle = (np.concatenate(x) for x in (logits, labels, oracle))
+    return {"auc": roc_auc(labels, logits), "logloss": log_loss(labels, logits),
+            "oracle_auc": roc_auc(labels, oracle), "oracle_logloss": log_loss(labels, oracle),
+            "samples": int(labels.size)}
+
+
+def measure_latency(predict: Callable, batch: dict, steps: int, warmup: int = 5) -> Dict[str, float]:
+    """Times `steps` synchronous predictions of one batch; latency figures in milliseconds."""
+    numerical = tf.constant(batch["numerical"])
+    categorical = [tf.constant(c) for c in batch["categorical"]]
+    for _ in range(warmup):
+        predict(numerical, categorical).numpy()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        predict(numerical, categorical).numpy()
+        times.append(time.perf_counter() - t0)
+    ms = 1000.0 * np.asarray(times)
+    size = int(numerical.shape[0])
+    return {"batch_size": size, "samples_per_s": size * steps / float(np.sum(times)),
+            "mean_ms": float(ms.mean()), "p50_ms": float(np.percentile(ms, 50)),
+            "p90_ms": float(np.percentile(ms, 90)), "p99_ms": float(np.percentile(ms, 99))}
+
+
+def format_metrics(metrics: Dict[str, float], keys: Sequence[str] = ("auc", "logloss", "oracle_auc")) -> str:
+    return " | ".join(f"{k} {metrics[k]:.5f}" for k in keys)

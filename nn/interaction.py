@@ -1,0 +1,70 @@
+"""Feature interactions: DLRM's pairwise dot products and DCNv2's cross network."""
+from typing import List
+
+import numpy as np
+import tensorflow as tf
+
+from nn.initializers import glorot_normal
+
+
+def dot_interaction_width(num_features: int, dim: int) -> int:
+    """Output width of DotInteraction for F embeddings of width D: round_up_8(D + (F+1)F/2)."""
+    width = dim + (num_features + 1) * num_features // 2
+    return -(-width // 8) * 8
+
+
+class DotInteraction(tf.Module):
+    """DLRM interaction: bottom output [B, D] and F embeddings [B, D] ->
+    [B, round_up_8(D + (F+1)F/2)]: the bottom output, then the dot products of every pair of
+    the F+1 vectors (strictly lower triangle, row-major: (1,0), (2,0), (2,1), ...; no
+    self-interaction), then zero padding to a multiple of 8 columns.
+    """
+
+    def __init__(self, num_features: int, dim: int, name="dot_interaction"):
+        super().__init__(name=name)
+        n = num_features + 1
+        rows, cols = np.tril_indices(n, -1)
+        self._tril = tf.constant(rows * n + cols, dtype=tf.int32)
+        self._n = n
+        self._pad = dot_interaction_width(num_features, dim) - dim - len(rows)
+
+    def __call__(self, bottom: tf.Tensor, embeddings: List[tf.Tensor]) -> tf.Tensor:
+        vectors = tf.stack([bottom] + embeddings, axis=1)                 # [B, F+1, D]
+        dots = tf.matmul(vectors, vectors, transpose_b=True)              # [B, F+1, F+1]
+        flat = tf.reshape(dots, [-1, self._n * self._n])
+        pairs = tf.gather(flat, self._tril, axis=1)                       # [B, (F+1)F/2]
+        parts = [bottom, pairs]
+        if self._pad:
+            parts.append(tf.zeros([tf.shape(bottom)[0], self._pad], bottom.dtype))
+        return tf.concat(parts, axis=1)
+
+
+class CrossNetwork(tf.Module):
+    """DCNv2 cross layers on x0 [B, d]: x_{l+1} = x0 * (V_l(U_l x_l) + b_l) + x_l.
+
+    Low rank with U_l: d -> r, V_l: r -> d when projection_dim r > 0; full rank
+    (x0 * (W_l x_l + b_l) + x_l) when r == 0. Output [B, d].
+    """
+
+    def __init__(self, dim: int, num_layers: int, projection_dim: int, seed, name="cross"):
+        super().__init__(name=name)
+        self.weights = []   # per layer: [W] (full rank) or [U, V]
+        self.biases = []
+        for layer in range(num_layers):
+            s = (seed[0], seed[1] + 2 * layer)
+            if projection_dim:
+                w = [tf.Variable(glorot_normal([dim, projection_dim], s), name=f"{name}/layer_{layer}/U"),
+                     tf.Variable(glorot_normal([projection_dim, dim], (s[0], s[1] + 1)), name=f"{name}/layer_{layer}/V")]
+            else:
+                w = [tf.Variable(glorot_normal([dim, dim], s), name=f"{name}/layer_{layer}/W")]
+            self.weights.append(w)
+            self.biases.append(tf.Variable(tf.zeros([dim]), name=f"{name}/layer_{layer}/bias"))
+
+    def __call__(self, x0: tf.Tensor) -> tf.Tensor:
+        x = x0
+        for mats, bias in zip(self.weights, self.biases):
+            h = x
+            for m in mats:
+                h = tf.matmul(h, tf.cast(m, x0.dtype))
+            x = x0 * tf.nn.bias_add(h, tf.cast(bias, x0.dtype)) + x
+        return x

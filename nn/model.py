@@ -1,0 +1,57 @@
+"""DLRM and DCNv2 ranking models."""
+from typing import List, Sequence
+
+import tensorflow as tf
+
+from nn.embedding import EmbeddingTables
+from nn.interaction import CrossNetwork, DotInteraction, dot_interaction_width
+from nn.mlp import MLP
+
+
+class RankingModel(tf.Module):
+    """numerical [B, n] float32 + categorical ids (F tensors [B]) -> logits [B] float32.
+
+    DLRM (interaction "dot"): bottom MLP on the numericals, DotInteraction with the F
+    embeddings, top MLP. DCNv2 (interaction "cross"): x0 = concat(bottom output, embeddings),
+    cross network, top MLP. `compute_dtype` is float32, or bfloat16/float16 under AMP (tables
+    and master weights stay float32).
+    """
+
+    def __init__(self, cardinalities: Sequence[int], embedding_dims: Sequence[int], num_numerical: int,
+                 bottom_mlp_dims: Sequence[int], top_mlp_dims: Sequence[int], interaction: str = "dot",
+                 num_cross_layers: int = 3, cross_layer_projection_dim: int = 512, seed: int = 0,
+                 compute_dtype=tf.float32):
+        super().__init__(name="ranking_model")
+        self.compute_dtype = tf.as_dtype(compute_dtype)
+        self.embeddings = EmbeddingTables(cardinalities, embedding_dims, seed=(seed, 1000))
+        self.bottom_mlp = MLP(num_numerical, bottom_mlp_dims, linear_output=False, seed=(seed, 0), name="bottom_mlp")
+        if interaction == "dot":
+            self.interaction = DotInteraction(len(cardinalities), bottom_mlp_dims[-1])
+            top_in = dot_interaction_width(len(cardinalities), bottom_mlp_dims[-1])
+        else:
+            top_in = bottom_mlp_dims[-1] + sum(embedding_dims)
+            self.interaction = CrossNetwork(top_in, num_cross_layers, cross_layer_projection_dim, seed=(seed, 200))
+        self.top_mlp = MLP(top_in, top_mlp_dims, linear_output=True, seed=(seed, 100), name="top_mlp")
+
+    @property
+    def table_variables(self) -> List[tf.Variable]:
+        """Embedding tables (model-parallel candidates, sparse updates)."""
+        return list(self.embeddings.tables)
+
+    @property
+    def dense_variables(self) -> List[tf.Variable]:
+        """MLP and cross-network weights (data-parallel, dense updates)."""
+        dense = self.bottom_mlp.kernels + self.bottom_mlp.biases + self.top_mlp.kernels + self.top_mlp.biases
+        if isinstance(self.interaction, CrossNetwork):
+            dense += [w for ws in self.interaction.weights for w in ws] + self.interaction.biases
+        return dense
+
+    def __call__(self, numerical: tf.Tensor, categorical: List[tf.Tensor]) -> tf.Tensor:
+        dt = self.compute_dtype
+        embeddings = [tf.cast(e, dt) for e in self.embeddings(categorical)]
+        bottom = self.bottom_mlp(tf.cast(numerical, dt))
+        if isinstance(self.interaction, DotInteraction):
+            x = self.interaction(bottom, embeddings)
+        else:
+            x = self.interaction(tf.concat([bottom] + embeddings, axis=1))
+        return tf.cast(tf.squeeze(self.top_mlp(x), axis=1), tf.float32)

@@ -1,0 +1,186 @@
+"""Run configuration: one validated, typed view of the command-line flags.
+
+Pure Python (no TensorFlow), so flag errors are reported in a fraction of a second and the
+rules can be tested without a model. Every rule raises `ConfigError` with one line that names
+the offending flag(s).
+"""
+import dataclasses
+from typing import List, Optional, Sequence, Set
+
+
+class ConfigError(ValueError):
+    """An impossible or meaningless flag combination; its message is one line."""
+
+
+MODES = ("train", "eval", "inference")
+OPTIMIZERS = ("sgd", "adagrad", "adam")
+INTERACTIONS = ("dot", "cross")
+DATASET_TYPES = ("synthetic",)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    mode: str
+    batch_size: int
+    valid_batch_size: int
+    epochs: int
+    max_steps: int
+    learning_rate: float
+    optimizer: str
+    beta1: float
+    beta2: float
+    warmup_steps: int
+    decay_start_step: int
+    decay_steps: int
+    embedding_dims: List[int]
+    bottom_mlp_dims: List[int]
+    top_mlp_dims: List[int]
+    interaction: str
+    num_cross_layers: int
+    cross_layer_projection_dim: int
+    amp: bool
+    xla: bool
+    seed: int
+    print_freq: int
+    evals_per_epoch: int
+    log_path: str
+    save_checkpoint_path: str
+    restore_checkpoint_path: str
+    checkpoint_every_n_steps: int
+    dataset_path: str
+    dataset_type: str
+    synthetic_cardinalities: List[int]
+    synthetic_num_numerical: int
+    synthetic_rows: int
+    synthetic_eval_rows: int
+    synthetic_alpha: float
+    inference_batch_sizes: List[int]
+    inference_steps: int
+
+    @property
+    def num_categorical(self) -> int:
+        return len(self.synthetic_cardinalities)
+
+    @property
+    def cardinalities(self) -> List[int]:
+        return list(self.synthetic_cardinalities)
+
+    @property
+    def num_numerical(self) -> int:
+        return self.synthetic_num_numerical
+
+
+# Flags that only mean something in some settings: name -> (predicate on config, where they apply).
+_APPLIES_ONLY = {
+    "beta1": (lambda c: c.optimizer == "adam", "--optimizer=adam"),
+    "beta2": (lambda c: c.optimizer == "adam", "--optimizer=adam"),
+    "num_cross_layers": (lambda c: c.interaction == "cross", "--interaction=cross"),
+    "cross_layer_projection_dim": (lambda c: c.interaction == "cross", "--interaction=cross"),
+    "epochs": (lambda c: c.mode == "train", "--mode=train"),
+    "max_steps": (lambda c: c.mode == "train", "--mode=train"),
+    "evals_per_epoch": (lambda c: c.mode == "train", "--mode=train"),
+    "checkpoint_every_n_steps": (lambda c: c.mode == "train", "--mode=train"),
+    "save_checkpoint_path": (lambda c: c.mode == "train", "--mode=train"),
+    "inference_batch_sizes": (lambda c: c.mode == "inference", "--mode=inference"),
+    "inference_steps": (lambda c: c.mode == "inference", "--mode=inference"),
+    "synthetic_rows": (lambda c: c.mode == "train", "--mode=train"),
+}
+
+
+def _positive(name, value):
+    if value <= 0:
+        raise ConfigError(f"--{name} must be positive, got {value}")
+
+
+def _positive_list(name, values):
+    if not values:
+        raise ConfigError(f"--{name} must not be empty")
+    for v in values:
+        if v <= 0:
+            raise ConfigError(f"--{name} entries must be positive, got {v}")
+
+
+def parse_int_list(name: str, values: Sequence) -> List[int]:
+    """Turns a flag's list of strings (or ints) into ints, naming the flag on failure."""
+    try:
+        return [int(v) for v in values]
+    except (TypeError, ValueError):
+        raise ConfigError(f"--{name} must be a comma-separated list of integers, got {','.join(map(str, values))}")
+
+
+def build_config(values: dict, present: Optional[Set[str]] = None, world_size: int = 1) -> RunConfig:
+    """Validates raw flag values and returns a RunConfig.
+
+    values: flag name -> value as absl parsed it (lists as lists of strings).
+    present: names of flags the user set explicitly (a flag that would have no effect in the
+      chosen setting is an error only when set explicitly).
+    world_size: number of ranks; the global batch must divide evenly over them.
+    """
+    present = present or set()
+    v = dict(values)
+    for name in ("embedding_dim", "bottom_mlp_dims", "top_mlp_dims", "synthetic_cardinalities",
+                 "inference_batch_sizes"):
+        v[name] = parse_int_list(name, v[name])
+    cards = v["synthetic_cardinalities"]
+    _positive_list("synthetic_cardinalities", cards)
+    dims = v.pop("embedding_dim")
+    if len(dims) == 1:
+        dims = dims * len(cards)
+    elif len(dims) != len(cards):
+        raise ConfigError(f"--embedding_dim has {len(dims)} values but there are {len(cards)} "
+                          "categorical features: give one value or one per feature")
+    v["embedding_dims"] = dims
+    cfg = RunConfig(**v)
+    _check(cfg, present, world_size)
+    return cfg
+
+
+def _check(c: RunConfig, present: Set[str], world_size: int):
+    for name, choices in (("mode", MODES), ("optimizer", OPTIMIZERS),
+                          ("interaction", INTERACTIONS), ("dataset_type", DATASET_TYPES)):
+        if getattr(c, name) not in choices:
+            raise ConfigError(f"--{name} must be one of {', '.join(choices)}; got {getattr(c, name)!r}")
+    for name in sorted(present & set(_APPLIES_ONLY)):
+        applies, where = _APPLIES_ONLY[name]
+        if not applies(c):
+            raise ConfigError(f"--{name} only applies with {where}; remove it or change that flag")
+    for name in ("batch_size", "valid_batch_size", "epochs", "learning_rate", "print_freq",
+                 "synthetic_rows", "synthetic_eval_rows", "synthetic_num_numerical", "inference_steps"):
+        _positive(name, getattr(c, name))
+    for name in ("embedding_dims", "bottom_mlp_dims", "top_mlp_dims", "inference_batch_sizes"):
+        _positive_list(name.replace("embedding_dims", "embedding_dim"), getattr(c, name))
+    for name in ("warmup_steps", "decay_start_step", "decay_steps", "evals_per_epoch",
+                 "checkpoint_every_n_steps", "cross_layer_projection_dim", "synthetic_alpha"):
+        if getattr(c, name) < 0:
+            raise ConfigError(f"--{name} must be >= 0, got {getattr(c, name)}")
+    if c.max_steps == 0 or c.max_steps < -1:
+        raise ConfigError(f"--max_steps must be positive, or -1 for no limit; got {c.max_steps}")
+    if c.optimizer == "adam":
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(c, name) < 1.0:
+                raise ConfigError(f"--{name} must be in [0, 1), got {getattr(c, name)}")
+    if c.decay_steps > 0 and c.decay_start_step < c.warmup_steps:
+        raise ConfigError(f"--decay_start_step ({c.decay_start_step}) must not come before the end of "
+                          f"--warmup_steps ({c.warmup_steps})")
+    if c.top_mlp_dims[-1] != 1:
+        raise ConfigError(f"the last --top_mlp_dims entry is the logit and must be 1, got {c.top_mlp_dims[-1]}")
+    if c.interaction == "dot":
+        if len(set(c.embedding_dims)) != 1:
+            raise ConfigError("--interaction=dot needs one --embedding_dim for all features "
+                              f"(got {sorted(set(c.embedding_dims))}); use --interaction=cross for unequal dims")
+        if c.bottom_mlp_dims[-1] != c.embedding_dims[0]:
+            raise ConfigError(f"--interaction=dot needs the last --bottom_mlp_dims entry "
+                              f"({c.bottom_mlp_dims[-1]}) to equal --embedding_dim ({c.embedding_dims[0]})")
+    elif c.num_cross_layers < 1:
+        raise ConfigError(f"--num_cross_layers must be >= 1 with --interaction=cross, got {c.num_cross_layers}")
+    if c.batch_size % world_size:
+        raise ConfigError(f"--batch_size ({c.batch_size}) must be divisible by the number of ranks ({world_size})")
+    if c.mode == "train" and c.synthetic_rows < c.batch_size:
+        raise ConfigError(f"--synthetic_rows ({c.synthetic_rows}) is smaller than one --batch_size ({c.batch_size})")
+    if c.checkpoint_every_n_steps and not c.save_checkpoint_path:
+        raise ConfigError("--checkpoint_every_n_steps needs --save_checkpoint_path")
+    if c.mode == "eval" and not c.restore_checkpoint_path:
+        raise ConfigError("--mode=eval needs --restore_checkpoint_path (a trained model to evaluate)")
+    if c.dataset_path and c.dataset_type == "synthetic":
+        raise ConfigError("--dataset_path is read only by file datasets; --dataset_type=synthetic "
+                          "generates its data from the --synthetic_* flags")

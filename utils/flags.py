@@ -1,0 +1,67 @@
+"""Command-line flags, named as in NVIDIA's TF2 DLRM/DCNv2 reference.
+
+Defaults are DLRM's; `dcnv2.py` overrides the model defaults with `set_defaults`.
+"""
+from absl import flags
+
+from utils.config import (DATASET_TYPES, INTERACTIONS, MODES, OPTIMIZERS, RunConfig, build_config)
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_enum("mode", "train", list(MODES), "train: train (and evaluate); eval: evaluate a "
+                  "checkpoint; inference: measure prediction throughput and latency")
+flags.DEFINE_integer("batch_size", 64 * 1024, "global training batch size")
+flags.DEFINE_integer("valid_batch_size", 64 * 1024, "evaluation batch size")
+flags.DEFINE_integer("epochs", 1, "passes over the training data")
+flags.DEFINE_integer("max_steps", -1, "stop training after this many steps (-1: no limit)")
+flags.DEFINE_float("learning_rate", 24.0, "peak learning rate")
+flags.DEFINE_enum("optimizer", "sgd", list(OPTIMIZERS),
+                  "optimizer for the MLPs; tables use its sparse (lazy) form")
+flags.DEFINE_float("beta1", 0.9, "Adam beta1")
+flags.DEFINE_float("beta2", 0.999, "Adam beta2")
+flags.DEFINE_integer("warmup_steps", 8000, "linear learning-rate warmup steps")
+flags.DEFINE_integer("decay_start_step", 48000, "step at which polynomial decay starts")
+flags.DEFINE_integer("decay_steps", 24000, "length of the polynomial (power 2) decay to zero; 0: no decay")
+flags.DEFINE_list("embedding_dim", ["128"], "embedding width: one value, or one per categorical feature")
+flags.DEFINE_list("bottom_mlp_dims", ["512", "256", "128"], "bottom MLP output widths")
+flags.DEFINE_list("top_mlp_dims", ["1024", "1024", "512", "256", "1"], "top MLP output widths (last is the logit)")
+flags.DEFINE_enum("interaction", "dot", list(INTERACTIONS), "dot: DLRM pairwise dots; cross: DCNv2 cross network")
+flags.DEFINE_integer("num_cross_layers", 3, "DCNv2 cross layers")
+flags.DEFINE_integer("cross_layer_projection_dim", 512, "DCNv2 low-rank projection width (0: full rank)")
+flags.DEFINE_bool("amp", False, "mixed precision: float16 with loss scaling on GPU, bfloat16 on CPU; tables stay float32")
+flags.DEFINE_bool("xla", False, "jit-compile the train and evaluation steps with XLA")
+flags.DEFINE_integer("seed", 12345, "seed for initialisation and data order")
+flags.DEFINE_integer("print_freq", 100, "print a progress line every this many steps")
+flags.DEFINE_integer("evals_per_epoch", 1, "evaluations per epoch (0: only at the end of training)")
+flags.DEFINE_string("log_path", "", "JSON-lines log file; TensorBoard scalars go to <log_path without .json>_tb/")
+flags.DEFINE_string("save_checkpoint_path", "", "directory for checkpoints (written at the end of training)")
+flags.DEFINE_string("restore_checkpoint_path", "", "checkpoint directory to resume or evaluate from")
+flags.DEFINE_integer("checkpoint_every_n_steps", 0, "also checkpoint every this many steps (0: only at the end)")
+flags.DEFINE_string("dataset_path", "", "dataset directory (file datasets)")
+flags.DEFINE_enum("dataset_type", "synthetic", list(DATASET_TYPES), "synthetic: generated on the fly")
+flags.DEFINE_list("synthetic_cardinalities",
+                  ["100000", "50000", "20000", "10000", "5000", "3000", "2000", "1000", "500", "300",
+                   "200", "100", "100000", "50000", "20000", "10000", "1000", "500", "100", "50",
+                   "20", "10", "8", "4", "3", "2"],
+                  "synthetic table sizes, one per categorical feature")
+flags.DEFINE_integer("synthetic_num_numerical", 13, "synthetic numerical features")
+flags.DEFINE_integer("synthetic_rows", 2 ** 21, "synthetic training samples per epoch")
+flags.DEFINE_integer("synthetic_eval_rows", 2 ** 18, "synthetic evaluation samples")
+flags.DEFINE_float("synthetic_alpha", 1.05, "power-law exponent of synthetic ids (0: uniform)")
+flags.DEFINE_list("inference_batch_sizes", ["1", "64", "1024", "8192"], "batch sizes timed by --mode=inference")
+flags.DEFINE_integer("inference_steps", 100, "timed batches per batch size in --mode=inference")
+
+
+def set_defaults(**defaults):
+    """Sets model defaults before parsing (used by dlrm.py / dcnv2.py)."""
+    for name, value in defaults.items():
+        FLAGS.set_default(name, value)
+
+
+def config_from_flags(world_size: int = 1) -> RunConfig:
+    """Builds the validated RunConfig from the parsed flags."""
+    names = [f.name for f in RunConfig.__dataclass_fields__.values() if f.name != "embedding_dims"]
+    names.append("embedding_dim")
+    values = {n: FLAGS[n].value for n in names}
+    present = {n for n in names if FLAGS[n].present}
+    return build_config(values, present, world_size)

@@ -1,0 +1,65 @@
+"""Run logging: progress lines on stdout, a JSON-lines log and TensorBoard scalars."""
+import json
+import os
+import sys
+import time
+from typing import Optional
+
+
+def tensorboard_dir(log_path: str) -> str:
+    """Where TensorBoard scalars go for a JSON log at `log_path`."""
+    return os.path.splitext(log_path)[0] + "_tb"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class RunLogger:
+    """Writes `kind`-tagged JSON records to `log_path` (if given), scalars to TensorBoard, and
+    human-readable lines to `out`."""
+
+    def __init__(self, log_path: str = "", out=sys.stdout):
+        self.out = out
+        self._file = None
+        self._tb = None
+        if log_path:
+            os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+            self._file = open(log_path, "a")
+            import tensorflow as tf
+            self._tb = tf.summary.create_file_writer(tensorboard_dir(log_path))
+
+    def print(self, line: str):
+        print(line, file=self.out, flush=True)
+
+    def record(self, kind: str, step: Optional[int] = None, **fields):
+        """One JSON line; numeric fields also become TensorBoard scalars `<kind>/<field>`."""
+        if self._file:
+            entry = {"kind": kind, "time": round(time.time(), 3)}
+            if step is not None:
+                entry["step"] = int(step)
+            entry.update(fields)
+            self._file.write(json.dumps(entry) + "\n")
+            self._file.flush()
+        if self._tb and step is not None:
+            import tensorflow as tf
+            with self._tb.as_default():
+                for key, value in fields.items():
+                    if isinstance(value, (int, float)) and not isinstance(value, bool):
+                        tf.summary.scalar(f"{kind}/{key}", value, step=int(step))
+            self._tb.flush()
+
+    def progress(self, step: int, total: int, loss: float, step_seconds: float, batch_size: int, lr: float):
+        """The progress line, and a `step` record."""
+        throughput = batch_size / step_seconds
+        eta = (total - step) * step_seconds
+        self.print(f"step {step}/{total} | eta {_duration(eta)} | loss {loss:.5f} | "
+                   f"step {1000 * step_seconds:.1f} ms | {throughput:,.0f} samples/s | lr {lr:.6g}")
+        self.record("step", step, loss=loss, step_ms=1000 * step_seconds, samples_per_s=throughput, lr=lr)
+
+    def close(self):
+        if self._file:
+            self._file.close()
+        if self._tb:
+            self._tb.close()
