@@ -41,9 +41,12 @@ class Optimizer(tf.Module):
     def __init__(self, variables: List[tf.Variable], name: str):
         super().__init__(name=name)
         self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}/iterations")
-        self.slots: Dict[str, Dict[str, tf.Variable]] = {}
+        names = [v.name for v in variables]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{name}: variable names must be unique (slots are saved by name): {names}")
+        self.slots: Dict[object, Dict[str, tf.Variable]] = {}
         for var in variables:
-            self.slots[var.name] = {s: tf.Variable(self._slot_init(s, var), trainable=False, name=slot_name(var, s))
+            self.slots[var.ref()] = {s: tf.Variable(self._slot_init(s, var), trainable=False, name=slot_name(var, s))
                                     for s in self.slot_names}
 
     def _slot_init(self, slot, var):
@@ -81,12 +84,12 @@ class Adagrad(Optimizer):
         return tf.fill(tf.shape(var), tf.constant(_ADAGRAD_INITIAL_ACCUMULATOR, var.dtype))
 
     def _apply_dense(self, grad, var, lr):
-        acc = self.slots[var.name]["accumulator"]
+        acc = self.slots[var.ref()]["accumulator"]
         tf.raw_ops.ResourceApplyAdagradV2(var=var.handle, accum=acc.handle, lr=lr,
                                           epsilon=tf.constant(_EPSILON, var.dtype), grad=grad)
 
     def _apply_sparse(self, grad, var, lr):
-        acc = self.slots[var.name]["accumulator"]
+        acc = self.slots[var.ref()]["accumulator"]
         idx, g = sum_duplicates(grad)
         new_acc = tf.gather(acc, idx) + g * g
         new_var = tf.gather(var, idx) - lr * g / (tf.sqrt(new_acc) + _EPSILON)
@@ -110,7 +113,7 @@ class Adam(Optimizer):
         super().apply(grads_and_vars, lr)
 
     def _apply_dense(self, grad, var, lr):
-        s = self.slots[var.name]
+        s = self.slots[var.ref()]
         dt = var.dtype
         tf.raw_ops.ResourceApplyAdam(
             var=var.handle, m=s["m"].handle, v=s["v"].handle,
@@ -119,7 +122,7 @@ class Adam(Optimizer):
             epsilon=tf.constant(_EPSILON, dt), grad=grad)
 
     def _apply_sparse(self, grad, var, lr):
-        s = self.slots[var.name]
+        s = self.slots[var.ref()]
         idx, g = sum_duplicates(grad)
         m = self.beta1 * tf.gather(s["m"], idx) + (1.0 - self.beta1) * g
         v = self.beta2 * tf.gather(s["v"], idx) + (1.0 - self.beta2) * g * g

@@ -1,0 +1,97 @@
+"""Optimizers: values against NumPy, and sparsity (untouched rows and slots bit-identical)."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from nn.lr_schedule import LearningRateSchedule
+from nn.model import RankingModel
+from nn.optimizers import make_optimizer
+from nn.trainer import Trainer
+
+EPS, B1, B2 = 1e-7, 0.8, 0.95
+
+
+def numpy_step(name, w, state, g, lr, t):
+    """One reference update of rows with (already summed) gradient g; t is the 1-based count."""
+    if name == "sgd":
+        return w - lr * g
+    if name == "adagrad":
+        state["acc"] = state["acc"] + g * g
+        return w - lr * g / (np.sqrt(state["acc"]) + EPS)
+    state["m"] = B1 * state["m"] + (1 - B1) * g
+    state["v"] = B2 * state["v"] + (1 - B2) * g * g
+    lr_t = lr * np.sqrt(1 - B2 ** t) / (1 - B1 ** t)
+    return w - lr_t * state["m"] / (np.sqrt(state["v"]) + EPS)
+
+
+def initial_state(name, shape):
+    return {"acc": np.full(shape, 0.1), "m": np.zeros(shape), "v": np.zeros(shape)}
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph", "xla"])
+@pytest.mark.parametrize("name", ["sgd", "adagrad", "adam"])
+def test_sparse_and_dense_updates_match_numpy(name, mode):
+    rng = np.random.default_rng(7)
+    table0 = rng.standard_normal((12, 3)).astype(np.float32)
+    dense0 = rng.standard_normal((4, 2)).astype(np.float32)
+    table, dense = tf.Variable(table0, name="table"), tf.Variable(dense0, name="dense")
+    opt = make_optimizer(name, [table, dense], "opt", beta1=B1, beta2=B2)
+    indices = np.array([2, 5, 2, 9], dtype=np.int32)   # 2 is duplicated
+
+    def step(values, dense_grad, lr):
+        opt.apply([(tf.IndexedSlices(values, indices, tf.constant([12, 3])), table), (dense_grad, dense)], lr)
+
+    if mode != "eager":
+        step = tf.function(step, jit_compile=(mode == "xla"))
+    t_ref, d_ref = table0.astype(np.float64), dense0.astype(np.float64)
+    t_state, d_state = initial_state(name, t_ref.shape), initial_state(name, d_ref.shape)
+    for t in (1, 2, 3):
+        values = rng.standard_normal((4, 3)).astype(np.float32)
+        dense_grad = rng.standard_normal((4, 2)).astype(np.float32)
+        lr = 0.1 * t
+        step(tf.constant(values), tf.constant(dense_grad), tf.constant(lr))
+        summed = np.zeros_like(t_ref)
+        np.add.at(summed, indices, values)
+        rows = np.unique(indices)
+        # Lazy: only the rows in the batch move, with their own slot rows.
+        sub_state = {k: v[rows] for k, v in t_state.items()}
+        t_ref[rows] = numpy_step(name, t_ref[rows], sub_state, summed[rows], lr, t)
+        for k in t_state:
+            t_state[k][rows] = sub_state[k]
+        d_ref = numpy_step(name, d_ref, d_state, dense_grad, lr, t)
+    np.testing.assert_allclose(table.numpy(), t_ref, rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(dense.numpy(), d_ref, rtol=2e-5, atol=2e-6)
+    untouched = np.setdiff1d(np.arange(12), indices)
+    np.testing.assert_array_equal(table.numpy()[untouched], table0[untouched])
+    assert int(opt.iterations.numpy()) == 3
+
+
+@pytest.mark.parametrize("xla", [False, True])
+@pytest.mark.parametrize("name", ["sgd", "adagrad", "adam"])
+def test_train_step_leaves_untouched_rows_and_slots_bit_identical(name, xla):
+    cards = [50, 40, 30]
+    model = RankingModel(cards, [8, 8, 8], 4, [16, 8], [16, 1], seed=3)
+    trainer = Trainer(model, name, LearningRateSchedule(0.1, 0, 0, 0), xla=xla)
+    before = {k: v.numpy().copy() for k, v in trainer.variables_by_name().items()}
+    ids = [tf.constant([1, 3, 3, 7], tf.int32), tf.constant([0, 0, 0, 0], tf.int32), tf.constant([29, 5, 6, 7], tf.int32)]
+    trainer.train_step(tf.random.stateless_normal([4, 4], seed=(1, 1)), ids, tf.constant([1.0, 0.0, 1.0, 0.0]))
+    after = trainer.variables_by_name()
+    for f, (card, id_t) in enumerate(zip(cards, ids)):
+        touched = np.unique(id_t.numpy())
+        untouched = np.setdiff1d(np.arange(card), touched)
+        names = [n for n in before if n.startswith(f"embedding/table_{f}")]
+        assert len(names) == 1 + {"sgd": 0, "adagrad": 1, "adam": 2}[name]   # table and its slots
+        for n in names:
+            np.testing.assert_array_equal(after[n].numpy()[untouched], before[n][untouched], err_msg=n)
+            assert not np.array_equal(after[n].numpy()[touched], before[n][touched]), n
+    # Dense weights all moved.
+    assert not np.array_equal(after["top_mlp/dense_0/kernel"].numpy(), before["top_mlp/dense_0/kernel"])
+
+
+def test_table_gradients_stay_indexed_slices():
+    model = RankingModel([1000], [4], 2, [4], [4, 1], seed=0)
+    with tf.GradientTape() as tape:
+        out = model(tf.ones([2, 2]), [tf.constant([3, 4])])
+    grad = tape.gradient(out, model.table_variables)[0]
+    assert isinstance(grad, tf.IndexedSlices)
+    assert grad.values.shape == (2, 4)

@@ -1,0 +1,59 @@
+"""Synthetic dataset: random access, determinism, id ranges and distribution, planted labels."""
+import numpy as np
+
+from dataloading.batches import epoch_order, eval_batches, train_batches
+from dataloading.synthetic import SyntheticDataset, power_law_ids
+from utils.metrics import roc_auc
+
+DATA = SyntheticDataset([7, 100, 5000, 3], num_numerical=5, alpha=1.05, seed=9)
+
+
+def test_any_batching_gives_the_same_samples():
+    whole = DATA.batch("train", 0, 1000)
+    parts = [DATA.batch("train", s, n) for s, n in ((0, 333), (333, 1), (334, 666))]
+    for key in ("numerical", "labels", "oracle_logits"):
+        np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), whole[key])
+    for f in range(4):
+        np.testing.assert_array_equal(np.concatenate([p["categorical"][f] for p in parts]), whole["categorical"][f])
+
+
+def test_splits_and_seeds_differ():
+    a = DATA.batch("train", 0, 100)["categorical"][2]
+    b = DATA.batch("eval", 0, 100)["categorical"][2]
+    c = SyntheticDataset([7, 100, 5000, 3], 5, 1.05, seed=10).batch("train", 0, 100)["categorical"][2]
+    assert not np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+def test_ids_in_range_and_power_law():
+    batch = DATA.batch("train", 0, 20000)
+    for ids, card in zip(batch["categorical"], DATA.cardinalities):
+        assert ids.min() >= 0 and ids.max() < card
+    counts = np.bincount(batch["categorical"][2], minlength=5000)
+    assert counts[0] > 20 * counts[1000:1100].mean()     # head much hotter than the tail
+    uniform = power_law_ids(np.linspace(0, 1, 10000, endpoint=False), 10, 0.0)
+    np.testing.assert_array_equal(np.bincount(uniform), [1000] * 10)
+
+
+def test_labels_follow_the_oracle():
+    batch = DATA.batch("eval", 0, 50000)
+    p = 1 / (1 + np.exp(-batch["oracle_logits"]))
+    assert abs(batch["labels"].mean() - p.mean()) < 0.01
+    assert roc_auc(batch["labels"], batch["oracle_logits"]) > 0.75
+    assert abs(batch["numerical"].mean()) < 0.02 and abs(batch["numerical"].std() - 1) < 0.02
+
+
+def test_train_stream_is_a_reproducible_permutation_per_epoch():
+    order = epoch_order(1, 0, 10)
+    assert sorted(order) == list(range(10)) and not np.array_equal(order, epoch_order(1, 1, 10))
+    full = list(train_batches(DATA, 4, 10, 1, 0, 25))
+    resumed = list(train_batches(DATA, 4, 10, 1, 13, 25))
+    assert len(resumed) == 12
+    for a, b in zip(full[13:], resumed):
+        np.testing.assert_array_equal(a["oracle_logits"], b["oracle_logits"])
+    epoch0 = np.sort(np.concatenate([b["oracle_logits"] for b in full[:10]]))
+    np.testing.assert_array_equal(epoch0, np.sort(DATA.batch("train", 0, 40)["oracle_logits"]))
+
+
+def test_eval_stream_keeps_the_last_partial_batch():
+    sizes = [len(b["labels"]) for b in eval_batches(DATA, 10, 4)]
+    assert sizes == [4, 4, 2]

@@ -1,0 +1,84 @@
+"""Train step variants (graph, XLA, AMP, float16 loss scaling) against the float32 eager step."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from dataloading.synthetic import SyntheticDataset
+from nn.lr_schedule import LearningRateSchedule
+from nn.model import RankingModel
+from nn.trainer import Trainer
+
+CARDS = [40, 30, 20]
+DATA = SyntheticDataset(CARDS, 4, 0.0, seed=2)
+
+
+def make_trainer(interaction, compute_dtype=tf.float32, xla=False, loss_scaling=False):
+    model = RankingModel(CARDS, [8, 8, 8], 4, [32, 8], [32, 16, 1], interaction=interaction,
+                         num_cross_layers=2, cross_layer_projection_dim=6, seed=11, compute_dtype=compute_dtype)
+    return Trainer(model, "sgd", LearningRateSchedule(0.5, 0, 0, 0), xla=xla, loss_scaling=loss_scaling)
+
+
+def batch_tensors(start=0, size=64):
+    b = DATA.batch("train", start, size)
+    return tf.constant(b["numerical"]), [tf.constant(c) for c in b["categorical"]], tf.constant(b["labels"])
+
+
+def one_step(trainer, eager=False):
+    before = {k: v.numpy().copy() for k, v in trainer.variables_by_name().items()}
+    step = trainer._train_step if eager else trainer.train_step
+    loss = float(step(*batch_tensors()))
+    delta = {k: v.numpy() - before[k] for k, v in trainer.variables_by_name().items() if v.dtype == tf.float32}
+    return loss, delta
+
+
+def relative_error(a, b):
+    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12)
+
+
+def cosine(a, b):
+    return float(np.sum(a * b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+@pytest.mark.parametrize("interaction", ["dot", "cross"])
+@pytest.mark.parametrize("variant", ["graph", "xla", "amp_bfloat16", "amp_float16"])
+def test_step_variants_close_to_float32_eager(interaction, variant):
+    ref_loss, ref_delta = one_step(make_trainer(interaction), eager=True)
+    if variant == "graph":
+        trainer, tol = make_trainer(interaction), 1e-4
+    elif variant == "xla":
+        trainer, tol = make_trainer(interaction, xla=True), 1e-4
+    elif variant == "amp_bfloat16":
+        trainer, tol = make_trainer(interaction, tf.bfloat16), None   # 8-bit mantissa: direction only
+    else:
+        trainer, tol = make_trainer(interaction, tf.float16, loss_scaling=True), 0.02
+    loss, delta = one_step(trainer)
+    assert loss == pytest.approx(ref_loss, rel=tol / 5 if tol else 5e-3)
+    for name, ref in ref_delta.items():
+        if np.linalg.norm(ref) > 1e-6:
+            if tol:
+                assert relative_error(delta[name], ref) < tol, name
+            else:
+                assert cosine(delta[name], ref) > 0.95, name
+    assert trainer.model.compute_dtype == {"amp_bfloat16": tf.bfloat16, "amp_float16": tf.float16}.get(variant, tf.float32)
+
+
+def test_float16_overflow_skips_the_update_and_halves_the_scale():
+    trainer = make_trainer("dot", tf.float16, loss_scaling=True)
+    trainer.loss_scale.scale.assign(2.0 ** 40)   # scaled float16 gradients overflow to inf
+    before = {k: v.numpy().copy() for k, v in trainer.variables_by_name().items()}
+    trainer.train_step(*batch_tensors())
+    after = trainer.variables_by_name()
+    assert float(trainer.loss_scale.scale.numpy()) == 2.0 ** 39
+    for name in ("embedding/table_0", "top_mlp/dense_0/kernel", "bottom_mlp/dense_1/bias"):
+        np.testing.assert_array_equal(after[name].numpy(), before[name])
+    assert int(trainer.step.numpy()) == 1    # the data position still advances
+
+
+def test_loss_scale_grows_after_finite_interval():
+    trainer = make_trainer("dot", tf.float16, loss_scaling=True)
+    trainer.loss_scale.growth_interval = 3
+    scale0 = float(trainer.loss_scale.scale.numpy())
+    for i in range(3):
+        trainer.train_step(*batch_tensors(64 * i))
+    assert float(trainer.loss_scale.scale.numpy()) == 2 * scale0
+    assert int(trainer.loss_scale.good_steps.numpy()) == 0
