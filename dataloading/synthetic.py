@@ -13,6 +13,7 @@ interactions `u` (all drawn from the hash), and label ~ Bernoulli(sigmoid(logit)
 logit of every sample is available, so the best achievable AUC is known.
 """
 import dataclasses
+import functools
 from typing import Dict, List
 
 import numpy as np
@@ -77,6 +78,23 @@ def power_law_ids(u: np.ndarray, cardinality: int, alpha: float) -> np.ndarray:
     return np.minimum(x.astype(np.int64), cardinality - 1)
 
 
+_TABLE_CACHE_ELEMENTS = 1 << 24   # per-category effects of smaller features are tabulated once
+
+
+@functools.lru_cache(maxsize=256)
+def _effect_table(seed: int, stream: int, feature: int, cardinality: int, width: int) -> np.ndarray:
+    """_normal(seed, stream, feature, c, k) for every category c and k < width: [cardinality, width]."""
+    return _normal(seed, stream, feature, np.arange(cardinality, dtype=np.uint64)[:, None],
+                   np.arange(width, dtype=np.uint64)[None, :])
+
+
+def _effects(seed: int, stream: int, feature: int, cardinality: int, ids: np.ndarray, width: int) -> np.ndarray:
+    """Per-category hashed normals [n, width] of `ids`, from a cached table when it is small."""
+    if cardinality * width <= _TABLE_CACHE_ELEMENTS:
+        return _effect_table(seed, stream, feature, cardinality, width)[ids]
+    return _normal(seed, stream, feature, ids[:, None], np.arange(width, dtype=np.uint64)[None, :])
+
+
 @dataclasses.dataclass(frozen=True)
 class SyntheticDataset:
     """Random-access synthetic dataset; see the module docstring for the label model."""
@@ -120,16 +138,16 @@ class SyntheticDataset:
         f = len(self.cardinalities)
         logit = np.full(numerical.shape[0], _BIAS)
         a_scale = np.sqrt(_CATEGORICAL_VARIANCE / f)
-        for k, c in enumerate(ids):
-            logit += a_scale * _normal(self.seed, _EFFECT, k, c)
+        for k, (c, card) in enumerate(zip(ids, self.cardinalities)):
+            logit += a_scale * _effects(self.seed, _EFFECT, k, card, c, 1)[:, 0]
         w = _normal(self.seed, _WEIGHT, np.arange(self.num_numerical)) * np.sqrt(_NUMERICAL_VARIANCE / self.num_numerical)
         logit += numerical @ w
         if self.pairs:
             # <u_i, u_j> with N(0, s^2) entries has variance L * s^4.
             s = (_PAIR_VARIANCE / len(self.pairs) / _LATENT_DIM) ** 0.25
-            dims = np.arange(_LATENT_DIM, dtype=np.uint64)
+            cards = self.cardinalities
             for i, j in self.pairs:
-                ui = _normal(self.seed, _LATENT, i, ids[i][:, None], dims[None, :])
-                uj = _normal(self.seed, _LATENT, j, ids[j][:, None], dims[None, :])
+                ui = _effects(self.seed, _LATENT, i, cards[i], ids[i], _LATENT_DIM)
+                uj = _effects(self.seed, _LATENT, j, cards[j], ids[j], _LATENT_DIM)
                 logit += s * s * np.sum(ui * uj, axis=1)
         return logit

@@ -57,3 +57,10 @@ def test_train_stream_is_a_reproducible_permutation_per_epoch():
 def test_eval_stream_keeps_the_last_partial_batch():
     sizes = [len(b["labels"]) for b in eval_batches(DATA, 10, 4)]
     assert sizes == [4, 4, 2]
+
+
+def test_tabulated_effects_equal_hashed_effects(monkeypatch):
+    import dataloading.synthetic as synthetic
+    tabulated = DATA.batch("eval", 5, 300)["oracle_logits"]
+    monkeypatch.setattr(synthetic, "_TABLE_CACHE_ELEMENTS", 0)
+    np.testing.assert_array_equal(DATA.batch("eval", 5, 300)["oracle_logits"], tabulated)

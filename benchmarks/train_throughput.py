@@ -1,0 +1,134 @@
+"""Training throughput on the shared workloads (../shared/bench/workloads.yaml), one JSON line each.
+
+Runs this project's real train step (nn.model.RankingModel + nn.trainer.Trainer, SGD as the
+workloads specify) on an in-memory pool of synthetic batches, as the yardstick does:
+
+    python benchmarks/train_throughput.py --workload dlrm-kaggle [--xla 1] [--onednn 0|1] [--threads 2]
+    python benchmarks/train_throughput.py --compare      # also runs the yardstick's modes, prints ratios
+
+Workload, FLOP accounting and batch pool come from the shared yardstick module, so both sides
+measure the same thing.
+"""
+import argparse
+import importlib.util
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_BENCH = os.path.join(os.path.dirname(ROOT), "shared", "bench")
+WORKLOADS = ("dlrm-kaggle", "dlrm-large", "dcnv2-nvidia")
+YARDSTICK_MODES = (("graph", []), ("xla", ["--jit", "1"]), ("onednn", ["--onednn", "1"]))
+
+
+def yardstick_module(bench_dir):
+    spec = importlib.util.spec_from_file_location("yardstick", os.path.join(bench_dir, "yardstick", "yardstick.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def measure(args):
+    """Times our train step on one workload; returns the JSON record."""
+    for k in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
+        os.environ[k] = str(args.threads)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if args.onednn is not None:
+        os.environ["TF_ENABLE_ONEDNN_OPTS"] = str(args.onednn)
+    sys.path.insert(0, ROOT)
+    import numpy as np
+    import tensorflow as tf
+    from nn.lr_schedule import LearningRateSchedule
+    from nn.model import RankingModel
+    from nn.trainer import Trainer
+
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    ys = yardstick_module(args.bench_dir)
+    w = ys.load_workload(args.workload, args.threads)
+    warmup = args.warmup if args.warmup is not None else w["warmup_steps"]
+    timed = args.timed if args.timed is not None else w["timed_steps"]
+    cards = w["cardinalities"]
+    model = RankingModel(cards, [w["embedding_dim"]] * len(cards), w["num_dense"], w["bottom_mlp"], w["top_mlp"],
+                         interaction="cross" if w["model"] == "dcnv2" else "dot",
+                         num_cross_layers=w.get("cross_layers", 0),
+                         cross_layer_projection_dim=w.get("cross_projection_dim", 0), seed=w["seed"])
+    trainer = Trainer(model, w["optimizer"]["name"], LearningRateSchedule(w["optimizer"]["lr"], 0, 0, 0),
+                      xla=bool(args.xla))
+    rng = np.random.default_rng(w["seed"])
+    batch = int(w["batch_size"])
+    card = np.asarray(cards, dtype=np.int64)
+    pool = []
+    for _ in range(int(w["pool_batches"])):
+        ids = np.minimum((rng.random((batch, len(card))) * card).astype(np.int64), card - 1).astype(np.int32)
+        pool.append((tf.constant(rng.standard_normal((batch, w["num_dense"]), dtype=np.float32)),
+                     [tf.constant(ids[:, f]) for f in range(len(card))],
+                     tf.constant(rng.integers(0, 2, size=batch).astype(np.float32))))
+    times = []
+    for i in range(warmup + timed):
+        t0 = time.perf_counter()
+        float(trainer.train_step(*pool[i % len(pool)]))
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    sps = batch * len(times) / sum(times)
+    onednn = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default")
+    return {"impl": "ours" + ("-xla" if args.xla else ""), "workload": args.workload, "onednn": onednn,
+            "threads": args.threads, "batch": batch, "timed_steps": len(times), "samples_per_s": round(sps, 1),
+            "step_ms_median": round(1000 * statistics.median(times), 2),
+            "achieved_gflops": round(ys.train_flops_per_sample(w) * sps / 1e9, 2),
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "tensorflow": tf.__version__}
+
+
+def run_json(cmd):
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def compare(args):
+    """Ours vs every yardstick mode, each in a fresh process, side by side per workload."""
+    for workload in args.workloads:
+        steps = ["--warmup", str(args.warmup)] if args.warmup is not None else []
+        steps += ["--timed", str(args.timed)] if args.timed is not None else []
+        common = ["--workload", workload, "--threads", str(args.threads)] + steps
+        ours = run_json([sys.executable, __file__, "--bench_dir", args.bench_dir] + common)
+        yard = [run_json([sys.executable, os.path.join(args.bench_dir, "yardstick", "yardstick.py")] + common + extra)
+                for _, extra in YARDSTICK_MODES]
+        best = max(yard, key=lambda r: r["samples_per_s"])
+        print(json.dumps(ours))
+        for r in yard:
+            print(json.dumps(r))
+        print(json.dumps({"workload": workload, "ours_samples_per_s": ours["samples_per_s"],
+                          "yardstick_best": best["impl"], "yardstick_best_samples_per_s": best["samples_per_s"],
+                          "ratio": round(ours["samples_per_s"] / best["samples_per_s"], 3)}), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", choices=WORKLOADS)
+    ap.add_argument("--compare", action="store_true", help="run every workload (or --workload) against the yardstick")
+    ap.add_argument("--xla", type=int, choices=[0, 1], default=0)
+    ap.add_argument("--onednn", type=int, choices=[0, 1], default=None, help="TF_ENABLE_ONEDNN_OPTS (default: TF's choice)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--warmup", type=int)
+    ap.add_argument("--timed", type=int)
+    ap.add_argument("--bench_dir", default=DEFAULT_BENCH, help="folder holding workloads.yaml and yardstick/")
+    args = ap.parse_args()
+    if args.compare:
+        args.workloads = [args.workload] if args.workload else list(WORKLOADS)
+        compare(args)
+    elif args.workload:
+        print(json.dumps(measure(args)))
+    else:
+        for workload in WORKLOADS:
+            args.workload = workload
+            print(subprocess.run([sys.executable, __file__] + sys.argv[1:] + ["--workload", workload],
+                                 capture_output=True, text=True, check=True).stdout.strip(), flush=True)
+
+
+if __name__ == "__main__":
+    main()
