@@ -12,7 +12,11 @@ TINY = dict(
     synthetic_eval_rows=1000, synthetic_alpha=1.05, inference_batch_sizes=["1", "16"], inference_steps=5)
 
 
+def make_config(base: dict, **overrides):
+    """`base` with `overrides`, validated; the overrides count as set on the command line."""
+    return build_config(dict(base, **overrides), present=set(overrides))
+
+
 def tiny_config(**overrides):
     """A valid tiny configuration (40 steps of batch 128) with `overrides` applied."""
-    values = dict(TINY, **overrides)
-    return build_config(values, present=set(overrides))
+    return make_config(TINY, **overrides)

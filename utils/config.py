@@ -71,19 +71,21 @@ class RunConfig:
 
 
 # Flags that only mean something in some settings: name -> (predicate on config, where they apply).
+_ADAM = (lambda c: c.optimizer == "adam", "--optimizer=adam")
+_CROSS = (lambda c: c.interaction == "cross", "--interaction=cross")
+_TRAIN = (lambda c: c.mode == "train", "--mode=train")
+_INFERENCE = (lambda c: c.mode == "inference", "--mode=inference")
+_EVALUATING = (lambda c: c.mode in ("train", "eval"), "--mode=train or --mode=eval")
+_DECAYING = (lambda c: c.mode == "train" and c.decay_steps > 0, "--mode=train and --decay_steps > 0")
 _APPLIES_ONLY = {
-    "beta1": (lambda c: c.optimizer == "adam", "--optimizer=adam"),
-    "beta2": (lambda c: c.optimizer == "adam", "--optimizer=adam"),
-    "num_cross_layers": (lambda c: c.interaction == "cross", "--interaction=cross"),
-    "cross_layer_projection_dim": (lambda c: c.interaction == "cross", "--interaction=cross"),
-    "epochs": (lambda c: c.mode == "train", "--mode=train"),
-    "max_steps": (lambda c: c.mode == "train", "--mode=train"),
-    "evals_per_epoch": (lambda c: c.mode == "train", "--mode=train"),
-    "checkpoint_every_n_steps": (lambda c: c.mode == "train", "--mode=train"),
-    "save_checkpoint_path": (lambda c: c.mode == "train", "--mode=train"),
-    "inference_batch_sizes": (lambda c: c.mode == "inference", "--mode=inference"),
-    "inference_steps": (lambda c: c.mode == "inference", "--mode=inference"),
-    "synthetic_rows": (lambda c: c.mode == "train", "--mode=train"),
+    **dict.fromkeys(("beta1", "beta2"), _ADAM),
+    **dict.fromkeys(("num_cross_layers", "cross_layer_projection_dim"), _CROSS),
+    **dict.fromkeys(("epochs", "max_steps", "evals_per_epoch", "checkpoint_every_n_steps", "save_checkpoint_path",
+                     "synthetic_rows", "batch_size", "learning_rate", "warmup_steps", "decay_steps", "print_freq"),
+                    _TRAIN),
+    "decay_start_step": _DECAYING,
+    **dict.fromkeys(("inference_batch_sizes", "inference_steps"), _INFERENCE),
+    **dict.fromkeys(("valid_batch_size", "synthetic_eval_rows"), _EVALUATING),
 }
 
 

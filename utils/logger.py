@@ -20,8 +20,8 @@ class RunLogger:
     """Writes `kind`-tagged JSON records to `log_path` (if given), scalars to TensorBoard, and
     human-readable lines to `out`."""
 
-    def __init__(self, log_path: str = "", out=sys.stdout):
-        self.out = out
+    def __init__(self, log_path: str = "", out=None):
+        self.out = out or sys.stdout
         self._file = None
         self._tb = None
         if log_path:

@@ -1,0 +1,290 @@
+"""Flag validation rules of utils/config.py (pure Python: no TensorFlow, no model).
+
+Every rule must stop the run with a ConfigError whose message is ONE line naming the offending
+flag as `--name`; a flag that does not apply in the chosen setting is an error only when the
+user set it explicitly.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from utils.config import _APPLIES_ONLY, ConfigError, RunConfig, build_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The flag defaults of utils/flags.py (DLRM's), as absl hands them over: lists as lists of strings.
+DEFAULTS = dict(
+    mode="train", batch_size=64 * 1024, valid_batch_size=64 * 1024, epochs=1, max_steps=-1,
+    learning_rate=24.0, optimizer="sgd", beta1=0.9, beta2=0.999, warmup_steps=8000, decay_start_step=48000,
+    decay_steps=24000, embedding_dim=["128"], bottom_mlp_dims=["512", "256", "128"],
+    top_mlp_dims=["1024", "1024", "512", "256", "1"], interaction="dot", num_cross_layers=3,
+    cross_layer_projection_dim=512, amp=False, xla=False, seed=12345, print_freq=100, evals_per_epoch=1,
+    log_path="", save_checkpoint_path="", restore_checkpoint_path="", checkpoint_every_n_steps=0,
+    dataset_path="", dataset_type="synthetic",
+    synthetic_cardinalities=["100000", "50000", "20000", "10000", "5000", "3000", "2000", "1000", "500", "300",
+                             "200", "100", "100000", "50000", "20000", "10000", "1000", "500", "100", "50",
+                             "20", "10", "8", "4", "3", "2"],
+    synthetic_num_numerical=13, synthetic_rows=2 ** 21, synthetic_eval_rows=2 ** 18, synthetic_alpha=1.05,
+    inference_batch_sizes=["1", "64", "1024", "8192"], inference_steps=100)
+
+FOUR_CARDS = ["10", "20", "30", "40"]
+
+
+def values(**overrides):
+    v = dict(DEFAULTS)
+    v.update(overrides)
+    return v
+
+
+def build(present=None, world_size=1, **overrides):
+    """build_config on the defaults with `overrides`; by default every override counts as set
+    explicitly on the command line."""
+    return build_config(values(**overrides), set(overrides) if present is None else set(present), world_size)
+
+
+def assert_rejected(flag, fragment=None, present=None, world_size=1, **overrides):
+    with pytest.raises(ConfigError) as info:
+        build(present=present, world_size=world_size, **overrides)
+    message = str(info.value)
+    assert "\n" not in message and message.strip() == message and message, repr(message)
+    assert f"--{flag}" in message, message
+    if fragment:
+        assert fragment in message, message
+    return message
+
+
+# --------------------------------------------------------------------------------------------
+# Baselines that must be accepted.
+
+def test_flag_defaults_are_valid_and_typed():
+    cfg = build()
+    assert isinstance(cfg, RunConfig)
+    assert cfg.embedding_dims == [128] * 26
+    assert cfg.bottom_mlp_dims == [512, 256, 128]
+    assert cfg.top_mlp_dims == [1024, 1024, 512, 256, 1]
+    assert cfg.inference_batch_sizes == [1, 64, 1024, 8192]
+    assert cfg.synthetic_cardinalities[:3] == [100000, 50000, 20000]
+    assert cfg.num_categorical == 26 and cfg.num_numerical == 13
+
+
+def test_baseline_mirrors_flag_defaults():
+    """DEFAULTS above is what utils/flags.py defines (absl only, no TensorFlow), and every
+    RunConfig field has a flag."""
+    from utils import flags as run_flags
+    fields = set(RunConfig.__dataclass_fields__) - {"embedding_dims"} | {"embedding_dim"}
+    assert set(DEFAULTS) == fields
+    for name, default in DEFAULTS.items():
+        assert run_flags.FLAGS[name].default == default, name
+
+
+def test_dcnv2_defaults_are_valid():
+    cfg = build(present=set(), interaction="cross", optimizer="adam", learning_rate=0.0001, warmup_steps=100,
+                decay_start_step=0, decay_steps=0)
+    assert cfg.interaction == "cross" and cfg.num_cross_layers == 3 and cfg.cross_layer_projection_dim == 512
+
+
+def test_config_is_pure_python():
+    """Flag errors come before (and without) the TensorFlow import."""
+    code = ("import sys, utils.config, utils.flags, main; "
+            "sys.exit(1 if 'tensorflow' in sys.modules else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# Every rule: (flag named in the message, fragment of the message, overrides, world_size).
+
+RULES = [
+    # enums
+    ("mode", "must be one of", dict(mode="serve"), 1),
+    ("optimizer", "must be one of", dict(optimizer="rmsprop"), 1),
+    ("interaction", "must be one of", dict(interaction="concat"), 1),
+    ("dataset_type", "must be one of", dict(dataset_type="criteo"), 1),
+    # positive sizes
+    ("batch_size", "must be positive", dict(batch_size=0), 1),
+    ("batch_size", "must be positive", dict(batch_size=-64), 1),
+    ("valid_batch_size", "must be positive", dict(valid_batch_size=0), 1),
+    ("epochs", "must be positive", dict(epochs=0), 1),
+    ("learning_rate", "must be positive", dict(learning_rate=0.0), 1),
+    ("learning_rate", "must be positive", dict(learning_rate=-0.1), 1),
+    ("print_freq", "must be positive", dict(print_freq=0), 1),
+    ("synthetic_rows", "must be positive", dict(synthetic_rows=0), 1),
+    ("synthetic_eval_rows", "must be positive", dict(synthetic_eval_rows=0), 1),
+    ("synthetic_num_numerical", "must be positive", dict(synthetic_num_numerical=0), 1),
+    ("inference_steps", "must be positive", dict(mode="inference", inference_steps=0), 1),
+    ("embedding_dim", "must be positive", dict(embedding_dim=["0"]), 1),
+    ("embedding_dim", "must be positive", dict(synthetic_cardinalities=FOUR_CARDS, interaction="cross",
+                                               embedding_dim=["8", "-8", "8", "8"]), 1),
+    ("bottom_mlp_dims", "must be positive", dict(bottom_mlp_dims=["64", "0", "128"]), 1),
+    ("bottom_mlp_dims", "must not be empty", dict(bottom_mlp_dims=[]), 1),
+    ("top_mlp_dims", "must be positive", dict(top_mlp_dims=["16", "-4", "1"]), 1),
+    ("top_mlp_dims", "must not be empty", dict(top_mlp_dims=[]), 1),
+    ("inference_batch_sizes", "must be positive", dict(mode="inference", inference_batch_sizes=["1", "0"]), 1),
+    ("inference_batch_sizes", "must not be empty", dict(mode="inference", inference_batch_sizes=[]), 1),
+    ("synthetic_cardinalities", "must be positive", dict(synthetic_cardinalities=["10", "0"]), 1),
+    ("synthetic_cardinalities", "must not be empty", dict(synthetic_cardinalities=[]), 1),
+    # non-integer list entries
+    ("embedding_dim", "list of integers", dict(embedding_dim=["8x"]), 1),
+    ("bottom_mlp_dims", "list of integers", dict(bottom_mlp_dims=["512", "a", "128"]), 1),
+    ("top_mlp_dims", "list of integers", dict(top_mlp_dims=["16", "1.5"]), 1),
+    ("synthetic_cardinalities", "list of integers", dict(synthetic_cardinalities=["ten", "20"]), 1),
+    ("inference_batch_sizes", "list of integers", dict(mode="inference", inference_batch_sizes=["1", "x"]), 1),
+    # negative counts
+    ("warmup_steps", ">= 0", dict(warmup_steps=-1), 1),
+    ("decay_start_step", ">= 0", dict(decay_start_step=-1, warmup_steps=0), 1),
+    ("decay_steps", ">= 0", dict(decay_steps=-1), 1),
+    ("evals_per_epoch", ">= 0", dict(evals_per_epoch=-1), 1),
+    ("checkpoint_every_n_steps", ">= 0", dict(checkpoint_every_n_steps=-5, save_checkpoint_path="/tmp/ck"), 1),
+    ("cross_layer_projection_dim", ">= 0", dict(interaction="cross", cross_layer_projection_dim=-1), 1),
+    ("synthetic_alpha", ">= 0", dict(synthetic_alpha=-0.5), 1),
+    # max_steps: positive or -1
+    ("max_steps", "-1 for no limit", dict(max_steps=0), 1),
+    ("max_steps", "-1 for no limit", dict(max_steps=-2), 1),
+    # Adam betas in [0, 1)
+    ("beta1", "[0, 1)", dict(optimizer="adam", beta1=1.0), 1),
+    ("beta1", "[0, 1)", dict(optimizer="adam", beta1=-0.1), 1),
+    ("beta2", "[0, 1)", dict(optimizer="adam", beta2=1.0), 1),
+    ("beta2", "[0, 1)", dict(optimizer="adam", beta2=1.5), 1),
+    # schedule
+    ("decay_start_step", "--warmup_steps", dict(warmup_steps=100, decay_start_step=50, decay_steps=10), 1),
+    # model shape
+    ("top_mlp_dims", "must be 1", dict(top_mlp_dims=["16", "2"]), 1),
+    ("embedding_dim", "--interaction=dot", dict(synthetic_cardinalities=FOUR_CARDS, bottom_mlp_dims=["8"],
+                                                embedding_dim=["8", "8", "16", "8"]), 1),
+    ("bottom_mlp_dims", "--embedding_dim", dict(embedding_dim=["64"]), 1),
+    ("num_cross_layers", "--interaction=cross", dict(interaction="cross", num_cross_layers=0), 1),
+    ("num_cross_layers", "--interaction=cross", dict(interaction="cross", num_cross_layers=-1), 1),
+    ("embedding_dim", "one value or one per feature", dict(embedding_dim=["128", "128"]), 1),
+    ("embedding_dim", "one value or one per feature", dict(synthetic_cardinalities=FOUR_CARDS, interaction="cross",
+                                                           embedding_dim=["8", "8", "8", "8", "8"]), 1),
+    # distribution
+    ("batch_size", "(3)", dict(batch_size=64 * 1024), 3),
+    # data and files
+    ("synthetic_rows", "--batch_size", dict(batch_size=128, synthetic_rows=100), 1),
+    ("checkpoint_every_n_steps", "--save_checkpoint_path", dict(checkpoint_every_n_steps=100), 1),
+    ("restore_checkpoint_path", "--mode=eval", dict(mode="eval"), 1),
+    ("dataset_path", "--dataset_type=synthetic", dict(dataset_path="/data/criteo"), 1),
+]
+
+
+@pytest.mark.parametrize("flag,fragment,overrides,world_size", RULES,
+                         ids=[f"{r[0]}-{i}" for i, r in enumerate(RULES)])
+def test_rule_rejects_with_one_line_naming_the_flag(flag, fragment, overrides, world_size):
+    assert_rejected(flag, fragment, world_size=world_size, **overrides)
+
+
+@pytest.mark.parametrize("overrides,world_size", [
+    (dict(batch_size=64 * 1024), 4),                                    # divisible by the ranks
+    (dict(max_steps=1), 1),
+    (dict(warmup_steps=100, decay_start_step=100, decay_steps=10), 1),  # decay right after warmup
+    (dict(warmup_steps=100, decay_steps=0), 1),                         # no decay
+    (dict(optimizer="adam", beta1=0.0, beta2=0.0), 1),
+    (dict(interaction="cross", cross_layer_projection_dim=0), 1),       # full-rank cross
+    (dict(batch_size=128, synthetic_rows=128), 1),                      # exactly one batch
+    (dict(checkpoint_every_n_steps=100, save_checkpoint_path="/tmp/ck"), 1),
+    (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), 1),
+    (dict(mode="inference"), 1),                                        # inference of a fresh model
+    (dict(synthetic_alpha=0.0, evals_per_epoch=0, warmup_steps=0), 1),
+])
+def test_boundary_values_are_accepted(overrides, world_size):
+    cfg = build(world_size=world_size, **overrides)
+    for name, value in overrides.items():
+        assert getattr(cfg, name) == value, name
+
+
+def test_per_feature_embedding_dims_with_cross():
+    cfg = build(synthetic_cardinalities=FOUR_CARDS, interaction="cross", embedding_dim=["4", "8", "2", "6"])
+    assert cfg.embedding_dims == [4, 8, 2, 6]
+    assert cfg.cardinalities == [10, 20, 30, 40]
+
+
+def test_one_embedding_dim_is_broadcast_to_all_features():
+    cfg = build(synthetic_cardinalities=FOUR_CARDS, embedding_dim=["16"], bottom_mlp_dims=["32", "16"])
+    assert cfg.embedding_dims == [16, 16, 16, 16]
+    cfg = build(synthetic_cardinalities=FOUR_CARDS, interaction="cross", embedding_dim=["6"])
+    assert cfg.embedding_dims == [6, 6, 6, 6]
+
+
+def test_integer_lists_accept_ints_too():
+    cfg = build(synthetic_cardinalities=[10, 20], embedding_dim=[8], bottom_mlp_dims=[16, 8], top_mlp_dims=[4, 1])
+    assert (cfg.synthetic_cardinalities, cfg.embedding_dims, cfg.bottom_mlp_dims) == ([10, 20], [8, 8], [16, 8])
+
+
+# --------------------------------------------------------------------------------------------
+# Flags that apply only in some settings: explicit -> error naming the flag; default -> fine.
+# name -> list of (overrides that make it not apply (set explicitly), the flag's value).
+# `values` behind them: save_checkpoint_path is given (not explicitly) so that a non-zero
+# --checkpoint_every_n_steps does not trip its own rule.
+
+NOT_APPLYING = {
+    "beta1": [(dict(optimizer="sgd"), 0.5), (dict(optimizer="adagrad"), 0.5)],
+    "beta2": [(dict(optimizer="sgd"), 0.99), (dict(optimizer="adagrad"), 0.99)],
+    "num_cross_layers": [(dict(interaction="dot"), 2)],
+    "cross_layer_projection_dim": [(dict(interaction="dot"), 16)],
+    "epochs": [(dict(mode="inference"), 2), (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), 2)],
+    "max_steps": [(dict(mode="inference"), 10), (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), 10)],
+    "evals_per_epoch": [(dict(mode="inference"), 2), (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), 2)],
+    "checkpoint_every_n_steps": [(dict(mode="inference"), 10),
+                                 (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), 10)],
+    "save_checkpoint_path": [(dict(mode="inference"), "/tmp/ck2"),
+                             (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), "/tmp/ck2")],
+    "inference_batch_sizes": [(dict(mode="train"), ["1", "2"]),
+                              (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), ["1", "2"])],
+    "inference_steps": [(dict(mode="train"), 7), (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), 7)],
+    "synthetic_rows": [(dict(mode="inference"), 4096),
+                       (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), 4096)],
+    "batch_size": [(dict(mode="inference"), 1024), (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), 1024)],
+    "learning_rate": [(dict(mode="inference"), 0.5), (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), 0.5)],
+    "warmup_steps": [(dict(mode="inference"), 10), (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), 10)],
+    "decay_steps": [(dict(mode="inference"), 10), (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), 10)],
+    "decay_start_step": [(dict(decay_steps=0), 50), (dict(mode="inference"), 60000),
+                         (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), 60000)],
+    "print_freq": [(dict(mode="inference"), 10), (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), 10)],
+    "valid_batch_size": [(dict(mode="inference"), 4096)],
+    "synthetic_eval_rows": [(dict(mode="inference"), 4096)],
+}
+NOT_APPLYING_CASES = [(name, setting, value) for name, cases in NOT_APPLYING.items() for setting, value in cases]
+
+
+def test_every_applies_only_entry_is_tested():
+    assert set(NOT_APPLYING) == set(_APPLIES_ONLY)
+
+
+@pytest.mark.parametrize("name,setting,value", NOT_APPLYING_CASES,
+                         ids=[f"{c[0]}-{'-'.join(map(str, c[1].values()))}" for c in NOT_APPLYING_CASES])
+def test_flag_set_where_it_does_not_apply_is_rejected(name, setting, value):
+    overrides = dict(setting, **{name: value})
+    if name == "checkpoint_every_n_steps":
+        overrides["save_checkpoint_path"] = "/tmp/ck"
+    _, where = _APPLIES_ONLY[name]
+    message = assert_rejected(name, "only applies with", present=set(setting) | {name}, **overrides)
+    assert where in message
+    # The same values with the flag left at its (not explicitly set) value are accepted.
+    cfg = build(present=set(setting), **overrides)
+    assert getattr(cfg, name) in (value, [int(x) for x in value] if isinstance(value, list) else value)
+
+
+@pytest.mark.parametrize("name,setting", [
+    ("beta1", dict(optimizer="adam")), ("beta2", dict(optimizer="adam")),
+    ("num_cross_layers", dict(interaction="cross")), ("cross_layer_projection_dim", dict(interaction="cross")),
+    ("epochs", dict(mode="train")), ("max_steps", dict(mode="train")), ("evals_per_epoch", dict(mode="train")),
+    ("save_checkpoint_path", dict(mode="train")), ("synthetic_rows", dict(mode="train")),
+    ("inference_batch_sizes", dict(mode="inference")), ("inference_steps", dict(mode="inference")),
+    ("batch_size", dict(mode="train")), ("learning_rate", dict(mode="train")),
+    ("warmup_steps", dict(mode="train")), ("decay_steps", dict(mode="train")),
+    ("decay_start_step", dict(mode="train", decay_steps=10)), ("print_freq", dict(mode="train")),
+    ("valid_batch_size", dict(mode="train")), ("valid_batch_size", dict(mode="eval", restore_checkpoint_path="/t")),
+    ("synthetic_eval_rows", dict(mode="train")),
+    ("synthetic_eval_rows", dict(mode="eval", restore_checkpoint_path="/t")),
+])
+def test_flag_set_where_it_applies_is_accepted(name, setting):
+    value = {"beta1": 0.5, "beta2": 0.99, "num_cross_layers": 2, "cross_layer_projection_dim": 16, "epochs": 2,
+             "max_steps": 10, "evals_per_epoch": 2, "save_checkpoint_path": "/tmp/ck", "synthetic_rows": 2 ** 20,
+             "inference_batch_sizes": ["1", "2"], "inference_steps": 7, "batch_size": 4096, "learning_rate": 0.5,
+             "warmup_steps": 10, "decay_steps": 10, "decay_start_step": 60000, "print_freq": 10,
+             "valid_batch_size": 4096, "synthetic_eval_rows": 4096}[name]
+    cfg = build(**dict(setting, **{name: value}))
+    expected = [int(x) for x in value] if isinstance(value, list) else value
+    assert getattr(cfg, name) == expected
