@@ -120,9 +120,11 @@ class Run:
                 metrics = self.evaluate(step)
                 t_last += metrics["seconds"]
         train_seconds = time.perf_counter() - t_start
+        if metrics is None:   # resumed at the end: nothing trained, still report the model
+            metrics = self.evaluate(step)
         if cfg.save_checkpoint_path:
             self.save(step)
-        result = dict(metrics or {}, steps=step, train_seconds=train_seconds,
+        result = dict(metrics, steps=step, train_seconds=train_seconds,
                       samples_per_s=(step - self.start_step) * cfg.batch_size / max(train_seconds, 1e-9))
         self.log.print(f"done: {step} steps, {result['samples_per_s']:,.0f} samples/s overall (with evaluation)")
         self.log.record("final", step, **result)

@@ -77,3 +77,10 @@ def test_mismatched_checkpoint_is_named(tmp_path):
     np.save(victim, np.zeros((3, 3), np.float32))
     with pytest.raises(checkpoint.CheckpointError, match=r"top_mlp/dense_0/kernel has shape \(3, 3\)"):
         main.run(tiny_config(mode="eval", restore_checkpoint_path=root))
+
+
+def test_resuming_a_finished_run_trains_nothing_and_reports(tmp_path):
+    root = str(tmp_path / "ck")
+    done = main.run(tiny_config(save_checkpoint_path=root))
+    again = main.run(tiny_config(restore_checkpoint_path=root))
+    assert again["steps"] == 40 and again["auc"] == done["auc"]
