@@ -47,8 +47,12 @@ class RankingModel(tf.Module):
         return dense
 
     def __call__(self, numerical: tf.Tensor, categorical: List[tf.Tensor]) -> tf.Tensor:
+        return self.predict_from_embeddings(numerical, self.embeddings(categorical))
+
+    def predict_from_embeddings(self, numerical: tf.Tensor, embeddings: List[tf.Tensor]) -> tf.Tensor:
+        """The dense part: numerical [B, n] and looked-up embeddings (F x [B, D_f]) -> logits [B]."""
         dt = self.compute_dtype
-        embeddings = [tf.cast(e, dt) for e in self.embeddings(categorical)]
+        embeddings = [tf.cast(e, dt) for e in embeddings]
         bottom = self.bottom_mlp(tf.cast(numerical, dt))
         if isinstance(self.interaction, DotInteraction):
             x = self.interaction(bottom, embeddings)

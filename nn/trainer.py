@@ -82,10 +82,16 @@ class Trainer(tf.Module):
 
     def _train_step(self, numerical, categorical, labels):
         tables, dense = self.model.table_variables, self.model.dense_variables
+        # Differentiate with respect to the looked-up rows, not the tables: the table gradient is
+        # then IndexedSlices(rows' gradient, ids) by construction, whatever the lookup's kernel.
+        embeddings = self.model.embeddings(categorical)
         with tf.GradientTape() as tape:
-            loss = bce_loss(labels, self.model(numerical, categorical))
+            tape.watch(embeddings)
+            loss = bce_loss(labels, self.model.predict_from_embeddings(numerical, embeddings))
             scaled = loss * self.loss_scale.scale if self.loss_scale is not None else loss
-        grads = tape.gradient(scaled, tables + dense)
+        grads = tape.gradient(scaled, embeddings + dense)
+        grads[:len(tables)] = [tf.IndexedSlices(g, ids, tf.shape(t, out_type=ids.dtype))
+                               for g, ids, t in zip(grads[:len(tables)], categorical, tables)]
         lr = self.schedule(self.step)
         if self.loss_scale is None:
             self._apply(grads, tables, dense, lr)
