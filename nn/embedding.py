@@ -9,8 +9,8 @@ from nn.initializers import table_uniform
 class EmbeddingTables(tf.Module):
     """DLRM's sparse arch: F tables; ids list of F [B] -> list of F [B, D_f] float32.
 
-    Lookups read the variable with a gather, so gradients are IndexedSlices over the looked-up
-    rows only and an optimizer step touches nothing else.
+    The F gathers run as one XLA-compiled function (on CPU faster than F TensorFlow gathers).
+    The trainer differentiates with respect to the returned rows and updates only those rows.
 
     >>> tables = EmbeddingTables([1000, 20], [16, 16], seed=(1, 100))
     >>> [e.shape for e in tables([tf.constant([3, 7]), tf.constant([0, 19])])]
@@ -21,6 +21,10 @@ class EmbeddingTables(tf.Module):
         super().__init__(name=name)
         self.tables = [tf.Variable(table_uniform(rows, dim, (seed[0], seed[1] + f)), name=f"{name}/table_{f}")
                        for f, (rows, dim) in enumerate(zip(cardinalities, dims))]
+        self._lookup = tf.function(self._lookup_impl, jit_compile=True)
 
     def __call__(self, ids: List[tf.Tensor]) -> List[tf.Tensor]:
+        return self._lookup(list(ids))
+
+    def _lookup_impl(self, ids):
         return [tf.gather(table, i) for table, i in zip(self.tables, ids)]

@@ -18,25 +18,50 @@ class DotInteraction(tf.Module):
     [B, round_up_8(D + (F+1)F/2)]: the bottom output, then the dot products of every pair of
     the F+1 vectors (strictly lower triangle, row-major: (1,0), (2,0), (2,1), ...; no
     self-interaction), then zero padding to a multiple of 8 columns.
+
+    Forward and backward are each one XLA-compiled function (on CPU about twice as fast as
+    TensorFlow's gather-based gradient): with T = [bottom; embeddings] ([B, F+1, D]) and G the
+    symmetric matrix of the output's pair gradients (zero diagonal), dT = G T.
     """
 
     def __init__(self, num_features: int, dim: int, name="dot_interaction"):
         super().__init__(name=name)
         n = num_features + 1
         rows, cols = np.tril_indices(n, -1)
+        num_pairs = len(rows)
         self._tril = tf.constant(rows * n + cols, dtype=tf.int32)
-        self._n = n
-        self._pad = dot_interaction_width(num_features, dim) - dim - len(rows)
+        # For every (i, j): the output column of pair {i, j}; the diagonal reads an extra zero column.
+        pair_of = np.full((n, n), num_pairs)
+        pair_of[rows, cols] = pair_of[cols, rows] = np.arange(num_pairs)
+        self._symmetric = tf.constant(pair_of.ravel(), dtype=tf.int32)
+        self._n, self._dim, self._num_pairs = n, dim, num_pairs
+        self._pad = dot_interaction_width(num_features, dim) - dim - num_pairs
+        self._forward = tf.function(self._forward_impl, jit_compile=True)
+        self._backward = tf.function(self._backward_impl, jit_compile=True)
 
     def __call__(self, bottom: tf.Tensor, embeddings: List[tf.Tensor]) -> tf.Tensor:
+        @tf.custom_gradient
+        def interact(bottom, *embeddings):
+            def grad(d_out):
+                return self._backward(bottom, list(embeddings), d_out)
+            return self._forward(bottom, list(embeddings)), grad
+        return interact(bottom, *embeddings)
+
+    def _forward_impl(self, bottom, embeddings):
         vectors = tf.stack([bottom] + embeddings, axis=1)                 # [B, F+1, D]
         dots = tf.matmul(vectors, vectors, transpose_b=True)              # [B, F+1, F+1]
-        flat = tf.reshape(dots, [-1, self._n * self._n])
-        pairs = tf.gather(flat, self._tril, axis=1)                       # [B, (F+1)F/2]
+        pairs = tf.gather(tf.reshape(dots, [-1, self._n * self._n]), self._tril, axis=1)
         parts = [bottom, pairs]
         if self._pad:
             parts.append(tf.zeros([tf.shape(bottom)[0], self._pad], bottom.dtype))
         return tf.concat(parts, axis=1)
+
+    def _backward_impl(self, bottom, embeddings, d_out):
+        vectors = tf.stack([bottom] + embeddings, axis=1)
+        d_pairs = tf.pad(d_out[:, self._dim:self._dim + self._num_pairs], [[0, 0], [0, 1]])
+        g = tf.reshape(tf.gather(d_pairs, self._symmetric, axis=1), [-1, self._n, self._n])
+        d_vectors = tf.unstack(tf.matmul(g, vectors), axis=1)             # F+1 x [B, D]
+        return [d_out[:, :self._dim] + d_vectors[0]] + d_vectors[1:]
 
 
 class CrossNetwork(tf.Module):
