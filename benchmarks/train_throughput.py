@@ -22,7 +22,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_BENCH = os.path.join(os.path.dirname(ROOT), "shared", "bench")
 WORKLOADS = ("dlrm-kaggle", "dlrm-large", "dcnv2-nvidia")
-YARDSTICK_MODES = (("graph", []), ("xla", ["--jit", "1"]), ("onednn", ["--onednn", "1"]))
+YARDSTICK_MODES = (("graph", []), ("xla", ["--jit", "1"]), ("onednn", ["--onednn", "1"]),
+                   ("xla-onednn", ["--jit", "1", "--onednn", "1"]))
 
 
 def yardstick_module(bench_dir):

@@ -24,7 +24,18 @@ class EmbeddingTables(tf.Module):
         self._lookup = tf.function(self._lookup_impl, jit_compile=True)
 
     def __call__(self, ids: List[tf.Tensor]) -> List[tf.Tensor]:
-        return self._lookup(list(ids))
+        rows, id_range = self._lookup(list(ids))
+        # XLA clamps out-of-range gathers silently: check the ids' range instead (one [F, 2] test).
+        cardinalities = tf.constant([int(t.shape[0]) for t in self.tables], id_range.dtype)
+        in_range = tf.logical_and(id_range[:, 0] >= 0, id_range[:, 1] < cardinalities)
+        check = tf.debugging.Assert(tf.reduce_all(in_range), [
+            "embedding ids out of range [0, cardinality) in features (0-based):",
+            tf.where(tf.logical_not(in_range))[:, 0], "min/max ids:", id_range, "cardinalities:", cardinalities],
+            summarize=64)
+        with tf.control_dependencies([check]):
+            return [tf.identity(r) for r in rows]
 
     def _lookup_impl(self, ids):
-        return [tf.gather(table, i) for table, i in zip(self.tables, ids)]
+        rows = [tf.gather(table, i) for table, i in zip(self.tables, ids)]
+        id_range = tf.stack([tf.stack([tf.reduce_min(i), tf.reduce_max(i)]) for i in ids])
+        return rows, id_range

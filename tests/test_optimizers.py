@@ -95,3 +95,14 @@ def test_table_gradients_stay_indexed_slices():
     grad = tape.gradient(out, model.table_variables)[0]
     assert isinstance(grad, tf.IndexedSlices)
     assert grad.values.shape == (2, 4)
+
+
+@pytest.mark.parametrize("bad_id", [30, -1])
+def test_out_of_range_ids_fail_naming_the_feature(bad_id):
+    model = RankingModel([50, 30], [4, 4], 2, [4], [4, 1], seed=0)
+    trainer = Trainer(model, "sgd", LearningRateSchedule(0.1, 0, 0, 0))
+    ids = [tf.constant([1, 2], tf.int32), tf.constant([3, bad_id], tf.int32)]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"out of range.*features \(0-based\):.*\[1\]"):
+        trainer.train_step(tf.ones([2, 2]), ids, tf.constant([1.0, 0.0]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="out of range"):
+        trainer.predict(tf.ones([2, 2]), ids)
