@@ -45,7 +45,7 @@ def measure(args):
     import tensorflow as tf
     from nn.lr_schedule import LearningRateSchedule
     from nn.model import RankingModel
-    from nn.trainer import Trainer
+    from nn.trainer import Trainer, amp_dtype
 
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
@@ -57,9 +57,10 @@ def measure(args):
     model = RankingModel(cards, [w["embedding_dim"]] * len(cards), w["num_dense"], w["bottom_mlp"], w["top_mlp"],
                          interaction="cross" if w["model"] == "dcnv2" else "dot",
                          num_cross_layers=w.get("cross_layers", 0),
-                         cross_layer_projection_dim=w.get("cross_projection_dim", 0), seed=w["seed"])
+                         cross_layer_projection_dim=w.get("cross_projection_dim", 0), seed=w["seed"],
+                         compute_dtype=amp_dtype() if args.amp else tf.float32)
     trainer = Trainer(model, w["optimizer"]["name"], LearningRateSchedule(w["optimizer"]["lr"], 0, 0, 0),
-                      xla=bool(args.xla))
+                      xla=bool(args.xla), loss_scaling=bool(args.amp) and amp_dtype() == tf.float16)
     rng = np.random.default_rng(w["seed"])
     batch = int(w["batch_size"])
     card = np.asarray(cards, dtype=np.int64)
@@ -77,7 +78,7 @@ def measure(args):
             times.append(time.perf_counter() - t0)
     sps = batch * len(times) / sum(times)
     onednn = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default")
-    return {"impl": "ours" + ("-xla" if args.xla else ""), "workload": args.workload, "onednn": onednn,
+    return {"impl": "ours" + ("-xla" if args.xla else "") + ("-amp" if args.amp else ""), "workload": args.workload, "onednn": onednn,
             "threads": args.threads, "batch": batch, "timed_steps": len(times), "samples_per_s": round(sps, 1),
             "step_ms_median": round(1000 * statistics.median(times), 2),
             "achieved_gflops": round(ys.train_flops_per_sample(w) * sps / 1e9, 2),
@@ -113,6 +114,7 @@ def main():
     ap.add_argument("--workload", choices=WORKLOADS)
     ap.add_argument("--compare", action="store_true", help="run every workload (or --workload) against the yardstick")
     ap.add_argument("--xla", type=int, choices=[0, 1], default=0)
+    ap.add_argument("--amp", type=int, choices=[0, 1], default=0, help="mixed precision (bfloat16 on CPU)")
     ap.add_argument("--onednn", type=int, choices=[0, 1], default=None, help="TF_ENABLE_ONEDNN_OPTS (default: TF's choice)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup", type=int)

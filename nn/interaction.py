@@ -42,22 +42,21 @@ class DotInteraction(tf.Module):
     def __call__(self, bottom: tf.Tensor, embeddings: List[tf.Tensor]) -> tf.Tensor:
         @tf.custom_gradient
         def interact(bottom, *embeddings):
-            def grad(d_out):
-                return self._backward(bottom, list(embeddings), d_out)
-            return self._forward(bottom, list(embeddings)), grad
+            out, vectors = self._forward(bottom, list(embeddings))
+            return out, lambda d_out: self._backward(vectors, d_out)
         return interact(bottom, *embeddings)
 
     def _forward_impl(self, bottom, embeddings):
-        vectors = tf.stack([bottom] + embeddings, axis=1)                 # [B, F+1, D]
+        """-> (output, T [B, F+1, D], kept for the backward pass)."""
+        vectors = tf.stack([bottom] + embeddings, axis=1)
         dots = tf.matmul(vectors, vectors, transpose_b=True)              # [B, F+1, F+1]
         pairs = tf.gather(tf.reshape(dots, [-1, self._n * self._n]), self._tril, axis=1)
         parts = [bottom, pairs]
         if self._pad:
             parts.append(tf.zeros([tf.shape(bottom)[0], self._pad], bottom.dtype))
-        return tf.concat(parts, axis=1)
+        return tf.concat(parts, axis=1), vectors
 
-    def _backward_impl(self, bottom, embeddings, d_out):
-        vectors = tf.stack([bottom] + embeddings, axis=1)
+    def _backward_impl(self, vectors, d_out):
         d_pairs = tf.pad(d_out[:, self._dim:self._dim + self._num_pairs], [[0, 0], [0, 1]])
         g = tf.reshape(tf.gather(d_pairs, self._symmetric, axis=1), [-1, self._n, self._n])
         d_vectors = tf.unstack(tf.matmul(g, vectors), axis=1)             # F+1 x [B, D]
