@@ -9,7 +9,6 @@ from nn.initializers import table_uniform
 class EmbeddingTables(tf.Module):
     """DLRM's sparse arch: F tables; ids list of F [B] -> list of F [B, D_f] float32.
 
-    The F gathers run as one XLA-compiled function (on CPU faster than F TensorFlow gathers).
     The trainer differentiates with respect to the returned rows and updates only those rows.
 
     >>> tables = EmbeddingTables([1000, 20], [16, 16], seed=(1, 100))
@@ -23,7 +22,11 @@ class EmbeddingTables(tf.Module):
                        for f, (rows, dim) in enumerate(zip(cardinalities, dims))]
         self._lookup = tf.function(self._lookup_impl, jit_compile=True)
 
-    def __call__(self, ids: List[tf.Tensor]) -> List[tf.Tensor]:
+    def __call__(self, ids: List[tf.Tensor], training: bool = False) -> List[tf.Tensor]:
+        """Training: one XLA-compiled function for all gathers (faster on large batches);
+        otherwise plain gathers (lower latency on small batches; they reject bad ids themselves)."""
+        if not training:
+            return [tf.gather(table, i) for table, i in zip(self.tables, ids)]
         rows, id_range = self._lookup(list(ids))
         # XLA clamps out-of-range gathers silently: check the ids' range instead (one [F, 2] test).
         cardinalities = tf.constant([int(t.shape[0]) for t in self.tables], id_range.dtype)

@@ -19,8 +19,8 @@ class DotInteraction(tf.Module):
     the F+1 vectors (strictly lower triangle, row-major: (1,0), (2,0), (2,1), ...; no
     self-interaction), then zero padding to a multiple of 8 columns.
 
-    Forward and backward are each one XLA-compiled function (on CPU about twice as fast as
-    TensorFlow's gather-based gradient): with T = [bottom; embeddings] ([B, F+1, D]) and G the
+    In training, forward and backward are each one XLA-compiled function (on CPU about twice as
+    fast as TensorFlow's gather-based gradient): with T = [bottom; embeddings] ([B, F+1, D]) and G the
     symmetric matrix of the output's pair gradients (zero diagonal), dT = G T.
     """
 
@@ -39,7 +39,12 @@ class DotInteraction(tf.Module):
         self._forward = tf.function(self._forward_impl, jit_compile=True)
         self._backward = tf.function(self._backward_impl, jit_compile=True)
 
-    def __call__(self, bottom: tf.Tensor, embeddings: List[tf.Tensor]) -> tf.Tensor:
+    def __call__(self, bottom: tf.Tensor, embeddings: List[tf.Tensor], training: bool = False) -> tf.Tensor:
+        """Training uses the compiled forward/backward pair; inference the plain forward (lower
+        latency on small batches)."""
+        if not training:
+            return self._forward_impl(bottom, embeddings)[0]
+
         @tf.custom_gradient
         def interact(bottom, *embeddings):
             out, vectors = self._forward(bottom, list(embeddings))

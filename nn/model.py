@@ -46,16 +46,18 @@ class RankingModel(tf.Module):
             dense += [w for ws in self.interaction.weights for w in ws] + self.interaction.biases
         return dense
 
-    def __call__(self, numerical: tf.Tensor, categorical: List[tf.Tensor]) -> tf.Tensor:
-        return self.predict_from_embeddings(numerical, self.embeddings(categorical))
+    def __call__(self, numerical: tf.Tensor, categorical: List[tf.Tensor], training: bool = False) -> tf.Tensor:
+        return self.predict_from_embeddings(numerical, self.embeddings(categorical, training), training)
 
-    def predict_from_embeddings(self, numerical: tf.Tensor, embeddings: List[tf.Tensor]) -> tf.Tensor:
-        """The dense part: numerical [B, n] and looked-up embeddings (F x [B, D_f]) -> logits [B]."""
+    def predict_from_embeddings(self, numerical: tf.Tensor, embeddings: List[tf.Tensor],
+                                training: bool = False) -> tf.Tensor:
+        """The dense part: numerical [B, n] and looked-up embeddings (F x [B, D_f]) -> logits [B].
+        `training` selects the kernels tuned for the train step (see DotInteraction)."""
         dt = self.compute_dtype
         embeddings = [tf.cast(e, dt) for e in embeddings]
         bottom = self.bottom_mlp(tf.cast(numerical, dt))
         if isinstance(self.interaction, DotInteraction):
-            x = self.interaction(bottom, embeddings)
+            x = self.interaction(bottom, embeddings, training)
         else:
             x = self.interaction(tf.concat([bottom] + embeddings, axis=1))
         return tf.cast(tf.squeeze(self.top_mlp(x), axis=1), tf.float32)

@@ -88,10 +88,10 @@ class Trainer(tf.Module):
         tables, dense = self.model.table_variables, self.model.dense_variables
         # Differentiate with respect to the looked-up rows, not the tables: the table gradient is
         # then IndexedSlices(rows' gradient, ids) by construction, whatever the lookup's kernel.
-        embeddings = self.model.embeddings(categorical)
+        embeddings = self.model.embeddings(categorical, training=True)
         with tf.GradientTape() as tape:
             tape.watch(embeddings)
-            loss = bce_loss(labels, self.model.predict_from_embeddings(numerical, embeddings))
+            loss = bce_loss(labels, self.model.predict_from_embeddings(numerical, embeddings, training=True))
             scaled = loss * self.loss_scale.scale if self.loss_scale is not None else loss
         grads = tape.gradient(scaled, embeddings + dense)
         grads[:len(tables)] = [tf.IndexedSlices(g, ids, tf.shape(t, out_type=ids.dtype))
