@@ -8,7 +8,7 @@ import time
 
 from absl import app
 
-from nn.checkpoint import CheckpointError
+from nn import checkpoint
 from utils import flags as run_flags
 from utils.config import ConfigError, RunConfig
 
@@ -58,12 +58,11 @@ class Run:
         self.trainer = Trainer(self.model, cfg.optimizer, schedule, cfg.beta1, cfg.beta2, xla=cfg.xla,
                                loss_scaling=compute_dtype == tf.float16)
         params = sum(int(v.shape.num_elements()) for v in self.model.table_variables + self.model.dense_variables)
-        self.log.print(f"model: {cfg.interaction} interaction, {len(cfg.cardinalities)} tables, "
+        self.log.print(f"model: {cfg.interaction} interaction, {cfg.num_categorical} tables, "
                        f"{params:,} parameters, compute dtype {compute_dtype.name}, xla {cfg.xla}")
-        self.log.record("params", **{k: v for k, v in vars(cfg).items()}, parameters=params)
+        self.log.record("params", **vars(cfg), parameters=params)
         self.start_step = 0
         if cfg.restore_checkpoint_path:
-            from nn import checkpoint
             manifest = checkpoint.restore(cfg.restore_checkpoint_path, self.trainer.variables_by_name(),
                                           model_signature(cfg))
             self.start_step = int(self.trainer.step.numpy())
@@ -72,8 +71,7 @@ class Run:
     def _eval_data(self):
         from dataloading.batches import eval_batches, prefetched
         d = self.dataset
-        return prefetched(eval_batches(d, self.cfg.synthetic_eval_rows, self.cfg.valid_batch_size),
-                          d.num_numerical, len(d.cardinalities), d.id_dtype)
+        return prefetched(eval_batches(d, self.cfg.synthetic_eval_rows, self.cfg.valid_batch_size), d)
 
     def evaluate(self, step: int) -> dict:
         from nn.evaluator import evaluate, format_metrics
@@ -86,7 +84,6 @@ class Run:
         return metrics
 
     def save(self, step: int):
-        from nn import checkpoint
         path = checkpoint.save(self.cfg.save_checkpoint_path, self.trainer.variables_by_name(), step,
                                model_signature(self.cfg))
         self.log.print(f"saved checkpoint {path}")
@@ -99,8 +96,7 @@ class Run:
         if cfg.max_steps > 0:
             total = min(total, cfg.max_steps)
         evals = eval_steps(steps_per_epoch, cfg.evals_per_epoch, total)
-        batches = prefetched(train_batches(d, cfg.batch_size, steps_per_epoch, cfg.seed, self.start_step, total),
-                             d.num_numerical, len(d.cardinalities), d.id_dtype)
+        batches = prefetched(train_batches(d, cfg.batch_size, steps_per_epoch, cfg.seed, self.start_step, total), d)
         self.log.print(f"training steps {self.start_step}..{total} ({steps_per_epoch} per epoch, "
                        f"batch {cfg.batch_size})")
         step, losses, metrics = self.start_step, [], None
@@ -162,7 +158,7 @@ def main(argv):
     try:
         cfg = run_flags.config_from_flags()
         run(cfg)
-    except (ConfigError, CheckpointError) as e:
+    except (ConfigError, checkpoint.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 

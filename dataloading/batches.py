@@ -31,15 +31,15 @@ def eval_batches(dataset, rows: int, batch_size: int) -> Iterator[dict]:
         yield dataset.batch("eval", start, min(batch_size, rows - start))
 
 
-def prefetched(batches: Iterator[dict], num_numerical: int, num_categorical: int, id_dtype,
-               depth: int = 2) -> tf.data.Dataset:
-    """Wraps a batch iterator in tf.data with background prefetching.
+def prefetched(batches: Iterator[dict], dataset, depth: int = 2) -> tf.data.Dataset:
+    """Wraps a batch iterator over `dataset` in tf.data with background prefetching.
 
     Elements: (numerical [b, n] float32, tuple of F ids [b], labels [b] float32,
     oracle_logits [b] float32).
     """
-    ids = tf.TensorSpec([None], tf.as_dtype(id_dtype))
-    signature = (tf.TensorSpec([None, num_numerical], tf.float32), tuple([ids] * num_categorical),
+    ids = tf.TensorSpec([None], tf.as_dtype(dataset.id_dtype))
+    signature = (tf.TensorSpec([None, dataset.num_numerical], tf.float32),
+                 tuple([ids] * len(dataset.cardinalities)),
                  tf.TensorSpec([None], tf.float32), tf.TensorSpec([None], tf.float32))
 
     def generate():

@@ -59,7 +59,6 @@ class Trainer(tf.Module):
         super().__init__(name="trainer")
         self.model = model
         self.schedule = schedule
-        self.optimizer_name = optimizer
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.table_optimizer = make_optimizer(optimizer, model.table_variables, "table_optimizer", beta1, beta2)
         self.dense_optimizer = make_optimizer(optimizer, model.dense_variables, "dense_optimizer", beta1, beta2)
