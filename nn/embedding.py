@@ -26,7 +26,7 @@ class EmbeddingTables(tf.Module):
         """Training: one XLA-compiled function for all gathers (faster on large batches);
         otherwise plain gathers (lower latency on small batches; they reject bad ids themselves)."""
         if not training:
-            return [tf.gather(table, i) for table, i in zip(self.tables, ids)]
+            return self._gather(ids)
         rows, id_range = self._lookup(list(ids))
         # XLA clamps out-of-range gathers silently: check the ids' range instead (one [F, 2] test).
         cardinalities = tf.constant([int(t.shape[0]) for t in self.tables], id_range.dtype)
@@ -38,7 +38,10 @@ class EmbeddingTables(tf.Module):
         with tf.control_dependencies([check]):
             return [tf.identity(r) for r in rows]
 
+    def _gather(self, ids):
+        return [tf.gather(table, i) for table, i in zip(self.tables, ids)]
+
     def _lookup_impl(self, ids):
-        rows = [tf.gather(table, i) for table, i in zip(self.tables, ids)]
+        rows = self._gather(ids)
         id_range = tf.stack([tf.stack([tf.reduce_min(i), tf.reduce_max(i)]) for i in ids])
         return rows, id_range

@@ -97,17 +97,18 @@ class Trainer(tf.Module):
                                for g, ids, t in zip(grads[:len(tables)], categorical, tables)]
         lr = self.schedule(self.step)
         if self.loss_scale is None:
-            self._apply(grads, tables, dense, lr)
+            self._apply(grads, lr)
         else:
             grads = [_scale_grad(g, 1.0 / self.loss_scale.scale) for g in grads]
             finite = _all_finite(grads)
-            tf.cond(finite, lambda: self._apply(grads, tables, dense, lr), lambda: tf.no_op())
+            tf.cond(finite, lambda: self._apply(grads, lr), lambda: tf.no_op())
             self.loss_scale.update(finite)
         self.step.assign_add(1)
         return loss
 
-    def _apply(self, grads, tables, dense, lr):
-        n = len(tables)
+    def _apply(self, grads, lr):
+        """grads: the tables' IndexedSlices, then the dense variables' gradients."""
+        n = len(self.model.table_variables)
         self._update_tables(grads[:n], lr)
-        self.dense_optimizer.apply(zip(grads[n:], dense), lr)
+        self.dense_optimizer.apply(zip(grads[n:], self.model.dense_variables), lr)
         return tf.no_op()
