@@ -37,46 +37,60 @@ def eval_steps(steps_per_epoch: int, evals_per_epoch: int, total_steps: int):
 
 
 class Run:
-    """One run of main.py: builds the dataset, model and trainer for `cfg`."""
+    """One run of main.py on this rank: builds the dataset, plan, model and trainer for `cfg`."""
 
-    def __init__(self, cfg: RunConfig):
+    def __init__(self, cfg: RunConfig, comm=None):
         import tensorflow as tf
+        from dataloading.batches import RankInput
         from dataloading.synthetic import SyntheticDataset
         from nn.lr_schedule import LearningRateSchedule
         from nn.model import RankingModel
         from nn.trainer import Trainer, amp_dtype
+        from parallel_embedding.collectives import SingleProcess
+        from parallel_embedding.planner import plan_tables
         from utils.logger import RunLogger
 
-        self.cfg = cfg
-        self.log = RunLogger(cfg.log_path)
+        comm = comm or SingleProcess()
+        self.cfg, self.comm = cfg, comm
+        self.log = RunLogger(cfg.log_path, enabled=comm.rank == 0)
         self.dataset = SyntheticDataset(cfg.cardinalities, cfg.num_numerical, cfg.synthetic_alpha, cfg.seed)
         compute_dtype = amp_dtype() if cfg.amp else tf.float32
+        plan = plan_tables(cfg.cardinalities, cfg.embedding_dims, comm.size, cfg.dist_strategy,
+                           cfg.column_slice_threshold, cfg.row_slice_threshold, cfg.data_parallel_threshold)
         self.model = RankingModel(cfg.cardinalities, cfg.embedding_dims, cfg.num_numerical, cfg.bottom_mlp_dims,
                                   cfg.top_mlp_dims, cfg.interaction, cfg.num_cross_layers,
-                                  cfg.cross_layer_projection_dim, seed=cfg.seed, compute_dtype=compute_dtype)
+                                  cfg.cross_layer_projection_dim, seed=cfg.seed, compute_dtype=compute_dtype,
+                                  plan=plan, collectives=comm, data_parallel_input=cfg.data_parallel_input)
+        emb = self.model.embeddings
+        self.view = RankInput(comm.rank, comm.size, tuple(emb.input_rows(f) for f in range(cfg.num_categorical)))
         schedule = LearningRateSchedule(cfg.learning_rate, cfg.warmup_steps, cfg.decay_start_step, cfg.decay_steps)
         self.trainer = Trainer(self.model, cfg.optimizer, schedule, cfg.beta1, cfg.beta2, xla=cfg.xla,
                                loss_scaling=compute_dtype == tf.float16)
-        params = sum(int(v.shape.num_elements()) for v in self.model.table_variables + self.model.dense_variables)
+        self.log.print(plan.format(slots=len(self.trainer.table_optimizer.slot_names)))
+        params = sum(t.rows * t.dim for t in plan.tables) + sum(
+            int(v.shape.num_elements()) for v in self.model.dense_variables)
         self.log.print(f"model: {cfg.interaction} interaction, {cfg.num_categorical} tables, "
-                       f"{params:,} parameters, compute dtype {compute_dtype.name}, xla {cfg.xla}")
-        self.log.record("params", **vars(cfg), parameters=params)
+                       f"{params:,} parameters, compute dtype {compute_dtype.name}, xla {cfg.xla}, "
+                       f"{comm.size} rank{'s' if comm.size > 1 else ''}")
+        self.log.record("params", **vars(cfg), parameters=params, world_size=comm.size)
         self.start_step = 0
         if cfg.restore_checkpoint_path:
-            manifest = checkpoint.restore(cfg.restore_checkpoint_path, self.trainer.variables_by_name(),
-                                          model_signature(cfg))
+            manifest = checkpoint.restore(cfg.restore_checkpoint_path, self.trainer.checkpoint_entries(),
+                                          model_signature(cfg), self.trainer.checkpoint_names())
             self.start_step = int(self.trainer.step.numpy())
-            self.log.print(f"restored {manifest['path']} at step {self.start_step}")
+            self.log.print(f"restored {manifest['path']} at step {self.start_step} "
+                           f"(written at {manifest['world_size']} rank(s))")
+        self.trainer.broadcast_replicated()
 
     def _eval_data(self):
         from dataloading.batches import eval_batches, prefetched
         d = self.dataset
-        return prefetched(eval_batches(d, self.cfg.synthetic_eval_rows, self.cfg.valid_batch_size), d)
+        return prefetched(eval_batches(d, self.cfg.synthetic_eval_rows, self.cfg.valid_batch_size, self.view), d)
 
     def evaluate(self, step: int) -> dict:
         from nn.evaluator import evaluate, format_metrics
         t0 = time.perf_counter()
-        metrics = evaluate(self.trainer.predict, self._eval_data())
+        metrics = evaluate(self.trainer.predict, self._eval_data(), self.comm)
         metrics["seconds"] = time.perf_counter() - t0
         self.log.print(f"eval at step {step}: {format_metrics(metrics)} | {metrics['samples']:,} samples "
                        f"in {metrics['seconds']:.1f} s")
@@ -84,8 +98,8 @@ class Run:
         return metrics
 
     def save(self, step: int):
-        path = checkpoint.save(self.cfg.save_checkpoint_path, self.trainer.variables_by_name(), step,
-                               model_signature(self.cfg))
+        path = checkpoint.save(self.cfg.save_checkpoint_path, self.trainer.checkpoint_entries(), step,
+                               model_signature(self.cfg), self.comm)
         self.log.print(f"saved checkpoint {path}")
 
     def train(self) -> dict:
@@ -96,12 +110,13 @@ class Run:
         if cfg.max_steps > 0:
             total = min(total, cfg.max_steps)
         evals = eval_steps(steps_per_epoch, cfg.evals_per_epoch, total)
-        batches = prefetched(train_batches(d, cfg.batch_size, steps_per_epoch, cfg.seed, self.start_step, total), d)
+        batches = prefetched(train_batches(d, cfg.batch_size, steps_per_epoch, cfg.seed, self.start_step, total,
+                                           self.view), d)
         self.log.print(f"training steps {self.start_step}..{total} ({steps_per_epoch} per epoch, "
                        f"batch {cfg.batch_size})")
         step, losses, metrics = self.start_step, [], None
         t_start = t_last = time.perf_counter()
-        for numerical, categorical, labels, _ in batches:
+        for numerical, categorical, labels, _, _ in batches:
             losses.append(self.trainer.train_step(numerical, categorical, labels))
             step += 1
             if step % cfg.print_freq == 0 or step == total:
@@ -127,11 +142,13 @@ class Run:
         return result
 
     def inference(self) -> list:
+        from dataloading.batches import rank_batch
         from nn.evaluator import measure_latency
         results = []
         self.log.print("batch_size | samples/s | mean ms | p50 ms | p90 ms | p99 ms")
         for size in self.cfg.inference_batch_sizes:
-            r = measure_latency(self.trainer.predict, self.dataset.batch("eval", 0, size), self.cfg.inference_steps)
+            r = measure_latency(self.trainer.predict, rank_batch(self.dataset, "eval", 0, size, self.view),
+                                self.cfg.inference_steps, size)
             self.log.print(f"{size} | {r['samples_per_s']:,.0f} | {r['mean_ms']:.3f} | {r['p50_ms']:.3f} | "
                            f"{r['p90_ms']:.3f} | {r['p99_ms']:.3f}")
             self.log.record("inference", int(self.trainer.step.numpy()), **r)
@@ -139,9 +156,11 @@ class Run:
         return results
 
 
-def run(cfg: RunConfig):
-    """Executes `cfg.mode`; returns its results (final metrics, or inference figures)."""
-    r = Run(cfg)
+def run(cfg: RunConfig, comm=None):
+    """Executes `cfg.mode` on this rank of `comm` (default: one process); returns its results
+    (final metrics, or inference figures)."""
+    from parallel_embedding.collectives import SingleProcess
+    r = Run(cfg, comm or SingleProcess())
     try:
         if cfg.mode == "train":
             return r.train()
@@ -155,9 +174,11 @@ def run(cfg: RunConfig):
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    from parallel_embedding.collectives import make_collectives
     try:
-        cfg = run_flags.config_from_flags()
-        run(cfg)
+        comm = make_collectives()
+        cfg = run_flags.config_from_flags(comm.size)
+        run(cfg, comm)
     except (ConfigError, checkpoint.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

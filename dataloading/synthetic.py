@@ -121,18 +121,23 @@ class SyntheticDataset:
         """
         s = _SPLITS[split]
         idx = np.arange(start, start + size, dtype=np.uint64)
-        ids = [power_law_ids(_uniform(self.seed, _IDS, s, f, idx), card, self.alpha)
-               for f, card in enumerate(self.cardinalities)]
+        ids = self.categorical(split, start, size, range(len(self.cardinalities)))
         feats = np.arange(self.num_numerical, dtype=np.uint64)
         numerical = _normal(self.seed, _NUMERICAL, s, idx[:, None], feats[None, :])
         logits = self._logits(ids, numerical)
         labels = _uniform(self.seed, _LABEL, s, idx) < 1.0 / (1.0 + np.exp(-logits))
         return {
             "numerical": numerical.astype(np.float32),
-            "categorical": [i.astype(self.id_dtype) for i in ids],
+            "categorical": ids,
             "labels": labels.astype(np.float32),
             "oracle_logits": logits.astype(np.float32),
         }
+
+    def categorical(self, split: str, start: int, size: int, features) -> List[np.ndarray]:
+        """Ids [size] of samples [start, start + size) for each of `features` (indices)."""
+        idx = np.arange(start, start + size, dtype=np.uint64)
+        return [power_law_ids(_uniform(self.seed, _IDS, _SPLITS[split], f, idx), self.cardinalities[f],
+                              self.alpha).astype(self.id_dtype) for f in features]
 
     def _logits(self, ids, numerical):
         f = len(self.cardinalities)

@@ -1,19 +1,24 @@
-"""Checkpoints: named variables as .npy files plus a JSON manifest, written atomically.
+"""Sharded checkpoints, independent of the world size, written atomically.
 
-Layout of a checkpoint root:
+Every checkpointed tensor has a logical name and full shape (an embedding table and its
+optimizer slots are one tensor each, however they are sharded). Each rank writes the pieces it
+owns; nothing is gathered onto one rank. Layout of a checkpoint root:
 
-    ROOT/ckpt-<step>/manifest.json     step, model signature, extra state, variable -> file
-    ROOT/ckpt-<step>/<variable>.npy
+    ROOT/ckpt-<step>/manifest.json     step, model signature, world size, tensor -> pieces
+    ROOT/ckpt-<step>/<tensor>.r<a>-<b>.c<c>-<d>.npy    rows a:b, columns c:d of the tensor
     ROOT/latest                        name of the newest complete checkpoint
 
-A checkpoint directory is written under a temporary name and renamed when complete; `latest`
-is replaced atomically afterwards, so a crash at any point leaves the previous checkpoint
-readable. The two newest checkpoints are kept.
+A checkpoint is written under a temporary name and renamed by rank 0 once every rank has
+written its pieces; `latest` is replaced atomically afterwards, so a crash (or a dead rank) at
+any point leaves the previous checkpoint readable. The two newest are kept. Restoring reads, for
+every variable of this rank, the parts of the saved pieces it overlaps (memory-mapped), so a
+checkpoint written at N ranks restores at M. All ranks must see ROOT (a shared file system).
 """
+import dataclasses
 import json
 import os
 import shutil
-from typing import Dict
+from typing import Dict, Optional, Sequence, Set
 
 import numpy as np
 
@@ -26,6 +31,31 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be read into this model; the message names file and variable."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """A variable and where it sits in its logical tensor.
+
+    The variable's first `rows` rows (all when None) are rows [row_start, row_start + rows) and
+    its columns are [col_start, col_start + width) of tensor `name` of shape `shape`.
+    `replicated`: every rank holds the whole tensor (rank 0 saves it).
+    """
+    name: str
+    variable: object
+    shape: tuple
+    row_start: int = 0
+    col_start: int = 0
+    rows: Optional[int] = None
+    replicated: bool = False
+
+    @property
+    def region(self):
+        shape = tuple(self.variable.shape)
+        if len(shape) < 2:
+            return (0, self.shape[0] if shape else 0), (0, 0)
+        rows = shape[0] if self.rows is None else self.rows
+        return (self.row_start, self.row_start + rows), (self.col_start, self.col_start + shape[1])
+
+
 def _fsync_dir(path):
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -34,41 +64,78 @@ def _fsync_dir(path):
         os.close(fd)
 
 
-def save(root: str, variables: Dict, step: int, signature: dict, state: dict = None) -> str:
-    """Writes ROOT/ckpt-<step> and points ROOT/latest at it; returns its path."""
-    os.makedirs(root, exist_ok=True)
-    name = f"ckpt-{step}"
-    tmp = os.path.join(root, f".tmp-{name}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    files = {}
-    for var_name, var in sorted(variables.items()):
-        files[var_name] = var_name.replace("/", ".") + ".npy"
-        with open(os.path.join(tmp, files[var_name]), "wb") as f:
-            np.save(f, var.numpy())
-            f.flush()
-            os.fsync(f.fileno())
-    manifest = {"step": int(step), "signature": signature, "state": state or {}, "files": files}
-    with open(os.path.join(tmp, MANIFEST), "w") as f:
-        json.dump(manifest, f, indent=1)
+def _write_json(path, value):
+    _write_text(path, json.dumps(value, indent=1))
+
+
+def _write_text(path, text):
+    with open(path, "w") as f:
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
+
+
+def _piece_file(entry: Entry) -> str:
+    (a, b), (c, d) = entry.region
+    return f"{entry.name.replace('/', '.')}.r{a}-{b}.c{c}-{d}.npy"
+
+
+def save(root: str, entries: Sequence[Entry], step: int, signature: dict, comm, state: dict = None) -> str:
+    """Writes ROOT/ckpt-<step> (every rank its pieces) and points ROOT/latest at it; returns its path."""
+    name = f"ckpt-{step}"
+    tmp = os.path.join(root, f".tmp-{name}")
+    if comm.rank == 0:
+        os.makedirs(root, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    comm.barrier(f"checkpoint_{step}_start")
+    pieces = []
+    for e in entries:
+        if e.replicated and comm.rank != 0:
+            continue
+        value = e.variable.numpy()
+        if e.rows is not None:
+            value = value[:e.rows]
+        (a, b), (c, d) = e.region
+        pieces.append({"tensor": e.name, "shape": list(e.shape), "dtype": value.dtype.name,
+                       "file": _piece_file(e), "rows": [a, b], "cols": [c, d]})
+        with open(os.path.join(tmp, pieces[-1]["file"]), "wb") as f:
+            np.save(f, value)
+            f.flush()
+            os.fsync(f.fileno())
+    _write_json(os.path.join(tmp, f"rank-{comm.rank}.json"), pieces)
+    comm.barrier(f"checkpoint_{step}_written")
     final = os.path.join(root, name)
+    if comm.rank == 0:
+        _commit(root, tmp, final, name, step, signature, state, comm.size)
+    comm.barrier(f"checkpoint_{step}_done")
+    return final
+
+
+def _commit(root, tmp, final, name, step, signature, state, world_size):
+    tensors = {}
+    for r in range(world_size):
+        rank_file = os.path.join(tmp, f"rank-{r}.json")
+        with open(rank_file) as f:
+            for p in json.load(f):
+                t = tensors.setdefault(p["tensor"], {"shape": p["shape"], "dtype": p["dtype"], "pieces": []})
+                t["pieces"].append({k: p[k] for k in ("file", "rows", "cols")})
+        os.remove(rank_file)
+    manifest = {"step": int(step), "signature": signature, "state": state or {}, "world_size": world_size,
+                "tensors": dict(sorted(tensors.items()))}
+    _write_json(os.path.join(tmp, MANIFEST), manifest)
     if os.path.exists(final):   # re-saving the same step: move the old copy aside first
-        old = os.path.join(root, f".old-{name}-{os.getpid()}")
+        old = os.path.join(root, f".old-{name}")
+        shutil.rmtree(old, ignore_errors=True)
         os.rename(final, old)
         os.rename(tmp, final)
         shutil.rmtree(old)
     else:
         os.rename(tmp, final)
-    with open(os.path.join(root, LATEST + ".tmp"), "w") as f:
-        f.write(name + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    _write_text(os.path.join(root, LATEST + ".tmp"), name + "\n")
     os.replace(os.path.join(root, LATEST + ".tmp"), os.path.join(root, LATEST))
     _fsync_dir(root)
     _prune(root, keep=KEEP)
-    return final
 
 
 def _prune(root, keep):
@@ -97,30 +164,76 @@ def read_manifest(path: str) -> dict:
     return manifest
 
 
-def restore(path: str, variables: Dict, signature: dict) -> dict:
-    """Loads every variable from the checkpoint at `path` (checked first) and returns its manifest."""
+def read_tensor(path: str, name: str) -> np.ndarray:
+    """One whole logical tensor of a checkpoint, assembled from its pieces."""
+    manifest = read_manifest(path)
+    t = manifest["tensors"][name]
+    entry = Entry(name, np.empty(t["shape"], t["dtype"]), tuple(t["shape"]))
+    return _read_region(manifest["path"], entry, t)
+
+
+def _read_region(ckpt: str, entry: Entry, tensor: dict) -> np.ndarray:
+    (a, b), (c, d) = entry.region
+    shape = tuple(tensor["shape"])
+    if len(shape) < 2:
+        piece = tensor["pieces"][0]
+        return np.load(os.path.join(ckpt, piece["file"]))
+    out = np.empty((b - a, d - c), tensor["dtype"])
+    covered = 0
+    for p in tensor["pieces"]:
+        (pa, pb), (pc, pd) = p["rows"], p["cols"]
+        ra, rb, ca, cb = max(a, pa), min(b, pb), max(c, pc), min(d, pd)
+        if ra >= rb or ca >= cb:
+            continue
+        values = np.load(os.path.join(ckpt, p["file"]), mmap_mode="r")
+        out[ra - a:rb - a, ca - c:cb - c] = values[ra - pa:rb - pa, ca - pc:cb - pc]
+        covered += (rb - ra) * (cb - ca)
+    if covered != out.size:
+        raise CheckpointError(f"{ckpt}: the pieces of {entry.name} do not cover rows {a}:{b}, columns {c}:{d}")
+    return out
+
+
+def _check_pieces(ckpt: str, name: str, tensor: dict):
+    for p in tensor["pieces"]:
+        file = os.path.join(ckpt, p["file"])
+        try:
+            values = np.load(file, mmap_mode="r")
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"{file}: cannot read tensor {name}: {e}")
+        expected = (p["rows"][1] - p["rows"][0], p["cols"][1] - p["cols"][0]) if len(tensor["shape"]) >= 2 \
+            else tuple(tensor["shape"])
+        if tuple(values.shape) != expected:
+            raise CheckpointError(f"{file}: tensor {name} has shape {tuple(values.shape)}, "
+                                  f"the manifest says {expected}")
+
+
+def restore(path: str, entries: Sequence[Entry], signature: dict, expected: Set[str]) -> dict:
+    """Loads this rank's variables from the checkpoint at `path` and returns its manifest.
+
+    Everything is checked before any variable changes: the signature, the tensor names against
+    `expected` (every logical tensor of the model), shapes, and every piece file this rank reads.
+    """
     manifest = read_manifest(path)
     ckpt = manifest["path"]
     for key, value in signature.items():
         if manifest["signature"].get(key) != value:
             raise CheckpointError(f"{ckpt}: written with {key}={manifest['signature'].get(key)}, "
                                   f"this run has {key}={value}")
-    files = manifest["files"]
-    missing = sorted(set(variables) - set(files))
-    extra = sorted(set(files) - set(variables))
+    tensors: Dict[str, dict] = manifest["tensors"]
+    missing, extra = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
     if missing or extra:
-        raise CheckpointError(f"{ckpt}: variables differ from this model's "
+        raise CheckpointError(f"{ckpt}: tensors differ from this model's "
                               f"(missing {missing[:3]}, unexpected {extra[:3]})")
-    arrays = {}
-    for name, var in variables.items():
-        file = os.path.join(ckpt, files[name])
-        try:
-            arrays[name] = np.load(file)
-        except (OSError, ValueError) as e:
-            raise CheckpointError(f"{file}: cannot read variable {name}: {e}")
-        if tuple(arrays[name].shape) != tuple(var.shape):
-            raise CheckpointError(f"{file}: variable {name} has shape {arrays[name].shape}, "
-                                  f"the model expects {tuple(var.shape)}")
-    for name, var in variables.items():
-        var.assign(arrays[name])
+    for e in entries:
+        t = tensors[e.name]
+        if tuple(t["shape"]) != tuple(e.shape):
+            raise CheckpointError(f"{ckpt}: tensor {e.name} has shape {tuple(t['shape'])}, "
+                                  f"the model expects {tuple(e.shape)}")
+        _check_pieces(ckpt, e.name, t)
+    for e in entries:
+        value = _read_region(ckpt, e, tensors[e.name])
+        if e.rows is not None and e.rows < e.variable.shape[0]:
+            e.variable[:e.rows].assign(value)
+        else:
+            e.variable.assign(value)
     return manifest

@@ -8,22 +8,30 @@ import tensorflow as tf
 from utils.metrics import log_loss, roc_auc
 
 
-def evaluate(predict: Callable, batches: Iterable) -> Dict[str, float]:
-    """Runs `predict(numerical, categorical) -> logits` over every batch and returns AUC and
-    logloss of the model and of the ground-truth oracle logits shipped with the batches."""
+def evaluate(predict: Callable, batches: Iterable, comm) -> Dict[str, float]:
+    """Runs `predict(numerical, categorical) -> logits` over this rank's part of every batch and
+    returns AUC and logloss over all ranks' real rows (and those of the ground-truth oracle
+    logits shipped with the batches), computed once on rank 0 and shared with every rank."""
     logits, labels, oracle = [], [], []
-    for numerical, categorical, y, oracle_logits in batches:
-        logits.append(predict(numerical, categorical).numpy())
-        labels.append(y.numpy())
-        oracle.append(oracle_logits.numpy())
-    logits, labels, oracle = (np.concatenate(x) for x in (logits, labels, oracle))
-    return {"auc": roc_auc(labels, logits), "logloss": log_loss(labels, logits),
-            "oracle_auc": roc_auc(labels, oracle), "oracle_logloss": log_loss(labels, oracle),
-            "samples": int(labels.size)}
+    for numerical, categorical, y, oracle_logits, valid in batches:
+        n = int(valid)
+        logits.append(predict(numerical, categorical).numpy()[:n])
+        labels.append(y.numpy()[:n])
+        oracle.append(oracle_logits.numpy()[:n])
+    local = tuple(np.concatenate(x) for x in (logits, labels, oracle))
+    gathered = comm.allgather_object(local, "evaluation_predictions")
+    metrics = None
+    if comm.rank == 0:   # AUC and logloss do not depend on the order of the samples
+        logits, labels, oracle = (np.concatenate(x) for x in zip(*gathered))
+        metrics = {"auc": roc_auc(labels, logits), "logloss": log_loss(labels, logits),
+                   "oracle_auc": roc_auc(labels, oracle), "oracle_logloss": log_loss(labels, oracle),
+                   "samples": int(labels.size)}
+    return comm.broadcast_object(metrics, "evaluation_metrics")
 
 
-def measure_latency(predict: Callable, batch: dict, steps: int, warmup: int = 5) -> Dict[str, float]:
-    """Times `steps` synchronous predictions of one batch; latency figures in milliseconds."""
+def measure_latency(predict: Callable, batch: dict, steps: int, global_batch: int, warmup: int = 5) -> Dict[str, float]:
+    """Times `steps` synchronous predictions of one global batch (`batch` is this rank's part);
+    latency figures in milliseconds."""
     numerical = tf.constant(batch["numerical"])
     categorical = [tf.constant(c) for c in batch["categorical"]]
     for _ in range(warmup):
@@ -34,7 +42,7 @@ def measure_latency(predict: Callable, batch: dict, steps: int, warmup: int = 5)
         predict(numerical, categorical).numpy()
         times.append(time.perf_counter() - t0)
     ms = 1000.0 * np.asarray(times)
-    size = int(numerical.shape[0])
+    size = global_batch
     return {"batch_size": size, "samples_per_s": size * steps / float(np.sum(times)),
             "mean_ms": float(ms.mean()), "p50_ms": float(np.percentile(ms, 50)),
             "p90_ms": float(np.percentile(ms, 90)), "p99_ms": float(np.percentile(ms, 99))}

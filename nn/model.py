@@ -3,15 +3,18 @@ from typing import List, Sequence
 
 import tensorflow as tf
 
-from nn.embedding import EmbeddingTables
 from nn.interaction import CrossNetwork, DotInteraction, dot_interaction_width
 from nn.mlp import MLP
+from parallel_embedding.collectives import SingleProcess
+from parallel_embedding.layer import DistributedEmbedding
+from parallel_embedding.planner import Plan, plan_tables
 
 
 class RankingModel(tf.Module):
-    """numerical [B, n] float32 + categorical ids (F tensors [B]) -> logits [B] float32.
+    """numerical [b, n] float32 + categorical ids (F tensors, see DistributedEmbedding) -> logits [b].
 
-    DLRM (interaction "dot"): bottom MLP on the numericals, DotInteraction with the F
+    The tables are placed by `plan` over the ranks of `collectives` (default: one process, every
+    table whole); the dense part is data-parallel (every rank computes its local batch b). DLRM (interaction "dot"): bottom MLP on the numericals, DotInteraction with the F
     embeddings, top MLP. DCNv2 (interaction "cross"): x0 = concat(bottom output, embeddings),
     cross network, top MLP. `compute_dtype` is float32, or bfloat16/float16 under AMP (tables
     and master weights stay float32).
@@ -20,10 +23,13 @@ class RankingModel(tf.Module):
     def __init__(self, cardinalities: Sequence[int], embedding_dims: Sequence[int], num_numerical: int,
                  bottom_mlp_dims: Sequence[int], top_mlp_dims: Sequence[int], interaction: str = "dot",
                  num_cross_layers: int = 3, cross_layer_projection_dim: int = 512, seed: int = 0,
-                 compute_dtype=tf.float32):
+                 compute_dtype=tf.float32, plan: Plan = None, collectives=None, data_parallel_input: bool = False):
         super().__init__(name="ranking_model")
         self.compute_dtype = tf.as_dtype(compute_dtype)
-        self.embeddings = EmbeddingTables(cardinalities, embedding_dims, seed=(seed, 1000))
+        collectives = collectives or SingleProcess()
+        plan = plan or plan_tables(cardinalities, embedding_dims, collectives.size)
+        self.embeddings = DistributedEmbedding(plan, collectives, seed=(seed, 1000),
+                                               data_parallel_input=data_parallel_input)
         self.bottom_mlp = MLP(num_numerical, bottom_mlp_dims, linear_output=False, seed=(seed, 0), name="bottom_mlp")
         if interaction == "dot":
             self.interaction = DotInteraction(len(cardinalities), bottom_mlp_dims[-1])
@@ -35,8 +41,8 @@ class RankingModel(tf.Module):
 
     @property
     def table_variables(self) -> List[tf.Variable]:
-        """Embedding tables (model-parallel candidates, sparse updates)."""
-        return list(self.embeddings.tables)
+        """This rank's embedding variables (shards, then replicated tables; sparse updates)."""
+        return self.embeddings.variables_in_order
 
     @property
     def dense_variables(self) -> List[tf.Variable]:
@@ -47,11 +53,12 @@ class RankingModel(tf.Module):
         return dense
 
     def __call__(self, numerical: tf.Tensor, categorical: List[tf.Tensor], training: bool = False) -> tf.Tensor:
-        return self.predict_from_embeddings(numerical, self.embeddings(categorical, training), training)
+        embeddings = self.embeddings(categorical, tf.shape(numerical)[0], training)
+        return self.predict_from_embeddings(numerical, embeddings, training)
 
     def predict_from_embeddings(self, numerical: tf.Tensor, embeddings: List[tf.Tensor],
                                 training: bool = False) -> tf.Tensor:
-        """The dense part: numerical [B, n] and looked-up embeddings (F x [B, D_f]) -> logits [B].
+        """The dense part: numerical [b, n] and looked-up embeddings (F x [b, D_f]) -> logits [b].
         `training` selects the kernels tuned for the train step (see DotInteraction)."""
         dt = self.compute_dtype
         embeddings = [tf.cast(e, dt) for e in embeddings]

@@ -1,8 +1,9 @@
 """The training step: forward, BCE loss, backward, sparse table update, dense MLP update."""
-from typing import Dict
+from typing import Dict, List, Set
 
 import tensorflow as tf
 
+from nn.checkpoint import Entry
 from nn.lr_schedule import LearningRateSchedule
 from nn.model import RankingModel
 from nn.optimizers import make_optimizer
@@ -13,9 +14,12 @@ def amp_dtype():
     return tf.float16 if tf.config.list_physical_devices("GPU") else tf.bfloat16
 
 
-def bce_loss(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
-    """Mean binary cross-entropy of float32 logits [B] against 0/1 labels [B]."""
-    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+def bce_loss(labels: tf.Tensor, logits: tf.Tensor, global_batch) -> tf.Tensor:
+    """This rank's share of the global batch's mean binary cross-entropy: the sum over its b
+    float32 logits against 0/1 labels, divided by the global batch size B. Summed over the ranks
+    (allreduce), losses and gradients are those of one process with the whole batch."""
+    losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
+    return tf.reduce_sum(losses) / tf.cast(global_batch, tf.float32)
 
 
 class DynamicLossScale(tf.Module):
@@ -51,13 +55,20 @@ class Trainer(tf.Module):
     """Owns the optimizers, the step counter and the compiled train/predict functions.
 
     Tables are updated by the sparse form of `optimizer`, dense weights by its dense form.
-    `loss_scaling` enables dynamic loss scaling (float16 AMP).
+    `loss_scaling` enables dynamic loss scaling (float16 AMP). `xla` compiles the dense part
+    (MLPs, interaction; forward and backward); lookups and table updates are always compiled
+    islands, and collectives run between them.
+
+    One step on each of N ranks: lookup of this rank's shards, all-to-all to the local batch,
+    dense forward/backward, reverse all-to-all to the shards' owners, one grouped allreduce
+    (dense gradients, loss, and the overflow flag under loss scaling), updates.
     """
 
     def __init__(self, model: RankingModel, optimizer: str, schedule: LearningRateSchedule,
                  beta1: float = 0.9, beta2: float = 0.999, xla: bool = False, loss_scaling: bool = False):
         super().__init__(name="trainer")
         self.model = model
+        self.comm = model.embeddings.comm
         self.schedule = schedule
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.table_optimizer = make_optimizer(optimizer, model.table_variables, "table_optimizer", beta1, beta2)
@@ -67,8 +78,12 @@ class Trainer(tf.Module):
         # TensorFlow's scatter kernels, and only the given rows are written either way.
         self._update_tables = tf.function(
             lambda grads, lr: self.table_optimizer.apply(zip(grads, model.table_variables), lr), jit_compile=True)
-        self.train_step = tf.function(self._train_step, jit_compile=xla, reduce_retracing=True)
-        self.predict = tf.function(self._predict, jit_compile=xla, reduce_retracing=True)
+        self._dense_forward = tf.function(model.predict_from_embeddings, jit_compile=True) if xla \
+            else model.predict_from_embeddings
+        self._forward_backward = tf.function(self._forward_backward_impl, jit_compile=True) if xla \
+            else self._forward_backward_impl
+        self.train_step = tf.function(self._train_step, reduce_retracing=True)
+        self.predict = tf.function(self._predict, reduce_retracing=True)
 
     def variables_by_name(self) -> Dict[str, tf.Variable]:
         """Everything a checkpoint holds, by stable name."""
@@ -80,27 +95,74 @@ class Trainer(tf.Module):
             named.update({v.name.split(":")[0]: v for v in (self.loss_scale.scale, self.loss_scale.good_steps)})
         return named
 
-    def _predict(self, numerical, categorical):
-        return self.model(numerical, categorical)
+    def checkpoint_entries(self) -> List[Entry]:
+        """This rank's variables as parts of world-size-independent tensors: each table shard and
+        its optimizer slots are a region of the whole table's tensors; everything else is
+        replicated and saved by rank 0."""
+        emb = self.model.embeddings
+        entries, sharded = [], set()
+        for s, var in zip(emb.shards, emb.shard_variables):
+            name, shape = emb.table_name(s.feature), (emb.cardinalities[s.feature], emb.dims[s.feature])
+            slots = self.table_optimizer.slots[var.ref()]
+            for tensor, v in [(name, var)] + [(f"{name}/{k}", slot) for k, slot in slots.items()]:
+                entries.append(Entry(tensor, v, shape, s.row_start, s.col_start, s.num_rows))
+                sharded.add(v.ref())
+        entries += [Entry(name, v, tuple(v.shape), replicated=True)
+                    for name, v in sorted(self.variables_by_name().items()) if v.ref() not in sharded]
+        return entries
 
-    def _train_step(self, numerical, categorical, labels):
-        tables, dense = self.model.table_variables, self.model.dense_variables
-        # Differentiate with respect to the looked-up rows, not the tables: the table gradient is
-        # then IndexedSlices(rows' gradient, ids) by construction, whatever the lookup's kernel.
-        embeddings = self.model.embeddings(categorical, training=True)
+    def checkpoint_names(self) -> Set[str]:
+        """The logical tensors of a complete checkpoint of this model (on any rank)."""
+        emb = self.model.embeddings
+        names = {e.name for e in self.checkpoint_entries()}
+        for t in emb.plan.tables:
+            if t.kind != "replicated":
+                names.add(emb.table_name(t.feature))
+                names.update(f"{emb.table_name(t.feature)}/{k}" for k in self.table_optimizer.slot_names)
+        return names
+
+    def broadcast_replicated(self):
+        """Sets the data-parallel state (dense variables, replicated tables, their slots, counters)
+        of every rank to rank 0's."""
+        self.comm.broadcast_variables([e.variable for e in self.checkpoint_entries() if e.replicated])
+
+    def _predict(self, numerical, categorical):
+        """Logits [b] of this rank's local batch."""
+        embeddings = self.model.embeddings(categorical, tf.shape(numerical)[0])
+        return self._dense_forward(numerical, embeddings)
+
+    def _forward_backward_impl(self, numerical, embeddings, labels):
+        """The dense part: (loss share, its gradients w.r.t. the F embeddings and the dense variables)."""
+        dense = self.model.dense_variables
         with tf.GradientTape() as tape:
             tape.watch(embeddings)
-            loss = bce_loss(labels, self.model.predict_from_embeddings(numerical, embeddings, training=True))
+            logits = self.model.predict_from_embeddings(numerical, embeddings, training=True)
+            loss = bce_loss(labels, logits, tf.shape(labels)[0] * self.comm.size)
             scaled = loss * self.loss_scale.scale if self.loss_scale is not None else loss
-        grads = tape.gradient(scaled, embeddings + dense)
-        grads[:len(tables)] = [tf.IndexedSlices(g, ids, tf.shape(t, out_type=ids.dtype))
-                               for g, ids, t in zip(grads[:len(tables)], categorical, tables)]
+        grads = tape.gradient(scaled, list(embeddings) + dense)
+        return loss, grads[:len(embeddings)], grads[len(embeddings):]
+
+    def _train_step(self, numerical, categorical, labels):
+        """One step on this rank's inputs; returns the global batch's mean loss."""
+        emb = self.model.embeddings
+        # Differentiate with respect to the looked-up rows, not the tables: the table gradients are
+        # then IndexedSlices(rows' gradient, row indices) by construction, whatever the lookup's kernel.
+        looked_up = emb.lookup(categorical, training=True)
+        embeddings = emb.exchange(looked_up, tf.shape(numerical)[0])
+        loss, embedding_grads, dense_grads = self._forward_backward(numerical, embeddings, labels)
+        table_grads = emb.gradients(looked_up, embedding_grads)
+        flags = [loss]
+        if self.loss_scale is not None:   # every rank must agree to skip an overflowing step
+            flags.append(1.0 - tf.cast(_all_finite(table_grads + dense_grads), tf.float32))
+        reduced = self.comm.allreduce_sum(list(dense_grads) + flags, "dense_grads")
+        grads = table_grads + reduced[:len(dense_grads)]
+        loss = reduced[len(dense_grads)]
         lr = self.schedule(self.step)
         if self.loss_scale is None:
             self._apply(grads, lr)
         else:
             grads = [_scale_grad(g, 1.0 / self.loss_scale.scale) for g in grads]
-            finite = _all_finite(grads)
+            finite = reduced[-1] == 0.0
             tf.cond(finite, lambda: self._apply(grads, lr), lambda: tf.no_op())
             self.loss_scale.update(finite)
         self.step.assign_add(1)

@@ -9,7 +9,9 @@ TINY = dict(
     evals_per_epoch=1, log_path="", save_checkpoint_path="", restore_checkpoint_path="",
     checkpoint_every_n_steps=0, dataset_path="", dataset_type="synthetic",
     synthetic_cardinalities=["20", "50", "7", "30"], synthetic_num_numerical=3, synthetic_rows=128 * 40,
-    synthetic_eval_rows=1000, synthetic_alpha=1.05, inference_batch_sizes=["1", "16"], inference_steps=5)
+    synthetic_eval_rows=1000, synthetic_alpha=1.05, inference_batch_sizes=["1", "16"], inference_steps=5,
+    dist_strategy="memory_balanced", column_slice_threshold=None, row_slice_threshold=None,
+    data_parallel_threshold=None, data_parallel_input=False)
 
 
 def make_config(base: dict, **overrides):

@@ -11,7 +11,7 @@ from tests.configs import tiny_config
 
 def load_all(root):
     manifest = checkpoint.read_manifest(root)
-    return manifest, {n: np.load(os.path.join(manifest["path"], f)) for n, f in manifest["files"].items()}
+    return manifest, {n: checkpoint.read_tensor(root, n) for n in manifest["tensors"]}
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "adagrad"])
@@ -73,9 +73,9 @@ def test_mismatched_checkpoint_is_named(tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match="no checkpoint here"):
         main.run(tiny_config(mode="eval", restore_checkpoint_path=str(tmp_path)))
     manifest = checkpoint.read_manifest(root)
-    victim = os.path.join(manifest["path"], manifest["files"]["top_mlp/dense_0/kernel"])
+    victim = os.path.join(manifest["path"], manifest["tensors"]["top_mlp/dense_0/kernel"]["pieces"][0]["file"])
     np.save(victim, np.zeros((3, 3), np.float32))
-    with pytest.raises(checkpoint.CheckpointError, match=r"top_mlp/dense_0/kernel has shape \(3, 3\)"):
+    with pytest.raises(checkpoint.CheckpointError, match=r"top_mlp/dense_0/kernel has shape \(3, 3\), the manifest says"):
         main.run(tiny_config(mode="eval", restore_checkpoint_path=root))
 
 

@@ -383,10 +383,10 @@ def test_xla(out):
     plain = train(max_steps=3)
     out.readouterr()
     result = train(xla=True, max_steps=3)
-    assert model_line(out.readouterr().out).endswith("xla True")
+    assert model_line(out.readouterr().out).endswith("xla True, 1 rank")
     assert result["steps"] == 3
     assert result["logloss"] == pytest.approx(plain["logloss"], rel=1e-3)
-    assert build_model(out)[1].endswith("xla False")
+    assert build_model(out)[1].endswith("xla False, 1 rank")
 
 
 # --------------------------------------------------------------------------------------------
@@ -397,12 +397,12 @@ def test_inference(monkeypatch, tmp_path):
     calls = []
     measure = nn.evaluator.measure_latency
 
-    def counting(predict, batch, steps, **kwargs):
+    def counting(predict, batch, steps, *args, **kwargs):
         def counted(*args):
             calls[-1] += 1
             return predict(*args)
         calls.append(0)
-        return measure(counted, batch, steps, **kwargs)
+        return measure(counted, batch, steps, *args, **kwargs)
 
     monkeypatch.setattr(nn.evaluator, "measure_latency", counting)
     log = tmp_path / "log.json"

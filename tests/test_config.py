@@ -27,7 +27,8 @@ DEFAULTS = dict(
                              "200", "100", "100000", "50000", "20000", "10000", "1000", "500", "100", "50",
                              "20", "10", "8", "4", "3", "2"],
     synthetic_num_numerical=13, synthetic_rows=2 ** 21, synthetic_eval_rows=2 ** 18, synthetic_alpha=1.05,
-    inference_batch_sizes=["1", "64", "1024", "8192"], inference_steps=100)
+    inference_batch_sizes=["1", "64", "1024", "8192"], inference_steps=100, dist_strategy="memory_balanced",
+    column_slice_threshold=None, row_slice_threshold=None, data_parallel_threshold=None, data_parallel_input=False)
 
 FOUR_CARDS = ["10", "20", "30", "40"]
 

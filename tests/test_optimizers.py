@@ -104,5 +104,5 @@ def test_out_of_range_ids_fail_naming_the_feature(bad_id):
     ids = [tf.constant([1, 2], tf.int32), tf.constant([3, bad_id], tf.int32)]
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"out of range.*features \(0-based\):.*\[1\]"):
         trainer.train_step(tf.ones([2, 2]), ids, tf.constant([1.0, 0.0]))
-    with pytest.raises(tf.errors.InvalidArgumentError, match=rf"indices\[1\] = {bad_id} is not in \[0, 30\)"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"out of range.*features \(0-based\):.*\[1\]"):
         trainer.predict(tf.ones([2, 2]), ids)

@@ -1,11 +1,12 @@
 """Synthetic dataset: random access, determinism, id ranges and distribution, planted labels."""
 import numpy as np
 
-from dataloading.batches import epoch_order, eval_batches, train_batches
+from dataloading.batches import RankInput, epoch_order, eval_batches, rank_batch, train_batches
 from dataloading.synthetic import SyntheticDataset, power_law_ids
 from utils.metrics import roc_auc
 
 DATA = SyntheticDataset([7, 100, 5000, 3], num_numerical=5, alpha=1.05, seed=9)
+ONE = RankInput.single_process(4)
 
 
 def test_any_batching_gives_the_same_samples():
@@ -45,8 +46,8 @@ def test_labels_follow_the_oracle():
 def test_train_stream_is_a_reproducible_permutation_per_epoch():
     order = epoch_order(1, 0, 10)
     assert sorted(order) == list(range(10)) and not np.array_equal(order, epoch_order(1, 1, 10))
-    full = list(train_batches(DATA, 4, 10, 1, 0, 25))
-    resumed = list(train_batches(DATA, 4, 10, 1, 13, 25))
+    full = list(train_batches(DATA, 4, 10, 1, 0, 25, ONE))
+    resumed = list(train_batches(DATA, 4, 10, 1, 13, 25, ONE))
     assert len(resumed) == 12
     for a, b in zip(full[13:], resumed):
         np.testing.assert_array_equal(a["oracle_logits"], b["oracle_logits"])
@@ -55,8 +56,26 @@ def test_train_stream_is_a_reproducible_permutation_per_epoch():
 
 
 def test_eval_stream_keeps_the_last_partial_batch():
-    sizes = [len(b["labels"]) for b in eval_batches(DATA, 10, 4)]
+    sizes = [len(b["labels"]) for b in eval_batches(DATA, 10, 4, ONE)]
     assert sizes == [4, 4, 2]
+
+
+def test_ranks_read_their_part_of_the_same_global_batches():
+    """At N = 2 and 3 each rank reads its b rows of numericals/labels and the ids it is asked for;
+    together they are the single-process batch, and padded eval rows are marked invalid."""
+    whole = rank_batch(DATA, "train", 60, 12, ONE)
+    for n in (2, 3):
+        views = [RankInput(r, n, ("global", "local", "none", "global" if r == 0 else "none")) for r in range(n)]
+        parts = [rank_batch(DATA, "train", 60, 12, v) for v in views]
+        for key in ("numerical", "labels", "oracle_logits"):
+            np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), whole[key])
+        for p in parts:
+            np.testing.assert_array_equal(p["categorical"][0], whole["categorical"][0])
+            assert p["categorical"][2].size == 0
+        np.testing.assert_array_equal(np.concatenate([p["categorical"][1] for p in parts]), whole["categorical"][1])
+        evals = [list(eval_batches(DATA, 10, 4, v)) for v in views]
+        assert [sum(b["valid"] for b in e) for e in evals] == ([5, 5] if n == 2 else [5, 5, 0])
+        assert all(len(b["labels"]) == -(-min(4, 10 - 4 * k) // n) for e in evals for k, b in enumerate(e))
 
 
 def test_tabulated_effects_equal_hashed_effects(monkeypatch):

@@ -16,6 +16,7 @@ MODES = ("train", "eval", "inference")
 OPTIMIZERS = ("sgd", "adagrad", "adam")
 INTERACTIONS = ("dot", "cross")
 DATASET_TYPES = ("synthetic",)
+DIST_STRATEGIES = ("basic", "memory_balanced", "memory_optimized")   # as parallel_embedding.planner
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +57,11 @@ class RunConfig:
     synthetic_alpha: float
     inference_batch_sizes: List[int]
     inference_steps: int
+    dist_strategy: str
+    column_slice_threshold: Optional[int]
+    row_slice_threshold: Optional[int]
+    data_parallel_threshold: Optional[int]
+    data_parallel_input: bool
 
     @property
     def num_categorical(self) -> int:
@@ -138,8 +144,8 @@ def build_config(values: dict, present: Optional[Set[str]] = None, world_size: i
 
 
 def _check(c: RunConfig, present: Set[str], world_size: int):
-    for name, choices in (("mode", MODES), ("optimizer", OPTIMIZERS),
-                          ("interaction", INTERACTIONS), ("dataset_type", DATASET_TYPES)):
+    for name, choices in (("mode", MODES), ("optimizer", OPTIMIZERS), ("interaction", INTERACTIONS),
+                          ("dataset_type", DATASET_TYPES), ("dist_strategy", DIST_STRATEGIES)):
         if getattr(c, name) not in choices:
             raise ConfigError(f"--{name} must be one of {', '.join(choices)}; got {getattr(c, name)!r}")
     for name in sorted(present & set(_APPLIES_ONLY)):
@@ -155,6 +161,11 @@ def _check(c: RunConfig, present: Set[str], world_size: int):
                  "checkpoint_every_n_steps", "cross_layer_projection_dim", "synthetic_alpha"):
         if getattr(c, name) < 0:
             raise ConfigError(f"--{name} must be >= 0, got {getattr(c, name)}")
+    for name in ("column_slice_threshold", "row_slice_threshold"):
+        if getattr(c, name) is not None and getattr(c, name) < 1:
+            raise ConfigError(f"--{name} must be >= 1 (elements per table), got {getattr(c, name)}")
+    if c.data_parallel_threshold is not None and c.data_parallel_threshold < 0:
+        raise ConfigError(f"--data_parallel_threshold must be >= 0, got {c.data_parallel_threshold}")
     if c.max_steps == 0 or c.max_steps < -1:
         raise ConfigError(f"--max_steps must be positive, or -1 for no limit; got {c.max_steps}")
     if c.optimizer == "adam":
@@ -177,6 +188,11 @@ def _check(c: RunConfig, present: Set[str], world_size: int):
         raise ConfigError(f"--num_cross_layers must be >= 1 with --interaction=cross, got {c.num_cross_layers}")
     if c.batch_size % world_size:
         raise ConfigError(f"--batch_size ({c.batch_size}) must be divisible by the number of ranks ({world_size})")
+    if c.mode == "inference":
+        for size in c.inference_batch_sizes:
+            if size % world_size:
+                raise ConfigError(f"--inference_batch_sizes entry {size} must be divisible by the number of "
+                                  f"ranks ({world_size})")
     if c.mode == "train" and c.synthetic_rows < c.batch_size:
         raise ConfigError(f"--synthetic_rows ({c.synthetic_rows}) is smaller than one --batch_size ({c.batch_size})")
     if c.checkpoint_every_n_steps and not c.save_checkpoint_path:

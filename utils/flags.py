@@ -4,7 +4,8 @@ Defaults are DLRM's; `dcnv2.py` overrides the model defaults with `set_defaults`
 """
 from absl import flags
 
-from utils.config import (DATASET_TYPES, INTERACTIONS, MODES, OPTIMIZERS, RunConfig, build_config)
+from utils.config import (DATASET_TYPES, DIST_STRATEGIES, INTERACTIONS, MODES, OPTIMIZERS, RunConfig,
+                          build_config)
 
 FLAGS = flags.FLAGS
 
@@ -50,6 +51,19 @@ flags.DEFINE_integer("synthetic_eval_rows", 2 ** 18, "synthetic evaluation sampl
 flags.DEFINE_float("synthetic_alpha", 1.05, "power-law exponent of synthetic ids (0: uniform)")
 flags.DEFINE_list("inference_batch_sizes", ["1", "64", "1024", "8192"], "batch sizes timed by --mode=inference")
 flags.DEFINE_integer("inference_steps", 100, "timed batches per batch size in --mode=inference")
+
+flags.DEFINE_enum("dist_strategy", "memory_balanced", list(DIST_STRATEGIES),
+                  "placement of the embedding tables over the ranks: basic (round-robin), memory_balanced "
+                  "(largest first, dealt in snake order: equal counts, similar memory), memory_optimized "
+                  "(largest first onto the least-loaded rank)")
+flags.DEFINE_integer("column_slice_threshold", None, "split tables with more elements than this by columns into "
+                     "2^k slices on different ranks (unset: only when there are fewer tables than ranks)")
+flags.DEFINE_integer("row_slice_threshold", None, "split tables with more elements than this by rows over all "
+                     "ranks (unset: never)")
+flags.DEFINE_integer("data_parallel_threshold", None, "replicate tables with at most this many elements on every "
+                     "rank, gradients allreduced (unset: never)")
+flags.DEFINE_bool("data_parallel_input", False, "each rank reads every feature of its local batch (ids are "
+                  "exchanged by an all-to-all) instead of its own tables' ids for the global batch")
 
 
 def set_defaults(**defaults):

@@ -18,20 +18,22 @@ def _duration(seconds: float) -> str:
 
 class RunLogger:
     """Writes `kind`-tagged JSON records to `log_path` (if given), scalars to TensorBoard, and
-    human-readable lines to `out`."""
+    human-readable lines to `out`; a logger that is not `enabled` (ranks other than 0) is silent."""
 
-    def __init__(self, log_path: str = "", out=None):
+    def __init__(self, log_path: str = "", out=None, enabled: bool = True):
         self.out = out or sys.stdout
+        self.enabled = enabled
         self._file = None
         self._tb = None
-        if log_path:
+        if log_path and enabled:
             os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
             self._file = open(log_path, "a")
             import tensorflow as tf
             self._tb = tf.summary.create_file_writer(tensorboard_dir(log_path))
 
     def print(self, line: str):
-        print(line, file=self.out, flush=True)
+        if self.enabled:
+            print(line, file=self.out, flush=True)
 
     def record(self, kind: str, step: Optional[int] = None, **fields):
         """One JSON line; numeric fields also become TensorBoard scalars `<kind>/<field>`."""

@@ -1,0 +1,87 @@
+"""The collectives the hybrid-parallel model needs, behind one small interface.
+
+`SingleProcess` is the identity at world size 1 and imports no Horovod; `HorovodCollectives`
+implements the same calls with Horovod (Gloo, MPI or NCCL underneath). Every tensor collective
+takes an explicit `name`: ranks build different graphs (each holds other tables), so Horovod's
+default names, derived from tensor names, would not match across ranks.
+"""
+import os
+from typing import Any, List, Sequence
+
+import tensorflow as tf
+
+
+class SingleProcess:
+    """World size 1: every collective is the identity."""
+    rank = 0
+    size = 1
+
+    def alltoall(self, tensor: tf.Tensor, splits, name: str):
+        """Sends tensor[sum(splits[:j]) : sum(splits[:j+1])] to rank j (along axis 0); returns the
+        concatenation of what every rank sent here, in rank order."""
+        return tensor
+
+    def allreduce_sum(self, tensors: Sequence[tf.Tensor], name: str) -> List[tf.Tensor]:
+        return list(tensors)
+
+    def allgather(self, tensor: tf.Tensor, name: str) -> tf.Tensor:
+        """Concatenates every rank's tensor along axis 0, in rank order."""
+        return tensor
+
+    def broadcast_variables(self, variables: Sequence[tf.Variable]):
+        """Sets every rank's variables to rank 0's values."""
+
+    def allgather_object(self, obj: Any, name: str) -> List[Any]:
+        """Every rank's Python object, in rank order."""
+        return [obj]
+
+    def broadcast_object(self, obj: Any, name: str) -> Any:
+        return obj
+
+    def barrier(self, name: str):
+        """Returns once every rank has reached the barrier of the same name."""
+
+
+class HorovodCollectives(SingleProcess):
+    """The collectives over all Horovod ranks (`horovod.tensorflow`, initialised here)."""
+
+    def __init__(self):
+        import horovod.tensorflow as hvd
+        hvd.init()
+        self._hvd = hvd
+        self.rank, self.size = hvd.rank(), hvd.size()
+
+    def alltoall(self, tensor, splits, name):
+        out, _ = self._hvd.alltoall(tensor, splits=splits, name=name, ignore_name_scope=True)
+        return out
+
+    def allreduce_sum(self, tensors, name):
+        return self._hvd.grouped_allreduce(list(tensors), op=self._hvd.Sum, name=name, ignore_name_scope=True)
+
+    def allgather(self, tensor, name):
+        return self._hvd.allgather(tensor, name=name, ignore_name_scope=True)
+
+    def broadcast_variables(self, variables):
+        self._hvd.broadcast_variables(list(variables), root_rank=0)
+
+    def allgather_object(self, obj, name):
+        return self._hvd.allgather_object(obj, name=name)
+
+    def broadcast_object(self, obj, name):
+        return self._hvd.broadcast_object(obj, root_rank=0, name=name)
+
+    def barrier(self, name):
+        self._hvd.allreduce(tf.zeros([1]), op=self._hvd.Sum, name=name, ignore_name_scope=True).numpy()
+
+
+_LAUNCHER_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
+def launched_by_horovod() -> bool:
+    """True inside a process started by horovodrun (Gloo) or an MPI launcher."""
+    return any(v in os.environ for v in _LAUNCHER_VARIABLES)
+
+
+def make_collectives():
+    """Horovod's collectives when launched by horovodrun/mpirun, else the single process."""
+    return HorovodCollectives() if launched_by_horovod() else SingleProcess()

@@ -1,0 +1,247 @@
+"""DistributedEmbedding: the embedding tables of a ranking model, laid out by a `Plan`.
+
+Shapes: `B` global batch, `b = B / N` local batch, `F` features, `D_f` feature f's width,
+`N` world size, `W_r` the summed width of rank r's shards.
+
+Forward, on every rank:
+1. `lookup`: ids -> rows of this rank's shards ([B, w] each, for the whole global batch) and of
+   the replicated tables ([b, D_f], local rows only). A row shard looks up only the ids inside
+   its row range; the others read a spare row and are zeroed, so the N partial results sum to
+   the full lookup.
+2. `exchange`: one all-to-all sends each rank its b rows of every shard; column slices are
+   re-joined, row shards summed, and the F features come back in feature order ([b, D_f]).
+
+Backward (`gradients`): the reverse all-to-all brings every shard the gradient of its B rows;
+the table gradients are IndexedSlices applied by the owner (replicated tables: the b-row slices
+of all ranks, gathered). With data-parallel input each rank starts from ids of its own b rows
+of every feature; one all-to-all of ids gives each shard's owner the global batch first.
+
+>>> plan = plan_tables([1000, 20], [16, 16], world_size=1)
+>>> emb = DistributedEmbedding(plan, SingleProcess(), seed=(1, 100))
+>>> [e.shape for e in emb([tf.constant([3, 7]), tf.constant([0, 19])], local_batch=2)]
+[TensorShape([2, 16]), TensorShape([2, 16])]
+"""
+import math
+from typing import List, NamedTuple, Sequence
+
+import tensorflow as tf
+
+from parallel_embedding.planner import Plan, Shard, plan_tables  # noqa: F401 (plan_tables: docstring)
+
+_INIT_BLOCK_ROWS = 1 << 16
+
+
+def shard_initial_value(rows: int, dim: int, shard: Shard, seed) -> tf.Tensor:
+    """The shard's part of the table initialised as U(-sqrt(1/rows), sqrt(1/rows)).
+
+    The full table is defined block by block (2^16 rows, each from its own stateless seed), so a
+    shard's values do not depend on how the table is cut: any world size starts from the same
+    weights. Only the blocks the shard covers are generated.
+    """
+    limit = math.sqrt(1.0 / rows)
+    parts = []
+    first, last = shard.row_start // _INIT_BLOCK_ROWS, (shard.row_end - 1) // _INIT_BLOCK_ROWS
+    for block in range(first, last + 1):
+        start = block * _INIT_BLOCK_ROWS
+        n = min(_INIT_BLOCK_ROWS, rows - start)
+        values = tf.random.stateless_uniform([n, dim], seed=tf.random.experimental.stateless_fold_in(seed, block),
+                                             minval=-limit, maxval=limit)
+        lo, hi = max(shard.row_start - start, 0), min(shard.row_end - start, n)
+        parts.append(values[lo:hi, shard.col_start:shard.col_end])
+    return tf.concat(parts, axis=0) if parts else tf.zeros([0, shard.width])
+
+
+class LookedUp(NamedTuple):
+    """What `lookup` returns: rows and the variable indices they came from (for gradients)."""
+    shard_rows: List[tf.Tensor]        # per local shard: [B, w]
+    shard_indices: List[tf.Tensor]     # per local shard: [B] row indices into its variable
+    replicated_rows: List[tf.Tensor]   # per replicated table: [b, D_f]
+    replicated_ids: List[tf.Tensor]    # per replicated table: [b]
+
+
+class DistributedEmbedding(tf.Module):
+    """The F embedding tables of a model, placed by `plan`, executed with `collectives`.
+
+    Variables: `shard_variables` (this rank's shards, model-parallel: updated here only, never
+    allreduced; a row shard has one spare row at the end) and `replicated_variables` (whole
+    tables on every rank, data-parallel).
+
+    Input: F id tensors. Model-parallel input (the default): feature f is [B] if this rank holds
+    a shard of it, [b] if it is replicated, and ignored otherwise (pass an empty tensor);
+    `input_rows(f)` says which. Data-parallel input: every feature [b].
+    """
+
+    def __init__(self, plan: Plan, collectives, seed, data_parallel_input: bool = False, name="embedding"):
+        super().__init__(name=name)
+        self.plan, self.comm = plan, collectives
+        self.data_parallel_input = data_parallel_input
+        self.rank, self.size = collectives.rank, collectives.size
+        self.shards = plan.shards_on(self.rank)
+        self.replicated = plan.replicated
+        tables = plan.tables
+        self.cardinalities = [t.rows for t in tables]
+        self.dims = [t.dim for t in tables]
+        self.shard_variables = []
+        for s in self.shards:
+            table = tables[s.feature]
+            value = shard_initial_value(table.rows, table.dim, s, (seed[0], seed[1] + s.feature))
+            if table.kind == "row":   # the spare row that out-of-shard ids read (and is never saved)
+                value = tf.concat([value, tf.zeros([1, s.width])], axis=0)
+            self.shard_variables.append(tf.Variable(value, name=self.variable_name(s)))
+        whole = [Shard(f, self.rank, 0, tables[f].rows, 0, tables[f].dim) for f in self.replicated]
+        self.replicated_variables = [
+            tf.Variable(shard_initial_value(tables[s.feature].rows, tables[s.feature].dim, s,
+                                            (seed[0], seed[1] + s.feature)), name=self.table_name(s.feature))
+            for s in whole]
+        self.global_features = plan.features_on(self.rank)
+        # Static layout of the exchange: widths W_i of every rank's shards, and for every feature the
+        # (column offset in the received [b, sum W_i] block, shard) pairs that make it up.
+        self._widths = [sum(s.width for s in plan.shards_on(r)) for r in range(self.size)]
+        pieces = {f: [] for f in range(len(tables))}
+        offset = 0
+        for r in range(self.size):
+            for s in plan.shards_on(r):
+                pieces[s.feature].append((offset, s))
+                offset += s.width
+        # Column slices may sit on any ranks: join them in column order.
+        self._pieces = {f: sorted(p, key=lambda piece: piece[1].col_start) for f, p in pieces.items()}
+        self._features_of = [plan.features_on(r) for r in range(self.size)]
+        self._lookup = tf.function(self._lookup_impl, jit_compile=True)
+
+    def table_name(self, feature: int) -> str:
+        """The name of feature's whole table (checkpoints use it for every shard of the table)."""
+        return f"{self.name}/table_{feature}"
+
+    def variable_name(self, s: Shard) -> str:
+        if self.plan.tables[s.feature].kind == "whole":
+            return self.table_name(s.feature)
+        return f"{self.table_name(s.feature)}/rows_{s.row_start}_{s.row_end}/cols_{s.col_start}_{s.col_end}"
+
+    @property
+    def variables_in_order(self) -> List[tf.Variable]:
+        """Shard variables, then replicated ones: the order of `gradients`' output."""
+        return self.shard_variables + self.replicated_variables
+
+    def input_rows(self, feature: int) -> str:
+        """Which ids of `feature` this rank's input carries: "global" ([B]), "local" ([b]) or "none"."""
+        if self.data_parallel_input or feature in self.replicated:
+            return "local"
+        return "global" if feature in self.global_features else "none"
+
+    def __call__(self, ids: Sequence[tf.Tensor], local_batch, training: bool = False) -> List[tf.Tensor]:
+        """ids (see the class docstring) -> F features [b, D_f] of the local batch of b rows."""
+        return self.exchange(self.lookup(ids, training), local_batch)
+
+    # Forward -----------------------------------------------------------------------------------
+
+    def lookup(self, ids: Sequence[tf.Tensor], training: bool = False) -> LookedUp:
+        """Gathers this rank's rows. Training runs the gathers as one XLA-compiled function (faster
+        on large batches); ids outside [0, cardinality) fail a check either way."""
+        ids = list(ids)
+        if self.data_parallel_input and self.size > 1:
+            ids = self._exchange_ids(ids)
+        shard_ids = [ids[s.feature] for s in self.shards]
+        replicated_ids = [ids[f] for f in self.replicated]
+        checked = self.global_features + self.replicated if not self.data_parallel_input or self.size == 1 \
+            else list(range(len(ids)))
+        lookup = self._lookup if training else self._lookup_impl
+        with tf.control_dependencies(self._check_range(checked, [ids[f] for f in checked])):
+            rows, indices, replicated_rows = lookup(shard_ids, replicated_ids)
+        return LookedUp(rows, indices, replicated_rows, replicated_ids)
+
+    def _lookup_impl(self, shard_ids, replicated_ids):
+        rows, indices = [], []
+        for s, var, i in zip(self.shards, self.shard_variables, shard_ids):
+            if self.plan.tables[s.feature].kind == "row":
+                local = i - tf.cast(s.row_start, i.dtype)
+                inside = tf.logical_and(local >= 0, local < s.num_rows)
+                index = tf.where(inside, local, tf.cast(s.num_rows, i.dtype))   # the spare row
+                rows.append(tf.where(inside[:, None], tf.gather(var, index), 0.0))
+            else:
+                index = i
+                rows.append(tf.gather(var, index))
+            indices.append(index)
+        replicated_rows = [tf.gather(var, i) for var, i in zip(self.replicated_variables, replicated_ids)]
+        return rows, indices, replicated_rows
+
+    def _check_range(self, features, ids):
+        """Asserts every id is in [0, cardinality), before any gather: XLA clamps out-of-range
+        gathers silently, and a row shard skips ids outside its range by design."""
+        if not features:
+            return []
+        id_range = tf.stack([tf.stack([tf.reduce_min(tf.cast(i, tf.int64)), tf.reduce_max(tf.cast(i, tf.int64))])
+                             for i in ids])
+        cardinalities = tf.constant([self.cardinalities[f] for f in features], tf.int64)
+        in_range = tf.logical_and(id_range[:, 0] >= 0, id_range[:, 1] < cardinalities)
+        return [tf.debugging.Assert(tf.reduce_all(in_range), [
+            "embedding ids out of range [0, cardinality) in features (0-based):",
+            tf.boolean_mask(tf.constant(features, tf.int64), tf.logical_not(in_range)),
+            "min/max ids:", id_range, "cardinalities:", cardinalities], summarize=64)]
+
+    def _exchange_ids(self, ids: List[tf.Tensor]) -> List[tf.Tensor]:
+        """Data-parallel input: every rank's [b] ids -> [B] ids of the features this rank holds."""
+        dtype = tf.int64 if any(i.dtype == tf.int64 for i in ids) else tf.int32
+        b = tf.shape(ids[0])[0]
+        send = [tf.cast(ids[f], dtype) for r in range(self.size) for f in self._features_of[r]]
+        splits = tf.stack([b * len(self._features_of[r]) for r in range(self.size)])
+        received = self.comm.alltoall(tf.concat(send, 0) if send else tf.zeros([0], dtype), splits, "embedding_ids")
+        mine = len(self.global_features)
+        by_feature = tf.reshape(tf.transpose(tf.reshape(received, [self.size, mine, b]), [1, 0, 2]), [mine, -1])
+        out = list(ids)
+        for k, f in enumerate(self.global_features):
+            out[f] = by_feature[k]
+        return out
+
+    def exchange(self, looked_up: LookedUp, local_batch) -> List[tf.Tensor]:
+        """This rank's rows -> the F features of the local batch (`local_batch` = b rows, [b, D_f])."""
+        out = [None] * len(self.plan.tables)
+        for f, rows in zip(self.replicated, looked_up.replicated_rows):
+            out[f] = rows
+        if self.size == 1:   # every table whole on this rank, in feature order
+            for s, rows in zip(self.shards, looked_up.shard_rows):
+                out[s.feature] = rows
+            return out
+        if not any(self._widths):
+            return out
+        b = local_batch
+        send = tf.reshape(tf.concat(looked_up.shard_rows, axis=1), [-1]) if self.shards else tf.zeros([0])
+        received = self.comm.alltoall(send, tf.fill([self.size], b * self._widths[self.rank]), "embedding_rows")
+        blocks = tf.split(received, tf.stack([b * w for w in self._widths]), num=self.size)
+        joined = tf.concat([tf.reshape(x, [b, w]) for x, w in zip(blocks, self._widths)], axis=1)
+        for f, pieces in self._pieces.items():
+            if pieces:
+                parts = [joined[:, o:o + s.width] for o, s in pieces]
+                out[f] = tf.add_n(parts) if self.plan.tables[f].kind == "row" else tf.concat(parts, axis=1)
+        return out
+
+    # Backward ----------------------------------------------------------------------------------
+
+    def gradients(self, looked_up: LookedUp, feature_grads: Sequence[tf.Tensor]) -> List[tf.IndexedSlices]:
+        """Gradients of the F features ([b, D_f]) -> IndexedSlices for `variables_in_order`."""
+        shard_grads = self._reverse_exchange(feature_grads)
+        grads = [tf.IndexedSlices(g, i, tf.shape(v, out_type=i.dtype))
+                 for g, i, v in zip(shard_grads, looked_up.shard_indices, self.shard_variables)]
+        for f, ids, var in zip(self.replicated, looked_up.replicated_ids, self.replicated_variables):
+            g = feature_grads[f]
+            if self.size > 1:   # every rank applies the whole batch's rows
+                g = self.comm.allgather(g, f"embedding_replicated_{f}_grad")
+                ids = self.comm.allgather(ids, f"embedding_replicated_{f}_ids")
+            grads.append(tf.IndexedSlices(g, ids, tf.shape(var, out_type=ids.dtype)))
+        return grads
+
+    def _reverse_exchange(self, feature_grads) -> List[tf.Tensor]:
+        """[b, D_f] per feature -> [B, w] per local shard (the reverse all-to-all)."""
+        if self.size == 1:
+            return [feature_grads[s.feature] for s in self.shards]
+        if not any(self._widths):
+            return []
+        b = tf.shape(feature_grads[0])[0]
+        send = [tf.reshape(tf.concat([feature_grads[s.feature][:, s.col_start:s.col_end]
+                                      for s in self.plan.shards_on(r)], axis=1), [-1])
+                for r in range(self.size) if self._widths[r]]
+        send = tf.concat(send, axis=0) if send else tf.zeros([0])
+        received = self.comm.alltoall(send, tf.stack([b * w for w in self._widths]), "embedding_grads")
+        if not self.shards:
+            return []
+        rows = tf.reshape(received, [-1, self._widths[self.rank]])    # [B, W_r], global row order
+        return tf.split(rows, [s.width for s in self.shards], axis=1)
