@@ -1,29 +1,46 @@
 #!/usr/bin/env bash
 # Creates the project's virtual environment: pinned requirements, then Horovod 0.28.1 (Gloo,
-# TensorFlow) built from its sdist. The built wheel is cached outside the checkout, keyed by
-# the TensorFlow version, so later set-ups (and fresh clones) skip the ~5 minute build.
-#   usage: tools/setup_env.sh [VENV_DIR]
+# TensorFlow; MPI too where an MPI compiler is found; NCCL with HOROVOD_GPU_OPERATIONS=NCCL)
+# built from its sdist. The built wheel is cached outside the checkout, keyed by the TensorFlow
+# version and the build's options, so later set-ups (and fresh clones) skip the ~5 minute build.
+#   usage: tools/setup_env.sh [VENV_DIR]   a virtual environment (default .venv)
+#          tools/setup_env.sh --system     $PYTHON's own site-packages (the Docker image)
 set -euo pipefail
-VENV=${1:-.venv}
 HOROVOD_VERSION=0.28.1
 PYTHON=${PYTHON:-/usr/bin/python3}   # Debian's Python ships a shared libpython (serving needs it)
 CACHE=${DLRM_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dlrm-tf2/wheels}
 
+# The build's options; each one other than the plain CPU build (Gloo) names its wheel's cache:
+# MPI where an MPI compiler is found, NCCL when asked for (HOROVOD_GPU_OPERATIONS=NCCL).
+FLAVOUR='' WITH_MPI='' WITHOUT_MPI=1
+if command -v mpicc >/dev/null; then WITH_MPI=1 WITHOUT_MPI='' FLAVOUR=-mpi; fi
+case ${HOROVOD_GPU_OPERATIONS:-} in
+  "") ;;
+  NCCL) FLAVOUR=$FLAVOUR-nccl ;;
+  *) echo "error: HOROVOD_GPU_OPERATIONS=$HOROVOD_GPU_OPERATIONS: only NCCL (or unset, for CPU) is supported" >&2; exit 2 ;;
+esac
+
 [ -x "$PYTHON" ] || PYTHON=$(command -v python3)
-if [ ! -x "$VENV/bin/python" ]; then
-  "$PYTHON" -m venv "$VENV" || { apt-get update -qq && apt-get install -y -qq python3-venv python3-dev && "$PYTHON" -m venv "$VENV"; }
+if [ "${1:-}" = --system ]; then
+  PY=$PYTHON
+else
+  VENV=${1:-.venv}
+  if [ ! -x "$VENV/bin/python" ]; then
+    "$PYTHON" -m venv "$VENV" || { apt-get update -qq && apt-get install -y -qq python3-venv python3-dev && "$PYTHON" -m venv "$VENV"; }
+  fi
+  PY=$VENV/bin/python
 fi
-PIP="$VENV/bin/python -m pip --disable-pip-version-check -q"
+PIP="$PY -m pip --disable-pip-version-check -q"
 $PIP install -r requirements.txt
 
-TF_VERSION=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("tensorflow"))')
-WHEEL_DIR="$CACHE/horovod-$HOROVOD_VERSION-tf$TF_VERSION"
-if ! "$VENV/bin/python" -c "import horovod.tensorflow" 2>/dev/null; then
+TF_VERSION=$("$PY" -c 'import importlib.metadata as m; print(m.version("tensorflow"))')
+WHEEL_DIR="$CACHE/horovod-$HOROVOD_VERSION-tf$TF_VERSION$FLAVOUR"
+if ! "$PY" -c "import horovod.tensorflow" 2>/dev/null; then
   if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
-    echo "building Horovod $HOROVOD_VERSION against TensorFlow $TF_VERSION (about 5 minutes, once)"
+    echo "building Horovod $HOROVOD_VERSION${FLAVOUR:+ ($FLAVOUR)} against TensorFlow $TF_VERSION (about 5 minutes, once)"
     # Horovod's build needs the system cmake: a pip cmake 4.x breaks its bundled Gloo.
     CMAKE=$(PATH=/usr/bin:/bin command -v cmake) || { apt-get update -qq && apt-get install -y -qq cmake; CMAKE=/usr/bin/cmake; }
-    "$VENV/bin/python" -m pip uninstall -y -q cmake 2>/dev/null || true
+    "$PY" -m pip uninstall -y -q cmake 2>/dev/null || true
     BUILD=$(mktemp -d)
     trap 'rm -rf "$BUILD"' EXIT
     $PIP download --no-deps --no-binary :all: -d "$BUILD" "horovod==$HOROVOD_VERSION"
@@ -31,9 +48,18 @@ if ! "$VENV/bin/python" -c "import horovod.tensorflow" 2>/dev/null; then
     SRC="$BUILD/horovod-$HOROVOD_VERSION"
     # TF 2.21's wheel lacks headers xla_mpi_ops.cc needs; its XLA ops only matter on GPU.
     sed -i '/xla_mpi_ops\.cc/d' "$SRC/horovod/tensorflow/CMakeLists.txt"
+    if [ -n "${HOROVOD_GPU_OPERATIONS:-}" ]; then
+      # TF 2.21 no longer exports stream_executor::gpu::AsGpuStreamValue, which Horovod's GPU
+      # ops declare and call (the op library would not load): read the CUDA stream off the
+      # Stream itself instead.
+      sed -i -e 's|^GpuStreamHandle AsGpuStreamValue(Stream\* stream);|inline &|' \
+        -e '0,/^#endif \/\/ HAVE_GPU$/s||namespace stream_executor { namespace gpu {\ninline GpuStreamHandle AsGpuStreamValue(Stream* stream) {\n  return static_cast<GpuStreamHandle>(stream->platform_specific_handle().stream);\n} } }\n&|' \
+        "$SRC/horovod/tensorflow/mpi_ops.cc"
+      grep -q 'platform_specific_handle' "$SRC/horovod/tensorflow/mpi_ops.cc" || { echo "error: could not patch Horovod's mpi_ops.cc for TensorFlow $TF_VERSION" >&2; exit 1; }
+    fi
     mkdir -p "$WHEEL_DIR"
-    PATH="$(dirname "$CMAKE"):$VENV/bin:$PATH" \
-    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+    PATH="$(dirname "$CMAKE"):$(dirname "$PY"):$PATH" \
+    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=$WITH_MPI HOROVOD_WITHOUT_MPI=$WITHOUT_MPI \
     HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CMAKE="$CMAKE" \
     MAKEFLAGS="-j$(nproc)" \
       $PIP wheel --no-build-isolation --no-deps -w "$BUILD/wheel" "$SRC"
@@ -41,4 +67,4 @@ if ! "$VENV/bin/python" -c "import horovod.tensorflow" 2>/dev/null; then
   fi
   $PIP install --no-deps "$WHEEL_DIR"/horovod-*.whl
 fi
-"$VENV/bin/python" -c "import tensorflow as tf, horovod.tensorflow as hvd; print('environment ready: tensorflow', tf.__version__, '/ horovod', hvd.__version__ if hasattr(hvd, '__version__') else '$HOROVOD_VERSION')"
+"$PY" -c "import tensorflow as tf, horovod.tensorflow as hvd; print('environment ready: tensorflow', tf.__version__, '/ horovod', hvd.__version__ if hasattr(hvd, '__version__') else '$HOROVOD_VERSION')"

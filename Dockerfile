@@ -1,0 +1,52 @@
+# GPU image: TensorFlow's own image at the version requirements.txt pins, the pinned
+# requirements, and Horovod built by tools/setup_env.sh (the same version and patches as the
+# local set-up) with NCCL and Gloo for TensorFlow (and MPI, were there an MPI compiler in the
+# base image: TensorFlow's ships none). See docs/launchers.md.
+#   docker build -t dlrm-tf2 .
+#   docker run --gpus all --ipc=host dlrm-tf2 horovodrun -np 8 -H localhost:8 python3 dlrm.py ...
+FROM tensorflow/tensorflow:2.21.0-gpu
+
+SHELL ["/bin/bash", "-e", "-u", "-o", "pipefail", "-c"]
+ARG DEBIAN_FRONTEND=noninteractive
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore \
+    PIP_BREAK_SYSTEM_PACKAGES=1
+
+# Horovod's build tools: the system cmake (a pip cmake 4.x breaks Horovod's bundled Gloo), a C++
+# compiler, the CUDA compiler and runtime headers of the image's CUDA version, and NCCL from
+# NVIDIA's CUDA repository (which the base image is set up with): NCCL_VERSION if given, else the
+# image's own NCCL if it has one, else the newest build for the image's CUDA major version and a
+# minor version no newer than the image's.
+# Ubuntu's cmake and g++ are left unpinned: they follow the base image's release.
+ARG NCCL_VERSION=
+# hadolint ignore=DL3008
+RUN cuda=${CUDA_VERSION:-$(readlink -f /usr/local/cuda)}; cuda=${cuda##*cuda-}; \
+    major=${cuda%%.*}; minor=${cuda#*.}; minor=${minor%%.*}; \
+    case $major.$minor in *[!0-9.]*|.*|*.) echo "error: cannot tell the base image's CUDA version ($cuda)" >&2; exit 1 ;; esac; \
+    apt-get update; \
+    installed=$(dpkg-query -W -f '${Version}' libnccl2 2>/dev/null || true); \
+    nccl=${NCCL_VERSION:-${installed:-$(apt-cache madison libnccl-dev | awk -F'|' -v maj="$major" -v min="$minor" \
+      '{ v = $2; gsub(/ /, "", v); n = split(v, c, /\+cuda|\./) } v ~ /\+cuda[0-9]+\.[0-9]+$/ && c[n - 1] == maj && c[n] <= min { print v; exit }')}}; \
+    [ -n "$nccl" ] || { echo "error: no libnccl-dev for CUDA $major.$minor in the apt sources: pass --build-arg NCCL_VERSION=..." >&2; exit 1; }; \
+    apt-get install -y --no-install-recommends cmake g++ make \
+      "cuda-nvcc-$major-$minor" "cuda-cudart-dev-$major-$minor" "libnccl2=$nccl" "libnccl-dev=$nccl"; \
+    rm -rf /var/lib/apt/lists/*
+
+WORKDIR /workspace/dlrm
+COPY requirements.txt ./
+COPY tools/ tools/
+# The CUDA kernels are compiled for these GPU generations (Volta to Hopper; PTX for the last).
+ARG HOROVOD_BUILD_CUDA_CC_LIST=70,75,80,86,89,90
+# The driver's stub libcuda stands in for the driver during the build only.
+RUN ldconfig /usr/local/cuda/lib64/stubs \
+    && HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_BUILD_CUDA_CC_LIST="$HOROVOD_BUILD_CUDA_CC_LIST" \
+       DLRM_WHEEL_CACHE=/tmp/wheels PYTHON="$(command -v python3)" bash tools/setup_env.sh --system \
+    && horovodrun --check-build | tee /tmp/check-build.txt \
+    && grep -q '\[X\] TensorFlow' /tmp/check-build.txt && grep -q '\[X\] NCCL' /tmp/check-build.txt \
+    && rm -rf /tmp/wheels /tmp/check-build.txt \
+    && ldconfig
+
+COPY . .
+
+CMD ["bash", "-c", "echo 'usage: docker run --gpus all --ipc=host IMAGE horovodrun -np GPUS -H localhost:GPUS python3 dlrm.py|dcnv2.py [flags]   (flags: python3 dlrm.py --helpfull; more in docs/launchers.md)'"]

@@ -1,0 +1,186 @@
+"""The launchers: slurm_multinode.sh (dry runs under a faked SLURM allocation, and its errors),
+the linters on it, tools/setup_env.sh and the Dockerfile, and the pins those files share."""
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SLURM = os.path.join(ROOT, "slurm_multinode.sh")
+SETUP = os.path.join(ROOT, "tools", "setup_env.sh")
+DOCKERFILE = os.path.join(ROOT, "Dockerfile")
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def linter(name):
+    """The linter requirements.txt installs beside this Python, else one on PATH, else skip."""
+    path = shutil.which(name, path=os.path.dirname(sys.executable)) or shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} is not installed (requirements.txt pins it; run make setup)")
+    return path
+
+
+@pytest.mark.parametrize("script", [SLURM, SETUP], ids=os.path.basename)
+def test_shellcheck_clean(script):
+    out = subprocess.run([linter("shellcheck"), script], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_hadolint_clean():
+    out = subprocess.run([linter("hadolint"), "--no-color", DOCKERFILE], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+# --- the versions the Dockerfile, the set-up script and requirements.txt share
+
+def test_docker_base_image_is_the_pinned_tensorflow():
+    pin = re.search(r"^tensorflow==(\S+)", read(os.path.join(ROOT, "requirements.txt")), re.M).group(1)
+    froms = re.findall(r"^FROM\s+(\S+)", read(DOCKERFILE), re.M)
+    assert froms == [f"tensorflow/tensorflow:{pin}-gpu"]
+
+
+def test_docker_builds_the_set_up_scripts_horovod():
+    version = re.search(r"^HOROVOD_VERSION=(\S+)", read(SETUP), re.M).group(1)
+    docker = read(DOCKERFILE)
+    # Horovod comes from tools/setup_env.sh (its version, patches and requirements.txt) ...
+    assert re.search(r"^COPY requirements\.txt ", docker, re.M) and re.search(r"^COPY tools/ tools/", docker, re.M)
+    assert re.search(r"HOROVOD_GPU_OPERATIONS=NCCL .*bash tools/setup_env\.sh --system", docker, re.S)
+    # ... and any Horovod version the Dockerfile names is that one.
+    for named in re.findall(r"horovod[=\-v ]+(\d+\.\d+\.\d+)", docker, re.I):
+        assert named == version
+
+
+# --- slurm_multinode.sh under a faked allocation
+
+def executable(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
+
+
+@pytest.fixture
+def fake(tmp_path):
+    """A bin folder with a fake scontrol (n[1-2] -> n1, n2; a,b -> a, b), first on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    executable(bin_dir / "scontrol",
+               '#!/bin/sh\n[ "$1 $2" = "show hostnames" ] || exit 1\n'
+               'case $3 in "n[1-2]") printf "n1\\nn2\\n" ;; *) echo "$3" | tr , "\\n" ;; esac\n')
+    return bin_dir
+
+
+def run_slurm(fake, args, cwd=None, **env):
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("SLURM_", "HOROVOD", "OMP_", "TF_NUM_")) and k not in ("VENV", "LAUNCHER", "DRY_RUN")}
+    base["PATH"] = f"{fake}:/usr/bin:/bin"
+    return subprocess.run(["bash", SLURM, *args], capture_output=True, text=True, timeout=60,
+                          cwd=cwd or fake.parent, env=dict(base, **env))
+
+
+def launched(out):
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if line.startswith("launching: ")]
+    assert len(lines) == 1, out.stdout
+    return lines[0][len("launching: "):]
+
+
+def no_gpu(fake):
+    executable(fake / "nvidia-smi", "#!/bin/sh\necho 'No devices were found'\nexit 6\n")
+
+
+def test_two_nodes_of_two_gpus(fake):
+    out = run_slurm(fake, ["--dry-run", "python", "dlrm.py", "--batch_size=64"],
+                    SLURM_JOB_NODELIST="n[1-2]", SLURM_GPUS_ON_NODE="2")
+    assert launched(out) == "horovodrun -np 4 -H n1:2,n2:2 --gloo python dlrm.py --batch_size=64"
+    assert "2 node(s) x 2 rank(s) (one per GPU) = 4 ranks" in out.stdout
+
+
+@pytest.mark.parametrize("spec", ["4", "a100:4", "gpu:a100:4(IDX:0-3)"])
+def test_gpus_from_gpus_per_node(fake, spec):
+    out = run_slurm(fake, ["python", "dcnv2.py"], SLURM_JOB_NODELIST="n[1-2]", SLURM_GPUS_PER_NODE=spec, DRY_RUN="1")
+    assert launched(out) == "horovodrun -np 8 -H n1:4,n2:4 --gloo python dcnv2.py"
+
+
+def test_gpus_from_nvidia_smi(fake):
+    executable(fake / "nvidia-smi", '#!/bin/sh\n[ "$1" = -L ] && for i in 0 1 2; do echo "GPU $i: H100 (UUID: x)"; done\n')
+    out = run_slurm(fake, ["--dry-run", "python", "dlrm.py"], SLURM_JOB_NODELIST="a,b,c")
+    assert launched(out) == "horovodrun -np 9 -H a:3,b:3,c:3 --gloo python dlrm.py"
+
+
+def test_cpu_only_one_rank_per_socket(fake):
+    no_gpu(fake)
+    # 2 sockets of 4 cores, 2 hardware threads each.
+    cores = "".join(f"{c},{c // 4}\n{c},{c // 4}\n" for c in range(8))
+    executable(fake / "lscpu",
+               '#!/bin/sh\necho "# The following is the parsable format"\n'
+               'case $1 in -p=SOCKET) printf "0\\n0\\n1\\n1\\n" ;; -p=CORE,SOCKET) printf "%s" "' + cores + '" ;; esac\n')
+    out = run_slurm(fake, ["--dry-run", "python", "dlrm.py"], SLURM_JOB_NODELIST="n[1-2]")
+    assert launched(out) == "horovodrun -np 4 -H n1:2,n2:2 --gloo python dlrm.py"
+    assert "(one per CPU socket) = 4 ranks, 4 threads each" in out.stdout
+
+
+def test_ranks_per_node_override_mpi_and_extra_args(fake):
+    out = run_slurm(fake, ["--dry-run", "python", "dlrm.py", "--log_path=a b.json"],
+                    SLURM_JOB_NODELIST="n[1-2]", SLURM_GPUS_ON_NODE="8", RANKS_PER_NODE="1",
+                    LAUNCHER="mpi", HOROVODRUN_ARGS="--network-interface ib0")
+    # Arguments print shell-quoted where they need it, so the line can be pasted back.
+    assert launched(out) == r"horovodrun -np 2 -H n1:1,n2:1 --mpi --network-interface ib0 python dlrm.py --log_path=a\ b.json"
+
+
+def test_launches_the_venvs_horovodrun_with_the_arguments_and_timeouts(fake, tmp_path):
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    executable(venv_bin / "horovodrun",
+               '#!/bin/sh\necho "horovodrun got: $*"\necho "gloo timeout $HOROVOD_GLOO_TIMEOUT_SECONDS"\n'
+               'echo "python: $(command -v python)"\n')
+    executable(venv_bin / "python", "#!/bin/sh\n")
+    out = run_slurm(fake, ["python", "dlrm.py", "two words"], VENV=str(tmp_path / "venv"),
+                    SLURM_JOB_NODELIST="n[1-2]", SLURM_GPUS_ON_NODE="1")
+    assert out.returncode == 0, out.stderr
+    assert "horovodrun got: -np 2 -H n1:1,n2:1 --gloo python dlrm.py two words" in out.stdout
+    assert "gloo timeout 300" in out.stdout
+    assert f"python: {venv_bin}/python" in out.stdout   # the command's `python` is the venv's
+
+
+def test_submit_directorys_venv_is_found(fake, tmp_path):
+    if shutil.which("horovodrun", path="/usr/bin:/bin"):
+        pytest.skip("a system horovodrun is on the PATH, and it comes before the submit directory's .venv")
+    venv_bin = tmp_path / "submit" / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    executable(venv_bin / "horovodrun", '#!/bin/sh\necho "venv horovodrun: $*"\n')
+    out = run_slurm(fake, ["python", "dlrm.py"], SLURM_JOB_NODELIST="n1", SLURM_GPUS_ON_NODE="1",
+                    SLURM_SUBMIT_DIR=str(tmp_path / "submit"))
+    assert "venv horovodrun: -np 1 -H n1:1 --gloo python dlrm.py" in out.stdout, out.stderr
+
+
+def one_line_error(out, starts):
+    assert out.returncode == 2
+    assert out.stdout == ""
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: " + starts), out.stderr
+
+
+def test_error_outside_slurm(fake):
+    one_line_error(run_slurm(fake, ["python", "dlrm.py"]), "not inside a SLURM allocation")
+
+
+def test_error_without_command(fake):
+    one_line_error(run_slurm(fake, [], SLURM_JOB_NODELIST="n1"), "no command given")
+    one_line_error(run_slurm(fake, ["--dry-run"], SLURM_JOB_NODELIST="n1"), "no command given")
+
+
+def test_error_on_unknown_launcher(fake):
+    one_line_error(run_slurm(fake, ["python", "dlrm.py"], SLURM_JOB_NODELIST="n1", LAUNCHER="ssh"), "LAUNCHER=ssh")
+
+
+def test_help(fake):
+    out = run_slurm(fake, ["--help"])
+    assert out.returncode == 0 and "usage: sbatch" in out.stdout
+    assert not [line for line in out.stdout.splitlines() if line.startswith(("#", "set "))], out.stdout
