@@ -1,8 +1,5 @@
 """The set-up's Horovod build works: two Gloo ranks allreduce and all-to-all inside tf.function."""
-import os
-import shutil
-import subprocess
-import sys
+from tests.horovod_run import horovodrun
 
 SCRIPT = """
 import horovod.tensorflow as hvd, tensorflow as tf
@@ -16,11 +13,7 @@ print("rank", hvd.rank(), "of", hvd.size(), "sum", float(s), "alltoall", a.numpy
 
 
 def test_horovodrun_two_gloo_ranks():
-    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    assert shutil.which(horovodrun), "horovodrun missing: the set-up did not install Horovod"
-    out = subprocess.run([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-c", SCRIPT],
-                         capture_output=True, text=True, timeout=300,
-                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    out = horovodrun(2, ["-c", SCRIPT], timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = sorted(line.split(":", 1)[1] for line in out.stdout.splitlines() if "rank" in line and ":" in line)
     # rank r sends [r+1, 10(r+1)]: rank 0 receives the first entries, rank 1 the second ones.

@@ -1,0 +1,93 @@
+"""Run under `horovodrun -np N`: hybrid-parallel training against one process with the whole batch.
+
+For every case (a JSON list in argv[1]) each rank builds the model on N ranks with the case's
+plan options and, beside it, the single-process model (same seed: the same initial weights at
+any world size). Both train the same global batches; each rank checks its logits, the global
+loss and, at the end, every one of its variables (table shards, optimizer slots, dense weights)
+against the matching region of the single-process model's. Exits non-zero on a mismatch.
+"""
+import json
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+from dataloading.batches import RankInput, rank_batch
+from dataloading.synthetic import SyntheticDataset
+from nn.lr_schedule import LearningRateSchedule
+from nn.model import RankingModel
+from nn.trainer import Trainer
+from parallel_embedding.collectives import SingleProcess, make_collectives
+from parallel_embedding.planner import plan_tables
+
+TOLERANCE = 1e-5
+
+
+def build(case, comm, plan):
+    cards, dims = case["cardinalities"], case["dims"]
+    cross = case["interaction"] == "cross"
+    model = RankingModel(cards, dims, 3, [16, dims[0]], [16, 1], case["interaction"], num_cross_layers=2,
+                         cross_layer_projection_dim=4 if cross else 0, seed=3, plan=plan, collectives=comm,
+                         data_parallel_input=case.get("data_parallel_input", False))
+    return Trainer(model, case["optimizer"], LearningRateSchedule(case.get("lr", 0.05), 0, 0, 0))
+
+
+def tensors(batch):
+    return (tf.constant(batch["numerical"]), [tf.constant(c) for c in batch["categorical"]],
+            tf.constant(batch["labels"]))
+
+
+def check_close(what, got, want):
+    err = float(np.max(np.abs(got - want))) if np.size(want) else 0.0
+    if not err <= TOLERANCE:
+        raise AssertionError(f"{what}: max abs difference {err:.3g} > {TOLERANCE}")
+    return err
+
+
+def run_case(case, comm):
+    cards, dims = case["cardinalities"], case["dims"]
+    plan = plan_tables(cards, dims, comm.size, case.get("strategy", "memory_balanced"),
+                       case.get("column_slice_threshold"), case.get("row_slice_threshold"),
+                       case.get("data_parallel_threshold"))
+    kinds = sorted({t.kind for t in plan.tables})
+    if "expect_kinds" in case and kinds != sorted(case["expect_kinds"]):
+        raise AssertionError(f"plan kinds {kinds}, expected {case['expect_kinds']}")
+    dist = build(case, comm, plan)
+    dist.broadcast_replicated()
+    ref = build(case, SingleProcess(), None)
+    emb = dist.model.embeddings
+    view = RankInput(comm.rank, comm.size, tuple(emb.input_rows(f) for f in range(len(cards))))
+    data = SyntheticDataset(cards, 3, alpha=1.05, seed=7)
+    batch_size, worst = case.get("batch_size", 48), 0.0
+    b = batch_size // comm.size
+    for step in range(case.get("steps", 4)):
+        start = step * batch_size
+        whole, mine = data.batch("train", start, batch_size), rank_batch(data, "train", start, batch_size, view)
+        logits = dist.predict(*tensors(mine)[:2]).numpy()
+        ref_logits = ref.predict(*tensors(whole)[:2]).numpy()[comm.rank * b:(comm.rank + 1) * b]
+        worst = max(worst, check_close(f"step {step} logits", logits, ref_logits))
+        loss, ref_loss = float(dist.train_step(*tensors(mine))), float(ref.train_step(*tensors(whole)))
+        worst = max(worst, check_close(f"step {step} loss", np.float32(loss), np.float32(ref_loss)))
+    reference = {e.name: e.variable.numpy() for e in ref.checkpoint_entries()}
+    for e in dist.checkpoint_entries():
+        value = e.variable.numpy()
+        if value.ndim < 2:
+            worst = max(worst, check_close(e.name, value, reference[e.name]))
+            continue
+        (r0, r1), (c0, c1) = e.region
+        worst = max(worst, check_close(f"{e.name} rows {r0}:{r1} cols {c0}:{c1}", value[:r1 - r0],
+                                       reference[e.name][r0:r1, c0:c1]))
+    return {"case": case["name"], "rank": comm.rank, "kinds": kinds, "max_error": worst}
+
+
+def main():
+    comm = make_collectives()
+    for case in json.loads(sys.argv[1]):
+        result = run_case(case, comm)
+        results = comm.allgather_object(result, f"result_{case['name']}")
+        if comm.rank == 0:
+            print("RESULT", json.dumps(results), flush=True)
+
+
+if __name__ == "__main__":
+    main()

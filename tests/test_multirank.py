@@ -1,0 +1,64 @@
+"""Hybrid parallelism at 2 and 3 Gloo ranks equals one process on the same global batches.
+
+Each case runs in `tests/multirank_worker.py` under horovodrun: forward logits and the loss at
+every step, then every variable (table shards, optimizer slots, dense weights) after several
+steps, against the single-process model with the same initial weights, within 1e-5.
+"""
+import json
+
+import pytest
+
+from tests.horovod_run import horovodrun
+
+SMALL = [50, 80, 120, 30]
+
+CASES = {
+    2: [
+        dict(name="dlrm-basic-sgd", cardinalities=SMALL, dims=[8] * 4, interaction="dot", optimizer="sgd",
+             strategy="basic", expect_kinds=["whole"]),
+        dict(name="dlrm-balanced-adagrad-dp-input", cardinalities=SMALL, dims=[8] * 4, interaction="dot",
+             optimizer="adagrad", strategy="memory_balanced", data_parallel_input=True, expect_kinds=["whole"]),
+        dict(name="dcnv2-optimized-adam-columns", cardinalities=SMALL, dims=[8, 16, 4, 8], interaction="cross",
+             optimizer="adam", strategy="memory_optimized", column_slice_threshold=600,
+             expect_kinds=["column", "whole"]),
+        dict(name="dlrm-rows-replicated-adam-dp-input", cardinalities=[2000, 80, 12, 30], dims=[8] * 4,
+             interaction="dot", optimizer="adam", row_slice_threshold=4000, data_parallel_threshold=100,
+             data_parallel_input=True, expect_kinds=["replicated", "row", "whole"]),
+        dict(name="dcnv2-one-table-sgd", cardinalities=[300], dims=[16], interaction="cross", optimizer="sgd",
+             expect_kinds=["column"]),
+    ],
+    3: [
+        dict(name="dcnv2-basic-adagrad", cardinalities=SMALL, dims=[8, 4, 16, 8], interaction="cross",
+             optimizer="adagrad", strategy="basic", expect_kinds=["whole"]),
+        dict(name="dlrm-balanced-sgd-columns-dp-input", cardinalities=SMALL, dims=[8] * 4, interaction="dot",
+             optimizer="sgd", column_slice_threshold=500, data_parallel_input=True,
+             expect_kinds=["column", "whole"]),
+        dict(name="dlrm-huge-table-rows-adam", cardinalities=[5000, 40, 12], dims=[8] * 3, interaction="dot",
+             optimizer="adam", strategy="memory_optimized", row_slice_threshold=10000,
+             data_parallel_threshold=100, expect_kinds=["column", "replicated", "row"]),
+        dict(name="dcnv2-two-tables-adam-dp-input", cardinalities=[70, 90], dims=[8, 8], interaction="cross",
+             optimizer="adam", data_parallel_input=True, expect_kinds=["column", "whole"]),
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def results():
+    """Runs each world size's cases in one horovodrun; returns {case name: per-rank results}."""
+    found = {}
+    for np_, cases in CASES.items():
+        out = horovodrun(np_, ["tests/multirank_worker.py", json.dumps(cases)])
+        assert out.returncode == 0, f"{np_} ranks:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+        for line in out.stdout.splitlines():
+            if "RESULT " in line:
+                per_rank = json.loads(line.split("RESULT ", 1)[1])
+                found[per_rank[0]["case"]] = per_rank
+    return found
+
+
+@pytest.mark.parametrize("np_,case", [(n, c) for n, cases in CASES.items() for c in cases],
+                         ids=[f"{n}ranks-{c['name']}" for n, cases in CASES.items() for c in cases])
+def test_matches_single_process(results, np_, case):
+    per_rank = results[case["name"]]
+    assert [r["rank"] for r in per_rank] == list(range(np_))
+    assert all(r["max_error"] <= 1e-5 for r in per_rank), per_rank
