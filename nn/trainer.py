@@ -75,9 +75,10 @@ class Trainer(tf.Module):
         self.dense_optimizer = make_optimizer(optimizer, model.dense_variables, "dense_optimizer", beta1, beta2)
         self.loss_scale = DynamicLossScale() if loss_scaling else None
         # The sparse table update as one XLA-compiled function: on CPU about 5x faster than
-        # TensorFlow's scatter kernels, and only the given rows are written either way.
-        self._update_tables = tf.function(
-            lambda grads, lr: self.table_optimizer.apply(zip(grads, model.table_variables), lr), jit_compile=True)
+        # TensorFlow's scatter kernels, and only the given rows are written either way. Multi-hot
+        # batches (a varying number of ids) take the uncompiled one: XLA would recompile every step.
+        update = lambda grads, lr: self.table_optimizer.apply(zip(grads, model.table_variables), lr)  # noqa: E731
+        self._update_tables = {"one-hot": tf.function(update, jit_compile=True), "multi-hot": update}
         self._dense_forward = tf.function(model.predict_from_embeddings, jit_compile=True) if xla \
             else model.predict_from_embeddings
         self._forward_backward = tf.function(self._forward_backward_impl, jit_compile=True) if xla \
@@ -158,19 +159,20 @@ class Trainer(tf.Module):
         grads = table_grads + reduced[:len(dense_grads)]
         loss = reduced[len(dense_grads)]
         lr = self.schedule(self.step)
+        hotness = "multi-hot" if any(isinstance(c, tf.RaggedTensor) for c in categorical) else "one-hot"
         if self.loss_scale is None:
-            self._apply(grads, lr)
+            self._apply(grads, lr, hotness)
         else:
             grads = [_scale_grad(g, 1.0 / self.loss_scale.scale) for g in grads]
             finite = reduced[-1] == 0.0
-            tf.cond(finite, lambda: self._apply(grads, lr), lambda: tf.no_op())
+            tf.cond(finite, lambda: self._apply(grads, lr, hotness), lambda: tf.no_op())
             self.loss_scale.update(finite)
         self.step.assign_add(1)
         return loss
 
-    def _apply(self, grads, lr):
+    def _apply(self, grads, lr, hotness: str):
         """grads: the tables' IndexedSlices, then the dense variables' gradients."""
         n = len(self.model.table_variables)
-        self._update_tables(grads[:n], lr)
+        self._update_tables[hotness](grads[:n], lr)
         self.dense_optimizer.apply(zip(grads[n:], self.model.dense_variables), lr)
         return tf.no_op()

@@ -16,17 +16,24 @@ the table gradients are IndexedSlices applied by the owner (replicated tables: t
 of all ranks, gathered). With data-parallel input each rank starts from ids of its own b rows
 of every feature; one all-to-all of ids gives each shard's owner the global batch first.
 
->>> plan = plan_tables([1000, 20], [16, 16], world_size=1)
->>> emb = DistributedEmbedding(plan, SingleProcess(), seed=(1, 100))
->>> [e.shape for e in emb([tf.constant([3, 7]), tf.constant([0, 19])], local_batch=2)]
+Multi-hot features take a `tf.RaggedTensor` of ids ([rows, None]) instead of a vector; a row's
+embedding is the sum (combiner "sum") or mean ("mean") of its ids' rows, zeros for an empty
+row, and each id's row gets the row's gradient (divided by the row's length for "mean").
+With data-parallel input their row lengths travel with the one-hot ids, then one more
+all-to-all carries their ids.
+
+>>> from parallel_embedding.collectives import SingleProcess
+>>> emb = DistributedEmbedding(plan_tables([1000, 20], [16, 16], world_size=1), SingleProcess(), seed=(1, 100),
+...                            combiners=["sum", "mean"])
+>>> [e.shape for e in emb([tf.constant([3, 7]), tf.ragged.constant([[0, 19, 4], []])], local_batch=2)]
 [TensorShape([2, 16]), TensorShape([2, 16])]
 """
 import math
-from typing import List, NamedTuple, Sequence
+from typing import List, NamedTuple, Optional, Sequence, Union
 
 import tensorflow as tf
 
-from parallel_embedding.planner import Plan, Shard, plan_tables  # noqa: F401 (plan_tables: docstring)
+from parallel_embedding.planner import Plan, Shard, plan_tables  # noqa: F401 (plan_tables: the example)
 
 _INIT_BLOCK_ROWS = 1 << 16
 
@@ -51,12 +58,53 @@ def shard_initial_value(rows: int, dim: int, shard: Shard, seed) -> tf.Tensor:
     return tf.concat(parts, axis=0) if parts else tf.zeros([0, shard.width])
 
 
+class FlatIds(NamedTuple):
+    """One feature's ids for n rows as K ids: one-hot (K = n, `rows` None) or multi-hot."""
+    ids: tf.Tensor                  # [K]
+    rows: Optional[tf.Tensor]       # [K] the row of each id
+    weights: Optional[tf.Tensor]    # [K] its combiner weight (None: 1)
+    num_rows: Optional[tf.Tensor]
+
+
+def flatten_ids(ids: Union[tf.Tensor, tf.RaggedTensor], combiner: str) -> FlatIds:
+    if not isinstance(ids, tf.RaggedTensor):
+        return FlatIds(ids, None, None, None)
+    rows = ids.value_rowids()
+    weights = None
+    if combiner == "mean":
+        lengths = tf.cast(tf.maximum(ids.row_lengths(), 1), tf.float32)
+        weights = tf.gather(1.0 / lengths, rows)
+    return FlatIds(ids.values, rows, weights, ids.nrows())
+
+
+def combine(gathered: tf.Tensor, flat: FlatIds) -> tf.Tensor:
+    """[K, w] rows of the K ids -> [n, w] rows of the n inputs (the combiner)."""
+    if flat.rows is None:
+        return gathered
+    if flat.weights is not None:
+        gathered = gathered * flat.weights[:, None]
+    return tf.math.unsorted_segment_sum(gathered, flat.rows, flat.num_rows)
+
+
+def spread(grad: tf.Tensor, flat: FlatIds) -> tf.Tensor:
+    """The gradient of `combine`: [n, w] -> [K, w]."""
+    if flat.rows is None:
+        return grad
+    grad = tf.gather(grad, flat.rows)
+    return grad if flat.weights is None else grad * flat.weights[:, None]
+
+
+def num_rows(ids) -> tf.Tensor:
+    return tf.cast(ids.nrows(), tf.int32) if isinstance(ids, tf.RaggedTensor) else tf.shape(ids)[0]
+
+
 class LookedUp(NamedTuple):
     """What `lookup` returns: rows and the variable indices they came from (for gradients)."""
     shard_rows: List[tf.Tensor]        # per local shard: [B, w]
-    shard_indices: List[tf.Tensor]     # per local shard: [B] row indices into its variable
+    shard_indices: List[tf.Tensor]     # per local shard: [K] row indices into its variable
+    shard_ids: List[FlatIds]           # per local shard: its feature's ids
     replicated_rows: List[tf.Tensor]   # per replicated table: [b, D_f]
-    replicated_ids: List[tf.Tensor]    # per replicated table: [b]
+    replicated_ids: List[FlatIds]      # per replicated table: its feature's ids
 
 
 class DistributedEmbedding(tf.Module):
@@ -68,13 +116,18 @@ class DistributedEmbedding(tf.Module):
 
     Input: F id tensors. Model-parallel input (the default): feature f is [B] if this rank holds
     a shard of it, [b] if it is replicated, and ignored otherwise (pass an empty tensor);
-    `input_rows(f)` says which. Data-parallel input: every feature [b].
+    `input_rows(f)` says which. Data-parallel input: every feature [b]. A multi-hot feature is
+    a ragged [B, None] or [b, None] instead, combined by `combiners[f]` ("sum" or "mean").
     """
 
-    def __init__(self, plan: Plan, collectives, seed, data_parallel_input: bool = False, name="embedding"):
+    def __init__(self, plan: Plan, collectives, seed, data_parallel_input: bool = False,
+                 combiners: Optional[Sequence[str]] = None, name="embedding"):
         super().__init__(name=name)
         self.plan, self.comm = plan, collectives
         self.data_parallel_input = data_parallel_input
+        self.combiners = list(combiners or ["sum"] * len(plan.tables))
+        if len(self.combiners) != len(plan.tables) or set(self.combiners) - {"sum", "mean"}:
+            raise ValueError(f"combiners: one of 'sum', 'mean' per table ({len(plan.tables)}), got {combiners}")
         self.rank, self.size = collectives.rank, collectives.size
         self.shards = plan.shards_on(self.rank)
         self.replicated = plan.replicated
@@ -136,32 +189,38 @@ class DistributedEmbedding(tf.Module):
 
     def lookup(self, ids: Sequence[tf.Tensor], training: bool = False) -> LookedUp:
         """Gathers this rank's rows. Training runs the gathers as one XLA-compiled function (faster
-        on large batches); ids outside [0, cardinality) fail a check either way."""
+        on large batches; one-hot only, since multi-hot id counts vary from batch to batch); ids
+        outside [0, cardinality) fail a check either way."""
         ids = list(ids)
         if self.data_parallel_input and self.size > 1:
             ids = self._exchange_ids(ids)
-        shard_ids = [ids[s.feature] for s in self.shards]
-        replicated_ids = [ids[f] for f in self.replicated]
         checked = self.global_features + self.replicated if not self.data_parallel_input or self.size == 1 \
             else list(range(len(ids)))
-        lookup = self._lookup if training else self._lookup_impl
-        with tf.control_dependencies(self._check_range(checked, [ids[f] for f in checked])):
+        flat = {f: flatten_ids(ids[f], self.combiners[f]) for f in checked}
+        shard_ids = [flat[s.feature] for s in self.shards]
+        replicated_ids = [flat[f] for f in self.replicated]
+        one_hot = all(flat[f].rows is None for f in checked)
+        lookup = self._lookup if training and one_hot else self._lookup_impl
+        with tf.control_dependencies(self._check_range(checked, [flat[f].ids for f in checked])):
             rows, indices, replicated_rows = lookup(shard_ids, replicated_ids)
-        return LookedUp(rows, indices, replicated_rows, replicated_ids)
+        return LookedUp(rows, indices, shard_ids, replicated_rows, replicated_ids)
 
-    def _lookup_impl(self, shard_ids, replicated_ids):
+    def _lookup_impl(self, shard_ids: List[FlatIds], replicated_ids: List[FlatIds]):
         rows, indices = [], []
-        for s, var, i in zip(self.shards, self.shard_variables, shard_ids):
+        for s, var, flat in zip(self.shards, self.shard_variables, shard_ids):
+            i = flat.ids
             if self.plan.tables[s.feature].kind == "row":
                 local = i - tf.cast(s.row_start, i.dtype)
                 inside = tf.logical_and(local >= 0, local < s.num_rows)
                 index = tf.where(inside, local, tf.cast(s.num_rows, i.dtype))   # the spare row
-                rows.append(tf.where(inside[:, None], tf.gather(var, index), 0.0))
+                gathered = tf.where(inside[:, None], tf.gather(var, index), 0.0)
             else:
                 index = i
-                rows.append(tf.gather(var, index))
+                gathered = tf.gather(var, index)
+            rows.append(combine(gathered, flat))
             indices.append(index)
-        replicated_rows = [tf.gather(var, i) for var, i in zip(self.replicated_variables, replicated_ids)]
+        replicated_rows = [combine(tf.gather(var, flat.ids), flat)
+                           for var, flat in zip(self.replicated_variables, replicated_ids)]
         return rows, indices, replicated_rows
 
     def _check_range(self, features, ids):
@@ -179,17 +238,34 @@ class DistributedEmbedding(tf.Module):
             "min/max ids:", id_range, "cardinalities:", cardinalities], summarize=64)]
 
     def _exchange_ids(self, ids: List[tf.Tensor]) -> List[tf.Tensor]:
-        """Data-parallel input: every rank's [b] ids -> [B] ids of the features this rank holds."""
-        dtype = tf.int64 if any(i.dtype == tf.int64 for i in ids) else tf.int32
-        b = tf.shape(ids[0])[0]
-        send = [tf.cast(ids[f], dtype) for r in range(self.size) for f in self._features_of[r]]
-        splits = tf.stack([b * len(self._features_of[r]) for r in range(self.size)])
+        """Data-parallel input: every rank's b rows of ids -> the B rows of the features this rank
+        holds. One all-to-all carries the one-hot ids and the multi-hot row lengths ([b] each),
+        a second one (only if there are multi-hot features) the multi-hot ids."""
+        ragged = [isinstance(i, tf.RaggedTensor) for i in ids]
+        flat_ids = [i.values if r else i for i, r in zip(ids, ragged)]
+        dtype = tf.int64 if any(i.dtype == tf.int64 for i in flat_ids) else tf.int32
+        n, b, mine = self.size, num_rows(ids[0]), len(self.global_features)
+        send = [tf.cast(ids[f].row_lengths() if ragged[f] else ids[f], dtype)
+                for r in range(n) for f in self._features_of[r]]
+        splits = tf.stack([b * len(self._features_of[r]) for r in range(n)])
         received = self.comm.alltoall(tf.concat(send, 0) if send else tf.zeros([0], dtype), splits, "embedding_ids")
-        mine = len(self.global_features)
-        by_feature = tf.reshape(tf.transpose(tf.reshape(received, [self.size, mine, b]), [1, 0, 2]), [mine, -1])
+        by_feature = tf.reshape(tf.transpose(tf.reshape(received, [n, mine, b]), [1, 0, 2]), [mine, -1])
         out = list(ids)
         for k, f in enumerate(self.global_features):
             out[f] = by_feature[k]
+        if any(ragged):
+            multi = [k for k, f in enumerate(self.global_features) if ragged[f]]
+            values = [[tf.cast(flat_ids[f], dtype) for f in self._features_of[r] if ragged[f]] for r in range(n)]
+            received = self.comm.alltoall(
+                tf.concat(sum(values, []), 0) if any(values) else tf.zeros([0], dtype),
+                tf.stack([tf.add_n([tf.size(v) for v in vs]) if vs else 0 for vs in values]), "embedding_multi_hot_ids")
+            # Received in (source rank, feature, row) order; rebuild each feature's B rows.
+            lengths = tf.reshape(tf.gather(by_feature, multi), [len(multi), n, b])
+            rows = tf.RaggedTensor.from_row_lengths(received, tf.reshape(tf.transpose(lengths, [1, 0, 2]), [-1]))
+            order = tf.reshape(tf.transpose(tf.reshape(tf.range(n * len(multi) * b), [n, len(multi), b]), [1, 0, 2]),
+                               [len(multi), -1])
+            for j, k in enumerate(multi):
+                out[self.global_features[k]] = tf.gather(rows, order[j])
         return out
 
     def exchange(self, looked_up: LookedUp, local_batch) -> List[tf.Tensor]:
@@ -219,10 +295,11 @@ class DistributedEmbedding(tf.Module):
     def gradients(self, looked_up: LookedUp, feature_grads: Sequence[tf.Tensor]) -> List[tf.IndexedSlices]:
         """Gradients of the F features ([b, D_f]) -> IndexedSlices for `variables_in_order`."""
         shard_grads = self._reverse_exchange(feature_grads)
-        grads = [tf.IndexedSlices(g, i, tf.shape(v, out_type=i.dtype))
-                 for g, i, v in zip(shard_grads, looked_up.shard_indices, self.shard_variables)]
-        for f, ids, var in zip(self.replicated, looked_up.replicated_ids, self.replicated_variables):
-            g = feature_grads[f]
+        grads = [tf.IndexedSlices(spread(g, flat), i, tf.shape(v, out_type=i.dtype))
+                 for g, i, flat, v in zip(shard_grads, looked_up.shard_indices, looked_up.shard_ids,
+                                          self.shard_variables)]
+        for f, flat, var in zip(self.replicated, looked_up.replicated_ids, self.replicated_variables):
+            g, ids = spread(feature_grads[f], flat), flat.ids
             if self.size > 1:   # every rank applies the whole batch's rows
                 g = self.comm.allgather(g, f"embedding_replicated_{f}_grad")
                 ids = self.comm.allgather(ids, f"embedding_replicated_{f}_ids")

@@ -19,6 +19,7 @@ from nn.model import RankingModel
 from nn.trainer import Trainer
 from parallel_embedding.collectives import SingleProcess, make_collectives
 from parallel_embedding.planner import plan_tables
+from tests.multi_hot import multi_hot_ids
 
 TOLERANCE = 1e-5
 
@@ -28,13 +29,20 @@ def build(case, comm, plan):
     cross = case["interaction"] == "cross"
     model = RankingModel(cards, dims, 3, [16, dims[0]], [16, 1], case["interaction"], num_cross_layers=2,
                          cross_layer_projection_dim=4 if cross else 0, seed=3, plan=plan, collectives=comm,
-                         data_parallel_input=case.get("data_parallel_input", False))
+                         data_parallel_input=case.get("data_parallel_input", False),
+                         combiners=case.get("combiners"))
     return Trainer(model, case["optimizer"], LearningRateSchedule(case.get("lr", 0.05), 0, 0, 0))
 
 
-def tensors(batch):
-    return (tf.constant(batch["numerical"]), [tf.constant(c) for c in batch["categorical"]],
-            tf.constant(batch["labels"]))
+def tensors(batch, case, rows, global_start, local_start):
+    """A batch's tensors; features of hotness > 1 get multi-hot ids of the same samples (`rows[f]`
+    "global": the B samples from global_start, "local": the b from local_start)."""
+    categorical = [tf.constant(c) for c in batch["categorical"]]
+    for f, h in enumerate(case.get("hotness", [])):
+        if h > 1 and rows[f] != "none":
+            first = global_start if rows[f] == "global" else local_start
+            categorical[f] = multi_hot_ids(case["cardinalities"][f], h, f, first, len(batch["categorical"][f]))
+    return tf.constant(batch["numerical"]), categorical, tf.constant(batch["labels"])
 
 
 def check_close(what, got, want):
@@ -62,11 +70,13 @@ def run_case(case, comm):
     b = batch_size // comm.size
     for step in range(case.get("steps", 4)):
         start = step * batch_size
-        whole, mine = data.batch("train", start, batch_size), rank_batch(data, "train", start, batch_size, view)
-        logits = dist.predict(*tensors(mine)[:2]).numpy()
-        ref_logits = ref.predict(*tensors(whole)[:2]).numpy()[comm.rank * b:(comm.rank + 1) * b]
+        mine = tensors(rank_batch(data, "train", start, batch_size, view), case, view.features, start,
+                       start + comm.rank * b)
+        whole = tensors(data.batch("train", start, batch_size), case, ["local"] * len(cards), start, start)
+        logits = dist.predict(*mine[:2]).numpy()
+        ref_logits = ref.predict(*whole[:2]).numpy()[comm.rank * b:(comm.rank + 1) * b]
         worst = max(worst, check_close(f"step {step} logits", logits, ref_logits))
-        loss, ref_loss = float(dist.train_step(*tensors(mine))), float(ref.train_step(*tensors(whole)))
+        loss, ref_loss = float(dist.train_step(*mine)), float(ref.train_step(*whole))
         worst = max(worst, check_close(f"step {step} loss", np.float32(loss), np.float32(ref_loss)))
     reference = {e.name: e.variable.numpy() for e in ref.checkpoint_entries()}
     for e in dist.checkpoint_entries():
