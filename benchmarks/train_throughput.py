@@ -5,9 +5,12 @@ workloads specify) on an in-memory pool of synthetic batches, as the yardstick d
 
     python benchmarks/train_throughput.py --workload dlrm-kaggle [--xla 1] [--onednn 0|1] [--threads 2]
     python benchmarks/train_throughput.py --compare      # also runs the yardstick's modes, prints ratios
+    python benchmarks/train_throughput.py --scaling      # W1: 2 ranks x 1 thread against 1 rank x 2 threads
 
 Workload, FLOP accounting and batch pool come from the shared yardstick module, so both sides
-measure the same thing.
+measure the same thing. With `--ranks N` the step runs hybrid-parallel on N Gloo ranks of this
+machine (`horovodrun`, tables placed by the default plan, model-parallel input: each rank
+holds only the ids its tables need); samples/s counts the global batch.
 """
 import argparse
 import importlib.util
@@ -46,6 +49,8 @@ def measure(args):
     from nn.lr_schedule import LearningRateSchedule
     from nn.model import RankingModel
     from nn.trainer import Trainer, amp_dtype
+    from parallel_embedding.collectives import make_collectives
+    from parallel_embedding.planner import plan_tables
 
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
@@ -53,23 +58,30 @@ def measure(args):
     w = ys.load_workload(args.workload, args.threads)
     warmup = args.warmup if args.warmup is not None else w["warmup_steps"]
     timed = args.timed if args.timed is not None else w["timed_steps"]
-    cards = w["cardinalities"]
-    model = RankingModel(cards, [w["embedding_dim"]] * len(cards), w["num_dense"], w["bottom_mlp"], w["top_mlp"],
+    cards, dims = w["cardinalities"], [w["embedding_dim"]] * len(w["cardinalities"])
+    comm = make_collectives()
+    plan = plan_tables(cards, dims, comm.size)
+    model = RankingModel(cards, dims, w["num_dense"], w["bottom_mlp"], w["top_mlp"],
                          interaction="cross" if w["model"] == "dcnv2" else "dot",
                          num_cross_layers=w.get("cross_layers", 0),
                          cross_layer_projection_dim=w.get("cross_projection_dim", 0), seed=w["seed"],
-                         compute_dtype=amp_dtype() if args.amp else tf.float32)
+                         compute_dtype=amp_dtype() if args.amp else tf.float32, plan=plan, collectives=comm)
     trainer = Trainer(model, w["optimizer"]["name"], LearningRateSchedule(w["optimizer"]["lr"], 0, 0, 0),
                       xla=bool(args.xla), loss_scaling=bool(args.amp) and amp_dtype() == tf.float16)
     rng = np.random.default_rng(w["seed"])
     batch = int(w["batch_size"])
+    b, rows = batch // comm.size, [model.embeddings.input_rows(f) for f in range(len(cards))]
+    mine = slice(comm.rank * b, (comm.rank + 1) * b)
     card = np.asarray(cards, dtype=np.int64)
     pool = []
-    for _ in range(int(w["pool_batches"])):
+    for _ in range(int(w["pool_batches"])):   # every rank draws the same global batches, keeps its part
         ids = np.minimum((rng.random((batch, len(card))) * card).astype(np.int64), card - 1).astype(np.int32)
-        pool.append((tf.constant(rng.standard_normal((batch, w["num_dense"]), dtype=np.float32)),
-                     [tf.constant(ids[:, f]) for f in range(len(card))],
-                     tf.constant(rng.integers(0, 2, size=batch).astype(np.float32))))
+        numerical = rng.standard_normal((batch, w["num_dense"]), dtype=np.float32)
+        labels = rng.integers(0, 2, size=batch).astype(np.float32)
+        pool.append((tf.constant(numerical[mine]),
+                     [tf.constant(ids[:, f] if r == "global" else ids[mine, f] if r == "local" else ids[:0, f])
+                      for f, r in enumerate(rows)],
+                     tf.constant(labels[mine])))
     times = []
     for i in range(warmup + timed):
         t0 = time.perf_counter()
@@ -78,17 +90,61 @@ def measure(args):
             times.append(time.perf_counter() - t0)
     sps = batch * len(times) / sum(times)
     onednn = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default")
+    dense_elements = sum(int(v.shape.num_elements()) for v in model.dense_variables)
     return {"impl": "ours" + ("-xla" if args.xla else "") + ("-amp" if args.amp else ""), "workload": args.workload, "onednn": onednn,
-            "threads": args.threads, "batch": batch, "timed_steps": len(times), "samples_per_s": round(sps, 1),
+            "ranks": comm.size, "threads": args.threads, "batch": batch, "timed_steps": len(times),
+            "samples_per_s": round(sps, 1),
+            "alltoall_bytes_per_step": alltoall_bytes(plan, batch),
+            "allreduce_bytes_per_step": 4 * dense_elements * 2 * (comm.size - 1) // comm.size,
             "step_ms_median": round(1000 * statistics.median(times), 2),
             "achieved_gflops": round(ys.train_flops_per_sample(w) * sps / 1e9, 2),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "tensorflow": tf.__version__}
 
 
+def alltoall_bytes(plan, global_batch: int) -> int:
+    """Bytes one step's embedding all-to-alls move between ranks (forward rows and backward
+    gradients, float32; what a rank keeps for itself not counted): every rank sends each other
+    rank b = B / N rows of its shards' summed width."""
+    n = plan.world_size
+    width = sum(s.width for r in range(n) for s in plan.shards_on(r))
+    return 2 * 4 * (n - 1) * (global_batch // n) * width
+
+
 def run_json(cmd):
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    """The last JSON line a command prints (under horovodrun: rank 0's)."""
+    lines = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()
+    rank0 = [line.split("<stdout>:", 1)[1] for line in lines if line.startswith("[0]<stdout>:")]
+    return json.loads((rank0 or lines)[-1])
+
+
+def ranks_command(args, ranks: int, threads: int, workload: str):
+    """The command that measures `workload` on `ranks` ranks of `threads` threads each."""
+    cmd = [sys.executable, __file__, "--bench_dir", args.bench_dir, "--workload", workload, "--threads", str(threads)]
+    cmd += ["--warmup", str(args.warmup)] if args.warmup is not None else []
+    cmd += ["--timed", str(args.timed)] if args.timed is not None else []
+    cmd += ["--xla", str(args.xla), "--amp", str(args.amp)] + (["--onednn", str(args.onednn)] if args.onednn is not None else [])
+    if ranks == 1:
+        return cmd
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    return [horovodrun, "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo"] + cmd
+
+
+def scaling(args):
+    """`args.rounds` alternating runs of 1 rank x 2 threads and 2 ranks x 1 thread; the ratio of
+    the medians."""
+    workload = args.workload or "dlrm-kaggle"
+    runs = {1: [], 2: []}
+    for _ in range(args.rounds):
+        for ranks in (1, 2):
+            r = run_json(ranks_command(args, ranks, 2 // ranks, workload))
+            runs[ranks].append(r)
+            print(json.dumps(r), flush=True)
+    median = {k: statistics.median(r["samples_per_s"] for r in v) for k, v in runs.items()}
+    print(json.dumps({"workload": workload, "one_rank_2_threads": median[1], "two_ranks_1_thread": median[2],
+                      "ratio": round(median[2] / median[1], 3),
+                      "alltoall_bytes_per_step": runs[2][0]["alltoall_bytes_per_step"],
+                      "allreduce_bytes_per_step": runs[2][0]["allreduce_bytes_per_step"]}), flush=True)
 
 
 def compare(args):
@@ -113,6 +169,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", choices=WORKLOADS)
     ap.add_argument("--compare", action="store_true", help="run every workload (or --workload) against the yardstick")
+    ap.add_argument("--scaling", action="store_true", help="2 ranks x 1 thread against 1 rank x 2 threads (W1 "
+                    "unless --workload)")
+    ap.add_argument("--ranks", type=int, default=1, help="run --workload on this many Gloo ranks (horovodrun)")
+    ap.add_argument("--rounds", type=int, default=3, help="--scaling: alternating rounds")
     ap.add_argument("--xla", type=int, choices=[0, 1], default=0)
     ap.add_argument("--amp", type=int, choices=[0, 1], default=0, help="mixed precision (bfloat16 on CPU)")
     ap.add_argument("--onednn", type=int, choices=[0, 1], default=None, help="TF_ENABLE_ONEDNN_OPTS (default: TF's choice)")
@@ -124,6 +184,10 @@ def main():
     if args.compare:
         args.workloads = [args.workload] if args.workload else list(WORKLOADS)
         compare(args)
+    elif args.scaling:
+        scaling(args)
+    elif args.ranks > 1:
+        print(json.dumps(run_json(ranks_command(args, args.ranks, args.threads, args.workload or "dlrm-kaggle"))))
     elif args.workload:
         print(json.dumps(measure(args)))
     else:

@@ -20,17 +20,35 @@ workloads:
 """
 
 
-@pytest.mark.skipif(not os.path.isfile(YARDSTICK), reason="../shared/bench is not beside this checkout")
-@pytest.mark.parametrize("workload,flags", [("dlrm-kaggle", []), ("dcnv2-nvidia", ["--amp", "1"])])
-def test_benchmark_prints_one_json_record(tmp_path, workload, flags):
+def run_benchmark(tmp_path, flags):
+    """The benchmark's JSON lines on the tiny workloads."""
     (tmp_path / "yardstick").mkdir()
     (tmp_path / "yardstick" / "yardstick.py").symlink_to(YARDSTICK)   # it reads ../workloads.yaml
     (tmp_path / "workloads.yaml").write_text(TINY_WORKLOADS)
     out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "train_throughput.py"),
-                          "--workload", workload, "--bench_dir", str(tmp_path)] + flags,
+                          "--bench_dir", str(tmp_path)] + flags,
                          capture_output=True, text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert out.returncode == 0, out.stderr[-2000:]
-    record = json.loads(out.stdout.strip().splitlines()[-1])
+    return [json.loads(line) for line in out.stdout.strip().splitlines()]
+
+
+@pytest.mark.skipif(not os.path.isfile(YARDSTICK), reason="../shared/bench is not beside this checkout")
+@pytest.mark.parametrize("workload,flags", [("dlrm-kaggle", []), ("dcnv2-nvidia", ["--amp", "1"])])
+def test_benchmark_prints_one_json_record(tmp_path, workload, flags):
+    record = run_benchmark(tmp_path, ["--workload", workload] + flags)[-1]
     assert record["workload"] == workload and record["batch"] == 64 and record["timed_steps"] == 2
     assert record["impl"] == "ours" + ("-amp" if flags else "")
     assert record["samples_per_s"] > 0 and record["achieved_gflops"] > 0
+
+
+@pytest.mark.skipif(not os.path.isfile(YARDSTICK), reason="../shared/bench is not beside this checkout")
+def test_scaling_runs_two_ranks_against_one(tmp_path):
+    one, two, summary = run_benchmark(tmp_path, ["--scaling", "--rounds", "1"])
+    assert (one["ranks"], one["threads"], two["ranks"], two["threads"]) == (1, 2, 2, 1)
+    assert one["alltoall_bytes_per_step"] == 0
+    # 3 tables of width 8 on 2 ranks: each rank sends the other 32 rows of its width, both ways.
+    assert two["alltoall_bytes_per_step"] == 2 * 4 * 32 * 24
+    # dense weights: bottom 13-16-8 (360), top 16-16-1 (289: 8 + 6 pairs, padded to 16);
+    # the allreduce moves 2 (N-1)/N of them.
+    assert two["allreduce_bytes_per_step"] == 4 * 649
+    assert summary["ratio"] == round(two["samples_per_s"] / one["samples_per_s"], 3)
