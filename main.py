@@ -19,7 +19,8 @@ def model_signature(cfg: RunConfig) -> dict:
     """The settings a checkpoint must share with the run that reads it, named as the flags."""
     return {"synthetic_cardinalities": cfg.cardinalities, "synthetic_num_numerical": cfg.num_numerical,
             "embedding_dim": cfg.embedding_dims, "bottom_mlp_dims": cfg.bottom_mlp_dims,
-            "top_mlp_dims": cfg.top_mlp_dims, "interaction": cfg.interaction,
+            "top_mlp_dims": cfg.top_mlp_dims,
+            "interaction": "dot" if cfg.interaction == "dot_custom" else cfg.interaction,   # same model
             "num_cross_layers": cfg.num_cross_layers if cfg.interaction == "cross" else None,
             "cross_layer_projection_dim": cfg.cross_layer_projection_dim if cfg.interaction == "cross" else None,
             "optimizer": cfg.optimizer}
@@ -175,13 +176,19 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     from parallel_embedding.collectives import make_collectives
+    comm = make_collectives()
     try:
-        comm = make_collectives()
         cfg = run_flags.config_from_flags(comm.size)
         run(cfg, comm)
     except (ConfigError, checkpoint.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except Exception as e:   # a lost rank: one line, not a traceback per collective
+        failure = comm.failure(e)
+        if failure is None:
+            raise
+        print(f"error: {failure}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

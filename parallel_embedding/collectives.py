@@ -6,7 +6,9 @@ takes an explicit `name`: ranks build different graphs (each holds other tables)
 default names, derived from tensor names, would not match across ranks.
 """
 import os
-from typing import Any, List, Sequence
+import re
+import socket
+from typing import Any, List, Optional, Sequence
 
 import tensorflow as tf
 
@@ -41,6 +43,11 @@ class SingleProcess:
     def barrier(self, name: str):
         """Returns once every rank has reached the barrier of the same name."""
 
+    def failure(self, error: BaseException) -> Optional[str]:
+        """One line describing `error` if it is a failed collective (another rank died, hung or
+        became unreachable), else None."""
+        return None
+
 
 class HorovodCollectives(SingleProcess):
     """The collectives over all Horovod ranks (`horovod.tensorflow`, initialised here)."""
@@ -50,6 +57,10 @@ class HorovodCollectives(SingleProcess):
         hvd.init()
         self._hvd = hvd
         self.rank, self.size = hvd.rank(), hvd.size()
+        self._processes = self.allgather_object((socket.gethostname(), os.getpid()), name="processes")
+        gpus = tf.config.list_physical_devices("GPU")
+        if gpus:   # one GPU per rank on a node (each sees one when CUDA_VISIBLE_DEVICES is set per rank)
+            tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
 
     def alltoall(self, tensor, splits, name):
         out, _ = self._hvd.alltoall(tensor, splits=splits, name=name, ignore_name_scope=True)
@@ -72,6 +83,37 @@ class HorovodCollectives(SingleProcess):
 
     def barrier(self, name):
         self._hvd.allreduce(tf.zeros([1]), op=self._hvd.Sum, name=name, ignore_name_scope=True).numpy()
+
+    def failure(self, error):
+        from horovod.common.exceptions import HorovodInternalError
+        text = str(error)
+        if not isinstance(error, HorovodInternalError) and not (
+                isinstance(error, tf.errors.OpError) and re.search(r"gloo|horovod|mpi", text, re.I)):
+            return None
+        # Gloo's own reason (peer closed the connection, a receive timed out) when it is there.
+        reason = re.search(r"gloo/[\w/.]+:\d+\] ([^\n]+)", text)
+        node = re.search(r"\{\{node (\w+)\}\}", text)
+        where = f"the collective {node.group(1)!r}" if node else "a collective operation"
+        lines = [line.strip() for line in text.splitlines() if line.strip()] or [type(error).__name__]
+        why = reason.group(1) if reason else next((line.split(". ")[0] for line in lines if "Horovod" in line),
+                                                  lines[0])
+        host = socket.gethostname()
+        dead = [f"rank {r} (process {pid} on this host) has exited" for r, (h, pid) in enumerate(self._processes)
+                if h == host and r != self.rank and _process_gone(pid)]
+        return (f"rank {self.rank} of {self.size}: {where} failed ({why}): " + (", ".join(dead) or
+                "another rank died, hung or became unreachable ("
+                "HOROVOD_GLOO_TIMEOUT_SECONDS bounds the wait)"))
+
+
+def _process_gone(pid: int) -> bool:
+    """True when process `pid` of this host has exited (a zombie counts as exited)."""
+    if not os.path.isdir("/proc/self"):
+        return False   # no procfs: cannot tell
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
 
 
 _LAUNCHER_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
