@@ -8,7 +8,10 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 setup: $(VENV)/.ready
 
-$(VENV)/.ready: requirements.txt tools/setup_env.sh
+OP_SOURCES := $(wildcard tensorflow-dot-based-interact/setup.py tensorflow-dot-based-interact/src/* \
+  tensorflow-dot-based-interact/dot_based_interact/*.py)
+
+$(VENV)/.ready: requirements.txt tools/setup_env.sh $(OP_SOURCES)
 	bash tools/setup_env.sh $(VENV)
 	touch $@
 

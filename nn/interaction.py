@@ -1,10 +1,15 @@
 """Feature interactions: DLRM's pairwise dot products and DCNv2's cross network."""
+import functools
+import sys
 from typing import List
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
 
 from nn.initializers import glorot_normal
+from utils.config import ConfigError
+
 
 
 def dot_interaction_width(num_features: int, dim: int) -> int:
@@ -13,19 +18,55 @@ def dot_interaction_width(num_features: int, dim: int) -> int:
     return -(-width // 8) * 8
 
 
+@functools.lru_cache(maxsize=None)
+def _load_op():
+    """(the dot_based_interact package, None) once its library loads, else (None, why)."""
+    try:
+        import dot_based_interact
+        dot_based_interact.load()
+        return dot_based_interact, None
+    except (ImportError, RuntimeError) as e:   # not installed, or OpLoadError
+        return None, str(e) or type(e).__name__
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_fallback(why: str):
+    print(f"warning: the dot interaction op is unavailable ({why}); using the TensorFlow implementation",
+          file=sys.stderr, flush=True)
+
+
+def interaction_op(kernel: str):
+    """The custom op package for `kernel` ("auto", "custom" or "tf"), or None for TensorFlow's.
+    "auto" falls back with one warning line when the library cannot load; "custom" raises
+    ConfigError instead."""
+    if kernel == "tf":
+        return None
+    op, why = _load_op()
+    if op is None:
+        if kernel == "custom":
+            raise ConfigError(f"--interaction=dot_custom: the dot interaction op cannot load ({why}); "
+                              "rebuild it with make setup, or use --interaction=dot")
+        _warn_fallback(why)
+    return op
+
+
 class DotInteraction(tf.Module):
     """DLRM interaction: bottom output [B, D] and F embeddings [B, D] ->
     [B, round_up_8(D + (F+1)F/2)]: the bottom output, then the dot products of every pair of
     the F+1 vectors (strictly lower triangle, row-major: (1,0), (2,0), (2,1), ...; no
     self-interaction), then zero padding to a multiple of 8 columns.
 
-    In training, forward and backward are each one XLA-compiled function (on CPU about twice as
-    fast as TensorFlow's gather-based gradient): with T = [bottom; embeddings] ([B, F+1, D]) and G the
-    symmetric matrix of the output's pair gradients (zero diagonal), dT = G T.
+    In training, the custom op DotBasedInteract (tensorflow-dot-based-interact/) when `kernel`
+    allows it and it loads (see interaction_op), except inside XLA-compiled functions. Otherwise
+    forward and backward are each one XLA-compiled function (on CPU about twice as fast as
+    TensorFlow's gather-based gradient): with T = [bottom; embeddings] ([B, F+1, D]) and G the
+    symmetric matrix of the output's pair gradients (zero diagonal), dT = G T. Inference always
+    uses plain TensorFlow ops, so exported models never need the op library.
     """
 
-    def __init__(self, num_features: int, dim: int, name="dot_interaction"):
+    def __init__(self, num_features: int, dim: int, kernel: str = "auto", name="dot_interaction"):
         super().__init__(name=name)
+        self._op = interaction_op(kernel)
         n = num_features + 1
         rows, cols = np.tril_indices(n, -1)
         num_pairs = len(rows)
@@ -40,10 +81,12 @@ class DotInteraction(tf.Module):
         self._backward = tf.function(self._backward_impl, jit_compile=True)
 
     def __call__(self, bottom: tf.Tensor, embeddings: List[tf.Tensor], training: bool = False) -> tf.Tensor:
-        """Training uses the compiled forward/backward pair; inference the plain forward (lower
-        latency on small batches)."""
+        """Training uses the custom op or the compiled forward/backward pair; inference the plain
+        forward (lower latency on small batches)."""
         if not training:
             return self._forward_impl(bottom, embeddings)[0]
+        if self._op is not None and not control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+            return self._op.dot_based_interact(tf.stack([bottom] + embeddings, axis=1))
 
         @tf.custom_gradient
         def interact(bottom, *embeddings):

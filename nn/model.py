@@ -33,8 +33,9 @@ class RankingModel(tf.Module):
         self.embeddings = DistributedEmbedding(plan, collectives, seed=(seed, 1000),
                                                data_parallel_input=data_parallel_input, combiners=combiners)
         self.bottom_mlp = MLP(num_numerical, bottom_mlp_dims, linear_output=False, seed=(seed, 0), name="bottom_mlp")
-        if interaction == "dot":
-            self.interaction = DotInteraction(len(cardinalities), bottom_mlp_dims[-1])
+        if interaction in ("dot", "dot_custom"):   # dot_custom: the custom op or an error, never the fallback
+            self.interaction = DotInteraction(len(cardinalities), bottom_mlp_dims[-1],
+                                              kernel="custom" if interaction == "dot_custom" else "auto")
             top_in = dot_interaction_width(len(cardinalities), bottom_mlp_dims[-1])
         else:
             top_in = bottom_mlp_dims[-1] + sum(embedding_dims)

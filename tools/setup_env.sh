@@ -67,4 +67,6 @@ if ! "$PY" -c "import horovod.tensorflow" 2>/dev/null; then
   fi
   $PIP install --no-deps "$WHEEL_DIR"/horovod-*.whl
 fi
+# The dot-interaction op library (tensorflow-dot-based-interact/), compiled against this TensorFlow.
+$PIP install --no-build-isolation --no-deps --force-reinstall ./tensorflow-dot-based-interact
 "$PY" -c "import tensorflow as tf, horovod.tensorflow as hvd; print('environment ready: tensorflow', tf.__version__, '/ horovod', hvd.__version__ if hasattr(hvd, '__version__') else '$HOROVOD_VERSION')"

@@ -14,7 +14,7 @@ class ConfigError(ValueError):
 
 MODES = ("train", "eval", "inference")
 OPTIMIZERS = ("sgd", "adagrad", "adam")
-INTERACTIONS = ("dot", "cross")
+INTERACTIONS = ("dot", "dot_custom", "cross")   # dot_custom: dot, forcing the custom op
 DATASET_TYPES = ("synthetic",)
 DIST_STRATEGIES = ("basic", "memory_balanced", "memory_optimized")   # as parallel_embedding.planner
 
@@ -177,7 +177,9 @@ def _check(c: RunConfig, present: Set[str], world_size: int):
                           f"--warmup_steps ({c.warmup_steps})")
     if c.top_mlp_dims[-1] != 1:
         raise ConfigError(f"the last --top_mlp_dims entry is the logit and must be 1, got {c.top_mlp_dims[-1]}")
-    if c.interaction == "dot":
+    if c.interaction == "dot_custom" and c.xla:
+        raise ConfigError("--interaction=dot_custom has no XLA kernel; drop --xla or use --interaction=dot")
+    if c.interaction in ("dot", "dot_custom"):
         if len(set(c.embedding_dims)) != 1:
             raise ConfigError("--interaction=dot needs one --embedding_dim for all features "
                               f"(got {sorted(set(c.embedding_dims))}); use --interaction=cross for unequal dims")

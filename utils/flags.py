@@ -26,7 +26,9 @@ flags.DEFINE_integer("decay_steps", 24000, "length of the polynomial (power 2) d
 flags.DEFINE_list("embedding_dim", ["128"], "embedding width: one value, or one per categorical feature")
 flags.DEFINE_list("bottom_mlp_dims", ["512", "256", "128"], "bottom MLP output widths")
 flags.DEFINE_list("top_mlp_dims", ["1024", "1024", "512", "256", "1"], "top MLP output widths (last is the logit)")
-flags.DEFINE_enum("interaction", "dot", list(INTERACTIONS), "dot: DLRM pairwise dots; cross: DCNv2 cross network")
+flags.DEFINE_enum("interaction", "dot", list(INTERACTIONS), "dot: DLRM pairwise dots (the custom op where it "
+                  "loads, else TensorFlow ops with a warning); dot_custom: dot, the custom op or an error; "
+                  "cross: DCNv2 cross network")
 flags.DEFINE_integer("num_cross_layers", 3, "DCNv2 cross layers")
 flags.DEFINE_integer("cross_layer_projection_dim", 512, "DCNv2 low-rank projection width (0: full rank)")
 flags.DEFINE_bool("amp", False, "mixed precision: float16 with loss scaling on GPU, bfloat16 on CPU; tables stay float32")
