@@ -2,6 +2,7 @@
 
     python main.py --mode=train --batch_size=4096 --embedding_dim=16 ...
 """
+import dataclasses
 import os
 import sys
 import time
@@ -17,13 +18,31 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 def model_signature(cfg: RunConfig) -> dict:
     """The settings a checkpoint must share with the run that reads it, named as the flags."""
-    return {"synthetic_cardinalities": cfg.cardinalities, "synthetic_num_numerical": cfg.num_numerical,
+    return {"cardinalities": cfg.cardinalities, "num_numerical": cfg.num_numerical, "max_hotness": cfg.max_hotness,
+            "multi_hot_combiner": (cfg.multi_hot_combiner or "sum") if any(cfg.max_hotness) else None,
             "embedding_dim": cfg.embedding_dims, "bottom_mlp_dims": cfg.bottom_mlp_dims,
             "top_mlp_dims": cfg.top_mlp_dims,
             "interaction": "dot" if cfg.interaction == "dot_custom" else cfg.interaction,   # same model
             "num_cross_layers": cfg.num_cross_layers if cfg.interaction == "cross" else None,
             "cross_layer_projection_dim": cfg.cross_layer_projection_dim if cfg.interaction == "cross" else None,
             "optimizer": cfg.optimizer}
+
+
+def open_dataset(cfg: RunConfig):
+    """The run's dataset and its rows per split ("train" only when training, "eval")."""
+    if cfg.dataset_type == "synthetic":
+        from dataloading.synthetic import SyntheticDataset
+        dataset = SyntheticDataset(cfg.cardinalities, cfg.num_numerical, cfg.synthetic_alpha, cfg.seed)
+        return dataset, {"train": cfg.synthetic_rows, "eval": cfg.synthetic_eval_rows}
+    from dataloading.feature_spec import FeatureSpec
+    from dataloading.split_binary import SplitBinaryDataset
+    mappings = {"train": cfg.train_mapping, "eval": cfg.eval_mapping} if cfg.mode == "train" else {"eval": cfg.eval_mapping}
+    dataset = SplitBinaryDataset(FeatureSpec.from_yaml(cfg.feature_spec_path), mappings)
+    rows = {split: dataset.rows(split) for split in mappings}
+    if cfg.mode == "train" and rows["train"] < cfg.batch_size:
+        raise ConfigError(f"--batch_size ({cfg.batch_size}) is larger than the {rows['train']} rows of the "
+                          f"{cfg.train_mapping!r} mapping")
+    return dataset, rows
 
 
 def eval_steps(steps_per_epoch: int, evals_per_epoch: int, total_steps: int):
@@ -43,7 +62,6 @@ class Run:
     def __init__(self, cfg: RunConfig, comm=None):
         import tensorflow as tf
         from dataloading.batches import RankInput
-        from dataloading.synthetic import SyntheticDataset
         from nn.lr_schedule import LearningRateSchedule
         from nn.model import RankingModel
         from nn.trainer import Trainer, amp_dtype
@@ -54,14 +72,19 @@ class Run:
         comm = comm or SingleProcess()
         self.cfg, self.comm = cfg, comm
         self.log = RunLogger(cfg.log_path, enabled=comm.rank == 0)
-        self.dataset = SyntheticDataset(cfg.cardinalities, cfg.num_numerical, cfg.synthetic_alpha, cfg.seed)
+        self.dataset, self.rows = open_dataset(cfg)
+        if cfg.validate_dataset:
+            self.dataset.validate()
+            self.log.print(f"validated every value of {cfg.feature_spec_path} "
+                           f"({', '.join(f'{s} {n:,} rows' for s, n in self.rows.items())})")
         compute_dtype = amp_dtype() if cfg.amp else tf.float32
         plan = plan_tables(cfg.cardinalities, cfg.embedding_dims, comm.size, cfg.dist_strategy,
                            cfg.column_slice_threshold, cfg.row_slice_threshold, cfg.data_parallel_threshold)
         self.model = RankingModel(cfg.cardinalities, cfg.embedding_dims, cfg.num_numerical, cfg.bottom_mlp_dims,
                                   cfg.top_mlp_dims, cfg.interaction, cfg.num_cross_layers,
                                   cfg.cross_layer_projection_dim, seed=cfg.seed, compute_dtype=compute_dtype,
-                                  plan=plan, collectives=comm, data_parallel_input=cfg.data_parallel_input)
+                                  plan=plan, collectives=comm, data_parallel_input=cfg.data_parallel_input,
+                                  combiners=cfg.combiners)
         emb = self.model.embeddings
         self.view = RankInput(comm.rank, comm.size, tuple(emb.input_rows(f) for f in range(cfg.num_categorical)))
         schedule = LearningRateSchedule(cfg.learning_rate, cfg.warmup_steps, cfg.decay_start_step, cfg.decay_steps)
@@ -73,7 +96,7 @@ class Run:
         self.log.print(f"model: {cfg.interaction} interaction, {cfg.num_categorical} tables, "
                        f"{params:,} parameters, compute dtype {compute_dtype.name}, xla {cfg.xla}, "
                        f"{comm.size} rank{'s' if comm.size > 1 else ''}")
-        self.log.record("params", **vars(cfg), parameters=params, world_size=comm.size)
+        self.log.record("params", **dataclasses.asdict(cfg), parameters=params, world_size=comm.size)
         self.start_step = 0
         if cfg.restore_checkpoint_path:
             manifest = checkpoint.restore(cfg.restore_checkpoint_path, self.trainer.checkpoint_entries(),
@@ -86,14 +109,17 @@ class Run:
     def _eval_data(self):
         from dataloading.batches import eval_batches, prefetched
         d = self.dataset
-        return prefetched(eval_batches(d, self.cfg.synthetic_eval_rows, self.cfg.valid_batch_size, self.view), d)
+        return prefetched(eval_batches(d, self.rows["eval"], self.cfg.valid_batch_size, self.view), d)
 
     def evaluate(self, step: int) -> dict:
         from nn.evaluator import evaluate, format_metrics
         t0 = time.perf_counter()
         metrics = evaluate(self.trainer.predict, self._eval_data(), self.comm)
+        if not self.dataset.has_oracle:   # files carry no ground truth
+            metrics = {k: v for k, v in metrics.items() if not k.startswith("oracle_")}
         metrics["seconds"] = time.perf_counter() - t0
-        self.log.print(f"eval at step {step}: {format_metrics(metrics)} | {metrics['samples']:,} samples "
+        keys = ("auc", "logloss", "oracle_auc") if self.dataset.has_oracle else ("auc", "logloss")
+        self.log.print(f"eval at step {step}: {format_metrics(metrics, keys)} | {metrics['samples']:,} samples "
                        f"in {metrics['seconds']:.1f} s")
         self.log.record("eval", step, **metrics)
         return metrics
@@ -104,15 +130,15 @@ class Run:
         self.log.print(f"saved checkpoint {path}")
 
     def train(self) -> dict:
-        from dataloading.batches import prefetched, train_batches
+        from dataloading.batches import prefetched, steps_per_epoch as epoch_steps, train_batches
         cfg, d = self.cfg, self.dataset
-        steps_per_epoch = cfg.synthetic_rows // cfg.batch_size
+        steps_per_epoch = epoch_steps(self.rows["train"], cfg.batch_size, self.comm.size, cfg.train_last_partial_batch)
         total = steps_per_epoch * cfg.epochs
         if cfg.max_steps > 0:
             total = min(total, cfg.max_steps)
         evals = eval_steps(steps_per_epoch, cfg.evals_per_epoch, total)
-        batches = prefetched(train_batches(d, cfg.batch_size, steps_per_epoch, cfg.seed, self.start_step, total,
-                                           self.view), d)
+        batches = prefetched(train_batches(d, self.rows["train"], cfg.batch_size, cfg.seed, self.start_step, total,
+                                           self.view, cfg.shuffle_batch_order, cfg.train_last_partial_batch), d)
         self.log.print(f"training steps {self.start_step}..{total} ({steps_per_epoch} per epoch, "
                        f"batch {cfg.batch_size})")
         step, losses, metrics = self.start_step, [], None
@@ -148,7 +174,8 @@ class Run:
         results = []
         self.log.print("batch_size | samples/s | mean ms | p50 ms | p90 ms | p99 ms")
         for size in self.cfg.inference_batch_sizes:
-            r = measure_latency(self.trainer.predict, rank_batch(self.dataset, "eval", 0, size, self.view),
+            r = measure_latency(self.trainer.predict, rank_batch(self.dataset, "eval", 0, size, self.view,
+                                                                        end=self.rows["eval"]),
                                 self.cfg.inference_steps, size)
             self.log.print(f"{size} | {r['samples_per_s']:,.0f} | {r['mean_ms']:.3f} | {r['p50_ms']:.3f} | "
                            f"{r['p90_ms']:.3f} | {r['p99_ms']:.3f}")

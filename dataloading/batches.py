@@ -1,17 +1,24 @@
 """Per-rank batch streams over a random-access dataset, in a deterministic order, prefetched.
 
 Training batch `k` of epoch `e` is the global batch `order_e[k]`, where `order_e` is a
-permutation drawn from (seed, e): resuming at any step, at any world size, reproduces the same
-global batches. Each rank reads only its part of a global batch of B samples (`RankInput`):
-numericals and labels of its b = B / N rows, and per categorical feature the ids the embedding
-layer asks for. Evaluation reads every sample in order; the last batch is padded to a multiple
-of N and each element says how many of its rows are real.
+permutation drawn from (seed, e) (or the file order, without shuffling): resuming at any step,
+at any world size, reproduces the same global batches. Each rank reads only its part of a
+global batch of B samples (`RankInput`): numericals and labels of its b = B / N rows, and per
+categorical feature the ids the embedding layer asks for. Evaluation reads every sample in
+order; the last batch is padded to a multiple of N and each element says how many of its rows
+are real.
+
+A dataset offers `batch(split, start, size, features)` (numerical, labels, oracle_logits and
+the ids of `features`) and `categorical(split, start, size, features)`; multi-hot ids are
+RaggedIds (dataloading.split_binary), fed to the model as tf.RaggedTensor.
 """
 import dataclasses
-from typing import Iterator, Sequence
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
+
+from dataloading.split_binary import RaggedIds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,42 +39,73 @@ def epoch_order(seed: int, epoch: int, num_batches: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(num_batches)
 
 
-def rank_batch(dataset, split: str, start: int, size: int, view: RankInput) -> dict:
+def steps_per_epoch(rows: int, batch_size: int, world_size: int, last_partial: bool) -> int:
+    """Training batches per epoch: the full ones, plus the last partial one if asked for (its
+    size rounded down to a multiple of the ranks; none if that leaves nothing)."""
+    full = rows // batch_size
+    return full + int(last_partial and (rows - full * batch_size) >= world_size)
+
+
+def _pad(x, n: int):
+    """`x` ([m, ...] array or RaggedIds of m rows) padded to n rows with zeros / empty rows."""
+    if isinstance(x, RaggedIds):
+        extra = n - (len(x.row_splits) - 1)
+        return RaggedIds(x.values, np.concatenate([x.row_splits, np.full(extra, x.row_splits[-1])]))
+    return np.concatenate([x, np.zeros((n - len(x),) + x.shape[1:], x.dtype)]) if len(x) < n else x
+
+
+def _no_ids(multi_hot: bool, dtype):
+    return RaggedIds(np.zeros([0], dtype), np.zeros([1], np.int64)) if multi_hot else np.zeros([0], dtype)
+
+
+def rank_batch(dataset, split: str, start: int, size: int, view: RankInput, end: Optional[int] = None) -> dict:
     """This rank's part of the global batch of samples [start, start + size); size % N == 0.
 
     Returns the dataset's batch dict for the local rows [start + r*b, start + (r+1)*b), with
-    "categorical" replaced by the ids `view` asks for.
+    "categorical" holding the ids `view` asks for. Samples at or after `end` (default: none)
+    are padding: zeros, empty multi-hot rows.
     """
     b = size // view.size
-    batch = dataset.batch(split, start + view.rank * b, b)
+    first = start + view.rank * b
+    real = (lambda s, n: n) if end is None else (lambda s, n: max(0, min(n, end - s)))
+    local = [f for f, rows in enumerate(view.features) if rows == "local"]
     wanted = [f for f, rows in enumerate(view.features) if rows == "global"]
-    global_ids = dict(zip(wanted, dataset.categorical(split, start, size, wanted)))
-    empty = np.zeros([0], batch["categorical"][0].dtype)
-    batch["categorical"] = [batch["categorical"][f] if rows == "local" else global_ids.get(f, empty)
-                            for f, rows in enumerate(view.features)]
+    batch = dataset.batch(split, first, real(first, b), local)
+    batch = {k: (v if k == "categorical" else _pad(v, b)) for k, v in batch.items()}
+    global_ids = dict(zip(wanted, dataset.categorical(split, start, real(start, size), wanted)))
+    hot = dataset.max_hotness
+    batch["categorical"] = [
+        _pad(batch["categorical"][f], b) if rows == "local" else
+        _pad(global_ids[f], size) if rows == "global" else
+        _no_ids(bool(hot[f]), dataset.id_dtype)
+        for f, rows in enumerate(view.features)]
     return batch
 
 
-def train_batches(dataset, batch_size: int, steps_per_epoch: int, seed: int, start_step: int,
-                  end_step: int, view: RankInput) -> Iterator[dict]:
-    """This rank's parts of the training batches for global steps [start_step, end_step)."""
+def train_batches(dataset, rows: int, batch_size: int, seed: int, start_step: int, end_step: int,
+                  view: RankInput, shuffle: bool = True, last_partial: bool = False) -> Iterator[dict]:
+    """This rank's parts of the training batches for global steps [start_step, end_step) over
+    `rows` training samples (see steps_per_epoch); batch order shuffled per epoch if `shuffle`."""
+    steps = steps_per_epoch(rows, batch_size, view.size, last_partial)
     for step in range(start_step, end_step):
-        epoch, k = divmod(step, steps_per_epoch)
+        epoch, k = divmod(step, steps)
         if k == 0 or step == start_step:
-            order = epoch_order(seed, epoch, steps_per_epoch)
-        batch = rank_batch(dataset, "train", int(order[k]) * batch_size, batch_size, view)
-        batch["valid"] = batch_size // view.size
+            order = epoch_order(seed, epoch, steps) if shuffle else np.arange(steps)
+        start = int(order[k]) * batch_size
+        size = min(batch_size, (rows - start) // view.size * view.size)
+        batch = rank_batch(dataset, "train", start, size, view)
+        batch["valid"] = size // view.size
         yield batch
 
 
 def eval_batches(dataset, rows: int, batch_size: int, view: RankInput) -> Iterator[dict]:
-    """Every evaluation sample in order, in batches of `batch_size`; the last one is padded with
-    the samples that follow to a multiple of N, and "valid" counts this rank's real rows."""
+    """Every evaluation sample in order, in batches of `batch_size`; the last one is padded to a
+    multiple of N, and "valid" counts this rank's real rows."""
     for start in range(0, rows, batch_size):
         size = min(batch_size, rows - start)
         padded = -(-size // view.size) * view.size
         b = padded // view.size
-        batch = rank_batch(dataset, "eval", start, padded, view)
+        batch = rank_batch(dataset, "eval", start, padded, view, end=rows)
         batch["valid"] = min(max(size - view.rank * b, 0), b)
         yield batch
 
@@ -75,17 +113,23 @@ def eval_batches(dataset, rows: int, batch_size: int, view: RankInput) -> Iterat
 def prefetched(batches: Iterator[dict], dataset, depth: int = 2) -> tf.data.Dataset:
     """Wraps a batch iterator over `dataset` in tf.data with background prefetching.
 
-    Elements: (numerical [b, n] float32, tuple of F id arrays (see RankInput), labels [b]
-    float32, oracle_logits [b] float32, valid: the number of real rows, int32).
+    Elements: (numerical [b, n] float32, tuple of F ids (see RankInput; multi-hot features:
+    tf.RaggedTensor [rows, None]), labels [b] float32, oracle_logits [b] float32, valid: the
+    number of real rows, int32).
     """
-    ids = tf.TensorSpec([None], tf.as_dtype(dataset.id_dtype))
-    signature = (tf.TensorSpec([None, dataset.num_numerical], tf.float32),
-                 tuple([ids] * len(dataset.cardinalities)),
+    dtype = tf.as_dtype(dataset.id_dtype)
+    ids = [tf.RaggedTensorSpec([None, None], dtype, row_splits_dtype=tf.int64) if hot else tf.TensorSpec([None], dtype)
+           for hot in dataset.max_hotness]
+    signature = (tf.TensorSpec([None, dataset.num_numerical], tf.float32), tuple(ids),
                  tf.TensorSpec([None], tf.float32), tf.TensorSpec([None], tf.float32),
                  tf.TensorSpec([], tf.int32))
 
+    def as_tensor(x):
+        return tf.RaggedTensor.from_row_splits(x.values, x.row_splits) if isinstance(x, RaggedIds) else x
+
     def generate():
         for b in batches:
-            yield b["numerical"], tuple(b["categorical"]), b["labels"], b["oracle_logits"], np.int32(b["valid"])
+            yield (b["numerical"], tuple(as_tensor(c) for c in b["categorical"]), b["labels"], b["oracle_logits"],
+                   np.int32(b["valid"]))
 
     return tf.data.Dataset.from_generator(generate, output_signature=signature).prefetch(depth)

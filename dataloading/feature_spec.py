@@ -24,6 +24,8 @@ from typing import Dict, List, Optional, Sequence, Union
 import numpy as np
 import yaml
 
+from utils.config import ConfigError
+
 CATEGORICAL, NUMERICAL, LABEL = "categorical", "numerical", "label"
 CHANNELS = (CATEGORICAL, NUMERICAL, LABEL)
 SPLIT_BINARY, CSV = "split_binary", "csv"
@@ -35,8 +37,9 @@ AUTO = "auto"
 SPEC_FILE = "feature_spec.yaml"
 
 
-class DatasetError(ValueError):
-    """A problem with a dataset or its spec; the message is one line naming what is wrong where."""
+class DatasetError(ConfigError):
+    """A problem with a dataset or its spec; the message is one line naming what is wrong where
+    (a ConfigError: the command line reports it as `error: ...` and exits 2)."""
 
 
 def id_dtype(cardinality: int) -> str:
@@ -173,9 +176,10 @@ def split_binary_spec(numerical: Sequence[str], categorical: Dict[str, int], lab
     return FeatureSpec(features, channels, source, {}, base_dir)
 
 
-def check_values(spec: FeatureSpec, feature: str, values: np.ndarray, first_row, where: str):
+def check_values(spec: FeatureSpec, feature: str, values: np.ndarray, first_row, where: str, unit: str = "row"):
     """Raises DatasetError naming `where`, the feature and the row if `values` of `feature`
-    (rows from `first_row`, or one row index per value as an array) are out of their domain."""
+    (rows from `first_row`, or one row index per value as an array; `unit` names them) are out
+    of their domain."""
     if feature in spec.channels[CATEGORICAL]:
         bad = (values < 0) | (values >= spec.features[feature].cardinality)
         problem = f"ids must be in [0, {spec.features[feature].cardinality})"
@@ -188,7 +192,7 @@ def check_values(spec: FeatureSpec, feature: str, values: np.ndarray, first_row,
     if np.any(bad):
         k = int(np.argmax(bad))
         row = int(first_row[k]) if isinstance(first_row, np.ndarray) else first_row + k
-        raise DatasetError(f"{where}: feature {feature!r}, row {row}: {problem}, got {values[k]}")
+        raise DatasetError(f"{where}: feature {feature!r}, {unit} {row}: {problem}, got {values[k]}")
 
 
 # Parsing and validation -------------------------------------------------------------------------

@@ -23,7 +23,7 @@ _MUL1 = np.uint64(0xBF58476D1CE4E5B9)
 _MUL2 = np.uint64(0x94D049BB133111EB)
 _SPLITS = {"train": 1, "eval": 2}
 # Hash streams: distinct constants so no two quantities share random numbers.
-_IDS, _NUMERICAL, _LABEL, _EFFECT, _WEIGHT, _LATENT = range(1, 7)
+_IDS, _NUMERICAL, _LABEL, _EFFECT, _WEIGHT, _LATENT, _HOTNESS, _MORE_IDS = range(1, 9)
 
 _LATENT_DIM = 4
 _MAX_PAIRS = 6
@@ -98,6 +98,7 @@ def _effects(seed: int, stream: int, feature: int, cardinality: int, ids: np.nda
 @dataclasses.dataclass(frozen=True)
 class SyntheticDataset:
     """Random-access synthetic dataset; see the module docstring for the label model."""
+    has_oracle = True   # oracle_logits are the ground truth's
     cardinalities: List[int]
     num_numerical: int
     alpha: float = 0.0
@@ -110,13 +111,19 @@ class SyntheticDataset:
         return [(i, i + 1) for i in range(0, f - 1, 2)][:_MAX_PAIRS]
 
     @property
+    def max_hotness(self):
+        """Every feature is one-hot."""
+        return [None] * len(self.cardinalities)
+
+    @property
     def id_dtype(self):
         return np.int32 if max(self.cardinalities) <= np.iinfo(np.int32).max else np.int64
 
-    def batch(self, split: str, start: int, size: int) -> Dict[str, np.ndarray]:
+    def batch(self, split: str, start: int, size: int, features=None) -> Dict[str, np.ndarray]:
         """Samples [start, start + size) of `split` ("train" or "eval").
 
-        Returns numerical [n, num_numerical] float32, categorical: list of F arrays [n] of ids,
+        Returns numerical [n, num_numerical] float32, categorical: list of F arrays [n] of ids
+        (None for those not in `features`, default all; the labels need all of them anyway),
         labels [n] float32 (0/1) and oracle_logits [n] float32 (the ground truth's logit).
         """
         s = _SPLITS[split]
@@ -126,9 +133,10 @@ class SyntheticDataset:
         numerical = _normal(self.seed, _NUMERICAL, s, idx[:, None], feats[None, :])
         logits = self._logits(ids, numerical)
         labels = _uniform(self.seed, _LABEL, s, idx) < 1.0 / (1.0 + np.exp(-logits))
+        wanted = set(range(len(ids)) if features is None else features)
         return {
             "numerical": numerical.astype(np.float32),
-            "categorical": ids,
+            "categorical": [c if f in wanted else None for f, c in enumerate(ids)],
             "labels": labels.astype(np.float32),
             "oracle_logits": logits.astype(np.float32),
         }
@@ -138,6 +146,19 @@ class SyntheticDataset:
         idx = np.arange(start, start + size, dtype=np.uint64)
         return [power_law_ids(_uniform(self.seed, _IDS, _SPLITS[split], f, idx), self.cardinalities[f],
                               self.alpha).astype(self.id_dtype) for f in features]
+
+    def multi_hot(self, split: str, start: int, size: int, feature: int, max_hotness: int):
+        """Multi-hot ids of `feature` for samples [start, start + size): (ids [K], row lengths
+        [size]). A row has 0..max_hotness ids (uniformly many); the first id of a non-empty row is
+        the one-hot id the planted model uses, the others follow the same power law."""
+        s = _SPLITS[split]
+        idx = np.arange(start, start + size, dtype=np.uint64)
+        lengths = (_hash(self.seed, _HOTNESS, s, feature, idx) % np.uint64(max_hotness + 1)).astype(np.int64)
+        slots = np.arange(max_hotness, dtype=np.uint64)[None, :]
+        ids = power_law_ids(_uniform(self.seed, _MORE_IDS, s, feature, idx[:, None], slots),
+                            self.cardinalities[feature], self.alpha).astype(self.id_dtype)
+        ids[:, 0] = self.categorical(split, start, size, [feature])[0]
+        return ids[slots < lengths[:, None].astype(np.uint64)], lengths
 
     def _logits(self, ids, numerical):
         f = len(self.cardinalities)

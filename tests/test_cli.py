@@ -250,7 +250,7 @@ def test_resume_training_from_checkpoint_matches_uninterrupted(trained):
     (dict(embedding_dim=["4"], bottom_mlp_dims=["16", "4"]), "embedding_dim"),
     (dict(optimizer="sgd"), "optimizer"),
     (dict(optimizer="adagrad"), "optimizer"),
-    (dict(synthetic_cardinalities=["20", "50", "7", "31"]), "synthetic_cardinalities"),
+    (dict(synthetic_cardinalities=["20", "50", "7", "31"]), "cardinalities"),
     (dict(top_mlp_dims=["32", "1"]), "top_mlp_dims"),
     (dict(interaction="cross"), "interaction"),
 ])

@@ -28,7 +28,9 @@ DEFAULTS = dict(
                              "20", "10", "8", "4", "3", "2"],
     synthetic_num_numerical=13, synthetic_rows=2 ** 21, synthetic_eval_rows=2 ** 18, synthetic_alpha=1.05,
     inference_batch_sizes=["1", "64", "1024", "8192"], inference_steps=100, dist_strategy="memory_balanced",
-    column_slice_threshold=None, row_slice_threshold=None, data_parallel_threshold=None, data_parallel_input=False)
+    column_slice_threshold=None, row_slice_threshold=None, data_parallel_threshold=None, data_parallel_input=False,
+    feature_spec="", train_mapping="train", eval_mapping="test", validate_dataset=False, shuffle_batch_order=True,
+    train_last_partial_batch=False, multi_hot_combiner=None)
 
 FOUR_CARDS = ["10", "20", "30", "40"]
 
@@ -74,7 +76,7 @@ def test_baseline_mirrors_flag_defaults():
     """DEFAULTS above is what utils/flags.py defines (absl only, no TensorFlow), and every
     RunConfig field has a flag."""
     from utils import flags as run_flags
-    fields = set(RunConfig.__dataclass_fields__) - {"embedding_dims"} | {"embedding_dim"}
+    fields = set(RunConfig.__dataclass_fields__) - {"embedding_dims", "dataset"} | {"embedding_dim"}
     assert set(DEFAULTS) == fields
     for name, default in DEFAULTS.items():
         assert run_flags.FLAGS[name].default == default, name
@@ -166,7 +168,12 @@ RULES = [
     ("synthetic_rows", "--batch_size", dict(batch_size=128, synthetic_rows=100), 1),
     ("checkpoint_every_n_steps", "--save_checkpoint_path", dict(checkpoint_every_n_steps=100), 1),
     ("restore_checkpoint_path", "--mode=eval", dict(mode="eval"), 1),
-    ("dataset_path", "--dataset_type=synthetic", dict(dataset_path="/data/criteo"), 1),
+    ("dataset_path", "--dataset_type=split_binary", dict(dataset_path="/data/criteo"), 1),
+    ("dataset_path", "--dataset_type=split_binary needs", dict(dataset_type="split_binary"), 1),
+    ("feature_spec", "--dataset_type=split_binary", dict(feature_spec="/data/criteo/feature_spec.yaml"), 1),
+    ("eval_mapping", "--dataset_type=split_binary", dict(eval_mapping="validation"), 1),
+    ("validate_dataset", "--dataset_type=split_binary", dict(validate_dataset=True), 1),
+    ("multi_hot_combiner", "--dataset_type=split_binary", dict(multi_hot_combiner="mean"), 1),
 ]
 
 
@@ -245,6 +252,11 @@ NOT_APPLYING = {
     "print_freq": [(dict(mode="inference"), 10), (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), 10)],
     "valid_batch_size": [(dict(mode="inference"), 4096)],
     "synthetic_eval_rows": [(dict(mode="inference"), 4096)],
+    "train_mapping": [(dict(mode="inference"), "train2"), (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), "t")],
+    "shuffle_batch_order": [(dict(mode="inference"), False),
+                            (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), False)],
+    "train_last_partial_batch": [(dict(mode="inference"), True),
+                                 (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), True)],
 }
 NOT_APPLYING_CASES = [(name, setting, value) for name, cases in NOT_APPLYING.items() for setting, value in cases]
 
@@ -279,13 +291,15 @@ def test_flag_set_where_it_does_not_apply_is_rejected(name, setting, value):
     ("valid_batch_size", dict(mode="train")), ("valid_batch_size", dict(mode="eval", restore_checkpoint_path="/t")),
     ("synthetic_eval_rows", dict(mode="train")),
     ("synthetic_eval_rows", dict(mode="eval", restore_checkpoint_path="/t")),
+    ("shuffle_batch_order", dict(mode="train")), ("train_last_partial_batch", dict(mode="train")),
 ])
 def test_flag_set_where_it_applies_is_accepted(name, setting):
     value = {"beta1": 0.5, "beta2": 0.99, "num_cross_layers": 2, "cross_layer_projection_dim": 16, "epochs": 2,
              "max_steps": 10, "evals_per_epoch": 2, "save_checkpoint_path": "/tmp/ck", "synthetic_rows": 2 ** 20,
              "inference_batch_sizes": ["1", "2"], "inference_steps": 7, "batch_size": 4096, "learning_rate": 0.5,
              "warmup_steps": 10, "decay_steps": 10, "decay_start_step": 60000, "print_freq": 10,
-             "valid_batch_size": 4096, "synthetic_eval_rows": 4096}[name]
+             "valid_batch_size": 4096, "synthetic_eval_rows": 4096, "shuffle_batch_order": False,
+             "train_last_partial_batch": True}[name]
     cfg = build(**dict(setting, **{name: value}))
     expected = [int(x) for x in value] if isinstance(value, list) else value
     assert getattr(cfg, name) == expected

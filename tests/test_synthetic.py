@@ -46,8 +46,8 @@ def test_labels_follow_the_oracle():
 def test_train_stream_is_a_reproducible_permutation_per_epoch():
     order = epoch_order(1, 0, 10)
     assert sorted(order) == list(range(10)) and not np.array_equal(order, epoch_order(1, 1, 10))
-    full = list(train_batches(DATA, 4, 10, 1, 0, 25, ONE))
-    resumed = list(train_batches(DATA, 4, 10, 1, 13, 25, ONE))
+    full = list(train_batches(DATA, 40, 4, 1, 0, 25, ONE))
+    resumed = list(train_batches(DATA, 40, 4, 1, 13, 25, ONE))
     assert len(resumed) == 12
     for a, b in zip(full[13:], resumed):
         np.testing.assert_array_equal(a["oracle_logits"], b["oracle_logits"])

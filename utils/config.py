@@ -5,6 +5,7 @@ rules can be tested without a model. Every rule raises `ConfigError` with one li
 the offending flag(s).
 """
 import dataclasses
+import os
 from typing import List, Optional, Sequence, Set
 
 
@@ -15,7 +16,8 @@ class ConfigError(ValueError):
 MODES = ("train", "eval", "inference")
 OPTIMIZERS = ("sgd", "adagrad", "adam")
 INTERACTIONS = ("dot", "dot_custom", "cross")   # dot_custom: dot, forcing the custom op
-DATASET_TYPES = ("synthetic",)
+DATASET_TYPES = ("split_binary", "synthetic")
+COMBINERS = ("sum", "mean")
 DIST_STRATEGIES = ("basic", "memory_balanced", "memory_optimized")   # as parallel_embedding.planner
 
 
@@ -62,18 +64,48 @@ class RunConfig:
     row_slice_threshold: Optional[int]
     data_parallel_threshold: Optional[int]
     data_parallel_input: bool
+    feature_spec: str = ""
+    train_mapping: str = "train"
+    eval_mapping: str = "test"
+    validate_dataset: bool = False
+    shuffle_batch_order: bool = True
+    train_last_partial_batch: bool = False
+    multi_hot_combiner: Optional[str] = None
+    dataset: Optional["DatasetShape"] = None   # derived: the synthetic flags' or the feature spec's
 
     @property
     def num_categorical(self) -> int:
-        return len(self.synthetic_cardinalities)
+        return len(self.dataset.cardinalities)
 
     @property
     def cardinalities(self) -> List[int]:
-        return list(self.synthetic_cardinalities)
+        return list(self.dataset.cardinalities)
 
     @property
     def num_numerical(self) -> int:
-        return self.synthetic_num_numerical
+        return self.dataset.num_numerical
+
+    @property
+    def max_hotness(self) -> List[Optional[int]]:
+        return list(self.dataset.max_hotness)
+
+    @property
+    def combiners(self) -> List[str]:
+        """Per table: the --multi_hot_combiner for multi-hot features (default sum), sum otherwise."""
+        return [(self.multi_hot_combiner or "sum") if h else "sum" for h in self.dataset.max_hotness]
+
+    @property
+    def feature_spec_path(self) -> str:
+        return self.feature_spec or os.path.join(self.dataset_path, "feature_spec.yaml")
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetShape:
+    """What the model needs to know of the data: per categorical feature its cardinality and
+    max_hotness (None: one-hot), and the number of numerical features."""
+    cardinalities: List[int]
+    num_numerical: int
+    max_hotness: List[Optional[int]]
 
 
 # Flags that only mean something in some settings: name -> (predicate on config, where they apply).
@@ -92,6 +124,14 @@ _APPLIES_ONLY = {
     "decay_start_step": _DECAYING,
     **dict.fromkeys(("inference_batch_sizes", "inference_steps"), _INFERENCE),
     **dict.fromkeys(("valid_batch_size", "synthetic_eval_rows"), _EVALUATING),
+    **dict.fromkeys(("train_mapping", "shuffle_batch_order", "train_last_partial_batch"), _TRAIN),
+}
+# Flags read by one dataset type only.
+_DATASET_ONLY = {
+    **dict.fromkeys(("synthetic_cardinalities", "synthetic_num_numerical", "synthetic_rows", "synthetic_eval_rows",
+                     "synthetic_alpha"), "synthetic"),
+    **dict.fromkeys(("dataset_path", "feature_spec", "train_mapping", "eval_mapping", "validate_dataset",
+                     "multi_hot_combiner"), "split_binary"),
 }
 
 
@@ -130,7 +170,12 @@ def build_config(values: dict, present: Optional[Set[str]] = None, world_size: i
                  "inference_batch_sizes"):
         v[name] = parse_int_list(name, v[name])
     cards = v["synthetic_cardinalities"]
-    _positive_list("synthetic_cardinalities", cards)
+    if v["dataset_type"] == "split_binary":
+        v["dataset"] = _spec_shape(v)
+        cards = v["dataset"].cardinalities
+    else:
+        _positive_list("synthetic_cardinalities", cards)
+        v["dataset"] = DatasetShape(list(cards), v["synthetic_num_numerical"], [None] * len(cards))
     dims = v.pop("embedding_dim")
     if len(dims) == 1:
         dims = dims * len(cards)
@@ -143,6 +188,21 @@ def build_config(values: dict, present: Optional[Set[str]] = None, world_size: i
     return cfg
 
 
+def _spec_shape(v: dict) -> DatasetShape:
+    """Reads the feature spec of a split-binary dataset (dataloading.feature_spec.DatasetError,
+    a ConfigError, on any problem) and checks that the mappings the run reads exist."""
+    from dataloading.feature_spec import FeatureSpec
+    if not v["dataset_path"] and not v["feature_spec"]:
+        raise ConfigError("--dataset_type=split_binary needs --dataset_path (a directory with feature_spec.yaml) "
+                          "or --feature_spec; use --dataset_type=synthetic for generated data")
+    spec = FeatureSpec.from_yaml(v["feature_spec"] or os.path.join(v["dataset_path"], "feature_spec.yaml"))
+    for name in ("train_mapping", "eval_mapping") if v["mode"] == "train" else ("eval_mapping",):
+        if v[name] not in spec.source:
+            raise ConfigError(f"--{name}={v[name]}: the feature spec has no such mapping "
+                              f"(it has {', '.join(spec.source)})")
+    return DatasetShape(spec.cardinalities, len(spec.numerical), spec.max_hotness)
+
+
 def _check(c: RunConfig, present: Set[str], world_size: int):
     for name, choices in (("mode", MODES), ("optimizer", OPTIMIZERS), ("interaction", INTERACTIONS),
                           ("dataset_type", DATASET_TYPES), ("dist_strategy", DIST_STRATEGIES)):
@@ -152,6 +212,16 @@ def _check(c: RunConfig, present: Set[str], world_size: int):
         applies, where = _APPLIES_ONLY[name]
         if not applies(c):
             raise ConfigError(f"--{name} only applies with {where}; remove it or change that flag")
+    for name in sorted(present & set(_DATASET_ONLY)):
+        if c.dataset_type != _DATASET_ONLY[name]:
+            raise ConfigError(f"--{name} only applies with --dataset_type={_DATASET_ONLY[name]}; remove it or change "
+                              "that flag")
+    if c.multi_hot_combiner is not None:
+        if c.multi_hot_combiner not in COMBINERS:
+            raise ConfigError(f"--multi_hot_combiner must be one of {', '.join(COMBINERS)}; got {c.multi_hot_combiner!r}")
+        if not any(c.max_hotness):
+            raise ConfigError("--multi_hot_combiner only applies to multi-hot features (max_hotness in the feature "
+                              "spec); this dataset has none")
     for name in ("batch_size", "valid_batch_size", "epochs", "learning_rate", "print_freq",
                  "synthetic_rows", "synthetic_eval_rows", "synthetic_num_numerical", "inference_steps"):
         _positive(name, getattr(c, name))
@@ -195,12 +265,9 @@ def _check(c: RunConfig, present: Set[str], world_size: int):
             if size % world_size:
                 raise ConfigError(f"--inference_batch_sizes entry {size} must be divisible by the number of "
                                   f"ranks ({world_size})")
-    if c.mode == "train" and c.synthetic_rows < c.batch_size:
+    if c.mode == "train" and c.dataset_type == "synthetic" and c.synthetic_rows < c.batch_size:
         raise ConfigError(f"--synthetic_rows ({c.synthetic_rows}) is smaller than one --batch_size ({c.batch_size})")
     if c.checkpoint_every_n_steps and not c.save_checkpoint_path:
         raise ConfigError("--checkpoint_every_n_steps needs --save_checkpoint_path")
     if c.mode == "eval" and not c.restore_checkpoint_path:
         raise ConfigError("--mode=eval needs --restore_checkpoint_path (a trained model to evaluate)")
-    if c.dataset_path and c.dataset_type == "synthetic":
-        raise ConfigError("--dataset_path is read only by file datasets; --dataset_type=synthetic "
-                          "generates its data from the --synthetic_* flags")

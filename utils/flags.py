@@ -4,7 +4,7 @@ Defaults are DLRM's; `dcnv2.py` overrides the model defaults with `set_defaults`
 """
 from absl import flags
 
-from utils.config import (DATASET_TYPES, DIST_STRATEGIES, INTERACTIONS, MODES, OPTIMIZERS, RunConfig,
+from utils.config import (COMBINERS, DATASET_TYPES, DIST_STRATEGIES, INTERACTIONS, MODES, OPTIMIZERS, RunConfig,
                           build_config)
 
 FLAGS = flags.FLAGS
@@ -40,8 +40,20 @@ flags.DEFINE_string("log_path", "", "JSON-lines log file; TensorBoard scalars go
 flags.DEFINE_string("save_checkpoint_path", "", "directory for checkpoints (written at the end of training)")
 flags.DEFINE_string("restore_checkpoint_path", "", "checkpoint directory to resume or evaluate from")
 flags.DEFINE_integer("checkpoint_every_n_steps", 0, "also checkpoint every this many steps (0: only at the end)")
-flags.DEFINE_string("dataset_path", "", "dataset directory (file datasets)")
-flags.DEFINE_enum("dataset_type", "synthetic", list(DATASET_TYPES), "synthetic: generated on the fly")
+flags.DEFINE_enum("dataset_type", "synthetic", list(DATASET_TYPES), "split_binary: files described by a feature "
+                  "spec (see docs/datasets.md); synthetic: generated on the fly from the --synthetic_* flags")
+flags.DEFINE_string("dataset_path", "", "split-binary dataset directory (holding feature_spec.yaml)")
+flags.DEFINE_string("feature_spec", "", "feature spec file (default: <dataset_path>/feature_spec.yaml)")
+flags.DEFINE_string("train_mapping", "train", "the feature spec's source_spec mapping to train on")
+flags.DEFINE_string("eval_mapping", "test", "the feature spec's source_spec mapping to evaluate on")
+flags.DEFINE_bool("validate_dataset", False, "scan every value of the dataset's files before training "
+                  "(ids in range, finite numericals, 0/1 labels, offsets); sizes are always checked")
+flags.DEFINE_bool("shuffle_batch_order", True, "reshuffle the order of the training batches every epoch (from "
+                  "--seed); false: file order")
+flags.DEFINE_bool("train_last_partial_batch", False, "also train on the last, smaller batch of each epoch (its "
+                  "size rounded down to a multiple of the ranks)")
+flags.DEFINE_enum("multi_hot_combiner", None, list(COMBINERS), "how a multi-hot feature's embeddings are combined "
+                  "(default sum); only for datasets with multi-hot features")
 flags.DEFINE_list("synthetic_cardinalities",
                   ["100000", "50000", "20000", "10000", "5000", "3000", "2000", "1000", "500", "300",
                    "200", "100", "100000", "50000", "20000", "10000", "1000", "500", "100", "50",
@@ -76,7 +88,7 @@ def set_defaults(**defaults):
 
 def config_from_flags(world_size: int = 1) -> RunConfig:
     """Builds the validated RunConfig from the parsed flags."""
-    names = [f.name for f in RunConfig.__dataclass_fields__.values() if f.name != "embedding_dims"]
+    names = [f.name for f in RunConfig.__dataclass_fields__.values() if f.name not in ("embedding_dims", "dataset")]
     names.append("embedding_dim")
     values = {n: FLAGS[n].value for n in names}
     present = {n for n in names if FLAGS[n].present}
