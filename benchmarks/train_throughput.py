@@ -61,8 +61,10 @@ def measure(args):
     cards, dims = w["cardinalities"], [w["embedding_dim"]] * len(w["cardinalities"])
     comm = make_collectives()
     plan = plan_tables(cards, dims, comm.size)
+    if not args.dot_op:   # as on a machine without the op library: DotInteraction's TensorFlow path
+        sys.modules["dot_based_interact"] = None
     model = RankingModel(cards, dims, w["num_dense"], w["bottom_mlp"], w["top_mlp"],
-                         interaction="cross" if w["model"] == "dcnv2" else "dot",
+                         interaction="cross" if w["model"] == "dcnv2" else "dot_custom" if args.dot_op else "dot",
                          num_cross_layers=w.get("cross_layers", 0),
                          cross_layer_projection_dim=w.get("cross_projection_dim", 0), seed=w["seed"],
                          compute_dtype=amp_dtype() if args.amp else tf.float32, plan=plan, collectives=comm)
@@ -92,7 +94,7 @@ def measure(args):
     onednn = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default")
     dense_elements = sum(int(v.shape.num_elements()) for v in model.dense_variables)
     return {"impl": "ours" + ("-xla" if args.xla else "") + ("-amp" if args.amp else ""), "workload": args.workload, "onednn": onednn,
-            "ranks": comm.size, "threads": args.threads, "batch": batch, "timed_steps": len(times),
+            "ranks": comm.size, "threads": args.threads, "dot_op": args.dot_op, "batch": batch, "timed_steps": len(times),
             "samples_per_s": round(sps, 1),
             "alltoall_bytes_per_step": alltoall_bytes(plan, batch),
             "allreduce_bytes_per_step": 4 * dense_elements * 2 * (comm.size - 1) // comm.size,
@@ -176,6 +178,8 @@ def main():
     ap.add_argument("--xla", type=int, choices=[0, 1], default=0)
     ap.add_argument("--amp", type=int, choices=[0, 1], default=0, help="mixed precision (bfloat16 on CPU)")
     ap.add_argument("--onednn", type=int, choices=[0, 1], default=None, help="TF_ENABLE_ONEDNN_OPTS (default: TF's choice)")
+    ap.add_argument("--dot_op", type=int, choices=[0, 1], default=1, help="DLRM: the dot-interaction op (1) or "
+                    "TensorFlow's implementation (0)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup", type=int)
     ap.add_argument("--timed", type=int)
