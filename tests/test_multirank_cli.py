@@ -1,0 +1,143 @@
+"""The command line at 2 and 3 Gloo ranks: training equals one process on the same global
+batches (per-step loss and the final evaluation); a checkpoint written at 2 ranks resumes at 1
+and at 3 ranks exactly as an uninterrupted run; a rank that dies or hangs ends the run with one
+error line within a bounded time, leaving the last checkpoint usable; a global batch that does
+not divide over the ranks is refused."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.horovod_run import ROOT, Ranks, horovodrun
+
+MODEL = ["--synthetic_cardinalities=300,50,7,30,90", "--synthetic_num_numerical=3", "--embedding_dim=8",
+         "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1", "--optimizer=adam", "--seed=7"]
+# 12 steps of 96 (divisible by 2 and 3), the schedule's warm-up and decay inside them.
+DATA = ["--learning_rate=0.01", "--batch_size=96", "--valid_batch_size=300", "--synthetic_rows=1152",
+        "--synthetic_eval_rows=500", "--warmup_steps=2", "--decay_start_step=8", "--decay_steps=4",
+        "--print_freq=1", "--evals_per_epoch=1"]
+# Table 0 (2,400 elements) row-sliced over the ranks, table 2 (56) replicated on every rank.
+PLACEMENT = ["--row_slice_threshold=2000", "--data_parallel_threshold=60"]
+STEPS = 12
+
+
+def one_process(*args, timeout=300):
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+
+
+def succeeded(result):
+    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
+def records(log_path):
+    """{"step": {step: loss}, "eval": the last evaluation record}."""
+    with open(log_path) as f:
+        lines = [json.loads(line) for line in f]
+    return {"step": {r["step"]: r["loss"] for r in lines if r["kind"] == "step"},
+            "eval": [r for r in lines if r["kind"] == "eval"][-1]}
+
+
+def assert_same_losses(got, want, steps):
+    for s in steps:
+        assert got["step"][s] == pytest.approx(want["step"][s], rel=1e-5, abs=1e-6), s
+
+
+def assert_same_run(got, want, steps):
+    """Same losses at `steps`, same final evaluation."""
+    assert_same_losses(got, want, steps)
+    for metric in ("auc", "logloss"):
+        assert got["eval"][metric] == pytest.approx(want["eval"][metric], rel=1e-5, abs=1e-6), metric
+    assert got["eval"]["samples"] == want["eval"]["samples"]
+
+
+@pytest.fixture(scope="module")
+def dlrm_one_process(tmp_path_factory):
+    """The uninterrupted single-process DLRM run: its log records."""
+    log = tmp_path_factory.mktemp("one") / "log.json"
+    succeeded(one_process("dlrm.py", *MODEL, *DATA, *PLACEMENT, f"--log_path={log}"))
+    return records(log)
+
+
+def test_dlrm_two_ranks_then_resumed_at_one_and_three_ranks(tmp_path, dlrm_one_process):
+    ckpt = tmp_path / "ckpt"
+    first = succeeded(horovodrun(2, ["dlrm.py", *MODEL, *DATA, *PLACEMENT, "--max_steps=6",
+                                     f"--save_checkpoint_path={ckpt}", f"--log_path={tmp_path / 'two.json'}"]))
+    assert_same_losses(records(tmp_path / "two.json"), dlrm_one_process, range(1, 7))
+    # Rank 0 alone prints the plan: table 0 in row slices on both ranks, table 2 on every rank.
+    lines = first.stdout.splitlines()
+    assert any(" 0  row " in line for line in lines) and any(" 2  replicated " in line for line in lines), first.stdout
+    assert first.stdout.count("embedding plan:") == 1
+
+    resumed_one = tmp_path / "one.json"
+    succeeded(one_process("dlrm.py", *MODEL, *DATA, *PLACEMENT, f"--restore_checkpoint_path={ckpt}",
+                          f"--log_path={resumed_one}"))
+    assert_same_run(records(resumed_one), dlrm_one_process, range(7, STEPS + 1))
+
+    resumed_three = tmp_path / "three.json"
+    out = succeeded(horovodrun(3, ["dlrm.py", *MODEL, *DATA, *PLACEMENT, f"--restore_checkpoint_path={ckpt}",
+                                   f"--log_path={resumed_three}"]))
+    assert "written at 2 rank(s)" in out.stdout
+    assert_same_run(records(resumed_three), dlrm_one_process, range(7, STEPS + 1))
+
+
+def test_dcnv2_data_parallel_input_two_ranks_matches_one_process(tmp_path):
+    args = ["dcnv2.py", *MODEL, *DATA, "--num_cross_layers=2", "--cross_layer_projection_dim=4",
+            "--data_parallel_input", "--dist_strategy=memory_optimized"]
+    succeeded(one_process(*args, f"--log_path={tmp_path / 'one.json'}"))
+    succeeded(horovodrun(2, [*args, f"--log_path={tmp_path / 'two.json'}"]))
+    assert_same_run(records(tmp_path / "two.json"), records(tmp_path / "one.json"), range(1, STEPS + 1))
+
+
+def test_batch_not_divisible_by_the_ranks_is_refused():
+    out = horovodrun(2, ["dlrm.py", *MODEL, *DATA, "--batch_size=95"])
+    assert out.returncode != 0
+    assert "error: --batch_size (95) must be divisible by the number of ranks (2)" in out.stderr
+
+
+def wait_for(condition, seconds, what):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("fault", ["killed", "hung"])
+def test_lost_rank_ends_the_run_and_keeps_the_last_checkpoint(tmp_path, fault):
+    """Rank 1 is killed (its connections close) or stopped (it stays connected but silent, so
+    the other side waits for Gloo's timeout, 5 s here); rank 0 must exit on its own with one
+    error line, and the last checkpoint must restore."""
+    ckpt = tmp_path / "ckpt"
+    ranks = Ranks(2, ["dlrm.py", *MODEL, *DATA, "--synthetic_rows=9600000", "--checkpoint_every_n_steps=10",
+                      f"--save_checkpoint_path={ckpt}"], str(tmp_path), env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "5"})
+    try:
+        wait_for(lambda: (ckpt / "latest").exists() or ranks.processes[0].poll() is not None, 240,
+                 "the first checkpoint")
+        victim = ranks.processes[1]
+        victim.send_signal(signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
+        start = time.monotonic()
+        try:
+            code = ranks.processes[0].wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"rank 0 still running 60 s after rank 1 was {fault}:\n{ranks.output(0)[-2000:]}")
+        elapsed = time.monotonic() - start
+        output = ranks.output(0)
+    finally:
+        ranks.close()
+    assert code == 1, output[-3000:]
+    errors = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith("error: rank 0 of 2: "), output[-3000:]
+    assert "Traceback" not in output
+    if fault == "killed":
+        assert f"rank 1 (process {victim.pid} on this host) has exited" in errors[0]
+    else:
+        assert "another rank died, hung or became unreachable" in errors[0] and elapsed >= 4, (elapsed, errors)
+
+    evaluated = succeeded(one_process("dlrm.py", *MODEL, "--mode=eval", "--synthetic_eval_rows=500",
+                                      f"--restore_checkpoint_path={ckpt}"))
+    assert "restored" in evaluated.stdout and "auc" in evaluated.stdout
