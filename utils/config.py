@@ -165,7 +165,8 @@ def build_config(values: dict, present: Optional[Set[str]] = None, world_size: i
     world_size: number of ranks; the global batch must divide evenly over them.
     """
     present = present or set()
-    v = dict(values)
+    v = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.default is not dataclasses.MISSING}
+    v.update(values)
     for name in ("embedding_dim", "bottom_mlp_dims", "top_mlp_dims", "synthetic_cardinalities",
                  "inference_batch_sizes"):
         v[name] = parse_int_list(name, v[name])

@@ -1,0 +1,144 @@
+"""Training and evaluation on split-binary files through the command line (main.run in process,
+dlrm.py and one horovodrun -np 2 as subprocesses)."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import main
+from dataloading.feature_spec import SPEC_FILE, split_binary_spec
+from dataloading.generate_dataset import generate
+from nn.checkpoint import CheckpointError
+from tests.configs import TINY
+from tests.horovod_run import ROOT, horovodrun
+from utils.config import ConfigError, build_config
+
+CARDS = [20, 50, 7, 30]
+ROWS, EVAL_ROWS, BATCH = 128 * 12, 500, 128
+
+
+def write_dataset(path, max_hotness=None, numerical_dtype="float32"):
+    """TINY's synthetic data (seed 5) as files: train 12 batches, test 500 rows."""
+    spec = split_binary_spec([f"n{k}" for k in range(3)], {f"c{k}": c for k, c in enumerate(CARDS)},
+                             max_hotness=max_hotness, numerical_dtype=numerical_dtype, base_dir=str(path))
+    generate(spec, ROWS, EVAL_ROWS, seed=TINY["seed"], alpha=TINY["synthetic_alpha"])
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def one_hot(tmp_path_factory):
+    return write_dataset(tmp_path_factory.mktemp("one_hot"))
+
+
+@pytest.fixture(scope="module")
+def multi_hot(tmp_path_factory):
+    return write_dataset(tmp_path_factory.mktemp("multi_hot"), {"c0": 3, "c3": 2}, numerical_dtype="float16")
+
+
+def file_config(path, **overrides):
+    values = dict(TINY, dataset_type="split_binary", dataset_path=path, warmup_steps=3, decay_start_step=6,
+                  decay_steps=6)
+    return build_config(dict(values, **overrides), present={"dataset_type", "dataset_path", *overrides})
+
+
+def test_files_train_exactly_like_the_synthetic_data_they_hold(one_hot):
+    """generate_dataset.py with float32 numericals materialises SyntheticDataset: same run."""
+    synthetic = main.run(build_config(dict(TINY, warmup_steps=3, decay_start_step=6, decay_steps=6,
+                                           synthetic_rows=ROWS, synthetic_eval_rows=EVAL_ROWS), present=set()))
+    files = main.run(file_config(one_hot))
+    assert files["steps"] == synthetic["steps"] == 12 and files["samples"] == synthetic["samples"] == EVAL_ROWS
+    assert files["auc"] == synthetic["auc"] and files["logloss"] == synthetic["logloss"]
+    assert "oracle_auc" not in files
+
+
+def test_batch_order_flags(one_hot):
+    base = main.run(file_config(one_hot))
+    unshuffled = main.run(file_config(one_hot, shuffle_batch_order=False))
+    assert unshuffled["logloss"] != base["logloss"]
+    assert main.run(file_config(one_hot, shuffle_batch_order=False))["logloss"] == unshuffled["logloss"]
+    partial = main.run(file_config(one_hot, batch_size=100, train_last_partial_batch=True))
+    assert partial["steps"] == 16 and main.run(file_config(one_hot, batch_size=100))["steps"] == 15
+
+
+def test_eval_mapping_and_last_partial_batch(one_hot):
+    for valid_batch_size in (500, 128, 333):
+        assert main.run(file_config(one_hot, max_steps=2, valid_batch_size=valid_batch_size))["samples"] == 500
+    with pytest.raises(ConfigError, match="--eval_mapping=validation: the feature spec has no such mapping"):
+        file_config(one_hot, eval_mapping="validation")
+    trained = main.run(file_config(one_hot, max_steps=2, train_mapping="test", eval_mapping="train"))
+    assert trained["samples"] == ROWS
+
+
+def test_checkpoint_refuses_another_dataset(one_hot, multi_hot, tmp_path):
+    ck = str(tmp_path / "ck")
+    main.run(file_config(one_hot, max_steps=2, save_checkpoint_path=ck))
+    assert main.run(file_config(one_hot, mode="eval", restore_checkpoint_path=ck))["samples"] == EVAL_ROWS
+    with pytest.raises(CheckpointError, match=r"written with max_hotness=\[None, None, None, None\], this run has "
+                                              r"max_hotness=\[3, None, None, 2\]"):
+        main.run(file_config(multi_hot, mode="eval", restore_checkpoint_path=ck))
+
+
+def test_multi_hot_combiner_changes_training(multi_hot, one_hot):
+    summed = main.run(file_config(multi_hot))
+    assert summed["steps"] == 12 and np.isfinite(summed["logloss"])
+    assert main.run(file_config(multi_hot, multi_hot_combiner="sum"))["logloss"] == summed["logloss"]
+    assert main.run(file_config(multi_hot, multi_hot_combiner="mean"))["logloss"] != summed["logloss"]
+    with pytest.raises(ConfigError, match="--multi_hot_combiner only applies to multi-hot features"):
+        file_config(one_hot, multi_hot_combiner="mean")
+
+
+def dlrm(*args):
+    return subprocess.run([sys.executable, "dlrm.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+
+
+MODEL = ["--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1", "--optimizer=adam",
+         "--learning_rate=0.01", "--warmup_steps=2", "--decay_start_step=8", "--decay_steps=4", "--batch_size=128",
+         "--valid_batch_size=300", "--seed=7", "--print_freq=1"]
+
+
+def final(log_path):
+    with open(log_path) as f:
+        records = [json.loads(line) for line in f]
+    return {r["step"]: r["loss"] for r in records if r["kind"] == "step"}, records[-1]
+
+
+def test_dlrm_trains_on_split_binary_and_two_ranks_match_one(multi_hot, tmp_path):
+    """dlrm.py end to end on a multi-hot dataset, and the same run as 2 Gloo ranks (tables split
+    over them, each rank reading its tables' ids for the global batch): same losses and metrics."""
+    args = ["--dataset_type=split_binary", f"--dataset_path={multi_hot}", "--validate_dataset", *MODEL]
+    one = dlrm(*args, f"--log_path={tmp_path / 'one.json'}")
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert "validated every value" in one.stdout and re.search(r"eval at step 12: auc 0\.\d+ \| logloss", one.stdout)
+    two = horovodrun(2, ["dlrm.py", *args, f"--log_path={tmp_path / 'two.json'}"],
+                     timeout=300)
+    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
+    (losses1, end1), (losses2, end2) = final(tmp_path / "one.json"), final(tmp_path / "two.json")
+    assert sorted(losses1) == list(range(1, 13)) and sorted(losses2) == list(range(1, 13))
+    for step in losses1:
+        assert losses2[step] == pytest.approx(losses1[step], rel=1e-5)
+    assert end2["auc"] == pytest.approx(end1["auc"], abs=1e-5) and end2["samples"] == end1["samples"] == EVAL_ROWS
+
+
+def test_dlrm_reports_a_bad_dataset_in_one_line(multi_hot, tmp_path):
+    bad = tmp_path / "bad"
+    os.makedirs(bad / "train")
+    os.makedirs(bad / "test")
+    for f in os.listdir(os.path.join(multi_hot, "train")) + [SPEC_FILE]:
+        for sub in ("train", "test") if f != SPEC_FILE else ("",):
+            src = os.path.join(multi_hot, sub, f)
+            open(bad / sub / f, "wb").write(open(src, "rb").read())
+    ids = np.fromfile(bad / "test" / "c2.bin", np.int8)
+    ids[250] = 7   # cardinality 7
+    ids.tofile(bad / "test" / "c2.bin")
+    proc = dlrm("--dataset_type=split_binary", f"--dataset_path={bad}", "--validate_dataset", *MODEL)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: {bad}/test/c2.bin: feature 'c2', row 250: ids must be in [0, 7), got 7"), proc.stderr
+    os.remove(bad / "train" / "label.bin")
+    proc = dlrm("--dataset_type=split_binary", f"--dataset_path={bad}", *MODEL)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == f"error: missing file {bad}/train/label.bin"
