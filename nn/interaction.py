@@ -86,7 +86,7 @@ class DotInteraction(tf.Module):
         if not training:
             return self._forward_impl(bottom, embeddings)[0]
         if self._op is not None and not control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
-            return self._op.dot_based_interact(tf.stack([bottom] + embeddings, axis=1))
+            return self._op.dot_based_interact([bottom] + list(embeddings))
 
         @tf.custom_gradient
         def interact(bottom, *embeddings):

@@ -57,12 +57,13 @@ def assert_close(got, want, scale, tol):
 
 
 def run_op(x, g):
-    """Forward and gradient of the op for input x and output gradient g."""
-    x = tf.constant(x)
+    """Forward and gradient of the op (given the N vectors as a list) for x [B, N, D] and output
+    gradient g; the gradient stacked back to [B, N, D]."""
+    vectors = tf.unstack(tf.constant(x), axis=1)
     with tf.GradientTape() as tape:
-        tape.watch(x)
-        out = dot_based_interact.dot_based_interact(x)
-    return out, tape.gradient(out, x, output_gradients=tf.constant(g))
+        tape.watch(vectors)
+        out = dot_based_interact.dot_based_interact(vectors)
+    return out, tf.stack(tape.gradient(out, vectors, output_gradients=tf.constant(g)), 1)
 
 
 def run_tf(x, g):
@@ -110,14 +111,56 @@ def test_gradient_matches_numerical(shape):
     np.testing.assert_allclose(theoretical[0], numerical[0], rtol=1e-3, atol=1e-3)
 
 
+def test_stacked_input_equals_the_list():
+    x = tf.constant(np.random.default_rng(5).standard_normal((6, 9, 16)), tf.float32)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        out = dot_based_interact.dot_based_interact(x)
+    grad = tape.gradient(out, x)
+    want, want_grad = run_op(x.numpy(), np.ones(out.shape, np.float32))
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(grad, want_grad)
+
+
 def test_static_shape_and_invalid_input():
     fn = tf.function(dot_based_interact.dot_based_interact).get_concrete_function(
         tf.TensorSpec([None, 27, 16], tf.float32))
     assert fn.output_shapes.as_list() == [None, 368]
-    with pytest.raises((ValueError, tf.errors.InvalidArgumentError)):
+    fn = tf.function(lambda *v: dot_based_interact.dot_based_interact(list(v))).get_concrete_function(
+        *[tf.TensorSpec([None, 16], tf.float32)] * 27)
+    assert fn.output_shapes.as_list() == [None, 368]
+    with pytest.raises(ValueError, match="expected a list"):
         dot_based_interact.dot_based_interact(tf.zeros([4, 16]))
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError)):
+        dot_based_interact.dot_based_interact([tf.zeros([4, 16]), tf.zeros([4, 8])])
     with pytest.raises(tf.errors.InvalidArgumentError, match="grad must be"):
-        dot_based_interact.load().dot_based_interact_grad(tf.zeros([2, 3, 4]), tf.zeros([2, 9]))
+        dot_based_interact.load().dot_based_interact_grad([tf.zeros([2, 4])] * 3, tf.zeros([2, 9]))
+
+
+ISA_CHECK = """
+import sys
+import numpy as np
+import tensorflow as tf
+sys.path.insert(0, sys.argv[1])
+from tests.test_dot_interact_op import SHAPES, assert_close, numpy_backward, numpy_forward, run_op
+for batch, n, dim in SHAPES[:6]:
+    rng = np.random.default_rng(n + dim)
+    x = rng.standard_normal((batch, n, dim))
+    g = rng.standard_normal((batch, -(-(dim + n * (n - 1) // 2) // 8) * 8))
+    out, grad = run_op(x.astype(np.float32), g.astype(np.float32))
+    assert_close(out, *numpy_forward(x), 1e-5)
+    assert_close(grad, *numpy_backward(x, g), 1e-5)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("isa", ["avx2", "portable"])
+def test_other_instruction_sets(isa):
+    """The kernels this CPU would not pick (DOT_INTERACT_ISA chooses them; a CPU without AVX2
+    runs the portable ones either way)."""
+    p = subprocess.run([sys.executable, "-c", ISA_CHECK, ROOT], cwd=ROOT, capture_output=True, text=True,
+                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", DOT_INTERACT_ISA=isa))
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
 
 
 @pytest.fixture

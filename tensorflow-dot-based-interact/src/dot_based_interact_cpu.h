@@ -1,128 +1,211 @@
-// DLRM's dot interaction on the CPU, one sample at a time, free of TensorFlow.
+// DLRM's dot interaction on the CPU, free of TensorFlow.
 //
-// A sample is T [N, D] (N = F + 1 vectors: the bottom-MLP output, then the F embeddings).
-// Forward:  out [W] = T[0, :], then dot(T[i], T[j]) for i > j in row-major order
-//           ((1,0), (2,0), (2,1), ...), then zeros; W = round_up_8(D + N(N-1)/2).
-// Backward: dT = S T, with S the symmetric N x N matrix of the pairs' gradients (zero
-//           diagonal), plus the output gradient's first D columns on row 0.
-// Both accumulate in float32 whatever the storage type (float, bfloat16, half).
+// The input is n vectors of [batch, d] (the bottom-MLP output, then the F embeddings); sample b
+// is T [n, d], row i = vectors[i][b].
+// Forward:  out [b, W] = T[0, :], then dot(T[i], T[j]) for i > j in row-major order
+//           ((1,0), (2,0), (2,1), ...), then zeros; W = OutputWidth(n, d).
+// Backward: dT = S T, with S the symmetric n x n matrix of the pairs' gradients (zero
+//           diagonal), plus the output gradient's first d columns on row 0; dT[i] goes to
+//           grads[i][b].
+// Both accumulate in float32 whatever the storage type (float, bfloat16, half). The
+// micro-kernels (dot_based_interact_cpu_kernels.inc) are compiled for AVX-512, AVX2+FMA and
+// plain C++; the best one this CPU runs is picked once.
 #ifndef DOT_BASED_INTERACT_CPU_H_
 #define DOT_BASED_INTERACT_CPU_H_
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dot_based_interact_shape.h"
 
-namespace dot_interact {
-
-// Width of a register block: one AVX-512 or two AVX2 float registers.
-constexpr int kLanes = 16;
-// Floats of a [depth x padded N] slab of the transposed sample kept in L1 while its rows are used.
-constexpr int kL1Floats = 8192;
-
-
-// The target clones compile each micro-kernel for AVX-512, AVX2+FMA and plain x86-64; the
-// loader picks the best one this CPU runs.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define DOT_INTERACT_MULTIVERSION __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
-#else
-#define DOT_INTERACT_MULTIVERSION
+#define DOT_INTERACT_X86 1
+#include <immintrin.h>
 #endif
 
-// gram [n, np] += the lower triangle (and some of the diagonal block) of cols^T cols, where
-// cols [d, np] is the sample transposed, zero-padded to np = RoundUp(n, kLanes) columns.
-// Blocked: a 16-column block of cols, `depth` rows deep, stays in L1 while every row i uses it;
-// each (i, block) accumulates in registers.
-DOT_INTERACT_MULTIVERSION
-inline void GramLower(const float* __restrict cols, int n, int np, int d, float* __restrict gram) {
-  const int depth = std::max(kLanes, kL1Floats / np);
-  for (int jb = 0; jb < n - 1; jb += kLanes) {
-    for (int k0 = 0; k0 < d; k0 += depth) {
-      const int k1 = std::min(d, k0 + depth);
-      for (int i = jb + 1; i < n; ++i) {
-        float acc[kLanes];
-        float* g = gram + static_cast<int64_t>(i) * np + jb;
-        for (int l = 0; l < kLanes; ++l) acc[l] = g[l];
-        for (int k = k0; k < k1; ++k) {
-          const float* c = cols + static_cast<int64_t>(k) * np;
-          const float a = c[i];
-          for (int l = 0; l < kLanes; ++l) acc[l] += a * c[jb + l];
-        }
-        for (int l = 0; l < kLanes; ++l) g[l] = acc[l];
-      }
-    }
-  }
-}
+namespace dot_interact {
 
-// out [n, dp] = s [n, n] rows [n, dp], 16 columns at a time: the rows' 16-column slab and s
-// stay in L1, each (i, slab) accumulates in registers.
-DOT_INTERACT_MULTIVERSION
-inline void SymmetricTimesRows(const float* __restrict s, const float* __restrict rows, int n, int dp,
-                               float* __restrict out) {
-  for (int k0 = 0; k0 < dp; k0 += kLanes) {
-    for (int i = 0; i < n; ++i) {
-      float acc[kLanes] = {};
-      const float* si = s + static_cast<int64_t>(i) * n;
-      for (int j = 0; j < n; ++j) {
-        const float* r = rows + static_cast<int64_t>(j) * dp + k0;
-        const float sij = si[j];
-        for (int l = 0; l < kLanes; ++l) acc[l] += sij * r[l];
-      }
-      float* o = out + static_cast<int64_t>(i) * dp + k0;
-      for (int l = 0; l < kLanes; ++l) o[l] = acc[l];
-    }
-  }
-}
-
-// One thread's working buffers, reused across its samples.
-struct Scratch {
-  std::vector<float> a;  // forward: the sample transposed [D, Np]; backward: the sample [N, Dp]
-  std::vector<float> b;  // forward: Gram rows [N, Np]; backward: dT [N, Dp]
-  std::vector<float> s;  // backward: the symmetric pair-gradient matrix [N, N]
+// One instruction set's kernels.
+struct Kernels {
+  int width;   // floats per vector: rows are padded to a multiple of it
+  void (*gram)(const float* const* rows, int n, int dp, float* pairs);
+  void (*symmetric)(const float* s, const float* const* rows, int n, int dp, float* const* outs);
 };
 
-// in [n, d] -> out [OutputWidth(n, d)].
-template <typename T>
-void ForwardSample(const T* in, T* out, int n, int d, Scratch& scratch) {
-  const int np = static_cast<int>(RoundUp(n, kLanes));
-  scratch.a.assign(static_cast<size_t>(d) * np, 0.0f);
-  scratch.b.assign(static_cast<size_t>(n) * np, 0.0f);
-  float* cols = scratch.a.data();
-  for (int i = 0; i < n; ++i)
-    for (int k = 0; k < d; ++k) cols[static_cast<int64_t>(k) * np + i] = static_cast<float>(in[i * d + k]);
-  GramLower(cols, n, np, d, scratch.b.data());
-  std::copy(in, in + d, out);
-  T* pairs = out + d;
-  for (int i = 1; i < n; ++i) {
-    const float* g = scratch.b.data() + static_cast<int64_t>(i) * np;
-    for (int j = 0; j < i; ++j) *pairs++ = static_cast<T>(g[j]);
+namespace portable {
+// One float per "vector": correct everywhere, not fast.
+struct Vec {
+  static constexpr int W = 1, kWideRows = 4, kWideChunks = 4, kNarrowRows = 4;
+  using V = float;
+  static V Zero() { return 0.0f; }
+  static V Load(const float* p) { return *p; }
+  static void Store(float* p, V v) { *p = v; }
+  static V Broadcast(float x) { return x; }
+  static V Fma(V a, V b, V c) { return a * b + c; }
+  static constexpr int Slot(int l) { return l; }
+  static V Reduce(const V* acc) { return acc[0]; }
+};
+#include "dot_based_interact_cpu_kernels.inc"
+}  // namespace portable
+
+#ifdef DOT_INTERACT_X86
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+struct Vec {
+  static constexpr int W = 8, kWideRows = 4, kWideChunks = 2, kNarrowRows = 8;
+  using V = __m256;
+  static V Zero() { return _mm256_setzero_ps(); }
+  static V Load(const float* p) { return _mm256_loadu_ps(p); }
+  static void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V Broadcast(float x) { return _mm256_set1_ps(x); }
+  static V Fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static constexpr int Slot(int l) { return l; }
+  // Pairwise horizontal adds, then the two 128-bit halves.
+  static V Reduce(const V* p) {
+    const V lo = _mm256_hadd_ps(_mm256_hadd_ps(p[0], p[1]), _mm256_hadd_ps(p[2], p[3]));
+    const V hi = _mm256_hadd_ps(_mm256_hadd_ps(p[4], p[5]), _mm256_hadd_ps(p[6], p[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31));
   }
-  std::fill(pairs, out + OutputWidth(n, d), static_cast<T>(0.0f));
+};
+#include "dot_based_interact_cpu_kernels.inc"
+}  // namespace avx2
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma")
+namespace avx512 {
+struct Vec {
+  static constexpr int W = 16, kWideRows = 4, kWideChunks = 4, kNarrowRows = 9;
+  using V = __m512;
+  static V Zero() { return _mm512_setzero_ps(); }
+  static V Load(const float* p) { return _mm512_loadu_ps(p); }
+  static void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V Broadcast(float x) { return _mm512_set1_ps(x); }
+  static V Fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  // Reduce's lane order: lane l holds accumulator 4 (l % 4) + l / 4.
+  static constexpr int Slot(int l) { return 4 * (l % 4) + l / 4; }
+  // Four levels of (shuffle, shuffle, add), each halving the partial sums per accumulator.
+  static V Reduce(const V* p) {
+    V q[8], r[4], s[2];
+    for (int m = 0; m < 8; ++m)
+      q[m] = _mm512_add_ps(_mm512_shuffle_f32x4(p[2 * m], p[2 * m + 1], 0x44),
+                           _mm512_shuffle_f32x4(p[2 * m], p[2 * m + 1], 0xEE));
+    for (int m = 0; m < 4; ++m)
+      r[m] = _mm512_add_ps(_mm512_shuffle_f32x4(q[2 * m], q[2 * m + 1], 0x88),
+                           _mm512_shuffle_f32x4(q[2 * m], q[2 * m + 1], 0xDD));
+    for (int m = 0; m < 2; ++m)
+      s[m] = _mm512_add_ps(_mm512_shuffle_ps(r[2 * m], r[2 * m + 1], 0x44),
+                           _mm512_shuffle_ps(r[2 * m], r[2 * m + 1], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_ps(s[0], s[1], 0x88), _mm512_shuffle_ps(s[0], s[1], 0xDD));
+  }
+};
+#include "dot_based_interact_cpu_kernels.inc"
+}  // namespace avx512
+#pragma GCC pop_options
+#endif  // DOT_INTERACT_X86
+
+// The fastest kernels this CPU runs, or those of `isa` ("avx512", "avx2", "portable") when the
+// environment variable DOT_INTERACT_ISA names one it runs (for tests and benchmarks).
+inline const Kernels& BestKernels() {
+  static const Kernels best = [] {
+#ifdef DOT_INTERACT_X86
+    const char* want = std::getenv("DOT_INTERACT_ISA");
+    const std::string isa = want ? want : "";
+    const bool avx512 = __builtin_cpu_supports("avx512f"), avx2 = __builtin_cpu_supports("avx2") &&
+                                                                  __builtin_cpu_supports("fma");
+    if (avx512 && (isa.empty() || isa == "avx512")) return avx512::Make();
+    if (avx2 && isa != "portable") return avx2::Make();
+#endif
+    return portable::Make();
+  }();
+  return best;
 }
 
-// in [n, d], grad_out [OutputWidth(n, d)] -> grad_in [n, d].
+// Row pointers of one sample: straight into float tensors whose rows need no padding, else into
+// a zero-padded float copy.
 template <typename T>
-void BackwardSample(const T* in, const T* grad_out, T* grad_in, int n, int d, Scratch& scratch) {
-  const int dp = static_cast<int>(RoundUp(d, kLanes));
-  scratch.a.assign(static_cast<size_t>(n) * dp, 0.0f);
-  scratch.b.resize(static_cast<size_t>(n) * dp);
-  scratch.s.resize(static_cast<size_t>(n) * n);
-  float* rows = scratch.a.data();
-  float* s = scratch.s.data();
-  for (int i = 0; i < n; ++i)
-    for (int k = 0; k < d; ++k) rows[static_cast<int64_t>(i) * dp + k] = static_cast<float>(in[i * d + k]);
-  const T* pair_grad = grad_out + d;
-  for (int i = 0; i < n; ++i) {
-    s[i * n + i] = 0.0f;
-    for (int j = 0; j < i; ++j) s[i * n + j] = s[j * n + i] = static_cast<float>(*pair_grad++);
+class SampleRows {
+ public:
+  SampleRows(int n, int d, int dp) : n_(n), d_(d), dp_(dp), direct_(std::is_same<T, float>::value && d == dp),
+                                     pad_(direct_ ? 0 : static_cast<size_t>(n) * dp, 0.0f), rows_(n) {
+    for (int i = 0; i < n && !direct_; ++i) rows_[i] = pad_.data() + static_cast<size_t>(i) * dp;
   }
-  SymmetricTimesRows(s, rows, n, dp, scratch.b.data());
-  for (int i = 0; i < n; ++i) {
-    const float* o = scratch.b.data() + static_cast<int64_t>(i) * dp;
-    for (int k = 0; k < d; ++k)
-      grad_in[i * d + k] = static_cast<T>(i == 0 ? o[k] + static_cast<float>(grad_out[k]) : o[k]);
+  bool direct() const { return direct_; }
+  // Sample b's rows of vectors[0..n).
+  const float* const* Load(const T* const* vectors, int64_t b) {
+    for (int i = 0; i < n_; ++i) {
+      const T* v = vectors[i] + b * d_;
+      if constexpr (std::is_same<T, float>::value) {
+        if (direct_) {
+          rows_[i] = v;
+          continue;
+        }
+      }
+      float* row = pad_.data() + static_cast<size_t>(i) * dp_;
+      for (int k = 0; k < d_; ++k) row[k] = static_cast<float>(v[k]);
+    }
+    return rows_.data();
+  }
+
+ private:
+  int n_, d_, dp_;
+  bool direct_;
+  std::vector<float> pad_;
+  std::vector<const float*> rows_;
+};
+
+// Samples [begin, end): vectors n x [batch, d] -> out [batch, OutputWidth(n, d)].
+template <typename T>
+void Forward(const T* const* vectors, int n, int d, int64_t begin, int64_t end, T* out) {
+  const Kernels& kernels = BestKernels();
+  const int dp = static_cast<int>(RoundUp(d, kernels.width));
+  const int64_t num = NumPairs(n), width = OutputWidth(n, d);
+  SampleRows<T> rows(n, d, dp);
+  std::vector<float> pairs(RoundUp(num, kernels.width));
+  for (int64_t b = begin; b < end; ++b) {
+    kernels.gram(rows.Load(vectors, b), n, dp, pairs.data());
+    T* o = out + b * width;
+    std::copy(vectors[0] + b * d, vectors[0] + (b + 1) * d, o);
+    for (int64_t p = 0; p < num; ++p) o[d + p] = static_cast<T>(pairs[p]);
+    std::fill(o + d + num, o + width, static_cast<T>(0.0f));
+  }
+}
+
+// Samples [begin, end): vectors n x [batch, d], grad [batch, OutputWidth(n, d)] -> grads n x [batch, d].
+template <typename T>
+void Backward(const T* const* vectors, const T* grad, int n, int d, int64_t begin, int64_t end, T* const* grads) {
+  const Kernels& kernels = BestKernels();
+  const int dp = static_cast<int>(RoundUp(d, kernels.width));
+  const int64_t width = OutputWidth(n, d);
+  SampleRows<T> rows(n, d, dp);
+  std::vector<float> s(static_cast<size_t>(n) * n), dpad(rows.direct() ? 0 : static_cast<size_t>(n) * dp);
+  std::vector<float*> outs(n);
+  for (int i = 0; i < n && !rows.direct(); ++i) outs[i] = dpad.data() + static_cast<size_t>(i) * dp;
+  for (int64_t b = begin; b < end; ++b) {
+    const T* g = grad + b * width;
+    const T* pair = g + d;
+    for (int i = 0; i < n; ++i) {
+      s[i * n + i] = 0.0f;
+      for (int j = 0; j < i; ++j) s[i * n + j] = s[j * n + i] = static_cast<float>(*pair++);
+    }
+    if constexpr (std::is_same<T, float>::value) {
+      if (rows.direct()) {
+        for (int i = 0; i < n; ++i) outs[i] = grads[i] + b * d;
+        kernels.symmetric(s.data(), rows.Load(vectors, b), n, dp, outs.data());
+        for (int k = 0; k < d; ++k) outs[0][k] += g[k];
+        continue;
+      }
+    }
+    kernels.symmetric(s.data(), rows.Load(vectors, b), n, dp, outs.data());
+    for (int i = 0; i < n; ++i) {
+      T* out = grads[i] + b * d;
+      for (int k = 0; k < d; ++k) out[k] = static_cast<T>(outs[i][k] + (i == 0 ? static_cast<float>(g[k]) : 0.0f));
+    }
   }
 }
 

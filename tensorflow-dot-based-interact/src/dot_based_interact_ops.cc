@@ -18,44 +18,68 @@ using shape_inference::DimensionHandle;
 using shape_inference::InferenceContext;
 using shape_inference::ShapeHandle;
 
+// Merges the shapes of the n [B, D] vectors into *shape.
+Status VectorsShape(InferenceContext* c, int n, ShapeHandle* shape) {
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, shape));
+  for (int i = 1; i < n; ++i) {
+    ShapeHandle v;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 2, &v));
+    TF_RETURN_IF_ERROR(c->Merge(*shape, v, shape));
+  }
+  return OkStatus();
+}
+
 REGISTER_OP("DotBasedInteract")
+    .Attr("N: int >= 1")
     .Attr("T: {float, bfloat16, half}")
-    .Input("input: T")
+    .Input("vectors: N * T")
     .Output("output: T")
     .SetShapeFn([](InferenceContext* c) {
+      int n;
       ShapeHandle in;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &in));
-      DimensionHandle n = c->Dim(in, 1), d = c->Dim(in, 2);
-      DimensionHandle width = c->UnknownDim();
-      if (c->ValueKnown(n) && c->ValueKnown(d))
-        width = c->MakeDim(dot_interact::OutputWidth(c->Value(n), c->Value(d)));
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      TF_RETURN_IF_ERROR(VectorsShape(c, n, &in));
+      DimensionHandle d = c->Dim(in, 1), width = c->UnknownDim();
+      if (c->ValueKnown(d)) width = c->MakeDim(dot_interact::OutputWidth(n, c->Value(d)));
       c->set_output(0, c->Matrix(c->Dim(in, 0), width));
       return OkStatus();
     })
-    .Doc("input [B, N, D] -> [B, round_up_8(D + N(N-1)/2)]: input[:, 0], the dots of every pair "
+    .Doc("vectors: N x [B, D] -> [B, round_up_8(D + N(N-1)/2)]: vectors[0], the dots of every pair "
          "i > j of the N vectors (row-major), zero padding.");
 
 REGISTER_OP("DotBasedInteractGrad")
+    .Attr("N: int >= 1")
     .Attr("T: {float, bfloat16, half}")
-    .Input("input: T")
+    .Input("vectors: N * T")
     .Input("grad: T")
-    .Output("input_grad: T")
+    .Output("vector_grads: N * T")
     .SetShapeFn([](InferenceContext* c) {
+      int n;
       ShapeHandle in, grad;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &in));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &grad));
-      c->set_output(0, in);
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      TF_RETURN_IF_ERROR(VectorsShape(c, n, &in));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(n), 2, &grad));
+      for (int i = 0; i < n; ++i) c->set_output(i, in);
       return OkStatus();
     })
-    .Doc("The gradient of DotBasedInteract with respect to its input, given the output's gradient.");
+    .Doc("The gradients of DotBasedInteract with respect to its N vectors, given the output's gradient.");
 
-// Checks the shapes shared by both ops; sets batch, n, d, width.
-Status CheckInput(const Tensor& input, int64_t* batch, int* n, int* d, int64_t* width) {
-  if (input.dims() != 3) return errors::InvalidArgument("input must be [B, N, D], got ", input.shape().DebugString());
-  *batch = input.dim_size(0);
-  *n = static_cast<int>(input.dim_size(1));
-  *d = static_cast<int>(input.dim_size(2));
-  *width = dot_interact::OutputWidth(*n, *d);
+// The N vectors of one call: equal [B, D] shapes; sets batch, d, width and the data pointers.
+template <typename T>
+Status ReadVectors(OpKernelContext* ctx, std::vector<const T*>* data, int64_t* batch, int* d, int64_t* width) {
+  OpInputList vectors;
+  TF_RETURN_IF_ERROR(ctx->input_list("vectors", &vectors));
+  const TensorShape& shape = vectors[0].shape();
+  if (shape.dims() != 2) return errors::InvalidArgument("vectors must be [B, D], got ", shape.DebugString());
+  for (int i = 1; i < vectors.size(); ++i)
+    if (vectors[i].shape() != shape)
+      return errors::InvalidArgument("vectors must have one shape: ", shape.DebugString(), " and ",
+                                     vectors[i].shape().DebugString(), " (vector ", i, ")");
+  *batch = shape.dim_size(0);
+  *d = static_cast<int>(shape.dim_size(1));
+  *width = dot_interact::OutputWidth(vectors.size(), *d);
+  data->clear();
+  for (const Tensor& v : vectors) data->push_back(v.flat<T>().data());
   return OkStatus();
 }
 
@@ -65,15 +89,25 @@ Status CheckGrad(const Tensor& grad, int64_t batch, int64_t width) {
   return OkStatus();
 }
 
-// Runs fn(first_sample, end_sample, scratch) over the batch on the intra-op thread pool.
+// Allocates the N outputs of DotBasedInteractGrad, [batch, d] each.
+template <typename T>
+Status AllocateGrads(OpKernelContext* ctx, int n, int64_t batch, int d, std::vector<T*>* data) {
+  OpOutputList grads;
+  TF_RETURN_IF_ERROR(ctx->output_list("vector_grads", &grads));
+  data->clear();
+  for (int i = 0; i < n; ++i) {
+    Tensor* g = nullptr;
+    TF_RETURN_IF_ERROR(grads.allocate(i, TensorShape({batch, d}), &g));
+    data->push_back(g->flat<T>().data());
+  }
+  return OkStatus();
+}
+
+// Runs fn(first_sample, end_sample) over the batch on the intra-op thread pool.
 template <typename Fn>
 void ForSamples(OpKernelContext* ctx, int64_t batch, int n, int d, Fn fn) {
-  const int64_t cost = 4 * static_cast<int64_t>(n) * n * d + 8 * n * d;  // ~cycles per sample
-  auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
-  workers->ParallelFor(batch, cost, [&](int64_t begin, int64_t end) {
-    dot_interact::Scratch scratch;
-    fn(begin, end, scratch);
-  });
+  const int64_t cost = static_cast<int64_t>(n) * n * d + 8 * n * d;  // ~cycles per sample
+  ctx->device()->tensorflow_cpu_worker_threads()->workers->ParallelFor(batch, cost, fn);
 }
 
 template <typename T>
@@ -82,17 +116,16 @@ class DotBasedInteractCpu : public OpKernel {
   explicit DotBasedInteractCpu(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& input = ctx->input(0);
+    std::vector<const T*> in;
     int64_t batch, width;
-    int n, d;
-    OP_REQUIRES_OK(ctx, CheckInput(input, &batch, &n, &d, &width));
+    int d;
+    OP_REQUIRES_OK(ctx, ReadVectors(ctx, &in, &batch, &d, &width));
+    const int n = static_cast<int>(in.size());
     Tensor* output = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, width}), &output));
-    const T* in = input.flat<T>().data();
     T* out = output->flat<T>().data();
-    ForSamples(ctx, batch, n, d, [&](int64_t begin, int64_t end, dot_interact::Scratch& scratch) {
-      for (int64_t b = begin; b < end; ++b)
-        dot_interact::ForwardSample(in + b * n * d, out + b * width, n, d, scratch);
+    ForSamples(ctx, batch, n, d, [&](int64_t begin, int64_t end) {
+      dot_interact::Forward(in.data(), n, d, begin, end, out);
     });
   }
 };
@@ -103,20 +136,18 @@ class DotBasedInteractGradCpu : public OpKernel {
   explicit DotBasedInteractGradCpu(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& input = ctx->input(0);
-    const Tensor& grad = ctx->input(1);
+    std::vector<const T*> in;
+    std::vector<T*> out;
     int64_t batch, width;
-    int n, d;
-    OP_REQUIRES_OK(ctx, CheckInput(input, &batch, &n, &d, &width));
+    int d;
+    OP_REQUIRES_OK(ctx, ReadVectors(ctx, &in, &batch, &d, &width));
+    const int n = static_cast<int>(in.size());
+    const Tensor& grad = ctx->input(n);
     OP_REQUIRES_OK(ctx, CheckGrad(grad, batch, width));
-    Tensor* input_grad = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, input.shape(), &input_grad));
-    const T* in = input.flat<T>().data();
+    OP_REQUIRES_OK(ctx, AllocateGrads(ctx, n, batch, d, &out));
     const T* g = grad.flat<T>().data();
-    T* out = input_grad->flat<T>().data();
-    ForSamples(ctx, batch, n, d, [&](int64_t begin, int64_t end, dot_interact::Scratch& scratch) {
-      for (int64_t b = begin; b < end; ++b)
-        dot_interact::BackwardSample(in + b * n * d, g + b * width, out + b * n * d, n, d, scratch);
+    ForSamples(ctx, batch, n, d, [&](int64_t begin, int64_t end) {
+      dot_interact::Backward(in.data(), g, n, d, begin, end, out.data());
     });
   }
 };
@@ -144,6 +175,26 @@ Status FromCuda(cudaError_t err) {
   return err == cudaSuccess ? OkStatus() : errors::Internal("CUDA: ", cudaGetErrorString(err));
 }
 
+// Strided device copies between the N [B, D] vectors and one [B, N, D] tensor (the CUDA
+// kernels' layout): stacked[:, i] = vectors[i], and the reverse.
+template <typename T>
+Status Stack(const std::vector<const T*>& vectors, T* stacked, int64_t batch, int d, cudaStream_t stream) {
+  const size_t row = d * sizeof(T), pitch = vectors.size() * row;
+  for (size_t i = 0; i < vectors.size() && row > 0; ++i)
+    TF_RETURN_IF_ERROR(FromCuda(cudaMemcpy2DAsync(stacked + i * d, pitch, vectors[i], row, row, batch,
+                                                  cudaMemcpyDeviceToDevice, stream)));
+  return OkStatus();
+}
+
+template <typename T>
+Status Unstack(const T* stacked, const std::vector<T*>& vectors, int64_t batch, int d, cudaStream_t stream) {
+  const size_t row = d * sizeof(T), pitch = vectors.size() * row;
+  for (size_t i = 0; i < vectors.size() && row > 0; ++i)
+    TF_RETURN_IF_ERROR(FromCuda(cudaMemcpy2DAsync(vectors[i], row, stacked + i * d, pitch, row, batch,
+                                                  cudaMemcpyDeviceToDevice, stream)));
+  return OkStatus();
+}
+
 template <typename T>
 class DotBasedInteractGpu : public OpKernel {
  public:
@@ -151,16 +202,21 @@ class DotBasedInteractGpu : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     using C = typename CudaType<T>::type;
-    const Tensor& input = ctx->input(0);
+    std::vector<const T*> in;
     int64_t batch, width;
-    int n, d;
-    OP_REQUIRES_OK(ctx, CheckInput(input, &batch, &n, &d, &width));
+    int d;
+    OP_REQUIRES_OK(ctx, ReadVectors(ctx, &in, &batch, &d, &width));
+    const int n = static_cast<int>(in.size());
     Tensor* output = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, width}), &output));
     if (batch == 0) return;
+    Tensor stacked;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(DataTypeToEnum<T>::value, TensorShape({batch, n, d}), &stacked));
+    T* st = stacked.flat<T>().data();
+    OP_REQUIRES_OK(ctx, Stack(in, st, batch, d, StreamOf(ctx)));
     OP_REQUIRES_OK(ctx, FromCuda(dot_interact::LaunchForward(
-                            reinterpret_cast<const C*>(input.flat<T>().data()),
-                            reinterpret_cast<C*>(output->flat<T>().data()), batch, n, d, StreamOf(ctx))));
+                            reinterpret_cast<const C*>(st), reinterpret_cast<C*>(output->flat<T>().data()),
+                            batch, n, d, StreamOf(ctx))));
   }
 };
 
@@ -171,19 +227,26 @@ class DotBasedInteractGradGpu : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     using C = typename CudaType<T>::type;
-    const Tensor& input = ctx->input(0);
-    const Tensor& grad = ctx->input(1);
+    std::vector<const T*> in;
+    std::vector<T*> out;
     int64_t batch, width;
-    int n, d;
-    OP_REQUIRES_OK(ctx, CheckInput(input, &batch, &n, &d, &width));
+    int d;
+    OP_REQUIRES_OK(ctx, ReadVectors(ctx, &in, &batch, &d, &width));
+    const int n = static_cast<int>(in.size());
+    const Tensor& grad = ctx->input(n);
     OP_REQUIRES_OK(ctx, CheckGrad(grad, batch, width));
-    Tensor* input_grad = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, input.shape(), &input_grad));
+    OP_REQUIRES_OK(ctx, AllocateGrads(ctx, n, batch, d, &out));
     if (batch == 0) return;
+    Tensor stacked, stacked_grad;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(DataTypeToEnum<T>::value, TensorShape({batch, n, d}), &stacked));
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(DataTypeToEnum<T>::value, TensorShape({batch, n, d}), &stacked_grad));
+    T* st = stacked.flat<T>().data();
+    T* sg = stacked_grad.flat<T>().data();
+    OP_REQUIRES_OK(ctx, Stack(in, st, batch, d, StreamOf(ctx)));
     OP_REQUIRES_OK(ctx, FromCuda(dot_interact::LaunchBackward(
-                            reinterpret_cast<const C*>(input.flat<T>().data()),
-                            reinterpret_cast<const C*>(grad.flat<T>().data()),
-                            reinterpret_cast<C*>(input_grad->flat<T>().data()), batch, n, d, StreamOf(ctx))));
+                            reinterpret_cast<const C*>(st), reinterpret_cast<const C*>(grad.flat<T>().data()),
+                            reinterpret_cast<C*>(sg), batch, n, d, StreamOf(ctx))));
+    OP_REQUIRES_OK(ctx, Unstack<T>(sg, out, batch, d, StreamOf(ctx)));
   }
 };
 
