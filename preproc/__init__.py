@@ -1,0 +1,1 @@
+"""Criteo preprocessing on Apache Spark: raw TSV logs -> split-binary dataset (docs/preprocessing.md)."""

@@ -1,0 +1,107 @@
+"""Criteo preprocessing: raw TSV logs (plain or .gz) -> split-binary dataset + feature_spec.yaml.
+
+    python -m preproc.criteo --input train.txt --output /data/criteo [--frequency_threshold=3]
+    spark-submit --master spark://host:7077 preproc/criteo.py --input /shared/raw --output /shared/criteo
+
+See docs/preprocessing.md for the rules, the layout and running on a cluster.
+"""
+import argparse
+import os
+import sys
+import time
+
+if __package__ in (None, ""):            # run as a script (spark-submit preproc/criteo.py)
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from preproc.parsing import CATEGORICAL_NAMES  # noqa: E402
+from preproc.pipeline import Options, run  # noqa: E402
+from preproc.session import spark_session  # noqa: E402
+from utils.config import ConfigError  # noqa: E402
+
+
+def parse_thresholds(text: str):
+    """'3' (every feature), 'C3:5,C20:2' (those), '2,C3:5' (both): one threshold per C1..C26."""
+    default, named = 0, {}
+    for item in filter(None, text.split(",")):
+        name, sep, value = item.partition(":")
+        try:
+            if not sep:
+                default = int(item)
+            elif name not in CATEGORICAL_NAMES:
+                raise ConfigError(f"--frequency_threshold: {name!r} is not a categorical feature (C1..C26)")
+            else:
+                named[name] = int(value)
+        except ValueError:
+            raise ConfigError(f"--frequency_threshold: {item!r} is not N or Ck:N")
+    thresholds = [named.get(name, default) for name in CATEGORICAL_NAMES]
+    if min(thresholds) < 0:
+        raise ConfigError("--frequency_threshold: thresholds must be >= 0")
+    return thresholds
+
+
+def parser():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--input", nargs="+", required=True, help="files or directories (day_0 ... day_23 or one file)")
+    p.add_argument("--output", required=True, help="dataset directory (feature_spec.yaml, train/ test/ validation/ vocab/)")
+    p.add_argument("--split", choices=["auto", "day", "fraction"], default="auto",
+                   help="day: days 0..N-1 train, day N halves test/validation; fraction: in file order "
+                        "(auto: day for several day_N files)")
+    p.add_argument("--test_fraction", type=float, help="fraction split: test share (default 0.05)")
+    p.add_argument("--validation_fraction", type=float, help="fraction split: validation share (default 0.05)")
+    p.add_argument("--frequency_threshold", default="0",
+                   help="values seen fewer times in training map to id 0: N, or Ck:N,..., or both")
+    p.add_argument("--shuffle", action="store_true", help="shuffle the training rows globally")
+    p.add_argument("--seed", type=int, help="shuffle seed (default 12345)")
+    p.add_argument("--vocab_from", default="", help="encode with the vocabularies of this earlier output")
+    p.add_argument("--strict", action="store_true", help="stop at bad lines instead of skipping them")
+    p.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="Spark configuration")
+    p.add_argument("--split_mb", type=int, default=128, help="task size for plain files (a .gz file is one task)")
+    p.add_argument("--part_rows", type=int, default=1 << 24, help="rows per output part file")
+    return p
+
+
+def options(args) -> Options:
+    if args.vocab_from and args.frequency_threshold != "0":
+        raise ConfigError("--frequency_threshold has no effect with --vocab_from (the vocabularies are given)")
+    if args.seed is not None and not args.shuffle:
+        raise ConfigError("--seed has no effect without --shuffle")
+    fractions = {"test_fraction": args.test_fraction, "validation_fraction": args.validation_fraction}
+    given = {k: v for k, v in fractions.items() if v is not None}
+    if args.split == "day" and given:
+        raise ConfigError(f"--{next(iter(given))} has no effect with --split=day")
+    fractions = {k: 0.05 if v is None else v for k, v in fractions.items()}
+    if min(fractions.values()) < 0 or sum(fractions.values()) >= 1:
+        raise ConfigError("--test_fraction and --validation_fraction must be >= 0 and sum to less than 1")
+    for flag in ("split_mb", "part_rows"):
+        if getattr(args, flag) <= 0:
+            raise ConfigError(f"--{flag} must be positive")
+    if args.vocab_from and not os.path.isdir(os.path.join(args.vocab_from, "vocab")):
+        raise ConfigError(f"--vocab_from {args.vocab_from}: no vocab/ directory there")
+    return Options(args.input, args.output, args.split, thresholds=parse_thresholds(args.frequency_threshold),
+                   shuffle=args.shuffle, seed=12345 if args.seed is None else args.seed, vocab_from=args.vocab_from,
+                   strict=args.strict, split_bytes=args.split_mb << 20, part_rows=args.part_rows,
+                   fractions_given=bool(given), **fractions)
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    try:
+        opts = options(args)
+        if any("=" not in item for item in args.conf):
+            raise ConfigError("--conf takes KEY=VALUE")
+        conf = dict(item.split("=", 1) for item in args.conf)
+        start = time.time()
+        spark = spark_session(args.master, conf)
+        summary = run(spark, opts)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    rows = ", ".join(f"{m} {n}" for m, n in summary["rows"].items())
+    print(f"wrote {args.output}: {rows} rows, {summary['bad_lines']} bad lines skipped, "
+          f"{time.time() - start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Which mapping (train/test/validation) each line goes to, and where in the output it lands.
+
+Lines are numbered globally over the input files in order. By day (files day_0 ... day_N):
+every day but the last is training, the last day's first half (floor) is test and the rest
+validation. By fraction: the first lines are training, then the test lines
+(round(lines * test_fraction)), then the validation lines. A mapping's rows are written as
+part files of at most `part_rows` lines each, in line order; shuffled training rows instead go
+to part hash % parts and are ordered by the hash, a seeded 64-bit mix of the line's index in the
+mapping: a global shuffle that depends on nothing but the input and the seed.
+"""
+import dataclasses
+import math
+import os
+import re
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+MAPPINGS = ("train", "test", "validation")
+_DAY = re.compile(r"day_(\d+)(\.gz)?")
+
+
+def day_of(path: str):
+    match = _DAY.fullmatch(os.path.basename(path))
+    return int(match.group(1)) if match else None
+
+
+@dataclasses.dataclass
+class Layout:
+    """Segments of global line numbers: (start, end, mapping index, index in the mapping of start)."""
+    segments: List[Tuple[int, int, int, int]]
+    lines: Dict[str, int]            # lines per mapping (good and bad)
+    part_rows: int
+    shuffle_seed: int = -1           # >= 0: training rows shuffled with this seed
+
+    def parts(self, mapping: str) -> int:
+        return max(1, math.ceil(self.lines[mapping] / self.part_rows))
+
+    def part_base(self, mapping: str) -> int:
+        """The global part id of the mapping's first part (parts of all mappings numbered in turn)."""
+        return sum(self.parts(m) for m in MAPPINGS[:MAPPINGS.index(mapping)])
+
+    @property
+    def total_parts(self) -> int:
+        return sum(self.parts(m) for m in MAPPINGS)
+
+    def assign(self, lines: np.ndarray):
+        """Per global line number: (mapping index, global part id, sort key as int64)."""
+        starts = np.array([s[0] for s in self.segments], np.int64)
+        seg = np.searchsorted(starts, lines, side="right") - 1
+        table = np.array(self.segments, np.int64).reshape(-1, 4)
+        mapping = table[seg, 2]
+        index = (lines - table[seg, 0] + table[seg, 3]).astype(np.uint64)
+        parts = np.array([self.parts(m) for m in MAPPINGS], np.uint64)[mapping]
+        base = np.array([self.part_base(m) for m in MAPPINGS], np.int64)[mapping]
+        key, part = index, index // np.uint64(self.part_rows)
+        if self.shuffle_seed >= 0:
+            shuffled = mapping == MAPPINGS.index("train")
+            mixed = mix(index, self.shuffle_seed)
+            key = np.where(shuffled, mixed, key)
+            part = np.where(shuffled, mixed % parts, part)
+        return mapping, base + part.astype(np.int64), key.view(np.int64)
+
+
+def mix(x: np.ndarray, seed: int) -> np.ndarray:
+    """splitmix64 of x + seed's offset: a bijection of uint64, so distinct lines get distinct keys."""
+    z = x.astype(np.uint64) + np.uint64((seed * 0x9E3779B97F4A7C15) % 2 ** 64)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def by_day(file_lines: List[int], days: List[int], part_rows: int, shuffle_seed: int) -> Layout:
+    """Every day but the last (highest number): train; the last day: test, then validation halves."""
+    last = max(days)
+    segments, start, index = [], 0, {m: 0 for m in MAPPINGS}
+
+    def add(mapping, n):
+        nonlocal start
+        if n:
+            segments.append((start, start + n, MAPPINGS.index(mapping), index[mapping]))
+            index[mapping] += n
+            start += n
+
+    for n, day in zip(file_lines, days):
+        if day != last:
+            add("train", n)
+        else:
+            add("test", n // 2)
+            add("validation", n - n // 2)
+    return Layout(segments, index, part_rows, shuffle_seed)
+
+
+def by_fraction(total_lines: int, test_fraction: float, validation_fraction: float, part_rows: int,
+                shuffle_seed: int) -> Layout:
+    test, validation = round(total_lines * test_fraction), round(total_lines * validation_fraction)
+    counts = {"train": total_lines - test - validation, "test": test, "validation": validation}
+    segments, start = [], 0
+    for k, mapping in enumerate(MAPPINGS):
+        if counts[mapping]:
+            segments.append((start, start + counts[mapping], k, 0))
+            start += counts[mapping]
+    return Layout(segments, counts, part_rows, shuffle_seed)

@@ -1,0 +1,228 @@
+"""The Spark job: raw Criteo TSV files -> split-binary dataset + feature_spec.yaml.
+
+    1. line counts of every split (one task per split)       -> the layout (mappings, parts)
+    2. value counts of the training rows, bad-line reports  -> summed by Spark per (feature,
+       value); one task per feature ranks its values and writes vocab/<feature>.npy
+    3. encode every good row into one fixed-size record (label, float16 numericals, ids),
+       tagged with its part and sort key; Spark shuffles the records by part and sorts them;
+       each task writes whole parts straight to the output directory (a shared file system on
+       a cluster): no data passes through the driver.
+
+The result depends only on the input and the layout flags (split, fractions, part_rows, seed),
+not on the split size, the number of executors or Spark's partitioning. Everything is written
+under OUT/.preproc-tmp-*/ and moved into place at the end, the spec last.
+"""
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+import zipfile
+from typing import Dict, List
+
+import numpy as np
+from pyspark.sql import functions as F
+
+from dataloading.feature_spec import SPEC_FILE, DatasetError, split_binary_spec
+from preproc import layout as layouts
+from preproc import parsing, reading, tasks, vocab
+from preproc.layout import MAPPINGS
+
+NUMERICAL = [f"num_{k}" for k in range(parsing.NUM_INTEGER)]
+CATEGORICAL = [f"cat_{k}" for k in range(parsing.NUM_CATEGORICAL)]
+LABEL = "label"
+
+
+@dataclasses.dataclass
+class Options:
+    inputs: List[str]
+    output: str
+    split: str = "auto"                   # auto | day | fraction
+    test_fraction: float = 0.05
+    validation_fraction: float = 0.05
+    fractions_given: bool = False         # the fractions were set (an error with the day split)
+    thresholds: List[int] = None          # per categorical feature (C1..C26)
+    shuffle: bool = False
+    seed: int = 12345
+    vocab_from: str = ""
+    strict: bool = False
+    split_bytes: int = 128 << 20
+    block_bytes: int = 32 << 20
+    part_rows: int = 1 << 24
+
+
+def run(spark, opts: Options, log=print) -> dict:
+    """Runs the job; returns the summary that also goes into the spec's metadata."""
+    sc = spark.sparkContext
+    _ship_code(sc)
+    paths = input_files(opts.inputs)
+    splits = reading.plan_splits(paths, opts.split_bytes)
+    block_bytes = opts.block_bytes     # (the task closures must not capture pipeline objects)
+    counts = sc.parallelize(range(len(splits)), len(splits)).map(
+        lambda i: sum(reading.count_lines(b) for b in reading.iter_blocks(splits[i], block_bytes))).collect()
+    split_lines = np.concatenate([[0], np.cumsum(counts)]).astype(int).tolist()
+    file_lines = [split_lines[min(s.index for s in splits if s.file_index == k)] for k in range(len(paths))]
+    lines_per_file = np.diff(file_lines + [split_lines[-1]]).tolist()
+    layout = _layout(opts, paths, lines_per_file, split_lines[-1])
+    tmp = os.path.join(opts.output, f".preproc-tmp-{uuid.uuid4().hex[:8]}")
+    os.makedirs(tmp)
+    try:
+        ctx = tasks.Context(splits, split_lines[:-1], file_lines, layout, opts.block_bytes, NUMERICAL, CATEGORICAL,
+                            LABEL, count=not opts.vocab_from, vocab_root=tmp, out_root=tmp)
+        summary = _count_and_rank(spark, ctx, opts, tmp, log)
+        spec = _spec(layout, summary.pop("cardinalities"), opts.output)
+        ctx.record = [(LABEL, "u1", ()), ("numerical", "<f2", (len(NUMERICAL),))] + [
+            (f, spec.dtype(f).str, ()) for f in CATEGORICAL]
+        ctx.part_files = _part_files(spec, layout)
+        written = _encode_and_write(spark, ctx, layout.total_parts)
+        _check_written(written, summary["rows"], layout)
+        for files in ctx.part_files.values():     # parts no row went to stay empty files
+            for f in files.values():
+                os.makedirs(os.path.dirname(os.path.join(tmp, f)), exist_ok=True)
+                open(os.path.join(tmp, f), "ab").close()
+        spec.metadata = summary
+        _move_into_place(tmp, opts.output)
+        spec.to_yaml(os.path.join(opts.output, SPEC_FILE))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return summary
+
+
+def input_files(inputs: List[str]) -> List[str]:
+    """The files named, directories expanded (visible files); day_N files in day order."""
+    paths = []
+    for item in inputs:
+        if os.path.isdir(item):
+            paths += sorted(os.path.join(item, f) for f in os.listdir(item)
+                            if not f.startswith(".") and os.path.isfile(os.path.join(item, f)))
+        elif os.path.isfile(item):
+            paths.append(item)
+        else:
+            raise DatasetError(f"--input {item}: no such file or directory")
+    if not paths:
+        raise DatasetError(f"--input {' '.join(inputs)}: no input files")
+    days = [layouts.day_of(p) for p in paths]
+    if all(d is not None for d in days):
+        paths = [p for _, p in sorted(zip(days, paths))]
+    return paths
+
+
+def _layout(opts: Options, paths, lines_per_file, total) -> layouts.Layout:
+    days = [layouts.day_of(p) for p in paths]
+    split = opts.split
+    if split == "auto":
+        split = "day" if len(paths) > 1 and all(d is not None for d in days) else "fraction"
+    seed = opts.seed if opts.shuffle else -1
+    if split == "day":
+        if any(d is None for d in days) or len(set(days)) < 2:
+            raise DatasetError("--split=day: the inputs must be files day_N[.gz] of at least two different days")
+        if opts.fractions_given:
+            raise DatasetError("--test_fraction/--validation_fraction have no effect: the inputs are split by day")
+        return layouts.by_day(lines_per_file, days, opts.part_rows, seed)
+    return layouts.by_fraction(total, opts.test_fraction, opts.validation_fraction, opts.part_rows, seed)
+
+
+def _count_and_rank(spark, ctx, opts: Options, tmp, log) -> dict:
+    splits = spark.sparkContext.parallelize([(i,) for i in range(len(ctx.splits))], len(ctx.splits))
+    frame = spark.createDataFrame(splits, "split int")
+    counted = frame.mapInArrow(lambda batches: tasks.count_values(ctx, batches), tasks.COUNT_SCHEMA).persist()
+    try:
+        infos = sorted((json.loads(r.info) for r in counted.filter("col < 0").select("info").collect()),
+                       key=lambda i: i["split"])
+        rows = {m: sum(i["rows"][m] for i in infos) for m in MAPPINGS}
+        bad = sum(i["bad"] for i in infos)
+        first_bad = [b for i in infos for b in i["first_bad"]][:tasks.MAX_REPORTED]
+        if bad:
+            where = "; ".join(f"{p}:{line}: {reason}" for p, line, reason in first_bad)
+            message = f"{bad} bad line{'s' * (bad > 1)} (first: {where})"
+            if opts.strict:
+                raise DatasetError(f"--strict: {message}")
+            log(f"skipped {message}")
+        if opts.vocab_from:
+            cards = {}
+            for k, f in enumerate(CATEGORICAL):
+                entries = vocab.load(opts.vocab_from, f)
+                vocab.save(tmp, f, entries)
+                cards[k] = len(entries) + 1
+        else:
+            thresholds = opts.thresholds or [0] * len(CATEGORICAL)
+            summed = counted.filter("col >= 0").groupBy("col", "value").agg(F.sum("count").alias("count"))
+            cards = {r.col: r.cardinality for r in summed.groupBy("col").applyInArrow(
+                lambda table: tasks.rank_column(ctx, thresholds, table), "col int, cardinality long").collect()}
+            for k, f in enumerate(CATEGORICAL):       # features with no value in the training rows
+                if k not in cards:
+                    vocab.save(tmp, f, vocab.rank(np.zeros(0, np.uint64), np.zeros(0, np.int64), 0))
+                    cards[k] = 1
+    finally:
+        counted.unpersist()
+    return {"rows": rows, "bad_lines": bad, "first_bad_lines": [f"{p}:{line}: {r}" for p, line, r in first_bad],
+            "cardinalities": [cards[k] for k in range(len(CATEGORICAL))],
+            "inputs": [s.path for s in ctx.splits if s.start == 0],
+            "frequency_threshold": dict(zip(CATEGORICAL, opts.thresholds or [0] * len(CATEGORICAL))),
+            "vocabulary": f"{vocab.VOCAB_DIR}/<feature>.npy (value, count) in id order from id 1; "
+                          "id 0: missing and rare values",
+            "numerical": "log(v + 3); v < -2 counts as -2; missing -> 0",
+            "shuffle_seed": opts.seed if opts.shuffle else None}
+
+
+def _spec(layout, cardinalities, output):
+    spec = split_binary_spec(NUMERICAL, dict(zip(CATEGORICAL, cardinalities)), LABEL, MAPPINGS, base_dir=output)
+    for mapping, chunks in spec.source.items():
+        for chunk in chunks:
+            stem = chunk.files[0][:-len(".bin")]
+            chunk.files = [f"{stem}.part{p:05d}.bin" for p in range(layout.parts(mapping))]
+    return spec
+
+
+def _part_files(spec, layout) -> Dict[int, Dict[str, str]]:
+    out = {}
+    for mapping in MAPPINGS:
+        for p in range(layout.parts(mapping)):
+            files = {}
+            for chunk in spec.mapping(mapping):
+                name = "numerical" if chunk.features == NUMERICAL else chunk.features[0]
+                files[name] = chunk.files[p]
+            out[layout.part_base(mapping) + p] = files
+    return out
+
+
+def _encode_and_write(spark, ctx, parts: int) -> Dict[int, int]:
+    splits = spark.sparkContext.parallelize([(i,) for i in range(len(ctx.splits))], len(ctx.splits))
+    records = spark.createDataFrame(splits, "split int").mapInArrow(
+        lambda batches: tasks.encode(ctx, batches), tasks.RECORD_SCHEMA)
+    written = records.repartition(parts, "pid").sortWithinPartitions("pid", "key").mapInArrow(
+        lambda batches: tasks.write(ctx, batches), tasks.WRITTEN_SCHEMA).collect()
+    return {r.pid: r.rows for r in written}
+
+
+def _check_written(written, rows, layout):
+    for mapping in MAPPINGS:
+        base = layout.part_base(mapping)
+        got = sum(written.get(base + p, 0) for p in range(layout.parts(mapping)))
+        if got != rows[mapping]:
+            raise RuntimeError(f"{mapping}: wrote {got} rows, counted {rows[mapping]} (a task was lost?)")
+
+
+def _move_into_place(tmp, output):
+    for name in list(MAPPINGS) + [vocab.VOCAB_DIR]:
+        final = os.path.join(output, name)
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.replace(os.path.join(tmp, name), final)
+
+
+def _ship_code(sc):
+    """Puts the preproc package on the executors' path (a zip, as --py-files would)."""
+    if getattr(sc, "_preproc_shipped", False):
+        return
+    sc._preproc_shipped = True
+    root = os.path.dirname(os.path.abspath(__file__))
+    archive = os.path.join(tempfile.mkdtemp(prefix="preproc-code-"), "preproc.zip")
+    with zipfile.ZipFile(archive, "w") as z:
+        for name in sorted(os.listdir(root)):
+            if name.endswith(".py"):
+                z.write(os.path.join(root, name), f"preproc/{name}")
+    sc.addPyFile(archive)
+    sys.path_importer_cache.clear()
