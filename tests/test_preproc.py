@@ -1,0 +1,213 @@
+"""Criteo preprocessing on Spark (preproc/): a hand-made TSV against hand-computed ids, logs,
+thresholds and splits; day layout with gzip; bad lines; determinism; vocabulary reuse; training."""
+import gzip
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dataloading.feature_spec import SPEC_FILE, DatasetError, FeatureSpec
+from dataloading.split_binary import SplitBinaryDataset
+from preproc import generate
+from preproc.criteo import parse_thresholds
+from preproc.pipeline import Options, run
+from preproc.session import spark_session
+from tests.horovod_run import ROOT
+from utils.config import ConfigError
+
+
+def line(label, ints=(), cats=()):
+    return "\t".join([label, *ints, *[""] * (13 - len(ints)), *cats, *[""] * (26 - len(cats))])
+
+
+# label, I1, I2, C1, C2; every other field missing.
+HAND = [
+    line("1", ["0", "-1"], ["a", "10"]),
+    line("0", ["5", "-3"], ["b", "10"]),
+    line("1", ["", "2"], ["a", "2f"]),
+    line("0", ["1", ""], ["", "10"]),
+    line("1", ["abc", "0"], ["a", "10"]),      # line 5: bad (I1 is not an integer)
+    line("1", ["97", "0"], ["B", "2f"]),       # B is b
+    line("0", ["2", "1"], ["a", "ff"]),        # test
+    line("1", ["3", "1"], ["c", "10"]),        # test
+    line("0", ["0", "0"], ["b", "2f"]),        # validation
+    line("1", ["0", "0"], ["00a", "10"]),      # validation (00a is a)
+]
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = spark_session("local[2]", {"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"})
+    yield session
+    session.stop()
+
+
+def write_text(path, lines):
+    data = ("\n".join(lines) + "\n").encode()
+    with (gzip.open if str(path).endswith(".gz") else open)(path, "wb") as f:
+        f.write(data)
+    return str(path)
+
+
+def opts(inputs, output, **kw):
+    kw.setdefault("test_fraction", 0.2)
+    kw.setdefault("validation_fraction", 0.2)
+    return Options([str(i) for i in inputs], str(output), **kw)
+
+
+def load(output, mapping):
+    spec = FeatureSpec.from_yaml(os.path.join(output, SPEC_FILE))
+    data = SplitBinaryDataset(spec, {"x": mapping})
+    return spec, data.batch("x", 0, data.rows("x"))
+
+
+def test_hand_made_file(spark, tmp_path):
+    raw = write_text(tmp_path / "train.txt", HAND)
+    out = tmp_path / "out"
+    messages = []
+    summary = run(spark, opts([raw], out, thresholds=parse_thresholds("2,C2:3")), log=messages.append)
+    # 10 lines: 6 training lines (one bad), then 2 test and 2 validation lines (fractions 0.2).
+    assert summary["rows"] == {"train": 5, "test": 2, "validation": 2}
+    assert summary["bad_lines"] == 1 and messages == [f"skipped 1 bad line (first: {raw}:5: I1 is not an integer)"]
+    # C1 in training: a x2, b x2 (a tie: a first), missing x1; C2: 10 x3, 2f x2 (threshold 3: rare).
+    spec, train = load(out, "train")
+    assert spec.cardinalities == [3, 2] + [1] * 24
+    assert spec.features["cat_0"].dtype == "int8"
+    log = math.log
+    expected_numerical = [[log(3), log(2)], [log(8), 0.0], [0.0, log(5)], [log(4), 0.0], [log(100), log(3)]]
+    np.testing.assert_array_equal(train["numerical"][:, :2], np.float16(expected_numerical).astype(np.float32))
+    assert not train["numerical"][:, 2:].any()
+    np.testing.assert_array_equal(train["labels"], [1, 0, 1, 0, 1])
+    np.testing.assert_array_equal(train["categorical"][0], [1, 2, 1, 0, 2])
+    np.testing.assert_array_equal(train["categorical"][1], [1, 1, 0, 1, 0])
+    for k in range(2, 26):
+        assert not train["categorical"][k].any()
+    _, test = load(out, "test")
+    np.testing.assert_array_equal(test["labels"], [0, 1])
+    np.testing.assert_array_equal(test["categorical"][0], [1, 0])       # a; c unseen in training
+    np.testing.assert_array_equal(test["categorical"][1], [0, 1])       # ff unseen; 10
+    np.testing.assert_array_equal(test["numerical"][:, :2], np.float16([[log(5), log(4)], [log(6), log(4)]]))
+    _, validation = load(out, "validation")
+    np.testing.assert_array_equal(validation["categorical"][0], [2, 1])
+    np.testing.assert_array_equal(validation["categorical"][1], [0, 1])
+    vocab = np.load(out / "vocab" / "cat_0.npy")
+    assert vocab["value"].tolist() == [0xA, 0xB] and vocab["count"].tolist() == [2, 2]
+    assert np.load(out / "vocab" / "cat_1.npy")["value"].tolist() == [0x10]
+    assert spec.metadata["frequency_threshold"]["cat_1"] == 3 and spec.metadata["frequency_threshold"]["cat_0"] == 2
+
+
+def test_strict_stops_at_bad_lines(spark, tmp_path):
+    raw = write_text(tmp_path / "train.txt", HAND + ["1\t2\t3", line("7")])
+    with pytest.raises(DatasetError, match=rf"--strict: 3 bad lines \(first: {raw}:5: I1 is not an integer; "
+                                           rf"{raw}:11: 3 fields, expected 40; {raw}:12: label must be 0 or 1\)"):
+        run(spark, opts([raw], tmp_path / "out", strict=True))
+    assert not (tmp_path / "out" / SPEC_FILE).exists()
+
+
+def test_days_and_gzip(spark, tmp_path):
+    """day_0 and day_1.gz train (frequencies over both), day_2 halves: test 1 line, validation 2."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    write_text(raw / "day_0", [line("1", ["1"], ["a"]), line("0", ["2"], ["b"])])
+    write_text(raw / "day_1.gz", [line("1", ["3"], ["b"]), line("0", ["4"], ["b"]), line("1", [], ["c"])])
+    write_text(raw / "day_2", [line("0", ["5"], ["a"]), line("1", ["6"], ["b"]), line("0", ["7"], ["c"])])
+    out = tmp_path / "out"
+    summary = run(spark, Options([str(raw)], str(out), thresholds=parse_thresholds("2")))
+    assert summary["rows"] == {"train": 5, "test": 1, "validation": 2} and summary["bad_lines"] == 0
+    spec, train = load(out, "train")
+    assert spec.cardinalities[0] == 2                                    # only b (3 times) passes 2
+    np.testing.assert_array_equal(train["labels"], [1, 0, 1, 0, 1])
+    np.testing.assert_array_equal(train["categorical"][0], [0, 1, 1, 1, 0])
+    np.testing.assert_array_equal(train["numerical"][:, 0], np.float16(np.log([4, 5, 6, 7, 0 + 1]) * [1, 1, 1, 1, 0]))
+    _, test = load(out, "test")
+    np.testing.assert_array_equal(test["numerical"][:, 0], np.float16([math.log(8)]))
+    _, validation = load(out, "validation")
+    np.testing.assert_array_equal(validation["categorical"][0], [1, 0])
+    with pytest.raises(DatasetError, match="no effect: the inputs are split by day"):
+        run(spark, Options([str(raw)], str(tmp_path / "o2"), fractions_given=True))
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gen") / "criteo.tsv"
+    generate.write(generate.generate(20000, seed=3, bad_fraction=0.002), str(path))
+    return str(path)
+
+
+def read_tree(root):
+    out = {}
+    for folder, _, files in os.walk(root):
+        for f in files:
+            with open(os.path.join(folder, f), "rb") as fh:
+                out[os.path.relpath(os.path.join(folder, f), root)] = fh.read()
+    return out
+
+
+def test_same_output_whatever_the_partitioning(spark, generated, tmp_path):
+    """Byte-identical datasets from 1 split and from 6 splits (with smaller blocks, other shuffle
+    partitions), shuffled or not; the shuffle is a seeded permutation of the training rows."""
+    outputs = {}
+    for shuffle in (False, True):
+        for split_bytes, block_bytes, partitions in ((1 << 30, 32 << 20, "4"), (1 << 20, 300 << 10, "3")):
+            spark.conf.set("spark.sql.shuffle.partitions", partitions)
+            out = tmp_path / f"{shuffle}-{split_bytes}"
+            run(spark, opts([generated], out, shuffle=shuffle, split_bytes=split_bytes, block_bytes=block_bytes,
+                            part_rows=4000, thresholds=parse_thresholds("3")), log=lambda m: None)
+            outputs[shuffle, split_bytes] = read_tree(out)
+    spark.conf.set("spark.sql.shuffle.partitions", "4")
+    assert outputs[False, 1 << 30] == outputs[False, 1 << 20]
+    assert outputs[True, 1 << 30] == outputs[True, 1 << 20]
+    plain, shuffled = (tmp_path / f"{s}-{1 << 30}" for s in (False, True))
+    spec, a = load(plain, "train")
+    _, b = load(shuffled, "train")
+    assert len(spec.source["train"][0].files) == 3                      # 12000 training lines / 4000
+    rows = lambda batch: sorted(map(tuple, np.column_stack([batch["labels"], batch["numerical"], *batch["categorical"]])))
+    assert rows(a) == rows(b) and not np.array_equal(a["categorical"][3], b["categorical"][3])
+    assert load(plain, "test")[1]["labels"].tolist() == load(shuffled, "test")[1]["labels"].tolist()
+
+
+def test_vocab_from_encodes_new_data_with_the_same_ids(spark, tmp_path):
+    first = tmp_path / "first"
+    run(spark, opts([write_text(tmp_path / "a.txt", HAND)], first, thresholds=parse_thresholds("2,C2:3")),
+        log=lambda m: None)
+    new = write_text(tmp_path / "b.txt", [line("1", ["1"], ["b", "2f"]), line("0", [], ["a", "10"]),
+                                         line("1", [], ["a", "10"]), line("0", [], ["z", "10"]), line("1", [], ["c", "10"])])
+    second = tmp_path / "second"
+    run(spark, opts([new], second, vocab_from=str(first)))
+    spec, train = load(second, "train")
+    assert spec.cardinalities == FeatureSpec.from_yaml(str(first / SPEC_FILE)).cardinalities
+    np.testing.assert_array_equal(train["categorical"][0], [2, 1, 1])   # b, a, a as in `first`
+    np.testing.assert_array_equal(train["categorical"][1], [0, 1, 1])
+    assert (second / "vocab" / "cat_0.npy").read_bytes() == (first / "vocab" / "cat_0.npy").read_bytes()
+
+
+def test_output_trains_with_dlrm(spark, generated, tmp_path):
+    out = tmp_path / "out"
+    run(spark, opts([generated], out, shuffle=True, thresholds=parse_thresholds("2")), log=lambda m: None)
+    result = subprocess.run(
+        [sys.executable, "dlrm.py", "--dataset_type=split_binary", f"--dataset_path={out}", "--batch_size=256",
+         "--valid_batch_size=1000", "--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1",
+         "--optimizer=adam", "--learning_rate=0.003", "--warmup_steps=2", "--decay_start_step=8",
+         "--decay_steps=4", "--max_steps=8", "--evals_per_epoch=0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "auc" in (result.stdout + result.stderr).lower()
+
+
+def test_thresholds_flag():
+    assert parse_thresholds("3") == [3] * 26
+    assert parse_thresholds("C3:5,C20:2") == [0, 0, 5] + [0] * 16 + [2] + [0] * 6
+    assert parse_thresholds("2,C1:7")[:2] == [7, 2]
+    for bad in ("C27:3", "x", "C3:y", "-1"):
+        with pytest.raises(ConfigError, match="--frequency_threshold"):
+            parse_thresholds(bad)
+
+
+def test_no_java_is_one_clear_error(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    with pytest.raises(ConfigError, match=r"Spark needs Java \(17\): no `java` on PATH and JAVA_HOME is not set"):
+        spark_session("local[1]")
