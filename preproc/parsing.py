@@ -19,9 +19,12 @@ INTEGER_NAMES = [f"I{k}" for k in range(1, NUM_INTEGER + 1)]
 CATEGORICAL_NAMES = [f"C{k}" for k in range(1, NUM_CATEGORICAL + 1)]
 NAMES = ["label"] + INTEGER_NAMES + CATEGORICAL_NAMES
 _INTEGER = r"^[+-]?[0-9]{1,18}$"
-_HEX_DIGIT = np.full(256, 255, np.uint8)
+_HEX_DIGIT = np.full(256, -1, np.int16)
 for _k, _c in enumerate(b"0123456789abcdef"):
     _HEX_DIGIT[_c] = _HEX_DIGIT[bytes([_c]).upper()[0]] = _k
+# Two ASCII characters (a little-endian uint16) -> the byte they spell in hex, or -1.
+_HEX_PAIR = np.where((_HEX_DIGIT[:, None] >= 0) & (_HEX_DIGIT[None, :] >= 0),
+                     _HEX_DIGIT[None, :] * 16 + _HEX_DIGIT[:, None], -1).astype(np.int16).reshape(-1)
 
 
 @dataclasses.dataclass
@@ -95,12 +98,11 @@ def _categorical(table: pa.Table, ok: np.ndarray, reasons: np.ndarray):
             column = pc.if_else(pa.array(too_long), None, column)
         padded = pc.utf8_lpad(pc.fill_null(column, ""), 16, "0")
         start = np.frombuffer(padded.buffers()[1], np.int32, 1, padded.offset * 4)[0]
-        digits = np.frombuffer(padded.buffers()[2], np.uint8, 16 * n, int(start)).reshape(n, 16)
-        nibbles = _HEX_DIGIT[digits]
-        not_hex = too_long | (nibbles == 255).any(axis=1)
+        pairs = np.frombuffer(padded.buffers()[2], np.uint8, 16 * n, int(start)).view("<u2").reshape(n, 8)
+        decoded = _HEX_PAIR[pairs]
+        not_hex = too_long | (decoded < 0).any(axis=1)
         _reject(ok, reasons, not_hex, f"{name} is not a hex number of at most 16 digits")
-        pairs = (nibbles[:, 0::2] << 4) | (nibbles[:, 1::2] & 15)
-        values[:, k] = np.ascontiguousarray(pairs).view(">u8")[:, 0].astype(np.uint64)
+        values[:, k] = decoded.astype(np.uint8).view(">u8")[:, 0].astype(np.uint64)
     return values, missing
 
 
