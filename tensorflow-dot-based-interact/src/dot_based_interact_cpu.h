@@ -33,7 +33,9 @@ namespace dot_interact {
 struct Kernels {
   int width;   // floats per vector: rows are padded to a multiple of it
   void (*gram)(const float* const* rows, int n, int dp, float* pairs);
-  void (*symmetric)(const float* s, const float* const* rows, int n, int dp, float* const* outs);
+  // outs [n, dp] = s [n, m] rows [m, dp]; product_stream: non-temporal stores, outs aligned to width floats
+  void (*product)(const float* s, const float* const* rows, int n, int m, int dp, float* const* outs);
+  void (*product_stream)(const float* s, const float* const* rows, int n, int m, int dp, float* const* outs);
 };
 
 namespace portable {
@@ -44,6 +46,8 @@ struct Vec {
   static V Zero() { return 0.0f; }
   static V Load(const float* p) { return *p; }
   static void Store(float* p, V v) { *p = v; }
+  static void Stream(float* p, V v) { *p = v; }
+  static void Fence() {}
   static V Broadcast(float x) { return x; }
   static V Fma(V a, V b, V c) { return a * b + c; }
   static constexpr int Slot(int l) { return l; }
@@ -62,6 +66,8 @@ struct Vec {
   static V Zero() { return _mm256_setzero_ps(); }
   static V Load(const float* p) { return _mm256_loadu_ps(p); }
   static void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static void Stream(float* p, V v) { _mm256_stream_ps(p, v); }
+  static void Fence() { _mm_sfence(); }
   static V Broadcast(float x) { return _mm256_set1_ps(x); }
   static V Fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static constexpr int Slot(int l) { return l; }
@@ -85,6 +91,8 @@ struct Vec {
   static V Zero() { return _mm512_setzero_ps(); }
   static V Load(const float* p) { return _mm512_loadu_ps(p); }
   static void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static void Stream(float* p, V v) { _mm512_stream_ps(p, v); }
+  static void Fence() { _mm_sfence(); }
   static V Broadcast(float x) { return _mm512_set1_ps(x); }
   static V Fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   // Reduce's lane order: lane l holds accumulator 4 (l % 4) + l / 4.
@@ -159,6 +167,22 @@ class SampleRows {
   std::vector<const float*> rows_;
 };
 
+// Asks for sample b's rows ahead of their use: the n rows lie in n separate arrays, more
+// streams than the hardware prefetchers follow.
+template <typename T>
+inline void Prefetch(const T* const* vectors, int n, int d, int64_t b) {
+  const int64_t bytes = static_cast<int64_t>(d) * sizeof(T);
+  for (int i = 0; i < n; ++i) {
+    const char* v = reinterpret_cast<const char*>(vectors[i] + b * d);
+    for (int64_t k = 0; k < bytes; k += 64) __builtin_prefetch(v + k);
+  }
+}
+
+// How many samples ahead to prefetch: about 8 KiB of input.
+inline int64_t PrefetchDistance(int n, int d, size_t size) {
+  return std::max<int64_t>(1, 8192 / std::max<int64_t>(1, static_cast<int64_t>(n) * d * size));
+}
+
 // Samples [begin, end): vectors n x [batch, d] -> out [batch, OutputWidth(n, d)].
 template <typename T>
 void Forward(const T* const* vectors, int n, int d, int64_t begin, int64_t end, T* out) {
@@ -167,7 +191,9 @@ void Forward(const T* const* vectors, int n, int d, int64_t begin, int64_t end, 
   const int64_t num = NumPairs(n), width = OutputWidth(n, d);
   SampleRows<T> rows(n, d, dp);
   std::vector<float> pairs(RoundUp(num, kernels.width));
+  const int64_t ahead = PrefetchDistance(n, d, sizeof(T));
   for (int64_t b = begin; b < end; ++b) {
+    if (b + ahead < end) Prefetch<T>(vectors, n, d, b + ahead);
     kernels.gram(rows.Load(vectors, b), n, dp, pairs.data());
     T* o = out + b * width;
     std::copy(vectors[0] + b * d, vectors[0] + (b + 1) * d, o);
@@ -177,35 +203,47 @@ void Forward(const T* const* vectors, int n, int d, int64_t begin, int64_t end, 
 }
 
 // Samples [begin, end): vectors n x [batch, d], grad [batch, OutputWidth(n, d)] -> grads n x [batch, d].
+// One product per sample: dT = [S | e0] [T; grad[:, :d]] (the bottom's gradient as an extra row
+// of T, weight 1 for row 0 only). Float outputs that need no padding are written straight, with
+// non-temporal stores when aligned (the gradients are not read again by this op).
 template <typename T>
 void Backward(const T* const* vectors, const T* grad, int n, int d, int64_t begin, int64_t end, T* const* grads) {
   const Kernels& kernels = BestKernels();
-  const int dp = static_cast<int>(RoundUp(d, kernels.width));
+  const int dp = static_cast<int>(RoundUp(d, kernels.width)), m = n + 1;
   const int64_t width = OutputWidth(n, d);
   SampleRows<T> rows(n, d, dp);
-  std::vector<float> s(static_cast<size_t>(n) * n), dpad(rows.direct() ? 0 : static_cast<size_t>(n) * dp);
+  std::vector<float> s(static_cast<size_t>(n) * m, 0.0f), bottom(rows.direct() ? 0 : dp, 0.0f);
+  std::vector<float> dpad(rows.direct() ? 0 : static_cast<size_t>(n) * dp);
+  std::vector<const float*> all(m);
   std::vector<float*> outs(n);
-  for (int i = 0; i < n && !rows.direct(); ++i) outs[i] = dpad.data() + static_cast<size_t>(i) * dp;
+  bool aligned = rows.direct();
+  for (int i = 0; i < n; ++i) {
+    outs[i] = rows.direct() ? nullptr : dpad.data() + static_cast<size_t>(i) * dp;
+    aligned = aligned && reinterpret_cast<uintptr_t>(grads[i]) % (kernels.width * sizeof(float)) == 0;
+  }
+  const auto product = aligned ? kernels.product_stream : kernels.product;
+  s[n] = 1.0f;
+  const int64_t ahead = PrefetchDistance(n, d, sizeof(T));
   for (int64_t b = begin; b < end; ++b) {
+    if (b + ahead < end) Prefetch<T>(vectors, n, d, b + ahead);
     const T* g = grad + b * width;
     const T* pair = g + d;
-    for (int i = 0; i < n; ++i) {
-      s[i * n + i] = 0.0f;
-      for (int j = 0; j < i; ++j) s[i * n + j] = s[j * n + i] = static_cast<float>(*pair++);
-    }
+    for (int i = 1; i < n; ++i)
+      for (int j = 0; j < i; ++j) s[i * m + j] = s[j * m + i] = static_cast<float>(*pair++);
+    std::copy_n(rows.Load(vectors, b), n, all.begin());
     if constexpr (std::is_same<T, float>::value) {
       if (rows.direct()) {
+        all[n] = g;
         for (int i = 0; i < n; ++i) outs[i] = grads[i] + b * d;
-        kernels.symmetric(s.data(), rows.Load(vectors, b), n, dp, outs.data());
-        for (int k = 0; k < d; ++k) outs[0][k] += g[k];
+        product(s.data(), all.data(), n, m, dp, outs.data());
         continue;
       }
     }
-    kernels.symmetric(s.data(), rows.Load(vectors, b), n, dp, outs.data());
-    for (int i = 0; i < n; ++i) {
-      T* out = grads[i] + b * d;
-      for (int k = 0; k < d; ++k) out[k] = static_cast<T>(outs[i][k] + (i == 0 ? static_cast<float>(g[k]) : 0.0f));
-    }
+    for (int k = 0; k < d; ++k) bottom[k] = static_cast<float>(g[k]);
+    all[n] = bottom.data();
+    product(s.data(), all.data(), n, m, dp, outs.data());
+    for (int i = 0; i < n; ++i)
+      for (int k = 0; k < d; ++k) grads[i][b * d + k] = static_cast<T>(outs[i][k]);
   }
 }
 
