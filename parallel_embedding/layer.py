@@ -259,13 +259,13 @@ class DistributedEmbedding(tf.Module):
             received = self.comm.alltoall(
                 tf.concat(sum(values, []), 0) if any(values) else tf.zeros([0], dtype),
                 tf.stack([tf.add_n([tf.size(v) for v in vs]) if vs else 0 for vs in values]), "embedding_multi_hot_ids")
-            # Received in (source rank, feature, row) order; rebuild each feature's B rows.
-            lengths = tf.reshape(tf.gather(by_feature, multi), [len(multi), n, b])
-            rows = tf.RaggedTensor.from_row_lengths(received, tf.reshape(tf.transpose(lengths, [1, 0, 2]), [-1]))
-            order = tf.reshape(tf.transpose(tf.reshape(tf.range(n * len(multi) * b), [n, len(multi), b]), [1, 0, 2]),
-                               [len(multi), -1])
-            for j, k in enumerate(multi):
-                out[self.global_features[k]] = tf.gather(rows, order[j])
+            if multi:   # received in (source rank, feature, row) order; rebuild each feature's B rows
+                lengths = tf.reshape(tf.gather(by_feature, multi), [len(multi), n, b])
+                rows = tf.RaggedTensor.from_row_lengths(received, tf.reshape(tf.transpose(lengths, [1, 0, 2]), [-1]))
+                order = tf.reshape(tf.transpose(tf.reshape(tf.range(n * len(multi) * b), [n, len(multi), b]),
+                                                [1, 0, 2]), [len(multi), -1])
+                for j, k in enumerate(multi):
+                    out[self.global_features[k]] = tf.gather(rows, order[j])
         return out
 
     def exchange(self, looked_up: LookedUp, local_batch) -> List[tf.Tensor]:

@@ -33,6 +33,9 @@ CASES = {
         dict(name="dcnv2-multi-hot-columns-adam-dp-input", cardinalities=SMALL, dims=[8, 16, 4, 8],
              interaction="cross", optimizer="adam", column_slice_threshold=600, data_parallel_input=True,
              hotness=[2, 5, 1, 3], combiners=["mean", "sum", "sum", "mean"], expect_kinds=["column", "whole"]),
+        dict(name="dlrm-multi-hot-on-one-rank-sgd-dp-input", cardinalities=SMALL, dims=[8] * 4, interaction="dot",
+             optimizer="sgd", strategy="basic", data_parallel_input=True, hotness=[3, 1, 1, 1],
+             combiners=["sum", "sum", "sum", "sum"], expect_kinds=["whole"]),
     ],
     3: [
         dict(name="dcnv2-basic-adagrad", cardinalities=SMALL, dims=[8, 4, 16, 8], interaction="cross",
