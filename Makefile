@@ -17,19 +17,19 @@ $(VENV)/.ready: requirements.txt tools/setup_env.sh $(OP_SOURCES)
 
 # Train DLRM on a synthetic dataset with a planted ground truth, evaluate (AUC beside the
 # oracle's), checkpoint, then evaluate the checkpoint and time inference from it.
+DEMO_DATA := --dataset_type=synthetic --synthetic_cardinalities=10,20,50,100,20,50,10,5,1000,200,30,7
+DEMO_MODEL := --embedding_dim=16 --bottom_mlp_dims=128,64,16 --top_mlp_dims=256,128,1 --optimizer=adam
+
 demo: setup
 	rm -rf $(RUN_DIR)
-	$(PY) dlrm.py --mode=train --synthetic_cardinalities=10,20,50,100,20,50,10,5,1000,200,30,7 \
-	  --synthetic_rows=819200 --synthetic_eval_rows=100000 --batch_size=2048 --valid_batch_size=8192 \
-	  --embedding_dim=16 --bottom_mlp_dims=128,64,16 --top_mlp_dims=256,128,1 --optimizer=adam \
-	  --learning_rate=0.002 --warmup_steps=20 --decay_start_step=200 --decay_steps=200 --print_freq=50 \
-	  --evals_per_epoch=2 --save_checkpoint_path=$(RUN_DIR)/checkpoints --log_path=$(RUN_DIR)/log.json
-	$(PY) dlrm.py --mode=eval --synthetic_cardinalities=10,20,50,100,20,50,10,5,1000,200,30,7 \
-	  --synthetic_eval_rows=100000 --valid_batch_size=8192 --embedding_dim=16 --bottom_mlp_dims=128,64,16 \
-	  --top_mlp_dims=256,128,1 --optimizer=adam --restore_checkpoint_path=$(RUN_DIR)/checkpoints
-	$(PY) dlrm.py --mode=inference --synthetic_cardinalities=10,20,50,100,20,50,10,5,1000,200,30,7 \
-	  --embedding_dim=16 --bottom_mlp_dims=128,64,16 --top_mlp_dims=256,128,1 --optimizer=adam \
-	  --restore_checkpoint_path=$(RUN_DIR)/checkpoints --inference_batch_sizes=1,64,1024 --inference_steps=50
+	$(PY) dlrm.py --mode=train $(DEMO_DATA) $(DEMO_MODEL) --synthetic_rows=819200 --synthetic_eval_rows=100000 \
+	  --batch_size=2048 --valid_batch_size=8192 --learning_rate=0.002 --warmup_steps=20 --decay_start_step=200 \
+	  --decay_steps=200 --print_freq=50 --evals_per_epoch=2 --save_checkpoint_path=$(RUN_DIR)/checkpoints \
+	  --log_path=$(RUN_DIR)/log.json
+	$(PY) dlrm.py --mode=eval $(DEMO_DATA) $(DEMO_MODEL) --synthetic_eval_rows=100000 --valid_batch_size=8192 \
+	  --restore_checkpoint_path=$(RUN_DIR)/checkpoints
+	$(PY) dlrm.py --mode=inference $(DEMO_DATA) $(DEMO_MODEL) --restore_checkpoint_path=$(RUN_DIR)/checkpoints \
+	  --inference_batch_sizes=1,64,1024 --inference_steps=50
 
 test: setup
 	$(PY) -m pytest -q

@@ -107,6 +107,12 @@ class LookedUp(NamedTuple):
     replicated_ids: List[FlatIds]      # per replicated table: its feature's ids
 
 
+def _assert_size(received: tf.Tensor, expected, what: str):
+    """Checks that an all-to-all delivered `expected` elements (None when run eagerly)."""
+    return tf.debugging.assert_equal(tf.size(received, out_type=tf.int64), tf.cast(expected, tf.int64),
+                                     message=f"the data-parallel input exchange received a wrong number of {what}")
+
+
 class DistributedEmbedding(tf.Module):
     """The F embedding tables of a model, placed by `plan`, executed with `collectives`.
 
@@ -191,9 +197,9 @@ class DistributedEmbedding(tf.Module):
         """Gathers this rank's rows. Training runs the gathers as one XLA-compiled function (faster
         on large batches; one-hot only, since multi-hot id counts vary from batch to batch); ids
         outside [0, cardinality) fail a check either way."""
-        ids = list(ids)
+        ids, exchange_checks = list(ids), []
         if self.data_parallel_input and self.size > 1:
-            ids = self._exchange_ids(ids)
+            ids, exchange_checks = self._exchange_ids(ids)
         checked = self.global_features + self.replicated if not self.data_parallel_input or self.size == 1 \
             else list(range(len(ids)))
         flat = {f: flatten_ids(ids[f], self.combiners[f]) for f in checked}
@@ -201,7 +207,7 @@ class DistributedEmbedding(tf.Module):
         replicated_ids = [flat[f] for f in self.replicated]
         one_hot = all(flat[f].rows is None for f in checked)
         lookup = self._lookup if training and one_hot else self._lookup_impl
-        with tf.control_dependencies(self._check_range(checked, [flat[f].ids for f in checked])):
+        with tf.control_dependencies(self._check_range(checked, [flat[f].ids for f in checked]) + exchange_checks):
             rows, indices, replicated_rows = lookup(shard_ids, replicated_ids)
         return LookedUp(rows, indices, shard_ids, replicated_rows, replicated_ids)
 
@@ -237,10 +243,13 @@ class DistributedEmbedding(tf.Module):
             tf.boolean_mask(tf.constant(features, tf.int64), tf.logical_not(in_range)),
             "min/max ids:", id_range, "cardinalities:", cardinalities], summarize=64)]
 
-    def _exchange_ids(self, ids: List[tf.Tensor]) -> List[tf.Tensor]:
-        """Data-parallel input: every rank's b rows of ids -> the B rows of the features this rank
-        holds. One all-to-all carries the one-hot ids and the multi-hot row lengths ([b] each),
-        a second one (only if there are multi-hot features) the multi-hot ids."""
+    def _exchange_ids(self, ids: List[tf.Tensor]):
+        """Data-parallel input: every rank's b rows of ids -> (the B rows of the features this rank
+        holds, checks of the amounts received, which the lookup must wait for).
+        One all-to-all carries the one-hot ids and the multi-hot row lengths ([b] each), a second
+        one (only if there are multi-hot features) the multi-hot ids. Every rank takes part in
+        both, even one that receives nothing; the checks consume every result, so graph
+        optimisation never prunes an all-to-all on one rank (the others would wait forever)."""
         ragged = [isinstance(i, tf.RaggedTensor) for i in ids]
         flat_ids = [i.values if r else i for i, r in zip(ids, ragged)]
         dtype = tf.int64 if any(i.dtype == tf.int64 for i in flat_ids) else tf.int32
@@ -250,6 +259,7 @@ class DistributedEmbedding(tf.Module):
         splits = tf.stack([b * len(self._features_of[r]) for r in range(n)])
         received = self.comm.alltoall(tf.concat(send, 0) if send else tf.zeros([0], dtype), splits, "embedding_ids")
         by_feature = tf.reshape(tf.transpose(tf.reshape(received, [n, mine, b]), [1, 0, 2]), [mine, -1])
+        checks = [_assert_size(received, n * mine * b, "ids")]
         out = list(ids)
         for k, f in enumerate(self.global_features):
             out[f] = by_feature[k]
@@ -259,6 +269,8 @@ class DistributedEmbedding(tf.Module):
             received = self.comm.alltoall(
                 tf.concat(sum(values, []), 0) if any(values) else tf.zeros([0], dtype),
                 tf.stack([tf.add_n([tf.size(v) for v in vs]) if vs else 0 for vs in values]), "embedding_multi_hot_ids")
+            expected = tf.reduce_sum(tf.gather(by_feature, multi)) if multi else 0
+            checks.append(_assert_size(received, expected, "multi-hot ids"))
             if multi:   # received in (source rank, feature, row) order; rebuild each feature's B rows
                 lengths = tf.reshape(tf.gather(by_feature, multi), [len(multi), n, b])
                 rows = tf.RaggedTensor.from_row_lengths(received, tf.reshape(tf.transpose(lengths, [1, 0, 2]), [-1]))
@@ -266,7 +278,7 @@ class DistributedEmbedding(tf.Module):
                                                 [1, 0, 2]), [len(multi), -1])
                 for j, k in enumerate(multi):
                     out[self.global_features[k]] = tf.gather(rows, order[j])
-        return out
+        return out, [c for c in checks if c is not None]
 
     def exchange(self, looked_up: LookedUp, local_batch) -> List[tf.Tensor]:
         """This rank's rows -> the F features of the local batch (`local_batch` = b rows, [b, D_f])."""

@@ -74,9 +74,9 @@ def run_script(*args, timeout=120):
                           timeout=timeout)
 
 
-SCRIPT_ARGS = ["--synthetic_cardinalities=20,50,7,30", "--synthetic_num_numerical=3", "--embedding_dim=8",
-               "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1", "--batch_size=64", "--valid_batch_size=256",
-               "--synthetic_rows=256", "--synthetic_eval_rows=256", "--print_freq=1"]
+SCRIPT_ARGS = ["--dataset_type=synthetic", "--synthetic_cardinalities=20,50,7,30", "--synthetic_num_numerical=3",
+               "--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1", "--batch_size=64",
+               "--valid_batch_size=256", "--synthetic_rows=256", "--synthetic_eval_rows=256", "--print_freq=1"]
 
 
 @pytest.mark.parametrize("script,args,flag", [

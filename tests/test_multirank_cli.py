@@ -14,8 +14,8 @@ import pytest
 
 from tests.horovod_run import ROOT, Ranks, horovodrun
 
-MODEL = ["--synthetic_cardinalities=300,50,7,30,90", "--synthetic_num_numerical=3", "--embedding_dim=8",
-         "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1", "--optimizer=adam", "--seed=7"]
+MODEL = ["--dataset_type=synthetic", "--synthetic_cardinalities=300,50,7,30,90", "--synthetic_num_numerical=3",
+         "--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1", "--optimizer=adam", "--seed=7"]
 # 12 steps of 96 (divisible by 2 and 3), the schedule's warm-up and decay inside them.
 DATA = ["--learning_rate=0.01", "--batch_size=96", "--valid_batch_size=300", "--synthetic_rows=1152",
         "--synthetic_eval_rows=500", "--warmup_steps=2", "--decay_start_step=8", "--decay_steps=4",

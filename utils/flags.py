@@ -40,7 +40,7 @@ flags.DEFINE_string("log_path", "", "JSON-lines log file; TensorBoard scalars go
 flags.DEFINE_string("save_checkpoint_path", "", "directory for checkpoints (written at the end of training)")
 flags.DEFINE_string("restore_checkpoint_path", "", "checkpoint directory to resume or evaluate from")
 flags.DEFINE_integer("checkpoint_every_n_steps", 0, "also checkpoint every this many steps (0: only at the end)")
-flags.DEFINE_enum("dataset_type", "synthetic", list(DATASET_TYPES), "split_binary: files described by a feature "
+flags.DEFINE_enum("dataset_type", "split_binary", list(DATASET_TYPES), "split_binary: files described by a feature "
                   "spec (see docs/datasets.md); synthetic: generated on the fly from the --synthetic_* flags")
 flags.DEFINE_string("dataset_path", "", "split-binary dataset directory (holding feature_spec.yaml)")
 flags.DEFINE_string("feature_spec", "", "feature spec file (default: <dataset_path>/feature_spec.yaml)")
