@@ -2,11 +2,18 @@
 implementation (its XLA-compiled forward/backward pair), one JSON line per shape:
 
     python benchmarks/interaction_op.py [--threads 2] [--rounds 7] [--calls 10] [--shapes 4096,27,16 ...]
+    python benchmarks/interaction_op.py --steps 100 --workloads dlrm-kaggle dlrm-large
 
 Both run as the train step runs them: bottom [B, D] and F embeddings [B, D] in, the output's
 gradient in, the inputs' gradients out, inside one tf.function. The two alternate, `rounds`
 rounds of `calls` calls each, so that load from other processes hits both alike; reported: the
 median and the minimum over all calls, and the load average when the shape finished.
+
+`--workloads`: the whole train step of those workloads (train_throughput.py's set-up), built
+twice in one process (the op, and the TensorFlow pair), one step of each in turn `--steps`
+times; reported: the median of the paired differences (TF step - op step), how many pairs the
+op won, and each side's median and minimum. Paired steps cancel the slow swings of a shared
+machine's load that separate processes (train_throughput.py --dot_op 1|0) cannot.
 """
 import argparse
 import json
@@ -25,15 +32,72 @@ def main():
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--shapes", nargs="+", default=SHAPES, help="B,F+1,D")
+    ap.add_argument("--workloads", nargs="*", default=[], help="time these train steps instead of --shapes")
+    ap.add_argument("--steps", type=int, default=100, help="--workloads: paired steps")
     args = ap.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.path.insert(0, ROOT)
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    for workload in args.workloads:
+        train_step_pairs(workload, args.steps, args.threads)
+    if not args.workloads:
+        interaction_shapes(args)
+
+
+def train_step_pairs(workload, steps, threads):
+    """One JSON line: `steps` pairs of train steps of `workload`, with and without the op."""
+    import numpy as np
+    import tensorflow as tf
+    from benchmarks.train_throughput import DEFAULT_BENCH, yardstick_module
+    from nn.lr_schedule import LearningRateSchedule
+    from nn.model import RankingModel
+    from nn.trainer import Trainer
+    from parallel_embedding.collectives import make_collectives
+    from parallel_embedding.planner import plan_tables
+
+    w = yardstick_module(DEFAULT_BENCH).load_workload(workload, threads)
+    cards, dims = w["cardinalities"], [w["embedding_dim"]] * len(w["cardinalities"])
+    comm = make_collectives()
+    trainers = {}
+    for kernel in ("op", "tf"):
+        model = RankingModel(cards, dims, w["num_dense"], w["bottom_mlp"], w["top_mlp"], interaction="dot_custom",
+                             seed=w["seed"], plan=plan_tables(cards, dims, comm.size), collectives=comm)
+        if kernel == "tf":
+            model.interaction._op = None   # DotInteraction's XLA-compiled TensorFlow pair
+        trainers[kernel] = Trainer(model, w["optimizer"]["name"], LearningRateSchedule(w["optimizer"]["lr"], 0, 0, 0))
+    rng = np.random.default_rng(w["seed"])
+    batch, card = int(w["batch_size"]), np.asarray(cards, dtype=np.int64)
+    pool = []
+    for _ in range(4):
+        ids = np.minimum((rng.random((batch, len(card))) * card).astype(np.int64), card - 1).astype(np.int32)
+        pool.append((tf.constant(rng.standard_normal((batch, w["num_dense"]), dtype=np.float32)),
+                     [tf.constant(ids[:, f]) for f in range(len(cards))],
+                     tf.constant(rng.integers(0, 2, size=batch).astype(np.float32))))
+    times = {"op": [], "tf": []}
+    for i in range(3 + steps):
+        for kernel in (("op", "tf") if i % 2 else ("tf", "op")):
+            t0 = time.perf_counter()
+            float(trainers[kernel].train_step(*pool[i % len(pool)]))
+            if i >= 3:
+                times[kernel].append(1000 * (time.perf_counter() - t0))
+    diffs = [t - o for o, t in zip(times["op"], times["tf"])]
+    print(json.dumps({"workload": workload, "batch": batch, "threads": threads, "pairs": steps,
+                      "tf_minus_op_median_ms": round(statistics.median(diffs), 1),
+                      "op_faster_pairs": sum(d > 0 for d in diffs),
+                      **{f"{k}_median_ms": round(statistics.median(v), 1) for k, v in times.items()},
+                      **{f"{k}_min_ms": round(min(v), 1) for k, v in times.items()},
+                      "load": round(os.getloadavg()[0], 2)}), flush=True)
+
+
+def interaction_shapes(args):
+    """One JSON line per shape: the interaction's forward+backward, op against the TF pair."""
     import numpy as np
     import tensorflow as tf
     from nn.interaction import DotInteraction
 
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     for shape in args.shapes:
         batch, n, dim = map(int, shape.split(","))
         rng = np.random.default_rng(0)

@@ -208,8 +208,8 @@ def test_dot_custom_cli_error_line(tmp_path):
     """Exit code 2 and one `error:` line, as every configuration error (library hidden)."""
     code = ("import sys, runpy; sys.modules['dot_based_interact'] = None; sys.argv[0] = 'dlrm.py'; "
             "runpy.run_path('dlrm.py', run_name='__main__')")
-    args = ["--interaction=dot_custom", "--synthetic_cardinalities=5,6", "--embedding_dim=4",
-            "--bottom_mlp_dims=8,4", "--top_mlp_dims=8,1", "--batch_size=64", "--synthetic_rows=128"]
+    args = ["--interaction=dot_custom", "--dataset_type=synthetic", "--synthetic_cardinalities=5,6",
+            "--embedding_dim=4", "--bottom_mlp_dims=8,4", "--top_mlp_dims=8,1", "--batch_size=64", "--synthetic_rows=128"]
     p = subprocess.run([sys.executable, "-c", code] + args, cwd=ROOT, capture_output=True, text=True,
                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert p.returncode == 2, p.stderr
