@@ -87,7 +87,7 @@ SCRIPT_ARGS = ["--dataset_type=synthetic", "--synthetic_cardinalities=20,50,7,30
     ("dlrm.py", ["--mode=eval", "--restore_checkpoint_path=x", "--learning_rate=1"], "--learning_rate"),
 ])
 def test_bad_combination_exits_2_with_one_error_line(script, args, flag):
-    proc = run_script(script, *args, timeout=60)
+    proc = run_script(script, "--dataset_type=synthetic", *args, timeout=60)
     assert proc.returncode == 2, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and flag in last, proc.stderr
@@ -421,3 +421,11 @@ def test_inference_from_checkpoint(trained, out):
     results = main.run(config(mode="inference", restore_checkpoint_path=ck, inference_batch_sizes=["4"]))
     assert [r["batch_size"] for r in results] == [4]
     assert re.search(r"restored \S+ckpt-12 at step 12", out.readouterr().out)
+
+
+def test_default_dataset_needs_a_path():
+    """The default dataset type is split_binary (as in the reference): without files, one line
+    says what to pass."""
+    proc = run_script("dlrm.py", timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: --dataset_type=split_binary needs --dataset_path")
