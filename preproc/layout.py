@@ -44,6 +44,10 @@ class Layout:
     def total_parts(self) -> int:
         return sum(self.parts(m) for m in MAPPINGS)
 
+    def unshuffled(self, pids: np.ndarray) -> np.ndarray:
+        """Whether each global part id holds rows in line order (all but shuffled training parts)."""
+        return np.full(len(pids), self.shuffle_seed < 0) | (pids >= self.parts("train"))
+
     def assign(self, lines: np.ndarray):
         """Per global line number: (mapping index, global part id, sort key as int64)."""
         starts = np.array([s[0] for s in self.segments], np.int64)

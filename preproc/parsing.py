@@ -1,10 +1,16 @@
-"""One block of raw Criteo lines -> validated columns (pyarrow's CSV reader, vectorised checks).
+"""One block of raw Criteo lines -> validated columns, in numpy on the raw bytes.
 
 A line is `label, I1..I13, C1..C26`, tab-separated: label 0 or 1; integer features (empty:
 missing); categorical features in hex, up to 16 digits (empty: missing), read as uint64
 numbers (so `0a` and `A` are the same value). A line with another field count, a label other
 than 0/1, a non-integer integer field or a non-hex categorical is bad: it is dropped and
 reported with its reason.
+
+The common line (40 fields, label 0/1, integers of at most 16 digits with an optional '-', hex
+of at most 16 digits) is decoded on the raw bytes: the delimiters found at once, each field
+read as the 8 (or 16) bytes that end it, right-aligned and '0'-padded, and decoded as whole
+words (SWAR decimal, a 64K table for pairs of hex digits). Any other line goes through
+pyarrow's CSV reader, which gives the bad lines their reasons.
 """
 import dataclasses
 from typing import List, Tuple
@@ -18,20 +24,28 @@ NUM_INTEGER, NUM_CATEGORICAL = 13, 26
 INTEGER_NAMES = [f"I{k}" for k in range(1, NUM_INTEGER + 1)]
 CATEGORICAL_NAMES = [f"C{k}" for k in range(1, NUM_CATEGORICAL + 1)]
 NAMES = ["label"] + INTEGER_NAMES + CATEGORICAL_NAMES
-_INTEGER = r"^[+-]?[0-9]{1,18}$"
+_INTEGER = r"^-?[0-9]{1,18}$"
 _HEX_DIGIT = np.full(256, -1, np.int16)
 for _k, _c in enumerate(b"0123456789abcdef"):
     _HEX_DIGIT[_c] = _HEX_DIGIT[bytes([_c]).upper()[0]] = _k
 # Two ASCII characters (a little-endian uint16) -> the byte they spell in hex, or -1.
 _HEX_PAIR = np.where((_HEX_DIGIT[:, None] >= 0) & (_HEX_DIGIT[None, :] >= 0),
                      _HEX_DIGIT[None, :] * 16 + _HEX_DIGIT[:, None], -1).astype(np.int16).reshape(-1)
+_PAIR_OR_BAD = np.where(_HEX_PAIR < 0, 0x100, _HEX_PAIR).astype(np.uint16)    # bad: bit 8 set
+_U = np.uint64
+_ZEROS, _HIGH_NIBBLES, _LOW_NIBBLES = _U(0x3030303030303030), _U(0xF0F0F0F0F0F0F0F0), _U(0x0F0F0F0F0F0F0F0F)
+# For a field of k <= 8 characters ending a word: _KEEP[k] masks its bytes (the high k), _FILL[k]
+# writes '0' over the bytes before it.
+_KEEP = np.array([(2 ** 64 - 1) ^ ((1 << (8 * (8 - k))) - 1) for k in range(9)], np.uint64)
+_FILL = _ZEROS & ~_KEEP
 
 
 @dataclasses.dataclass
 class Block:
     """The good lines of a block: `lines` their 0-based line numbers in the block, `labels` [n]
     uint8, `integers` [n, 13] int64 and `integer_missing` [n, 13] bool, `categorical` [n, 26]
-    uint64 and `categorical_missing` [n, 26] bool; `bad` (line number, reason) per bad line."""
+    uint64 and `categorical_missing` [n, 26] bool; `bad` (line number, reason) per bad line;
+    `num_lines` the lines of the block, good and bad."""
     lines: np.ndarray
     labels: np.ndarray
     integers: np.ndarray
@@ -39,10 +53,11 @@ class Block:
     categorical: np.ndarray
     categorical_missing: np.ndarray
     bad: List[Tuple[int, str]]
+    num_lines: int
 
 
-def parse_block(data: bytes, num_lines: int) -> Block:
-    """Parses `num_lines` lines (reading.count_lines(data))."""
+def _parse_with_arrow(data: bytes, num_lines: int) -> Block:
+    """The general parser (pyarrow's CSV reader): any line, good or bad, with its reason."""
     bad = []
 
     def wrong_count(row):
@@ -67,7 +82,90 @@ def parse_block(data: bytes, num_lines: int) -> Block:
     bad += [(int(lines[k]), reasons[k]) for k in np.flatnonzero(~ok)]
     bad.sort()
     labels = pc.equal(label, "1").to_numpy(zero_copy_only=False)[ok].astype(np.uint8)
-    return Block(lines[ok], labels, integers[ok], integer_missing[ok], categorical[ok], categorical_missing[ok], bad)
+    return Block(lines[ok], labels, integers[ok], integer_missing[ok], categorical[ok], categorical_missing[ok], bad,
+                 num_lines)
+
+
+def parse_block(data: bytes) -> Block:
+    """Parses the lines of `data` (whole lines; the last may lack its newline)."""
+    if not data:
+        return _parse_with_arrow(data, 0)
+    buf = b"0" * 16 + data + (b"" if data.endswith(b"\n") else b"\n")
+    chars = np.frombuffer(buf, np.uint8)
+    delims = np.flatnonzero((chars == 9) | (chars == 10))
+    newline = chars[delims] == 10
+    ends = delims[newline]
+    num_lines = len(ends)
+    if len(delims) == len(NAMES) * num_lines and newline.reshape(num_lines, -1)[:, -1].all():
+        shaped = np.ones(num_lines, bool)
+        fields = delims.reshape(num_lines, len(NAMES))
+    else:                                     # lines of another field count exist
+        line_of = np.cumsum(newline) - newline
+        shaped = np.bincount(line_of, minlength=num_lines) == len(NAMES)
+        fields = delims[shaped[line_of]].reshape(-1, len(NAMES))
+    starts = np.concatenate([[16], ends[:-1] + 1])
+    before = np.concatenate([starts[shaped, None] - 1, fields[:, :-1]], axis=1)   # each field's preceding delimiter
+    lengths = fields - before - 1
+    negative = chars[before[:, 1:1 + NUM_INTEGER] + 1] == ord("-")
+    integers, bad_integer = _decode(buf, fields[:, 1:1 + NUM_INTEGER], lengths[:, 1:1 + NUM_INTEGER] - negative, _decimal, 10 ** 8)
+    integers = np.where(negative, -integers.view(np.int64), integers.view(np.int64))
+    bad_integer |= negative & (lengths[:, 1:1 + NUM_INTEGER] == 1)
+    categorical, bad_categorical = _decode(buf, fields[:, 1 + NUM_INTEGER:], lengths[:, 1 + NUM_INTEGER:], _hex, 1 << 32)
+    labels = chars[starts[shaped]] - ord("0")
+    suspect = (lengths[:, 0] != 1) | (labels > 1) | bad_integer.any(axis=1) | bad_categorical.any(axis=1)
+    keep = slice(None) if not suspect.any() else ~suspect
+    good = np.flatnonzero(shaped)[keep]
+    block = Block(good, labels[keep], integers[keep], lengths[keep, 1:1 + NUM_INTEGER] == 0,
+                  categorical[keep], lengths[keep, 1 + NUM_INTEGER:] == 0, [], num_lines)
+    others = np.setdiff1d(np.arange(num_lines), good, assume_unique=True)
+    if len(others):
+        block = _merge(block, others, _parse_with_arrow(b"".join(buf[starts[k]:ends[k] + 1] for k in others), len(others)))
+    return block
+
+
+def _decode(buf: bytes, ends: np.ndarray, lengths: np.ndarray, word, scale: int):
+    """Fields of at most 16 characters ending at `ends` -> (values uint64, not decodable): the
+    last 8 characters by `word`, the 8 before them (fields longer than 8) times `scale`."""
+    windows = np.ndarray((len(buf) - 7,), "<u8", buf, 0, (1,))     # the 8 bytes from every offset
+
+    def chars(end, length):
+        length = np.minimum(length, 8)
+        return (windows[end] & _KEEP[length]) | _FILL[length]
+
+    values, bad = word(chars(ends - 8, lengths))
+    bad |= lengths > 16
+    long = np.nonzero((lengths > 8) & ~bad)
+    if len(long[0]):
+        high, bad_high = word(chars(ends[long] - 16, lengths[long] - 8))
+        values[long] += high * _U(scale)
+        bad[long] |= bad_high
+    return values, bad
+
+
+def _decimal(x: np.ndarray):
+    """8 ASCII characters ('0'-padded, first in the low byte) -> their decimal value, not digits."""
+    bad = ((x & _HIGH_NIBBLES) != _ZEROS) | (((x & _LOW_NIBBLES) + _U(0x0606060606060606)) & _HIGH_NIBBLES != 0)
+    x = x - _ZEROS
+    x = (x * _U(10) + (x >> _U(8))) & _U(0x00FF00FF00FF00FF)
+    x = (x * _U(100) + (x >> _U(16))) & _U(0x0000FFFF0000FFFF)
+    return (x * _U(10000) + (x >> _U(32))) & _U(0xFFFFFFFF), bad
+
+
+def _hex(x: np.ndarray):
+    """8 ASCII characters -> their hex value, not hex digits."""
+    pairs = _PAIR_OR_BAD[x.view("<u2")]
+    bad = (pairs.view("<u8") & _U(0x0100010001000100)).reshape(x.shape) != 0
+    return pairs.astype(np.uint8).view(">u4").reshape(x.shape).astype(np.uint64), bad
+
+
+def _merge(block: Block, lines: np.ndarray, other: Block) -> Block:
+    """`block` with the rows of `other`, a parse of the given lines of the same block."""
+    merged = [np.concatenate([a, b]) for a, b in zip(
+        (block.lines, block.labels, block.integers, block.integer_missing, block.categorical, block.categorical_missing),
+        (lines[other.lines], other.labels, other.integers, other.integer_missing, other.categorical,
+         other.categorical_missing))]
+    order = np.argsort(merged[0], kind="stable")
+    return Block(*[m[order] for m in merged], [(int(lines[k]), reason) for k, reason in other.bad], block.num_lines)
 
 
 def _integers(table: pa.Table, ok: np.ndarray, reasons: np.ndarray):

@@ -1,19 +1,21 @@
 """The Spark job: raw Criteo TSV files -> split-binary dataset + feature_spec.yaml.
 
     1. line counts of every split (one task per split)       -> the layout (mappings, parts)
-    2. value counts of the training rows, bad-line reports  -> summed by Spark per (feature,
-       value); one task per feature ranks its values and writes vocab/<feature>.npy
-    3. encode every good row into one fixed-size record (label, float16 numericals, ids),
-       tagged with its part and sort key; Spark shuffles the records by part and sorts them;
-       each task writes whole parts straight to the output directory (a shared file system on
-       a cluster): no data passes through the driver.
+    2. value counts of the training rows (numpy tables), bad-line reports -> summed per
+       (feature, hash bucket) after Spark groups them, cut to the frequent values; one task per
+       feature ranks them and writes vocab/<feature>.npy
+       (step 2 parses each split once and caches the parsed columns under the job's directory)
+    3. the driver creates every part file at its final size (rows per part and split are
+       known from step 2); one task per split encodes its cached rows and writes them at
+       their place in the part files (a shared file system on a cluster). With --shuffle, the
+       training rows instead become records tagged with their part and sort key, which Spark
+       groups by part and sorts; one task per part writes it. No data passes through the driver.
 
 The result depends only on the input and the layout flags (split, fractions, part_rows, seed),
 not on the split size, the number of executors or Spark's partitioning. Everything is written
 under OUT/.preproc-tmp-*/ and moved into place at the end, the spec last.
 """
 import dataclasses
-import json
 import os
 import shutil
 import sys
@@ -23,7 +25,6 @@ import zipfile
 from typing import Dict, List
 
 import numpy as np
-from pyspark.sql import functions as F
 
 from dataloading.feature_spec import SPEC_FILE, DatasetError, split_binary_spec
 from preproc import layout as layouts
@@ -49,7 +50,7 @@ class Options:
     vocab_from: str = ""
     strict: bool = False
     split_bytes: int = 128 << 20
-    block_bytes: int = 32 << 20
+    block_bytes: int = 8 << 20
     part_rows: int = 1 << 24
 
 
@@ -70,18 +71,16 @@ def run(spark, opts: Options, log=print) -> dict:
     os.makedirs(tmp)
     try:
         ctx = tasks.Context(splits, split_lines[:-1], file_lines, layout, opts.block_bytes, NUMERICAL, CATEGORICAL,
-                            LABEL, count=not opts.vocab_from, vocab_root=tmp, out_root=tmp)
+                            LABEL, count=not opts.vocab_from, vocab_root=tmp, out_root=tmp,
+                            cache_root=os.path.join(tmp, "cache"))
         summary = _count_and_rank(spark, ctx, opts, tmp, log)
         spec = _spec(layout, summary.pop("cardinalities"), opts.output)
         ctx.record = [(LABEL, "u1", ()), ("numerical", "<f2", (len(NUMERICAL),))] + [
             (f, spec.dtype(f).str, ()) for f in CATEGORICAL]
         ctx.part_files = _part_files(spec, layout)
-        written = _encode_and_write(spark, ctx, layout.total_parts)
+        ctx.row_offsets = _create_parts(ctx, summary.pop("split_part_rows"))
+        written = _write(spark, ctx)
         _check_written(written, summary["rows"], layout)
-        for files in ctx.part_files.values():     # parts no row went to stay empty files
-            for f in files.values():
-                os.makedirs(os.path.dirname(os.path.join(tmp, f)), exist_ok=True)
-                open(os.path.join(tmp, f), "ab").close()
         spec.metadata = summary
         _move_into_place(tmp, opts.output)
         spec.to_yaml(os.path.join(opts.output, SPEC_FILE))
@@ -125,12 +124,11 @@ def _layout(opts: Options, paths, lines_per_file, total) -> layouts.Layout:
 
 
 def _count_and_rank(spark, ctx, opts: Options, tmp, log) -> dict:
-    splits = spark.sparkContext.parallelize([(i,) for i in range(len(ctx.splits))], len(ctx.splits))
-    frame = spark.createDataFrame(splits, "split int")
-    counted = frame.mapInArrow(lambda batches: tasks.count_values(ctx, batches), tasks.COUNT_SCHEMA).persist()
+    sc = spark.sparkContext
+    counted = sc.parallelize(range(len(ctx.splits)), len(ctx.splits)).map(
+        lambda i: tasks.count_values(ctx, i)).persist()
     try:
-        infos = sorted((json.loads(r.info) for r in counted.filter("col < 0").select("info").collect()),
-                       key=lambda i: i["split"])
+        infos = sorted(counted.map(lambda r: r[0]).collect(), key=lambda i: i["split"])
         rows = {m: sum(i["rows"][m] for i in infos) for m in MAPPINGS}
         bad = sum(i["bad"] for i in infos)
         first_bad = [b for i in infos for b in i["first_bad"]][:tasks.MAX_REPORTED]
@@ -147,17 +145,19 @@ def _count_and_rank(spark, ctx, opts: Options, tmp, log) -> dict:
                 vocab.save(tmp, f, entries)
                 cards[k] = len(entries) + 1
         else:
-            thresholds = opts.thresholds or [0] * len(CATEGORICAL)
-            summed = counted.filter("col >= 0").groupBy("col", "value").agg(F.sum("count").alias("count"))
-            cards = {r.col: r.cardinality for r in summed.groupBy("col").applyInArrow(
-                lambda table: tasks.rank_column(ctx, thresholds, table), "col int, cardinality long").collect()}
+            thresholds, buckets = opts.thresholds or [0] * len(CATEGORICAL), sc.defaultParallelism
+            cards = dict(counted.flatMap(lambda r: tasks.bucketed(r[1], buckets)).groupByKey(buckets)
+                         .map(lambda kv: (kv[0][0], vocab.frequent(tasks.summed(kv[1]), thresholds[kv[0][0]])))
+                         .groupByKey(buckets)
+                         .map(lambda kv: (kv[0], tasks.rank_column(ctx, kv[0], kv[1], thresholds[kv[0]]))).collect())
             for k, f in enumerate(CATEGORICAL):       # features with no value in the training rows
                 if k not in cards:
                     vocab.save(tmp, f, vocab.rank(np.zeros(0, np.uint64), np.zeros(0, np.int64), 0))
                     cards[k] = 1
     finally:
         counted.unpersist()
-    return {"rows": rows, "bad_lines": bad, "first_bad_lines": [f"{p}:{line}: {r}" for p, line, r in first_bad],
+    return {"rows": rows, "split_part_rows": [{int(p): n for p, n in i["part_rows"].items()} for i in infos],
+            "bad_lines": bad, "first_bad_lines": [f"{p}:{line}: {r}" for p, line, r in first_bad],
             "cardinalities": [cards[k] for k in range(len(CATEGORICAL))],
             "inputs": [s.path for s in ctx.splits if s.start == 0],
             "frequency_threshold": dict(zip(CATEGORICAL, opts.thresholds or [0] * len(CATEGORICAL))),
@@ -188,13 +188,36 @@ def _part_files(spec, layout) -> Dict[int, Dict[str, str]]:
     return out
 
 
-def _encode_and_write(spark, ctx, parts: int) -> Dict[int, int]:
-    splits = spark.sparkContext.parallelize([(i,) for i in range(len(ctx.splits))], len(ctx.splits))
-    records = spark.createDataFrame(splits, "split int").mapInArrow(
-        lambda batches: tasks.encode(ctx, batches), tasks.RECORD_SCHEMA)
-    written = records.repartition(parts, "pid").sortWithinPartitions("pid", "key").mapInArrow(
-        lambda batches: tasks.write(ctx, batches), tasks.WRITTEN_SCHEMA).collect()
-    return {r.pid: r.rows for r in written}
+def _create_parts(ctx, split_part_rows) -> Dict[int, Dict[int, int]]:
+    """Creates every part file at its final size; returns each split's first row in each part."""
+    offsets, totals = [], {}
+    for part_rows in split_part_rows:
+        offsets.append({pid: totals.get(pid, 0) for pid in part_rows})
+        for pid, n in part_rows.items():
+            totals[pid] = totals.get(pid, 0) + n
+    dtype = ctx.record_dtype()
+    for pid, files in ctx.part_files.items():
+        for field, name in files.items():
+            path = os.path.join(ctx.out_root, name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.truncate(totals.get(pid, 0) * dtype[field].itemsize)
+    return dict(enumerate(offsets))
+
+
+def _write(spark, ctx) -> Dict[int, int]:
+    """Rows of unshuffled parts straight to their place; shuffled rows grouped and sorted by Spark."""
+    n = len(ctx.splits)
+    written = {}
+    for rows in spark.sparkContext.parallelize(range(n), n).map(lambda i: tasks.write_direct(ctx, i)).collect():
+        written.update({pid: written.get(pid, 0) + k for pid, k in rows.items()})
+    if ctx.layout.shuffle_seed >= 0:
+        splits = spark.sparkContext.parallelize([(i,) for i in range(n)], n)
+        records = spark.createDataFrame(splits, "split int").mapInArrow(
+            lambda batches: tasks.encode(ctx, batches), tasks.RECORD_SCHEMA)
+        written.update({r.pid: r.rows for r in records.repartition(ctx.layout.parts("train"), "pid").sortWithinPartitions(
+            "pid", "key").mapInArrow(lambda batches: tasks.write(ctx, batches), tasks.WRITTEN_SCHEMA).collect()})
+    return written
 
 
 def _check_written(written, rows, layout):

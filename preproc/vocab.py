@@ -14,10 +14,10 @@ VOCAB_DIR = "vocab"
 ENTRY = np.dtype([("value", "<u8"), ("count", "<i8")])
 
 
-def count(values: np.ndarray):
-    """(distinct values uint64, their counts int64) of a column's non-missing values."""
-    counts = pd.Series(values, copy=False).value_counts(sort=False)
-    return counts.index.to_numpy(np.uint64), counts.to_numpy(np.int64)
+def frequent(table: tuple, threshold: int) -> tuple:
+    """The (values, counts) seen at least `threshold` times."""
+    keep = table[1] >= threshold
+    return table[0][keep], table[1][keep]
 
 
 def rank(values: np.ndarray, counts: np.ndarray, threshold: int) -> np.ndarray:
