@@ -1,12 +1,13 @@
 """The work of the Spark tasks, run on the executors (numpy and pyarrow, no Spark objects).
 
-`count_values` parses a split once: it yields the value counts of its training rows and its
-report (rows per mapping and per part, bad lines) as Arrow batches, and caches the parsed
-columns (labels, float16 numericals, per-block value codes and distinct values) in
-`cache_root`. `write_direct` encodes a split's cached rows and writes those of unshuffled parts
-at their known place in the pre-sized part files. With a shuffle, `encode` turns the shuffled
-rows into fixed-size binary records (part, sort key) that Spark groups and sorts, and `write`
-writes whole sorted parts.
+`count_values` parses a split once: it returns its report (rows per mapping and per part, bad
+lines) and the value counts of its training rows as numpy tables, and caches the parsed columns
+(labels, float16 numericals, per block the distinct values and each row's code) in
+`cache_root`. `bucketed`, `summed` and `rank_column` sum the tables per (feature, hash bucket)
+and rank each feature's frequent values. `write_direct` encodes a split's cached rows and writes
+those of unshuffled parts at their known place in the pre-sized part files. With a shuffle,
+`encode` turns the shuffled rows into fixed-size binary records (part, sort key) that Spark
+groups and sorts, and `write` writes whole sorted parts.
 """
 import dataclasses
 import os
