@@ -137,8 +137,7 @@ def _encoded(ctx: Context, split_id: int):
             records[ctx.label] = labels
             records["numerical"] = numerical
             for k, feature in enumerate(ctx.categorical):
-                ids = encoders[k](distinct[k], np.zeros(len(distinct[k]), bool))
-                records[feature] = np.append(ids, 0)[codes[k]]          # code -1 (missing): id 0
+                records[feature] = np.append(encoders[k](distinct[k]), 0)[codes[k]]     # code -1 (missing): id 0
             yield lines, records
 
 

@@ -50,10 +50,8 @@ class Encoder:
         self.index = pd.Index(entries["value"], dtype="uint64")
         self.cardinality = len(entries) + 1
 
-    def __call__(self, values: np.ndarray, missing: np.ndarray) -> np.ndarray:
-        ids = self.index.get_indexer(values) + 1      # not found: -1 -> 0
-        ids[missing] = 0
-        return ids
+    def __call__(self, values: np.ndarray) -> np.ndarray:
+        return self.index.get_indexer(values) + 1      # not found: -1 -> 0
 
 
 _ENCODERS: Dict[tuple, Encoder] = {}
