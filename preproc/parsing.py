@@ -87,9 +87,8 @@ def _parse_with_arrow(data: bytes, num_lines: int) -> Block:
 
 
 def parse_block(data: bytes) -> Block:
-    """Parses the lines of `data` (whole lines; the last may lack its newline)."""
-    if not data:
-        return _parse_with_arrow(data, 0)
+    """Parses the lines of `data` (a block of reading.iter_blocks: not empty, whole lines; the last
+    may lack its newline)."""
     buf = b"0" * 16 + data + (b"" if data.endswith(b"\n") else b"\n")
     chars = np.frombuffer(buf, np.uint8)
     delims = np.flatnonzero((chars == 9) | (chars == 10))
