@@ -57,6 +57,8 @@ class HorovodCollectives(SingleProcess):
         hvd.init()
         self._hvd = hvd
         self.rank, self.size = hvd.rank(), hvd.size()
+        if os.environ.get("DLRM_CPU_AFFINITY", "auto") != "off":
+            pin_to_local_share(hvd.local_rank(), hvd.local_size())
         self._processes = self.allgather_object((socket.gethostname(), os.getpid()), name="processes")
         gpus = tf.config.list_physical_devices("GPU")
         if gpus:   # one GPU per rank on a node (each sees one when CUDA_VISIBLE_DEVICES is set per rank)
@@ -114,6 +116,24 @@ def _process_gone(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
     except FileNotFoundError:
         return True
+
+
+def pin_to_local_share(local_rank: int, local_size: int) -> Optional[List[int]]:
+    """Binds this process (every thread it has, and so every thread it starts) to local rank
+    `local_rank`'s share of its host's CPUs: the r-th of `local_size` equal blocks. Ranks that
+    share cores without binding lose a third of W1's throughput to migrations and cache misses.
+    Only when the process may use every CPU (no launcher or cpuset has divided them already)
+    and there are at least as many CPUs as local ranks; returns the share, or None."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if local_size < 2 or len(cpus) < local_size or len(cpus) != os.cpu_count():
+        return None
+    share = cpus[local_rank * len(cpus) // local_size:(local_rank + 1) * len(cpus) // local_size]
+    for thread in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(thread), share)
+        except ProcessLookupError:   # the thread has ended meanwhile
+            pass
+    return share
 
 
 _LAUNCHER_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
