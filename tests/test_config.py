@@ -22,7 +22,7 @@ DEFAULTS = dict(
     top_mlp_dims=["1024", "1024", "512", "256", "1"], interaction="dot", num_cross_layers=3,
     cross_layer_projection_dim=512, amp=False, xla=False, seed=12345, print_freq=100, evals_per_epoch=1,
     log_path="", save_checkpoint_path="", restore_checkpoint_path="", checkpoint_every_n_steps=0,
-    dataset_path="", dataset_type="synthetic",
+    dataset_path="", dataset_type="split_binary",
     synthetic_cardinalities=["100000", "50000", "20000", "10000", "5000", "3000", "2000", "1000", "500", "300",
                              "200", "100", "100000", "50000", "20000", "10000", "1000", "500", "100", "50",
                              "20", "10", "8", "4", "3", "2"],
@@ -36,7 +36,8 @@ FOUR_CARDS = ["10", "20", "30", "40"]
 
 
 def values(**overrides):
-    v = dict(DEFAULTS)
+    """The flag defaults on the synthetic dataset (which needs no files), with `overrides`."""
+    v = dict(DEFAULTS, dataset_type="synthetic")
     v.update(overrides)
     return v
 
