@@ -103,6 +103,37 @@ Status AllocateGrads(OpKernelContext* ctx, int n, int64_t batch, int d, std::vec
   return OkStatus();
 }
 
+// One call's operands, read and checked, its outputs allocated (the same for CPU and GPU).
+template <typename T>
+struct Call {
+  std::vector<const T*> in;   // the N vectors, [batch, d] each
+  int64_t batch = 0, width = 0;
+  int n = 0, d = 0;
+  T* out = nullptr;           // DotBasedInteract: the [batch, width] output
+  const T* grad = nullptr;    // DotBasedInteractGrad: the output's gradient ...
+  std::vector<T*> grads;      // ... and the N vectors' gradients
+};
+
+template <typename T>
+Status PrepareForward(OpKernelContext* ctx, Call<T>* c) {
+  TF_RETURN_IF_ERROR(ReadVectors(ctx, &c->in, &c->batch, &c->d, &c->width));
+  c->n = static_cast<int>(c->in.size());
+  Tensor* output = nullptr;
+  TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({c->batch, c->width}), &output));
+  c->out = output->flat<T>().data();
+  return OkStatus();
+}
+
+template <typename T>
+Status PrepareBackward(OpKernelContext* ctx, Call<T>* c) {
+  TF_RETURN_IF_ERROR(ReadVectors(ctx, &c->in, &c->batch, &c->d, &c->width));
+  c->n = static_cast<int>(c->in.size());
+  const Tensor& grad = ctx->input(c->n);
+  TF_RETURN_IF_ERROR(CheckGrad(grad, c->batch, c->width));
+  c->grad = grad.flat<T>().data();
+  return AllocateGrads(ctx, c->n, c->batch, c->d, &c->grads);
+}
+
 // Runs fn(first_sample, end_sample) over the batch on the intra-op thread pool.
 template <typename Fn>
 void ForSamples(OpKernelContext* ctx, int64_t batch, int n, int d, Fn fn) {
@@ -116,16 +147,10 @@ class DotBasedInteractCpu : public OpKernel {
   explicit DotBasedInteractCpu(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
-    std::vector<const T*> in;
-    int64_t batch, width;
-    int d;
-    OP_REQUIRES_OK(ctx, ReadVectors(ctx, &in, &batch, &d, &width));
-    const int n = static_cast<int>(in.size());
-    Tensor* output = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, width}), &output));
-    T* out = output->flat<T>().data();
-    ForSamples(ctx, batch, n, d, [&](int64_t begin, int64_t end) {
-      dot_interact::Forward(in.data(), n, d, begin, end, out);
+    Call<T> c;
+    OP_REQUIRES_OK(ctx, PrepareForward(ctx, &c));
+    ForSamples(ctx, c.batch, c.n, c.d, [&](int64_t begin, int64_t end) {
+      dot_interact::Forward(c.in.data(), c.n, c.d, begin, end, c.out);
     });
   }
 };
@@ -136,18 +161,10 @@ class DotBasedInteractGradCpu : public OpKernel {
   explicit DotBasedInteractGradCpu(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
-    std::vector<const T*> in;
-    std::vector<T*> out;
-    int64_t batch, width;
-    int d;
-    OP_REQUIRES_OK(ctx, ReadVectors(ctx, &in, &batch, &d, &width));
-    const int n = static_cast<int>(in.size());
-    const Tensor& grad = ctx->input(n);
-    OP_REQUIRES_OK(ctx, CheckGrad(grad, batch, width));
-    OP_REQUIRES_OK(ctx, AllocateGrads(ctx, n, batch, d, &out));
-    const T* g = grad.flat<T>().data();
-    ForSamples(ctx, batch, n, d, [&](int64_t begin, int64_t end) {
-      dot_interact::Backward(in.data(), g, n, d, begin, end, out.data());
+    Call<T> c;
+    OP_REQUIRES_OK(ctx, PrepareBackward(ctx, &c));
+    ForSamples(ctx, c.batch, c.n, c.d, [&](int64_t begin, int64_t end) {
+      dot_interact::Backward(c.in.data(), c.grad, c.n, c.d, begin, end, c.grads.data());
     });
   }
 };
@@ -202,21 +219,16 @@ class DotBasedInteractGpu : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     using C = typename CudaType<T>::type;
-    std::vector<const T*> in;
-    int64_t batch, width;
-    int d;
-    OP_REQUIRES_OK(ctx, ReadVectors(ctx, &in, &batch, &d, &width));
-    const int n = static_cast<int>(in.size());
-    Tensor* output = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, width}), &output));
-    if (batch == 0) return;
+    Call<T> c;
+    OP_REQUIRES_OK(ctx, PrepareForward(ctx, &c));
+    if (c.batch == 0) return;
     Tensor stacked;
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(DataTypeToEnum<T>::value, TensorShape({batch, n, d}), &stacked));
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(DataTypeToEnum<T>::value, TensorShape({c.batch, c.n, c.d}), &stacked));
     T* st = stacked.flat<T>().data();
-    OP_REQUIRES_OK(ctx, Stack(in, st, batch, d, StreamOf(ctx)));
-    OP_REQUIRES_OK(ctx, FromCuda(dot_interact::LaunchForward(
-                            reinterpret_cast<const C*>(st), reinterpret_cast<C*>(output->flat<T>().data()),
-                            batch, n, d, StreamOf(ctx))));
+    OP_REQUIRES_OK(ctx, Stack(c.in, st, c.batch, c.d, StreamOf(ctx)));
+    OP_REQUIRES_OK(ctx, FromCuda(dot_interact::LaunchForward(reinterpret_cast<const C*>(st),
+                                                             reinterpret_cast<C*>(c.out), c.batch, c.n, c.d,
+                                                             StreamOf(ctx))));
   }
 };
 
@@ -227,26 +239,21 @@ class DotBasedInteractGradGpu : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     using C = typename CudaType<T>::type;
-    std::vector<const T*> in;
-    std::vector<T*> out;
-    int64_t batch, width;
-    int d;
-    OP_REQUIRES_OK(ctx, ReadVectors(ctx, &in, &batch, &d, &width));
-    const int n = static_cast<int>(in.size());
-    const Tensor& grad = ctx->input(n);
-    OP_REQUIRES_OK(ctx, CheckGrad(grad, batch, width));
-    OP_REQUIRES_OK(ctx, AllocateGrads(ctx, n, batch, d, &out));
-    if (batch == 0) return;
+    Call<T> c;
+    OP_REQUIRES_OK(ctx, PrepareBackward(ctx, &c));
+    if (c.batch == 0) return;
+    const TensorShape stacked_shape({c.batch, c.n, c.d});
     Tensor stacked, stacked_grad;
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(DataTypeToEnum<T>::value, TensorShape({batch, n, d}), &stacked));
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(DataTypeToEnum<T>::value, TensorShape({batch, n, d}), &stacked_grad));
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(DataTypeToEnum<T>::value, stacked_shape, &stacked));
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(DataTypeToEnum<T>::value, stacked_shape, &stacked_grad));
     T* st = stacked.flat<T>().data();
     T* sg = stacked_grad.flat<T>().data();
-    OP_REQUIRES_OK(ctx, Stack(in, st, batch, d, StreamOf(ctx)));
-    OP_REQUIRES_OK(ctx, FromCuda(dot_interact::LaunchBackward(
-                            reinterpret_cast<const C*>(st), reinterpret_cast<const C*>(grad.flat<T>().data()),
-                            reinterpret_cast<C*>(sg), batch, n, d, StreamOf(ctx))));
-    OP_REQUIRES_OK(ctx, Unstack<T>(sg, out, batch, d, StreamOf(ctx)));
+    OP_REQUIRES_OK(ctx, Stack(c.in, st, c.batch, c.d, StreamOf(ctx)));
+    OP_REQUIRES_OK(ctx, FromCuda(dot_interact::LaunchBackward(reinterpret_cast<const C*>(st),
+                                                              reinterpret_cast<const C*>(c.grad),
+                                                              reinterpret_cast<C*>(sg), c.batch, c.n, c.d,
+                                                              StreamOf(ctx))));
+    OP_REQUIRES_OK(ctx, Unstack<T>(sg, c.grads, c.batch, c.d, StreamOf(ctx)));
   }
 };
 
