@@ -55,3 +55,29 @@ def test_no_binding_for_one_local_rank_or_cpus_already_divided():
     if len(cpus) == os.cpu_count() and len(cpus) >= 2:
         bound = probe(1, 2, prefix=("taskset", "-c", str(cpus[0])))   # a launcher bound it already
         assert bound["share"] is None and bound["main"] == [cpus[0]]
+
+
+RANK_AFFINITY = """
+import json, os
+from parallel_embedding.collectives import HorovodCollectives
+comm = HorovodCollectives()
+print("AFFINITY", json.dumps([comm.rank, sorted(os.sched_getaffinity(0))]), flush=True)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this platform")
+@pytest.mark.parametrize("setting", ["auto", "off"])
+def test_horovod_ranks_bind_unless_turned_off(tmp_path, setting):
+    """Two Gloo ranks get the two halves of the CPUs; DLRM_CPU_AFFINITY=off leaves them alone."""
+    from tests.horovod_run import horovodrun
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) != os.cpu_count() or len(cpus) < 2:
+        pytest.skip("this process may not use every CPU of the host")
+    script = tmp_path / "affinity.py"
+    script.write_text(RANK_AFFINITY)
+    out = horovodrun(2, [str(script)], timeout=300, env={"DLRM_CPU_AFFINITY": setting})
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = dict(json.loads(line.split("AFFINITY ", 1)[1]) for line in out.stdout.splitlines() if "AFFINITY " in line)
+    half = len(cpus) // 2
+    want = {0: cpus[:half], 1: cpus[half:]} if setting == "auto" else {0: cpus, 1: cpus}
+    assert got == want
