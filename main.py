@@ -9,6 +9,7 @@ import time
 
 from absl import app
 
+from dataloading.open import open_dataset
 from nn import checkpoint
 from utils import flags as run_flags
 from utils.config import ConfigError, RunConfig
@@ -26,23 +27,6 @@ def model_signature(cfg: RunConfig) -> dict:
             "num_cross_layers": cfg.num_cross_layers if cfg.interaction == "cross" else None,
             "cross_layer_projection_dim": cfg.cross_layer_projection_dim if cfg.interaction == "cross" else None,
             "optimizer": cfg.optimizer}
-
-
-def open_dataset(cfg: RunConfig):
-    """The run's dataset and its rows per split ("train" only when training, "eval")."""
-    if cfg.dataset_type == "synthetic":
-        from dataloading.synthetic import SyntheticDataset
-        dataset = SyntheticDataset(cfg.cardinalities, cfg.num_numerical, cfg.synthetic_alpha, cfg.seed)
-        return dataset, {"train": cfg.synthetic_rows, "eval": cfg.synthetic_eval_rows}
-    from dataloading.feature_spec import FeatureSpec
-    from dataloading.split_binary import SplitBinaryDataset
-    mappings = {"train": cfg.train_mapping, "eval": cfg.eval_mapping} if cfg.mode == "train" else {"eval": cfg.eval_mapping}
-    dataset = SplitBinaryDataset(FeatureSpec.from_yaml(cfg.feature_spec_path), mappings)
-    rows = {split: dataset.rows(split) for split in mappings}
-    if cfg.mode == "train" and rows["train"] < cfg.batch_size:
-        raise ConfigError(f"--batch_size ({cfg.batch_size}) is larger than the {rows['train']} rows of the "
-                          f"{cfg.train_mapping!r} mapping")
-    return dataset, rows
 
 
 def eval_steps(steps_per_epoch: int, evals_per_epoch: int, total_steps: int):

@@ -207,11 +207,12 @@ def _check_pieces(ckpt: str, name: str, tensor: dict):
                                   f"the manifest says {expected}")
 
 
-def restore(path: str, entries: Sequence[Entry], signature: dict, expected: Set[str]) -> dict:
+def restore(path: str, entries: Sequence[Entry], signature: dict, expected: Set[str], extra_ok: bool = False) -> dict:
     """Loads this rank's variables from the checkpoint at `path` and returns its manifest.
 
     Everything is checked before any variable changes: the signature, the tensor names against
     `expected` (every logical tensor of the model), shapes, and every piece file this rank reads.
+    `extra_ok`: tensors beyond `expected` are left unread (a model without its optimizer state).
     """
     manifest = read_manifest(path)
     ckpt = manifest["path"]
@@ -221,7 +222,7 @@ def restore(path: str, entries: Sequence[Entry], signature: dict, expected: Set[
                                   f"this run has {key}={value}")
     tensors: Dict[str, dict] = manifest["tensors"]
     missing, extra = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
-    if missing or extra:
+    if missing or (extra and not extra_ok):
         raise CheckpointError(f"{ckpt}: tensors differ from this model's "
                               f"(missing {missing[:3]}, unexpected {extra[:3]})")
     for e in entries:

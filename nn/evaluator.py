@@ -41,9 +41,15 @@ def measure_latency(predict: Callable, batch: dict, steps: int, global_batch: in
         t0 = time.perf_counter()
         predict(numerical, categorical).numpy()
         times.append(time.perf_counter() - t0)
+    return latency_figures(times, global_batch)
+
+
+def latency_figures(times: Sequence[float], batch_size: int, wall_s: float = None) -> Dict[str, float]:
+    """Throughput and latency (milliseconds) of requests of `batch_size` samples that took `times`
+    seconds each, over `wall_s` seconds in all (default: one after the other)."""
     ms = 1000.0 * np.asarray(times)
-    size = global_batch
-    return {"batch_size": size, "samples_per_s": size * steps / float(np.sum(times)),
+    wall_s = float(np.sum(times)) if wall_s is None else wall_s
+    return {"batch_size": batch_size, "samples_per_s": batch_size * len(times) / wall_s,
             "mean_ms": float(ms.mean()), "p50_ms": float(np.percentile(ms, 50)),
             "p90_ms": float(np.percentile(ms, 90)), "p99_ms": float(np.percentile(ms, 99))}
 

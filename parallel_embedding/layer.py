@@ -98,6 +98,22 @@ def num_rows(ids) -> tf.Tensor:
     return tf.cast(ids.nrows(), tf.int32) if isinstance(ids, tf.RaggedTensor) else tf.shape(ids)[0]
 
 
+def check_ids(features: Sequence[int], ids: Sequence[tf.Tensor], cardinalities: Sequence[int]) -> list:
+    """Assertions that every id of `features` (their flat ids and cardinalities, in the same
+    order) is in [0, cardinality), to run before any gather: XLA clamps out-of-range gathers
+    silently, a GPU gather returns zeros, and a row shard skips ids outside its range by design."""
+    if not features:
+        return []
+    id_range = tf.stack([tf.stack([tf.reduce_min(tf.cast(i, tf.int64)), tf.reduce_max(tf.cast(i, tf.int64))])
+                         for i in ids])
+    cardinalities = tf.constant(list(cardinalities), tf.int64)
+    in_range = tf.logical_and(id_range[:, 0] >= 0, id_range[:, 1] < cardinalities)
+    return [tf.debugging.Assert(tf.reduce_all(in_range), [
+        "embedding ids out of range [0, cardinality) in features (0-based):",
+        tf.boolean_mask(tf.constant(list(features), tf.int64), tf.logical_not(in_range)),
+        "min/max ids:", id_range, "cardinalities:", cardinalities], summarize=64)]
+
+
 class LookedUp(NamedTuple):
     """What `lookup` returns: rows and the variable indices they came from (for gradients)."""
     shard_rows: List[tf.Tensor]        # per local shard: [B, w]
@@ -207,7 +223,8 @@ class DistributedEmbedding(tf.Module):
         replicated_ids = [flat[f] for f in self.replicated]
         one_hot = all(flat[f].rows is None for f in checked)
         lookup = self._lookup if training and one_hot else self._lookup_impl
-        with tf.control_dependencies(self._check_range(checked, [flat[f].ids for f in checked]) + exchange_checks):
+        checks = check_ids(checked, [flat[f].ids for f in checked], [self.cardinalities[f] for f in checked])
+        with tf.control_dependencies(checks + exchange_checks):
             rows, indices, replicated_rows = lookup(shard_ids, replicated_ids)
         return LookedUp(rows, indices, shard_ids, replicated_rows, replicated_ids)
 
@@ -228,20 +245,6 @@ class DistributedEmbedding(tf.Module):
         replicated_rows = [combine(tf.gather(var, flat.ids), flat)
                            for var, flat in zip(self.replicated_variables, replicated_ids)]
         return rows, indices, replicated_rows
-
-    def _check_range(self, features, ids):
-        """Asserts every id is in [0, cardinality), before any gather: XLA clamps out-of-range
-        gathers silently, and a row shard skips ids outside its range by design."""
-        if not features:
-            return []
-        id_range = tf.stack([tf.stack([tf.reduce_min(tf.cast(i, tf.int64)), tf.reduce_max(tf.cast(i, tf.int64))])
-                             for i in ids])
-        cardinalities = tf.constant([self.cardinalities[f] for f in features], tf.int64)
-        in_range = tf.logical_and(id_range[:, 0] >= 0, id_range[:, 1] < cardinalities)
-        return [tf.debugging.Assert(tf.reduce_all(in_range), [
-            "embedding ids out of range [0, cardinality) in features (0-based):",
-            tf.boolean_mask(tf.constant(features, tf.int64), tf.logical_not(in_range)),
-            "min/max ids:", id_range, "cardinalities:", cardinalities], summarize=64)]
 
     def _exchange_ids(self, ids: List[tf.Tensor]):
         """Data-parallel input: every rank's b rows of ids -> (the B rows of the features this rank

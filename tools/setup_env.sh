@@ -67,6 +67,16 @@ if ! "$PY" -c "import horovod.tensorflow" 2>/dev/null; then
   fi
   $PIP install --no-deps "$WHEEL_DIR"/horovod-*.whl
 fi
+# Serving: pytriton and tritonclient without their numpy<2 / protobuf<7 pins (see requirements.txt),
+# and the small environment of Triton's Python-backend stub, which needs numpy 1.x: with numpy 2
+# it silently garbles every tensor (deployment/serve.py points pytriton at it).
+$PIP install --no-deps nvidia-pytriton==0.7.0 tritonclient==2.73.0
+STUB_ENV=$(dirname "$(dirname "$PY")")/triton-stub
+if [ "${1:-}" = --system ]; then STUB_ENV=/opt/triton-stub; fi
+if ! "$STUB_ENV/bin/python" -c "import numpy, zmq" 2>/dev/null; then
+  "$PYTHON" -m venv "$STUB_ENV"
+  "$STUB_ENV/bin/python" -m pip --disable-pip-version-check -q install numpy==1.26.4 pyzmq==27.3.0
+fi
 # The dot-interaction op library (tensorflow-dot-based-interact/), compiled against this TensorFlow.
 $PIP install --no-build-isolation --no-deps --force-reinstall ./tensorflow-dot-based-interact
 "$PY" -c "import tensorflow as tf, horovod.tensorflow as hvd; print('environment ready: tensorflow', tf.__version__, '/ horovod', hvd.__version__ if hasattr(hvd, '__version__') else '$HOROVOD_VERSION')"

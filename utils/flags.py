@@ -4,8 +4,8 @@ Defaults are DLRM's; `dcnv2.py` overrides the model defaults with `set_defaults`
 """
 from absl import flags
 
-from utils.config import (COMBINERS, DATASET_TYPES, DIST_STRATEGIES, INTERACTIONS, MODES, OPTIMIZERS, RunConfig,
-                          build_config)
+from utils import data_flags  # noqa: F401 (defines the flags naming the data: --dataset_type, ...)
+from utils.config import COMBINERS, DIST_STRATEGIES, INTERACTIONS, MODES, OPTIMIZERS, RunConfig, build_config
 
 FLAGS = flags.FLAGS
 
@@ -33,19 +33,13 @@ flags.DEFINE_integer("num_cross_layers", 3, "DCNv2 cross layers")
 flags.DEFINE_integer("cross_layer_projection_dim", 512, "DCNv2 low-rank projection width (0: full rank)")
 flags.DEFINE_bool("amp", False, "mixed precision: float16 with loss scaling on GPU, bfloat16 on CPU; tables stay float32")
 flags.DEFINE_bool("xla", False, "jit-compile the train and evaluation steps with XLA")
-flags.DEFINE_integer("seed", 12345, "seed for initialisation and data order")
 flags.DEFINE_integer("print_freq", 100, "print a progress line every this many steps")
 flags.DEFINE_integer("evals_per_epoch", 1, "evaluations per epoch (0: only at the end of training)")
 flags.DEFINE_string("log_path", "", "JSON-lines log file; TensorBoard scalars go to <log_path without .json>_tb/")
 flags.DEFINE_string("save_checkpoint_path", "", "directory for checkpoints (written at the end of training)")
 flags.DEFINE_string("restore_checkpoint_path", "", "checkpoint directory to resume or evaluate from")
 flags.DEFINE_integer("checkpoint_every_n_steps", 0, "also checkpoint every this many steps (0: only at the end)")
-flags.DEFINE_enum("dataset_type", "split_binary", list(DATASET_TYPES), "split_binary: files described by a feature "
-                  "spec (see docs/datasets.md); synthetic: generated on the fly from the --synthetic_* flags")
-flags.DEFINE_string("dataset_path", "", "split-binary dataset directory (holding feature_spec.yaml)")
-flags.DEFINE_string("feature_spec", "", "feature spec file (default: <dataset_path>/feature_spec.yaml)")
 flags.DEFINE_string("train_mapping", "train", "the feature spec's source_spec mapping to train on")
-flags.DEFINE_string("eval_mapping", "test", "the feature spec's source_spec mapping to evaluate on")
 flags.DEFINE_bool("validate_dataset", False, "scan every value of the dataset's files before training "
                   "(ids in range, finite numericals, 0/1 labels, offsets); sizes are always checked")
 flags.DEFINE_bool("shuffle_batch_order", True, "reshuffle the order of the training batches every epoch (from "
@@ -54,15 +48,7 @@ flags.DEFINE_bool("train_last_partial_batch", False, "also train on the last, sm
                   "size rounded down to a multiple of the ranks)")
 flags.DEFINE_enum("multi_hot_combiner", None, list(COMBINERS), "how a multi-hot feature's embeddings are combined "
                   "(default sum); only for datasets with multi-hot features")
-flags.DEFINE_list("synthetic_cardinalities",
-                  ["100000", "50000", "20000", "10000", "5000", "3000", "2000", "1000", "500", "300",
-                   "200", "100", "100000", "50000", "20000", "10000", "1000", "500", "100", "50",
-                   "20", "10", "8", "4", "3", "2"],
-                  "synthetic table sizes, one per categorical feature")
-flags.DEFINE_integer("synthetic_num_numerical", 13, "synthetic numerical features")
 flags.DEFINE_integer("synthetic_rows", 2 ** 21, "synthetic training samples per epoch")
-flags.DEFINE_integer("synthetic_eval_rows", 2 ** 18, "synthetic evaluation samples")
-flags.DEFINE_float("synthetic_alpha", 1.05, "power-law exponent of synthetic ids (0: uniform)")
 flags.DEFINE_list("inference_batch_sizes", ["1", "64", "1024", "8192"], "batch sizes timed by --mode=inference")
 flags.DEFINE_integer("inference_steps", 100, "timed batches per batch size in --mode=inference")
 

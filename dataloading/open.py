@@ -1,0 +1,20 @@
+"""Opens the dataset a run names (synthetic, or split-binary files)."""
+from utils.config import ConfigError
+
+
+def open_dataset(cfg):
+    """The dataset of run configuration `cfg` (utils.config.RunConfig, or anything with the fields
+    read here) and its rows per split ("train" only when training, "eval")."""
+    if cfg.dataset_type == "synthetic":
+        from dataloading.synthetic import SyntheticDataset
+        dataset = SyntheticDataset(cfg.cardinalities, cfg.num_numerical, cfg.synthetic_alpha, cfg.seed)
+        return dataset, {"train": cfg.synthetic_rows, "eval": cfg.synthetic_eval_rows}
+    from dataloading.feature_spec import FeatureSpec
+    from dataloading.split_binary import SplitBinaryDataset
+    mappings = {"train": cfg.train_mapping, "eval": cfg.eval_mapping} if cfg.mode == "train" else {"eval": cfg.eval_mapping}
+    dataset = SplitBinaryDataset(FeatureSpec.from_yaml(cfg.feature_spec_path), mappings)
+    rows = {split: dataset.rows(split) for split in mappings}
+    if cfg.mode == "train" and rows["train"] < cfg.batch_size:
+        raise ConfigError(f"--batch_size ({cfg.batch_size}) is larger than the {rows['train']} rows of the "
+                          f"{cfg.train_mapping!r} mapping")
+    return dataset, rows

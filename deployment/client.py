@@ -1,0 +1,107 @@
+"""Requests to a Triton server serving an exported model (tritonclient, HTTP or gRPC), and the
+evaluation data turned into requests (the --dataset_type, --dataset_path, ... flags of main.py).
+"""
+import time
+import types
+from typing import Iterator, Tuple
+
+import numpy as np
+
+from deployment.layout import CATEGORICAL, LOGITS, NUMERICAL, categorical_matrix
+
+DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
+
+
+class ServingError(RuntimeError):
+    """The server is unreachable, not ready, or serves another model; the message is one line."""
+
+
+def error_line(error: Exception) -> str:
+    """The one line that says why the server refused a request (a refusal by the model comes back
+    as the Python backend's traceback, whose last line names the error)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    refused = [line for line in lines if line.startswith("pytriton.exceptions.PyTritonValidationError: ")]
+    return refused[-1].split(": ", 1)[1] if refused else (lines[0] if lines else type(error).__name__)
+
+
+class ServingClient:
+    """One connection to `model` on the server at `url` (default localhost and the protocol's port)."""
+
+    def __init__(self, protocol: str = "http", url: str = "", model: str = "dlrm"):
+        if protocol == "http":
+            import tritonclient.http as api
+        else:
+            import tritonclient.grpc as api
+        self.api, self.protocol, self.model = api, protocol, model
+        self.url = url or f"localhost:{DEFAULT_PORTS[protocol]}"
+        self.client = api.InferenceServerClient(self.url)
+
+    def wait_ready(self, timeout_s: float = 60.0):
+        """Returns once the model is ready; raises ServingError after `timeout_s`."""
+        from tritonclient.utils import InferenceServerException
+        deadline, why = time.monotonic() + timeout_s, ""
+        while time.monotonic() < deadline:
+            try:
+                if self.client.is_model_ready(self.model):
+                    return
+                why = f"model {self.model!r} is not ready"
+            except (InferenceServerException, ConnectionError, OSError) as e:
+                why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            time.sleep(0.2)
+        raise ServingError(f"{self.protocol}://{self.url}: {why} after {timeout_s:.0f} s")
+
+    def input_shapes(self) -> dict:
+        """The served model's inputs: name -> dims (without the batch dimension)."""
+        metadata = self.client.get_model_metadata(self.model)
+        inputs = metadata["inputs"] if isinstance(metadata, dict) else [
+            {"name": i.name, "shape": list(i.shape)} for i in metadata.inputs]
+        return {i["name"]: [int(d) for d in i["shape"]][1:] for i in inputs}
+
+    def max_batch_size(self) -> int:
+        config = self.client.get_model_config(self.model)
+        return int(config["max_batch_size"] if isinstance(config, dict) else config.config.max_batch_size)
+
+    def infer(self, numerical: np.ndarray, categorical: np.ndarray, outputs=(LOGITS,)) -> dict:
+        """One request: numerical [b, n] float32, categorical [b, W] int64 -> {output: [b, 1]}."""
+        tensors = []
+        for name, value, dtype in ((NUMERICAL, numerical, "FP32"), (CATEGORICAL, categorical, "INT64")):
+            tensor = self.api.InferInput(name, list(value.shape), dtype)
+            tensor.set_data_from_numpy(value)
+            tensors.append(tensor)
+        result = self.client.infer(self.model, tensors, outputs=[self.api.InferRequestedOutput(o) for o in outputs])
+        return {o: result.as_numpy(o) for o in outputs}
+
+    def close(self):
+        self.client.close()
+
+
+def open_eval_data(flags) -> Tuple[object, int]:
+    """(dataset, evaluation rows) named by main.py's data flags (utils/data_flags.py)."""
+    from dataloading.open import open_dataset
+    from utils.config import ConfigError, parse_int_list
+    if flags.dataset_type == "synthetic":
+        cards = parse_int_list("synthetic_cardinalities", flags.synthetic_cardinalities)
+        num_numerical = flags.synthetic_num_numerical
+    else:
+        if not flags.dataset_path and not flags.feature_spec:
+            raise ConfigError("--dataset_type=split_binary needs --dataset_path (a directory with "
+                              "feature_spec.yaml) or --feature_spec")
+        cards, num_numerical = None, None
+    cfg = types.SimpleNamespace(   # what open_dataset reads for evaluation
+        mode="eval", dataset_type=flags.dataset_type, cardinalities=cards, num_numerical=num_numerical,
+        synthetic_alpha=flags.synthetic_alpha, seed=flags.seed, synthetic_rows=0,
+        synthetic_eval_rows=flags.synthetic_eval_rows, eval_mapping=flags.eval_mapping,
+        feature_spec_path=flags.feature_spec or f"{flags.dataset_path}/feature_spec.yaml")
+    dataset, rows = open_dataset(cfg)
+    return dataset, rows["eval"]
+
+
+def request_batches(dataset, rows: int, batch_size: int) -> Iterator[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The first `rows` evaluation samples in order as (numerical, categorical_features, labels)
+    batches of at most `batch_size`."""
+    from dataloading.batches import RankInput, eval_batches
+    view = RankInput.single_process(len(dataset.cardinalities))
+    for batch in eval_batches(dataset, rows, batch_size, view):
+        n = batch["valid"]
+        yield (batch["numerical"][:n], categorical_matrix(batch["categorical"], dataset.max_hotness)[:n],
+               batch["labels"][:n])

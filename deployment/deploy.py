@@ -1,0 +1,65 @@
+"""Turns a checkpoint (written at any number of ranks) into a Triton model repository.
+
+    python deployment/deploy.py --checkpoint=runs/demo/checkpoints --output=runs/demo/model_repository
+
+The checkpoint's manifest holds the model's shape, so no model flags are needed. Writes the
+monolithic SavedModel, the ensemble (sparse + dense SavedModels) and their config.pbtxt files
+(see deployment/repository.py and docs/deployment.md).
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags  # noqa: E402
+
+from deployment.repository import FORMS, ExportError, Settings, write_repository  # noqa: E402
+from nn.checkpoint import CheckpointError  # noqa: E402
+
+flags.DEFINE_string("checkpoint", None, "checkpoint directory (a ckpt-<step> or the root holding `latest`)")
+flags.DEFINE_string("output", None, "model repository directory to write")
+flags.DEFINE_string("model_name", None, "Triton model name (default: dlrm or dcnv2, from the checkpoint's model)")
+flags.DEFINE_list("forms", list(FORMS), "what to export: monolithic (one SavedModel), ensemble (sparse + dense)")
+flags.DEFINE_integer("max_batch_size", Settings.max_batch_size, "max_batch_size of every model's config.pbtxt")
+flags.DEFINE_enum("instance_kind", Settings.instance_kind, ["gpu", "cpu"], "where Triton runs the model instances")
+flags.DEFINE_integer("instances", Settings.instances, "model instances per device")
+flags.DEFINE_integer("max_queue_delay_us", Settings.max_queue_delay_us, "dynamic batching: longest wait for "
+                     "more requests, microseconds")
+flags.DEFINE_float("host_table_mb", 4096.0, "embedding tables larger than this (MiB) are placed in host memory "
+                   "and gathered on the CPU; the others go with the model's instances")
+flags.DEFINE_bool("overwrite", False, "replace an existing --output (once the new repository is complete)")
+flags.mark_flags_as_required(["checkpoint", "output"])
+FLAGS = flags.FLAGS
+
+
+def settings_from_flags() -> Settings:
+    for name in ("max_batch_size", "instances"):
+        if FLAGS[name].value < 1:
+            raise ExportError(f"--{name} must be positive, got {FLAGS[name].value}")
+    for name in ("max_queue_delay_us", "host_table_mb"):
+        if FLAGS[name].value < 0:
+            raise ExportError(f"--{name} must be >= 0, got {FLAGS[name].value}")
+    return Settings(FLAGS.max_batch_size, FLAGS.instance_kind, FLAGS.instances, FLAGS.max_queue_delay_us)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    from nn.checkpoint import read_manifest
+    try:
+        settings = settings_from_flags()
+        name = FLAGS.model_name or ("dcnv2" if read_manifest(FLAGS.checkpoint)["signature"]["interaction"] == "cross"
+                                    else "dlrm")
+        info = write_repository(FLAGS.checkpoint, FLAGS.output, name, settings, FLAGS.host_table_mb, FLAGS.forms,
+                                FLAGS.overwrite)
+    except (ExportError, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    host = f", tables {info['host_tables']} in host memory" if info["host_tables"] else ""
+    print(f"exported {info['checkpoint']} (step {info['step']}, written at {info['written_at_ranks']} rank(s)) "
+          f"to {FLAGS.output}: {', '.join(info['models'])}{host}")
+
+
+if __name__ == "__main__":
+    app.run(main)

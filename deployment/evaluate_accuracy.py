@@ -1,0 +1,81 @@
+"""Streams the evaluation split through a Triton server and reports AUC and logloss, computed
+as `dlrm.py --mode=eval` computes them (every sample, exactly), from the served logits.
+
+    python deployment/evaluate_accuracy.py --dataset_type=synthetic ... --protocol=grpc --url=localhost:8001
+
+Name the data with the flags of the training run (--dataset_type, --dataset_path, --synthetic_*).
+"""
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags  # noqa: E402
+
+from utils import data_flags  # noqa: E402,F401 (the data flags of main.py)
+
+flags.DEFINE_enum("protocol", "http", ["http", "grpc"], "how to talk to the server")
+flags.DEFINE_string("url", "", "host:port of the server (default localhost:8000 for http, :8001 for grpc)")
+flags.DEFINE_string("model_name", "dlrm", "the served model's name")
+flags.DEFINE_integer("batch_size", 8192, "samples per request (at most the model's max_batch_size)")
+flags.DEFINE_integer("max_samples", 0, "evaluate only the first this many samples (0: all)")
+flags.DEFINE_float("wait_s", 60.0, "how long to wait for the server and the model to be ready")
+flags.DEFINE_string("output_json", "", "also write the metrics (full precision) to this JSON file")
+FLAGS = flags.FLAGS
+
+
+def evaluate(client, dataset, rows: int, batch_size: int) -> dict:
+    """AUC and logloss of the served model over the first `rows` evaluation samples."""
+    import numpy as np
+    from deployment.client import ServingError, request_batches
+    from utils.metrics import log_loss, roc_auc
+    width = sum(h or 1 for h in dataset.max_hotness)
+    served = client.input_shapes()
+    expected = {"numerical_features": [dataset.num_numerical], "categorical_features": [width]}
+    if served != expected:
+        raise ServingError(f"model {client.model!r} takes {served}, this dataset gives {expected}")
+    if batch_size > client.max_batch_size():
+        raise ServingError(f"--batch_size {batch_size} exceeds model {client.model!r}'s max_batch_size "
+                           f"{client.max_batch_size()}")
+    logits, labels = [], []
+    t0 = time.perf_counter()
+    for numerical, categorical, y in request_batches(dataset, rows, batch_size):
+        logits.append(client.infer(numerical, categorical)["logits"][:, 0])
+        labels.append(y)
+    seconds = time.perf_counter() - t0
+    logits, labels = np.concatenate(logits), np.concatenate(labels)
+    return {"auc": roc_auc(labels, logits), "logloss": log_loss(labels, logits), "samples": int(labels.size),
+            "seconds": seconds, "samples_per_s": labels.size / seconds}
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    from tritonclient.utils import InferenceServerException
+    from deployment.client import ServingClient, ServingError, error_line, open_eval_data
+    from utils.config import ConfigError
+    try:
+        dataset, rows = open_eval_data(FLAGS)
+        rows = min(rows, FLAGS.max_samples) if FLAGS.max_samples > 0 else rows
+        client = ServingClient(FLAGS.protocol, FLAGS.url, FLAGS.model_name)
+        client.wait_ready(FLAGS.wait_s)
+        metrics = evaluate(client, dataset, rows, FLAGS.batch_size)
+    except (ConfigError, ServingError) as e:   # ConfigError: the data flags, the dataset's files
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except InferenceServerException as e:
+        print(f"error: the server refused a request: {error_line(e)}", file=sys.stderr)
+        sys.exit(1)
+    print(f"served {FLAGS.model_name} over {FLAGS.protocol}: auc {metrics['auc']:.5f} | logloss "
+          f"{metrics['logloss']:.5f} | {metrics['samples']:,} samples in {metrics['seconds']:.1f} s "
+          f"({metrics['samples_per_s']:,.0f} samples/s)")
+    if FLAGS.output_json:
+        with open(FLAGS.output_json, "w") as f:
+            json.dump(metrics, f)
+
+
+if __name__ == "__main__":
+    app.run(main)

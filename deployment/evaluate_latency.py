@@ -1,0 +1,113 @@
+"""A bounded load on a Triton server serving an exported model: per batch size, `--concurrency`
+clients send `--requests` requests in all (real evaluation samples), one at a time each; prints
+throughput and p50/p90/p99 latency as `dlrm.py --mode=inference` prints them in process.
+
+    python deployment/evaluate_latency.py --dataset_type=synthetic ... --batch_sizes=1,64,1024 --concurrency=2
+"""
+import itertools
+import json
+import os
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags  # noqa: E402
+
+from utils import data_flags  # noqa: E402,F401 (the data flags of main.py)
+
+flags.DEFINE_enum("protocol", "http", ["http", "grpc"], "how to talk to the server")
+flags.DEFINE_string("url", "", "host:port of the server (default localhost:8000 for http, :8001 for grpc)")
+flags.DEFINE_string("model_name", "dlrm", "the served model's name")
+flags.DEFINE_list("batch_sizes", ["1", "64", "1024"], "samples per request; each size is measured in turn")
+flags.DEFINE_integer("concurrency", 1, "clients sending requests at the same time")
+flags.DEFINE_integer("requests", 200, "timed requests per batch size (all clients together)")
+flags.DEFINE_integer("warmup_requests", 10, "untimed requests per client before timing each batch size")
+flags.DEFINE_integer("pool_batches", 8, "distinct request batches cycled through per batch size")
+flags.DEFINE_float("wait_s", 60.0, "how long to wait for the server and the model to be ready")
+flags.DEFINE_string("output_json", "", "also write the figures to this file (one JSON line per batch size)")
+FLAGS = flags.FLAGS
+
+
+def request_pool(dataset, rows: int, batch_size: int, batches: int) -> list:
+    """Up to `batches` distinct requests of `batch_size` evaluation samples."""
+    from deployment.client import request_batches
+    from utils.config import ConfigError
+    if rows < batch_size:
+        raise ConfigError(f"--batch_sizes entry {batch_size} is larger than the {rows} evaluation samples")
+    full = ((numerical, categorical) for numerical, categorical, _ in
+            request_batches(dataset, min(rows, batch_size * batches), batch_size) if len(numerical) == batch_size)
+    return list(itertools.islice(full, batches))
+
+
+def load(clients, pool, requests: int, warmup: int) -> dict:
+    """Every client sends `warmup` untimed requests, then all together `requests` timed ones."""
+    from nn.evaluator import latency_figures
+    for client in clients:
+        for k in range(warmup):
+            client.infer(*pool[k % len(pool)])
+    counter, times, errors = itertools.count(), [[] for _ in clients], []
+
+    def send(k):
+        try:
+            while (i := next(counter)) < requests:
+                t0 = time.perf_counter()
+                clients[k].infer(*pool[i % len(pool)])
+                times[k].append(time.perf_counter() - t0)
+        except Exception as e:   # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=send, args=(k,)) for k in range(len(clients))]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return dict(latency_figures([t for ts in times for t in ts], len(pool[0][0]), wall), concurrency=len(clients))
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    from tritonclient.utils import InferenceServerException
+    from deployment.client import ServingClient, ServingError, error_line, open_eval_data
+    from utils.config import ConfigError, parse_int_list
+    try:
+        sizes = parse_int_list("batch_sizes", FLAGS.batch_sizes)
+        for name, value in [("concurrency", FLAGS.concurrency), ("requests", FLAGS.requests),
+                            ("pool_batches", FLAGS.pool_batches)] + [("batch_sizes", s) for s in sizes]:
+            if value < 1:
+                raise ConfigError(f"--{name} must be positive, got {value}")
+        dataset, rows = open_eval_data(FLAGS)
+        clients = [ServingClient(FLAGS.protocol, FLAGS.url, FLAGS.model_name) for _ in range(FLAGS.concurrency)]
+        clients[0].wait_ready(FLAGS.wait_s)
+        if max(sizes) > clients[0].max_batch_size():
+            raise ServingError(f"--batch_sizes {max(sizes)} exceeds model {FLAGS.model_name!r}'s max_batch_size "
+                               f"{clients[0].max_batch_size()}")
+        print(f"{FLAGS.model_name} over {FLAGS.protocol}, {FLAGS.concurrency} client(s)")
+        print("batch_size | samples/s | mean ms | p50 ms | p90 ms | p99 ms")
+        results = []
+        for size in sizes:
+            r = load(clients, request_pool(dataset, rows, size, FLAGS.pool_batches), FLAGS.requests,
+                     FLAGS.warmup_requests)
+            print(f"{size} | {r['samples_per_s']:,.0f} | {r['mean_ms']:.3f} | {r['p50_ms']:.3f} | {r['p90_ms']:.3f} | "
+                  f"{r['p99_ms']:.3f}", flush=True)
+            results.append(dict(r, protocol=FLAGS.protocol, model=FLAGS.model_name))
+    except (ConfigError, ServingError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except InferenceServerException as e:
+        print(f"error: the server refused a request: {error_line(e)}", file=sys.stderr)
+        sys.exit(1)
+    if FLAGS.output_json:
+        with open(FLAGS.output_json, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in results)
+
+
+if __name__ == "__main__":
+    app.run(main)

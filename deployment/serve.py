@@ -1,0 +1,149 @@
+"""Serves an exported model (or a checkpoint, exported first) from a real Triton Inference
+Server on this machine, over HTTP and gRPC, until interrupted (Ctrl-C or SIGTERM).
+
+    python deployment/serve.py --model_repository=runs/demo/model_repository
+    python deployment/serve.py --checkpoint=runs/demo/checkpoints --http_port=8000 --grpc_port=8001
+
+The server is the Triton binary of the `nvidia-pytriton` wheel, whose Python backend hands each
+(dynamically batched) request to this process; here the monolithic SavedModel of the repository
+computes it. Requests are those of Triton's TensorFlow backend serving the same repository
+(see deployment/layout.py): the server checks names, dtypes and shapes, the model checks ids;
+a bad request gets an error response and the server keeps serving.
+"""
+import os
+import pathlib
+import signal
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags  # noqa: E402
+
+from deployment.repository import ExportError, read_export_info  # noqa: E402
+from nn.checkpoint import CheckpointError  # noqa: E402
+
+flags.DEFINE_string("model_repository", None, "a model repository written by deployment/deploy.py")
+flags.DEFINE_string("checkpoint", None, "a checkpoint to export (to a temporary repository) and serve, instead")
+flags.DEFINE_string("model_name", None, "the name to serve the model under (default: the repository's)")
+flags.DEFINE_string("address", "0.0.0.0", "address the HTTP and gRPC endpoints listen on")
+flags.DEFINE_integer("http_port", 8000, "HTTP/REST port")
+flags.DEFINE_integer("grpc_port", 8001, "gRPC port")
+flags.DEFINE_integer("metrics_port", 8002, "Prometheus metrics port")
+flags.DEFINE_integer("max_batch_size", None, "largest batch a request (or a dynamic batch) may have "
+                     "(default: the repository's config.pbtxt)")
+flags.DEFINE_integer("max_queue_delay_us", None, "dynamic batching: longest wait for more requests, "
+                     "microseconds (default: the repository's config.pbtxt)")
+FLAGS = flags.FLAGS
+
+
+class BadRequest(ValueError):
+    """A request the model refuses (ids out of range, non-finite values); one line."""
+
+
+def model_function(saved_model_dir: str):
+    """The monolithic SavedModel as numpy (numerical, categorical) -> {predictions, logits}."""
+    import numpy as np
+    import tensorflow as tf
+    serve = tf.saved_model.load(saved_model_dir).signatures["serving_default"]
+
+    def infer(numerical_features, categorical_features):
+        if not np.isfinite(numerical_features).all():
+            raise BadRequest("numerical_features holds NaN or infinite values")
+        try:
+            out = serve(numerical_features=tf.constant(numerical_features),
+                        categorical_features=tf.constant(categorical_features))
+        except tf.errors.InvalidArgumentError as e:   # the SavedModel's id check
+            lines = [line.strip() for line in e.message.splitlines() if line.strip()]
+            raise BadRequest(next((line for line in lines if line.startswith("assertion failed:")), lines[-1]))
+        return {k: v.numpy() for k, v in out.items()}
+    return infer
+
+
+def use_stub_environment():
+    """Runs Triton's Python-backend stub in the small numpy 1.x environment tools/setup_env.sh makes
+    (<venv>/triton-stub, or /opt/triton-stub in the image; DLRM_TRITON_STUB_ENV overrides): the
+    stub cannot read numpy 2 arrays and, given this environment, would silently garble every
+    tensor. pytriton otherwise runs it in this process's environment."""
+    import pytriton.server.triton_server as triton_server
+    candidates = [os.environ.get("DLRM_TRITON_STUB_ENV", ""), os.path.join(sys.prefix, "triton-stub"),
+                  "/opt/triton-stub"]
+    env = next((c for c in candidates if c and os.path.isfile(os.path.join(c, "bin", "python"))), None)
+    if env is None:
+        raise ExportError("no environment for Triton's Python-backend stub (numpy 1.x, pyzmq): run make setup, "
+                          "or set DLRM_TRITON_STUB_ENV")
+    triton_server.get_triton_python_backend_python_env = lambda: pathlib.Path(env)
+
+
+def serve(repository: str):
+    import numpy as np
+    from pytriton.decorators import batch
+    from pytriton.exceptions import PyTritonValidationError
+    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+    from pytriton.triton import Triton, TritonConfig
+    from deployment.layout import CATEGORICAL, LOGITS, NUMERICAL, PREDICTIONS
+    info = read_export_info(repository)
+    if "monolithic" not in info["forms"]:
+        raise ExportError(f"{repository}: has no monolithic model to serve (exported with --forms=ensemble)")
+    name, layout, settings = info["name"], info["layout"], info["settings"]
+    infer = model_function(os.path.join(repository, name, "1", "model.savedmodel"))
+
+    @batch
+    def handle(numerical_features, categorical_features):
+        try:
+            return infer(numerical_features, categorical_features)
+        except BadRequest as e:
+            raise PyTritonValidationError(str(e))
+
+    width = sum(h or 1 for h in layout["max_hotness"])
+    inputs = [Tensor(name=NUMERICAL, dtype=np.float32, shape=(layout["num_numerical"],)),
+              Tensor(name=CATEGORICAL, dtype=np.int64, shape=(width,))]
+    outputs = [Tensor(name=PREDICTIONS, dtype=np.float32, shape=(1,)), Tensor(name=LOGITS, dtype=np.float32, shape=(1,))]
+    config = ModelConfig(max_batch_size=FLAGS.max_batch_size or settings["max_batch_size"],
+                         batcher=DynamicBatcher(max_queue_delay_microseconds=FLAGS.max_queue_delay_us
+                                                if FLAGS.max_queue_delay_us is not None
+                                                else settings["max_queue_delay_us"]))
+    triton_config = TritonConfig(http_address=FLAGS.address, http_port=FLAGS.http_port,
+                                 grpc_address=FLAGS.address, grpc_port=FLAGS.grpc_port,
+                                 metrics_port=FLAGS.metrics_port, exit_timeout_secs=5)
+    use_stub_environment()
+    with Triton(config=triton_config) as triton:
+        triton.bind(model_name=FLAGS.model_name or name, infer_func=handle, inputs=inputs, outputs=outputs,
+                    config=config, strict=True)
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        print(f"serving {FLAGS.model_name or name} (step {info['step']} of {info['checkpoint']}) on "
+              f"http {FLAGS.address}:{FLAGS.http_port}, grpc {FLAGS.address}:{FLAGS.grpc_port}, "
+              f"metrics :{FLAGS.metrics_port}", flush=True)
+        triton.serve()
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    try:
+        if bool(FLAGS.model_repository) == bool(FLAGS.checkpoint):
+            raise ExportError("give one of --model_repository and --checkpoint")
+        for name in ("max_batch_size", "max_queue_delay_us"):
+            if FLAGS[name].value is not None and FLAGS[name].value < (1 if name == "max_batch_size" else 0):
+                raise ExportError(f"--{name} must be {'positive' if name == 'max_batch_size' else '>= 0'}, "
+                                  f"got {FLAGS[name].value}")
+        if FLAGS.model_repository:
+            serve(FLAGS.model_repository)
+            return
+        from deployment.repository import write_repository
+        from nn.checkpoint import read_manifest
+        with tempfile.TemporaryDirectory(prefix="dlrm-serve-") as tmp:
+            cross = read_manifest(FLAGS.checkpoint)["signature"]["interaction"] == "cross"
+            write_repository(FLAGS.checkpoint, os.path.join(tmp, "repo"), "dcnv2" if cross else "dlrm",
+                             forms=("monolithic",))
+            serve(os.path.join(tmp, "repo"))
+    except (ExportError, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    app.run(main)

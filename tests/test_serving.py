@@ -1,0 +1,162 @@
+"""deployment/serve.py runs a real Triton server (ports as flags) for a model trained on a
+multi-hot split-binary dataset; tritonclient requests over HTTP and gRPC get the training-time
+model's predictions, evaluate_accuracy.py reports the offline metrics, evaluate_latency.py
+measures, malformed requests get error responses while the server keeps serving, and the server
+stops cleanly."""
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import main
+from deployment.client import ServingClient, error_line, open_eval_data, request_batches
+from tests.configs import TINY
+from tests.horovod_run import ROOT
+from tests.test_dataset_cli import write_dataset
+from utils.config import build_config
+
+MAX_BATCH = 256
+
+
+def free_ports(n):
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def script(name, *args):
+    return subprocess.run([sys.executable, f"deployment/{name}", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """(config, checkpoint, data, ports): a DLRM on multi-hot files, exported and being served."""
+    tmp = tmp_path_factory.mktemp("serving")
+    data = write_dataset(tmp / "data", {"c0": 3, "c3": 2})
+    cfg = build_config(dict(TINY, dataset_type="split_binary", dataset_path=data, max_steps=8,
+                            save_checkpoint_path=str(tmp / "ckpt")),
+                       present={"dataset_type", "dataset_path", "max_steps", "save_checkpoint_path"})
+    main.run(cfg)
+    exported = script("deploy.py", f"--checkpoint={tmp / 'ckpt'}", f"--output={tmp / 'repo'}", "--forms=monolithic",
+                      f"--max_batch_size={MAX_BATCH}", "--instance_kind=cpu")
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    ports = free_ports(3)
+    log = open(tmp / "server.log", "w")
+    server = subprocess.Popen([sys.executable, "deployment/serve.py", f"--model_repository={tmp / 'repo'}",
+                               "--address=127.0.0.1", f"--http_port={ports[0]}", f"--grpc_port={ports[1]}",
+                               f"--metrics_port={ports[2]}"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    try:
+        ServingClient("http", f"localhost:{ports[0]}", "dlrm").wait_ready(120)
+        yield cfg, str(tmp / "ckpt"), data, ports
+    finally:
+        server.send_signal(signal.SIGTERM)
+        code = server.wait(timeout=60)
+        log.close()
+    assert code == 0, (tmp / "server.log").read_text()[-3000:]
+    for port in ports:   # nothing listens any more
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def data_flags(data):
+    return ["--dataset_type=split_binary", f"--dataset_path={data}"]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_served_predictions_equal_the_training_time_model(served, protocol):
+    import tensorflow as tf
+    from dataloading.batches import RankInput, eval_batches
+    cfg, checkpoint, data, ports = served
+    r = main.Run(dataclasses.replace(cfg, mode="eval", restore_checkpoint_path=checkpoint, save_checkpoint_path=""))
+    batch = next(eval_batches(r.dataset, 200, 200, RankInput.single_process(4)))
+    ragged = [c if h is None else tf.RaggedTensor.from_row_splits(c.values, c.row_splits)
+              for c, h in zip(batch["categorical"], cfg.max_hotness)]
+    expected = r.trainer.predict(batch["numerical"], ragged).numpy()
+    client = ServingClient(protocol, f"localhost:{ports[0 if protocol == 'http' else 1]}", "dlrm")
+    numerical, categorical, _ = next(request_batches(r.dataset, 200, 200))
+    out = client.infer(numerical, categorical, ("logits", "predictions"))
+    np.testing.assert_allclose(out["logits"][:, 0], expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out["predictions"][:, 0], 1 / (1 + np.exp(-expected)), rtol=1e-5, atol=1e-6)
+    client.close()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_evaluate_accuracy_equals_offline_evaluation(served, protocol, tmp_path):
+    cfg, checkpoint, data, ports = served
+    offline = main.run(dataclasses.replace(cfg, mode="eval", restore_checkpoint_path=checkpoint,
+                                           save_checkpoint_path="", valid_batch_size=128))
+    url = f"localhost:{ports[0 if protocol == 'http' else 1]}"
+    result = script("evaluate_accuracy.py", *data_flags(data), f"--protocol={protocol}", f"--url={url}",
+                    "--batch_size=200", f"--output_json={tmp_path / 'm.json'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    served_metrics = json.loads((tmp_path / "m.json").read_text())
+    assert served_metrics["samples"] == offline["samples"] == 500
+    assert served_metrics["auc"] == pytest.approx(offline["auc"], abs=1e-6)
+    assert served_metrics["logloss"] == pytest.approx(offline["logloss"], abs=1e-6)
+    assert f"served dlrm over {protocol}: auc {offline['auc']:.5f}" in result.stdout
+
+
+def test_evaluate_latency_reports_each_batch_size(served, tmp_path):
+    _, _, data, ports = served
+    result = script("evaluate_latency.py", *data_flags(data), "--protocol=grpc", f"--url=localhost:{ports[1]}",
+                    "--batch_sizes=1,64", "--concurrency=2", "--requests=30", "--warmup_requests=2",
+                    f"--output_json={tmp_path / 'l.json'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "l.json").read_text().splitlines()]
+    assert [r["batch_size"] for r in records] == [1, 64] and all(r["concurrency"] == 2 for r in records)
+    for r in records:
+        assert 0 < r["p50_ms"] <= r["p90_ms"] <= r["p99_ms"] and r["samples_per_s"] > 0
+    too_big = script("evaluate_latency.py", *data_flags(data), f"--url=localhost:{ports[0]}", "--batch_sizes=512")
+    assert too_big.returncode == 2 and too_big.stderr.strip().splitlines()[-1] == (
+        f"error: --batch_sizes 512 exceeds model 'dlrm''s max_batch_size {MAX_BATCH}")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_bad_requests_get_errors_and_the_server_keeps_serving(served, protocol):
+    from tritonclient.utils import InferenceServerException
+    cfg, _, data, ports = served
+    client = ServingClient(protocol, f"localhost:{ports[0 if protocol == 'http' else 1]}", "dlrm")
+    dataset, rows = open_eval_data(type("Flags", (), dict(dataset_type="split_binary", dataset_path=data,
+                                                          feature_spec="", eval_mapping="test", seed=0,
+                                                          synthetic_alpha=0.0, synthetic_eval_rows=0)))
+    numerical, categorical, _ = next(request_batches(dataset, 8, 8))   # width 3 + 1 + 1 + 2 = 7
+    good = client.infer(numerical, categorical)["logits"]
+    out_of_range = categorical.copy()
+    out_of_range[2, 4] = 7   # feature 2 has 7 rows
+    nan = numerical.copy()
+    nan[0, 0] = np.nan
+    api = client.api
+    cases = {
+        "unexpected shape for input 'categorical_features'": (numerical, categorical[:, :6], "FP32", "INT64"),
+        "data-type is 'FP64', but model 'dlrm' expects 'FP32'": (numerical.astype(np.float64), categorical, "FP64",
+                                                                 "INT64"),
+        "data-type is 'INT32', but model 'dlrm' expects 'INT64'": (numerical, categorical.astype(np.int32), "FP32",
+                                                                   "INT32"),
+        "embedding ids out of range [0, cardinality) in features (0-based):] [2]": (numerical, out_of_range, "FP32",
+                                                                                     "INT64"),
+        "numerical_features holds NaN or infinite values": (nan, categorical, "FP32", "INT64"),
+        f"batch-size must be <= {MAX_BATCH}": (np.repeat(numerical, 40, 0)[:MAX_BATCH + 1],
+                                               np.repeat(categorical, 40, 0)[:MAX_BATCH + 1], "FP32", "INT64"),
+    }
+    for message, (num, cat, num_type, cat_type) in cases.items():
+        tensors = [api.InferInput("numerical_features", list(num.shape), num_type),
+                   api.InferInput("categorical_features", list(cat.shape), cat_type)]
+        tensors[0].set_data_from_numpy(num)
+        tensors[1].set_data_from_numpy(cat)
+        with pytest.raises(InferenceServerException) as error:
+            client.client.infer("dlrm", tensors)
+        assert message in error_line(error.value), error_line(error.value)
+        np.testing.assert_array_equal(client.infer(numerical, categorical)["logits"], good)   # still serving
+    client.close()
