@@ -16,6 +16,7 @@ import shutil
 from typing import Dict, List, Sequence
 
 from deployment.layout import CATEGORICAL, EMBEDDINGS, LOGITS, NUMERICAL, PREDICTIONS, ServingLayout
+from utils.files import move_into_place
 
 FORMS = ("monolithic", "ensemble")
 EXPORT_INFO = "export.json"
@@ -112,18 +113,12 @@ def write_repository(checkpoint_path: str, out: str, name: str, settings: Settin
         save(modules[part], os.path.join(tmp, model_name, "1", "model.savedmodel"),
              host_tables if part != "dense" else ())
         _write(os.path.join(tmp, model_name, "config.pbtxt"), model_config(model_name, inputs, outputs, layout, settings))
-    info = {"name": name, "forms": list(forms), "checkpoint": manifest["path"], "step": manifest["step"], "written_at_ranks": manifest["world_size"],
-            "signature": signature, "layout": dataclasses.asdict(layout), "models": sorted(parts),
-            "host_tables": [f for f, host in enumerate(lookup.on_host) if host], "settings": dataclasses.asdict(settings)}
+    info = {"name": name, "forms": list(forms), "checkpoint": manifest["path"], "step": manifest["step"],
+            "written_at_ranks": manifest["world_size"], "signature": signature, "layout": dataclasses.asdict(layout),
+            "models": sorted(parts), "host_tables": [f for f, host in enumerate(lookup.on_host) if host],
+            "settings": dataclasses.asdict(settings)}
     _write(os.path.join(tmp, EXPORT_INFO), json.dumps(info, indent=1))
-    if os.path.exists(out):
-        old = f"{out.rstrip('/')}.old-export"
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(out, old)
-        os.rename(tmp, out)
-        shutil.rmtree(old)
-    else:
-        os.rename(tmp, out)
+    move_into_place(tmp, out, f"{out.rstrip('/')}.old-export")
     return info
 
 

@@ -22,6 +22,8 @@ from typing import Dict, Optional, Sequence, Set
 
 import numpy as np
 
+from utils.files import move_into_place
+
 MANIFEST = "manifest.json"
 LATEST = "latest"
 KEEP = 2
@@ -124,14 +126,7 @@ def _commit(root, tmp, final, name, step, signature, state, world_size):
     manifest = {"step": int(step), "signature": signature, "state": state or {}, "world_size": world_size,
                 "tensors": dict(sorted(tensors.items()))}
     _write_json(os.path.join(tmp, MANIFEST), manifest)
-    if os.path.exists(final):   # re-saving the same step: move the old copy aside first
-        old = os.path.join(root, f".old-{name}")
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(final, old)
-        os.rename(tmp, final)
-        shutil.rmtree(old)
-    else:
-        os.rename(tmp, final)
+    move_into_place(tmp, final, os.path.join(root, f".old-{name}"))   # re-saving a step replaces it
     _write_text(os.path.join(root, LATEST + ".tmp"), name + "\n")
     os.replace(os.path.join(root, LATEST + ".tmp"), os.path.join(root, LATEST))
     _fsync_dir(root)

@@ -236,35 +236,30 @@ import tensorflow as tf
 sys.modules["dot_based_interact"] = None    # no op library in this process
 loaded = tf.saved_model.load(sys.argv[1])
 data = np.load(sys.argv[2])
-out = loaded.signatures["serving_default"](numerical=tf.constant(data["numerical"]),
-                                           categorical=tf.constant(data["categorical"]))["logits"]
-np.save(sys.argv[3], out.numpy())
+out = loaded.signatures["serving_default"](numerical_features=tf.constant(data["numerical"]),
+                                           categorical_features=tf.constant(data["categorical"]))["logits"]
+np.save(sys.argv[3], out.numpy()[:, 0])
 """
 
 
 def test_saved_model_serves_without_the_op(tmp_path):
-    r = main.Run(tiny_config())
+    """The model trained with the op, exported by deployment/ (the monolithic SavedModel), runs
+    in a process that cannot load the op library."""
+    from deployment.repository import write_repository
+    r = main.Run(tiny_config(save_checkpoint_path=str(tmp_path / "ckpt")))
     r.train()   # trained with the op
     assert r.model.interaction._op is dot_based_interact
-    model = r.model
-
-    class Serving(tf.Module):
-        @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32), tf.TensorSpec([None, 4], tf.int32)])
-        def predict(self, numerical, categorical):
-            return {"logits": model(numerical, tf.unstack(categorical, axis=1))}
-
-    serving = Serving()
-    serving.weights = model.table_variables + model.dense_variables   # what the SavedModel holds
-    tf.saved_model.save(serving, str(tmp_path / "model"), signatures={"serving_default": serving.predict})
-    with open(tmp_path / "model" / "saved_model.pb", "rb") as f:
+    write_repository(str(tmp_path / "ckpt"), str(tmp_path / "repo"), "dlrm", forms=("monolithic",))
+    model_dir = tmp_path / "repo" / "dlrm" / "1" / "model.savedmodel"
+    with open(model_dir / "saved_model.pb", "rb") as f:
         assert b"DotBasedInteract" not in f.read()
     rng = np.random.default_rng(0)
     numerical = rng.standard_normal((50, 3)).astype(np.float32)
-    categorical = np.stack([rng.integers(0, c, 50) for c in (20, 50, 7, 30)], 1).astype(np.int32)
+    categorical = np.stack([rng.integers(0, c, 50) for c in (20, 50, 7, 30)], 1)
     np.savez(tmp_path / "batch.npz", numerical=numerical, categorical=categorical)
-    subprocess.run([sys.executable, "-c", SERVE, str(tmp_path / "model"), str(tmp_path / "batch.npz"),
+    subprocess.run([sys.executable, "-c", SERVE, str(model_dir), str(tmp_path / "batch.npz"),
                     str(tmp_path / "out.npy")], check=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    expected = model(tf.constant(numerical), list(tf.unstack(categorical, axis=1))).numpy()
+    expected = r.model(tf.constant(numerical), list(tf.unstack(categorical.astype(np.int32), axis=1))).numpy()
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), expected, rtol=1e-6, atol=1e-6)
 
 
