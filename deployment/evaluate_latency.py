@@ -42,33 +42,44 @@ def request_pool(dataset, rows: int, batch_size: int, batches: int) -> list:
     return list(itertools.islice(full, batches))
 
 
-def load(clients, pool, requests: int, warmup: int) -> dict:
-    """Every client sends `warmup` untimed requests, then all together `requests` timed ones."""
+def load(connect, concurrency: int, pool, requests: int, warmup: int) -> dict:
+    """`concurrency` clients (each made by `connect` in its own thread: the HTTP client is bound to
+    the thread that made it) send `warmup` untimed requests each, then `requests` timed ones in all."""
     from nn.evaluator import latency_figures
-    for client in clients:
-        for k in range(warmup):
-            client.infer(*pool[k % len(pool)])
-    counter, times, errors = itertools.count(), [[] for _ in clients], []
+    counter, times, errors = itertools.count(), [[] for _ in range(concurrency)], []
+    started = threading.Barrier(concurrency + 1)
 
     def send(k):
+        client = None
         try:
-            while (i := next(counter)) < requests:
-                t0 = time.perf_counter()
-                clients[k].infer(*pool[i % len(pool)])
-                times[k].append(time.perf_counter() - t0)
+            client = connect()
+            for i in range(warmup):
+                client.infer(*pool[i % len(pool)])
         except Exception as e:   # reported by the main thread
             errors.append(e)
+        started.wait()
+        try:
+            while not errors and (i := next(counter)) < requests:
+                t0 = time.perf_counter()
+                client.infer(*pool[i % len(pool)])
+                times[k].append(time.perf_counter() - t0)
+        except Exception as e:
+            errors.append(e)
+        finally:
+            if client is not None:
+                client.close()
 
-    threads = [threading.Thread(target=send, args=(k,)) for k in range(len(clients))]
-    t0 = time.perf_counter()
+    threads = [threading.Thread(target=send, args=(k,)) for k in range(concurrency)]
     for t in threads:
         t.start()
+    started.wait()
+    t0 = time.perf_counter()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
     if errors:
         raise errors[0]
-    return dict(latency_figures([t for ts in times for t in ts], len(pool[0][0]), wall), concurrency=len(clients))
+    return dict(latency_figures([t for ts in times for t in ts], len(pool[0][0]), wall), concurrency=concurrency)
 
 
 def main(argv):
@@ -84,16 +95,20 @@ def main(argv):
             if value < 1:
                 raise ConfigError(f"--{name} must be positive, got {value}")
         dataset, rows = open_eval_data(FLAGS)
-        clients = [ServingClient(FLAGS.protocol, FLAGS.url, FLAGS.model_name) for _ in range(FLAGS.concurrency)]
-        clients[0].wait_ready(FLAGS.wait_s)
-        if max(sizes) > clients[0].max_batch_size():
+        def connect():
+            return ServingClient(FLAGS.protocol, FLAGS.url, FLAGS.model_name)
+
+        probe = connect()
+        probe.wait_ready(FLAGS.wait_s)
+        if max(sizes) > probe.max_batch_size():
             raise ServingError(f"--batch_sizes {max(sizes)} exceeds model {FLAGS.model_name!r}'s max_batch_size "
-                               f"{clients[0].max_batch_size()}")
+                               f"{probe.max_batch_size()}")
+        probe.close()
         print(f"{FLAGS.model_name} over {FLAGS.protocol}, {FLAGS.concurrency} client(s)")
         print("batch_size | samples/s | mean ms | p50 ms | p90 ms | p99 ms")
         results = []
         for size in sizes:
-            r = load(clients, request_pool(dataset, rows, size, FLAGS.pool_batches), FLAGS.requests,
+            r = load(connect, FLAGS.concurrency, request_pool(dataset, rows, size, FLAGS.pool_batches), FLAGS.requests,
                      FLAGS.warmup_requests)
             print(f"{size} | {r['samples_per_s']:,.0f} | {r['mean_ms']:.3f} | {r['p50_ms']:.3f} | {r['p90_ms']:.3f} | "
                   f"{r['p99_ms']:.3f}", flush=True)

@@ -110,7 +110,7 @@ def test_evaluate_accuracy_equals_offline_evaluation(served, protocol, tmp_path)
 
 def test_evaluate_latency_reports_each_batch_size(served, tmp_path):
     _, _, data, ports = served
-    result = script("evaluate_latency.py", *data_flags(data), "--protocol=grpc", f"--url=localhost:{ports[1]}",
+    result = script("evaluate_latency.py", *data_flags(data), "--protocol=http", f"--url=localhost:{ports[0]}",
                     "--batch_sizes=1,64", "--concurrency=2", "--requests=30", "--warmup_requests=2",
                     f"--output_json={tmp_path / 'l.json'}")
     assert result.returncode == 0, result.stderr[-3000:]
