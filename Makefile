@@ -16,7 +16,8 @@ $(VENV)/.ready: requirements.txt tools/setup_env.sh $(OP_SOURCES)
 	touch $@
 
 # Train DLRM on a synthetic dataset with a planted ground truth, evaluate (AUC beside the
-# oracle's), checkpoint, then evaluate the checkpoint and time inference from it.
+# oracle's), checkpoint, then evaluate the checkpoint, time inference from it and export it as a
+# Triton model repository (serve it with deployment/serve.py: docs/deployment.md).
 DEMO_DATA := --dataset_type=synthetic --synthetic_cardinalities=10,20,50,100,20,50,10,5,1000,200,30,7
 DEMO_MODEL := --embedding_dim=16 --bottom_mlp_dims=128,64,16 --top_mlp_dims=256,128,1 --optimizer=adam
 
@@ -30,6 +31,7 @@ demo: setup
 	  --restore_checkpoint_path=$(RUN_DIR)/checkpoints
 	$(PY) dlrm.py --mode=inference $(DEMO_DATA) $(DEMO_MODEL) --restore_checkpoint_path=$(RUN_DIR)/checkpoints \
 	  --inference_batch_sizes=1,64,1024 --inference_steps=50
+	$(PY) deployment/deploy.py --checkpoint=$(RUN_DIR)/checkpoints --output=$(RUN_DIR)/model_repository
 
 test: setup
 	$(PY) -m pytest -q
