@@ -38,6 +38,10 @@ flags.DEFINE_integer("max_queue_delay_us", None, "dynamic batching: longest wait
 FLAGS = flags.FLAGS
 
 
+def _interrupt(*_):
+    raise KeyboardInterrupt
+
+
 class BadRequest(ValueError):
     """A request the model refuses (ids out of range, non-finite values); one line."""
 
@@ -111,7 +115,7 @@ def serve(repository: str):
     with Triton(config=triton_config) as triton:
         triton.bind(model_name=FLAGS.model_name or name, infer_func=handle, inputs=inputs, outputs=outputs,
                     config=config, strict=True)
-        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        signal.signal(signal.SIGTERM, _interrupt)   # stop as on Ctrl-C
         print(f"serving {FLAGS.model_name or name} (step {info['step']} of {info['checkpoint']}) on "
               f"http {FLAGS.address}:{FLAGS.http_port}, grpc {FLAGS.address}:{FLAGS.grpc_port}, "
               f"metrics :{FLAGS.metrics_port}", flush=True)

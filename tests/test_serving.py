@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -39,6 +40,22 @@ def script(name, *args):
                           timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
 
 
+def start_server(log_path, ports, *args):
+    return subprocess.Popen([sys.executable, "deployment/serve.py", *args, "--address=127.0.0.1",
+                             f"--http_port={ports[0]}", f"--grpc_port={ports[1]}", f"--metrics_port={ports[2]}"],
+                            cwd=ROOT, stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+
+
+def stop_server(server, ports, log_path):
+    """SIGTERM; the server exits with 0 and frees its ports."""
+    server.send_signal(signal.SIGTERM)
+    assert server.wait(timeout=60) == 0, log_path.read_text()[-3000:]
+    for port in ports:
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """(config, checkpoint, data, ports): a DLRM on multi-hot files, exported and being served."""
@@ -52,26 +69,23 @@ def served(tmp_path_factory):
                       f"--max_batch_size={MAX_BATCH}", "--instance_kind=cpu")
     assert exported.returncode == 0, exported.stderr[-3000:]
     ports = free_ports(3)
-    log = open(tmp / "server.log", "w")
-    server = subprocess.Popen([sys.executable, "deployment/serve.py", f"--model_repository={tmp / 'repo'}",
-                               "--address=127.0.0.1", f"--http_port={ports[0]}", f"--grpc_port={ports[1]}",
-                               f"--metrics_port={ports[2]}"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    server = start_server(tmp / "server.log", ports, f"--model_repository={tmp / 'repo'}")
     try:
         ServingClient("http", f"localhost:{ports[0]}", "dlrm").wait_ready(120)
         yield cfg, str(tmp / "ckpt"), data, ports
     finally:
-        server.send_signal(signal.SIGTERM)
-        code = server.wait(timeout=60)
-        log.close()
-    assert code == 0, (tmp / "server.log").read_text()[-3000:]
-    for port in ports:   # nothing listens any more
-        with socket.socket() as s:
-            assert s.connect_ex(("127.0.0.1", port)) != 0
+        stop_server(server, ports, tmp / "server.log")
 
 
 def data_flags(data):
     return ["--dataset_type=split_binary", f"--dataset_path={data}"]
+
+
+def eval_dataset(data):
+    """The split-binary dataset at `data`, opened as the clients open it from their flags."""
+    flags = types.SimpleNamespace(dataset_type="split_binary", dataset_path=data, feature_spec="", eval_mapping="test",
+                                  seed=0, synthetic_alpha=0.0, synthetic_eval_rows=0)
+    return open_eval_data(flags)[0]
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -128,10 +142,7 @@ def test_bad_requests_get_errors_and_the_server_keeps_serving(served, protocol):
     from tritonclient.utils import InferenceServerException
     cfg, _, data, ports = served
     client = ServingClient(protocol, f"localhost:{ports[0 if protocol == 'http' else 1]}", "dlrm")
-    dataset, rows = open_eval_data(type("Flags", (), dict(dataset_type="split_binary", dataset_path=data,
-                                                          feature_spec="", eval_mapping="test", seed=0,
-                                                          synthetic_alpha=0.0, synthetic_eval_rows=0)))
-    numerical, categorical, _ = next(request_batches(dataset, 8, 8))   # width 3 + 1 + 1 + 2 = 7
+    numerical, categorical, _ = next(request_batches(eval_dataset(data), 8, 8))   # width 3 + 1 + 1 + 2 = 7
     good = client.infer(numerical, categorical)["logits"]
     out_of_range = categorical.copy()
     out_of_range[2, 4] = 7   # feature 2 has 7 rows
@@ -160,3 +171,47 @@ def test_bad_requests_get_errors_and_the_server_keeps_serving(served, protocol):
         assert message in error_line(error.value), error_line(error.value)
         np.testing.assert_array_equal(client.infer(numerical, categorical)["logits"], good)   # still serving
     client.close()
+
+
+def test_serve_a_checkpoint_directly(served, tmp_path):
+    """--checkpoint exports to a temporary repository and serves it; --max_batch_size overrides
+    the export's."""
+    _, checkpoint, data, _ = served
+    ports = free_ports(3)
+    server = start_server(tmp_path / "server.log", ports, f"--checkpoint={checkpoint}", "--model_name=ranker",
+                          "--max_batch_size=16")
+    try:
+        client = ServingClient("grpc", f"localhost:{ports[1]}", "ranker")
+        client.wait_ready(120)
+        assert client.max_batch_size() == 16
+        numerical, categorical, _ = next(request_batches(eval_dataset(data), 16, 16))
+        reference = ServingClient("grpc", f"localhost:{served[3][1]}", "dlrm").infer(numerical, categorical)
+        np.testing.assert_array_equal(client.infer(numerical, categorical)["logits"], reference["logits"])
+        client.close()
+    finally:
+        stop_server(server, ports, tmp_path / "server.log")
+
+
+def test_serve_flag_errors_are_one_line(tmp_path):
+    for args, message in (([], "error: give one of --model_repository and --checkpoint"),
+                          ([f"--model_repository={tmp_path}"], f"error: {tmp_path}: not a model repository written "
+                                                               "by deployment/deploy.py (no export.json)"),
+                          ([f"--model_repository={tmp_path}", "--max_batch_size=0"],
+                           "error: --max_batch_size must be positive, got 0")):
+        result = script("serve.py", *args)
+        assert result.returncode == 2 and result.stderr.strip().splitlines() == [message], result.stderr
+
+
+def test_synthetic_data_flags_open_the_runs_evaluation_data():
+    """The clients' synthetic data (from main.py's data flags) is the evaluation data of the run
+    those flags describe."""
+    from dataloading.open import open_dataset
+    cfg = build_config(dict(TINY, synthetic_alpha=0.7, seed=9, synthetic_eval_rows=300))
+    flags = types.SimpleNamespace(dataset_type="synthetic", synthetic_cardinalities=TINY["synthetic_cardinalities"],
+                                  synthetic_num_numerical=3, synthetic_alpha=0.7, seed=9, synthetic_eval_rows=300,
+                                  dataset_path="", feature_spec="", eval_mapping="test")
+    dataset, rows = open_eval_data(flags)
+    expected, expected_rows = open_dataset(cfg)
+    assert rows == expected_rows["eval"] == 300
+    for x, y in zip(next(request_batches(dataset, rows, rows)), next(request_batches(expected, 300, 300))):
+        np.testing.assert_array_equal(x, y)
