@@ -13,6 +13,7 @@ a bad request gets an error response and the server keeps serving.
 import os
 import pathlib
 import signal
+import socket
 import sys
 import tempfile
 
@@ -40,6 +41,23 @@ FLAGS = flags.FLAGS
 
 def _interrupt(*_):
     raise KeyboardInterrupt
+
+
+class ServeError(ValueError):
+    """A server that cannot start as asked; the message is one line."""
+
+
+def check_ports():
+    """Each port flag names a distinct port free on --address (Triton would wait forever instead)."""
+    ports = {name: FLAGS[name].value for name in ("http_port", "grpc_port", "metrics_port")}
+    if len(set(ports.values())) < len(ports):
+        raise ServeError(f"--http_port, --grpc_port and --metrics_port must differ, got {sorted(ports.values())}")
+    for name, port in ports.items():
+        with socket.socket() as s:
+            try:
+                s.bind((FLAGS.address, port))
+            except OSError as e:
+                raise ServeError(f"--{name}={port}: cannot listen on {FLAGS.address}:{port} ({e.strerror})")
 
 
 class BadRequest(ValueError):
@@ -75,7 +93,7 @@ def use_stub_environment():
                   "/opt/triton-stub"]
     env = next((c for c in candidates if c and os.path.isfile(os.path.join(c, "bin", "python"))), None)
     if env is None:
-        raise ExportError("no environment for Triton's Python-backend stub (numpy 1.x, pyzmq): run make setup, "
+        raise ServeError("no environment for Triton's Python-backend stub (numpy 1.x, pyzmq): run make setup, "
                           "or set DLRM_TRITON_STUB_ENV")
     triton_server.get_triton_python_backend_python_env = lambda: pathlib.Path(env)
 
@@ -89,7 +107,7 @@ def serve(repository: str):
     from deployment.layout import CATEGORICAL, LOGITS, NUMERICAL, PREDICTIONS
     info = read_export_info(repository)
     if "monolithic" not in info["forms"]:
-        raise ExportError(f"{repository}: has no monolithic model to serve (exported with --forms=ensemble)")
+        raise ServeError(f"{repository}: has no monolithic model to serve (exported with --forms=ensemble)")
     name, layout, settings = info["name"], info["layout"], info["settings"]
     infer = model_function(os.path.join(repository, name, "1", "model.savedmodel"))
 
@@ -115,7 +133,8 @@ def serve(repository: str):
     with Triton(config=triton_config) as triton:
         triton.bind(model_name=FLAGS.model_name or name, infer_func=handle, inputs=inputs, outputs=outputs,
                     config=config, strict=True)
-        signal.signal(signal.SIGTERM, _interrupt)   # stop as on Ctrl-C
+        for stop in (signal.SIGTERM, signal.SIGINT):   # SIGINT too: a background job starts with it ignored
+            signal.signal(stop, _interrupt)
         print(f"serving {FLAGS.model_name or name} (step {info['step']} of {info['checkpoint']}) on "
               f"http {FLAGS.address}:{FLAGS.http_port}, grpc {FLAGS.address}:{FLAGS.grpc_port}, "
               f"metrics :{FLAGS.metrics_port}", flush=True)
@@ -127,11 +146,12 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     try:
         if bool(FLAGS.model_repository) == bool(FLAGS.checkpoint):
-            raise ExportError("give one of --model_repository and --checkpoint")
+            raise ServeError("give one of --model_repository and --checkpoint")
         for name in ("max_batch_size", "max_queue_delay_us"):
             if FLAGS[name].value is not None and FLAGS[name].value < (1 if name == "max_batch_size" else 0):
-                raise ExportError(f"--{name} must be {'positive' if name == 'max_batch_size' else '>= 0'}, "
+                raise ServeError(f"--{name} must be {'positive' if name == 'max_batch_size' else '>= 0'}, "
                                   f"got {FLAGS[name].value}")
+        check_ports()
         if FLAGS.model_repository:
             serve(FLAGS.model_repository)
             return
@@ -142,7 +162,7 @@ def main(argv):
             write_repository(FLAGS.checkpoint, os.path.join(tmp, "repo"), "dcnv2" if cross else "dlrm",
                              forms=("monolithic",))
             serve(os.path.join(tmp, "repo"))
-    except (ExportError, CheckpointError) as e:
+    except (ServeError, ExportError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

@@ -193,13 +193,23 @@ def test_serve_a_checkpoint_directly(served, tmp_path):
 
 
 def test_serve_flag_errors_are_one_line(tmp_path):
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
     for args, message in (([], "error: give one of --model_repository and --checkpoint"),
-                          ([f"--model_repository={tmp_path}"], f"error: {tmp_path}: not a model repository written "
-                                                               "by deployment/deploy.py (no export.json)"),
+                          ([f"--model_repository={tmp_path}", "--address=127.0.0.1", f"--grpc_port={port}"],
+                           f"error: --grpc_port={port}: cannot listen on 127.0.0.1:{port} (Address already in use)"),
+                          ([f"--model_repository={tmp_path}", "--http_port=9000", "--metrics_port=9000"],
+                           "error: --http_port, --grpc_port and --metrics_port must differ, got [8001, 9000, 9000]"),
+                          ([f"--model_repository={tmp_path}", *[f"--{name}_port={p}" for name, p in
+                                                                zip(("http", "grpc", "metrics"), free_ports(3))]],
+                           f"error: {tmp_path}: not a model repository written by deployment/deploy.py (no export.json)"),
                           ([f"--model_repository={tmp_path}", "--max_batch_size=0"],
                            "error: --max_batch_size must be positive, got 0")):
         result = script("serve.py", *args)
         assert result.returncode == 2 and result.stderr.strip().splitlines() == [message], result.stderr
+    busy.close()
 
 
 def test_synthetic_data_flags_open_the_runs_evaluation_data():
