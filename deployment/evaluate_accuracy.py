@@ -31,10 +31,11 @@ def evaluate(client, dataset, rows: int, batch_size: int) -> dict:
     """AUC and logloss of the served model over the first `rows` evaluation samples."""
     import numpy as np
     from deployment.client import ServingError, request_batches
+    from deployment.layout import categorical_width
     from utils.metrics import log_loss, roc_auc
-    width = sum(h or 1 for h in dataset.max_hotness)
     served = client.input_shapes()
-    expected = {"numerical_features": [dataset.num_numerical], "categorical_features": [width]}
+    expected = {"numerical_features": [dataset.num_numerical],
+                "categorical_features": [categorical_width(dataset.max_hotness)]}
     if served != expected:
         raise ServingError(f"model {client.model!r} takes {served}, this dataset gives {expected}")
     if batch_size > client.max_batch_size():

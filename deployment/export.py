@@ -60,7 +60,7 @@ class Lookup(tf.Module):
     Tables of more than `host_bytes` bytes are created on, and gathered from, host memory.
     """
 
-    def __init__(self, tables: Sequence[tf.Variable], layout: ServingLayout, table_combiners: Sequence[str],
+    def __init__(self, tables: Sequence[tf.Tensor], layout: ServingLayout, table_combiners: Sequence[str],
                  host_bytes: int):
         super().__init__(name="sparse")
         self.layout, self.combiners = layout, list(table_combiners)

@@ -42,7 +42,7 @@ class ServingLayout:
 
     @property
     def categorical_width(self) -> int:
-        return self.columns[-1][1] if self.columns else 0
+        return categorical_width(self.max_hotness)
 
 
 def columns(max_hotness: Sequence[Optional[int]]) -> List[Tuple[int, int]]:
@@ -51,12 +51,17 @@ def columns(max_hotness: Sequence[Optional[int]]) -> List[Tuple[int, int]]:
     return [(end - (h or 1), end) for end, h in zip(ends, max_hotness)]
 
 
+def categorical_width(max_hotness: Sequence[Optional[int]]) -> int:
+    """W, the width of categorical_features."""
+    return sum(h or 1 for h in max_hotness)
+
+
 def categorical_matrix(categorical: Sequence, max_hotness: Sequence[Optional[int]]) -> np.ndarray:
     """A dataset batch's ids (per feature: [n] ids, or RaggedIds of a multi-hot feature) as
     categorical_features [n, W] int64."""
     spans = columns(max_hotness)
     n = len(categorical[0]) if max_hotness[0] is None else len(categorical[0].row_splits) - 1
-    out = np.full((n, spans[-1][1]), PAD, np.int64)
+    out = np.full((n, categorical_width(max_hotness)), PAD, np.int64)
     for f, ((start, end), ids) in enumerate(zip(spans, categorical)):
         if max_hotness[f] is None:
             out[:, start] = ids

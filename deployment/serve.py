@@ -94,7 +94,7 @@ def use_stub_environment():
     env = next((c for c in candidates if c and os.path.isfile(os.path.join(c, "bin", "python"))), None)
     if env is None:
         raise ServeError("no environment for Triton's Python-backend stub (numpy 1.x, pyzmq): run make setup, "
-                          "or set DLRM_TRITON_STUB_ENV")
+                         "or set DLRM_TRITON_STUB_ENV")
     triton_server.get_triton_python_backend_python_env = lambda: pathlib.Path(env)
 
 
@@ -104,7 +104,7 @@ def serve(repository: str):
     from pytriton.exceptions import PyTritonValidationError
     from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
     from pytriton.triton import Triton, TritonConfig
-    from deployment.layout import CATEGORICAL, LOGITS, NUMERICAL, PREDICTIONS
+    from deployment.layout import CATEGORICAL, LOGITS, NUMERICAL, PREDICTIONS, categorical_width
     info = read_export_info(repository)
     if "monolithic" not in info["forms"]:
         raise ServeError(f"{repository}: has no monolithic model to serve (exported with --forms=ensemble)")
@@ -118,9 +118,8 @@ def serve(repository: str):
         except BadRequest as e:
             raise PyTritonValidationError(str(e))
 
-    width = sum(h or 1 for h in layout["max_hotness"])
     inputs = [Tensor(name=NUMERICAL, dtype=np.float32, shape=(layout["num_numerical"],)),
-              Tensor(name=CATEGORICAL, dtype=np.int64, shape=(width,))]
+              Tensor(name=CATEGORICAL, dtype=np.int64, shape=(categorical_width(layout["max_hotness"]),))]
     outputs = [Tensor(name=PREDICTIONS, dtype=np.float32, shape=(1,)), Tensor(name=LOGITS, dtype=np.float32, shape=(1,))]
     config = ModelConfig(max_batch_size=FLAGS.max_batch_size or settings["max_batch_size"],
                          batcher=DynamicBatcher(max_queue_delay_microseconds=FLAGS.max_queue_delay_us
