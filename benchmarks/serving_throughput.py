@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -88,16 +87,6 @@ def in_process(args, data, model, ckpt) -> list:
     return [record("in-process", None, 1, r) for r in read_json_lines(log) if r["kind"] == "inference"]
 
 
-def free_ports(n: int) -> list:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def wait_ready(server, url: str, timeout_s: float, log: str):
     """Returns once the served model is ready; exits if the server does or `timeout_s` passes."""
     from deployment.client import ServingClient, ServingError
@@ -115,6 +104,7 @@ def wait_ready(server, url: str, timeout_s: float, log: str):
 
 def served(args, data, repo) -> list:
     """Serves `repo` and loads it over every protocol at every concurrency."""
+    from deployment.client import free_ports
     http, grpc, metrics = free_ports(3)
     urls = {"http": f"127.0.0.1:{http}", "grpc": f"127.0.0.1:{grpc}"}
     log = open(os.path.join(args.work_dir, "server.log"), "w")

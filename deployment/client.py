@@ -1,6 +1,7 @@
 """Requests to a Triton server serving an exported model (tritonclient, HTTP or gRPC), and the
 evaluation data turned into requests (the --dataset_type, --dataset_path, ... flags of main.py).
 """
+import socket
 import time
 import types
 from typing import Iterator, Tuple
@@ -73,6 +74,17 @@ class ServingClient:
 
     def close(self):
         self.client.close()
+
+
+def free_ports(n: int) -> list:
+    """`n` ports free on 127.0.0.1 right now (for the servers that tests and benchmarks start)."""
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
 
 
 def open_eval_data(flags) -> Tuple[object, int]:

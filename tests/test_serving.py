@@ -16,23 +16,13 @@ import numpy as np
 import pytest
 
 import main
-from deployment.client import ServingClient, error_line, open_eval_data, request_batches
+from deployment.client import ServingClient, error_line, free_ports, open_eval_data, request_batches
 from tests.configs import TINY
 from tests.horovod_run import ROOT
 from tests.test_dataset_cli import write_dataset
 from utils.config import build_config
 
 MAX_BATCH = 256
-
-
-def free_ports(n):
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def script(name, *args):
