@@ -140,6 +140,17 @@ def serve(repository: str):
         triton.serve()
 
 
+def serve_until_stopped(repository: str):
+    """`serve`, with a failure of the server itself (a model that does not load, say) in one line."""
+    from pytriton.exceptions import PyTritonError
+    from tritonclient.utils import InferenceServerException
+    try:
+        serve(repository)
+    except (PyTritonError, InferenceServerException) as e:
+        lines = str(e).strip().splitlines() or [type(e).__name__]
+        raise ServeError(f"the Triton server failed: {lines[0]}")
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -152,7 +163,7 @@ def main(argv):
                                   f"got {FLAGS[name].value}")
         check_ports()
         if FLAGS.model_repository:
-            serve(FLAGS.model_repository)
+            serve_until_stopped(FLAGS.model_repository)
             return
         from deployment.repository import write_repository
         from nn.checkpoint import read_manifest
@@ -160,7 +171,7 @@ def main(argv):
             cross = read_manifest(FLAGS.checkpoint)["signature"]["interaction"] == "cross"
             write_repository(FLAGS.checkpoint, os.path.join(tmp, "repo"), "dcnv2" if cross else "dlrm",
                              forms=("monolithic",))
-            serve(os.path.join(tmp, "repo"))
+            serve_until_stopped(os.path.join(tmp, "repo"))
     except (ServeError, ExportError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

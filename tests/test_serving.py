@@ -215,3 +215,18 @@ def test_synthetic_data_flags_open_the_runs_evaluation_data():
     assert rows == expected_rows["eval"] == 300
     for x, y in zip(next(request_batches(dataset, rows, rows)), next(request_batches(expected, 300, 300))):
         np.testing.assert_array_equal(x, y)
+
+
+def test_a_server_that_cannot_load_the_model_stops_with_one_line(served, tmp_path):
+    """The Python-backend stub given an environment without numpy: the model cannot load."""
+    _, checkpoint, _, _ = served
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
+    ports = free_ports(3)
+    result = subprocess.run([sys.executable, "deployment/serve.py", f"--checkpoint={checkpoint}", "--address=127.0.0.1",
+                             f"--http_port={ports[0]}", f"--grpc_port={ports[1]}", f"--metrics_port={ports[2]}"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", DLRM_TRITON_STUB_ENV=str(tmp_path / "bare")))
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: the Triton server failed: [400] load failed for model 'dlrm': version 1 is at UNAVAILABLE state: "
+        "Internal: ModuleNotFoundError: No module named 'numpy'")
