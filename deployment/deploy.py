@@ -12,7 +12,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
 
 from deployment.repository import FORMS, ExportError, Settings, write_repository  # noqa: E402
 from nn.checkpoint import CheckpointError  # noqa: E402
@@ -47,6 +47,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     from nn.checkpoint import read_manifest
+    logging.set_verbosity(logging.WARNING)   # not a line per SavedModel file written
     try:
         settings = settings_from_flags()
         name = FLAGS.model_name or ("dcnv2" if read_manifest(FLAGS.checkpoint)["signature"]["interaction"] == "cross"
