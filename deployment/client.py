@@ -62,6 +62,12 @@ class ServingClient:
         config = self.client.get_model_config(self.model)
         return int(config["max_batch_size"] if isinstance(config, dict) else config.config.max_batch_size)
 
+    def check_batch_size(self, size: int, flag: str):
+        """Raises ServingError if requests of `size` samples (set by --`flag`) exceed the model's max."""
+        limit = self.max_batch_size()
+        if size > limit:
+            raise ServingError(f"--{flag} {size} exceeds model {self.model!r}'s max_batch_size {limit}")
+
     def infer(self, numerical: np.ndarray, categorical: np.ndarray, outputs=(LOGITS,)) -> dict:
         """One request: numerical [b, n] float32, categorical [b, W] int64 -> {output: [b, 1]}."""
         tensors = []

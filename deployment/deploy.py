@@ -46,14 +46,11 @@ def settings_from_flags() -> Settings:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    from nn.checkpoint import read_manifest
     logging.set_verbosity(logging.WARNING)   # not a line per SavedModel file written
     try:
         settings = settings_from_flags()
-        name = FLAGS.model_name or ("dcnv2" if read_manifest(FLAGS.checkpoint)["signature"]["interaction"] == "cross"
-                                    else "dlrm")
-        info = write_repository(FLAGS.checkpoint, FLAGS.output, name, settings, FLAGS.host_table_mb, FLAGS.forms,
-                                FLAGS.overwrite)
+        info = write_repository(FLAGS.checkpoint, FLAGS.output, FLAGS.model_name, settings, FLAGS.host_table_mb,
+                                FLAGS.forms, FLAGS.overwrite)
     except (ExportError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -38,9 +38,7 @@ def evaluate(client, dataset, rows: int, batch_size: int) -> dict:
                 "categorical_features": [categorical_width(dataset.max_hotness)]}
     if served != expected:
         raise ServingError(f"model {client.model!r} takes {served}, this dataset gives {expected}")
-    if batch_size > client.max_batch_size():
-        raise ServingError(f"--batch_size {batch_size} exceeds model {client.model!r}'s max_batch_size "
-                           f"{client.max_batch_size()}")
+    client.check_batch_size(batch_size, "batch_size")
     logits, labels = [], []
     t0 = time.perf_counter()
     for numerical, categorical, y in request_batches(dataset, rows, batch_size):

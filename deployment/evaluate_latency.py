@@ -100,9 +100,7 @@ def main(argv):
 
         probe = connect()
         probe.wait_ready(FLAGS.wait_s)
-        if max(sizes) > probe.max_batch_size():
-            raise ServingError(f"--batch_sizes {max(sizes)} exceeds model {FLAGS.model_name!r}'s max_batch_size "
-                               f"{probe.max_batch_size()}")
+        probe.check_batch_size(max(sizes), "batch_sizes")
         probe.close()
         print(f"{FLAGS.model_name} over {FLAGS.protocol}, {FLAGS.concurrency} client(s)")
         print("batch_size | samples/s | mean ms | p50 ms | p90 ms | p99 ms")

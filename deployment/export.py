@@ -25,25 +25,21 @@ from parallel_embedding.layer import check_ids, combine, flatten_ids
 HOST = "/device:CPU:0"
 
 
-def combiners(signature: dict) -> List[str]:
-    """Per table: how its multi-hot rows are combined (one-hot tables: "sum", which is the row)."""
-    return [(signature["multi_hot_combiner"] or "sum") if h else "sum" for h in signature["max_hotness"]]
-
-
-def load_model(path: str):
-    """(RankingModel in one process with the trained weights of the checkpoint at `path`, its manifest)."""
+def load_model(manifest: dict):
+    """A RankingModel in one process with the trained weights of the checkpoint whose manifest
+    (nn.checkpoint.read_manifest) is given."""
     from nn.lr_schedule import LearningRateSchedule
     from nn.model import RankingModel
     from nn.trainer import Trainer
-    manifest = checkpoint.read_manifest(path)
+    from utils.config import table_combiners
     s = manifest["signature"]
     model = RankingModel(s["cardinalities"], s["embedding_dim"], s["num_numerical"], s["bottom_mlp_dims"],
                          s["top_mlp_dims"], "dot" if s["interaction"] == "dot" else "cross",
-                         s["num_cross_layers"] or 1, s["cross_layer_projection_dim"] or 0, combiners=combiners(s))
+                         s["num_cross_layers"] or 1, s["cross_layer_projection_dim"] or 0, combiners=table_combiners(s["max_hotness"], s["multi_hot_combiner"]))
     # Plain SGD has no optimizer state: its trainer's checkpoint entries are exactly the model's.
     trainer = Trainer(model, "sgd", LearningRateSchedule(0.0, 0, 0, 0))
-    checkpoint.restore(path, trainer.checkpoint_entries(), s, trainer.checkpoint_names(), extra_ok=True)
-    return model, manifest
+    checkpoint.restore(manifest["path"], trainer.checkpoint_entries(), s, trainer.checkpoint_names(), extra_ok=True)
+    return model
 
 
 def feature_tables(model) -> List[tf.Tensor]:
@@ -60,10 +56,9 @@ class Lookup(tf.Module):
     Tables of more than `host_bytes` bytes are created on, and gathered from, host memory.
     """
 
-    def __init__(self, tables: Sequence[tf.Tensor], layout: ServingLayout, table_combiners: Sequence[str],
-                 host_bytes: int):
+    def __init__(self, tables: Sequence[tf.Tensor], layout: ServingLayout, combiners: Sequence[str], host_bytes: int):
         super().__init__(name="sparse")
-        self.layout, self.combiners = layout, list(table_combiners)
+        self.layout, self.combiners = layout, list(combiners)
         self.on_host = [int(np.prod(t.shape)) * t.dtype.size > host_bytes for t in tables]
         self.tables = []
         for f, (table, host) in enumerate(zip(tables, self.on_host)):
@@ -112,9 +107,9 @@ class _Serving(tf.Module):
         self.serve = tf.function(serve, input_signature=list(specs))
 
 
-def serving_modules(model, layout: ServingLayout, table_combiners: Sequence[str], host_bytes: int) -> dict:
-    """{"monolithic", "sparse", "dense"} -> the root module of each SavedModel."""
-    lookup = Lookup(feature_tables(model), layout, table_combiners, host_bytes)
+def serving_modules(model, layout: ServingLayout, host_bytes: int) -> dict:
+    """{"monolithic", "sparse", "dense"} -> the root module of each SavedModel of a one-process model."""
+    lookup = Lookup(feature_tables(model), layout, model.embeddings.combiners, host_bytes)
     dense = Dense(model)
     numerical = tf.TensorSpec([None, layout.num_numerical], tf.float32, name=NUMERICAL)
     categorical = tf.TensorSpec([None, layout.categorical_width], tf.int64, name=CATEGORICAL)

@@ -16,6 +16,7 @@ import shutil
 from typing import Dict, List, Sequence
 
 from deployment.layout import CATEGORICAL, EMBEDDINGS, LOGITS, NUMERICAL, PREDICTIONS, ServingLayout
+from nn.checkpoint import read_manifest
 from utils.files import move_into_place
 
 FORMS = ("monolithic", "ensemble")
@@ -82,20 +83,22 @@ def _write(path: str, text: str):
         f.write(text)
 
 
-def write_repository(checkpoint_path: str, out: str, name: str, settings: Settings = Settings(),
+def write_repository(checkpoint_path: str, out: str, name: str = None, settings: Settings = Settings(),
                      host_table_mb: float = 4096.0, forms: Sequence[str] = FORMS, overwrite: bool = False) -> dict:
-    """Exports the checkpoint at `checkpoint_path` into the model repository `out`; returns its
-    export.json content. Tables above `host_table_mb` MiB are served from host memory."""
+    """Exports the checkpoint at `checkpoint_path` into the model repository `out` under model
+    name `name` (default dlrm, or dcnv2 for a cross-interaction model); returns its export.json
+    content. Tables above `host_table_mb` MiB are served from host memory."""
     for form in forms:
         if form not in FORMS:
             raise ExportError(f"--forms: unknown form {form!r} (choose from {', '.join(FORMS)})")
     if os.path.exists(out) and not overwrite:
         raise ExportError(f"{out} already exists; pass --overwrite to replace it")
-    from deployment.export import combiners, load_model, save, serving_modules   # TensorFlow: after the checks
-    model, manifest = load_model(checkpoint_path)
+    manifest = read_manifest(checkpoint_path)
     signature = manifest["signature"]
+    name = name or ("dcnv2" if signature["interaction"] == "cross" else "dlrm")
     layout = ServingLayout.from_signature(signature)
-    modules = serving_modules(model, layout, combiners(signature), int(host_table_mb * 2 ** 20))
+    from deployment.export import load_model, save, serving_modules   # TensorFlow: after the checks
+    modules = serving_modules(load_model(manifest), layout, int(host_table_mb * 2 ** 20))
     lookup = modules["sparse"].lookup
     host_tables = [t for t, host in zip(lookup.tables, lookup.on_host) if host]
     tmp = f"{out.rstrip('/')}.tmp-export"

@@ -166,11 +166,8 @@ def main(argv):
             serve_until_stopped(FLAGS.model_repository)
             return
         from deployment.repository import write_repository
-        from nn.checkpoint import read_manifest
         with tempfile.TemporaryDirectory(prefix="dlrm-serve-") as tmp:
-            cross = read_manifest(FLAGS.checkpoint)["signature"]["interaction"] == "cross"
-            write_repository(FLAGS.checkpoint, os.path.join(tmp, "repo"), "dcnv2" if cross else "dlrm",
-                             forms=("monolithic",))
+            write_repository(FLAGS.checkpoint, os.path.join(tmp, "repo"), forms=("monolithic",))
             serve_until_stopped(os.path.join(tmp, "repo"))
     except (ServeError, ExportError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -20,6 +20,7 @@ from deployment.client import ServingClient, error_line, free_ports, open_eval_d
 from tests.configs import TINY
 from tests.horovod_run import ROOT
 from tests.test_dataset_cli import write_dataset
+from tests.test_deployment_export import reference
 from utils.config import build_config
 
 MAX_BATCH = 256
@@ -80,16 +81,10 @@ def eval_dataset(data):
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_served_predictions_equal_the_training_time_model(served, protocol):
-    import tensorflow as tf
-    from dataloading.batches import RankInput, eval_batches
     cfg, checkpoint, data, ports = served
-    r = main.Run(dataclasses.replace(cfg, mode="eval", restore_checkpoint_path=checkpoint, save_checkpoint_path=""))
-    batch = next(eval_batches(r.dataset, 200, 200, RankInput.single_process(4)))
-    ragged = [c if h is None else tf.RaggedTensor.from_row_splits(c.values, c.row_splits)
-              for c, h in zip(batch["categorical"], cfg.max_hotness)]
-    expected = r.trainer.predict(batch["numerical"], ragged).numpy()
+    _, expected = reference(cfg, checkpoint, 200)
     client = ServingClient(protocol, f"localhost:{ports[0 if protocol == 'http' else 1]}", "dlrm")
-    numerical, categorical, _ = next(request_batches(r.dataset, 200, 200))
+    numerical, categorical, _ = next(request_batches(eval_dataset(data), 200, 200))
     out = client.infer(numerical, categorical, ("logits", "predictions"))
     np.testing.assert_allclose(out["logits"][:, 0], expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out["predictions"][:, 0], 1 / (1 + np.exp(-expected)), rtol=1e-5, atol=1e-6)

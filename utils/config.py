@@ -91,12 +91,16 @@ class RunConfig:
 
     @property
     def combiners(self) -> List[str]:
-        """Per table: the --multi_hot_combiner for multi-hot features (default sum), sum otherwise."""
-        return [(self.multi_hot_combiner or "sum") if h else "sum" for h in self.dataset.max_hotness]
+        return table_combiners(self.dataset.max_hotness, self.multi_hot_combiner)
 
     @property
     def feature_spec_path(self) -> str:
         return self.feature_spec or os.path.join(self.dataset_path, "feature_spec.yaml")
+
+
+def table_combiners(max_hotness: Sequence[Optional[int]], multi_hot_combiner: Optional[str]) -> List[str]:
+    """Per table: `multi_hot_combiner` for multi-hot features (default sum), sum otherwise."""
+    return [(multi_hot_combiner or "sum") if h else "sum" for h in max_hotness]
 
 
 @dataclasses.dataclass(frozen=True)
