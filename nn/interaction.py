@@ -1,10 +1,11 @@
 """Feature interactions: DLRM's pairwise dot products and DCNv2's cross network."""
 import functools
 import sys
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import kernels
 from tensorflow.python.ops import control_flow_util
 
 from nn.initializers import glorot_normal
@@ -29,25 +30,38 @@ def _load_op():
         return None, str(e) or type(e).__name__
 
 
+def _gpu_kernels_missing() -> Optional[str]:
+    """Why the loaded op cannot run on this process's GPU, or None: a GPU is visible and the
+    library registered no GPU kernel for the op pair (built without CUDA), so TensorFlow would
+    place it on the CPU and copy its inputs and outputs every step."""
+    if not tf.config.get_visible_devices("GPU") or all(
+            any(k.device_type == "GPU" for k in kernels.get_registered_kernels_for_op(name).kernel)
+            for name in ("DotBasedInteract", "DotBasedInteractGrad")):
+        return None
+    return "has no GPU kernels (its library was built without nvcc, or with DOT_INTERACT_CUDA=0)"
+
+
 @functools.lru_cache(maxsize=None)
-def _warn_fallback(why: str):
-    print(f"warning: the dot interaction op is unavailable ({why}); using the TensorFlow implementation",
+def _warn_fallback(problem: str):
+    print(f"warning: the dot interaction op {problem}; using the TensorFlow implementation",
           file=sys.stderr, flush=True)
 
 
 def interaction_op(kernel: str):
     """The custom op package for `kernel` ("auto", "custom" or "tf"), or None for TensorFlow's.
-    "auto" falls back with one warning line when the library cannot load; "custom" raises
-    ConfigError instead."""
+    "auto" falls back with one warning line when the library cannot load, or a GPU is visible
+    and the library has no GPU kernels; "custom" raises ConfigError instead."""
     if kernel == "tf":
         return None
     op, why = _load_op()
-    if op is None:
-        if kernel == "custom":
-            raise ConfigError(f"--interaction=dot_custom: the dot interaction op cannot load ({why}); "
-                              "rebuild it with make setup, or use --interaction=dot")
-        _warn_fallback(why)
-    return op
+    problem = f"cannot load ({why})" if op is None else _gpu_kernels_missing()
+    if problem is None:
+        return op
+    if kernel == "custom":
+        raise ConfigError(f"--interaction=dot_custom: the dot interaction op {problem}; "
+                          "rebuild it with make setup, or use --interaction=dot")
+    _warn_fallback(problem)
+    return None
 
 
 class DotInteraction(tf.Module):

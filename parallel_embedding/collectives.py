@@ -55,14 +55,12 @@ class HorovodCollectives(SingleProcess):
     def __init__(self):
         import horovod.tensorflow as hvd
         hvd.init()
+        use_one_gpu(hvd.local_rank())   # before the first TensorFlow op (allgather_object is one)
         self._hvd = hvd
         self.rank, self.size = hvd.rank(), hvd.size()
         if os.environ.get("DLRM_CPU_AFFINITY", "auto") != "off":
             pin_to_local_share(hvd.local_rank(), hvd.local_size())
         self._processes = self.allgather_object((socket.gethostname(), os.getpid()), name="processes")
-        gpus = tf.config.list_physical_devices("GPU")
-        if gpus:   # one GPU per rank on a node (each sees one when CUDA_VISIBLE_DEVICES is set per rank)
-            tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
 
     def alltoall(self, tensor, splits, name):
         out, _ = self._hvd.alltoall(tensor, splits=splits, name=name, ignore_name_scope=True)
@@ -118,6 +116,18 @@ def _process_gone(pid: int) -> bool:
         return True
 
 
+def use_one_gpu(local_rank: int):
+    """Makes the GPU of local rank `local_rank` (modulo the GPUs this process can see) its only
+    visible GPU, with memory growth on; no-op without GPUs. A single process takes local rank 0:
+    the first GPU CUDA_VISIBLE_DEVICES lets it see. Must run before TensorFlow's first op, which
+    initialises TensorFlow on every visible GPU and fixes the choice (TensorFlow then refuses it)."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        gpu = gpus[local_rank % len(gpus)]
+        tf.config.set_visible_devices(gpu, "GPU")
+        tf.config.experimental.set_memory_growth(gpu, True)
+
+
 def pin_to_local_share(local_rank: int, local_size: int) -> Optional[List[int]]:
     """Binds this process (every thread it has, and so every thread it starts) to local rank
     `local_rank`'s share of its host's CPUs: the r-th of `local_size` equal blocks. Ranks that
@@ -146,5 +156,9 @@ def launched_by_horovod() -> bool:
 
 
 def make_collectives():
-    """Horovod's collectives when launched by horovodrun/mpirun, else the single process."""
-    return HorovodCollectives() if launched_by_horovod() else SingleProcess()
+    """Horovod's collectives when launched by horovodrun/mpirun, else the single process; either
+    way this process's GPU is chosen (use_one_gpu), so call it before any TensorFlow op."""
+    if launched_by_horovod():
+        return HorovodCollectives()
+    use_one_gpu(0)
+    return SingleProcess()

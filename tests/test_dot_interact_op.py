@@ -193,7 +193,7 @@ def test_fallback_warns_once_and_trains(op_missing, capsys):
     layers = [DotInteraction(4, 8), DotInteraction(4, 8)]
     err = capsys.readouterr().err
     assert err.count("warning:") == 1 and len(err.strip().splitlines()) == 1
-    assert "dot interaction op is unavailable" in err and "TensorFlow implementation" in err
+    assert "dot interaction op cannot load" in err and "TensorFlow implementation" in err
     assert all(layer._op is None for layer in layers)
     result = main.run(tiny_config(max_steps=10, evals_per_epoch=0, learning_rate=0.01))
     assert np.isfinite(result["logloss"]) and result["steps"] == 10
@@ -214,6 +214,61 @@ def test_dot_custom_cli_error_line(tmp_path):
                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert p.returncode == 2, p.stderr
     assert p.stderr.strip().splitlines()[-1].startswith("error: --interaction=dot_custom: the dot interaction op")
+
+
+@pytest.fixture
+def gpu_visible(monkeypatch):
+    """A GPU this process sees, faked (the op's GPU check reads tf.config.get_visible_devices)."""
+    gpu = tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")
+    real = tf.config.get_visible_devices
+    monkeypatch.setattr(tf.config, "get_visible_devices", lambda kind=None: [gpu] if kind == "GPU" else real(kind))
+    interaction._warn_fallback.cache_clear()
+    yield
+    interaction._warn_fallback.cache_clear()
+
+
+@pytest.fixture
+def no_gpu_kernels(monkeypatch):
+    """TensorFlow's kernel registry without its GPU kernels, as where the library was built without nvcc."""
+    real = interaction.kernels.get_registered_kernels_for_op
+
+    def cpu_only(name):
+        registered = real(name)
+        cpu = [k for k in registered.kernel if k.device_type != "GPU"]
+        del registered.kernel[:]
+        registered.kernel.extend(cpu)
+        return registered
+    monkeypatch.setattr(interaction.kernels, "get_registered_kernels_for_op", cpu_only)
+
+
+def test_gpu_kernels_registered_exactly_when_the_library_has_cuda_code(gpu_visible):
+    """The registry check against the library file: a CUDA fat binary (magic 0xBA55ED50) is in it
+    exactly when the op pair has GPU kernels; CPU kernels for every CPU type either way."""
+    dot_based_interact.load()
+    with open(dot_based_interact.LIBRARY, "rb") as f:
+        has_cuda = b"\x50\xed\x55\xba" in f.read()
+    assert (interaction._gpu_kernels_missing() is None) == has_cuda
+    for name in ("DotBasedInteract", "DotBasedInteractGrad"):
+        cpu_types = {t for k in interaction.kernels.get_registered_kernels_for_op(name).kernel
+                     if k.device_type == "CPU" for t in k.constraint[0].allowed_values.list.type}
+        assert cpu_types == {tf.float32.as_datatype_enum, tf.bfloat16.as_datatype_enum, tf.float16.as_datatype_enum}
+
+
+def test_no_gpu_kernels_on_a_gpu_falls_back_with_one_warning(gpu_visible, no_gpu_kernels, capsys):
+    layers = [DotInteraction(4, 8), DotInteraction(4, 8)]
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and len(err.strip().splitlines()) == 1
+    assert "dot interaction op has no GPU kernels" in err and "TensorFlow implementation" in err
+    assert all(layer._op is None for layer in layers)
+
+
+def test_no_gpu_kernels_without_a_gpu_uses_the_op(no_gpu_kernels, capsys):
+    assert DotInteraction(4, 8)._op is dot_based_interact and capsys.readouterr().err == ""
+
+
+def test_dot_custom_without_gpu_kernels_on_a_gpu_is_a_config_error(gpu_visible, no_gpu_kernels):
+    with pytest.raises(ConfigError, match="--interaction=dot_custom: the dot interaction op has no GPU kernels"):
+        DotInteraction(4, 8, kernel="custom")
 
 
 def test_dot_custom_with_xla_is_a_config_error():
