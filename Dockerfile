@@ -14,7 +14,9 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_BREAK_SYSTEM_PACKAGES=1
 
 # Horovod's build tools: the system cmake (a pip cmake 4.x breaks Horovod's bundled Gloo), a C++
-# compiler, the CUDA compiler and runtime headers of the image's CUDA version, and NCCL from
+# compiler, the Python headers and venv module of the image's python3 (tools/setup_env.sh makes
+# the serving stub's environment with it), the CUDA compiler and runtime headers of the image's
+# CUDA version, and NCCL from
 # NVIDIA's CUDA repository (which the base image is set up with): NCCL_VERSION if given, else the
 # image's own NCCL if it has one, else the newest build for the image's CUDA major version and a
 # minor version no newer than the image's.
@@ -24,26 +26,34 @@ ARG NCCL_VERSION=
 RUN cuda=${CUDA_VERSION:-$(readlink -f /usr/local/cuda)}; cuda=${cuda##*cuda-}; \
     major=${cuda%%.*}; minor=${cuda#*.}; minor=${minor%%.*}; \
     case $major.$minor in *[!0-9.]*|.*|*.) echo "error: cannot tell the base image's CUDA version ($cuda)" >&2; exit 1 ;; esac; \
+    py=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
     apt-get update; \
     installed=$(dpkg-query -W -f '${Version}' libnccl2 2>/dev/null || true); \
     nccl=${NCCL_VERSION:-${installed:-$(apt-cache madison libnccl-dev | awk -F'|' -v maj="$major" -v min="$minor" \
       '{ v = $2; gsub(/ /, "", v); n = split(v, c, /\+cuda|\./) } v ~ /\+cuda[0-9]+\.[0-9]+$/ && c[n - 1] == maj && c[n] <= min { print v; exit }')}}; \
     [ -n "$nccl" ] || { echo "error: no libnccl-dev for CUDA $major.$minor in the apt sources: pass --build-arg NCCL_VERSION=..." >&2; exit 1; }; \
-    apt-get install -y --no-install-recommends cmake g++ make \
+    apt-get install -y --no-install-recommends cmake g++ make "python$py-dev" "python$py-venv" \
       "cuda-nvcc-$major-$minor" "cuda-cudart-dev-$major-$minor" "libnccl2=$nccl" "libnccl-dev=$nccl"; \
     rm -rf /var/lib/apt/lists/*
 
 WORKDIR /workspace/dlrm
 COPY requirements.txt ./
 COPY tools/ tools/
-# The CUDA kernels are compiled for these GPU generations (Volta to Hopper; PTX for the last).
-ARG HOROVOD_BUILD_CUDA_CC_LIST=70,75,80,86,89,90
-# The driver's stub libcuda stands in for the driver during the build only.
+COPY tensorflow-dot-based-interact/ tensorflow-dot-based-interact/
+# The GPU generations the CUDA code (Horovod's and the interaction op's) is compiled for: machine
+# code for each (Volta to Hopper), and PTX of the last, which newer GPUs' drivers compile
+# (the op's setup.py CUDA_CAPABILITIES; a CUDA 13 nvcc leaves Volta out).
+ARG CUDA_CC_LIST=70,75,80,86,89,90
+# The driver's stub libcuda stands in for the driver during the build only. The build fails if
+# Horovod lacks NCCL or the interaction op its GPU kernels.
 RUN ldconfig /usr/local/cuda/lib64/stubs \
-    && HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_BUILD_CUDA_CC_LIST="$HOROVOD_BUILD_CUDA_CC_LIST" \
-       DLRM_WHEEL_CACHE=/tmp/wheels PYTHON="$(command -v python3)" bash tools/setup_env.sh --system \
+    && PATH="/usr/local/cuda/bin:$PATH" HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_BUILD_CUDA_CC_LIST="$CUDA_CC_LIST" \
+       DOT_INTERACT_CUDA_ARCHS="$CUDA_CC_LIST" DLRM_WHEEL_CACHE=/tmp/wheels PYTHON="$(command -v python3)" \
+       bash tools/setup_env.sh --system \
     && horovodrun --check-build | tee /tmp/check-build.txt \
     && grep -q '\[X\] TensorFlow' /tmp/check-build.txt && grep -q '\[X\] NCCL' /tmp/check-build.txt \
+    && python3 -c 'import dot_based_interact as d; from tensorflow.python.framework import kernels; d.load(); \
+                   assert any(k.device_type == "GPU" for k in kernels.get_registered_kernels_for_op("DotBasedInteract").kernel)' \
     && rm -rf /tmp/wheels /tmp/check-build.txt \
     && ldconfig
 

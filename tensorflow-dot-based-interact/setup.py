@@ -4,8 +4,10 @@ interaction) for the TensorFlow in the installing environment.
     pip install --no-build-isolation ./tensorflow-dot-based-interact
 
 Compiles src/ with the flags of that TensorFlow (tf.sysconfig, C++17). The CUDA kernels are
-added when TensorFlow is a CUDA build and nvcc is on PATH (DOT_INTERACT_CUDA=0 leaves them out;
-DOT_INTERACT_CUDA_ARCHS lists the SM versions, default 80,90). The two compilers run at once.
+added when TensorFlow is a CUDA build and nvcc is on PATH (DOT_INTERACT_CUDA=0 leaves them out),
+for the compute capabilities DOT_INTERACT_CUDA_ARCHS lists (default CUDA_CAPABILITIES): machine
+code for each one nvcc can build, and PTX of the highest, which the driver compiles for newer
+GPUs. The two compilers run at once. Importing this file only defines; pip runs it as __main__.
 """
 import os
 import re
@@ -20,6 +22,8 @@ from setuptools.dist import Distribution
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(HERE, "src")
 LIBRARY = "_dot_based_interact_ops.so"
+# Volta, Turing, Ampere (A100, A10/RTX 30), Ada, Hopper; the Dockerfile builds Horovod for the same.
+CUDA_CAPABILITIES = "70,75,80,86,89,90"
 
 
 def cuda_root(nvcc):
@@ -27,6 +31,22 @@ def cuda_root(nvcc):
     dry = subprocess.run([nvcc, "--dryrun", "-c", os.path.join(SRC, "dot_based_interact.cu"), "-o", os.devnull],
                          capture_output=True, text=True).stderr
     return os.path.normpath(re.search(r"^#\$ TOP=(.*)$", dry, re.M).group(1).strip())
+
+
+def gencode_flags(nvcc, capabilities):
+    """nvcc's -gencode flags for the comma-separated `capabilities`: machine code (SASS) for each
+    one this nvcc can build (a note names those it cannot: CUDA 13 has no Volta), PTX of the
+    highest one too."""
+    supported = set(re.findall(r"sm_(\d+)", subprocess.run([nvcc, "--list-gpu-code"], capture_output=True,
+                                                             text=True).stdout))
+    wanted = sorted({int(c) for c in capabilities.split(",")})
+    ccs = [c for c in wanted if str(c) in supported]
+    if not ccs:
+        raise RuntimeError(f"{nvcc} builds none of the compute capabilities {capabilities} (DOT_INTERACT_CUDA_ARCHS)")
+    if len(ccs) < len(wanted):
+        print(f"note: {nvcc} cannot build for sm_{', sm_'.join(str(c) for c in wanted if c not in ccs)}: left out")
+    return ([f"-gencode=arch=compute_{c},code=sm_{c}" for c in ccs[:-1]] +
+            [f"-gencode=arch=compute_{ccs[-1]},code=[sm_{ccs[-1]},compute_{ccs[-1]}]"])
 
 
 def compile_library(target):
@@ -42,10 +62,9 @@ def compile_library(target):
         jobs = []
         if cuda:
             root = cuda_root(nvcc)
-            archs = os.environ.get("DOT_INTERACT_CUDA_ARCHS", "80,90").split(",")
             objects.append(os.path.join(tmp, "cuda.o"))
             jobs.append([nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-c", os.path.join(SRC, "dot_based_interact.cu"),
-                         "-o", objects[1]] + [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs])
+                         "-o", objects[1]] + gencode_flags(nvcc, os.environ.get("DOT_INTERACT_CUDA_ARCHS", CUDA_CAPABILITIES)))
             cxx += ["-DGOOGLE_CUDA=1", "-I", os.path.join(root, "include")]
             link += ["-L", os.path.join(root, "lib64"), "-lcudart_static", "-ldl", "-lrt", "-lpthread"]
         jobs.append(cxx + ["-c", os.path.join(SRC, "dot_based_interact_ops.cc"), "-o", objects[0]])
@@ -69,5 +88,6 @@ class BinaryDistribution(Distribution):
         return True
 
 
-setup(name="dot-based-interact", version="1.0.0", packages=["dot_based_interact"],
-      cmdclass={"build_py": BuildWithLibrary}, distclass=BinaryDistribution, python_requires=">=3.9")
+if __name__ == "__main__":
+    setup(name="dot-based-interact", version="1.0.0", packages=["dot_based_interact"],
+          cmdclass={"build_py": BuildWithLibrary}, distclass=BinaryDistribution, python_requires=">=3.9")

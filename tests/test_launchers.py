@@ -58,6 +58,102 @@ def test_docker_builds_the_set_up_scripts_horovod():
         assert named == version
 
 
+# --- the Docker build: what its RUN steps use, the GPU code it compiles
+
+def tracked_paths():
+    """The repository's tracked files and their folders, relative to ROOT."""
+    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip("not a git checkout")
+    files = out.stdout.split()
+    return set(files) | {f[:i] for f in files for i, c in enumerate(f) if c == "/"}
+
+
+def uncommented(text):
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+
+
+def paths_used(text, tracked, seen):
+    """The tracked paths `text` (a RUN step or a script it runs) names, and those the scripts it
+    names name in turn; `seen` collects the scripts already read."""
+    used = set()
+    for token in re.findall(r"[\w./-]+", uncommented(text)):
+        path = token[2:] if token.startswith("./") else token
+        path = path.rstrip("/")
+        if path in tracked and path not in seen:
+            used.add(path)
+            if path.endswith((".sh", ".py")):
+                seen.add(path)
+                used |= paths_used(read(os.path.join(ROOT, path)), tracked, seen)
+    return used
+
+
+def uncopied_paths(dockerfile):
+    """[(RUN step number, path)] for each tracked path a RUN step uses that no earlier COPY put at
+    the same place (relative to WORKDIR)."""
+    tracked = tracked_paths()
+    copies, missing = [], []
+    steps = re.findall(r"^(COPY|RUN)\s+(.*)$", re.sub(r"\\\n", " ", uncommented(dockerfile)), re.M)
+    for number, (keyword, args) in enumerate(steps):
+        if keyword == "COPY":
+            *sources, dest = [a for a in args.split() if not a.startswith("--")]
+            for src in sources:
+                placed = dest + os.path.basename(src.rstrip("/")) if dest.endswith("/") and os.path.isfile(
+                    os.path.join(ROOT, src)) else dest
+                copies.append((os.path.normpath(src), os.path.normpath(placed)))
+            continue
+        for path in sorted(paths_used(args, tracked, set())):
+            if not any(src == placed and (src == "." or path == src or path.startswith(src + "/"))
+                       for src, placed in copies):
+                missing.append((number, path))
+    return missing
+
+
+def test_docker_run_steps_use_only_copied_paths():
+    """Every repository path a RUN step uses (also through the scripts it runs) came in by an
+    earlier COPY; the check finds the op's sources when their COPY is left out."""
+    docker = read(DOCKERFILE)
+    assert uncopied_paths(docker) == []
+    without = re.sub(r"^COPY tensorflow-dot-based-interact/ .*$", "", docker, flags=re.M)
+    assert [path for _, path in uncopied_paths(without)] == ["tensorflow-dot-based-interact"]
+
+
+def op_setup():
+    """tensorflow-dot-based-interact/setup.py as a module (importing it runs no build)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("op_setup", os.path.join(ROOT, "tensorflow-dot-based-interact",
+                                                                            "setup.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_docker_builds_horovod_and_the_op_for_the_ops_gpu_list():
+    docker = read(DOCKERFILE)
+    assert re.findall(r"^ARG CUDA_CC_LIST=(\S+)$", docker, re.M) == [op_setup().CUDA_CAPABILITIES]
+    build = re.sub(r"\\\n", " ", docker)
+    assert re.search(r'HOROVOD_BUILD_CUDA_CC_LIST="\$CUDA_CC_LIST" .*DOT_INTERACT_CUDA_ARCHS="\$CUDA_CC_LIST" .*'
+                     r"tools/setup_env\.sh --system .*get_registered_kernels_for_op\(\"DotBasedInteract\"\)", build)
+
+
+def test_op_build_has_machine_code_for_each_gpu_and_ptx_for_the_newest():
+    """nvcc's own plan (--dryrun) for setup.py's flags: machine code for every listed compute
+    capability this nvcc supports, PTX for the highest of them."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not installed")
+    setup = op_setup()
+    supported = {int(c) for c in re.findall(r"sm_(\d+)", subprocess.run([nvcc, "--list-gpu-code"], capture_output=True,
+                                                                         text=True).stdout)}
+    listed = {int(c) for c in setup.CUDA_CAPABILITIES.split(",")}
+    dry = subprocess.run([nvcc, "--dryrun", "-c", os.path.join(setup.SRC, "dot_based_interact.cu"), "-o", os.devnull,
+                          *setup.gencode_flags(nvcc, setup.CUDA_CAPABILITIES)], capture_output=True, text=True)
+    assert dry.returncode == 0, dry.stderr
+    images = re.findall(r"--image3=kind=(elf|ptx),sm=(\d+)", dry.stderr)
+    assert sorted(int(sm) for kind, sm in images if kind == "elf") == sorted(listed & supported)
+    assert [int(sm) for kind, sm in images if kind == "ptx"] == [max(listed & supported)]
+
+
 # --- slurm_multinode.sh under a faked allocation
 
 def executable(path, text):
