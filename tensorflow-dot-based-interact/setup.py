@@ -63,8 +63,9 @@ def compile_library(target):
         if cuda:
             root = cuda_root(nvcc)
             objects.append(os.path.join(tmp, "cuda.o"))
-            jobs.append([nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-c", os.path.join(SRC, "dot_based_interact.cu"),
-                         "-o", objects[1]] + gencode_flags(nvcc, os.environ.get("DOT_INTERACT_CUDA_ARCHS", CUDA_CAPABILITIES)))
+            archs = gencode_flags(nvcc, os.environ.get("DOT_INTERACT_CUDA_ARCHS", CUDA_CAPABILITIES))
+            jobs.append([nvcc, "-O3", "-std=c++17", "--threads=0", "-Xcompiler", "-fPIC", "-c",
+                         os.path.join(SRC, "dot_based_interact.cu"), "-o", objects[1]] + archs)
             cxx += ["-DGOOGLE_CUDA=1", "-I", os.path.join(root, "include")]
             link += ["-L", os.path.join(root, "lib64"), "-lcudart_static", "-ldl", "-lrt", "-lpthread"]
         jobs.append(cxx + ["-c", os.path.join(SRC, "dot_based_interact_ops.cc"), "-o", objects[0]])
