@@ -13,6 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SLURM = os.path.join(ROOT, "slurm_multinode.sh")
 SETUP = os.path.join(ROOT, "tools", "setup_env.sh")
 DOCKERFILE = os.path.join(ROOT, "Dockerfile")
+FRESH_DEBIAN = os.path.join(ROOT, "benchmarks", "fresh_debian.sh")
 
 
 def read(path):
@@ -28,7 +29,7 @@ def linter(name):
     return path
 
 
-@pytest.mark.parametrize("script", [SLURM, SETUP], ids=os.path.basename)
+@pytest.mark.parametrize("script", [SLURM, SETUP, FRESH_DEBIAN], ids=os.path.basename)
 def test_shellcheck_clean(script):
     out = subprocess.run([linter("shellcheck"), script], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
