@@ -13,6 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SLURM = os.path.join(ROOT, "slurm_multinode.sh")
 SETUP = os.path.join(ROOT, "tools", "setup_env.sh")
 DOCKERFILE = os.path.join(ROOT, "Dockerfile")
+FRESH_DEBIAN = os.path.join(ROOT, "benchmarks", "fresh_debian.sh")
 
 
 def read(path):
@@ -28,7 +29,7 @@ def linter(name):
     return path
 
 
-@pytest.mark.parametrize("script", [SLURM, SETUP], ids=os.path.basename)
+@pytest.mark.parametrize("script", [SLURM, SETUP, FRESH_DEBIAN], ids=os.path.basename)
 def test_shellcheck_clean(script):
     out = subprocess.run([linter("shellcheck"), script], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -280,3 +281,66 @@ def test_help(fake):
     out = run_slurm(fake, ["--help"])
     assert out.returncode == 0 and "usage: sbatch" in out.stdout
     assert not [line for line in out.stdout.splitlines() if line.startswith(("#", "set "))], out.stdout
+
+
+# --- tools/setup_env.sh on a bare Debian: Debian's packages it needs, with faked dpkg-query/apt-get
+
+DEBIAN_PYTHON = "/usr/bin/python3"
+
+
+@pytest.fixture
+def debian(tmp_path):
+    """Runs tools/setup_env.sh with a fake dpkg-query (packages in $INSTALLED installed, in $REMOVED
+    removed with their configuration kept), apt-get (logs its arguments; `install` exits $APT_RC)
+    and id (-u prints $FAKE_UID) first on PATH; pip reaches no index. Returns (result, apt-get log)."""
+    if not os.path.isfile(DEBIAN_PYTHON):
+        pytest.skip(f"no {DEBIAN_PYTHON}")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "apt.log"
+    executable(bin_dir / "dpkg-query",
+               '#!/bin/sh\nfor p in $INSTALLED; do [ "$p" = "$4" ] && echo "install ok installed" && exit 0; done\n'
+               'for p in $REMOVED; do [ "$p" = "$4" ] && echo "deinstall ok config-files" && exit 0; done\n'
+               'echo "dpkg-query: no packages found matching $4" >&2; exit 1\n')
+    executable(bin_dir / "apt-get", f'#!/bin/sh\necho "$*" >> {log}\n[ "$1" != install ] || exit "$APT_RC"\n')
+    executable(bin_dir / "id", '#!/bin/sh\necho "$FAKE_UID"\n')
+
+    def run(arg, uid, installed, removed=()):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "HOROVOD"))}
+        env.update(PATH=f"{bin_dir}:/usr/bin:/bin", PYTHON=DEBIAN_PYTHON, FAKE_UID=str(uid), APT_RC="100",
+                   INSTALLED=" ".join(installed), REMOVED=" ".join(removed), PIP_CONFIG_FILE=os.devnull,
+                   PIP_NO_INDEX="1", DLRM_WHEEL_CACHE=str(tmp_path / "wheels"))
+        out = subprocess.run(["bash", SETUP, arg], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+        return out, log.read_text().splitlines() if log.exists() else []
+    return run
+
+
+def debian_packages():
+    py = os.path.basename(os.path.realpath(DEBIAN_PYTHON))   # python3.11
+    return ["g++", "make", "cmake", "openjdk-17-jre-headless", py, f"{py}-dev", f"{py}-venv"]
+
+
+@pytest.mark.parametrize("arg", ["/dev/null/venv", "--system"])
+def test_setup_installs_the_missing_debian_packages_as_root(debian, arg):
+    packages = debian_packages()
+    missing = [packages[0], packages[3], packages[5], packages[6]]
+    out, apt = debian(arg, 0, [p for p in packages if p not in missing], removed=[packages[6]])
+    # apt-get's failure (APT_RC) stops the set-up there.
+    assert out.returncode == 100, out.stderr
+    assert apt == ["update -qq", "install -y -qq --no-install-recommends " + " ".join(missing)]
+    assert f"installing Debian packages: {' '.join(missing)}" in out.stdout
+
+
+def test_setup_names_the_apt_command_to_others(debian):
+    packages = debian_packages()
+    out, apt = debian("/dev/null/venv", 1000, [p for p in packages if p not in ("cmake", packages[4])])
+    missing = f"cmake {packages[4]}"
+    one_line_error(out, f"missing Debian packages {missing}: run as root: apt-get install -y {missing}")
+    assert apt == []
+
+
+def test_setup_installs_nothing_when_all_are_there(debian):
+    out, apt = debian("/dev/null/venv", 0, debian_packages())
+    assert apt == []
+    # It went on to make the virtual environment (which /dev/null/venv cannot be).
+    assert out.returncode != 0 and "/dev/null/venv" in out.stderr and "installing" not in out.stdout

@@ -20,14 +20,47 @@ case ${HOROVOD_GPU_OPERATIONS:-} in
   *) echo "error: HOROVOD_GPU_OPERATIONS=$HOROVOD_GPU_OPERATIONS: only NCCL (or unset, for CPU) is supported" >&2; exit 2 ;;
 esac
 
-[ -x "$PYTHON" ] || PYTHON=$(command -v python3)
+[ -x "$PYTHON" ] || PYTHON=$(command -v python3 || echo /usr/bin/python3)
+
+# Debian's packages that the set-up, `make demo` and `make test` need and a bare Debian lacks: a
+# C++ compiler, make and the system cmake (Horovod's build, the interaction op), Java 17 (Spark),
+# and, for Debian's own Python, the interpreter, its headers and its venv module (split off it).
+system_packages() {
+  local py=python3
+  if [ -x "$PYTHON" ]; then py=$("$PYTHON" -c 'import sys; print("python%d.%d" % sys.version_info[:2])'); fi
+  echo g++ make cmake openjdk-17-jre-headless
+  case $(readlink -f "$PYTHON") in /usr/bin/*) echo "$py" "$py-dev" "$py-venv" ;; esac
+}
+
+# The ones dpkg does not list as installed, one a line (none on a system without dpkg).
+missing_system_packages() {
+  command -v dpkg-query >/dev/null || return 0
+  local package
+  for package in $(system_packages); do
+    [ "$(dpkg-query -W -f '${Status}' "$package" 2>/dev/null)" = "install ok installed" ] || echo "$package"
+  done
+}
+
+# Installs the missing ones with apt-get as root; anyone else gets the command to run.
+install_system_packages() {
+  local missing
+  mapfile -t missing < <(missing_system_packages)
+  [ ${#missing[@]} -gt 0 ] || return 0
+  if [ "$(id -u)" != 0 ]; then
+    echo "error: missing Debian packages ${missing[*]}: run as root: apt-get install -y ${missing[*]}" >&2
+    exit 2
+  fi
+  echo "installing Debian packages: ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+install_system_packages
 if [ "${1:-}" = --system ]; then
   PY=$PYTHON
 else
   VENV=${1:-.venv}
-  if [ ! -x "$VENV/bin/python" ]; then
-    "$PYTHON" -m venv "$VENV" || { apt-get update -qq && apt-get install -y -qq python3-venv python3-dev && "$PYTHON" -m venv "$VENV"; }
-  fi
+  [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
   PY=$VENV/bin/python
 fi
 PIP="$PY -m pip --disable-pip-version-check -q"
@@ -39,7 +72,7 @@ if ! "$PY" -c "import horovod.tensorflow" 2>/dev/null; then
   if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
     echo "building Horovod $HOROVOD_VERSION${FLAVOUR:+ ($FLAVOUR)} against TensorFlow $TF_VERSION (about 5 minutes, once)"
     # Horovod's build needs the system cmake: a pip cmake 4.x breaks its bundled Gloo.
-    CMAKE=$(PATH=/usr/bin:/bin command -v cmake) || { apt-get update -qq && apt-get install -y -qq cmake; CMAKE=/usr/bin/cmake; }
+    CMAKE=$(PATH=/usr/bin:/bin command -v cmake) || { echo "error: Horovod's build needs the system cmake (in /usr/bin): install it" >&2; exit 2; }
     "$PY" -m pip uninstall -y -q cmake 2>/dev/null || true
     BUILD=$(mktemp -d)
     trap 'rm -rf "$BUILD"' EXIT
