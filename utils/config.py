@@ -16,7 +16,8 @@ class ConfigError(ValueError):
 MODES = ("train", "eval", "inference")
 OPTIMIZERS = ("sgd", "adagrad", "adam")
 INTERACTIONS = ("dot", "dot_custom", "cross")   # dot_custom: dot, forcing the custom op
-DATASET_TYPES = ("split_binary", "synthetic")
+DATASET_TYPES = ("split_binary", "synthetic", "split_tfrecords", "tf_raw")
+FILE_DATASETS = ("split_binary", "split_tfrecords")   # tf_raw: the reference's name for split_binary's files
 COMBINERS = ("sum", "mean")
 DIST_STRATEGIES = ("basic", "memory_balanced", "memory_optimized")   # as parallel_embedding.planner
 
@@ -133,9 +134,9 @@ _APPLIES_ONLY = {
 # Flags read by one dataset type only.
 _DATASET_ONLY = {
     **dict.fromkeys(("synthetic_cardinalities", "synthetic_num_numerical", "synthetic_rows", "synthetic_eval_rows",
-                     "synthetic_alpha"), "synthetic"),
+                     "synthetic_alpha"), ("synthetic",)),
     **dict.fromkeys(("dataset_path", "feature_spec", "train_mapping", "eval_mapping", "validate_dataset",
-                     "multi_hot_combiner"), "split_binary"),
+                     "multi_hot_combiner"), FILE_DATASETS),
 }
 
 
@@ -175,7 +176,9 @@ def build_config(values: dict, present: Optional[Set[str]] = None, world_size: i
                  "inference_batch_sizes"):
         v[name] = parse_int_list(name, v[name])
     cards = v["synthetic_cardinalities"]
-    if v["dataset_type"] == "split_binary":
+    if v["dataset_type"] == "tf_raw":   # the reference's reader of the split-binary files split_binary reads
+        v["dataset_type"] = "split_binary"
+    if v["dataset_type"] in FILE_DATASETS:
         v["dataset"] = _spec_shape(v)
         cards = v["dataset"].cardinalities
     else:
@@ -194,15 +197,21 @@ def build_config(values: dict, present: Optional[Set[str]] = None, world_size: i
 
 
 def _spec_shape(v: dict) -> DatasetShape:
-    """Reads the feature spec of a split-binary dataset (dataloading.feature_spec.DatasetError,
-    a ConfigError, on any problem) and checks that the mappings the run reads exist."""
+    """Reads the feature spec of a file dataset (dataloading.feature_spec.DatasetError, a
+    ConfigError, on any problem) and checks that the mappings the run reads exist (split_tfrecords:
+    directories next to the spec)."""
     from dataloading.feature_spec import FeatureSpec
     if not v["dataset_path"] and not v["feature_spec"]:
-        raise ConfigError("--dataset_type=split_binary needs --dataset_path (a directory with feature_spec.yaml) "
-                          "or --feature_spec; use --dataset_type=synthetic for generated data")
-    spec = FeatureSpec.from_yaml(v["feature_spec"] or os.path.join(v["dataset_path"], "feature_spec.yaml"))
+        raise ConfigError(f"--dataset_type={v['dataset_type']} needs --dataset_path (a directory with "
+                          "feature_spec.yaml) or --feature_spec; use --dataset_type=synthetic for generated data")
+    tfrecords = v["dataset_type"] == "split_tfrecords"
+    spec = FeatureSpec.from_yaml(v["feature_spec"] or os.path.join(v["dataset_path"], "feature_spec.yaml"),
+                                 chunk_type=None if tfrecords else "split_binary")
     for name in ("train_mapping", "eval_mapping") if v["mode"] == "train" else ("eval_mapping",):
-        if v[name] not in spec.source:
+        if tfrecords and not os.path.isdir(spec.path(v[name])):
+            raise ConfigError(f"--{name}={v[name]}: no directory {spec.path(v[name])} (a split_tfrecords mapping "
+                              "is a directory next to the feature spec)")
+        if not tfrecords and v[name] not in spec.source:
             raise ConfigError(f"--{name}={v[name]}: the feature spec has no such mapping "
                               f"(it has {', '.join(spec.source)})")
     return DatasetShape(spec.cardinalities, len(spec.numerical), spec.max_hotness)
@@ -218,9 +227,9 @@ def _check(c: RunConfig, present: Set[str], world_size: int):
         if not applies(c):
             raise ConfigError(f"--{name} only applies with {where}; remove it or change that flag")
     for name in sorted(present & set(_DATASET_ONLY)):
-        if c.dataset_type != _DATASET_ONLY[name]:
-            raise ConfigError(f"--{name} only applies with --dataset_type={_DATASET_ONLY[name]}; remove it or change "
-                              "that flag")
+        if c.dataset_type not in _DATASET_ONLY[name]:
+            raise ConfigError(f"--{name} only applies with --dataset_type={' or '.join(_DATASET_ONLY[name])}; remove "
+                              "it or change that flag")
     if c.multi_hot_combiner is not None:
         if c.multi_hot_combiner not in COMBINERS:
             raise ConfigError(f"--multi_hot_combiner must be one of {', '.join(COMBINERS)}; got {c.multi_hot_combiner!r}")
