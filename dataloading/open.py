@@ -7,7 +7,8 @@ def open_dataset(cfg):
     read here) and its rows per split ("train" only when training, "eval")."""
     if cfg.dataset_type == "synthetic":
         from dataloading.synthetic import SyntheticDataset
-        dataset = SyntheticDataset(cfg.cardinalities, cfg.num_numerical, cfg.synthetic_alpha, cfg.seed)
+        dataset = SyntheticDataset(cfg.cardinalities, cfg.num_numerical, cfg.synthetic_alpha, cfg.seed,
+                                   cfg.max_hotness)
         return dataset, {"train": cfg.synthetic_rows, "eval": cfg.synthetic_eval_rows}
     from dataloading.feature_spec import FeatureSpec
     from dataloading.split_binary import SplitBinaryDataset
