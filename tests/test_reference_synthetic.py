@@ -1,7 +1,8 @@
 """The reference's synthetic_dataset_* flags (NVIDIA's main.py), mapped onto our synthetic data:
 the same configuration as our flags, multi-hot synthetic data (--synthetic_dataset_hotness)
 training exactly like generate_dataset.py's multi-hot files, and the feature spec as the shape
-(--synthetic_dataset_use_feature_spec)."""
+(--synthetic_dataset_use_feature_spec); and the reference's writer of synthetic files,
+dataloading/prepare_synthetic_dataset.py, with its flags."""
 import os
 import subprocess
 import sys
@@ -11,9 +12,9 @@ import pytest
 import yaml
 
 import main
-from dataloading.feature_spec import SPEC_FILE, split_binary_spec
+from dataloading.feature_spec import SPEC_FILE, FeatureSpec, split_binary_spec
 from dataloading.generate_dataset import generate
-from dataloading.split_binary import RaggedIds
+from dataloading.split_binary import RaggedIds, SplitBinaryDataset
 from dataloading.synthetic import SyntheticDataset
 from tests.configs import TINY
 from tests.horovod_run import ROOT
@@ -123,3 +124,36 @@ def test_dlrm_accepts_the_reference_synthetic_flags():
         cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "training steps 0..4 (4 per epoch, batch 64)" in proc.stdout and "| 200 samples" in proc.stdout
+
+
+def prepare(*args):
+    return subprocess.run([sys.executable, "-m", "dataloading.prepare_synthetic_dataset", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+
+
+def test_prepare_synthetic_dataset_takes_the_references_flags(multi_hot_files, tmp_path):
+    """The reference's writer command: train and test of num_entries rounded down to batches, the
+    standard layout, SyntheticDataset's rows (uniform ids); --feature_spec gives the shape."""
+    out = str(tmp_path / "syn")
+    proc = prepare(f"--synthetic_dataset_dir={out}", "--synthetic_dataset_num_entries=1000",
+                   "--synthetic_dataset_batch_size=128", "--synthetic_dataset_table_sizes=20,50",
+                   "--num_numerical_features=2", "--seed=3")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = SplitBinaryDataset(FeatureSpec.from_yaml(os.path.join(out, SPEC_FILE)), {"train": "train", "eval": "test"})
+    assert data.rows("train") == data.rows("eval") == 896 and os.path.isfile(os.path.join(out, "train", "cat_1.bin"))
+    for split in ("train", "eval"):
+        got, want = data.batch(split, 0, 896), SyntheticDataset([20, 50], 2, 0.0, 3).batch(split, 0, 896)
+        np.testing.assert_array_equal(got["labels"], want["labels"])
+        np.testing.assert_array_equal(got["numerical"], want["numerical"].astype(np.float16))
+        for f in range(2):
+            np.testing.assert_array_equal(got["categorical"][f], want["categorical"][f])
+    shaped = str(tmp_path / "shaped")
+    proc = prepare(f"--synthetic_dataset_dir={shaped}", "--synthetic_dataset_num_entries=300",
+                   "--synthetic_dataset_batch_size=100", f"--feature_spec={multi_hot_files}/{SPEC_FILE}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    spec = FeatureSpec.from_yaml(os.path.join(shaped, SPEC_FILE))
+    assert spec.cardinalities == [20, 50, 7, 30] and spec.max_hotness == [3, None, None, 2]
+    proc = prepare(f"--synthetic_dataset_dir={shaped}", f"--feature_spec={multi_hot_files}/{SPEC_FILE}",
+                   "--num_numerical_features=4")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
+        "error: --num_numerical_features: --feature_spec gives the dataset's shape; remove one")
