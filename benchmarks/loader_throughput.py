@@ -12,6 +12,9 @@ half of the numericals and labels); 2 ranks with data-parallel input (every colu
 files unmapped, then posix_fadvise(DONTNEED) on each (drops its clean cached pages, no root
 needed), then mapped again, so the pass reads from disk (the rank-0 views only). One process, one core; samples/s counts the global batch samples that the
 rank's share was read for, MB/s the bytes this rank read. The dataset is deleted unless --keep.
+With --tfrecords, the same rows are also converted to the reference's split-TFRecord layout
+(prebatches of --batch_size, dataloading/to_tfrecords.py) and each view is timed warm on them
+(samples/s only: records are decoded, not mapped).
 """
 import argparse
 import gc
@@ -27,7 +30,7 @@ sys.path.insert(0, ROOT)
 import numpy as np  # noqa: E402
 
 from dataloading.batches import RankInput, steps_per_epoch, train_batches  # noqa: E402
-from dataloading.feature_spec import split_binary_spec  # noqa: E402
+from dataloading.feature_spec import FeatureSpec, split_binary_spec  # noqa: E402
 from dataloading.split_binary import SplitBinaryDataset  # noqa: E402
 from dataloading.writer import MappingWriter  # noqa: E402
 from parallel_embedding.planner import plan_tables  # noqa: E402
@@ -87,12 +90,29 @@ def views(num_features: int):
         yield f"2 ranks data-parallel input, rank {r}", RankInput(r, 2, ("local",) * num_features)
 
 
+def time_tfrecords(spec, args):
+    from dataloading.split_tfrecords import SplitTFRecordsDataset
+    from dataloading.to_tfrecords import convert
+    out = os.path.join(args.dir, "tfrecords")
+    convert(spec, out, ["train"], args.batch_size, 0)
+    tfr = SplitTFRecordsDataset(FeatureSpec.from_yaml(os.path.join(out, "feature_spec.yaml"), chunk_type=None),
+                                {"train": "train"})
+    rows = tfr.rows("train")
+    for name, view in views(len(CRITEO_KAGGLE)):
+        timed_epoch(tfr, rows, args.batch_size, view)   # loads the page cache
+        steps, seconds = timed_epoch(tfr, rows, args.batch_size, view)
+        print(json.dumps({"view": name, "format": "split_tfrecords", "cache": "warm", "batch_size": args.batch_size,
+                          "batches": steps, "seconds": round(seconds, 2),
+                          "samples_per_s": round(steps * args.batch_size / seconds)}), flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--batch_size", type=int, default=65536)
     parser.add_argument("--dir", default="/tmp/loader_bench")
     parser.add_argument("--keep", action="store_true", help="do not delete the dataset afterwards")
+    parser.add_argument("--tfrecords", action="store_true", help="also time the split-TFRecord reader (warm)")
     args = parser.parse_args()
     t0 = time.perf_counter()
     spec = write_dataset(args.dir, args.rows)
@@ -118,6 +138,8 @@ def main():
                                   "seconds": round(seconds, 2),
                                   "samples_per_s": round(steps * args.batch_size / seconds),
                                   "mb_per_s": round(mb / seconds, 1)}), flush=True)
+        if args.tfrecords:
+            time_tfrecords(spec, args)
     finally:
         if not args.keep:
             shutil.rmtree(args.dir)

@@ -1,6 +1,8 @@
 """The dataset description `feature_spec.yaml`, in the schema of NVIDIA's DLRM/DCNv2 reference.
 
-    feature_spec:   name -> {dtype, cardinality (categorical), max_hotness (multi-hot categorical)}
+    feature_spec:   name -> {dtype, cardinality (categorical), max_hotness (multi-hot categorical),
+                    hotness (the reference's name: > 1 is max_hotness, 1 one-hot), alpha (the power-law
+                    exponent of --synthetic_dataset_use_feature_spec's ids)}
     channel_spec:   categorical: [names] (table order), numerical: [names], label: [one name]
     source_spec:    mapping name (train, test, ...) -> list of chunks
                     {type: split_binary, features: [names], files: [paths], offsets: [paths]}
@@ -55,6 +57,8 @@ class Feature:
     dtype: Optional[str] = None
     cardinality: Union[int, str, None] = None   # categorical: a positive int, or "auto" in csv specs
     max_hotness: Optional[int] = None           # set: multi-hot (values + offsets files)
+    hotness: Optional[int] = None               # the reference's key; parsing sets max_hotness from it
+    alpha: Optional[float] = None               # the reference's key: synthetic ids' power-law exponent
 
     @property
     def multi_hot(self) -> bool:
@@ -80,8 +84,9 @@ class FeatureSpec:
     # Reading and writing ------------------------------------------------------------------------
 
     @classmethod
-    def from_yaml(cls, path: str, chunk_type: str = SPLIT_BINARY) -> "FeatureSpec":
-        """Loads and validates a spec whose chunks must all be of `chunk_type`."""
+    def from_yaml(cls, path: str, chunk_type: Optional[str] = SPLIT_BINARY) -> "FeatureSpec":
+        """Loads and validates a spec whose chunks must all be of `chunk_type` (None: source_spec
+        is not read, as for the reference's split_tfrecords datasets)."""
         try:
             with open(path) as f:
                 raw = yaml.safe_load(f)
@@ -224,10 +229,11 @@ def _parse(raw, base_dir, where) -> FeatureSpec:
         key = f"feature_spec.{name}"
         if not isinstance(entry, dict):
             _fail(where, key, f"must be a mapping, got {entry!r}")
-        extra = set(entry) - {"dtype", "cardinality", "max_hotness"}
+        extra = set(entry) - {"dtype", "cardinality", "max_hotness", "hotness", "alpha"}
         if extra:
-            _fail(where, f"{key}.{sorted(extra)[0]}", "unknown key (expected dtype, cardinality, max_hotness)")
-        features[str(name)] = Feature(entry.get("dtype"), entry.get("cardinality"), entry.get("max_hotness"))
+            _fail(where, f"{key}.{sorted(extra)[0]}", "unknown key (expected dtype, cardinality, max_hotness, "
+                                                      "hotness, alpha)")
+        features[str(name)] = _parse_feature(entry, where, key)
     channels = raw["channel_spec"]
     if set(channels) != set(CHANNELS):
         _fail(where, "channel_spec", f"must have exactly the channels {', '.join(CHANNELS)}, got {', '.join(map(str, channels))}")
@@ -239,6 +245,22 @@ def _parse(raw, base_dir, where) -> FeatureSpec:
         source[str(mapping)] = [_parse_chunk(c, where, f"source_spec.{mapping}[{i}]") for i, c in enumerate(chunks)]
     metadata = raw.get("metadata") or {}
     return FeatureSpec(features, channels, source, metadata, base_dir)
+
+
+def _parse_feature(entry: dict, where, key) -> Feature:
+    """A feature entry; the reference's `hotness` h > 1 becomes max_hotness h (h = 1: one-hot)."""
+    f = Feature(entry.get("dtype"), entry.get("cardinality"), entry.get("max_hotness"), entry.get("hotness"),
+                entry.get("alpha"))
+    if f.hotness is not None:
+        if not _positive_int(f.hotness):
+            _fail(where, f"{key}.hotness", f"must be a positive integer, got {f.hotness!r}")
+        if f.max_hotness is not None and f.max_hotness != f.hotness:
+            _fail(where, f"{key}.hotness", f"hotness {f.hotness} and max_hotness {f.max_hotness} differ: give one")
+        if f.hotness > 1:
+            f.max_hotness = f.hotness
+    if f.alpha is not None and (isinstance(f.alpha, bool) or not isinstance(f.alpha, (int, float)) or f.alpha < 0):
+        _fail(where, f"{key}.alpha", f"must be a number >= 0, got {f.alpha!r}")
+    return f
 
 
 def _parse_chunk(chunk, where, key) -> Chunk:
@@ -271,7 +293,7 @@ def _validate(spec: FeatureSpec, chunk_type: str, where: str):
     for channel in CHANNELS:
         for name in spec.channels[channel]:
             _validate_feature(spec.features[name], channel, allowed[channel], chunk_type, where, f"feature_spec.{name}")
-    for mapping, chunks in spec.source.items():
+    for mapping, chunks in spec.source.items() if chunk_type else ():
         _validate_mapping(spec, mapping, chunks, chunk_type, where)
 
 
@@ -281,7 +303,7 @@ def _validate_feature(f: Feature, channel, dtypes, chunk_type, where, key):
     if f.dtype is not None and f.dtype not in dtypes:
         _fail(where, f"{key}.dtype", f"{f.dtype!r} is not allowed for a {channel} feature (one of {', '.join(dtypes)})")
     if channel != CATEGORICAL:
-        for attr in ("cardinality", "max_hotness"):
+        for attr in ("cardinality", "max_hotness", "hotness", "alpha"):
             if getattr(f, attr) is not None:
                 _fail(where, f"{key}.{attr}", f"only categorical features have a {attr}")
         return

@@ -1,4 +1,4 @@
-"""Opens the dataset a run names (synthetic, or split-binary files)."""
+"""Opens the dataset a run names (synthetic, split-binary or split-TFRecord files)."""
 from utils.config import ConfigError
 
 
@@ -7,12 +7,17 @@ def open_dataset(cfg):
     read here) and its rows per split ("train" only when training, "eval")."""
     if cfg.dataset_type == "synthetic":
         from dataloading.synthetic import SyntheticDataset
-        dataset = SyntheticDataset(cfg.cardinalities, cfg.num_numerical, cfg.synthetic_alpha, cfg.seed)
+        dataset = SyntheticDataset(cfg.cardinalities, cfg.num_numerical, cfg.synthetic_alpha, cfg.seed,
+                                   cfg.max_hotness)
         return dataset, {"train": cfg.synthetic_rows, "eval": cfg.synthetic_eval_rows}
     from dataloading.feature_spec import FeatureSpec
     from dataloading.split_binary import SplitBinaryDataset
     mappings = {"train": cfg.train_mapping, "eval": cfg.eval_mapping} if cfg.mode == "train" else {"eval": cfg.eval_mapping}
-    dataset = SplitBinaryDataset(FeatureSpec.from_yaml(cfg.feature_spec_path), mappings)
+    if cfg.dataset_type == "split_tfrecords":
+        from dataloading.split_tfrecords import open_split_tfrecords
+        dataset = open_split_tfrecords(cfg.feature_spec_path, mappings)
+    else:   # split_binary, or the reference's name for it, tf_raw
+        dataset = SplitBinaryDataset(FeatureSpec.from_yaml(cfg.feature_spec_path), mappings)
     rows = {split: dataset.rows(split) for split in mappings}
     if cfg.mode == "train" and rows["train"] < cfg.batch_size:
         raise ConfigError(f"--batch_size ({cfg.batch_size}) is larger than the {rows['train']} rows of the "

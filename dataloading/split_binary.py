@@ -36,7 +36,7 @@ class ChunkReader:
     """The rows of one chunk, over all of its files (parts)."""
 
     def __init__(self, spec: FeatureSpec, chunk: Chunk):
-        self.chunk, self.features = chunk, chunk.features
+        self.chunk, self.features, self.multi_hot = chunk, chunk.features, bool(chunk.offsets)
         dtype = spec.dtype(chunk.features[0])
         self.dtype = np.dtype(np.uint8) if dtype == np.bool_ else dtype   # labels: 0/1 bytes, checked
         self.paths = [spec.path(f) for f in chunk.files]
@@ -137,7 +137,7 @@ class SplitBinaryDataset:
         for f in features:
             name = self.spec.categorical[f]
             reader = self._readers[split][name]
-            if reader.chunk.offsets:
+            if reader.multi_hot:
                 ragged = reader.read_ragged(start, size)
                 out.append(RaggedIds(ragged.values.astype(self.id_dtype), ragged.row_splits))
             else:

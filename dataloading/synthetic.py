@@ -11,12 +11,17 @@ Labels come from a hidden ground-truth logistic model:
 with per-category effects `a_f`, numerical weights `w` and low-rank pairwise category
 interactions `u` (all drawn from the hash), and label ~ Bernoulli(sigmoid(logit)). The oracle
 logit of every sample is available, so the best achievable AUC is known.
+
+Features with a `max_hotness` h are multi-hot: each row has 0..h ids (`multi_hot`), the first of
+a non-empty row being the one-hot id the labels use.
 """
 import dataclasses
 import functools
-from typing import Dict, List
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
+
+from dataloading.split_binary import RaggedIds
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MUL1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -103,6 +108,7 @@ class SyntheticDataset:
     num_numerical: int
     alpha: float = 0.0
     seed: int = 0
+    hotness: Optional[Sequence[Optional[int]]] = None   # per feature: max_hotness (None: one-hot)
 
     @property
     def pairs(self):
@@ -111,9 +117,8 @@ class SyntheticDataset:
         return [(i, i + 1) for i in range(0, f - 1, 2)][:_MAX_PAIRS]
 
     @property
-    def max_hotness(self):
-        """Every feature is one-hot."""
-        return [None] * len(self.cardinalities)
+    def max_hotness(self) -> List[Optional[int]]:
+        return list(self.hotness) if self.hotness else [None] * len(self.cardinalities)
 
     @property
     def id_dtype(self):
@@ -123,29 +128,45 @@ class SyntheticDataset:
         """Samples [start, start + size) of `split` ("train" or "eval").
 
         Returns numerical [n, num_numerical] float32, categorical: list of F arrays [n] of ids
-        (None for those not in `features`, default all; the labels need all of them anyway),
-        labels [n] float32 (0/1) and oracle_logits [n] float32 (the ground truth's logit).
+        (RaggedIds for multi-hot features; None for those not in `features`, default all), labels
+        [n] float32 (0/1) and oracle_logits [n] float32 (the ground truth's logit).
         """
         s = _SPLITS[split]
         idx = np.arange(start, start + size, dtype=np.uint64)
-        ids = self.categorical(split, start, size, range(len(self.cardinalities)))
+        ids = [self._one_hot(split, start, size, f) for f in range(len(self.cardinalities))]
         feats = np.arange(self.num_numerical, dtype=np.uint64)
         numerical = _normal(self.seed, _NUMERICAL, s, idx[:, None], feats[None, :])
         logits = self._logits(ids, numerical)
         labels = _uniform(self.seed, _LABEL, s, idx) < 1.0 / (1.0 + np.exp(-logits))
-        wanted = set(range(len(ids)) if features is None else features)
+        wanted = sorted(set(range(len(ids)) if features is None else features))
+        categorical = [None] * len(ids)
+        for f, c in zip(wanted, self.categorical(split, start, size, wanted)):
+            categorical[f] = c
         return {
             "numerical": numerical.astype(np.float32),
-            "categorical": [c if f in wanted else None for f, c in enumerate(ids)],
+            "categorical": categorical,
             "labels": labels.astype(np.float32),
             "oracle_logits": logits.astype(np.float32),
         }
 
-    def categorical(self, split: str, start: int, size: int, features) -> List[np.ndarray]:
-        """Ids [size] of samples [start, start + size) for each of `features` (indices)."""
+    def categorical(self, split: str, start: int, size: int, features) -> List:
+        """Ids [size] of samples [start, start + size) for each of `features` (indices); RaggedIds
+        of `multi_hot` ids for multi-hot features."""
+        hot = self.max_hotness
+        out = []
+        for f in features:
+            if hot[f]:
+                ids, lengths = self.multi_hot(split, start, size, f, hot[f])
+                out.append(RaggedIds(ids, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)))
+            else:
+                out.append(self._one_hot(split, start, size, f))
+        return out
+
+    def _one_hot(self, split: str, start: int, size: int, feature: int) -> np.ndarray:
+        """The planted (one-hot) ids [size] of `feature`."""
         idx = np.arange(start, start + size, dtype=np.uint64)
-        return [power_law_ids(_uniform(self.seed, _IDS, _SPLITS[split], f, idx), self.cardinalities[f],
-                              self.alpha).astype(self.id_dtype) for f in features]
+        return power_law_ids(_uniform(self.seed, _IDS, _SPLITS[split], feature, idx), self.cardinalities[feature],
+                             self.alpha).astype(self.id_dtype)
 
     def multi_hot(self, split: str, start: int, size: int, feature: int, max_hotness: int):
         """Multi-hot ids of `feature` for samples [start, start + size): (ids [K], row lengths
@@ -157,7 +178,7 @@ class SyntheticDataset:
         slots = np.arange(max_hotness, dtype=np.uint64)[None, :]
         ids = power_law_ids(_uniform(self.seed, _MORE_IDS, s, feature, idx[:, None], slots),
                             self.cardinalities[feature], self.alpha).astype(self.id_dtype)
-        ids[:, 0] = self.categorical(split, start, size, [feature])[0]
+        ids[:, 0] = self._one_hot(split, start, size, feature)
         return ids[slots < lengths[:, None].astype(np.uint64)], lengths
 
     def _logits(self, ids, numerical):

@@ -107,7 +107,7 @@ def open_eval_data(flags) -> Tuple[object, int]:
         cards, num_numerical = None, None
     cfg = types.SimpleNamespace(   # what open_dataset reads for evaluation
         mode="eval", dataset_type=flags.dataset_type, cardinalities=cards, num_numerical=num_numerical,
-        synthetic_alpha=flags.synthetic_alpha, seed=flags.seed, synthetic_rows=0,
+        max_hotness=None, synthetic_alpha=flags.synthetic_alpha, seed=flags.seed, synthetic_rows=0,
         synthetic_eval_rows=flags.synthetic_eval_rows, eval_mapping=flags.eval_mapping,
         feature_spec_path=flags.feature_spec or f"{flags.dataset_path}/feature_spec.yaml")
     dataset, rows = open_dataset(cfg)

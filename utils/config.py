@@ -16,7 +16,8 @@ class ConfigError(ValueError):
 MODES = ("train", "eval", "inference")
 OPTIMIZERS = ("sgd", "adagrad", "adam")
 INTERACTIONS = ("dot", "dot_custom", "cross")   # dot_custom: dot, forcing the custom op
-DATASET_TYPES = ("split_binary", "synthetic")
+DATASET_TYPES = ("split_binary", "synthetic", "split_tfrecords", "tf_raw")
+FILE_DATASETS = ("split_binary", "split_tfrecords")   # tf_raw: the reference's name for split_binary's files
 COMBINERS = ("sum", "mean")
 DIST_STRATEGIES = ("basic", "memory_balanced", "memory_optimized")   # as parallel_embedding.planner
 
@@ -133,10 +134,82 @@ _APPLIES_ONLY = {
 # Flags read by one dataset type only.
 _DATASET_ONLY = {
     **dict.fromkeys(("synthetic_cardinalities", "synthetic_num_numerical", "synthetic_rows", "synthetic_eval_rows",
-                     "synthetic_alpha"), "synthetic"),
+                     "synthetic_alpha"), ("synthetic",)),
     **dict.fromkeys(("dataset_path", "feature_spec", "train_mapping", "eval_mapping", "validate_dataset",
-                     "multi_hot_combiner"), "split_binary"),
+                     "multi_hot_combiner"), FILE_DATASETS),
 }
+
+
+# NVIDIA's main.py flags for its synthetic data, mapped onto ours by _reference_synthetic.
+REFERENCE_SYNTHETIC = {"synthetic_dataset_cardinalities": "synthetic_cardinalities",
+                       "synthetic_dataset_num_numerical_features": "synthetic_num_numerical",
+                       "synthetic_dataset_train_batches": "synthetic_rows",
+                       "synthetic_dataset_valid_batches": "synthetic_eval_rows",
+                       "synthetic_dataset_hotness": None, "synthetic_dataset_use_feature_spec": None}
+
+
+def _reference_synthetic(v: dict, present: Set[str]) -> Optional[List[Optional[int]]]:
+    """Applies the reference's synthetic_dataset_* flags (removed from `v`; --dataset_path and
+    --feature_spec removed from `present` when the spec shapes the synthetic data) to our
+    synthetic_* values; returns the per-feature max_hotness they give (None: all one-hot)."""
+    ref = {name: v.pop(name, None) for name in REFERENCE_SYNTHETIC}
+    given = [n for n in REFERENCE_SYNTHETIC if n in present and ref[n] is not None and ref[n] is not False]
+    if not given:
+        return None
+    if v["dataset_type"] != "synthetic":
+        raise ConfigError(f"--{given[0]} only applies with --dataset_type=synthetic; remove it or change that flag")
+    for name in given:
+        if REFERENCE_SYNTHETIC[name] in present:
+            raise ConfigError(f"--{name} and --{REFERENCE_SYNTHETIC[name]} set the same thing; give one")
+    for name in ("synthetic_dataset_cardinalities", "synthetic_dataset_num_numerical_features"):
+        if name in given:
+            v[REFERENCE_SYNTHETIC[name]] = ref[name]
+    for name, batch, modes in (("synthetic_dataset_train_batches", "batch_size", ("train",)),
+                               ("synthetic_dataset_valid_batches", "valid_batch_size", ("train", "eval"))):
+        if name in given:
+            if v["mode"] not in modes:
+                raise ConfigError(f"--{name} only applies with --mode={' or --mode='.join(modes)}; remove it or "
+                                  "change that flag")
+            _positive(name, ref[name])
+            v[REFERENCE_SYNTHETIC[name]] = ref[name] * v[batch]   # batches of the run's batch size
+    if "synthetic_dataset_use_feature_spec" in given:
+        return _synthetic_spec(v, present, given)
+    if "synthetic_dataset_hotness" not in given:
+        return None
+    cards = parse_int_list("synthetic_cardinalities", v["synthetic_cardinalities"])
+    hotness = parse_int_list("synthetic_dataset_hotness", ref["synthetic_dataset_hotness"])
+    _positive_list("synthetic_dataset_hotness", hotness)
+    if len(hotness) != len(cards):
+        raise ConfigError(f"--synthetic_dataset_hotness has {len(hotness)} values but there are {len(cards)} "
+                          "categorical features")
+    return [h if h > 1 else None for h in hotness]
+
+
+def _synthetic_spec(v: dict, present: Set[str], given: List[str]) -> List[Optional[int]]:
+    """--synthetic_dataset_use_feature_spec: the spec at --dataset_path / --feature_spec gives the
+    synthetic cardinalities, numerical count, hotness and alpha (the features' common one)."""
+    from dataloading.feature_spec import FeatureSpec
+    shaping = ("synthetic_dataset_cardinalities", "synthetic_dataset_num_numerical_features",
+               "synthetic_dataset_hotness", "synthetic_cardinalities", "synthetic_num_numerical")
+    clash = [n for n in shaping if n in given or n in present]
+    if clash:
+        raise ConfigError(f"--{clash[0]}: --synthetic_dataset_use_feature_spec takes the data's shape from the "
+                          "feature spec; remove one")
+    if not v["dataset_path"] and not v["feature_spec"]:
+        raise ConfigError("--synthetic_dataset_use_feature_spec needs --dataset_path (a directory with "
+                          "feature_spec.yaml) or --feature_spec")
+    path = v["feature_spec"] or os.path.join(v["dataset_path"], "feature_spec.yaml")
+    spec = FeatureSpec.from_yaml(path, chunk_type=None)
+    alphas = sorted({spec.features[f].alpha for f in spec.categorical} - {None})
+    if len(alphas) > 1:
+        raise ConfigError(f"--synthetic_dataset_use_feature_spec: {path} gives the features different alphas "
+                          f"{alphas}; the synthetic ids follow one power law (--synthetic_alpha)")
+    if alphas and "synthetic_alpha" in present:
+        raise ConfigError(f"--synthetic_alpha: {path} gives the ids' alpha; remove one")
+    v.update(synthetic_cardinalities=spec.cardinalities, synthetic_num_numerical=len(spec.numerical),
+             synthetic_alpha=alphas[0] if alphas else v["synthetic_alpha"])
+    present.difference_update({"dataset_path", "feature_spec"})
+    return spec.max_hotness
 
 
 def _positive(name, value):
@@ -168,19 +241,22 @@ def build_config(values: dict, present: Optional[Set[str]] = None, world_size: i
       chosen setting is an error only when set explicitly).
     world_size: number of ranks; the global batch must divide evenly over them.
     """
-    present = present or set()
+    present = set(present or ())
     v = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.default is not dataclasses.MISSING}
     v.update(values)
+    hotness = _reference_synthetic(v, present)
     for name in ("embedding_dim", "bottom_mlp_dims", "top_mlp_dims", "synthetic_cardinalities",
                  "inference_batch_sizes"):
         v[name] = parse_int_list(name, v[name])
     cards = v["synthetic_cardinalities"]
-    if v["dataset_type"] == "split_binary":
+    if v["dataset_type"] == "tf_raw":   # the reference's reader of the split-binary files split_binary reads
+        v["dataset_type"] = "split_binary"
+    if v["dataset_type"] in FILE_DATASETS:
         v["dataset"] = _spec_shape(v)
         cards = v["dataset"].cardinalities
     else:
         _positive_list("synthetic_cardinalities", cards)
-        v["dataset"] = DatasetShape(list(cards), v["synthetic_num_numerical"], [None] * len(cards))
+        v["dataset"] = DatasetShape(list(cards), v["synthetic_num_numerical"], hotness or [None] * len(cards))
     dims = v.pop("embedding_dim")
     if len(dims) == 1:
         dims = dims * len(cards)
@@ -194,15 +270,21 @@ def build_config(values: dict, present: Optional[Set[str]] = None, world_size: i
 
 
 def _spec_shape(v: dict) -> DatasetShape:
-    """Reads the feature spec of a split-binary dataset (dataloading.feature_spec.DatasetError,
-    a ConfigError, on any problem) and checks that the mappings the run reads exist."""
+    """Reads the feature spec of a file dataset (dataloading.feature_spec.DatasetError, a
+    ConfigError, on any problem) and checks that the mappings the run reads exist (split_tfrecords:
+    directories next to the spec)."""
     from dataloading.feature_spec import FeatureSpec
     if not v["dataset_path"] and not v["feature_spec"]:
-        raise ConfigError("--dataset_type=split_binary needs --dataset_path (a directory with feature_spec.yaml) "
-                          "or --feature_spec; use --dataset_type=synthetic for generated data")
-    spec = FeatureSpec.from_yaml(v["feature_spec"] or os.path.join(v["dataset_path"], "feature_spec.yaml"))
+        raise ConfigError(f"--dataset_type={v['dataset_type']} needs --dataset_path (a directory with "
+                          "feature_spec.yaml) or --feature_spec; use --dataset_type=synthetic for generated data")
+    tfrecords = v["dataset_type"] == "split_tfrecords"
+    spec = FeatureSpec.from_yaml(v["feature_spec"] or os.path.join(v["dataset_path"], "feature_spec.yaml"),
+                                 chunk_type=None if tfrecords else "split_binary")
     for name in ("train_mapping", "eval_mapping") if v["mode"] == "train" else ("eval_mapping",):
-        if v[name] not in spec.source:
+        if tfrecords and not os.path.isdir(spec.path(v[name])):
+            raise ConfigError(f"--{name}={v[name]}: no directory {spec.path(v[name])} (a split_tfrecords mapping "
+                              "is a directory next to the feature spec)")
+        if not tfrecords and v[name] not in spec.source:
             raise ConfigError(f"--{name}={v[name]}: the feature spec has no such mapping "
                               f"(it has {', '.join(spec.source)})")
     return DatasetShape(spec.cardinalities, len(spec.numerical), spec.max_hotness)
@@ -218,9 +300,9 @@ def _check(c: RunConfig, present: Set[str], world_size: int):
         if not applies(c):
             raise ConfigError(f"--{name} only applies with {where}; remove it or change that flag")
     for name in sorted(present & set(_DATASET_ONLY)):
-        if c.dataset_type != _DATASET_ONLY[name]:
-            raise ConfigError(f"--{name} only applies with --dataset_type={_DATASET_ONLY[name]}; remove it or change "
-                              "that flag")
+        if c.dataset_type not in _DATASET_ONLY[name]:
+            raise ConfigError(f"--{name} only applies with --dataset_type={' or '.join(_DATASET_ONLY[name])}; remove "
+                              "it or change that flag")
     if c.multi_hot_combiner is not None:
         if c.multi_hot_combiner not in COMBINERS:
             raise ConfigError(f"--multi_hot_combiner must be one of {', '.join(COMBINERS)}; got {c.multi_hot_combiner!r}")

@@ -6,8 +6,10 @@ from utils.config import DATASET_TYPES
 
 flags.DEFINE_integer("seed", 12345, "seed for initialisation and data order")
 flags.DEFINE_enum("dataset_type", "split_binary", list(DATASET_TYPES), "split_binary: files described by a feature "
-                  "spec (see docs/datasets.md); synthetic: generated on the fly from the --synthetic_* flags")
-flags.DEFINE_string("dataset_path", "", "split-binary dataset directory (holding feature_spec.yaml)")
+                  "spec (see docs/datasets.md); tf_raw: the reference's name for the same files; split_tfrecords: the "
+                  "reference's TFRecord directories (its multi-hot format); synthetic: generated on the fly from the "
+                  "--synthetic_* flags")
+flags.DEFINE_string("dataset_path", "", "dataset directory (holding feature_spec.yaml)")
 flags.DEFINE_string("feature_spec", "", "feature spec file (default: <dataset_path>/feature_spec.yaml)")
 flags.DEFINE_string("eval_mapping", "test", "the feature spec's source_spec mapping to evaluate on")
 flags.DEFINE_list("synthetic_cardinalities",

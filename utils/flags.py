@@ -5,7 +5,8 @@ Defaults are DLRM's; `dcnv2.py` overrides the model defaults with `set_defaults`
 from absl import flags
 
 from utils import data_flags  # noqa: F401 (defines the flags naming the data: --dataset_type, ...)
-from utils.config import COMBINERS, DIST_STRATEGIES, INTERACTIONS, MODES, OPTIMIZERS, RunConfig, build_config
+from utils.config import (COMBINERS, DIST_STRATEGIES, INTERACTIONS, MODES, OPTIMIZERS, REFERENCE_SYNTHETIC, RunConfig,
+                          build_config)
 
 FLAGS = flags.FLAGS
 
@@ -49,6 +50,17 @@ flags.DEFINE_bool("train_last_partial_batch", False, "also train on the last, sm
 flags.DEFINE_enum("multi_hot_combiner", None, list(COMBINERS), "how a multi-hot feature's embeddings are combined "
                   "(default sum); only for datasets with multi-hot features")
 flags.DEFINE_integer("synthetic_rows", 2 ** 21, "synthetic training samples per epoch")
+# The reference's names for the synthetic data (utils.config.REFERENCE_SYNTHETIC maps them onto ours).
+flags.DEFINE_bool("synthetic_dataset_use_feature_spec", False, "synthetic data shaped by the feature spec at "
+                  "--dataset_path/--feature_spec (cardinalities, numerical count, hotness, alpha)")
+flags.DEFINE_integer("synthetic_dataset_train_batches", None, "synthetic training batches per epoch "
+                     "(--synthetic_rows = this x --batch_size)")
+flags.DEFINE_integer("synthetic_dataset_valid_batches", None, "synthetic evaluation batches "
+                     "(--synthetic_eval_rows = this x --valid_batch_size)")
+flags.DEFINE_list("synthetic_dataset_cardinalities", None, "the reference's name for --synthetic_cardinalities")
+flags.DEFINE_list("synthetic_dataset_hotness", None, "per feature: 1 one-hot, h > 1 multi-hot with 0..h ids a row")
+flags.DEFINE_integer("synthetic_dataset_num_numerical_features", None, "the reference's name for "
+                     "--synthetic_num_numerical")
 flags.DEFINE_list("inference_batch_sizes", ["1", "64", "1024", "8192"], "batch sizes timed by --mode=inference")
 flags.DEFINE_integer("inference_steps", 100, "timed batches per batch size in --mode=inference")
 
@@ -75,7 +87,7 @@ def set_defaults(**defaults):
 def config_from_flags(world_size: int = 1) -> RunConfig:
     """Builds the validated RunConfig from the parsed flags."""
     names = [f.name for f in RunConfig.__dataclass_fields__.values() if f.name not in ("embedding_dims", "dataset")]
-    names.append("embedding_dim")
+    names += ["embedding_dim", *REFERENCE_SYNTHETIC]
     values = {n: FLAGS[n].value for n in names}
     present = {n for n in names if FLAGS[n].present}
     return build_config(values, present, world_size)
