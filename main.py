@@ -101,7 +101,8 @@ class Run:
     def _eval_data(self):
         from dataloading.batches import eval_batches, prefetched
         d = self.dataset
-        return prefetched(eval_batches(d, self.rows["eval"], self.cfg.valid_batch_size, self.view), d)
+        return prefetched(eval_batches(d, self.rows["eval"], self.cfg.valid_batch_size, self.view), d,
+                          synchronous=self.cfg.tfdata_debug)
 
     def evaluate(self, step: int) -> dict:
         from nn.evaluator import evaluate, format_metrics
@@ -132,7 +133,8 @@ class Run:
         evals = eval_steps(steps_per_epoch, cfg.evals_per_epoch, total)
         profiler = StepProfiler(cfg, self.comm.rank, self.start_step, total)
         batches = prefetched(train_batches(d, self.rows["train"], cfg.batch_size, cfg.seed, self.start_step, total,
-                                           self.view, cfg.shuffle_batch_order, cfg.train_last_partial_batch), d)
+                                           self.view, cfg.shuffle_batch_order, cfg.train_last_partial_batch), d,
+                             synchronous=cfg.tfdata_debug)
         self.log.print(f"training steps {self.start_step}..{total} ({steps_per_epoch} per epoch, "
                        f"batch {cfg.batch_size})")
         step, losses, metrics = self.start_step, [], None

@@ -152,10 +152,9 @@ def spy():   # what holds when main.py makes the collectives (whose first op sta
     threads = tf.config.threading
     state = dict(inter=threads.get_inter_op_parallelism_threads(), intra=threads.get_intra_op_parallelism_threads(),
                  cuda=os.environ.get("CUDA_VISIBLE_DEVICES"), gpus=len(tf.config.list_physical_devices("GPU")))
-    try:   # only in tf.data debug mode do a map's functions run eagerly
-        state["tfdata_eager"] = list(tf.data.Dataset.range(1).map(lambda x: x + int(x.numpy())).as_numpy_iterator())
-    except Exception:
-        state["tfdata_eager"] = None
+    eager = []   # only in tf.data debug mode does a map's function run eagerly, per element
+    list(tf.data.Dataset.range(2).map(lambda x: (eager.append(tf.executing_eagerly()), x)[1]))
+    state["tfdata_eager"] = any(eager)
     print("AT COLLECTIVES " + json.dumps(state), flush=True)
     return make()
 
@@ -174,11 +173,11 @@ def spy_run(*flags):
 def test_tensorflow_settings_apply_before_the_collectives():
     proc, state = spy_run("--cpu", "--inter_op_parallelism=3", "--intra_op_parallelism=2", "--tfdata_debug")
     assert proc.returncode == 0, proc.stderr
-    assert state == dict(inter=3, intra=2, cuda="-1", gpus=0, tfdata_eager=[0]), state
+    assert state == dict(inter=3, intra=2, cuda="-1", gpus=0, tfdata_eager=True), state
     assert "eval at step 4: auc" in proc.stdout     # and the run trains with them
     proc, state = spy_run()
     assert proc.returncode == 0, proc.stderr
-    assert state["inter"] == state["intra"] == 0 and state["tfdata_eager"] is None
+    assert state["inter"] == state["intra"] == 0 and state["tfdata_eager"] is False
     assert state["cuda"] == os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
@@ -187,3 +186,10 @@ def test_negative_thread_count_exits_2_with_one_error_line():
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == \
         "error: --intra_op_parallelism must be >= 0 (0: TensorFlow's choice), got -1"
+
+
+def test_tfdata_debug_makes_the_same_batches_in_the_training_thread():
+    """--tfdata_debug's pipeline (no tf.data, no prefetch thread) trains and evaluates on the same batches."""
+    debug, plain = train(tfdata_debug=True), train()
+    for key in ("auc", "logloss", "oracle_auc", "samples", "steps"):
+        assert debug[key] == plain[key], key
