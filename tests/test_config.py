@@ -264,7 +264,8 @@ NOT_APPLYING = {
 }
 NOT_APPLYING.update({
     "loss_scale": [(dict(amp=False), 1024.0)],
-    "embedding_trainable": [(dict(mode="inference"), False), (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), False)],
+    "embedding_trainable": [(dict(mode="inference"), False),
+                            (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), False)],
     "profiler_start_step": [(dict(mode="inference", log_path="/tmp/l.json"), 3),
                             (dict(mode="eval", restore_checkpoint_path="/tmp/ck", log_path="/tmp/l.json"), 3)],
     "profiled_rank": [(dict(), 0)],
