@@ -193,3 +193,18 @@ def test_tfdata_debug_makes_the_same_batches_in_the_training_thread():
     debug, plain = train(tfdata_debug=True), train()
     for key in ("auc", "logloss", "oracle_auc", "samples", "steps"):
         assert debug[key] == plain[key], key
+
+
+def test_two_ranks_profile_rank_1_with_threads_set_before_horovod(tmp_path):
+    """Under horovodrun the thread counts are set before HorovodCollectives' first op (TensorFlow
+    refuses them afterwards), frozen tables train at two ranks, and only --profiled_rank profiles."""
+    from tests.horovod_run import horovodrun
+    log = tmp_path / "run.json"
+    proc = horovodrun(2, ["main.py", *SCRIPT_ARGS, "--cpu", "--inter_op_parallelism=2", "--intra_op_parallelism=1",
+                          "--embedding_trainable=false", "--profiler_start_step=1", "--profiled_rank=1",
+                          f"--log_path={log}"], timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[1]<stdout>:profile of training steps 1..3 (rank 1) written to" in proc.stdout, proc.stdout
+    assert "[0]<stdout>:profile" not in proc.stdout
+    assert len(glob.glob(str(tmp_path / "run_tb" / "plugins" / "profile" / "*" / "*.xplane.pb"))) == 1
+    assert read_log(log)[-1]["kind"] == "final"
