@@ -62,19 +62,27 @@ class Run:
             self.log.print(f"validated every value of {cfg.feature_spec_path} "
                            f"({', '.join(f'{s} {n:,} rows' for s, n in self.rows.items())})")
         compute_dtype = amp_dtype() if cfg.amp else tf.float32
+        if cfg.loss_scale is not None and compute_dtype != tf.float16:
+            raise ConfigError(f"--loss_scale applies to float16 AMP (--amp on a GPU); this run computes in "
+                              f"{compute_dtype.name}, which needs no loss scaling")
         plan = plan_tables(cfg.cardinalities, cfg.embedding_dims, comm.size, cfg.dist_strategy,
                            cfg.column_slice_threshold, cfg.row_slice_threshold, cfg.data_parallel_threshold)
         self.model = RankingModel(cfg.cardinalities, cfg.embedding_dims, cfg.num_numerical, cfg.bottom_mlp_dims,
                                   cfg.top_mlp_dims, cfg.interaction, cfg.num_cross_layers,
                                   cfg.cross_layer_projection_dim, seed=cfg.seed, compute_dtype=compute_dtype,
                                   plan=plan, collectives=comm, data_parallel_input=cfg.data_parallel_input,
-                                  combiners=cfg.combiners)
+                                  combiners=cfg.combiners, zeros_initializer=cfg.embedding_zeros_initializer)
         emb = self.model.embeddings
         self.view = RankInput(comm.rank, comm.size, tuple(emb.input_rows(f) for f in range(cfg.num_categorical)))
         schedule = LearningRateSchedule(cfg.learning_rate, cfg.warmup_steps, cfg.decay_start_step, cfg.decay_steps)
         self.trainer = Trainer(self.model, cfg.optimizer, schedule, cfg.beta1, cfg.beta2, xla=cfg.xla,
-                               loss_scaling=compute_dtype == tf.float16)
+                               loss_scaling=compute_dtype == tf.float16, static_loss_scale=cfg.loss_scale,
+                               train_tables=cfg.embedding_trainable)
         self.log.print(plan.format(slots=len(self.trainer.table_optimizer.slot_names)))
+        if cfg.cpu_offloading_threshold_gb is not None:
+            from utils.runtime import offloading_line
+            self.log.print(offloading_line(cfg.cpu_offloading_threshold_gb, plan.bytes_on(comm.rank), comm.rank,
+                                           bool(tf.config.list_physical_devices("GPU"))))
         params = sum(t.rows * t.dim for t in plan.tables) + sum(
             int(v.shape.num_elements()) for v in self.model.dense_variables)
         self.log.print(f"model: {cfg.interaction} interaction, {cfg.num_categorical} tables, "
@@ -93,7 +101,8 @@ class Run:
     def _eval_data(self):
         from dataloading.batches import eval_batches, prefetched
         d = self.dataset
-        return prefetched(eval_batches(d, self.rows["eval"], self.cfg.valid_batch_size, self.view), d)
+        return prefetched(eval_batches(d, self.rows["eval"], self.cfg.valid_batch_size, self.view), d,
+                          synchronous=self.cfg.tfdata_debug)
 
     def evaluate(self, step: int) -> dict:
         from nn.evaluator import evaluate, format_metrics
@@ -115,21 +124,26 @@ class Run:
 
     def train(self) -> dict:
         from dataloading.batches import prefetched, steps_per_epoch as epoch_steps, train_batches
+        from utils.runtime import StepProfiler
         cfg, d = self.cfg, self.dataset
         steps_per_epoch = epoch_steps(self.rows["train"], cfg.batch_size, self.comm.size, cfg.train_last_partial_batch)
         total = steps_per_epoch * cfg.epochs
         if cfg.max_steps > 0:
             total = min(total, cfg.max_steps)
         evals = eval_steps(steps_per_epoch, cfg.evals_per_epoch, total)
+        profiler = StepProfiler(cfg, self.comm.rank, self.start_step, total)
         batches = prefetched(train_batches(d, self.rows["train"], cfg.batch_size, cfg.seed, self.start_step, total,
-                                           self.view, cfg.shuffle_batch_order, cfg.train_last_partial_batch), d)
+                                           self.view, cfg.shuffle_batch_order, cfg.train_last_partial_batch), d,
+                             synchronous=cfg.tfdata_debug)
         self.log.print(f"training steps {self.start_step}..{total} ({steps_per_epoch} per epoch, "
                        f"batch {cfg.batch_size})")
         step, losses, metrics = self.start_step, [], None
         t_start = t_last = time.perf_counter()
         for numerical, categorical, labels, _, _ in batches:
+            profiler.before_step(step)
             losses.append(self.trainer.train_step(numerical, categorical, labels))
             step += 1
+            profiler.after_step(step)
             if step % cfg.print_freq == 0 or step == total:
                 loss = float(sum(float(x) for x in losses) / len(losses))
                 now = time.perf_counter()
@@ -187,6 +201,13 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     from parallel_embedding.collectives import make_collectives
+    from utils.runtime import configure_tensorflow
+    F = run_flags.FLAGS
+    try:   # before the collectives: their first op starts TensorFlow, and they pick a GPU
+        configure_tensorflow(F.cpu, F.inter_op_parallelism, F.intra_op_parallelism, F.tfdata_debug)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     comm = make_collectives()
     try:
         cfg = run_flags.config_from_flags(comm.size)

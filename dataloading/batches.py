@@ -13,7 +13,7 @@ the ids of `features`) and `categorical(split, start, size, features)`; multi-ho
 RaggedIds (dataloading.split_binary), fed to the model as tf.RaggedTensor.
 """
 import dataclasses
-from typing import Iterator, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -110,12 +110,14 @@ def eval_batches(dataset, rows: int, batch_size: int, view: RankInput) -> Iterat
         yield batch
 
 
-def prefetched(batches: Iterator[dict], dataset, depth: int = 2) -> tf.data.Dataset:
+def prefetched(batches: Iterator[dict], dataset, depth: int = 2, synchronous: bool = False) -> Iterable[tuple]:
     """Wraps a batch iterator over `dataset` in tf.data with background prefetching.
 
     Elements: (numerical [b, n] float32, tuple of F ids (see RankInput; multi-hot features:
     tf.RaggedTensor [rows, None]), labels [b] float32, oracle_logits [b] float32, valid: the
-    number of real rows, int32).
+    number of real rows, int32). `synchronous` (--tfdata_debug): the same tensors, each batch
+    made when the loop asks for it, in its thread, without tf.data (whose debug mode breaks
+    from_generator in TensorFlow 2.21: its callback is lost at the next garbage collection).
     """
     dtype = tf.as_dtype(dataset.id_dtype)
     ids = [tf.RaggedTensorSpec([None, None], dtype, row_splits_dtype=tf.int64) if hot else tf.TensorSpec([None], dtype)
@@ -132,4 +134,7 @@ def prefetched(batches: Iterator[dict], dataset, depth: int = 2) -> tf.data.Data
             yield (b["numerical"], tuple(as_tensor(c) for c in b["categorical"]), b["labels"], b["oracle_logits"],
                    np.int32(b["valid"]))
 
+    if synchronous:
+        tensor = lambda x: x if isinstance(x, tf.RaggedTensor) else tf.convert_to_tensor(x)  # noqa: E731
+        return (tf.nest.map_structure(tensor, element) for element in generate())
     return tf.data.Dataset.from_generator(generate, output_signature=signature).prefetch(depth)

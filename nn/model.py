@@ -18,20 +18,21 @@ class RankingModel(tf.Module):
     embeddings, top MLP. DCNv2 (interaction "cross"): x0 = concat(bottom output, embeddings),
     cross network, top MLP. `compute_dtype` is float32, or bfloat16/float16 under AMP (tables
     and master weights stay float32). `combiners`: per table, "sum" (default) or "mean" of a
-    multi-hot feature's rows.
+    multi-hot feature's rows. `zeros_initializer`: the tables start at zero.
     """
 
     def __init__(self, cardinalities: Sequence[int], embedding_dims: Sequence[int], num_numerical: int,
                  bottom_mlp_dims: Sequence[int], top_mlp_dims: Sequence[int], interaction: str = "dot",
                  num_cross_layers: int = 3, cross_layer_projection_dim: int = 512, seed: int = 0,
                  compute_dtype=tf.float32, plan: Plan = None, collectives=None, data_parallel_input: bool = False,
-                 combiners: Sequence[str] = None):
+                 combiners: Sequence[str] = None, zeros_initializer: bool = False):
         super().__init__(name="ranking_model")
         self.compute_dtype = tf.as_dtype(compute_dtype)
         collectives = collectives or SingleProcess()
         plan = plan or plan_tables(cardinalities, embedding_dims, collectives.size)
         self.embeddings = DistributedEmbedding(plan, collectives, seed=(seed, 1000),
-                                               data_parallel_input=data_parallel_input, combiners=combiners)
+                                               data_parallel_input=data_parallel_input, combiners=combiners,
+                                               zeros_initializer=zeros_initializer)
         self.bottom_mlp = MLP(num_numerical, bottom_mlp_dims, linear_output=False, seed=(seed, 0), name="bottom_mlp")
         if interaction in ("dot", "dot_custom"):   # dot_custom: the custom op or an error, never the fallback
             self.interaction = DotInteraction(len(cardinalities), bottom_mlp_dims[-1],

@@ -1,5 +1,5 @@
 """The training step: forward, BCE loss, backward, sparse table update, dense MLP update."""
-from typing import Dict, List, Set
+from typing import Dict, List, Optional, Set
 
 import tensorflow as tf
 
@@ -22,17 +22,25 @@ def bce_loss(labels: tf.Tensor, logits: tf.Tensor, global_batch) -> tf.Tensor:
     return tf.reduce_sum(losses) / tf.cast(global_batch, tf.float32)
 
 
-class DynamicLossScale(tf.Module):
-    """float16 loss scaling: halve and skip the update on inf/NaN gradients, double after
-    `growth_interval` finite steps."""
+class LossScale(tf.Module):
+    """float16 loss scaling. Dynamic: halve and skip the update on inf/NaN gradients, double after
+    `growth_interval` finite steps. Static (`static`: the scale, --loss_scale): always that scale
+    (a restored one is not used); a step with inf/NaN gradients is still skipped."""
 
-    def __init__(self, initial=2.0 ** 15, growth_interval=2000):
+    def __init__(self, initial=2.0 ** 15, growth_interval=2000, static: Optional[float] = None):
         super().__init__(name="loss_scale")
-        self.scale = tf.Variable(initial, trainable=False, name="loss_scale/scale")
+        self.scale = tf.Variable(static or initial, dtype=tf.float32, trainable=False, name="loss_scale/scale")
         self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="loss_scale/good_steps")
         self.growth_interval = growth_interval
+        self.static = static
+
+    @property
+    def value(self) -> tf.Tensor:
+        return tf.constant(self.static, tf.float32) if self.static else self.scale
 
     def update(self, finite: tf.Tensor):
+        if self.static:
+            return
         grow = tf.logical_and(finite, self.good_steps + 1 >= self.growth_interval)
         self.scale.assign(tf.where(finite, tf.where(grow, self.scale * 2.0, self.scale),
                                    tf.maximum(self.scale * 0.5, 1.0)))
@@ -55,7 +63,8 @@ class Trainer(tf.Module):
     """Owns the optimizers, the step counter and the compiled train/predict functions.
 
     Tables are updated by the sparse form of `optimizer`, dense weights by its dense form.
-    `loss_scaling` enables dynamic loss scaling (float16 AMP). `xla` compiles the dense part
+    `loss_scaling` enables loss scaling (float16 AMP): dynamic, or static at `static_loss_scale`.
+    `train_tables` false freezes the tables (no table gradients, exchanges or updates). `xla` compiles the dense part
     (MLPs, interaction; forward and backward); lookups and table updates are always compiled
     islands, and collectives run between them.
 
@@ -65,7 +74,8 @@ class Trainer(tf.Module):
     """
 
     def __init__(self, model: RankingModel, optimizer: str, schedule: LearningRateSchedule,
-                 beta1: float = 0.9, beta2: float = 0.999, xla: bool = False, loss_scaling: bool = False):
+                 beta1: float = 0.9, beta2: float = 0.999, xla: bool = False, loss_scaling: bool = False,
+                 static_loss_scale: Optional[float] = None, train_tables: bool = True):
         super().__init__(name="trainer")
         self.model = model
         self.comm = model.embeddings.comm
@@ -73,7 +83,8 @@ class Trainer(tf.Module):
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.table_optimizer = make_optimizer(optimizer, model.table_variables, "table_optimizer", beta1, beta2)
         self.dense_optimizer = make_optimizer(optimizer, model.dense_variables, "dense_optimizer", beta1, beta2)
-        self.loss_scale = DynamicLossScale() if loss_scaling else None
+        self.loss_scale = LossScale(static=static_loss_scale) if loss_scaling else None
+        self.train_tables = train_tables
         # The sparse table update as one XLA-compiled function: on CPU about 5x faster than
         # TensorFlow's scatter kernels, and only the given rows are written either way. Multi-hot
         # batches (a varying number of ids) take the uncompiled one: XLA would recompile every step.
@@ -139,9 +150,10 @@ class Trainer(tf.Module):
             tape.watch(embeddings)
             logits = self.model.predict_from_embeddings(numerical, embeddings, training=True)
             loss = bce_loss(labels, logits, tf.shape(labels)[0] * self.comm.size)
-            scaled = loss * self.loss_scale.scale if self.loss_scale is not None else loss
-        grads = tape.gradient(scaled, list(embeddings) + dense)
-        return loss, grads[:len(embeddings)], grads[len(embeddings):]
+            scaled = loss * self.loss_scale.value if self.loss_scale is not None else loss
+        sources = list(embeddings) if self.train_tables else []
+        grads = tape.gradient(scaled, sources + dense)
+        return loss, grads[:len(sources)], grads[len(sources):]
 
     def _train_step(self, numerical, categorical, labels):
         """One step on this rank's inputs; returns the global batch's mean loss."""
@@ -151,7 +163,7 @@ class Trainer(tf.Module):
         looked_up = emb.lookup(categorical, training=True)
         embeddings = emb.exchange(looked_up, tf.shape(numerical)[0])
         loss, embedding_grads, dense_grads = self._forward_backward(numerical, embeddings, labels)
-        table_grads = emb.gradients(looked_up, embedding_grads)
+        table_grads = emb.gradients(looked_up, embedding_grads) if self.train_tables else []
         flags = [loss]
         if self.loss_scale is not None:   # every rank must agree to skip an overflowing step
             flags.append(1.0 - tf.cast(_all_finite(table_grads + dense_grads), tf.float32))
@@ -163,7 +175,7 @@ class Trainer(tf.Module):
         if self.loss_scale is None:
             self._apply(grads, lr, hotness)
         else:
-            grads = [_scale_grad(g, 1.0 / self.loss_scale.scale) for g in grads]
+            grads = [_scale_grad(g, 1.0 / self.loss_scale.value) for g in grads]
             finite = reduced[-1] == 0.0
             tf.cond(finite, lambda: self._apply(grads, lr, hotness), lambda: tf.no_op())
             self.loss_scale.update(finite)
@@ -171,8 +183,9 @@ class Trainer(tf.Module):
         return loss
 
     def _apply(self, grads, lr, hotness: str):
-        """grads: the tables' IndexedSlices, then the dense variables' gradients."""
-        n = len(self.model.table_variables)
-        self._update_tables[hotness](grads[:n], lr)
+        """grads: the tables' IndexedSlices (none when they are frozen), then the dense variables' gradients."""
+        n = len(grads) - len(self.model.dense_variables)
+        if n:
+            self._update_tables[hotness](grads[:n], lr)
         self.dense_optimizer.apply(zip(grads[n:], self.model.dense_variables), lr)
         return tf.no_op()

@@ -140,10 +140,11 @@ class DistributedEmbedding(tf.Module):
     a shard of it, [b] if it is replicated, and ignored otherwise (pass an empty tensor);
     `input_rows(f)` says which. Data-parallel input: every feature [b]. A multi-hot feature is
     a ragged [B, None] or [b, None] instead, combined by `combiners[f]` ("sum" or "mean").
+    Tables start as `shard_initial_value`, or zeros with `zeros_initializer`.
     """
 
     def __init__(self, plan: Plan, collectives, seed, data_parallel_input: bool = False,
-                 combiners: Optional[Sequence[str]] = None, name="embedding"):
+                 combiners: Optional[Sequence[str]] = None, zeros_initializer: bool = False, name="embedding"):
         super().__init__(name=name)
         self.plan, self.comm = plan, collectives
         self.data_parallel_input = data_parallel_input
@@ -156,18 +157,21 @@ class DistributedEmbedding(tf.Module):
         tables = plan.tables
         self.cardinalities = [t.rows for t in tables]
         self.dims = [t.dim for t in tables]
+
+        def initial_value(s: Shard) -> tf.Tensor:
+            if zeros_initializer:
+                return tf.zeros([s.num_rows, s.width])
+            return shard_initial_value(tables[s.feature].rows, tables[s.feature].dim, s, (seed[0], seed[1] + s.feature))
+
         self.shard_variables = []
         for s in self.shards:
             table = tables[s.feature]
-            value = shard_initial_value(table.rows, table.dim, s, (seed[0], seed[1] + s.feature))
+            value = initial_value(s)
             if table.kind == "row":   # the spare row that out-of-shard ids read (and is never saved)
                 value = tf.concat([value, tf.zeros([1, s.width])], axis=0)
             self.shard_variables.append(tf.Variable(value, name=self.variable_name(s)))
         whole = [Shard(f, self.rank, 0, tables[f].rows, 0, tables[f].dim) for f in self.replicated]
-        self.replicated_variables = [
-            tf.Variable(shard_initial_value(tables[s.feature].rows, tables[s.feature].dim, s,
-                                            (seed[0], seed[1] + s.feature)), name=self.table_name(s.feature))
-            for s in whole]
+        self.replicated_variables = [tf.Variable(initial_value(s), name=self.table_name(s.feature)) for s in whole]
         self.global_features = plan.features_on(self.rank)
         # Static layout of the exchange: widths W_i of every rank's shards, and for every feature the
         # (column offset in the received [b, sum W_i] block, shard) pairs that make it up.

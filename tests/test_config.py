@@ -31,6 +31,9 @@ DEFAULTS = dict(
     column_slice_threshold=None, row_slice_threshold=None, data_parallel_threshold=None, data_parallel_input=False,
     feature_spec="", train_mapping="train", eval_mapping="test", validate_dataset=False, shuffle_batch_order=True,
     train_last_partial_batch=False, multi_hot_combiner=None)
+DEFAULTS.update(loss_scale=None, embedding_trainable=True, embedding_zeros_initializer=False,
+                cpu_offloading_threshold_gb=None, profiler_start_step=None, profiled_rank=0, cpu=False,
+                tfdata_debug=False, inter_op_parallelism=None, intra_op_parallelism=None)
 
 FOUR_CARDS = ["10", "20", "30", "40"]
 
@@ -259,6 +262,14 @@ NOT_APPLYING = {
     "train_last_partial_batch": [(dict(mode="inference"), True),
                                  (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), True)],
 }
+NOT_APPLYING.update({
+    "loss_scale": [(dict(amp=False), 1024.0)],
+    "embedding_trainable": [(dict(mode="inference"), False),
+                            (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), False)],
+    "profiler_start_step": [(dict(mode="inference", log_path="/tmp/l.json"), 3),
+                            (dict(mode="eval", restore_checkpoint_path="/tmp/ck", log_path="/tmp/l.json"), 3)],
+    "profiled_rank": [(dict(), 0)],
+})
 NOT_APPLYING_CASES = [(name, setting, value) for name, cases in NOT_APPLYING.items() for setting, value in cases]
 
 

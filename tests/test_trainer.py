@@ -12,10 +12,10 @@ CARDS = [40, 30, 20]
 DATA = SyntheticDataset(CARDS, 4, 0.0, seed=2)
 
 
-def make_trainer(interaction, compute_dtype=tf.float32, xla=False, loss_scaling=False):
+def make_trainer(interaction, compute_dtype=tf.float32, xla=False, loss_scaling=False, **options):
     model = RankingModel(CARDS, [8, 8, 8], 4, [32, 8], [32, 16, 1], interaction=interaction,
                          num_cross_layers=2, cross_layer_projection_dim=6, seed=11, compute_dtype=compute_dtype)
-    return Trainer(model, "sgd", LearningRateSchedule(0.5, 0, 0, 0), xla=xla, loss_scaling=loss_scaling)
+    return Trainer(model, "sgd", LearningRateSchedule(0.5, 0, 0, 0), xla=xla, loss_scaling=loss_scaling, **options)
 
 
 def batch_tensors(start=0, size=64):
@@ -83,3 +83,54 @@ def test_loss_scale_grows_after_finite_interval():
         trainer.train_step(*batch_tensors(64 * i))
     assert float(trainer.loss_scale.scale.numpy()) == 2 * scale0
     assert int(trainer.loss_scale.good_steps.numpy()) == 0
+
+
+def test_static_loss_scale_steps_equal_the_unscaled_ones():
+    """--loss_scale: a power-of-two scale is exact, so the updates equal those without scaling."""
+    plain, scaled = make_trainer("dot"), make_trainer("dot", loss_scaling=True, static_loss_scale=2.0 ** 10)
+    for i in range(3):
+        plain.train_step(*batch_tensors(64 * i))
+        scaled.train_step(*batch_tensors(64 * i))
+    after = scaled.variables_by_name()
+    for name, v in plain.variables_by_name().items():
+        np.testing.assert_array_equal(after[name].numpy(), v.numpy(), err_msg=name)
+    assert float(scaled.loss_scale.value.numpy()) == 2.0 ** 10
+
+
+def test_static_loss_scale_never_changes():
+    """Unlike the dynamic scale (halved above), a static one stays on overflow and after any
+    number of finite steps; the overflowing step is skipped."""
+    trainer = make_trainer("dot", tf.float16, loss_scaling=True, static_loss_scale=2.0 ** 40)
+    before = {k: v.numpy().copy() for k, v in trainer.variables_by_name().items()}
+    trainer.train_step(*batch_tensors())
+    after = trainer.variables_by_name()
+    for name in ("embedding/table_0", "top_mlp/dense_0/kernel"):
+        np.testing.assert_array_equal(after[name].numpy(), before[name])
+    assert float(trainer.loss_scale.value.numpy()) == 2.0 ** 40
+    trainer = make_trainer("dot", tf.float16, loss_scaling=True, static_loss_scale=8.0)
+    trainer.loss_scale.growth_interval = 1
+    trainer.loss_scale.scale.assign(3.0)   # a restored scale is not used either
+    loss, delta = one_step(trainer)
+    assert float(trainer.loss_scale.value.numpy()) == 8.0 and np.isfinite(loss)
+    assert np.linalg.norm(delta["top_mlp/dense_0/kernel"]) > 0
+
+
+@pytest.mark.parametrize("xla", [False, True])
+def test_frozen_tables_stay_and_the_mlps_train_as_usual(xla):
+    """train_tables=False (--embedding_trainable=false): the tables and their optimizer state never
+    change; a step's dense update is the trainable model's (it does not depend on the tables' update)."""
+    frozen, trainable = make_trainer("dot", xla=xla, train_tables=False), make_trainer("dot", xla=xla)
+    _, delta = one_step(frozen)
+    _, reference = one_step(trainable)
+    for name, d in delta.items():
+        if name.startswith("embedding/"):
+            assert not d.any(), name
+            assert reference[name].any(), name
+        else:
+            np.testing.assert_allclose(d, reference[name], rtol=1e-5, atol=1e-7, err_msg=name)
+    assert any(delta[name].any() for name in delta if "mlp" in name)
+    tables = [v.numpy().copy() for v in frozen.model.table_variables]
+    for i in range(1, 4):
+        frozen.train_step(*batch_tensors(64 * i))
+    for v, t in zip(frozen.model.table_variables, tables):
+        np.testing.assert_array_equal(v.numpy(), t)

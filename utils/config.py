@@ -72,6 +72,16 @@ class RunConfig:
     shuffle_batch_order: bool = True
     train_last_partial_batch: bool = False
     multi_hot_combiner: Optional[str] = None
+    loss_scale: Optional[float] = None
+    embedding_trainable: bool = True
+    embedding_zeros_initializer: bool = False
+    cpu_offloading_threshold_gb: Optional[int] = None
+    profiler_start_step: Optional[int] = None
+    profiled_rank: int = 0
+    cpu: bool = False   # applied (with the three below) by utils.runtime before TensorFlow starts
+    tfdata_debug: bool = False
+    inter_op_parallelism: Optional[int] = None
+    intra_op_parallelism: Optional[int] = None
     dataset: Optional["DatasetShape"] = None   # derived: the synthetic flags' or the feature spec's
 
     @property
@@ -130,6 +140,9 @@ _APPLIES_ONLY = {
     **dict.fromkeys(("inference_batch_sizes", "inference_steps"), _INFERENCE),
     **dict.fromkeys(("valid_batch_size", "synthetic_eval_rows"), _EVALUATING),
     **dict.fromkeys(("train_mapping", "shuffle_batch_order", "train_last_partial_batch"), _TRAIN),
+    "loss_scale": (lambda c: c.amp, "--amp"),
+    **dict.fromkeys(("embedding_trainable", "profiler_start_step"), _TRAIN),
+    "profiled_rank": (lambda c: c.profiler_start_step is not None, "--profiler_start_step"),
 }
 # Flags read by one dataset type only.
 _DATASET_ONLY = {
@@ -323,6 +336,16 @@ def _check(c: RunConfig, present: Set[str], world_size: int):
             raise ConfigError(f"--{name} must be >= 1 (elements per table), got {getattr(c, name)}")
     if c.data_parallel_threshold is not None and c.data_parallel_threshold < 0:
         raise ConfigError(f"--data_parallel_threshold must be >= 0, got {c.data_parallel_threshold}")
+    if c.loss_scale is not None:
+        _positive("loss_scale", c.loss_scale)
+    for name in ("cpu_offloading_threshold_gb", "profiler_start_step"):
+        if getattr(c, name) is not None and getattr(c, name) < 0:
+            raise ConfigError(f"--{name} must be >= 0, got {getattr(c, name)}")
+    if c.profiler_start_step is not None:
+        if not 0 <= c.profiled_rank < world_size:
+            raise ConfigError(f"--profiled_rank={c.profiled_rank}: there is no such rank (ranks 0..{world_size - 1})")
+        if not c.log_path:
+            raise ConfigError("--profiler_start_step needs --log_path (the profile goes to its TensorBoard directory)")
     if c.max_steps == 0 or c.max_steps < -1:
         raise ConfigError(f"--max_steps must be positive, or -1 for no limit; got {c.max_steps}")
     if c.optimizer == "adam":

@@ -77,6 +77,25 @@ flags.DEFINE_integer("data_parallel_threshold", None, "replicate tables with at 
 flags.DEFINE_bool("data_parallel_input", False, "each rank reads every feature of its local batch (ids are "
                   "exchanged by an all-to-all) instead of its own tables' ids for the global batch")
 
+flags.DEFINE_float("loss_scale", None, "static loss scale for float16 AMP (--amp on a GPU); unset: dynamic "
+                  "loss scaling")
+flags.DEFINE_bool("embedding_trainable", True, "false: the embedding tables are frozen (no table gradients or "
+                  "updates); the MLPs still train")
+flags.DEFINE_bool("embedding_zeros_initializer", False, "initialise the embedding tables to zeros (fast start-up "
+                  "for benchmarks and debugging)")
+flags.DEFINE_integer("cpu_offloading_threshold_gb", None, "GiB of a rank's embedding tables above which they would "
+                     "go to host memory on a GPU run; not implemented yet: a GPU run whose tables exceed it stops "
+                     "with an error, a CPU run keeps every table in host memory (a line after the plan says which)")
+flags.DEFINE_integer("profiler_start_step", None, "write a TensorFlow profile of training steps N..N+99 (0-based; "
+                     "fewer if training ends first) to the TensorBoard directory of --log_path")
+flags.DEFINE_integer("profiled_rank", 0, "the rank --profiler_start_step profiles")
+flags.DEFINE_bool("cpu", False, "run on the CPU even where GPUs are visible (they are hidden before TensorFlow "
+                  "starts)")
+flags.DEFINE_bool("tfdata_debug", False, "tf.data debug mode (tf.data.experimental.enable_debug_mode), and the "
+                  "batches are made in the training thread, without prefetching")
+flags.DEFINE_integer("inter_op_parallelism", None, "TensorFlow's inter-op thread pool size (unset or 0: its choice)")
+flags.DEFINE_integer("intra_op_parallelism", None, "TensorFlow's intra-op thread pool size (unset or 0: its choice)")
+
 
 def set_defaults(**defaults):
     """Sets model defaults before parsing (used by dlrm.py / dcnv2.py)."""

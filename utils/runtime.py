@@ -1,0 +1,79 @@
+"""TensorFlow's process-wide settings and the run's profiler: the reference's --cpu, --inter_op_parallelism,
+--intra_op_parallelism, --tfdata_debug, --profiler_start_step/--profiled_rank and
+--cpu_offloading_threshold_gb."""
+import os
+from typing import Optional
+
+from utils.config import ConfigError, RunConfig
+from utils.logger import tensorboard_dir
+
+PROFILED_STEPS = 100   # as the reference
+
+
+def configure_tensorflow(cpu: bool = False, inter_op: Optional[int] = None, intra_op: Optional[int] = None,
+                         tfdata_debug: bool = False):
+    """Applies the settings TensorFlow reads once, when its runtime starts. Call it before any
+    TensorFlow op (main.py: before the collectives, whose first op starts TensorFlow and which
+    pick a GPU); later, TensorFlow refuses the thread counts with a RuntimeError.
+
+    cpu: hides every GPU from CUDA (so from TensorFlow and Horovod). inter_op, intra_op: thread
+    pool sizes (None or 0: TensorFlow's choice). Raises ConfigError for a negative count."""
+    for name, value in (("inter_op_parallelism", inter_op), ("intra_op_parallelism", intra_op)):
+        if value is not None and value < 0:
+            raise ConfigError(f"--{name} must be >= 0 (0: TensorFlow's choice), got {value}")
+    if cpu:
+        os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
+    import tensorflow as tf
+    if cpu and tf.config.list_physical_devices("GPU"):
+        raise RuntimeError("--cpu came too late: CUDA had started and sees GPUs")
+    if inter_op:
+        tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+    if intra_op:
+        tf.config.threading.set_intra_op_parallelism_threads(intra_op)
+    if tfdata_debug:
+        tf.data.experimental.enable_debug_mode()
+
+
+def offloading_line(threshold_gb: int, table_bytes: int, rank: int, on_gpu: bool) -> str:
+    """What --cpu_offloading_threshold_gb means for this rank's `table_bytes` of embedding tables
+    (parameters, as the reference counts them). Tables above the threshold on a GPU would go to
+    host memory, which is not implemented yet: ConfigError."""
+    size = f"rank {rank}'s tables take {table_bytes / 2 ** 30:.3g} GiB"
+    if not on_gpu:
+        return f"--cpu_offloading_threshold_gb={threshold_gb}: {size}, all in host memory already (no GPU)"
+    if table_bytes > threshold_gb * 2 ** 30:
+        raise ConfigError(f"--cpu_offloading_threshold_gb={threshold_gb}: {size}; placing the tables above the "
+                          "threshold in host memory is not implemented yet: raise the threshold, use more ranks "
+                          "or --cpu")
+    return f"--cpu_offloading_threshold_gb={threshold_gb}: {size}, all in GPU memory (at most the threshold)"
+
+
+class StepProfiler:
+    """--profiler_start_step: a TensorFlow profile (TensorBoard's Profile tab; a .xplane.pb file
+    under <log dir>/plugins/profile/) of training steps [start, start + PROFILED_STEPS), cut at
+    the end of training, on --profiled_rank only."""
+
+    def __init__(self, cfg: RunConfig, rank: int, first_step: int, total_steps: int):
+        self.start = self.stop = None
+        if cfg.profiler_start_step is None:
+            return
+        if not first_step <= cfg.profiler_start_step < total_steps:
+            raise ConfigError(f"--profiler_start_step={cfg.profiler_start_step} is not a step of this run "
+                              f"(it trains steps {first_step}..{total_steps - 1})")
+        if rank == cfg.profiled_rank:
+            self.start = cfg.profiler_start_step
+            self.stop = min(self.start + PROFILED_STEPS, total_steps)
+            self.logdir, self.rank = tensorboard_dir(cfg.log_path), rank
+
+    def before_step(self, step: int):
+        """Call with the 0-based index of the step about to run."""
+        if step == self.start:
+            import tensorflow as tf
+            tf.profiler.experimental.start(self.logdir)
+
+    def after_step(self, steps_done: int):
+        if steps_done == self.stop:
+            import tensorflow as tf
+            tf.profiler.experimental.stop()
+            print(f"profile of training steps {self.start}..{self.stop - 1} (rank {self.rank}) "
+                  f"written to {os.path.join(self.logdir, 'plugins', 'profile')}", flush=True)
