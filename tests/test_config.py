@@ -331,7 +331,7 @@ def test_reference_interaction_names(given, interaction):
 
 def test_reference_interaction_names_are_flag_values():
     from utils import flags as run_flags
-    assert {"dot_custom_cuda", "dot_tensorflow"} <= set(run_flags.FLAGS["interaction"].enum_values)
+    assert {"dot_custom_cuda", "dot_tensorflow"} <= set(run_flags.FLAGS["interaction"].parser.enum_values)
 
 
 def test_reference_dot_names_keep_the_dot_rules():

@@ -43,7 +43,8 @@ def direct_thresholded_auc(labels, logits, num_thresholds):
     """The reference's approximation written out threshold by threshold: Keras's thresholds
     (epsilon 1e-7 below 0 and above 1), rates of sigmoid(logits) > t, trapezoids."""
     labels = np.asarray(labels, dtype=bool)
-    p = 1.0 / (1.0 + np.exp(-np.asarray(logits, dtype=np.float64)))
+    with np.errstate(over="ignore"):   # exp(800) = inf: p = 0
+        p = 1.0 / (1.0 + np.exp(-np.asarray(logits, dtype=np.float64)))
     thresholds = [-1e-7] + [(i + 1) / (num_thresholds - 1) for i in range(num_thresholds - 2)] + [1 + 1e-7]
     tpr = np.array([np.sum(labels & (p > t)) / labels.sum() for t in thresholds])
     fpr = np.array([np.sum(~labels & (p > t)) / (~labels).sum() for t in thresholds])
