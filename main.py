@@ -23,7 +23,7 @@ def model_signature(cfg: RunConfig) -> dict:
             "multi_hot_combiner": (cfg.multi_hot_combiner or "sum") if any(cfg.max_hotness) else None,
             "embedding_dim": cfg.embedding_dims, "bottom_mlp_dims": cfg.bottom_mlp_dims,
             "top_mlp_dims": cfg.top_mlp_dims,
-            "interaction": "dot" if cfg.interaction == "dot_custom" else cfg.interaction,   # same model
+            "interaction": "cross" if cfg.interaction == "cross" else "dot",   # every dot kernel: same model
             "num_cross_layers": cfg.num_cross_layers if cfg.interaction == "cross" else None,
             "cross_layer_projection_dim": cfg.cross_layer_projection_dim if cfg.interaction == "cross" else None,
             "optimizer": cfg.optimizer}
@@ -77,7 +77,7 @@ class Run:
         schedule = LearningRateSchedule(cfg.learning_rate, cfg.warmup_steps, cfg.decay_start_step, cfg.decay_steps)
         self.trainer = Trainer(self.model, cfg.optimizer, schedule, cfg.beta1, cfg.beta2, xla=cfg.xla,
                                loss_scaling=compute_dtype == tf.float16, static_loss_scale=cfg.loss_scale,
-                               train_tables=cfg.embedding_trainable)
+                               train_tables=cfg.embedding_trainable, run_eagerly=cfg.run_eagerly)
         self.log.print(plan.format(slots=len(self.trainer.table_optimizer.slot_names)))
         if cfg.cpu_offloading_threshold_gb is not None:
             from utils.runtime import offloading_line
@@ -107,11 +107,12 @@ class Run:
     def evaluate(self, step: int) -> dict:
         from nn.evaluator import evaluate, format_metrics
         t0 = time.perf_counter()
-        metrics = evaluate(self.trainer.predict, self._eval_data(), self.comm)
+        metrics = evaluate(self.trainer.predict, self._eval_data(), self.comm, self.cfg.auc_thresholds)
         if not self.dataset.has_oracle:   # files carry no ground truth
             metrics = {k: v for k, v in metrics.items() if not k.startswith("oracle_")}
         metrics["seconds"] = time.perf_counter() - t0
         keys = ("auc", "logloss", "oracle_auc") if self.dataset.has_oracle else ("auc", "logloss")
+        keys += ("auc_thresholded",) if self.cfg.auc_thresholds else ()
         self.log.print(f"eval at step {step}: {format_metrics(metrics, keys)} | {metrics['samples']:,} samples "
                        f"in {metrics['seconds']:.1f} s")
         self.log.record("eval", step, **metrics)
@@ -139,11 +140,15 @@ class Run:
                        f"batch {cfg.batch_size})")
         step, losses, metrics = self.start_step, [], None
         t_start = t_last = time.perf_counter()
+        timed_from, paused = None, 0.0   # step timing: after the first step (it traces), less evaluations and saves
         for numerical, categorical, labels, _, _ in batches:
             profiler.before_step(step)
             losses.append(self.trainer.train_step(numerical, categorical, labels))
             step += 1
             profiler.after_step(step)
+            if timed_from is None:
+                float(losses[-1])
+                timed_from = time.perf_counter()
             if step % cfg.print_freq == 0 or step == total:
                 loss = float(sum(float(x) for x in losses) / len(losses))
                 now = time.perf_counter()
@@ -151,17 +156,27 @@ class Run:
                 self.log.progress(step, total, loss, (now - t_last) / len(losses), cfg.batch_size, lr)
                 losses, t_last = [], now
             if cfg.checkpoint_every_n_steps and step % cfg.checkpoint_every_n_steps == 0 and step != total:
+                t0 = time.perf_counter()
                 self.save(step)
+                paused += time.perf_counter() - t0
             if step in evals or step == total:
                 metrics = self.evaluate(step)
                 t_last += metrics["seconds"]
-        train_seconds = time.perf_counter() - t_start
+                paused += metrics["seconds"]
+        t_end = time.perf_counter()
+        train_seconds = t_end - t_start
+        timed_steps = step - self.start_step - 1
+        step_seconds = (t_end - timed_from - paused) / timed_steps if timed_steps > 0 else None
         if metrics is None:   # resumed at the end: nothing trained, still report the model
             metrics = self.evaluate(step)
         if cfg.save_checkpoint_path:
             self.save(step)
         result = dict(metrics, steps=step, train_seconds=train_seconds,
                       samples_per_s=(step - self.start_step) * cfg.batch_size / max(train_seconds, 1e-9))
+        # The reference's DLLogger keys (null when fewer than 2 steps ran): training steps alone, the last evaluation.
+        result.update(throughput=cfg.batch_size / step_seconds if step_seconds else None,
+                      mean_step_time_ms=1000 * step_seconds if step_seconds else None,
+                      validation_loss=metrics["logloss"])
         self.log.print(f"done: {step} steps, {result['samples_per_s']:,.0f} samples/s overall (with evaluation)")
         self.log.record("final", step, **result)
         return result

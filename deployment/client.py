@@ -96,20 +96,20 @@ def free_ports(n: int) -> list:
 def open_eval_data(flags) -> Tuple[object, int]:
     """(dataset, evaluation rows) named by main.py's data flags (utils/data_flags.py)."""
     from dataloading.open import open_dataset
-    from utils.config import ConfigError, parse_int_list
+    from utils.config import ConfigError, feature_spec_path, parse_int_list
     if flags.dataset_type == "synthetic":
         cards = parse_int_list("synthetic_cardinalities", flags.synthetic_cardinalities)
         num_numerical = flags.synthetic_num_numerical
     else:
         if not flags.dataset_path and not flags.feature_spec:
-            raise ConfigError("--dataset_type=split_binary needs --dataset_path (a directory with "
+            raise ConfigError(f"--dataset_type={flags.dataset_type} needs --dataset_path (a directory with "
                               "feature_spec.yaml) or --feature_spec")
         cards, num_numerical = None, None
     cfg = types.SimpleNamespace(   # what open_dataset reads for evaluation
         mode="eval", dataset_type=flags.dataset_type, cardinalities=cards, num_numerical=num_numerical,
         max_hotness=None, synthetic_alpha=flags.synthetic_alpha, seed=flags.seed, synthetic_rows=0,
         synthetic_eval_rows=flags.synthetic_eval_rows, eval_mapping=flags.eval_mapping,
-        feature_spec_path=flags.feature_spec or f"{flags.dataset_path}/feature_spec.yaml")
+        feature_spec_path=feature_spec_path(flags.dataset_path, flags.feature_spec))
     dataset, rows = open_dataset(cfg)
     return dataset, rows["eval"]
 

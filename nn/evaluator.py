@@ -1,17 +1,18 @@
 """Evaluation (exact metrics over every sample) and inference latency measurement."""
 import time
-from typing import Callable, Dict, Iterable, Sequence
+from typing import Callable, Dict, Iterable, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
-from utils.metrics import log_loss, roc_auc
+from utils.metrics import log_loss, roc_auc, thresholded_auc
 
 
-def evaluate(predict: Callable, batches: Iterable, comm) -> Dict[str, float]:
+def evaluate(predict: Callable, batches: Iterable, comm, auc_thresholds: Optional[int] = None) -> Dict[str, float]:
     """Runs `predict(numerical, categorical) -> logits` over this rank's part of every batch and
     returns AUC and logloss over all ranks' real rows (and those of the ground-truth oracle
-    logits shipped with the batches), computed once on rank 0 and shared with every rank."""
+    logits shipped with the batches), computed once on rank 0 and shared with every rank; with
+    `auc_thresholds`, also the reference's approximate AUC (`auc_thresholded`)."""
     logits, labels, oracle = [], [], []
     for numerical, categorical, y, oracle_logits, valid in batches:
         n = int(valid)
@@ -26,6 +27,8 @@ def evaluate(predict: Callable, batches: Iterable, comm) -> Dict[str, float]:
         metrics = {"auc": roc_auc(labels, logits), "logloss": log_loss(labels, logits),
                    "oracle_auc": roc_auc(labels, oracle), "oracle_logloss": log_loss(labels, oracle),
                    "samples": int(labels.size)}
+        if auc_thresholds:
+            metrics["auc_thresholded"] = thresholded_auc(labels, logits, auc_thresholds)
     return comm.broadcast_object(metrics, "evaluation_metrics")
 
 

@@ -9,6 +9,10 @@ from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.layer import DistributedEmbedding
 from parallel_embedding.planner import Plan, plan_tables
 
+# The dot interactions' kernels (see interaction_op): dot_custom is the custom op or an error, never the
+# fallback; dot_tensorflow never uses the op.
+DOT_KERNELS = {"dot": "auto", "dot_custom": "custom", "dot_tensorflow": "tf"}
+
 
 class RankingModel(tf.Module):
     """numerical [b, n] float32 + categorical ids (F tensors, see DistributedEmbedding) -> logits [b].
@@ -34,9 +38,8 @@ class RankingModel(tf.Module):
                                                data_parallel_input=data_parallel_input, combiners=combiners,
                                                zeros_initializer=zeros_initializer)
         self.bottom_mlp = MLP(num_numerical, bottom_mlp_dims, linear_output=False, seed=(seed, 0), name="bottom_mlp")
-        if interaction in ("dot", "dot_custom"):   # dot_custom: the custom op or an error, never the fallback
-            self.interaction = DotInteraction(len(cardinalities), bottom_mlp_dims[-1],
-                                              kernel="custom" if interaction == "dot_custom" else "auto")
+        if interaction in DOT_KERNELS:
+            self.interaction = DotInteraction(len(cardinalities), bottom_mlp_dims[-1], kernel=DOT_KERNELS[interaction])
             top_in = dot_interaction_width(len(cardinalities), bottom_mlp_dims[-1])
         else:
             top_in = bottom_mlp_dims[-1] + sum(embedding_dims)

@@ -66,7 +66,8 @@ class Trainer(tf.Module):
     `loss_scaling` enables loss scaling (float16 AMP): dynamic, or static at `static_loss_scale`.
     `train_tables` false freezes the tables (no table gradients, exchanges or updates). `xla` compiles the dense part
     (MLPs, interaction; forward and backward); lookups and table updates are always compiled
-    islands, and collectives run between them.
+    islands, and collectives run between them. `run_eagerly` (debugging) runs the train and
+    predict steps and the table update op by op, as plain Python.
 
     One step on each of N ranks: lookup of this rank's shards, all-to-all to the local batch,
     dense forward/backward, reverse all-to-all to the shards' owners, one grouped allreduce
@@ -75,7 +76,7 @@ class Trainer(tf.Module):
 
     def __init__(self, model: RankingModel, optimizer: str, schedule: LearningRateSchedule,
                  beta1: float = 0.9, beta2: float = 0.999, xla: bool = False, loss_scaling: bool = False,
-                 static_loss_scale: Optional[float] = None, train_tables: bool = True):
+                 static_loss_scale: Optional[float] = None, train_tables: bool = True, run_eagerly: bool = False):
         super().__init__(name="trainer")
         self.model = model
         self.comm = model.embeddings.comm
@@ -89,13 +90,14 @@ class Trainer(tf.Module):
         # TensorFlow's scatter kernels, and only the given rows are written either way. Multi-hot
         # batches (a varying number of ids) take the uncompiled one: XLA would recompile every step.
         update = lambda grads, lr: self.table_optimizer.apply(zip(grads, model.table_variables), lr)  # noqa: E731
-        self._update_tables = {"one-hot": tf.function(update, jit_compile=True), "multi-hot": update}
+        self._update_tables = {"one-hot": update if run_eagerly else tf.function(update, jit_compile=True),
+                               "multi-hot": update}
         self._dense_forward = tf.function(model.predict_from_embeddings, jit_compile=True) if xla \
             else model.predict_from_embeddings
         self._forward_backward = tf.function(self._forward_backward_impl, jit_compile=True) if xla \
             else self._forward_backward_impl
-        self.train_step = tf.function(self._train_step, reduce_retracing=True)
-        self.predict = tf.function(self._predict, reduce_retracing=True)
+        self.train_step = self._train_step if run_eagerly else tf.function(self._train_step, reduce_retracing=True)
+        self.predict = self._predict if run_eagerly else tf.function(self._predict, reduce_retracing=True)
 
     def variables_by_name(self) -> Dict[str, tf.Variable]:
         """Everything a checkpoint holds, by stable name."""

@@ -85,6 +85,7 @@ SCRIPT_ARGS = ["--dataset_type=synthetic", "--synthetic_cardinalities=20,50,7,30
     ("main.py", ["--mode=eval"], "--restore_checkpoint_path"),
     ("dlrm.py", ["--embedding_dim=64"], "--bottom_mlp_dims"),     # dot needs bottom last == 64
     ("dlrm.py", ["--mode=eval", "--restore_checkpoint_path=x", "--learning_rate=1"], "--learning_rate"),
+    ("dlrm.py", ["--dist_strategy=basic"], "--dist_strategy"),     # placement at one rank
 ])
 def test_bad_combination_exits_2_with_one_error_line(script, args, flag):
     proc = run_script(script, "--dataset_type=synthetic", *args, timeout=60)
@@ -107,9 +108,13 @@ def test_main_rejects_unknown_positional_argument():
     ("dcnv2.py", "model: cross interaction, 4 tables", 856 + 200 + 3 * (40 * 512 * 2 + 40) + 40 * 16 + 16 + 17,
      "lr 4e-06"),
 ])
-def test_entry_point_trains_with_its_model_defaults(script, line, params, last_lr):
-    proc = run_script(script, *SCRIPT_ARGS)
+def test_entry_point_trains_with_its_model_defaults(script, line, params, last_lr, tmp_path):
+    proc = run_script(script, *SCRIPT_ARGS, f"--log_path={tmp_path / 'log.json'}")
     assert proc.returncode == 0, proc.stderr
+    # The reference's schedules: warmup 8000 (DLRM) or 100 (DCNv2), both decaying from step 48000 over 24000.
+    schedule = {k: read_log(tmp_path / "log.json")[0][k] for k in ("warmup_steps", "decay_start_step", "decay_steps")}
+    assert schedule == dict(warmup_steps=8000 if script == "dlrm.py" else 100, decay_start_step=48000,
+                            decay_steps=24000)
     assert model_line(proc.stdout).startswith(line)
     assert parameters(proc.stdout) == params
     steps = [line for line in proc.stdout.splitlines() if line.startswith("step ")]
@@ -144,6 +149,12 @@ def test_log_path_writes_json_records_and_tensorboard(tmp_path):
     assert params["parameters"] == TINY_PARAMS and params["batch_size"] == 128 and params["embedding_dims"] == [8] * 4
     assert [r["step"] for r in records if r["kind"] == "step"] == [4, 8, 12]
     assert records[-1]["steps"] == 12 and records[-1]["auc"] == result["auc"]
+    # The reference's DLLogger keys: training steps alone (after the first, which traces), the last evaluation.
+    final = records[-1]
+    evaluation = [r for r in records if r["kind"] == "eval"][-1]
+    assert final["auc"] == evaluation["auc"] and final["validation_loss"] == evaluation["logloss"]
+    assert final["throughput"] == pytest.approx(128 * 1000 / final["mean_step_time_ms"])
+    assert 0 < final["mean_step_time_ms"] * 11 < 1000 * (final["train_seconds"] - evaluation["seconds"])
     tb = run_logger.tensorboard_dir(str(log))
     assert tb == str(tmp_path / "logs" / "run_tb")
     events = [f for f in os.listdir(tb) if f.startswith("events.out.tfevents")]
@@ -387,6 +398,63 @@ def test_xla(out):
     assert result["steps"] == 3
     assert result["logloss"] == pytest.approx(plain["logloss"], rel=1e-3)
     assert build_model(out)[1].endswith("xla False, 1 rank")
+    # What only XLA does: the run's train step holds the MLPs' matmuls in XLA-compiled functions.
+    from tests.compiled import xla_compiled_ops
+    for xla in (True, False):
+        r = main.Run(config(xla=xla))
+        r.log.close()
+        numerical, categorical, labels, _, _ = next(iter(r._eval_data()))
+        assert ("MatMul" in xla_compiled_ops(r.trainer.train_step, numerical, categorical, labels)) == xla
+
+
+def test_run_eagerly(out):
+    """--run_eagerly: the step's Python runs at every step, eagerly (once, while tracing, without)."""
+    import tensorflow as tf
+    for run_eagerly, calls in ((True, [True] * 3), (False, [False])):
+        r = main.Run(config(run_eagerly=run_eagerly, max_steps=3, evals_per_epoch=0))
+        seen, forward = [], r.model.predict_from_embeddings
+
+        def recorded(*args, training=False):
+            if training:
+                seen.append(tf.executing_eagerly())
+            return forward(*args, training=training)
+        r.model.predict_from_embeddings = recorded
+        assert r.train()["steps"] == 3
+        r.log.close()
+        assert seen == calls
+
+
+@pytest.mark.parametrize("interaction,kernel", [("dot_tensorflow", "TensorFlow ops"), ("dot_custom_cuda", "the op"),
+                                                ("dot", "the op")])
+def test_reference_interaction_names(out, interaction, kernel):
+    """dot_tensorflow never uses the custom op (same model as dot); dot_custom_cuda is dot_custom."""
+    r = main.Run(config(interaction=interaction))
+    r.log.close()
+    assert (r.model.interaction._op is None) == (kernel == "TensorFlow ops")
+    assert parameters(out.readouterr().out) == TINY_PARAMS
+    assert main.model_signature(r.cfg)["interaction"] == "dot"
+
+
+def test_auc_thresholds(out, tmp_path):
+    """--auc_thresholds: the reference's approximate AUC of the evaluated predictions beside the exact one."""
+    from tests.test_metrics import direct_thresholded_auc
+    from utils.metrics import roc_auc
+    r = main.Run(config(auc_thresholds=50, max_steps=2, log_path=str(tmp_path / "log.json")))
+    result = r.train()
+    r.log.close()
+    logits, labels = [], []
+    for numerical, categorical, y, _, valid in r._eval_data():
+        logits.append(r.trainer.predict(numerical, categorical).numpy()[:int(valid)])
+        labels.append(y.numpy()[:int(valid)])
+    logits, labels = np.concatenate(logits), np.concatenate(labels)
+    assert result["auc"] == roc_auc(labels, logits)
+    assert result["auc_thresholded"] == pytest.approx(direct_thresholded_auc(labels, logits, 50), abs=1e-12)
+    assert result["auc_thresholded"] != result["auc"]
+    assert re.search(r"eval at step 2: auc 0\.\d+ \| logloss \S+ \| oracle_auc \S+ \| auc_thresholded 0\.\d+",
+                     out.readouterr().out)
+    assert [r["auc_thresholded"] for r in read_log(tmp_path / "log.json") if r["kind"] == "eval"] == \
+        [result["auc_thresholded"]]
+    assert "auc_thresholded" not in train(max_steps=2)
 
 
 # --------------------------------------------------------------------------------------------

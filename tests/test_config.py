@@ -34,6 +34,7 @@ DEFAULTS = dict(
 DEFAULTS.update(loss_scale=None, embedding_trainable=True, embedding_zeros_initializer=False,
                 cpu_offloading_threshold_gb=None, profiler_start_step=None, profiled_rank=0, cpu=False,
                 tfdata_debug=False, inter_op_parallelism=None, intra_op_parallelism=None)
+DEFAULTS.update(run_eagerly=False, auc_thresholds=None)
 
 FOUR_CARDS = ["10", "20", "30", "40"]
 
@@ -88,7 +89,7 @@ def test_baseline_mirrors_flag_defaults():
 
 def test_dcnv2_defaults_are_valid():
     cfg = build(present=set(), interaction="cross", optimizer="adam", learning_rate=0.0001, warmup_steps=100,
-                decay_start_step=0, decay_steps=0)
+                decay_start_step=48000, decay_steps=24000)
     assert cfg.interaction == "cross" and cfg.num_cross_layers == 3 and cfg.cross_layer_projection_dim == 512
 
 
@@ -178,6 +179,17 @@ RULES = [
     ("eval_mapping", "--dataset_type=split_binary", dict(eval_mapping="validation"), 1),
     ("validate_dataset", "--dataset_type=split_binary", dict(validate_dataset=True), 1),
     ("multi_hot_combiner", "--dataset_type=split_binary", dict(multi_hot_combiner="mean"), 1),
+    # placement flags at one rank
+    ("dist_strategy", "several ranks", dict(dist_strategy="basic"), 1),
+    ("dist_strategy", "several ranks", dict(dist_strategy="memory_balanced"), 1),   # even its default value
+    ("column_slice_threshold", "several ranks", dict(column_slice_threshold=1000), 1),
+    ("row_slice_threshold", "several ranks", dict(row_slice_threshold=1000), 1),
+    ("data_parallel_threshold", "several ranks", dict(data_parallel_threshold=100), 1),
+    ("data_parallel_input", "several ranks", dict(data_parallel_input=True), 1),
+    # debugging and evaluation
+    ("run_eagerly", "--xla", dict(run_eagerly=True, xla=True), 1),
+    ("auc_thresholds", ">= 2", dict(auc_thresholds=1), 1),
+    ("embedding_dim", "cannot read", dict(embedding_dim=["/nonexistent/widths.json"]), 1),
 ]
 
 
@@ -261,6 +273,7 @@ NOT_APPLYING = {
                             (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), False)],
     "train_last_partial_batch": [(dict(mode="inference"), True),
                                  (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), True)],
+    "auc_thresholds": [(dict(mode="inference"), 8000)],
 }
 NOT_APPLYING.update({
     "loss_scale": [(dict(amp=False), 1024.0)],
@@ -304,6 +317,7 @@ def test_flag_set_where_it_does_not_apply_is_rejected(name, setting, value):
     ("synthetic_eval_rows", dict(mode="train")),
     ("synthetic_eval_rows", dict(mode="eval", restore_checkpoint_path="/t")),
     ("shuffle_batch_order", dict(mode="train")), ("train_last_partial_batch", dict(mode="train")),
+    ("auc_thresholds", dict(mode="train")), ("auc_thresholds", dict(mode="eval", restore_checkpoint_path="/t")),
 ])
 def test_flag_set_where_it_applies_is_accepted(name, setting):
     value = {"beta1": 0.5, "beta2": 0.99, "num_cross_layers": 2, "cross_layer_projection_dim": 16, "epochs": 2,
@@ -311,7 +325,71 @@ def test_flag_set_where_it_applies_is_accepted(name, setting):
              "inference_batch_sizes": ["1", "2"], "inference_steps": 7, "batch_size": 4096, "learning_rate": 0.5,
              "warmup_steps": 10, "decay_steps": 10, "decay_start_step": 60000, "print_freq": 10,
              "valid_batch_size": 4096, "synthetic_eval_rows": 4096, "shuffle_batch_order": False,
-             "train_last_partial_batch": True}[name]
+             "train_last_partial_batch": True, "auc_thresholds": 8000}[name]
     cfg = build(**dict(setting, **{name: value}))
     expected = [int(x) for x in value] if isinstance(value, list) else value
     assert getattr(cfg, name) == expected
+
+
+# --------------------------------------------------------------------------------------------
+# The reference's flag values and forms.
+
+@pytest.mark.parametrize("given,interaction", [("dot_custom_cuda", "dot_custom"), ("dot_tensorflow", "dot_tensorflow"),
+                                               ("dot_custom", "dot_custom"), ("dot", "dot"), ("cross", "cross")])
+def test_reference_interaction_names(given, interaction):
+    assert build(interaction=given).interaction == interaction
+
+
+def test_reference_interaction_names_are_flag_values():
+    from utils import flags as run_flags
+    assert {"dot_custom_cuda", "dot_tensorflow"} <= set(run_flags.FLAGS["interaction"].parser.enum_values)
+
+
+def test_reference_dot_names_keep_the_dot_rules():
+    assert_rejected("bottom_mlp_dims", "--embedding_dim", interaction="dot_tensorflow", embedding_dim=["64"])
+    assert_rejected("interaction", "no XLA kernel", interaction="dot_custom_cuda", xla=True)
+
+
+def test_placement_flags_apply_at_several_ranks():
+    cfg = build(world_size=2, dist_strategy="basic", column_slice_threshold=10, row_slice_threshold=1000,
+                data_parallel_threshold=5, data_parallel_input=True)
+    assert (cfg.dist_strategy, cfg.column_slice_threshold, cfg.row_slice_threshold, cfg.data_parallel_threshold,
+            cfg.data_parallel_input) == ("basic", 10, 1000, 5, True)
+    assert build(present=set(), world_size=1, dist_strategy="basic").dist_strategy == "basic"   # not set: fine
+
+
+def test_embedding_dim_json_file(tmp_path):
+    widths = tmp_path / "widths.json"
+    widths.write_text("[4, 8, 2, 6]")
+    cfg = build(synthetic_cardinalities=FOUR_CARDS, interaction="cross", embedding_dim=[str(widths)])
+    assert cfg.embedding_dims == [4, 8, 2, 6]
+    named = tmp_path / "dims"   # any existing file, as the reference (os.path.exists)
+    named.write_text("[16, 16, 16, 16]")
+    cfg = build(synthetic_cardinalities=FOUR_CARDS, bottom_mlp_dims=["16"], embedding_dim=[str(named)])
+    assert cfg.embedding_dims == [16] * 4
+    widths.write_text("[4, 8, 2]")
+    assert_rejected("embedding_dim", "3 values but there are 4", synthetic_cardinalities=FOUR_CARDS,
+                    interaction="cross", embedding_dim=[str(widths)])
+
+
+@pytest.mark.parametrize("content,fragment", [("[4, 8,", "not valid JSON"), ('{"a": 4}', "JSON list of integers"),
+                                              ('[4, "8", 2, 6]', "JSON list of integers"),
+                                              ("[4, 8.5, 2, 6]", "JSON list of integers")])
+def test_embedding_dim_bad_json_file(tmp_path, content, fragment):
+    widths = tmp_path / "widths.json"
+    widths.write_text(content)
+    message = assert_rejected("embedding_dim", fragment, synthetic_cardinalities=FOUR_CARDS, interaction="cross",
+                              embedding_dim=[str(widths)])
+    assert str(widths) in message
+
+
+@pytest.mark.parametrize("dataset_path,feature_spec,path", [
+    ("/data/criteo", "", "/data/criteo/feature_spec.yaml"),
+    ("/data/criteo", "feature_spec.yaml", "/data/criteo/feature_spec.yaml"),   # the reference's form
+    ("/data/criteo", "other.yaml", "/data/criteo/other.yaml"),
+    ("/data/criteo", "/specs/criteo.yaml", "/specs/criteo.yaml"),
+    ("", "specs/criteo.yaml", "specs/criteo.yaml"),
+])
+def test_feature_spec_path(dataset_path, feature_spec, path):
+    from utils.config import feature_spec_path
+    assert feature_spec_path(dataset_path, feature_spec) == path

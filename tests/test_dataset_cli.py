@@ -91,6 +91,26 @@ def test_multi_hot_combiner_changes_training(multi_hot, one_hot):
         file_config(one_hot, multi_hot_combiner="mean")
 
 
+def test_feature_spec_is_a_name_in_the_dataset_directory_or_an_absolute_path(one_hot, tmp_path, monkeypatch):
+    """As the reference: --feature_spec names a file inside --dataset_path (a same-named file in
+    the current directory is not read), or is an absolute path."""
+    import yaml
+    with open(os.path.join(one_hot, SPEC_FILE)) as f:
+        raw = yaml.safe_load(f)
+    raw["source_spec"]["holdout"] = raw["source_spec"]["test"]   # only this spec has the mapping
+    with open(os.path.join(one_hot, "other.yaml"), "w") as f:
+        yaml.safe_dump(raw, f)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / SPEC_FILE).write_text("not: a spec\n")   # decoys in the current directory
+    (tmp_path / "other.yaml").write_text("not: a spec\n")
+    assert file_config(one_hot, feature_spec=SPEC_FILE).cardinalities == CARDS
+    result = main.run(file_config(one_hot, feature_spec="other.yaml", eval_mapping="holdout", max_steps=2))
+    assert result["steps"] == 2 and result["samples"] == EVAL_ROWS
+    assert file_config(one_hot, feature_spec=os.path.join(one_hot, "other.yaml"), eval_mapping="holdout")
+    with pytest.raises(ConfigError, match=f"cannot read the feature spec {one_hot}/missing.yaml"):
+        file_config(one_hot, feature_spec="missing.yaml")
+
+
 def dlrm(*args):
     return subprocess.run([sys.executable, "dlrm.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from utils.metrics import log_loss, roc_auc
+from utils.metrics import log_loss, roc_auc, thresholded_auc
 
 
 def brute_force_auc(labels, scores):
@@ -37,3 +37,49 @@ def test_log_loss_from_logits():
     expected_first3 = -(np.log(p[0]) + np.log(1 - p[1]) + np.log(p[2]))
     # The 4th term (y=0, z=40) is log(1 + e^40) ~= 40, computed without overflow or log(0).
     assert log_loss(labels, logits) == pytest.approx((expected_first3 + 40.0) / 4, rel=1e-9)
+
+
+def direct_thresholded_auc(labels, logits, num_thresholds):
+    """The reference's approximation written out threshold by threshold: Keras's thresholds
+    (epsilon 1e-7 below 0 and above 1), rates of sigmoid(logits) > t, trapezoids."""
+    labels = np.asarray(labels, dtype=bool)
+    with np.errstate(over="ignore"):   # exp(800) = inf: p = 0
+        p = 1.0 / (1.0 + np.exp(-np.asarray(logits, dtype=np.float64)))
+    thresholds = [-1e-7] + [(i + 1) / (num_thresholds - 1) for i in range(num_thresholds - 2)] + [1 + 1e-7]
+    tpr = np.array([np.sum(labels & (p > t)) / labels.sum() for t in thresholds])
+    fpr = np.array([np.sum(~labels & (p > t)) / (~labels).sum() for t in thresholds])
+    return sum((fpr[i] - fpr[i + 1]) * (tpr[i] + tpr[i + 1]) / 2 for i in range(num_thresholds - 1))
+
+
+@pytest.mark.parametrize("num_thresholds", [2, 3, 10, 200, 8000])
+@pytest.mark.parametrize("seed", range(3))
+def test_thresholded_auc_matches_the_approximation_written_out(seed, num_thresholds):
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 2, 2000)
+    logits = rng.normal(size=2000) * 2 + labels          # informative scores
+    logits[:50] = 60.0                                    # p = 1 and p = 0 after rounding
+    logits[50:100] = -800.0
+    got = thresholded_auc(labels, logits, num_thresholds)
+    assert got == pytest.approx(direct_thresholded_auc(labels, logits, num_thresholds), abs=1e-12)
+
+
+def test_thresholded_auc_is_the_keras_metric_of_the_reference():
+    import tensorflow as tf
+    rng = np.random.default_rng(7)
+    labels = rng.integers(0, 2, 5000)
+    logits = (rng.normal(size=5000) + labels).astype(np.float32)
+    for n in (10, 200, 8000):
+        keras_auc = tf.keras.metrics.AUC(num_thresholds=n, curve="ROC", summation_method="interpolation",
+                                         from_logits=True)
+        keras_auc.update_state(labels, logits)
+        assert thresholded_auc(labels, logits, n) == pytest.approx(float(keras_auc.result()), abs=1e-5), n
+
+
+def test_thresholded_auc_approaches_the_exact_auc():
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, 2, 20000)
+    logits = rng.normal(size=20000) + labels
+    exact = roc_auc(labels, logits)
+    errors = [abs(thresholded_auc(labels, logits, n) - exact) for n in (10, 100, 8000)]
+    assert errors[0] > errors[1] > errors[2] and errors[2] < 1e-4
+    assert math.isnan(thresholded_auc([1, 1], [0.1, 0.2], 100))

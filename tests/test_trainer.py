@@ -7,6 +7,7 @@ from dataloading.synthetic import SyntheticDataset
 from nn.lr_schedule import LearningRateSchedule
 from nn.model import RankingModel
 from nn.trainer import Trainer
+from tests.compiled import xla_compiled_ops
 
 CARDS = [40, 30, 20]
 DATA = SyntheticDataset(CARDS, 4, 0.0, seed=2)
@@ -134,3 +135,37 @@ def test_frozen_tables_stay_and_the_mlps_train_as_usual(xla):
         frozen.train_step(*batch_tensors(64 * i))
     for v, t in zip(frozen.model.table_variables, tables):
         np.testing.assert_array_equal(v.numpy(), t)
+@pytest.mark.parametrize("interaction", ["dot", "cross"])
+def test_xla_compiles_the_dense_forward_and_backward(interaction):
+    """With xla, the MLPs' matmuls, their backward (BiasAddGrad) and the loss are inside XLA-compiled
+    functions of the train step, and the forward inside those of predict; without, only the
+    lookups and the table update are (the dot interaction's matmuls are BatchMatMul)."""
+    numerical, categorical, labels = batch_tensors()
+    dense_step, dense_predict = {"MatMul", "BiasAddGrad", "Log1p"}, {"MatMul", "BiasAdd"}
+    xla = make_trainer(interaction, xla=True)
+    assert dense_step <= xla_compiled_ops(xla.train_step, numerical, categorical, labels)
+    assert dense_predict <= xla_compiled_ops(xla.predict, numerical, categorical)
+    plain = make_trainer(interaction)
+    assert not dense_step & xla_compiled_ops(plain.train_step, numerical, categorical, labels)
+    assert not dense_predict & xla_compiled_ops(plain.predict, numerical, categorical)
+    assert {"ResourceGather", "ResourceScatterSub"} <= xla_compiled_ops(plain.train_step, numerical, categorical,
+                                                                        labels)
+
+
+def test_run_eagerly_runs_the_step_op_by_op():
+    """The Python of an eager step runs at every step, eagerly; the default step runs it once,
+    while tracing. Both train the same."""
+    def record(trainer):
+        calls, forward = [], trainer.model.predict_from_embeddings
+        trainer.model.predict_from_embeddings = lambda *a, **k: calls.append(tf.executing_eagerly()) or forward(*a, **k)
+        return calls
+    eager, graph = make_trainer("dot", run_eagerly=True), make_trainer("dot")
+    eager_calls, graph_calls = record(eager), record(graph)
+    for start in (0, 64, 128):
+        eager_loss = float(eager.train_step(*batch_tensors(start)))
+        assert eager_loss == pytest.approx(float(graph.train_step(*batch_tensors(start))), rel=1e-5)
+    assert eager_calls == [True] * 3 and graph_calls == [False]
+    numerical, categorical, _ = batch_tensors(192)
+    np.testing.assert_allclose(eager.predict(numerical, categorical), graph.predict(numerical, categorical),
+                               rtol=1e-5, atol=1e-6)
+    assert not hasattr(eager.predict, "get_concrete_function") and hasattr(graph.predict, "get_concrete_function")

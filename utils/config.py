@@ -5,6 +5,7 @@ rules can be tested without a model. Every rule raises `ConfigError` with one li
 the offending flag(s).
 """
 import dataclasses
+import json
 import os
 from typing import List, Optional, Sequence, Set
 
@@ -15,7 +16,9 @@ class ConfigError(ValueError):
 
 MODES = ("train", "eval", "inference")
 OPTIMIZERS = ("sgd", "adagrad", "adam")
-INTERACTIONS = ("dot", "dot_custom", "cross")   # dot_custom: dot, forcing the custom op
+# dot_custom: dot, forcing the custom op; dot_tensorflow (the reference's name): dot on TensorFlow ops, never the op
+INTERACTIONS = ("dot", "dot_custom", "dot_tensorflow", "cross")
+INTERACTION_ALIASES = {"dot_custom_cuda": "dot_custom"}   # the reference's name for ours
 DATASET_TYPES = ("split_binary", "synthetic", "split_tfrecords", "tf_raw")
 FILE_DATASETS = ("split_binary", "split_tfrecords")   # tf_raw: the reference's name for split_binary's files
 COMBINERS = ("sum", "mean")
@@ -82,6 +85,8 @@ class RunConfig:
     tfdata_debug: bool = False
     inter_op_parallelism: Optional[int] = None
     intra_op_parallelism: Optional[int] = None
+    run_eagerly: bool = False
+    auc_thresholds: Optional[int] = None
     dataset: Optional["DatasetShape"] = None   # derived: the synthetic flags' or the feature spec's
 
     @property
@@ -106,7 +111,13 @@ class RunConfig:
 
     @property
     def feature_spec_path(self) -> str:
-        return self.feature_spec or os.path.join(self.dataset_path, "feature_spec.yaml")
+        return feature_spec_path(self.dataset_path, self.feature_spec)
+
+
+def feature_spec_path(dataset_path: str, feature_spec: str) -> str:
+    """--feature_spec as the reference reads it: a name inside --dataset_path, or an absolute path
+    (default: <dataset_path>/feature_spec.yaml)."""
+    return os.path.join(dataset_path, feature_spec or "feature_spec.yaml")
 
 
 def table_combiners(max_hotness: Sequence[Optional[int]], multi_hot_combiner: Optional[str]) -> List[str]:
@@ -139,11 +150,15 @@ _APPLIES_ONLY = {
     "decay_start_step": _DECAYING,
     **dict.fromkeys(("inference_batch_sizes", "inference_steps"), _INFERENCE),
     **dict.fromkeys(("valid_batch_size", "synthetic_eval_rows"), _EVALUATING),
+    "auc_thresholds": _EVALUATING,
     **dict.fromkeys(("train_mapping", "shuffle_batch_order", "train_last_partial_batch"), _TRAIN),
     "loss_scale": (lambda c: c.amp, "--amp"),
     **dict.fromkeys(("embedding_trainable", "profiler_start_step"), _TRAIN),
     "profiled_rank": (lambda c: c.profiler_start_step is not None, "--profiler_start_step"),
 }
+# Table placement flags: they only mean something at several ranks.
+_MULTI_RANK_ONLY = ("dist_strategy", "column_slice_threshold", "row_slice_threshold", "data_parallel_threshold",
+                    "data_parallel_input")
 # Flags read by one dataset type only.
 _DATASET_ONLY = {
     **dict.fromkeys(("synthetic_cardinalities", "synthetic_num_numerical", "synthetic_rows", "synthetic_eval_rows",
@@ -211,7 +226,7 @@ def _synthetic_spec(v: dict, present: Set[str], given: List[str]) -> List[Option
     if not v["dataset_path"] and not v["feature_spec"]:
         raise ConfigError("--synthetic_dataset_use_feature_spec needs --dataset_path (a directory with "
                           "feature_spec.yaml) or --feature_spec")
-    path = v["feature_spec"] or os.path.join(v["dataset_path"], "feature_spec.yaml")
+    path = feature_spec_path(v["dataset_path"], v["feature_spec"])
     spec = FeatureSpec.from_yaml(path, chunk_type=None)
     alphas = sorted({spec.features[f].alpha for f in spec.categorical} - {None})
     if len(alphas) > 1:
@@ -246,6 +261,25 @@ def parse_int_list(name: str, values: Sequence) -> List[int]:
         raise ConfigError(f"--{name} must be a comma-separated list of integers, got {','.join(map(str, values))}")
 
 
+def embedding_widths(values: Sequence) -> list:
+    """--embedding_dim's entries, or, for one entry naming a file (an existing one, or *.json), the
+    reference's JSON list of per-feature widths read from it."""
+    path = str(values[0]) if len(values) == 1 else ""
+    if not (path.endswith(".json") or os.path.isfile(path)):
+        return list(values)
+    try:
+        with open(path) as f:
+            widths = json.load(f)
+    except OSError as e:
+        raise ConfigError(f"--embedding_dim={path}: cannot read this JSON file of widths ({e.strerror})")
+    except ValueError as e:
+        raise ConfigError(f"--embedding_dim={path}: not valid JSON ({e})")
+    if not isinstance(widths, list) or not all(type(w) is int for w in widths):
+        raise ConfigError(f"--embedding_dim={path}: expected a JSON list of integers, one width per categorical "
+                          "feature")
+    return widths
+
+
 def build_config(values: dict, present: Optional[Set[str]] = None, world_size: int = 1) -> RunConfig:
     """Validates raw flag values and returns a RunConfig.
 
@@ -257,6 +291,8 @@ def build_config(values: dict, present: Optional[Set[str]] = None, world_size: i
     present = set(present or ())
     v = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.default is not dataclasses.MISSING}
     v.update(values)
+    v["interaction"] = INTERACTION_ALIASES.get(v["interaction"], v["interaction"])
+    v["embedding_dim"] = embedding_widths(v["embedding_dim"])
     hotness = _reference_synthetic(v, present)
     for name in ("embedding_dim", "bottom_mlp_dims", "top_mlp_dims", "synthetic_cardinalities",
                  "inference_batch_sizes"):
@@ -291,7 +327,7 @@ def _spec_shape(v: dict) -> DatasetShape:
         raise ConfigError(f"--dataset_type={v['dataset_type']} needs --dataset_path (a directory with "
                           "feature_spec.yaml) or --feature_spec; use --dataset_type=synthetic for generated data")
     tfrecords = v["dataset_type"] == "split_tfrecords"
-    spec = FeatureSpec.from_yaml(v["feature_spec"] or os.path.join(v["dataset_path"], "feature_spec.yaml"),
+    spec = FeatureSpec.from_yaml(feature_spec_path(v["dataset_path"], v["feature_spec"]),
                                  chunk_type=None if tfrecords else "split_binary")
     for name in ("train_mapping", "eval_mapping") if v["mode"] == "train" else ("eval_mapping",):
         if tfrecords and not os.path.isdir(spec.path(v[name])):
@@ -359,7 +395,7 @@ def _check(c: RunConfig, present: Set[str], world_size: int):
         raise ConfigError(f"the last --top_mlp_dims entry is the logit and must be 1, got {c.top_mlp_dims[-1]}")
     if c.interaction == "dot_custom" and c.xla:
         raise ConfigError("--interaction=dot_custom has no XLA kernel; drop --xla or use --interaction=dot")
-    if c.interaction in ("dot", "dot_custom"):
+    if c.interaction != "cross":   # the dot interactions
         if len(set(c.embedding_dims)) != 1:
             raise ConfigError("--interaction=dot needs one --embedding_dim for all features "
                               f"(got {sorted(set(c.embedding_dims))}); use --interaction=cross for unequal dims")
@@ -368,6 +404,14 @@ def _check(c: RunConfig, present: Set[str], world_size: int):
                               f"({c.bottom_mlp_dims[-1]}) to equal --embedding_dim ({c.embedding_dims[0]})")
     elif c.num_cross_layers < 1:
         raise ConfigError(f"--num_cross_layers must be >= 1 with --interaction=cross, got {c.num_cross_layers}")
+    if world_size == 1:
+        for name in sorted(present & set(_MULTI_RANK_ONLY)):
+            raise ConfigError(f"--{name} only applies with several ranks (horovodrun -np N); at one rank every "
+                              "table is whole on this process: remove it")
+    if c.run_eagerly and c.xla:
+        raise ConfigError("--run_eagerly runs no compiled function, --xla compiles them: drop one of the two")
+    if c.auc_thresholds is not None and c.auc_thresholds < 2:
+        raise ConfigError(f"--auc_thresholds must be >= 2, got {c.auc_thresholds}")
     if c.batch_size % world_size:
         raise ConfigError(f"--batch_size ({c.batch_size}) must be divisible by the number of ranks ({world_size})")
     if c.mode == "inference":

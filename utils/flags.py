@@ -5,8 +5,8 @@ Defaults are DLRM's; `dcnv2.py` overrides the model defaults with `set_defaults`
 from absl import flags
 
 from utils import data_flags  # noqa: F401 (defines the flags naming the data: --dataset_type, ...)
-from utils.config import (COMBINERS, DIST_STRATEGIES, INTERACTIONS, MODES, OPTIMIZERS, REFERENCE_SYNTHETIC, RunConfig,
-                          build_config)
+from utils.config import (COMBINERS, DIST_STRATEGIES, INTERACTION_ALIASES, INTERACTIONS, MODES, OPTIMIZERS,
+                          REFERENCE_SYNTHETIC, RunConfig, build_config)
 
 FLAGS = flags.FLAGS
 
@@ -24,12 +24,14 @@ flags.DEFINE_float("beta2", 0.999, "Adam beta2")
 flags.DEFINE_integer("warmup_steps", 8000, "linear learning-rate warmup steps")
 flags.DEFINE_integer("decay_start_step", 48000, "step at which polynomial decay starts")
 flags.DEFINE_integer("decay_steps", 24000, "length of the polynomial (power 2) decay to zero; 0: no decay")
-flags.DEFINE_list("embedding_dim", ["128"], "embedding width: one value, or one per categorical feature")
+flags.DEFINE_list("embedding_dim", ["128"], "embedding width: one value, or one per categorical feature, or a JSON "
+                  "file holding the list of per-feature widths")
 flags.DEFINE_list("bottom_mlp_dims", ["512", "256", "128"], "bottom MLP output widths")
 flags.DEFINE_list("top_mlp_dims", ["1024", "1024", "512", "256", "1"], "top MLP output widths (last is the logit)")
-flags.DEFINE_enum("interaction", "dot", list(INTERACTIONS), "dot: DLRM pairwise dots (the custom op where it "
-                  "loads, else TensorFlow ops with a warning); dot_custom: dot, the custom op or an error; "
-                  "cross: DCNv2 cross network")
+flags.DEFINE_enum("interaction", "dot", list(INTERACTIONS) + list(INTERACTION_ALIASES), "dot: DLRM pairwise dots "
+                  "(the custom op where it loads, else TensorFlow ops with a warning); dot_custom (or the reference's "
+                  "dot_custom_cuda): dot, the custom op or an error; dot_tensorflow: dot on TensorFlow ops, never the "
+                  "op; cross: DCNv2 cross network")
 flags.DEFINE_integer("num_cross_layers", 3, "DCNv2 cross layers")
 flags.DEFINE_integer("cross_layer_projection_dim", 512, "DCNv2 low-rank projection width (0: full rank)")
 flags.DEFINE_bool("amp", False, "mixed precision: float16 with loss scaling on GPU, bfloat16 on CPU; tables stay float32")
@@ -95,6 +97,10 @@ flags.DEFINE_bool("tfdata_debug", False, "tf.data debug mode (tf.data.experiment
                   "batches are made in the training thread, without prefetching")
 flags.DEFINE_integer("inter_op_parallelism", None, "TensorFlow's inter-op thread pool size (unset or 0: its choice)")
 flags.DEFINE_integer("intra_op_parallelism", None, "TensorFlow's intra-op thread pool size (unset or 0: its choice)")
+flags.DEFINE_bool("run_eagerly", False, "debugging: run the train and predict steps eagerly, op by op (no "
+                  "tf.function)")
+flags.DEFINE_integer("auc_thresholds", None, "also report the reference's approximate AUC (Keras AUC with this many "
+                     "thresholds, ROC, interpolation) as auc_thresholded beside the exact auc (unset: exact only)")
 
 
 def set_defaults(**defaults):

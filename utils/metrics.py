@@ -18,6 +18,25 @@ def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
     return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
+def thresholded_auc(labels: np.ndarray, logits: np.ndarray, num_thresholds: int) -> float:
+    """The reference's approximate ROC AUC (Keras `AUC(num_thresholds, curve="ROC",
+    summation_method="interpolation", from_logits=True)`): true and false positive rates of
+    p = sigmoid(logits) > t at the N thresholds t_i = i/(N-1) (t_0 just below 0, t_{N-1} just above
+    1), joined by trapezoids. labels, logits: [n]. NaN if a class is absent."""
+    labels = np.asarray(labels).astype(bool).ravel()
+    p = np.exp(-np.logaddexp(0.0, -np.asarray(logits, dtype=np.float64).ravel()))
+    # The highest i with p > t_i (0 for p = 0): every sample counts as positive at thresholds 0..i.
+    highest = np.maximum(np.ceil(p * (num_thresholds - 1)) - 1, 0).astype(np.int64)
+    rates = []
+    for cls in (labels, ~labels):
+        if not cls.any():
+            return float("nan")
+        counts = np.bincount(highest[cls], minlength=num_thresholds)
+        rates.append(np.cumsum(counts[::-1])[::-1] / cls.sum())   # [N]: rate above each threshold
+    tpr, fpr = rates
+    return float(np.sum((fpr[:-1] - fpr[1:]) * (tpr[:-1] + tpr[1:]) / 2.0))
+
+
 def log_loss(labels: np.ndarray, logits: np.ndarray) -> float:
     """Mean binary cross-entropy computed stably from logits: softplus(z) - y * z."""
     y = np.asarray(labels, dtype=np.float64).ravel()
