@@ -125,7 +125,7 @@ def test_keep_best_checkpoint_without_evaluation_rows_is_refused(tmp_path):
     generate(spec, 512, 0, seed=1, alpha=1.0)
     cfg = tiny_config(dataset_type="split_binary", dataset_path=str(tmp_path / "data"),
                       save_checkpoint_path=str(tmp_path / "ck"), keep_best_checkpoint=True)
-    with pytest.raises(ConfigError, match="--keep_best_checkpoint needs an evaluation; --eval_mapping=test has no rows"):
+    with pytest.raises(ConfigError, match="--keep_best_checkpoint needs an evaluation; --eval_mapping=test has no"):
         main.run(cfg)
     assert not os.path.exists(tmp_path / "ck")
 

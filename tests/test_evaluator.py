@@ -27,10 +27,13 @@ def rank_rows(rank: int):
 def batches(logits, labels, oracle):
     """Batches as dataloading.batches.prefetched yields them, the logits in the numerical column
     (the test's predict returns it); the last one padded with rows that must not count."""
+    def padded(x, start, fill):
+        part = x[start:start + BATCH]
+        return tf.constant(np.concatenate([part, np.full(BATCH - len(part), fill, np.float32)]))
+
     for start in range(0, len(logits), BATCH):
-        n = min(BATCH, len(logits) - start)
-        pad = lambda x, fill: tf.constant(np.concatenate([x[start:start + n], np.full(BATCH - n, fill, np.float32)]))  # noqa: E731
-        yield pad(logits, 99.0)[:, None], (), pad(labels, 1.0), pad(oracle, -99.0), tf.constant(n, tf.int32)
+        yield (padded(logits, start, 99.0)[:, None], (), padded(labels, start, 1.0), padded(oracle, start, -99.0),
+               tf.constant(min(BATCH, len(logits) - start), tf.int32))
 
 
 def reference_metrics(logits, labels):
