@@ -57,6 +57,9 @@ class Run:
         self.cfg, self.comm = cfg, comm
         self.log = RunLogger(cfg.log_path, enabled=comm.rank == 0)
         self.dataset, self.rows = open_dataset(cfg)
+        if cfg.keep_best_checkpoint and not self.rows["eval"]:
+            raise ConfigError(f"--keep_best_checkpoint needs an evaluation; --eval_mapping={cfg.eval_mapping} "
+                              "has no rows")
         if cfg.validate_dataset:
             self.dataset.validate()
             self.log.print(f"validated every value of {cfg.feature_spec_path} "
@@ -90,6 +93,8 @@ class Run:
                        f"{comm.size} rank{'s' if comm.size > 1 else ''}")
         self.log.record("params", **dataclasses.asdict(cfg), parameters=params, world_size=comm.size)
         self.start_step = 0
+        self.saved = None   # (step, path) of this run's newest checkpoint
+        self.best_auc = checkpoint.best_auc(cfg.save_checkpoint_path) if cfg.keep_best_checkpoint else None
         if cfg.restore_checkpoint_path:
             manifest = checkpoint.restore(cfg.restore_checkpoint_path, self.trainer.checkpoint_entries(),
                                           model_signature(cfg), self.trainer.checkpoint_names())
@@ -107,9 +112,8 @@ class Run:
     def evaluate(self, step: int) -> dict:
         from nn.evaluator import evaluate, format_metrics
         t0 = time.perf_counter()
-        metrics = evaluate(self.trainer.predict, self._eval_data(), self.comm, self.cfg.auc_thresholds)
-        if not self.dataset.has_oracle:   # files carry no ground truth
-            metrics = {k: v for k, v in metrics.items() if not k.startswith("oracle_")}
+        metrics = evaluate(self.trainer.predict, self._eval_data(), self.comm, oracle=self.dataset.has_oracle,
+                           auc_thresholds=self.cfg.auc_thresholds)
         metrics["seconds"] = time.perf_counter() - t0
         keys = ("auc", "logloss", "oracle_auc") if self.dataset.has_oracle else ("auc", "logloss")
         keys += ("auc_thresholded",) if self.cfg.auc_thresholds else ()
@@ -120,8 +124,21 @@ class Run:
 
     def save(self, step: int):
         path = checkpoint.save(self.cfg.save_checkpoint_path, self.trainer.checkpoint_entries(), step,
-                               model_signature(self.cfg), self.comm)
+                               model_signature(self.cfg), self.comm, keep=self.cfg.keep_checkpoints)
+        self.saved = (step, path)
         self.log.print(f"saved checkpoint {path}")
+
+    def keep_if_best(self, step: int, auc: float):
+        """--keep_best_checkpoint: a model whose evaluation AUC beats the one ROOT/best records is
+        checkpointed (unless it just was) and ROOT/best names it."""
+        if not self.cfg.keep_best_checkpoint or not auc > self.best_auc:
+            return
+        if self.saved is None or self.saved[0] != step:
+            self.save(step)
+        if self.comm.rank == 0:
+            checkpoint.mark_best(self.cfg.save_checkpoint_path, self.saved[1], auc, self.cfg.keep_checkpoints)
+        self.best_auc = auc
+        self.log.print(f"best checkpoint: {self.saved[1]} (auc {auc:.5f})")
 
     def train(self) -> dict:
         from dataloading.batches import prefetched, steps_per_epoch as epoch_steps, train_batches
@@ -161,6 +178,7 @@ class Run:
                 paused += time.perf_counter() - t0
             if step in evals or step == total:
                 metrics = self.evaluate(step)
+                self.keep_if_best(step, metrics["auc"])
                 t_last += metrics["seconds"]
                 paused += metrics["seconds"]
         t_end = time.perf_counter()
@@ -169,7 +187,8 @@ class Run:
         step_seconds = (t_end - timed_from - paused) / timed_steps if timed_steps > 0 else None
         if metrics is None:   # resumed at the end: nothing trained, still report the model
             metrics = self.evaluate(step)
-        if cfg.save_checkpoint_path:
+            self.keep_if_best(step, metrics["auc"])
+        if cfg.save_checkpoint_path and (self.saved is None or self.saved[0] != step):
             self.save(step)
         result = dict(metrics, steps=step, train_seconds=train_seconds,
                       samples_per_s=(step - self.start_step) * cfg.batch_size / max(train_seconds, 1e-9))

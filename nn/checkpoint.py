@@ -4,15 +4,19 @@ Every checkpointed tensor has a logical name and full shape (an embedding table 
 optimizer slots are one tensor each, however they are sharded). Each rank writes the pieces it
 owns; nothing is gathered onto one rank. Layout of a checkpoint root:
 
-    ROOT/ckpt-<step>/manifest.json     step, model signature, world size, tensor -> pieces
+    ROOT/ckpt-<step>/manifest.json     step, write sequence, model signature, world size, tensor -> pieces
     ROOT/ckpt-<step>/<tensor>.r<a>-<b>.c<c>-<d>.npy    rows a:b, columns c:d of the tensor
     ROOT/latest                        name of the newest complete checkpoint
+    ROOT/best                          name and evaluation AUC of the best one (--keep_best_checkpoint)
 
 A checkpoint is written under a temporary name and renamed by rank 0 once every rank has
 written its pieces; `latest` is replaced atomically afterwards, so a crash (or a dead rank) at
-any point leaves the previous checkpoint readable. The two newest are kept. Restoring reads, for
-every variable of this rank, the parts of the saved pieces it overlaps (memory-mapped), so a
-checkpoint written at N ranks restores at M. All ranks must see ROOT (a shared file system).
+any point leaves the previous checkpoint readable. Nothing is renamed over: a step already in
+ROOT (a run restored from an older checkpoint) is written as ckpt-<step>-<sequence>. The `keep`
+newest writes (by sequence, not step) are kept, and always those `latest` and `best` name.
+Restoring reads, for every variable of this rank, the parts of the saved pieces it overlaps
+(memory-mapped), so a checkpoint written at N ranks restores at M. All ranks must see ROOT (a
+shared file system).
 """
 import dataclasses
 import json
@@ -22,10 +26,9 @@ from typing import Dict, Optional, Sequence, Set
 
 import numpy as np
 
-from utils.files import move_into_place
-
 MANIFEST = "manifest.json"
 LATEST = "latest"
+BEST = "best"
 KEEP = 2
 
 
@@ -82,10 +85,11 @@ def _piece_file(entry: Entry) -> str:
     return f"{entry.name.replace('/', '.')}.r{a}-{b}.c{c}-{d}.npy"
 
 
-def save(root: str, entries: Sequence[Entry], step: int, signature: dict, comm, state: dict = None) -> str:
-    """Writes ROOT/ckpt-<step> (every rank its pieces) and points ROOT/latest at it; returns its path."""
-    name = f"ckpt-{step}"
-    tmp = os.path.join(root, f".tmp-{name}")
+def save(root: str, entries: Sequence[Entry], step: int, signature: dict, comm, state: dict = None,
+         keep: int = KEEP) -> str:
+    """Writes a new checkpoint of `step` (every rank its pieces), points ROOT/latest at it and
+    keeps the `keep` newest writes (see _prune); returns its path."""
+    tmp = os.path.join(root, f".tmp-ckpt-{step}")
     if comm.rank == 0:
         os.makedirs(root, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -107,14 +111,11 @@ def save(root: str, entries: Sequence[Entry], step: int, signature: dict, comm, 
             os.fsync(f.fileno())
     _write_json(os.path.join(tmp, f"rank-{comm.rank}.json"), pieces)
     comm.barrier(f"checkpoint_{step}_written")
-    final = os.path.join(root, name)
-    if comm.rank == 0:
-        _commit(root, tmp, final, name, step, signature, state, comm.size)
-    comm.barrier(f"checkpoint_{step}_done")
-    return final
+    final = _commit(root, tmp, step, signature, state, comm.size, keep) if comm.rank == 0 else None
+    return comm.broadcast_object(final, f"checkpoint_{step}_done")
 
 
-def _commit(root, tmp, final, name, step, signature, state, world_size):
+def _commit(root, tmp, step, signature, state, world_size, keep) -> str:
     tensors = {}
     for r in range(world_size):
         rank_file = os.path.join(tmp, f"rank-{r}.json")
@@ -123,32 +124,93 @@ def _commit(root, tmp, final, name, step, signature, state, world_size):
                 t = tensors.setdefault(p["tensor"], {"shape": p["shape"], "dtype": p["dtype"], "pieces": []})
                 t["pieces"].append({k: p[k] for k in ("file", "rows", "cols")})
         os.remove(rank_file)
-    manifest = {"step": int(step), "signature": signature, "state": state or {}, "world_size": world_size,
-                "tensors": dict(sorted(tensors.items()))}
+    sequence = 1 + max((seq for seq, _, _ in _written(root)), default=0)
+    name = f"ckpt-{step}"
+    if os.path.exists(os.path.join(root, name)):
+        name = f"ckpt-{step}-{sequence}"
+    manifest = {"step": int(step), "sequence": sequence, "signature": signature, "state": state or {},
+                "world_size": world_size, "tensors": dict(sorted(tensors.items()))}
     _write_json(os.path.join(tmp, MANIFEST), manifest)
-    move_into_place(tmp, final, os.path.join(root, f".old-{name}"))   # re-saving a step replaces it
-    _write_text(os.path.join(root, LATEST + ".tmp"), name + "\n")
-    os.replace(os.path.join(root, LATEST + ".tmp"), os.path.join(root, LATEST))
+    os.rename(tmp, os.path.join(root, name))
+    _point(root, LATEST, name + "\n")
+    _prune(root, keep)
+    return os.path.join(root, name)
+
+
+def _written(root):
+    """(sequence, step, name) of every complete checkpoint in ROOT (sequence 0: written before
+    sequences were recorded)."""
+    found = []
+    for d in os.listdir(root):
+        if d.startswith("ckpt-") and os.path.isfile(os.path.join(root, d, MANIFEST)):
+            with open(os.path.join(root, d, MANIFEST)) as f:
+                m = json.load(f)
+            found.append((m.get("sequence", 0), m["step"], d))
+    return found
+
+
+def _point(root, pointer, text):
+    """Replaces ROOT/<pointer> (its first line names a checkpoint) atomically."""
+    _write_text(os.path.join(root, pointer + ".tmp"), text)
+    os.replace(os.path.join(root, pointer + ".tmp"), os.path.join(root, pointer))
     _fsync_dir(root)
-    _prune(root, keep=KEEP)
+
+
+def _pointed(root, pointer) -> Optional[str]:
+    """The checkpoint name ROOT/<pointer> holds, or None without one."""
+    try:
+        with open(os.path.join(root, pointer)) as f:
+            return f.readline().strip()
+    except FileNotFoundError:
+        return None
 
 
 def _prune(root, keep):
-    steps = sorted((int(d.split("-", 1)[1]), d) for d in os.listdir(root)
-                   if d.startswith("ckpt-") and d.split("-", 1)[1].isdigit())
-    for _, d in steps[:-keep]:
-        shutil.rmtree(os.path.join(root, d), ignore_errors=True)
+    """Removes all but the `keep` newest checkpoint writes of ROOT, except those `latest` and
+    `best` name, and what interrupted saves and removals left behind. A checkpoint is renamed
+    before its files go, so a half-removed one never looks complete."""
+    for d in os.listdir(root):
+        if d.startswith((".old-ckpt-", ".tmp-ckpt-")):
+            shutil.rmtree(os.path.join(root, d), ignore_errors=True)
+    named = {_pointed(root, LATEST), _pointed(root, BEST)}
+    for _, _, d in sorted(_written(root), reverse=True)[keep:]:
+        if d not in named:
+            os.rename(os.path.join(root, d), os.path.join(root, f".old-{d}"))
+            shutil.rmtree(os.path.join(root, f".old-{d}"))
+
+
+def mark_best(root: str, path: str, auc: float, keep: int = KEEP):
+    """Points ROOT/best at the checkpoint `path`, whose evaluation AUC is `auc`, then prunes."""
+    _point(root, BEST, f"{os.path.basename(path)}\nauc={auc!r}\n")
+    _prune(root, keep)
+
+
+def best_auc(root: str) -> float:
+    """The AUC ROOT/best records, or -inf without one."""
+    file = os.path.join(root, BEST)
+    if not os.path.isfile(file):
+        return float("-inf")
+    with open(file) as f:
+        text = f.read()
+    try:
+        return float(text.split("auc=", 1)[1])
+    except (IndexError, ValueError):
+        raise CheckpointError(f"{file}: no auc=<value> line; not written by --keep_best_checkpoint")
 
 
 def resolve(path: str) -> str:
-    """A checkpoint directory from either itself or a root holding `latest`."""
+    """A checkpoint directory from itself, a root (the one its `latest` names), or a pointer
+    file (ROOT/latest, ROOT/best)."""
     if os.path.isfile(os.path.join(path, MANIFEST)):
         return path
-    latest = os.path.join(path, LATEST)
-    if os.path.isfile(latest):
-        with open(latest) as f:
-            return os.path.join(path, f.read().strip())
-    raise CheckpointError(f"{path}: no checkpoint here (neither {MANIFEST} nor {LATEST})")
+    pointer_file = os.path.isfile(path) and os.path.basename(path) in (LATEST, BEST)
+    root, pointer = os.path.split(path) if pointer_file else (path, LATEST)
+    name = _pointed(root, pointer)
+    if name is None:
+        raise CheckpointError(f"{path}: no checkpoint here (neither {MANIFEST} nor {LATEST})")
+    if not os.path.isfile(os.path.join(root, name, MANIFEST)):
+        raise CheckpointError(f"{os.path.join(root, pointer)}: names {name}, which is not a complete checkpoint")
+    return os.path.join(root, name)
 
 
 def read_manifest(path: str) -> dict:

@@ -8,25 +8,26 @@ import tensorflow as tf
 from utils.metrics import log_loss, roc_auc, thresholded_auc
 
 
-def evaluate(predict: Callable, batches: Iterable, comm, auc_thresholds: Optional[int] = None) -> Dict[str, float]:
+def evaluate(predict: Callable, batches: Iterable, comm, oracle: bool = False,
+             auc_thresholds: Optional[int] = None) -> Dict[str, float]:
     """Runs `predict(numerical, categorical) -> logits` over this rank's part of every batch and
-    returns AUC and logloss over all ranks' real rows (and those of the ground-truth oracle
-    logits shipped with the batches), computed once on rank 0 and shared with every rank; with
-    `auc_thresholds`, also the reference's approximate AUC (`auc_thresholded`)."""
-    logits, labels, oracle = [], [], []
+    returns AUC and logloss over all ranks' real rows (with `oracle`, also those of the ground-truth
+    oracle logits the batches carry: synthetic data only; with `auc_thresholds`, also the
+    reference's approximate AUC, `auc_thresholded`). The columns (logit, label[, oracle]) are
+    gathered onto rank 0 alone, which computes the metrics and shares them with every rank."""
+    columns = []
     for numerical, categorical, y, oracle_logits, valid in batches:
         n = int(valid)
-        logits.append(predict(numerical, categorical).numpy()[:n])
-        labels.append(y.numpy()[:n])
-        oracle.append(oracle_logits.numpy()[:n])
-    local = tuple(np.concatenate(x) for x in (logits, labels, oracle))
-    gathered = comm.allgather_object(local, "evaluation_predictions")
+        parts = [predict(numerical, categorical).numpy()[:n], y.numpy()[:n]]
+        columns.append(np.stack(parts + [oracle_logits.numpy()[:n]] if oracle else parts, axis=1))
+    local = np.concatenate(columns) if columns else np.zeros([0, 3 if oracle else 2], np.float32)
+    gathered = comm.gather(local, "evaluation_columns")   # [all rows, 2 or 3] on rank 0
     metrics = None
     if comm.rank == 0:   # AUC and logloss do not depend on the order of the samples
-        logits, labels, oracle = (np.concatenate(x) for x in zip(*gathered))
-        metrics = {"auc": roc_auc(labels, logits), "logloss": log_loss(labels, logits),
-                   "oracle_auc": roc_auc(labels, oracle), "oracle_logloss": log_loss(labels, oracle),
-                   "samples": int(labels.size)}
+        logits, labels = gathered[:, 0], gathered[:, 1]
+        metrics = {"auc": roc_auc(labels, logits), "logloss": log_loss(labels, logits), "samples": int(labels.size)}
+        if oracle:
+            metrics.update(oracle_auc=roc_auc(labels, gathered[:, 2]), oracle_logloss=log_loss(labels, gathered[:, 2]))
         if auc_thresholds:
             metrics["auc_thresholded"] = thresholded_auc(labels, logits, auc_thresholds)
     return comm.broadcast_object(metrics, "evaluation_metrics")

@@ -64,10 +64,11 @@ class RankingModel(tf.Module):
         return self.predict_from_embeddings(numerical, embeddings, training)
 
     def predict_from_embeddings(self, numerical: tf.Tensor, embeddings: List[tf.Tensor],
-                                training: bool = False) -> tf.Tensor:
+                                training: bool = False, compute_dtype=None) -> tf.Tensor:
         """The dense part: numerical [b, n] and looked-up embeddings (F x [b, D_f]) -> logits [b].
-        `training` selects the kernels tuned for the train step (see DotInteraction)."""
-        dt = self.compute_dtype
+        `training` selects the kernels tuned for the train step (see DotInteraction);
+        `compute_dtype` overrides the model's (evaluation computes in float32)."""
+        dt = compute_dtype or self.compute_dtype
         embeddings = [tf.cast(e, dt) for e in embeddings]
         bottom = self.bottom_mlp(tf.cast(numerical, dt))
         if isinstance(self.interaction, DotInteraction):

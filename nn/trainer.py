@@ -1,4 +1,5 @@
 """The training step: forward, BCE loss, backward, sparse table update, dense MLP update."""
+import functools
 from typing import Dict, List, Optional, Set
 
 import tensorflow as tf
@@ -92,8 +93,10 @@ class Trainer(tf.Module):
         update = lambda grads, lr: self.table_optimizer.apply(zip(grads, model.table_variables), lr)  # noqa: E731
         self._update_tables = {"one-hot": update if run_eagerly else tf.function(update, jit_compile=True),
                                "multi-hot": update}
-        self._dense_forward = tf.function(model.predict_from_embeddings, jit_compile=True) if xla \
-            else model.predict_from_embeddings
+        # Evaluation and prediction compute in float32 under AMP too: the logits of the exported
+        # model, without the ties of bfloat16/float16 logits in the AUC.
+        forward = functools.partial(model.predict_from_embeddings, compute_dtype=tf.float32)
+        self._dense_forward = tf.function(forward, jit_compile=True) if xla else forward
         self._forward_backward = tf.function(self._forward_backward_impl, jit_compile=True) if xla \
             else self._forward_backward_impl
         self.train_step = self._train_step if run_eagerly else tf.function(self._train_step, reduce_retracing=True)

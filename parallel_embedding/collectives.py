@@ -10,6 +10,7 @@ import re
 import socket
 from typing import Any, List, Optional, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 
@@ -29,6 +30,11 @@ class SingleProcess:
     def allgather(self, tensor: tf.Tensor, name: str) -> tf.Tensor:
         """Concatenates every rank's tensor along axis 0, in rank order."""
         return tensor
+
+    def gather(self, array: np.ndarray, name: str) -> np.ndarray:
+        """Rank 0: every rank's array concatenated along axis 0, in rank order; other ranks: no
+        rows. Nothing is pickled and only rank 0 receives."""
+        return array
 
     def broadcast_variables(self, variables: Sequence[tf.Variable]):
         """Sets every rank's variables to rank 0's values."""
@@ -71,6 +77,11 @@ class HorovodCollectives(SingleProcess):
 
     def allgather(self, tensor, name):
         return self._hvd.allgather(tensor, name=name, ignore_name_scope=True)
+
+    def gather(self, array, name):
+        splits = [len(array)] + [0] * (self.size - 1)   # everything to rank 0
+        out, _ = self._hvd.alltoall(tf.constant(array), splits=splits, name=name, ignore_name_scope=True)
+        return out.numpy()
 
     def broadcast_variables(self, variables):
         self._hvd.broadcast_variables(list(variables), root_rank=0)

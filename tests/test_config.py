@@ -30,7 +30,7 @@ DEFAULTS = dict(
     inference_batch_sizes=["1", "64", "1024", "8192"], inference_steps=100, dist_strategy="memory_balanced",
     column_slice_threshold=None, row_slice_threshold=None, data_parallel_threshold=None, data_parallel_input=False,
     feature_spec="", train_mapping="train", eval_mapping="test", validate_dataset=False, shuffle_batch_order=True,
-    train_last_partial_batch=False, multi_hot_combiner=None)
+    train_last_partial_batch=False, multi_hot_combiner=None, keep_checkpoints=2, keep_best_checkpoint=False)
 DEFAULTS.update(loss_scale=None, embedding_trainable=True, embedding_zeros_initializer=False,
                 cpu_offloading_threshold_gb=None, profiler_start_step=None, profiled_rank=0, cpu=False,
                 tfdata_debug=False, inter_op_parallelism=None, intra_op_parallelism=None)
@@ -172,6 +172,11 @@ RULES = [
     # data and files
     ("synthetic_rows", "--batch_size", dict(batch_size=128, synthetic_rows=100), 1),
     ("checkpoint_every_n_steps", "--save_checkpoint_path", dict(checkpoint_every_n_steps=100), 1),
+    ("keep_checkpoints", "--save_checkpoint_path", dict(keep_checkpoints=3), 1),
+    ("keep_checkpoints", ">= 1", dict(keep_checkpoints=0, save_checkpoint_path="/tmp/ck"), 1),
+    ("keep_best_checkpoint", "--save_checkpoint_path", dict(keep_best_checkpoint=True), 1),
+    ("keep_best_checkpoint", "--save_checkpoint_path", dict(keep_best_checkpoint=True, mode="eval",
+                                                            restore_checkpoint_path="/tmp/ck"), 1),
     ("restore_checkpoint_path", "--mode=eval", dict(mode="eval"), 1),
     ("dataset_path", "--dataset_type=split_binary", dict(dataset_path="/data/criteo"), 1),
     ("dataset_path", "--dataset_type=split_binary needs", dict(dataset_type="split_binary"), 1),
@@ -208,6 +213,7 @@ def test_rule_rejects_with_one_line_naming_the_flag(flag, fragment, overrides, w
     (dict(interaction="cross", cross_layer_projection_dim=0), 1),       # full-rank cross
     (dict(batch_size=128, synthetic_rows=128), 1),                      # exactly one batch
     (dict(checkpoint_every_n_steps=100, save_checkpoint_path="/tmp/ck"), 1),
+    (dict(keep_checkpoints=1, keep_best_checkpoint=True, save_checkpoint_path="/tmp/ck"), 1),
     (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), 1),
     (dict(mode="inference"), 1),                                        # inference of a fresh model
     (dict(synthetic_alpha=0.0, evals_per_epoch=0, warmup_steps=0), 1),

@@ -87,6 +87,8 @@ class RunConfig:
     intra_op_parallelism: Optional[int] = None
     run_eagerly: bool = False
     auc_thresholds: Optional[int] = None
+    keep_checkpoints: int = 2
+    keep_best_checkpoint: bool = False
     dataset: Optional["DatasetShape"] = None   # derived: the synthetic flags' or the feature spec's
 
     @property
@@ -423,5 +425,11 @@ def _check(c: RunConfig, present: Set[str], world_size: int):
         raise ConfigError(f"--synthetic_rows ({c.synthetic_rows}) is smaller than one --batch_size ({c.batch_size})")
     if c.checkpoint_every_n_steps and not c.save_checkpoint_path:
         raise ConfigError("--checkpoint_every_n_steps needs --save_checkpoint_path")
+    for name, used in (("keep_checkpoints", "keep_checkpoints" in present),
+                       ("keep_best_checkpoint", c.keep_best_checkpoint)):
+        if used and not c.save_checkpoint_path:
+            raise ConfigError(f"--{name} needs --save_checkpoint_path (checkpoints are kept only in training)")
+    if c.keep_checkpoints < 1:
+        raise ConfigError(f"--keep_checkpoints must be >= 1 (the newest is always kept), got {c.keep_checkpoints}")
     if c.mode == "eval" and not c.restore_checkpoint_path:
         raise ConfigError("--mode=eval needs --restore_checkpoint_path (a trained model to evaluate)")

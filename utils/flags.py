@@ -42,6 +42,10 @@ flags.DEFINE_string("log_path", "", "JSON-lines log file; TensorBoard scalars go
 flags.DEFINE_string("save_checkpoint_path", "", "directory for checkpoints (written at the end of training)")
 flags.DEFINE_string("restore_checkpoint_path", "", "checkpoint directory to resume or evaluate from")
 flags.DEFINE_integer("checkpoint_every_n_steps", 0, "also checkpoint every this many steps (0: only at the end)")
+flags.DEFINE_integer("keep_checkpoints", 2, "checkpoints kept in --save_checkpoint_path: the newest writes (and "
+                     "the best, with --keep_best_checkpoint)")
+flags.DEFINE_bool("keep_best_checkpoint", False, "also keep the checkpoint with the best evaluation AUC (named by "
+                  "<save_checkpoint_path>/best); a model that beats it is checkpointed when evaluated")
 flags.DEFINE_string("train_mapping", "train", "the feature spec's source_spec mapping to train on")
 flags.DEFINE_bool("validate_dataset", False, "scan every value of the dataset's files before training "
                   "(ids in range, finite numericals, 0/1 labels, offsets); sizes are always checked")

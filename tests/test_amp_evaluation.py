@@ -1,0 +1,48 @@
+"""Under --amp, evaluation and prediction compute the logits in float32: those of the float32
+model with the same weights (the exported model), without bfloat16's quantised ties."""
+import numpy as np
+import tensorflow as tf
+
+import main
+from nn.lr_schedule import LearningRateSchedule
+from nn.model import RankingModel
+from nn.trainer import Trainer
+from tests.configs import tiny_config
+
+CARDS, B = [20, 50, 7, 30], 256
+
+
+def model(compute_dtype, interaction):
+    return RankingModel(CARDS, [8] * 4, 3, [16, 8], [16, 1], interaction, num_cross_layers=2,
+                        cross_layer_projection_dim=4, seed=3, compute_dtype=compute_dtype)
+
+
+def batch(seed):
+    rng = np.random.default_rng(seed)
+    return (tf.constant(rng.normal(size=(B, 3)), tf.float32), [tf.constant(rng.integers(0, c, B)) for c in CARDS],
+            tf.constant(rng.integers(0, 2, B), tf.float32))
+
+
+def test_amp_predictions_are_the_float32_forward():
+    for interaction in ("dot", "cross"):
+        for xla in (False, True):
+            amp = Trainer(model(tf.bfloat16, interaction), "adam", LearningRateSchedule(0.01, 0, 0, 0), xla=xla)
+            for step in range(3):   # trained in bfloat16: weights no float32 run would reach
+                amp.train_step(*batch(step))
+            reference = model(tf.float32, interaction)
+            for v, r in zip(amp.model.table_variables + amp.model.dense_variables,
+                            reference.table_variables + reference.dense_variables):
+                r.assign(v)
+            numerical, categorical, _ = batch(10)
+            logits = amp.predict(numerical, categorical).numpy()
+            assert logits.dtype == np.float32
+            np.testing.assert_allclose(logits, reference(numerical, categorical).numpy(), rtol=1e-6, atol=1e-6,
+                                       err_msg=f"{interaction} xla={xla}")
+            assert len(np.unique(logits)) == B   # no ties (bfloat16 logits had many)
+
+
+def test_amp_run_evaluates_like_its_checkpoint_in_float32(tmp_path):
+    root = str(tmp_path / "ck")
+    trained = main.run(tiny_config(amp=True, save_checkpoint_path=root))
+    evaluated = main.run(tiny_config(mode="eval", restore_checkpoint_path=root))   # float32
+    assert (trained["auc"], trained["logloss"]) == (evaluated["auc"], evaluated["logloss"])
