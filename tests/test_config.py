@@ -30,7 +30,8 @@ DEFAULTS = dict(
     inference_batch_sizes=["1", "64", "1024", "8192"], inference_steps=100, dist_strategy="memory_balanced",
     column_slice_threshold=None, row_slice_threshold=None, data_parallel_threshold=None, data_parallel_input=False,
     feature_spec="", train_mapping="train", eval_mapping="test", validate_dataset=False, shuffle_batch_order=True,
-    train_last_partial_batch=False, multi_hot_combiner=None)
+    train_last_partial_batch=False, multi_hot_combiner=None,
+    restore_mode="resume", restore_lr_schedule="restart")
 
 FOUR_CARDS = ["10", "20", "30", "40"]
 
@@ -106,6 +107,9 @@ RULES = [
     ("optimizer", "must be one of", dict(optimizer="rmsprop"), 1),
     ("interaction", "must be one of", dict(interaction="concat"), 1),
     ("dataset_type", "must be one of", dict(dataset_type="criteo"), 1),
+    ("restore_mode", "must be one of", dict(restore_checkpoint_path="/t", restore_mode="auto"), 1),
+    ("restore_lr_schedule", "must be one of", dict(restore_checkpoint_path="/t", restore_mode="continue",
+                                                   restore_lr_schedule="keep"), 1),
     # positive sizes
     ("batch_size", "must be positive", dict(batch_size=0), 1),
     ("batch_size", "must be positive", dict(batch_size=-64), 1),
@@ -258,6 +262,10 @@ NOT_APPLYING = {
                             (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), False)],
     "train_last_partial_batch": [(dict(mode="inference"), True),
                                  (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), True)],
+    "restore_mode": [(dict(mode="train"), "continue"), (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), "weights")],
+    "restore_lr_schedule": [(dict(mode="train"), "continue"),
+                            (dict(mode="train", restore_checkpoint_path="/tmp/ck"), "continue"),
+                            (dict(restore_checkpoint_path="/tmp/ck", restore_mode="weights"), "continue")],
 }
 NOT_APPLYING_CASES = [(name, setting, value) for name, cases in NOT_APPLYING.items() for setting, value in cases]
 
@@ -293,6 +301,8 @@ def test_flag_set_where_it_does_not_apply_is_rejected(name, setting, value):
     ("synthetic_eval_rows", dict(mode="train")),
     ("synthetic_eval_rows", dict(mode="eval", restore_checkpoint_path="/t")),
     ("shuffle_batch_order", dict(mode="train")), ("train_last_partial_batch", dict(mode="train")),
+    ("restore_mode", dict(restore_checkpoint_path="/t")),
+    ("restore_lr_schedule", dict(restore_checkpoint_path="/t", restore_mode="continue")),
 ])
 def test_flag_set_where_it_applies_is_accepted(name, setting):
     value = {"beta1": 0.5, "beta2": 0.99, "num_cross_layers": 2, "cross_layer_projection_dim": 16, "epochs": 2,
@@ -300,7 +310,7 @@ def test_flag_set_where_it_applies_is_accepted(name, setting):
              "inference_batch_sizes": ["1", "2"], "inference_steps": 7, "batch_size": 4096, "learning_rate": 0.5,
              "warmup_steps": 10, "decay_steps": 10, "decay_start_step": 60000, "print_freq": 10,
              "valid_batch_size": 4096, "synthetic_eval_rows": 4096, "shuffle_batch_order": False,
-             "train_last_partial_batch": True}[name]
+             "train_last_partial_batch": True, "restore_mode": "weights", "restore_lr_schedule": "continue"}[name]
     cfg = build(**dict(setting, **{name: value}))
     expected = [int(x) for x in value] if isinstance(value, list) else value
     assert getattr(cfg, name) == expected

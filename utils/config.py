@@ -19,6 +19,8 @@ INTERACTIONS = ("dot", "dot_custom", "cross")   # dot_custom: dot, forcing the c
 DATASET_TYPES = ("split_binary", "synthetic")
 COMBINERS = ("sum", "mean")
 DIST_STRATEGIES = ("basic", "memory_balanced", "memory_optimized")   # as parallel_embedding.planner
+RESTORE_MODES = ("resume", "continue", "weights")
+LR_SCHEDULE_RESTORES = ("restart", "continue")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +73,8 @@ class RunConfig:
     shuffle_batch_order: bool = True
     train_last_partial_batch: bool = False
     multi_hot_combiner: Optional[str] = None
+    restore_mode: str = "resume"
+    restore_lr_schedule: str = "restart"
     dataset: Optional["DatasetShape"] = None   # derived: the synthetic flags' or the feature spec's
 
     @property
@@ -119,6 +123,10 @@ _TRAIN = (lambda c: c.mode == "train", "--mode=train")
 _INFERENCE = (lambda c: c.mode == "inference", "--mode=inference")
 _EVALUATING = (lambda c: c.mode in ("train", "eval"), "--mode=train or --mode=eval")
 _DECAYING = (lambda c: c.mode == "train" and c.decay_steps > 0, "--mode=train and --decay_steps > 0")
+_RESTORING = (lambda c: c.mode == "train" and bool(c.restore_checkpoint_path),
+              "--mode=train and --restore_checkpoint_path")
+_CONTINUING = (lambda c: _RESTORING[0](c) and c.restore_mode == "continue",
+               "--restore_mode=continue (resume continues the schedule, weights restarts it)")
 _APPLIES_ONLY = {
     **dict.fromkeys(("beta1", "beta2"), _ADAM),
     **dict.fromkeys(("num_cross_layers", "cross_layer_projection_dim"), _CROSS),
@@ -129,6 +137,8 @@ _APPLIES_ONLY = {
     **dict.fromkeys(("inference_batch_sizes", "inference_steps"), _INFERENCE),
     **dict.fromkeys(("valid_batch_size", "synthetic_eval_rows"), _EVALUATING),
     **dict.fromkeys(("train_mapping", "shuffle_batch_order", "train_last_partial_batch"), _TRAIN),
+    "restore_mode": _RESTORING,
+    "restore_lr_schedule": _CONTINUING,
 }
 # Flags read by one dataset type only.
 _DATASET_ONLY = {
@@ -210,7 +220,8 @@ def _spec_shape(v: dict) -> DatasetShape:
 
 def _check(c: RunConfig, present: Set[str], world_size: int):
     for name, choices in (("mode", MODES), ("optimizer", OPTIMIZERS), ("interaction", INTERACTIONS),
-                          ("dataset_type", DATASET_TYPES), ("dist_strategy", DIST_STRATEGIES)):
+                          ("dataset_type", DATASET_TYPES), ("dist_strategy", DIST_STRATEGIES),
+                          ("restore_mode", RESTORE_MODES), ("restore_lr_schedule", LR_SCHEDULE_RESTORES)):
         if getattr(c, name) not in choices:
             raise ConfigError(f"--{name} must be one of {', '.join(choices)}; got {getattr(c, name)!r}")
     for name in sorted(present & set(_APPLIES_ONLY)):
