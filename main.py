@@ -9,6 +9,7 @@ import time
 
 from absl import app
 
+from dataloading import position
 from dataloading.open import open_dataset
 from nn import checkpoint
 from utils import flags as run_flags
@@ -64,6 +65,10 @@ class Run:
             self.dataset.validate()
             self.log.print(f"validated every value of {cfg.feature_spec_path} "
                            f"({', '.join(f'{s} {n:,} rows' for s, n in self.rows.items())})")
+        self.evaluating = self.rows["eval"] > 0   # only a training run gets this far without eval rows
+        if not self.evaluating:
+            self.log.print(f"the {cfg.eval_mapping!r} mapping (--eval_mapping) has no rows: training without "
+                           "evaluation")
         compute_dtype = amp_dtype() if cfg.amp else tf.float32
         if cfg.loss_scale is not None and compute_dtype != tf.float16:
             raise ConfigError(f"--loss_scale applies to float16 AMP (--amp on a GPU); this run computes in "
@@ -92,16 +97,52 @@ class Run:
                        f"{params:,} parameters, compute dtype {compute_dtype.name}, xla {cfg.xla}, "
                        f"{comm.size} rank{'s' if comm.size > 1 else ''}")
         self.log.record("params", **dataclasses.asdict(cfg), parameters=params, world_size=comm.size)
-        self.start_step = 0
+        if cfg.mode == "train":
+            from dataloading.batches import steps_per_epoch
+            self.steps_per_epoch = steps_per_epoch(self.rows["train"], cfg.batch_size, comm.size,
+                                                   cfg.train_last_partial_batch)
+            self.total = self.steps_per_epoch * cfg.epochs   # training batches of this data
+            if cfg.max_steps > 0:
+                self.total = min(self.total, cfg.max_steps)
+            self.data_definition = position.definition(cfg, self.rows["train"])
+        self.start_step = 0   # the trainer's (global) step at the start
+        self.data_start = 0   # the first training batch of this data
         self.saved = None   # (step, path) of this run's newest checkpoint
         self.best_auc = checkpoint.best_auc(cfg.save_checkpoint_path) if cfg.keep_best_checkpoint else None
         if cfg.restore_checkpoint_path:
-            manifest = checkpoint.restore(cfg.restore_checkpoint_path, self.trainer.checkpoint_entries(),
-                                          model_signature(cfg), self.trainer.checkpoint_names())
-            self.start_step = int(self.trainer.step.numpy())
-            self.log.print(f"restored {manifest['path']} at step {self.start_step} "
-                           f"(written at {manifest['world_size']} rank(s))")
+            self._restore()
         self.trainer.broadcast_replicated()
+
+    def _restore(self):
+        """Loads --restore_checkpoint_path: everything to evaluate or resume, or what
+        --restore_mode asks for; sets where training starts and the schedule's origin."""
+        cfg = self.cfg
+        mode = cfg.restore_mode if cfg.mode == "train" else "resume"
+        manifest = checkpoint.read_manifest(cfg.restore_checkpoint_path)
+        ckpt, saved = manifest["path"], manifest["state"]
+        if cfg.mode == "train" and mode == "resume":
+            self.data_start = position.resume_step(saved.get("data"), self.data_definition, self.steps_per_epoch, ckpt)
+            if self.data_start >= self.total:
+                raise ConfigError(f"--restore_mode=resume: {ckpt} has trained {self.data_start} of the "
+                                  f"{self.total} steps this run asks for (--epochs={cfg.epochs}, --max_steps="
+                                  f"{cfg.max_steps}): nothing left to train; raise --epochs or --max_steps, or train "
+                                  "on the data again with --restore_mode=continue")
+        weights_only = mode == "weights"
+        signature = model_signature(cfg)
+        if weights_only:   # a fresh optimizer, of any kind
+            del signature["optimizer"]
+        checkpoint.restore(ckpt, self.trainer.checkpoint_entries(weights_only), signature,
+                           self.trainer.checkpoint_names(weights_only), extra_ok=weights_only)
+        self.start_step = int(self.trainer.step.numpy())
+        restart = mode == "continue" and cfg.restore_lr_schedule == "restart"
+        self.trainer.schedule_origin.assign(self.start_step if restart else saved.get("schedule_origin", 0))
+        what = "" if cfg.mode != "train" else {
+            "resume": f"; resuming at batch {self.data_start} of this data",
+            "continue": f"; continuing on this run's data with the optimizer state, learning-rate schedule "
+                        f"{'restarted' if restart else 'continued'}",
+            "weights": "; its weights only, with a fresh optimizer from step 0"}[mode]
+        self.log.print(f"restored {ckpt} at step {manifest['step']} (written at {manifest['world_size']} "
+                       f"rank(s)){what}")
 
     def _eval_data(self):
         from dataloading.batches import eval_batches, prefetched
@@ -122,82 +163,85 @@ class Run:
         self.log.record("eval", step, **metrics)
         return metrics
 
-    def save(self, step: int):
+    def save(self, step: int, data_step: int):
+        """Checkpoints global step `step`, having trained the first `data_step` batches of this data."""
+        state = {"data": position.state(self.data_definition, data_step, self.steps_per_epoch),
+                 "schedule_origin": int(self.trainer.schedule_origin.numpy())}
         path = checkpoint.save(self.cfg.save_checkpoint_path, self.trainer.checkpoint_entries(), step,
-                               model_signature(self.cfg), self.comm, keep=self.cfg.keep_checkpoints)
+                               model_signature(self.cfg), self.comm, state, keep=self.cfg.keep_checkpoints)
         self.saved = (step, path)
         self.log.print(f"saved checkpoint {path}")
 
-    def keep_if_best(self, step: int, auc: float):
+    def keep_if_best(self, step: int, data_step: int, auc: float):
         """--keep_best_checkpoint: a model whose evaluation AUC beats the one ROOT/best records is
         checkpointed (unless it just was) and ROOT/best names it."""
         if not self.cfg.keep_best_checkpoint or not auc > self.best_auc:
             return
         if self.saved is None or self.saved[0] != step:
-            self.save(step)
+            self.save(step, data_step)
         if self.comm.rank == 0:
             checkpoint.mark_best(self.cfg.save_checkpoint_path, self.saved[1], auc, self.cfg.keep_checkpoints)
         self.best_auc = auc
         self.log.print(f"best checkpoint: {self.saved[1]} (auc {auc:.5f})")
 
     def train(self) -> dict:
-        from dataloading.batches import prefetched, steps_per_epoch as epoch_steps, train_batches
+        from dataloading.batches import prefetched, train_batches
         from utils.runtime import StepProfiler
         cfg, d = self.cfg, self.dataset
-        steps_per_epoch = epoch_steps(self.rows["train"], cfg.batch_size, self.comm.size, cfg.train_last_partial_batch)
-        total = steps_per_epoch * cfg.epochs
-        if cfg.max_steps > 0:
-            total = min(total, cfg.max_steps)
-        evals = eval_steps(steps_per_epoch, cfg.evals_per_epoch, total)
-        profiler = StepProfiler(cfg, self.comm.rank, self.start_step, total)
-        batches = prefetched(train_batches(d, self.rows["train"], cfg.batch_size, cfg.seed, self.start_step, total,
+        steps_per_epoch, total = self.steps_per_epoch, self.total
+        offset = self.start_step - self.data_start   # global step = this data's step + offset
+        evals = eval_steps(steps_per_epoch, cfg.evals_per_epoch, total) if self.evaluating else set()
+        profiler = StepProfiler(cfg, self.comm.rank, self.start_step, total + offset)   # global steps
+        batches = prefetched(train_batches(d, self.rows["train"], cfg.batch_size, cfg.seed, self.data_start, total,
                                            self.view, cfg.shuffle_batch_order, cfg.train_last_partial_batch), d,
                              synchronous=cfg.tfdata_debug)
-        self.log.print(f"training steps {self.start_step}..{total} ({steps_per_epoch} per epoch, "
+        self.log.print(f"training steps {self.start_step}..{total + offset} ({steps_per_epoch} per epoch, "
                        f"batch {cfg.batch_size})")
-        step, losses, metrics = self.start_step, [], None
+        step, losses = self.data_start, []
         t_start = t_last = time.perf_counter()
         timed_from, paused = None, 0.0   # step timing: after the first step (it traces), less evaluations and saves
         for numerical, categorical, labels, _, _ in batches:
-            profiler.before_step(step)
+            profiler.before_step(step + offset)
             losses.append(self.trainer.train_step(numerical, categorical, labels))
             step += 1
-            profiler.after_step(step)
+            profiler.after_step(step + offset)
             if timed_from is None:
                 float(losses[-1])
                 timed_from = time.perf_counter()
             if step % cfg.print_freq == 0 or step == total:
                 loss = float(sum(float(x) for x in losses) / len(losses))
                 now = time.perf_counter()
-                lr = float(self.trainer.schedule(step - 1))
-                self.log.progress(step, total, loss, (now - t_last) / len(losses), cfg.batch_size, lr)
+                lr = float(self.trainer.learning_rate(step + offset - 1))
+                self.log.progress(step + offset, total + offset, loss, (now - t_last) / len(losses), cfg.batch_size, lr)
                 losses, t_last = [], now
             if cfg.checkpoint_every_n_steps and step % cfg.checkpoint_every_n_steps == 0 and step != total:
                 t0 = time.perf_counter()
-                self.save(step)
+                self.save(step + offset, step)
                 paused += time.perf_counter() - t0
-            if step in evals or step == total:
-                metrics = self.evaluate(step)
-                self.keep_if_best(step, metrics["auc"])
+            if step in evals and step != total:
+                metrics = self.evaluate(step + offset)
+                self.keep_if_best(step + offset, step, metrics["auc"])
                 t_last += metrics["seconds"]
                 paused += metrics["seconds"]
         t_end = time.perf_counter()
         train_seconds = t_end - t_start
-        timed_steps = step - self.start_step - 1
+        timed_steps = step - self.data_start - 1
         step_seconds = (t_end - timed_from - paused) / timed_steps if timed_steps > 0 else None
-        if metrics is None:   # resumed at the end: nothing trained, still report the model
-            metrics = self.evaluate(step)
-            self.keep_if_best(step, metrics["auc"])
-        if cfg.save_checkpoint_path and (self.saved is None or self.saved[0] != step):
-            self.save(step)
-        result = dict(metrics, steps=step, train_seconds=train_seconds,
-                      samples_per_s=(step - self.start_step) * cfg.batch_size / max(train_seconds, 1e-9))
+        if cfg.save_checkpoint_path:   # before the final evaluation: nothing trained is lost if it fails
+            self.save(step + offset, step)
+        metrics = self.evaluate(step + offset) if self.evaluating else {}
+        if metrics:
+            self.keep_if_best(step + offset, step, metrics["auc"])
+        train_seconds += metrics.get("seconds", 0.0)
+        result = dict(metrics, steps=step + offset, train_seconds=train_seconds,
+                      samples_per_s=(step - self.data_start) * cfg.batch_size / max(train_seconds, 1e-9))
         # The reference's DLLogger keys (null when fewer than 2 steps ran): training steps alone, the last evaluation.
         result.update(throughput=cfg.batch_size / step_seconds if step_seconds else None,
                       mean_step_time_ms=1000 * step_seconds if step_seconds else None,
-                      validation_loss=metrics["logloss"])
-        self.log.print(f"done: {step} steps, {result['samples_per_s']:,.0f} samples/s overall (with evaluation)")
-        self.log.record("final", step, **result)
+                      validation_loss=metrics.get("logloss"))
+        self.log.print(f"done: {step + offset} steps, {result['samples_per_s']:,.0f} samples/s overall "
+                       f"(with evaluation)")
+        self.log.record("final", step + offset, **result)
         return result
 
     def inference(self) -> list:

@@ -4,7 +4,8 @@ from utils.config import ConfigError
 
 def open_dataset(cfg):
     """The dataset of run configuration `cfg` (utils.config.RunConfig, or anything with the fields
-    read here) and its rows per split ("train" only when training, "eval")."""
+    read here) and its rows per split ("train" only when training, "eval"). An empty eval mapping
+    is an error unless training (which then trains without evaluation)."""
     if cfg.dataset_type == "synthetic":
         from dataloading.synthetic import SyntheticDataset
         dataset = SyntheticDataset(cfg.cardinalities, cfg.num_numerical, cfg.synthetic_alpha, cfg.seed,
@@ -19,6 +20,9 @@ def open_dataset(cfg):
     else:   # split_binary, or the reference's name for it, tf_raw
         dataset = SplitBinaryDataset(FeatureSpec.from_yaml(cfg.feature_spec_path), mappings)
     rows = {split: dataset.rows(split) for split in mappings}
+    if cfg.mode != "train" and not rows["eval"]:
+        raise ConfigError(f"--eval_mapping={cfg.eval_mapping}: the mapping has no rows; nothing to "
+                          f"{'evaluate' if cfg.mode == 'eval' else 'time'}")
     if cfg.mode == "train" and rows["train"] < cfg.batch_size:
         raise ConfigError(f"--batch_size ({cfg.batch_size}) is larger than the {rows['train']} rows of the "
                           f"{cfg.train_mapping!r} mapping")

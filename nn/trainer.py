@@ -83,6 +83,9 @@ class Trainer(tf.Module):
         self.comm = model.embeddings.comm
         self.schedule = schedule
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        # The learning rate of update `step` is schedule(step - schedule_origin): a run continued
+        # from a checkpoint restarts its schedule by setting the origin to the restored step.
+        self.schedule_origin = tf.Variable(0, dtype=tf.int64, trainable=False, name="schedule_origin")
         self.table_optimizer = make_optimizer(optimizer, model.table_variables, "table_optimizer", beta1, beta2)
         self.dense_optimizer = make_optimizer(optimizer, model.dense_variables, "dense_optimizer", beta1, beta2)
         self.loss_scale = LossScale(static=static_loss_scale) if loss_scaling else None
@@ -112,10 +115,18 @@ class Trainer(tf.Module):
             named.update({v.name.split(":")[0]: v for v in (self.loss_scale.scale, self.loss_scale.good_steps)})
         return named
 
-    def checkpoint_entries(self) -> List[Entry]:
+    def learning_rate(self, step) -> tf.Tensor:
+        """The learning rate of the update with 0-based global index `step`."""
+        return self.schedule(step - self.schedule_origin)
+
+    def checkpoint_entries(self, weights_only: bool = False) -> List[Entry]:
         """This rank's variables as parts of world-size-independent tensors: each table shard and
         its optimizer slots are a region of the whole table's tensors; everything else is
-        replicated and saved by rank 0."""
+        replicated and saved by rank 0. `weights_only`: the model's variables alone (no optimizer
+        state, no step counters)."""
+        if weights_only:
+            weights = {v.ref() for v in self.model.table_variables + self.model.dense_variables}
+            return [e for e in self.checkpoint_entries() if e.variable.ref() in weights]
         emb = self.model.embeddings
         entries, sharded = [], set()
         for s, var in zip(emb.shards, emb.shard_variables):
@@ -128,14 +139,16 @@ class Trainer(tf.Module):
                     for name, v in sorted(self.variables_by_name().items()) if v.ref() not in sharded]
         return entries
 
-    def checkpoint_names(self) -> Set[str]:
-        """The logical tensors of a complete checkpoint of this model (on any rank)."""
+    def checkpoint_names(self, weights_only: bool = False) -> Set[str]:
+        """The logical tensors of a complete checkpoint of this model (on any rank), or of its
+        weights alone."""
         emb = self.model.embeddings
-        names = {e.name for e in self.checkpoint_entries()}
+        names = {e.name for e in self.checkpoint_entries(weights_only)}
+        slots = () if weights_only else self.table_optimizer.slot_names
         for t in emb.plan.tables:
             if t.kind != "replicated":
                 names.add(emb.table_name(t.feature))
-                names.update(f"{emb.table_name(t.feature)}/{k}" for k in self.table_optimizer.slot_names)
+                names.update(f"{emb.table_name(t.feature)}/{k}" for k in slots)
         return names
 
     def broadcast_replicated(self):
@@ -175,7 +188,7 @@ class Trainer(tf.Module):
         reduced = self.comm.allreduce_sum(list(dense_grads) + flags, "dense_grads")
         grads = table_grads + reduced[:len(dense_grads)]
         loss = reduced[len(dense_grads)]
-        lr = self.schedule(self.step)
+        lr = self.learning_rate(self.step)
         hotness = "multi-hot" if any(isinstance(c, tf.RaggedTensor) for c in categorical) else "one-hot"
         if self.loss_scale is None:
             self._apply(grads, lr, hotness)

@@ -86,6 +86,8 @@ SCRIPT_ARGS = ["--dataset_type=synthetic", "--synthetic_cardinalities=20,50,7,30
     ("dlrm.py", ["--embedding_dim=64"], "--bottom_mlp_dims"),     # dot needs bottom last == 64
     ("dlrm.py", ["--mode=eval", "--restore_checkpoint_path=x", "--learning_rate=1"], "--learning_rate"),
     ("dlrm.py", ["--dist_strategy=basic"], "--dist_strategy"),     # placement at one rank
+    ("dlrm.py", ["--restore_mode=continue"], "--restore_mode"),    # nothing to restore
+    ("dlrm.py", ["--restore_checkpoint_path=x", "--restore_lr_schedule=continue"], "--restore_lr_schedule"),
 ])
 def test_bad_combination_exits_2_with_one_error_line(script, args, flag):
     proc = run_script(script, "--dataset_type=synthetic", *args, timeout=60)
@@ -93,6 +95,20 @@ def test_bad_combination_exits_2_with_one_error_line(script, args, flag):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and flag in last, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_resuming_a_finished_run_exits_2_with_one_error_line(tmp_path):
+    """Today's "training steps 4..4" that trained nothing and exited 0 is an error naming the way out."""
+    ck = tmp_path / "ck"
+    first = run_script("dlrm.py", *SCRIPT_ARGS, f"--save_checkpoint_path={ck}")
+    assert first.returncode == 0, first.stderr
+    again = run_script("dlrm.py", *SCRIPT_ARGS, f"--save_checkpoint_path={ck}", f"--restore_checkpoint_path={ck}")
+    assert again.returncode == 2 and "Traceback" not in again.stderr, again.stderr
+    last = again.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --restore_mode=resume: ") and "has trained 4 of the 4 steps" in last, last
+    assert "nothing left to train" in last and "--restore_mode=continue" in last
+    assert "training steps" not in again.stdout
+    assert sorted(os.listdir(ck)) == ["ckpt-4", "latest"]
 
 
 def test_main_rejects_unknown_positional_argument():

@@ -30,7 +30,8 @@ DEFAULTS = dict(
     inference_batch_sizes=["1", "64", "1024", "8192"], inference_steps=100, dist_strategy="memory_balanced",
     column_slice_threshold=None, row_slice_threshold=None, data_parallel_threshold=None, data_parallel_input=False,
     feature_spec="", train_mapping="train", eval_mapping="test", validate_dataset=False, shuffle_batch_order=True,
-    train_last_partial_batch=False, multi_hot_combiner=None, keep_checkpoints=2, keep_best_checkpoint=False)
+    train_last_partial_batch=False, multi_hot_combiner=None, keep_checkpoints=2, keep_best_checkpoint=False,
+    restore_mode="resume", restore_lr_schedule="restart")
 DEFAULTS.update(loss_scale=None, embedding_trainable=True, embedding_zeros_initializer=False,
                 cpu_offloading_threshold_gb=None, profiler_start_step=None, profiled_rank=0, cpu=False,
                 tfdata_debug=False, inter_op_parallelism=None, intra_op_parallelism=None)
@@ -110,6 +111,9 @@ RULES = [
     ("optimizer", "must be one of", dict(optimizer="rmsprop"), 1),
     ("interaction", "must be one of", dict(interaction="concat"), 1),
     ("dataset_type", "must be one of", dict(dataset_type="criteo"), 1),
+    ("restore_mode", "must be one of", dict(restore_checkpoint_path="/t", restore_mode="auto"), 1),
+    ("restore_lr_schedule", "must be one of", dict(restore_checkpoint_path="/t", restore_mode="continue",
+                                                   restore_lr_schedule="keep"), 1),
     # positive sizes
     ("batch_size", "must be positive", dict(batch_size=0), 1),
     ("batch_size", "must be positive", dict(batch_size=-64), 1),
@@ -280,6 +284,11 @@ NOT_APPLYING = {
     "train_last_partial_batch": [(dict(mode="inference"), True),
                                  (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), True)],
     "auc_thresholds": [(dict(mode="inference"), 8000)],
+    "restore_mode": [(dict(mode="train"), "continue"),
+                     (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), "weights")],
+    "restore_lr_schedule": [(dict(mode="train"), "continue"),
+                            (dict(mode="train", restore_checkpoint_path="/tmp/ck"), "continue"),
+                            (dict(restore_checkpoint_path="/tmp/ck", restore_mode="weights"), "continue")],
 }
 NOT_APPLYING.update({
     "loss_scale": [(dict(amp=False), 1024.0)],
@@ -324,6 +333,8 @@ def test_flag_set_where_it_does_not_apply_is_rejected(name, setting, value):
     ("synthetic_eval_rows", dict(mode="eval", restore_checkpoint_path="/t")),
     ("shuffle_batch_order", dict(mode="train")), ("train_last_partial_batch", dict(mode="train")),
     ("auc_thresholds", dict(mode="train")), ("auc_thresholds", dict(mode="eval", restore_checkpoint_path="/t")),
+    ("restore_mode", dict(restore_checkpoint_path="/t")),
+    ("restore_lr_schedule", dict(restore_checkpoint_path="/t", restore_mode="continue")),
 ])
 def test_flag_set_where_it_applies_is_accepted(name, setting):
     value = {"beta1": 0.5, "beta2": 0.99, "num_cross_layers": 2, "cross_layer_projection_dim": 16, "epochs": 2,
@@ -331,7 +342,8 @@ def test_flag_set_where_it_applies_is_accepted(name, setting):
              "inference_batch_sizes": ["1", "2"], "inference_steps": 7, "batch_size": 4096, "learning_rate": 0.5,
              "warmup_steps": 10, "decay_steps": 10, "decay_start_step": 60000, "print_freq": 10,
              "valid_batch_size": 4096, "synthetic_eval_rows": 4096, "shuffle_batch_order": False,
-             "train_last_partial_batch": True, "auc_thresholds": 8000}[name]
+             "train_last_partial_batch": True, "auc_thresholds": 8000, "restore_mode": "weights",
+             "restore_lr_schedule": "continue"}[name]
     cfg = build(**dict(setting, **{name: value}))
     expected = [int(x) for x in value] if isinstance(value, list) else value
     assert getattr(cfg, name) == expected

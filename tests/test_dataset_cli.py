@@ -11,7 +11,10 @@ import pytest
 
 import main
 from dataloading.feature_spec import SPEC_FILE, split_binary_spec
-from dataloading.generate_dataset import generate
+from dataloading.generate_dataset import generate, synthetic_columns
+from dataloading.synthetic import SyntheticDataset
+from dataloading.writer import MappingWriter
+from nn import checkpoint
 from nn.checkpoint import CheckpointError
 from tests.configs import TINY
 from tests.horovod_run import ROOT, horovodrun
@@ -21,11 +24,25 @@ CARDS = [20, 50, 7, 30]
 ROWS, EVAL_ROWS, BATCH = 128 * 12, 500, 128
 
 
-def write_dataset(path, max_hotness=None, numerical_dtype="float32"):
+def write_dataset(path, max_hotness=None, numerical_dtype="float32", eval_rows=EVAL_ROWS):
     """TINY's synthetic data (seed 5) as files: train 12 batches, test 500 rows."""
     spec = split_binary_spec([f"n{k}" for k in range(3)], {f"c{k}": c for k, c in enumerate(CARDS)},
                              max_hotness=max_hotness, numerical_dtype=numerical_dtype, base_dir=str(path))
-    generate(spec, ROWS, EVAL_ROWS, seed=TINY["seed"], alpha=TINY["synthetic_alpha"])
+    generate(spec, ROWS, eval_rows, seed=TINY["seed"], alpha=TINY["synthetic_alpha"])
+    return str(path)
+
+
+def write_days(path):
+    """Two days of TINY's training samples: mappings day1 = samples [0, ROWS), day2 = [ROWS, 2 ROWS),
+    both = [0, 2 ROWS); test as write_dataset's."""
+    spec = split_binary_spec([f"n{k}" for k in range(3)], {f"c{k}": c for k, c in enumerate(CARDS)},
+                             mappings=("day1", "day2", "both", "test"), numerical_dtype="float32", base_dir=str(path))
+    data = SyntheticDataset(CARDS, 3, TINY["synthetic_alpha"], TINY["seed"])
+    for mapping, (split, first, n) in {"day1": ("train", 0, ROWS), "day2": ("train", ROWS, ROWS),
+                                       "both": ("train", 0, 2 * ROWS), "test": ("eval", 0, EVAL_ROWS)}.items():
+        with MappingWriter(spec, mapping) as writer:
+            writer.write(synthetic_columns(spec, data, split, first, n))
+    spec.to_yaml(os.path.join(str(path), SPEC_FILE))
     return str(path)
 
 
@@ -80,6 +97,59 @@ def test_checkpoint_refuses_another_dataset(one_hot, multi_hot, tmp_path):
     with pytest.raises(CheckpointError, match=r"written with max_hotness=\[None, None, None, None\], this run has "
                                               r"max_hotness=\[3, None, None, 2\]"):
         main.run(file_config(multi_hot, mode="eval", restore_checkpoint_path=ck))
+
+
+def test_empty_eval_mapping_trains_saves_and_says_no_evaluation(tmp_path, capsys):
+    """A 0-row test mapping (preproc.criteo --test_fraction=0 on a new day): training runs without
+    evaluation and says so at start-up; evaluating or timing it is refused in one line."""
+    empty, ck = write_dataset(tmp_path / "data", eval_rows=0), str(tmp_path / "ck")
+    result = main.run(file_config(empty, save_checkpoint_path=ck))
+    lines = capsys.readouterr().out.splitlines()
+    assert "the 'test' mapping (--eval_mapping) has no rows: training without evaluation" in lines
+    assert not any(line.startswith("eval at") for line in lines)
+    assert result["steps"] == 12 and "auc" not in result
+    assert checkpoint.read_manifest(ck)["step"] == 12
+    for mode, verb in (("eval", "evaluate"), ("inference", "time")):
+        with pytest.raises(ConfigError, match=f"^--eval_mapping=test: the mapping has no rows; nothing to {verb}$"):
+            main.run(file_config(empty, mode=mode, restore_checkpoint_path=ck))
+
+
+def test_final_checkpoint_is_written_before_the_final_evaluation(one_hot, tmp_path, monkeypatch):
+    import nn.evaluator
+
+    def failing(*args):
+        raise RuntimeError("evaluation failed")
+
+    ck = str(tmp_path / "ck")
+    monkeypatch.setattr(nn.evaluator, "evaluate", failing)
+    with pytest.raises(RuntimeError, match="evaluation failed"):
+        main.run(file_config(one_hot, save_checkpoint_path=ck, evals_per_epoch=0))
+    assert checkpoint.read_manifest(ck)["step"] == 12
+
+
+def test_continue_on_new_data_equals_one_run_over_both_days(one_hot, tmp_path):
+    """Day 2 continued from day 1's checkpoint (optimizer state and learning-rate schedule kept,
+    file order) is the uninterrupted run over both days; resuming instead is refused."""
+    days = write_days(tmp_path / "days")
+    flags = dict(shuffle_batch_order=False, decay_steps=30)
+    ck, ref = str(tmp_path / "ck"), str(tmp_path / "ref")
+    both = main.run(file_config(days, train_mapping="both", save_checkpoint_path=ref, **flags))
+    main.run(file_config(days, train_mapping="day1", save_checkpoint_path=ck, **flags))
+    with pytest.raises(ConfigError, match="resume: .* was trained with train_mapping=day1, this run has "
+                                          "train_mapping=day2; .* --restore_mode=continue"):
+        main.run(file_config(days, train_mapping="day2", restore_checkpoint_path=ck, **flags))
+    with pytest.raises(ConfigError, match=f"trained with feature_spec={os.path.realpath(days)}/{SPEC_FILE}, this run "
+                                          f"has feature_spec={os.path.realpath(one_hot)}/{SPEC_FILE}"):
+        main.run(file_config(one_hot, restore_checkpoint_path=ck, **flags))
+    day2 = main.run(file_config(days, train_mapping="day2", restore_checkpoint_path=ck, save_checkpoint_path=ck,
+                                restore_mode="continue", restore_lr_schedule="continue", **flags))
+    assert day2["steps"] == both["steps"] == 24 and day2["auc"] == both["auc"]
+    manifest = checkpoint.read_manifest(ck)
+    assert manifest["step"] == 24 and manifest["state"]["data"]["epoch"] == 1
+    assert manifest["state"]["data"]["definition"]["train_mapping"] == "day2"
+    for name in manifest["tensors"]:
+        np.testing.assert_array_equal(checkpoint.read_tensor(ck, name), checkpoint.read_tensor(ref, name),
+                                      err_msg=name)
 
 
 def test_multi_hot_combiner_changes_training(multi_hot, one_hot):

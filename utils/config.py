@@ -23,6 +23,8 @@ DATASET_TYPES = ("split_binary", "synthetic", "split_tfrecords", "tf_raw")
 FILE_DATASETS = ("split_binary", "split_tfrecords")   # tf_raw: the reference's name for split_binary's files
 COMBINERS = ("sum", "mean")
 DIST_STRATEGIES = ("basic", "memory_balanced", "memory_optimized")   # as parallel_embedding.planner
+RESTORE_MODES = ("resume", "continue", "weights")
+LR_SCHEDULE_RESTORES = ("restart", "continue")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +91,8 @@ class RunConfig:
     auc_thresholds: Optional[int] = None
     keep_checkpoints: int = 2
     keep_best_checkpoint: bool = False
+    restore_mode: str = "resume"
+    restore_lr_schedule: str = "restart"
     dataset: Optional["DatasetShape"] = None   # derived: the synthetic flags' or the feature spec's
 
     @property
@@ -143,6 +147,10 @@ _TRAIN = (lambda c: c.mode == "train", "--mode=train")
 _INFERENCE = (lambda c: c.mode == "inference", "--mode=inference")
 _EVALUATING = (lambda c: c.mode in ("train", "eval"), "--mode=train or --mode=eval")
 _DECAYING = (lambda c: c.mode == "train" and c.decay_steps > 0, "--mode=train and --decay_steps > 0")
+_RESTORING = (lambda c: c.mode == "train" and bool(c.restore_checkpoint_path),
+              "--mode=train and --restore_checkpoint_path")
+_CONTINUING = (lambda c: _RESTORING[0](c) and c.restore_mode == "continue",
+               "--restore_mode=continue (resume continues the schedule, weights restarts it)")
 _APPLIES_ONLY = {
     **dict.fromkeys(("beta1", "beta2"), _ADAM),
     **dict.fromkeys(("num_cross_layers", "cross_layer_projection_dim"), _CROSS),
@@ -157,6 +165,8 @@ _APPLIES_ONLY = {
     "loss_scale": (lambda c: c.amp, "--amp"),
     **dict.fromkeys(("embedding_trainable", "profiler_start_step"), _TRAIN),
     "profiled_rank": (lambda c: c.profiler_start_step is not None, "--profiler_start_step"),
+    "restore_mode": _RESTORING,
+    "restore_lr_schedule": _CONTINUING,
 }
 # Table placement flags: they only mean something at several ranks.
 _MULTI_RANK_ONLY = ("dist_strategy", "column_slice_threshold", "row_slice_threshold", "data_parallel_threshold",
@@ -343,7 +353,8 @@ def _spec_shape(v: dict) -> DatasetShape:
 
 def _check(c: RunConfig, present: Set[str], world_size: int):
     for name, choices in (("mode", MODES), ("optimizer", OPTIMIZERS), ("interaction", INTERACTIONS),
-                          ("dataset_type", DATASET_TYPES), ("dist_strategy", DIST_STRATEGIES)):
+                          ("dataset_type", DATASET_TYPES), ("dist_strategy", DIST_STRATEGIES),
+                          ("restore_mode", RESTORE_MODES), ("restore_lr_schedule", LR_SCHEDULE_RESTORES)):
         if getattr(c, name) not in choices:
             raise ConfigError(f"--{name} must be one of {', '.join(choices)}; got {getattr(c, name)!r}")
     for name in sorted(present & set(_APPLIES_ONLY)):

@@ -5,8 +5,8 @@ Defaults are DLRM's; `dcnv2.py` overrides the model defaults with `set_defaults`
 from absl import flags
 
 from utils import data_flags  # noqa: F401 (defines the flags naming the data: --dataset_type, ...)
-from utils.config import (COMBINERS, DIST_STRATEGIES, INTERACTION_ALIASES, INTERACTIONS, MODES, OPTIMIZERS,
-                          REFERENCE_SYNTHETIC, RunConfig, build_config)
+from utils.config import (COMBINERS, DIST_STRATEGIES, INTERACTION_ALIASES, INTERACTIONS, LR_SCHEDULE_RESTORES, MODES,
+                          OPTIMIZERS, REFERENCE_SYNTHETIC, RESTORE_MODES, RunConfig, build_config)
 
 FLAGS = flags.FLAGS
 
@@ -41,6 +41,13 @@ flags.DEFINE_integer("evals_per_epoch", 1, "evaluations per epoch (0: only at th
 flags.DEFINE_string("log_path", "", "JSON-lines log file; TensorBoard scalars go to <log_path without .json>_tb/")
 flags.DEFINE_string("save_checkpoint_path", "", "directory for checkpoints (written at the end of training)")
 flags.DEFINE_string("restore_checkpoint_path", "", "checkpoint directory to resume or evaluate from")
+flags.DEFINE_enum("restore_mode", "resume", list(RESTORE_MODES), "training from --restore_checkpoint_path: "
+                  "resume (the same data and settings, exactly where the checkpoint stopped; nothing left to "
+                  "train is an error), continue (weights and optimizer state; this run's own data and epochs from "
+                  "its start), weights (the model's weights only, a fresh optimizer)")
+flags.DEFINE_enum("restore_lr_schedule", "restart", list(LR_SCHEDULE_RESTORES), "with --restore_mode=continue: "
+                  "restart (warmup and decay counted from the restored step) or continue (from step 0 of the "
+                  "first run, as if uninterrupted)")
 flags.DEFINE_integer("checkpoint_every_n_steps", 0, "also checkpoint every this many steps (0: only at the end)")
 flags.DEFINE_integer("keep_checkpoints", 2, "checkpoints kept in --save_checkpoint_path: the newest writes (and "
                      "the best, with --keep_best_checkpoint)")
