@@ -130,6 +130,7 @@ class Run:
         for numerical, categorical, labels, _, _ in batches:
             losses.append(self.trainer.train_step(numerical, categorical, labels))
             step += 1
+            self.trainer.check_finite(step, losses[-1])   # before any save or evaluation of this state
             if step % cfg.print_freq == 0 or step == total:
                 loss = float(sum(float(x) for x in losses) / len(losses))
                 now = time.perf_counter()
@@ -186,6 +187,7 @@ def run(cfg: RunConfig, comm=None):
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    from nn.trainer import NonFiniteError
     from parallel_embedding.collectives import make_collectives
     comm = make_collectives()
     try:
@@ -194,6 +196,9 @@ def main(argv):
     except (ConfigError, checkpoint.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except NonFiniteError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
     except Exception as e:   # a lost rank: one line, not a traceback per collective
         failure = comm.failure(e)
         if failure is None:

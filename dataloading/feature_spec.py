@@ -176,19 +176,33 @@ def split_binary_spec(numerical: Sequence[str], categorical: Dict[str, int], lab
     return FeatureSpec(features, channels, source, {}, base_dir)
 
 
+def in_domain(spec: FeatureSpec, feature: str, values: np.ndarray) -> bool:
+    """Whether every value of `feature` is in its domain (as check_values, without locating the
+    first bad one): the loader's per-batch test, min/max for ids."""
+    if not values.size:
+        return True
+    if feature in spec.channels[CATEGORICAL]:
+        return bool(values.min() >= 0 and values.max() < spec.features[feature].cardinality)
+    if feature in spec.channels[NUMERICAL]:
+        return bool(np.isfinite(values).all())
+    return not np.any((values != 0) & (values != 1))
+
+
+def violations(spec: FeatureSpec, feature: str, values: np.ndarray):
+    """(mask of the `values` of `feature` outside its domain, the rule they break)."""
+    if feature in spec.channels[CATEGORICAL]:
+        return (values < 0) | (values >= spec.features[feature].cardinality), \
+            f"ids must be in [0, {spec.features[feature].cardinality})"
+    if feature in spec.channels[NUMERICAL]:
+        return ~np.isfinite(values), "numerical values must be finite"
+    return (values != 0) & (values != 1), "labels must be 0 or 1"
+
+
 def check_values(spec: FeatureSpec, feature: str, values: np.ndarray, first_row, where: str, unit: str = "row"):
     """Raises DatasetError naming `where`, the feature and the row if `values` of `feature`
     (rows from `first_row`, or one row index per value as an array; `unit` names them) are out
     of their domain."""
-    if feature in spec.channels[CATEGORICAL]:
-        bad = (values < 0) | (values >= spec.features[feature].cardinality)
-        problem = f"ids must be in [0, {spec.features[feature].cardinality})"
-    elif feature in spec.channels[NUMERICAL]:
-        bad = ~np.isfinite(values)
-        problem = "numerical values must be finite"
-    else:
-        bad = (values != 0) & (values != 1)
-        problem = "labels must be 0 or 1"
+    bad, problem = violations(spec, feature, values)
     if np.any(bad):
         k = int(np.argmax(bad))
         row = int(first_row[k]) if isinstance(first_row, np.ndarray) else first_row + k

@@ -1,4 +1,5 @@
 """The training step: forward, BCE loss, backward, sparse table update, dense MLP update."""
+import math
 from typing import Dict, List, Set
 
 import tensorflow as tf
@@ -40,6 +41,10 @@ class DynamicLossScale(tf.Module):
                                         tf.zeros_like(self.good_steps)))
 
 
+class NonFiniteError(RuntimeError):
+    """A training step gave a non-finite loss or gradients; the message is one line naming the step."""
+
+
 def _scale_grad(grad, factor):
     if isinstance(grad, tf.IndexedSlices):
         return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
@@ -61,7 +66,8 @@ class Trainer(tf.Module):
 
     One step on each of N ranks: lookup of this rank's shards, all-to-all to the local batch,
     dense forward/backward, reverse all-to-all to the shards' owners, one grouped allreduce
-    (dense gradients, loss, and the overflow flag under loss scaling), updates.
+    (dense gradients, loss, and a non-finite-gradients flag), updates. `check_finite` after a
+    step stops a run whose loss or (without loss scaling) gradients were not finite.
     """
 
     def __init__(self, model: RankingModel, optimizer: str, schedule: LearningRateSchedule,
@@ -71,6 +77,7 @@ class Trainer(tf.Module):
         self.comm = model.embeddings.comm
         self.schedule = schedule
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        self.finite = tf.Variable(True, trainable=False, name="last_step_finite")   # see check_finite
         self.table_optimizer = make_optimizer(optimizer, model.table_variables, "table_optimizer", beta1, beta2)
         self.dense_optimizer = make_optimizer(optimizer, model.dense_variables, "dense_optimizer", beta1, beta2)
         self.loss_scale = DynamicLossScale() if loss_scaling else None
@@ -152,23 +159,31 @@ class Trainer(tf.Module):
         embeddings = emb.exchange(looked_up, tf.shape(numerical)[0])
         loss, embedding_grads, dense_grads = self._forward_backward(numerical, embeddings, labels)
         table_grads = emb.gradients(looked_up, embedding_grads)
-        flags = [loss]
-        if self.loss_scale is not None:   # every rank must agree to skip an overflowing step
-            flags.append(1.0 - tf.cast(_all_finite(table_grads + dense_grads), tf.float32))
+        # Every rank must agree on a non-finite step (to skip it under loss scaling, else to stop).
+        flags = [loss, 1.0 - tf.cast(_all_finite(table_grads + dense_grads), tf.float32)]
         reduced = self.comm.allreduce_sum(list(dense_grads) + flags, "dense_grads")
         grads = table_grads + reduced[:len(dense_grads)]
-        loss = reduced[len(dense_grads)]
+        loss, finite = reduced[len(dense_grads)], reduced[-1] == 0.0
         lr = self.schedule(self.step)
         hotness = "multi-hot" if any(isinstance(c, tf.RaggedTensor) for c in categorical) else "one-hot"
         if self.loss_scale is None:
             self._apply(grads, lr, hotness)
+            self.finite.assign(tf.logical_and(finite, tf.math.is_finite(loss)))
         else:
             grads = [_scale_grad(g, 1.0 / self.loss_scale.scale) for g in grads]
-            finite = reduced[-1] == 0.0
             tf.cond(finite, lambda: self._apply(grads, lr, hotness), lambda: tf.no_op())
             self.loss_scale.update(finite)
+            self.finite.assign(tf.math.is_finite(loss))
         self.step.assign_add(1)
         return loss
+
+    def check_finite(self, step: int, loss):
+        """Raises NonFiniteError if the last train_step (global step `step`, counted from 1, which
+        returned `loss`) had a non-finite loss or, without loss scaling, non-finite gradients."""
+        if not bool(self.finite.numpy()):
+            what = f"loss ({float(loss)})" if not math.isfinite(float(loss)) else "gradients"
+            raise NonFiniteError(f"step {step}: non-finite {what} at learning rate {float(self.schedule(step - 1)):g}; "
+                                 "training stopped, nothing saved from this step")
 
     def _apply(self, grads, lr, hotness: str):
         """grads: the tables' IndexedSlices, then the dense variables' gradients."""
