@@ -278,6 +278,48 @@ def test_bad_values_fail_validation(tmp_path, dataset_dir, file, change, fragmen
     assert fragment in str(info.value), str(info.value)
 
 
+def every_batch(dataset, batch_size=100):
+    """Reads every training and evaluation sample through the loader, as training does."""
+    rows = {split: dataset.rows(split) for split in SPLITS}
+    steps = steps_per_epoch(rows["train"], batch_size, 1, True)
+    view = RankInput.single_process(len(CARDS))
+    list(train_batches(dataset, rows["train"], batch_size, 5, 0, steps, view, last_partial=True))
+    list(eval_batches(dataset, rows["eval"], batch_size, view))
+
+
+@pytest.mark.parametrize("file,change,fragment", SCAN_ERRORS, ids=[e[2][:40] for e in SCAN_ERRORS])
+def test_the_loader_stops_at_a_bad_value_as_validation_names_it(tmp_path, dataset_dir, file, change, fragment):
+    """Without the scan, reading the batch that holds a bad value raises validate's exact line."""
+    with pytest.raises(DatasetError) as scanned:
+        corrupt(tmp_path, dataset_dir, file, change)().validate()
+    with pytest.raises(DatasetError) as loaded:
+        every_batch(corrupt(tmp_path, dataset_dir, file, change)())
+    assert str(loaded.value) == str(scanned.value) and fragment in str(loaded.value), str(loaded.value)
+
+
+def test_wide_ids_are_checked_before_they_are_cast(tmp_path, dataset_dir):
+    """An int64 file (the spec may name a wider dtype) holding 2^32 + 3 for a table of 20 rows:
+    the model's int32 ids would wrap it to 3, a valid id; loader and scan both refuse it."""
+    def widen(ids):
+        ids = ids.astype(np.int64)
+        ids[123] = 2 ** 32 + 3
+        return ids
+    corrupt(tmp_path, dataset_dir, "train/c0.bin", widen)
+    raw = spec_dict(dataset_dir)
+    raw["feature_spec"]["c0"]["dtype"] = "int64"
+    test_ids = np.fromfile(os.path.join(dataset_dir, "test", "c0.bin"), np.int8).astype(np.int64)
+    test_ids.tofile(tmp_path / "copy" / "test" / "c0.bin")
+    spec = FeatureSpec.from_dict(raw, str(tmp_path / "copy"))
+    dataset = SplitBinaryDataset(spec, SPLITS)
+    assert dataset.id_dtype == np.int32 and np.int64(2 ** 32 + 3).astype(np.int32) == 3
+    want = f"{tmp_path}/copy/train/c0.bin: feature 'c0', row 123: ids must be in [0, 20), got {2 ** 32 + 3}"
+    with pytest.raises(DatasetError) as loaded:
+        every_batch(dataset)
+    with pytest.raises(DatasetError) as scanned:
+        dataset.validate()
+    assert str(loaded.value) == str(scanned.value) == want
+
+
 def test_multi_hot_row_longer_than_max_hotness_fails_validation(tmp_path, dataset_dir):
     def lengthen(offsets):   # row 10 takes one id of row 11 (which has at least one)
         rows = np.flatnonzero((np.diff(offsets) == 3)[:-1] & (np.diff(offsets)[1:] > 0))
