@@ -51,9 +51,12 @@ def _scale_grad(grad, factor):
     return grad * factor
 
 
-def _all_finite(grads) -> tf.Tensor:
+def gradient_sum(grads) -> tf.Tensor:
+    """The float32 sum of every element of `grads`: not finite if any element is not (or, which
+    no sane step reaches, if the sum overflows). One reduction per tensor, cheaper than
+    is_finite + reduce_all (cost on W1: docs/benchmarks.md)."""
     values = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads]
-    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in values])
+    return tf.add_n([tf.reduce_sum(tf.cast(v, tf.float32)) for v in values])
 
 
 class Trainer(tf.Module):
@@ -160,10 +163,10 @@ class Trainer(tf.Module):
         loss, embedding_grads, dense_grads = self._forward_backward(numerical, embeddings, labels)
         table_grads = emb.gradients(looked_up, embedding_grads)
         # Every rank must agree on a non-finite step (to skip it under loss scaling, else to stop).
-        flags = [loss, 1.0 - tf.cast(_all_finite(table_grads + dense_grads), tf.float32)]
+        flags = [loss, gradient_sum(table_grads + dense_grads)]
         reduced = self.comm.allreduce_sum(list(dense_grads) + flags, "dense_grads")
         grads = table_grads + reduced[:len(dense_grads)]
-        loss, finite = reduced[len(dense_grads)], reduced[-1] == 0.0
+        loss, finite = reduced[len(dense_grads)], tf.math.is_finite(reduced[-1])
         lr = self.schedule(self.step)
         hotness = "multi-hot" if any(isinstance(c, tf.RaggedTensor) for c in categorical) else "one-hot"
         if self.loss_scale is None:
