@@ -112,9 +112,10 @@ def measure(args):
 
 
 def check_costs(w, pool, times, rounds: int = 7) -> dict:
-    """Per step: the loader's value checks (reading the pool's batches from split-binary files
-    with SplitBinaryDataset's checks on, minus off; best of `rounds` each) and the train step's
-    non-finite-gradients flag over W's gradient shapes; both also as % of the median step."""
+    """Per step (medians of `rounds`, measured right after the steps `times`, so under the same
+    load): the loader's value checks (the pool's batches read from split-binary files with
+    SplitBinaryDataset's checks on, minus off) and the train step's non-finite-gradients flag
+    over W's gradient shapes; both also as % of the median step."""
     import tempfile
     import numpy as np
     import tensorflow as tf
@@ -131,11 +132,13 @@ def check_costs(w, pool, times, rounds: int = 7) -> dict:
             writer.write({**{f"n{k}": numerical[:, k] for k in range(w["num_dense"])},
                           **{f"c{k}": v for k, v in enumerate(ids)}, "label": labels})
     view = RankInput.single_process(len(cards))
-    seconds = {}
-    for check in (True, False):
-        data = SplitBinaryDataset(spec, {"train": "train"}, check=check)
-        seconds[check] = min(_timed(lambda: [rank_batch(data, "train", k * batch, batch, view)
-                                             for k in range(len(pool))]) for _ in range(rounds)) / len(pool)
+    seconds = {True: [], False: []}
+    for _ in range(rounds):   # alternating, so that both see the same load
+        for check in seconds:
+            data = SplitBinaryDataset(spec, {"train": "train"}, check=check)
+            seconds[check].append(_timed(lambda: [rank_batch(data, "train", k * batch, batch, view)
+                                                  for k in range(len(pool))]) / len(pool))
+    seconds = {check: statistics.median(s) for check, s in seconds.items()}
     shutil.rmtree(spec.base_dir)
     grads = [tf.IndexedSlices(tf.random.normal([batch, w["embedding_dim"]]), tf.zeros([batch], tf.int64))
              for _ in cards]
@@ -146,7 +149,7 @@ def check_costs(w, pool, times, rounds: int = 7) -> dict:
     grads += [tf.random.normal(s) for s in shapes] + [tf.random.normal(s[1:]) for s in shapes]
     flag = tf.function(lambda: tf.math.is_finite(gradient_sum(grads)))
     flag()
-    grad_s = min(_timed(lambda: [bool(flag()) for _ in range(20)]) for _ in range(rounds)) / 20
+    grad_s = statistics.median(_timed(lambda: [bool(flag()) for _ in range(20)]) for _ in range(rounds)) / 20
     step_ms = 1000 * statistics.median(times)
     loader_ms = 1000 * (seconds[True] - seconds[False])
     return {"loader_batch_ms": round(1000 * seconds[False], 3), "loader_check_ms": round(loader_ms, 3),

@@ -32,7 +32,9 @@ def _map(path: str, dtype: np.dtype, width: int = 1) -> np.ndarray:
         raise DatasetError(f"{path}: size {size} bytes is not a multiple of the record size {record} "
                            f"({width} x {dtype.name})")
     shape = (size // record, width) if width > 1 else (size // record,)
-    return np.memmap(path, dtype, "r", shape=shape) if size else np.zeros(shape, dtype)
+    # A plain ndarray view of the map: NumPy's memmap subclass makes every slice and reduction of
+    # a batch (the per-batch checks) several times slower.
+    return np.asarray(np.memmap(path, dtype, "r", shape=shape)) if size else np.zeros(shape, dtype)
 
 
 class ChunkReader:
