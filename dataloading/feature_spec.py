@@ -11,8 +11,9 @@ headerless row-major records [rows, len(features)]; when it lists several files,
 continue from one file to the next. A multi-hot feature (one with `max_hotness`) sits alone in
 its chunk: each file holds its ids back to back, and the matching `offsets` file holds rows + 1
 int64 offsets into it (row i is ids[offsets[i]:offsets[i + 1]], empty rows allowed). Chunks of
-`type: csv` (the input of dataloading/transcode.py) hold comma-separated columns instead, and
-their cardinalities may be `auto`.
+`type: csv` (the input of dataloading/transcode.py) hold comma-separated columns instead (a
+multi-hot feature's field: its ids joined by a delimiter, with no offsets files), and their
+cardinalities may be `auto`.
 
 Loading validates everything and raises `DatasetError` with one line naming the spec, the key
 and the feature or file. `split_binary_spec` builds the standard layout for writers.
@@ -322,9 +323,9 @@ def _validate_mapping(spec: FeatureSpec, mapping, chunks, chunk_type, where):
                 _fail(where, f"{key}.features", f"feature {name!r} is already in an earlier chunk of {mapping}")
             provided.add(name)
         multi_hot = [n for n in chunk.features if spec.features[n].multi_hot]
-        if multi_hot:
-            if chunk_type == CSV:
-                _fail(where, f"{key}.features", f"multi-hot feature {multi_hot[0]!r} cannot be read from csv")
+        if chunk.offsets and chunk_type == CSV:
+            _fail(where, f"{key}.offsets", "csv chunks have no offsets files (a multi-hot field holds its ids)")
+        if multi_hot and chunk_type == SPLIT_BINARY:
             if len(chunk.features) > 1:
                 _fail(where, f"{key}.features", f"multi-hot feature {multi_hot[0]!r} must be alone in its chunk")
             if len(chunk.offsets) != len(chunk.files):
