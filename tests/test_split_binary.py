@@ -421,3 +421,72 @@ def test_bad_csv_fails_naming_file_feature_and_line(csv_dir, tmp_path, capsys, f
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and fragment in err and "\n" not in err, err
     assert not os.path.exists(tmp_path / "out" / SPEC_FILE) and not os.path.exists(tmp_path / "out" / "train" / "cat_2.bin")
+
+
+# Multi-hot CSV fields, a header line, empty numerical fields.
+
+LIST_SPEC = {
+    "channel_spec": {"categorical": ["cat", "tags"], "numerical": ["num_0", "num_1"], "label": ["label"]},
+    "feature_spec": {"cat": {"cardinality": 5}, "tags": {"cardinality": "auto", "max_hotness": 3},
+                     "label": None, "num_0": {}, "num_1": {}},
+    "source_spec": {m: [{"type": "csv", "features": ["label", "num_0", "tags", "cat", "num_1"], "files": [f"{m}.csv"]}]
+                    for m in ("train", "test")},
+}
+LIST_CSV = {"train": ["label,num_0,tags,cat,num_1", "1,0.5,3|1|4,2,7", "0,,,0,-1.5", "1,2,9,4,", "0,1e3,1|1,1,0.25"],
+            "test": ["label,num_0,tags,cat,num_1", "0,1,,3,2", "1,0,2|7|5,0,1"]}
+
+
+def write_list_csv(path, replace=None):
+    """LIST_SPEC's CSV files under `path`; `replace`: (line number in train.csv, new text)."""
+    os.makedirs(path, exist_ok=True)
+    for mapping, lines in LIST_CSV.items():
+        lines = list(lines)
+        if replace and mapping == "train":
+            lines[replace[0] - 1] = replace[1]
+        open(os.path.join(path, f"{mapping}.csv"), "w").write("\n".join(lines) + "\n")
+    with open(os.path.join(path, SPEC_FILE), "w") as f:
+        yaml.safe_dump(LIST_SPEC, f)
+
+
+def test_csv_multi_hot_fields_header_and_empty_numericals(tmp_path):
+    write_list_csv(tmp_path / "csv")
+    transcode_main(["--input", str(tmp_path / "csv"), "--output", str(tmp_path / "bin"), "--header", "--chunk_size", "3"])
+    spec = FeatureSpec.from_yaml(str(tmp_path / "bin" / SPEC_FILE))
+    assert spec.cardinalities == [5, 10] and spec.max_hotness == [None, 3]
+    want = {"train": ([1, 0, 1, 0], [[0.5, 7], [0, -1.5], [2, 0], [1000, 0.25]], [2, 0, 4, 1], [[3, 1, 4], [], [9], [1, 1]]),
+            "eval": ([0, 1], [[1, 2], [0, 1]], [3, 0], [[], [2, 7, 5]])}
+    data = SplitBinaryDataset(spec, SPLITS)
+    data.validate()
+    for split, (labels, numerical, cat, tags) in want.items():
+        got = data.batch(split, 0, data.rows(split))
+        np.testing.assert_array_equal(got["labels"], labels)
+        np.testing.assert_array_equal(got["numerical"], numerical)
+        np.testing.assert_array_equal(got["categorical"][0], cat)
+        ragged = got["categorical"][1]
+        assert [list(ragged.values[a:b]) for a, b in zip(ragged.row_splits, ragged.row_splits[1:])] == tags
+
+
+LIST_ERRORS = [
+    (2, "1,0.5,3|1|4|2,2,7", "train.csv: feature 'tags', line 2: 4 ids, more than its max_hotness 3"),
+    (3, "0,,5|x,0,-1.5", "train.csv: line 3, column 3: 'x' is not a number"),
+    (2, "1,0.5,3|1.5,2,7", "train.csv: feature 'tags', line 2: ids must be integers, got 1.5"),
+    (5, "0,1e3,1|-1,1,0.25", "train.csv: feature 'tags', line 5: ids must be in [0, 10), got -1.0"),
+    (4, ",2,9,4,", "train.csv: line 4, column 1: '' is not a number"),   # a label must be there
+    (4, "1,2,9,,", "train.csv: line 4, column 4: '' is not a number"),   # and a one-hot id
+]
+
+
+@pytest.mark.parametrize("line,text,fragment", LIST_ERRORS, ids=[e[2][-36:] for e in LIST_ERRORS])
+def test_bad_multi_hot_csv_fails_naming_file_feature_and_line(tmp_path, capsys, line, text, fragment):
+    write_list_csv(tmp_path / "csv", (line, text))
+    with pytest.raises(SystemExit) as info:
+        transcode_main(["--input", str(tmp_path / "csv"), "--output", str(tmp_path / "bin"), "--header"])
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and err == f"error: {tmp_path / 'csv'}/{fragment}", err
+
+
+def test_csv_chunks_have_no_offsets_files():
+    raw = copy.deepcopy(LIST_SPEC)
+    raw["source_spec"]["train"][0]["offsets"] = ["train.offsets.csv"]
+    with pytest.raises(DatasetError, match=r"source_spec.train\[0\].offsets: csv chunks have no offsets files"):
+        FeatureSpec.from_dict(raw, chunk_type="csv")
