@@ -490,3 +490,25 @@ def test_csv_chunks_have_no_offsets_files():
     raw["source_spec"]["train"][0]["offsets"] = ["train.offsets.csv"]
     with pytest.raises(DatasetError, match=r"source_spec.train\[0\].offsets: csv chunks have no offsets files"):
         FeatureSpec.from_dict(raw, chunk_type="csv")
+
+
+def test_generated_multi_hot_csv_transcodes_to_the_generated_binary_dataset(tmp_path):
+    """gen_csv.py's multi-hot fields, through transcode.py, hold the ids generate_dataset.py writes."""
+    raw = copy.deepcopy(LIST_SPEC)
+    raw["feature_spec"]["tags"]["cardinality"] = 10
+    raw["feature_spec"]["num_0"] = raw["feature_spec"]["num_1"] = {"dtype": "float32"}
+    gen_csv(FeatureSpec.from_dict(raw, str(tmp_path / "csv"), chunk_type="csv"), 300, 50, seed=3, alpha=1.05)
+    transcode(str(tmp_path / "csv"), str(tmp_path / "csv" / SPEC_FILE), str(tmp_path / "bin"), block=64)
+    spec = split_binary_spec(["num_0", "num_1"], {"cat": 5, "tags": 10}, max_hotness={"tags": 3},
+                             numerical_dtype="float32", base_dir=str(tmp_path / "ref"))
+    generate(spec, 300, 50, seed=3, alpha=1.05)
+    got = SplitBinaryDataset(FeatureSpec.from_yaml(str(tmp_path / "bin" / SPEC_FILE)), SPLITS)
+    want = SplitBinaryDataset(spec, SPLITS)
+    for split, rows in (("train", 300), ("eval", 50)):
+        a, b = got.batch(split, 0, rows), want.batch(split, 0, rows)
+        np.testing.assert_array_equal(a["labels"], b["labels"])
+        np.testing.assert_allclose(a["numerical"], b["numerical"], rtol=1e-6)
+        np.testing.assert_array_equal(a["categorical"][0], b["categorical"][0])
+        for x, y in zip(a["categorical"][1], b["categorical"][1]):
+            np.testing.assert_array_equal(x, y)
+        assert len(b["categorical"][1].values) > rows   # multi-hot rows of several ids
