@@ -114,8 +114,9 @@ def measure(args):
 def check_costs(w, pool, times, rounds: int = 7) -> dict:
     """Per step (medians of `rounds`, measured right after the steps `times`, so under the same
     load): the loader's value checks (the pool's batches read from split-binary files with
-    SplitBinaryDataset's checks on, minus off) and the train step's non-finite-gradients flag
-    over W's gradient shapes; both also as % of the median step."""
+    SplitBinaryDataset's checks on, minus off; wall and CPU time, the latter unaffected by
+    other processes) and the train step's non-finite-gradients flag over W's gradient shapes;
+    both also as % of the median step."""
     import tempfile
     import numpy as np
     import tensorflow as tf
@@ -132,13 +133,13 @@ def check_costs(w, pool, times, rounds: int = 7) -> dict:
             writer.write({**{f"n{k}": numerical[:, k] for k in range(w["num_dense"])},
                           **{f"c{k}": v for k, v in enumerate(ids)}, "label": labels})
     view = RankInput.single_process(len(cards))
-    seconds = {True: [], False: []}
+    seconds = {True: [], False: []}   # (wall, CPU) seconds per batch
     for _ in range(rounds):   # alternating, so that both see the same load
         for check in seconds:
             data = SplitBinaryDataset(spec, {"train": "train"}, check=check)
-            seconds[check].append(_timed(lambda: [rank_batch(data, "train", k * batch, batch, view)
-                                                  for k in range(len(pool))]) / len(pool))
-    seconds = {check: statistics.median(s) for check, s in seconds.items()}
+            seconds[check].append(np.array(_timed(lambda: [rank_batch(data, "train", k * batch, batch, view)
+                                                           for k in range(len(pool))])) / len(pool))
+    seconds = {check: np.median(s, axis=0) for check, s in seconds.items()}
     shutil.rmtree(spec.base_dir)
     grads = [tf.IndexedSlices(tf.random.normal([batch, w["embedding_dim"]]), tf.zeros([batch], tf.int64))
              for _ in cards]
@@ -149,18 +150,19 @@ def check_costs(w, pool, times, rounds: int = 7) -> dict:
     grads += [tf.random.normal(s) for s in shapes] + [tf.random.normal(s[1:]) for s in shapes]
     flag = tf.function(lambda: tf.math.is_finite(gradient_sum(grads)))
     flag()
-    grad_s = statistics.median(_timed(lambda: [bool(flag()) for _ in range(20)]) for _ in range(rounds)) / 20
+    grad_s = statistics.median(_timed(lambda: [bool(flag()) for _ in range(20)])[0] for _ in range(rounds)) / 20
     step_ms = 1000 * statistics.median(times)
-    loader_ms = 1000 * (seconds[True] - seconds[False])
-    return {"loader_batch_ms": round(1000 * seconds[False], 3), "loader_check_ms": round(loader_ms, 3),
-            "loader_check_pct_of_step": round(100 * loader_ms / step_ms, 3),
+    loader_ms, loader_cpu_ms = (float(x) for x in 1000 * (seconds[True] - seconds[False]))
+    return {"loader_batch_ms": round(1000 * float(seconds[False][0]), 3), "loader_check_ms": round(loader_ms, 3),
+            "loader_check_cpu_ms": round(loader_cpu_ms, 3), "loader_check_pct_of_step": round(100 * loader_ms / step_ms, 3),
             "grad_check_ms": round(1000 * grad_s, 3), "grad_check_pct_of_step": round(100000 * grad_s / step_ms, 3)}
 
 
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
+def _timed(fn):
+    """(wall, this thread's CPU) seconds of fn()."""
+    t0, c0 = time.perf_counter(), time.thread_time()
     fn()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.thread_time() - c0
 
 
 def alltoall_bytes(plan, global_batch: int) -> int:
