@@ -37,16 +37,18 @@ from dataloading.writer import MappingWriter  # noqa: E402
 DELIMITER = "|"   # joins the ids of a multi-hot field
 
 
-def _numbers(text: np.ndarray, lines: np.ndarray, path: str, column: int) -> np.ndarray:
-    """Strings -> float64, naming the file, line (`lines`: one per string) and column of a bad one."""
+def _numbers(table: list, lines, columns: List[int], path: str) -> np.ndarray:
+    """Rows of number strings -> [rows, len(columns)] float64, naming the file, line (lines[k]:
+    row k's) and column (columns[j]: field j's, from 0) of the first that is not a number."""
     try:
-        return text.astype(np.float64)
+        return np.array(table, np.float64).reshape(len(table), len(columns))
     except ValueError:
-        for k, value in enumerate(text):
-            try:
-                float(value)
-            except ValueError:
-                raise DatasetError(f"{path}: line {lines[k]}, column {column + 1}: {str(value)!r} is not a number")
+        for k, row in enumerate(table):
+            for j, value in enumerate(row):
+                try:
+                    float(value)
+                except ValueError:
+                    raise DatasetError(f"{path}: line {lines[k]}, column {columns[j] + 1}: {value!r} is not a number")
         raise
 
 
@@ -61,30 +63,36 @@ def _parse(lines: List[str], path: str, first_line: int, spec: FeatureSpec, chun
     for k, row in enumerate(rows):
         if len(row) != width:
             raise DatasetError(f"{path}: line {first_line + k}: {len(row)} columns, the spec's chunk has {width}")
-    text = np.array(rows, dtype=str).reshape(len(rows), width)
     line_of_row = first_line + np.arange(len(rows))
+    hot = [spec.features[f].max_hotness for f in chunk.features]
+    scalar = [j for j in range(width) if not hot[j]]
+    table = rows if len(scalar) == width else [[row[j] for j in scalar] for row in rows]
+    try:
+        numbers = np.array(table, np.float64).reshape(len(rows), len(scalar))
+    except ValueError:   # empty numerical fields (they read as 0), or a value to name
+        zero = [chunk.features[j] in spec.channels[NUMERICAL] for j in scalar]
+        table = [[v or ("0" if z else v) for v, z in zip(row, zero)] for row in table]
+        numbers = _numbers(table, line_of_row, scalar, path)
     columns = {}
     for j, feature in enumerate(chunk.features):
-        field, hot = text[:, j], spec.features[feature].max_hotness
-        if hot:
-            lengths = np.array([field_ids.count(delimiter) + 1 if field_ids else 0 for field_ids in field], np.int64)
-            joined = delimiter.join(field_ids for field_ids in field if field_ids)
+        if hot[j]:
+            field = [row[j] for row in rows]
+            lengths = np.array([ids.count(delimiter) + 1 if ids else 0 for ids in field], np.int64)
+            joined = delimiter.join(ids for ids in field if ids)
             lines_of = np.repeat(line_of_row, lengths)
-            values = _numbers(np.array(joined.split(delimiter) if joined else [], str), lines_of, path, j)
-            if np.any(lengths > hot):
-                k = int(np.argmax(lengths > hot))
+            values = _numbers([[v] for v in joined.split(delimiter)] if joined else [], lines_of, [j], path)[:, 0]
+            if np.any(lengths > hot[j]):
+                k = int(np.argmax(lengths > hot[j]))
                 raise DatasetError(f"{path}: feature {feature!r}, line {line_of_row[k]}: {lengths[k]} ids, more "
-                                   f"than its max_hotness {hot}")
+                                   f"than its max_hotness {hot[j]}")
         else:
-            if feature in spec.channels[NUMERICAL]:
-                field = np.where(field == "", "0", field)
-            values, lines_of = _numbers(field, line_of_row, path, j), line_of_row
+            values, lines_of = numbers[:, scalar.index(j)], line_of_row
         if feature in spec.channels[CATEGORICAL] and np.any(values != np.floor(values)):
             k = int(np.argmax(values != np.floor(values)))
             raise DatasetError(f"{path}: feature {feature!r}, line {lines_of[k]}: ids must be integers, got {values[k]}")
         if check:
             check_values(spec, feature, values, lines_of, path, unit="line")
-        columns[feature] = _object_rows(values, lengths) if hot else values
+        columns[feature] = _object_rows(values, lengths) if hot[j] else values
     return columns
 
 
