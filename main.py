@@ -97,6 +97,7 @@ class Run:
 
     def evaluate(self, step: int) -> dict:
         from nn.evaluator import evaluate, format_metrics
+        self.trainer.check_finite()
         t0 = time.perf_counter()
         metrics = evaluate(self.trainer.predict, self._eval_data(), self.comm)
         if not self.dataset.has_oracle:   # files carry no ground truth
@@ -109,6 +110,7 @@ class Run:
         return metrics
 
     def save(self, step: int):
+        self.trainer.check_finite()
         path = checkpoint.save(self.cfg.save_checkpoint_path, self.trainer.checkpoint_entries(), step,
                                model_signature(self.cfg), self.comm)
         self.log.print(f"saved checkpoint {path}")
@@ -130,8 +132,8 @@ class Run:
         for numerical, categorical, labels, _, _ in batches:
             losses.append(self.trainer.train_step(numerical, categorical, labels))
             step += 1
-            self.trainer.check_finite(step, losses[-1])   # before any save or evaluation of this state
             if step % cfg.print_freq == 0 or step == total:
+                self.trainer.check_finite()   # here, and before every save and evaluation
                 loss = float(sum(float(x) for x in losses) / len(losses))
                 now = time.perf_counter()
                 lr = float(self.trainer.schedule(step - 1))

@@ -69,8 +69,8 @@ class Trainer(tf.Module):
 
     One step on each of N ranks: lookup of this rank's shards, all-to-all to the local batch,
     dense forward/backward, reverse all-to-all to the shards' owners, one grouped allreduce
-    (dense gradients, loss, and a non-finite-gradients flag), updates. `check_finite` after a
-    step stops a run whose loss or (without loss scaling) gradients were not finite.
+    (dense gradients, loss, and a non-finite-gradients flag), updates. `check_finite` stops a
+    run once a step's loss or (without loss scaling) gradients were not finite.
     """
 
     def __init__(self, model: RankingModel, optimizer: str, schedule: LearningRateSchedule,
@@ -80,7 +80,10 @@ class Trainer(tf.Module):
         self.comm = model.embeddings.comm
         self.schedule = schedule
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-        self.finite = tf.Variable(True, trainable=False, name="last_step_finite")   # see check_finite
+        # The first step (counted from 1; 0: none) whose loss or gradients were not finite, and its
+        # loss: kept on the device, read by check_finite, so that no step waits for the host.
+        self.first_nonfinite_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="first_nonfinite_step")
+        self.first_nonfinite_loss = tf.Variable(0.0, trainable=False, name="first_nonfinite_loss")
         self.table_optimizer = make_optimizer(optimizer, model.table_variables, "table_optimizer", beta1, beta2)
         self.dense_optimizer = make_optimizer(optimizer, model.dense_variables, "dense_optimizer", beta1, beta2)
         self.loss_scale = DynamicLossScale() if loss_scaling else None
@@ -171,22 +174,28 @@ class Trainer(tf.Module):
         hotness = "multi-hot" if any(isinstance(c, tf.RaggedTensor) for c in categorical) else "one-hot"
         if self.loss_scale is None:
             self._apply(grads, lr, hotness)
-            self.finite.assign(tf.logical_and(finite, tf.math.is_finite(loss)))
-        else:
+            good = tf.logical_and(finite, tf.math.is_finite(loss))
+        else:   # an overflowing step is skipped, not an error
             grads = [_scale_grad(g, 1.0 / self.loss_scale.scale) for g in grads]
             tf.cond(finite, lambda: self._apply(grads, lr, hotness), lambda: tf.no_op())
             self.loss_scale.update(finite)
-            self.finite.assign(tf.math.is_finite(loss))
+            good = tf.math.is_finite(loss)
+        first = tf.logical_and(tf.logical_not(good), self.first_nonfinite_step == 0)
+        self.first_nonfinite_step.assign(tf.where(first, self.step + 1, self.first_nonfinite_step))
+        self.first_nonfinite_loss.assign(tf.where(first, loss, self.first_nonfinite_loss))
         self.step.assign_add(1)
         return loss
 
-    def check_finite(self, step: int, loss):
-        """Raises NonFiniteError if the last train_step (global step `step`, counted from 1, which
-        returned `loss`) had a non-finite loss or, without loss scaling, non-finite gradients."""
-        if not bool(self.finite.numpy()):
-            what = f"loss ({float(loss)})" if not math.isfinite(float(loss)) else "gradients"
+    def check_finite(self):
+        """Raises NonFiniteError, naming the step, if a train_step so far had a non-finite loss or,
+        without loss scaling, non-finite gradients. main.py calls it at every progress line and
+        before every save and evaluation."""
+        step = int(self.first_nonfinite_step.numpy())
+        if step:
+            loss = float(self.first_nonfinite_loss.numpy())
+            what = f"loss ({loss})" if not math.isfinite(loss) else "gradients"
             raise NonFiniteError(f"step {step}: non-finite {what} at learning rate {float(self.schedule(step - 1)):g}; "
-                                 "training stopped, nothing saved from this step")
+                                 f"training stopped, nothing saved from step {step} on")
 
     def _apply(self, grads, lr, hotness: str):
         """grads: the tables' IndexedSlices, then the dense variables' gradients."""
