@@ -152,6 +152,7 @@ class Run:
 
     def evaluate(self, step: int) -> dict:
         from nn.evaluator import evaluate, format_metrics
+        self.trainer.check_finite()
         t0 = time.perf_counter()
         metrics = evaluate(self.trainer.predict, self._eval_data(), self.comm, oracle=self.dataset.has_oracle,
                            auc_thresholds=self.cfg.auc_thresholds)
@@ -165,6 +166,7 @@ class Run:
 
     def save(self, step: int, data_step: int):
         """Checkpoints global step `step`, having trained the first `data_step` batches of this data."""
+        self.trainer.check_finite()
         state = {"data": position.state(self.data_definition, data_step, self.steps_per_epoch),
                  "schedule_origin": int(self.trainer.schedule_origin.numpy())}
         path = checkpoint.save(self.cfg.save_checkpoint_path, self.trainer.checkpoint_entries(), step,
@@ -209,6 +211,7 @@ class Run:
                 float(losses[-1])
                 timed_from = time.perf_counter()
             if step % cfg.print_freq == 0 or step == total:
+                self.trainer.check_finite()   # here, and before every save and evaluation
                 loss = float(sum(float(x) for x in losses) / len(losses))
                 now = time.perf_counter()
                 lr = float(self.trainer.learning_rate(step + offset - 1))
@@ -278,6 +281,7 @@ def run(cfg: RunConfig, comm=None):
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    from nn.trainer import NonFiniteError
     from parallel_embedding.collectives import make_collectives
     from utils.runtime import configure_tensorflow
     F = run_flags.FLAGS
@@ -293,6 +297,9 @@ def main(argv):
     except (ConfigError, checkpoint.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except NonFiniteError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
     except Exception as e:   # a lost rank: one line, not a traceback per collective
         failure = comm.failure(e)
         if failure is None:

@@ -6,17 +6,22 @@ workloads specify) on an in-memory pool of synthetic batches, as the yardstick d
     python benchmarks/train_throughput.py --workload dlrm-kaggle [--xla 1] [--onednn 0|1] [--threads 2]
     python benchmarks/train_throughput.py --compare      # also runs the yardstick's modes, prints ratios
     python benchmarks/train_throughput.py --scaling      # W1: 2 ranks x 1 thread against 1 rank x 2 threads
+    python benchmarks/train_throughput.py --workload dlrm-kaggle --checks 1   # + the cost of the safety checks
 
 Workload, FLOP accounting and batch pool come from the shared yardstick module, so both sides
 measure the same thing. With `--ranks N` the step runs hybrid-parallel on N Gloo ranks of this
 machine (`horovodrun`, tables placed by the default plan, model-parallel input: each rank
-holds only the ids its tables need); samples/s counts the global batch.
+holds only the ids its tables need); samples/s counts the global batch. `--checks 1` also times,
+per step, the loader's per-batch value checks (the pool written as split-binary files and read
+back by the real loader with and without them) and the train step's non-finite-gradients flag
+(the same reduction over gradient-shaped tensors), as fractions of the step.
 """
 import argparse
 import importlib.util
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -101,7 +106,63 @@ def measure(args):
             "step_ms_median": round(1000 * statistics.median(times), 2),
             "achieved_gflops": round(ys.train_flops_per_sample(w) * sps / 1e9, 2),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-            "tensorflow": tf.__version__}
+            "tensorflow": tf.__version__,
+            **(check_costs(w, [(n.numpy(), [i.numpy() for i in ids], y.numpy()) for n, ids, y in pool], times)
+               if args.checks else {})}
+
+
+def check_costs(w, pool, times, rounds: int = 7) -> dict:
+    """Per step (medians of `rounds`, measured right after the steps `times`, so under the same
+    load): the loader's value checks (the pool's batches read from split-binary files with
+    SplitBinaryDataset's checks on, minus off; wall and CPU time, the latter unaffected by
+    other processes) and the train step's non-finite-gradients flag over W's gradient shapes;
+    both also as % of the median step."""
+    import tempfile
+    import numpy as np
+    import tensorflow as tf
+    from dataloading.batches import RankInput, rank_batch
+    from dataloading.feature_spec import split_binary_spec
+    from dataloading.split_binary import SplitBinaryDataset
+    from dataloading.writer import MappingWriter
+    from nn.trainer import gradient_sum
+    cards, batch = w["cardinalities"], int(w["batch_size"])
+    spec = split_binary_spec([f"n{k}" for k in range(w["num_dense"])], {f"c{k}": c for k, c in enumerate(cards)},
+                             mappings=["train"], base_dir=tempfile.mkdtemp(prefix="check_cost_"))
+    with MappingWriter(spec, "train") as writer:
+        for numerical, ids, labels in pool:
+            writer.write({**{f"n{k}": numerical[:, k] for k in range(w["num_dense"])},
+                          **{f"c{k}": v for k, v in enumerate(ids)}, "label": labels})
+    view = RankInput.single_process(len(cards))
+    seconds = {True: [], False: []}   # (wall, CPU) seconds per batch
+    for _ in range(rounds):   # alternating, so that both see the same load
+        for check in seconds:
+            data = SplitBinaryDataset(spec, {"train": "train"}, check=check)
+            seconds[check].append(np.array(_timed(lambda: [rank_batch(data, "train", k * batch, batch, view)
+                                                           for k in range(len(pool))])) / len(pool))
+    seconds = {check: np.median(s, axis=0) for check, s in seconds.items()}
+    shutil.rmtree(spec.base_dir)
+    grads = [tf.IndexedSlices(tf.random.normal([batch, w["embedding_dim"]]), tf.zeros([batch], tf.int64))
+             for _ in cards]
+    widths = [w["num_dense"]] + list(w["bottom_mlp"])
+    top_in = w["bottom_mlp"][-1] + (len(cards) + 1) * len(cards) // 2
+    shapes = [(a, b) for a, b in zip(widths, widths[1:])]
+    shapes += [(a, b) for a, b in zip([top_in] + list(w["top_mlp"]), w["top_mlp"])]
+    grads += [tf.random.normal(s) for s in shapes] + [tf.random.normal(s[1:]) for s in shapes]
+    flag = tf.function(lambda: tf.math.is_finite(gradient_sum(grads)))
+    flag()
+    grad_s = statistics.median(_timed(lambda: [bool(flag()) for _ in range(20)])[0] for _ in range(rounds)) / 20
+    step_ms = 1000 * statistics.median(times)
+    loader_ms, loader_cpu_ms = (float(x) for x in 1000 * (seconds[True] - seconds[False]))
+    return {"loader_batch_ms": round(1000 * float(seconds[False][0]), 3), "loader_check_ms": round(loader_ms, 3),
+            "loader_check_cpu_ms": round(loader_cpu_ms, 3), "loader_check_pct_of_step": round(100 * loader_ms / step_ms, 3),
+            "grad_check_ms": round(1000 * grad_s, 3), "grad_check_pct_of_step": round(100000 * grad_s / step_ms, 3)}
+
+
+def _timed(fn):
+    """(wall, this thread's CPU) seconds of fn()."""
+    t0, c0 = time.perf_counter(), time.thread_time()
+    fn()
+    return time.perf_counter() - t0, time.thread_time() - c0
 
 
 def alltoall_bytes(plan, global_batch: int) -> int:
@@ -180,6 +241,8 @@ def main():
     ap.add_argument("--onednn", type=int, choices=[0, 1], default=None, help="TF_ENABLE_ONEDNN_OPTS (default: TF's choice)")
     ap.add_argument("--dot_op", type=int, choices=[0, 1], default=1, help="DLRM: the dot-interaction op (1) or "
                     "TensorFlow's implementation (0)")
+    ap.add_argument("--checks", type=int, choices=[0, 1], default=0, help="also time the loader's value checks and "
+                    "the non-finite-gradients flag (dlrm-kaggle: the pool written to split-binary files, ~6 MB)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup", type=int)
     ap.add_argument("--timed", type=int)

@@ -13,11 +13,12 @@ the ids of `features`) and `categorical(split, start, size, features)`; multi-ho
 RaggedIds (dataloading.split_binary), fed to the model as tf.RaggedTensor.
 """
 import dataclasses
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
+from dataloading.feature_spec import DatasetError
 from dataloading.split_binary import RaggedIds
 
 
@@ -110,8 +111,9 @@ def eval_batches(dataset, rows: int, batch_size: int, view: RankInput) -> Iterat
         yield batch
 
 
-def prefetched(batches: Iterator[dict], dataset, depth: int = 2, synchronous: bool = False) -> Iterable[tuple]:
-    """Wraps a batch iterator over `dataset` in tf.data with background prefetching.
+def prefetched(batches: Iterator[dict], dataset, depth: int = 2, synchronous: bool = False) -> Iterator[tuple]:
+    """Iterates a batch iterator over `dataset` through tf.data with background prefetching; a
+    DatasetError raised by the reader (a bad value) is raised here, after the batches before it.
 
     Elements: (numerical [b, n] float32, tuple of F ids (see RankInput; multi-hot features:
     tf.RaggedTensor [rows, None]), labels [b] float32, oracle_logits [b] float32, valid: the
@@ -129,12 +131,20 @@ def prefetched(batches: Iterator[dict], dataset, depth: int = 2, synchronous: bo
     def as_tensor(x):
         return tf.RaggedTensor.from_row_splits(x.values, x.row_splits) if isinstance(x, RaggedIds) else x
 
-    def generate():
-        for b in batches:
-            yield (b["numerical"], tuple(as_tensor(c) for c in b["categorical"]), b["labels"], b["oracle_logits"],
-                   np.int32(b["valid"]))
+    failure = []
+
+    def generate():   # an exception here would reach the consumer as a TensorFlow error: end, keep it
+        try:
+            for b in batches:
+                yield (b["numerical"], tuple(as_tensor(c) for c in b["categorical"]), b["labels"],
+                       b["oracle_logits"], np.int32(b["valid"]))
+        except DatasetError as e:
+            failure.append(e)
 
     if synchronous:
         tensor = lambda x: x if isinstance(x, tf.RaggedTensor) else tf.convert_to_tensor(x)  # noqa: E731
-        return (tf.nest.map_structure(tensor, element) for element in generate())
-    return tf.data.Dataset.from_generator(generate, output_signature=signature).prefetch(depth)
+        yield from (tf.nest.map_structure(tensor, element) for element in generate())
+    else:
+        yield from tf.data.Dataset.from_generator(generate, output_signature=signature).prefetch(depth)
+    if failure:
+        raise failure[0]

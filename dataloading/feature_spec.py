@@ -13,8 +13,9 @@ headerless row-major records [rows, len(features)]; when it lists several files,
 continue from one file to the next. A multi-hot feature (one with `max_hotness`) sits alone in
 its chunk: each file holds its ids back to back, and the matching `offsets` file holds rows + 1
 int64 offsets into it (row i is ids[offsets[i]:offsets[i + 1]], empty rows allowed). Chunks of
-`type: csv` (the input of dataloading/transcode.py) hold comma-separated columns instead, and
-their cardinalities may be `auto`.
+`type: csv` (the input of dataloading/transcode.py) hold comma-separated columns instead (a
+multi-hot feature's field: its ids joined by a delimiter, with no offsets files), and their
+cardinalities may be `auto`.
 
 Loading validates everything and raises `DatasetError` with one line naming the spec, the key
 and the feature or file. `split_binary_spec` builds the standard layout for writers.
@@ -181,19 +182,33 @@ def split_binary_spec(numerical: Sequence[str], categorical: Dict[str, int], lab
     return FeatureSpec(features, channels, source, {}, base_dir)
 
 
+def in_domain(spec: FeatureSpec, feature: str, values: np.ndarray) -> bool:
+    """Whether every value of `feature` is in its domain (as check_values, without locating the
+    first bad one): the loader's per-batch test, min/max for ids."""
+    if not values.size:
+        return True
+    if feature in spec.channels[CATEGORICAL]:
+        return bool(values.min() >= 0 and values.max() < spec.features[feature].cardinality)
+    if feature in spec.channels[NUMERICAL]:
+        return bool(np.isfinite(values).all())
+    return not np.any((values != 0) & (values != 1))
+
+
+def violations(spec: FeatureSpec, feature: str, values: np.ndarray):
+    """(mask of the `values` of `feature` outside its domain, the rule they break)."""
+    if feature in spec.channels[CATEGORICAL]:
+        return (values < 0) | (values >= spec.features[feature].cardinality), \
+            f"ids must be in [0, {spec.features[feature].cardinality})"
+    if feature in spec.channels[NUMERICAL]:
+        return ~np.isfinite(values), "numerical values must be finite"
+    return (values != 0) & (values != 1), "labels must be 0 or 1"
+
+
 def check_values(spec: FeatureSpec, feature: str, values: np.ndarray, first_row, where: str, unit: str = "row"):
     """Raises DatasetError naming `where`, the feature and the row if `values` of `feature`
     (rows from `first_row`, or one row index per value as an array; `unit` names them) are out
     of their domain."""
-    if feature in spec.channels[CATEGORICAL]:
-        bad = (values < 0) | (values >= spec.features[feature].cardinality)
-        problem = f"ids must be in [0, {spec.features[feature].cardinality})"
-    elif feature in spec.channels[NUMERICAL]:
-        bad = ~np.isfinite(values)
-        problem = "numerical values must be finite"
-    else:
-        bad = (values != 0) & (values != 1)
-        problem = "labels must be 0 or 1"
+    bad, problem = violations(spec, feature, values)
     if np.any(bad):
         k = int(np.argmax(bad))
         row = int(first_row[k]) if isinstance(first_row, np.ndarray) else first_row + k
@@ -330,9 +345,9 @@ def _validate_mapping(spec: FeatureSpec, mapping, chunks, chunk_type, where):
                 _fail(where, f"{key}.features", f"feature {name!r} is already in an earlier chunk of {mapping}")
             provided.add(name)
         multi_hot = [n for n in chunk.features if spec.features[n].multi_hot]
-        if multi_hot:
-            if chunk_type == CSV:
-                _fail(where, f"{key}.features", f"multi-hot feature {multi_hot[0]!r} cannot be read from csv")
+        if chunk.offsets and chunk_type == CSV:
+            _fail(where, f"{key}.offsets", "csv chunks have no offsets files (a multi-hot field holds its ids)")
+        if multi_hot and chunk_type == SPLIT_BINARY:
             if len(chunk.features) > 1:
                 _fail(where, f"{key}.features", f"multi-hot feature {multi_hot[0]!r} must be alone in its chunk")
             if len(chunk.offsets) != len(chunk.files):

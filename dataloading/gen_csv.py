@@ -5,8 +5,9 @@
 The samples are SyntheticDataset's (see generate_dataset.py: mapping "train" from the training
 samples, the others from the evaluation ones), so the labels follow a planted logistic model
 that a trained model can learn (and whose AUC is known), not constants. Categorical
-cardinalities must be numbers here. A chunk's rows are split evenly over its files; the spec
-is copied to DIR/feature_spec.yaml, ready for `transcode.py --input DIR`.
+cardinalities must be numbers here; multi-hot fields are ids joined by `|`. A chunk's rows are
+split evenly over its files; the spec is copied to DIR/feature_spec.yaml, ready for
+`transcode.py --input DIR`.
 """
 import argparse
 import os
@@ -20,6 +21,7 @@ import numpy as np  # noqa: E402
 from dataloading.feature_spec import AUTO, CSV, SPEC_FILE, DatasetError, FeatureSpec  # noqa: E402
 from dataloading.generate_dataset import synthetic_columns, synthetic_sources  # noqa: E402
 from dataloading.synthetic import SyntheticDataset  # noqa: E402
+from dataloading.transcode import DELIMITER  # noqa: E402
 
 
 def gen_csv(spec: FeatureSpec, rows: int, eval_rows: int, seed: int, alpha: float):
@@ -31,12 +33,22 @@ def gen_csv(spec: FeatureSpec, rows: int, eval_rows: int, seed: int, alpha: floa
     for mapping, (split, first, n) in synthetic_sources(spec, rows, eval_rows).items():
         columns = synthetic_columns(spec, data, split, first, n)
         for chunk in spec.mapping(mapping):
-            table = np.stack([columns[f] for f in chunk.features], axis=1)
-            formats = ["%d" if f in spec.categorical or f == spec.label else "%.7g" for f in chunk.features]
-            for path, part in zip(chunk.files, np.array_split(table, len(chunk.files))):
+            lines = [",".join(fields) + "\n" for fields in zip(*(_fields(spec, f, columns[f]) for f in chunk.features))]
+            for path, part in zip(chunk.files, np.array_split(np.arange(n), len(chunk.files))):
                 os.makedirs(os.path.dirname(spec.path(path)) or ".", exist_ok=True)
-                np.savetxt(spec.path(path), part, fmt=formats, delimiter=",")
+                with open(spec.path(path), "w") as f:
+                    f.writelines(lines[k] for k in part)
     spec.to_yaml(os.path.join(spec.base_dir, SPEC_FILE))
+
+
+def _fields(spec: FeatureSpec, feature: str, column) -> list:
+    """A column's CSV fields: ids and labels as integers, numericals to 7 digits, multi-hot
+    (ids, row lengths) as ids joined by transcode's delimiter."""
+    if spec.features[feature].multi_hot:
+        ids, lengths = column
+        return [DELIMITER.join(map(str, row)) for row in np.split(ids, np.cumsum(lengths)[:-1])]
+    fmt = "%d" if feature in spec.categorical or feature == spec.label else "%.7g"
+    return [fmt % v for v in column]
 
 
 def main(argv=None):

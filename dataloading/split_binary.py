@@ -4,14 +4,17 @@ Every file is memory-mapped; a read of rows [start, start + n) slices the maps a
 whole columns at once (float16 -> float32, bool -> float32, ids -> one int dtype), so a batch
 costs a few vectorised copies and no per-sample Python. Opening a dataset makes the cheap
 checks (files exist, sizes are whole records, all chunks of a mapping have the same rows,
-offsets files start at 0 and end at their ids' count); `validate` scans every value.
+offsets files start at 0 and end at their ids' count); `validate` scans every value. Every
+batch read is checked (ids in [0, cardinality) before the cast to the model's id dtype, finite
+numericals, 0/1 labels), naming the file, feature and row of a bad value as `validate` does.
 """
 import os
 from typing import Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from dataloading.feature_spec import OFFSETS_DTYPE, Chunk, DatasetError, FeatureSpec, check_values
+from dataloading.feature_spec import (OFFSETS_DTYPE, Chunk, DatasetError, FeatureSpec, check_values, in_domain,
+                                      violations)
 
 
 class RaggedIds(NamedTuple):
@@ -29,7 +32,9 @@ def _map(path: str, dtype: np.dtype, width: int = 1) -> np.ndarray:
         raise DatasetError(f"{path}: size {size} bytes is not a multiple of the record size {record} "
                            f"({width} x {dtype.name})")
     shape = (size // record, width) if width > 1 else (size // record,)
-    return np.memmap(path, dtype, "r", shape=shape) if size else np.zeros(shape, dtype)
+    # A plain ndarray view of the map: NumPy's memmap subclass makes every slice and reduction of
+    # a batch (the per-batch checks) several times slower.
+    return np.asarray(np.memmap(path, dtype, "r", shape=shape)) if size else np.zeros(shape, dtype)
 
 
 class ChunkReader:
@@ -54,6 +59,11 @@ class ChunkReader:
             counts = [len(p) for p in self.parts]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.rows = int(self.starts[-1])
+
+    def locate(self, row: int):
+        """(path of the file holding row `row` of the chunk, its row within that file)."""
+        k = int(np.searchsorted(self.starts, row, side="right")) - 1
+        return self.paths[k], row - int(self.starts[k])
 
     def _pieces(self, start: int, n: int):
         """(part, first row in part, rows) covering rows [start, start + n)."""
@@ -84,11 +94,11 @@ class ChunkReader:
 class SplitBinaryDataset:
     """Random-access dataset over the split-binary files of `spec`; `mappings` names the spec's
     mapping read for each split ("train", "eval"). Same interface as SyntheticDataset (without
-    an oracle): `batch`, `categorical`, `rows`."""
+    an oracle): `batch`, `categorical`, `rows`. `check`: test every value read (see `_check`)."""
     has_oracle = False
 
-    def __init__(self, spec: FeatureSpec, mappings: Dict[str, str]):
-        self.spec, self.mappings = spec, dict(mappings)
+    def __init__(self, spec: FeatureSpec, mappings: Dict[str, str], check: bool = True):
+        self.spec, self.mappings, self.check = spec, dict(mappings), check
         self.cardinalities = spec.cardinalities
         self.max_hotness = spec.max_hotness
         self.num_numerical = len(spec.numerical)
@@ -111,9 +121,22 @@ class SplitBinaryDataset:
     def rows(self, split: str) -> int:
         return next(iter(self._readers[split].values())).rows
 
+    def _check(self, split: str, feature: str, values: np.ndarray, start: int, row_splits=None):
+        """Raises DatasetError naming the file, feature and row (as `validate`) of the first value
+        of `feature` out of its domain; `values` [n] are rows [start, start + n) of `split` or,
+        multi-hot, split into rows by `row_splits`."""
+        if not self.check or in_domain(self.spec, feature, values):
+            return
+        k = int(np.argmax(violations(self.spec, feature, values)[0]))
+        row = k if row_splits is None else int(np.searchsorted(row_splits, k, side="right")) - 1
+        path, row = self._readers[split][feature].locate(start + row)
+        check_values(self.spec, feature, values[k:k + 1], row, path)
+
     def _column(self, split: str, feature: str, start: int, n: int) -> np.ndarray:
         reader = self._readers[split][feature]
-        return reader.read(start, n)[:, reader.features.index(feature)]
+        column = reader.read(start, n)[:, reader.features.index(feature)]
+        self._check(split, feature, column, start)
+        return column
 
     def _numerical(self, split: str, start: int, n: int) -> np.ndarray:
         out = np.empty([n, self.num_numerical], np.float32)
@@ -128,6 +151,9 @@ class SplitBinaryDataset:
             for j, feature in enumerate(reader.features):
                 if feature in names:
                     out[:, names.index(feature)] = block[:, j]
+        if self.check and not np.isfinite(out).all():
+            i, j = np.argwhere(~np.isfinite(out))[0]
+            self._check(split, names[j], out[i:i + 1, j], start + int(i))
         return out
 
     def categorical(self, split: str, start: int, size: int, features: Sequence[int]) -> List:
@@ -139,6 +165,7 @@ class SplitBinaryDataset:
             reader = self._readers[split][name]
             if reader.multi_hot:
                 ragged = reader.read_ragged(start, size)
+                self._check(split, name, ragged.values, start, ragged.row_splits)
                 out.append(RaggedIds(ragged.values.astype(self.id_dtype), ragged.row_splits))
             else:
                 out.append(self._column(split, name, start, size).astype(self.id_dtype))

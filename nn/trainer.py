@@ -1,5 +1,6 @@
 """The training step: forward, BCE loss, backward, sparse table update, dense MLP update."""
 import functools
+import math
 from typing import Dict, List, Optional, Set
 
 import tensorflow as tf
@@ -49,15 +50,22 @@ class LossScale(tf.Module):
                                         tf.zeros_like(self.good_steps)))
 
 
+class NonFiniteError(RuntimeError):
+    """A training step gave a non-finite loss or gradients; the message is one line naming the step."""
+
+
 def _scale_grad(grad, factor):
     if isinstance(grad, tf.IndexedSlices):
         return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
     return grad * factor
 
 
-def _all_finite(grads) -> tf.Tensor:
+def gradient_sum(grads) -> tf.Tensor:
+    """The float32 sum of every element of `grads`: not finite if any element is not (or, which
+    no sane step reaches, if the sum overflows). One reduction per tensor, cheaper than
+    is_finite + reduce_all (cost on W1: docs/benchmarks.md)."""
     values = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads]
-    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in values])
+    return tf.add_n([tf.reduce_sum(tf.cast(v, tf.float32)) for v in values])
 
 
 class Trainer(tf.Module):
@@ -72,7 +80,8 @@ class Trainer(tf.Module):
 
     One step on each of N ranks: lookup of this rank's shards, all-to-all to the local batch,
     dense forward/backward, reverse all-to-all to the shards' owners, one grouped allreduce
-    (dense gradients, loss, and the overflow flag under loss scaling), updates.
+    (dense gradients, loss, and a non-finite-gradients flag), updates. `check_finite` stops a
+    run once a step's loss or (without loss scaling) gradients were not finite.
     """
 
     def __init__(self, model: RankingModel, optimizer: str, schedule: LearningRateSchedule,
@@ -86,6 +95,10 @@ class Trainer(tf.Module):
         # The learning rate of update `step` is schedule(step - schedule_origin): a run continued
         # from a checkpoint restarts its schedule by setting the origin to the restored step.
         self.schedule_origin = tf.Variable(0, dtype=tf.int64, trainable=False, name="schedule_origin")
+        # The first step (counted from 1; 0: none) whose loss or gradients were not finite, and its
+        # loss: kept on the device, read by check_finite, so that no step waits for the host.
+        self.first_nonfinite_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="first_nonfinite_step")
+        self.first_nonfinite_loss = tf.Variable(0.0, trainable=False, name="first_nonfinite_loss")
         self.table_optimizer = make_optimizer(optimizer, model.table_variables, "table_optimizer", beta1, beta2)
         self.dense_optimizer = make_optimizer(optimizer, model.dense_variables, "dense_optimizer", beta1, beta2)
         self.loss_scale = LossScale(static=static_loss_scale) if loss_scaling else None
@@ -182,23 +195,38 @@ class Trainer(tf.Module):
         embeddings = emb.exchange(looked_up, tf.shape(numerical)[0])
         loss, embedding_grads, dense_grads = self._forward_backward(numerical, embeddings, labels)
         table_grads = emb.gradients(looked_up, embedding_grads) if self.train_tables else []
-        flags = [loss]
-        if self.loss_scale is not None:   # every rank must agree to skip an overflowing step
-            flags.append(1.0 - tf.cast(_all_finite(table_grads + dense_grads), tf.float32))
+        # Every rank must agree on a non-finite step (to skip it under loss scaling, else to stop).
+        flags = [loss, gradient_sum(table_grads + dense_grads)]
         reduced = self.comm.allreduce_sum(list(dense_grads) + flags, "dense_grads")
         grads = table_grads + reduced[:len(dense_grads)]
-        loss = reduced[len(dense_grads)]
+        loss, finite = reduced[len(dense_grads)], tf.math.is_finite(reduced[-1])
         lr = self.learning_rate(self.step)
         hotness = "multi-hot" if any(isinstance(c, tf.RaggedTensor) for c in categorical) else "one-hot"
         if self.loss_scale is None:
             self._apply(grads, lr, hotness)
-        else:
+            good = tf.logical_and(finite, tf.math.is_finite(loss))
+        else:   # an overflowing step is skipped, not an error
             grads = [_scale_grad(g, 1.0 / self.loss_scale.value) for g in grads]
-            finite = reduced[-1] == 0.0
             tf.cond(finite, lambda: self._apply(grads, lr, hotness), lambda: tf.no_op())
             self.loss_scale.update(finite)
+            good = tf.math.is_finite(loss)
+        first = tf.logical_and(tf.logical_not(good), self.first_nonfinite_step == 0)
+        self.first_nonfinite_step.assign(tf.where(first, self.step + 1, self.first_nonfinite_step))
+        self.first_nonfinite_loss.assign(tf.where(first, loss, self.first_nonfinite_loss))
         self.step.assign_add(1)
         return loss
+
+    def check_finite(self):
+        """Raises NonFiniteError, naming the step, if a train_step so far had a non-finite loss or,
+        without loss scaling, non-finite gradients. main.py calls it at every progress line and
+        before every save and evaluation."""
+        step = int(self.first_nonfinite_step.numpy())
+        if step:
+            loss = float(self.first_nonfinite_loss.numpy())
+            what = f"loss ({loss})" if not math.isfinite(loss) else "gradients"
+            lr = float(self.learning_rate(step - 1))
+            raise NonFiniteError(f"step {step}: non-finite {what} at learning rate {lr:g}; "
+                                 f"training stopped, nothing saved from step {step} on")
 
     def _apply(self, grads, lr, hotness: str):
         """grads: the tables' IndexedSlices (none when they are frozen), then the dense variables' gradients."""

@@ -52,3 +52,16 @@ def test_scaling_runs_two_ranks_against_one(tmp_path):
     # the allreduce moves 2 (N-1)/N of them.
     assert two["allreduce_bytes_per_step"] == 4 * 649
     assert summary["ratio"] == round(two["samples_per_s"] / one["samples_per_s"], 3)
+
+
+@pytest.mark.skipif(not os.path.isfile(YARDSTICK), reason="../shared/bench is not beside this checkout")
+def test_checks_adds_the_safety_checks_costs(tmp_path):
+    plain = run_benchmark(tmp_path, ["--workload", "dlrm-kaggle"])[-1]
+    (tmp_path / "checks").mkdir()
+    record = run_benchmark(tmp_path / "checks", ["--workload", "dlrm-kaggle", "--checks", "1"])[-1]
+    costs = {"loader_batch_ms", "loader_check_ms", "loader_check_cpu_ms", "loader_check_pct_of_step",
+             "grad_check_ms", "grad_check_pct_of_step"}
+    assert not costs & set(plain) and costs <= set(record)
+    assert record["loader_batch_ms"] > 0 and record["grad_check_ms"] > 0
+    assert record["grad_check_pct_of_step"] == pytest.approx(100 * record["grad_check_ms"] / record["step_ms_median"],
+                                                             rel=0.02)

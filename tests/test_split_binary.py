@@ -278,6 +278,48 @@ def test_bad_values_fail_validation(tmp_path, dataset_dir, file, change, fragmen
     assert fragment in str(info.value), str(info.value)
 
 
+def every_batch(dataset, batch_size=100):
+    """Reads every training and evaluation sample through the loader, as training does."""
+    rows = {split: dataset.rows(split) for split in SPLITS}
+    steps = steps_per_epoch(rows["train"], batch_size, 1, True)
+    view = RankInput.single_process(len(CARDS))
+    list(train_batches(dataset, rows["train"], batch_size, 5, 0, steps, view, last_partial=True))
+    list(eval_batches(dataset, rows["eval"], batch_size, view))
+
+
+@pytest.mark.parametrize("file,change,fragment", SCAN_ERRORS, ids=[e[2][:40] for e in SCAN_ERRORS])
+def test_the_loader_stops_at_a_bad_value_as_validation_names_it(tmp_path, dataset_dir, file, change, fragment):
+    """Without the scan, reading the batch that holds a bad value raises validate's exact line."""
+    with pytest.raises(DatasetError) as scanned:
+        corrupt(tmp_path, dataset_dir, file, change)().validate()
+    with pytest.raises(DatasetError) as loaded:
+        every_batch(corrupt(tmp_path, dataset_dir, file, change)())
+    assert str(loaded.value) == str(scanned.value) and fragment in str(loaded.value), str(loaded.value)
+
+
+def test_wide_ids_are_checked_before_they_are_cast(tmp_path, dataset_dir):
+    """An int64 file (the spec may name a wider dtype) holding 2^32 + 3 for a table of 20 rows:
+    the model's int32 ids would wrap it to 3, a valid id; loader and scan both refuse it."""
+    def widen(ids):
+        ids = ids.astype(np.int64)
+        ids[123] = 2 ** 32 + 3
+        return ids
+    corrupt(tmp_path, dataset_dir, "train/c0.bin", widen)
+    raw = spec_dict(dataset_dir)
+    raw["feature_spec"]["c0"]["dtype"] = "int64"
+    test_ids = np.fromfile(os.path.join(dataset_dir, "test", "c0.bin"), np.int8).astype(np.int64)
+    test_ids.tofile(tmp_path / "copy" / "test" / "c0.bin")
+    spec = FeatureSpec.from_dict(raw, str(tmp_path / "copy"))
+    dataset = SplitBinaryDataset(spec, SPLITS)
+    assert dataset.id_dtype == np.int32 and np.int64(2 ** 32 + 3).astype(np.int32) == 3
+    want = f"{tmp_path}/copy/train/c0.bin: feature 'c0', row 123: ids must be in [0, 20), got {2 ** 32 + 3}"
+    with pytest.raises(DatasetError) as loaded:
+        every_batch(dataset)
+    with pytest.raises(DatasetError) as scanned:
+        dataset.validate()
+    assert str(loaded.value) == str(scanned.value) == want
+
+
 def test_multi_hot_row_longer_than_max_hotness_fails_validation(tmp_path, dataset_dir):
     def lengthen(offsets):   # row 10 takes one id of row 11 (which has at least one)
         rows = np.flatnonzero((np.diff(offsets) == 3)[:-1] & (np.diff(offsets)[1:] > 0))
@@ -379,3 +421,94 @@ def test_bad_csv_fails_naming_file_feature_and_line(csv_dir, tmp_path, capsys, f
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and fragment in err and "\n" not in err, err
     assert not os.path.exists(tmp_path / "out" / SPEC_FILE) and not os.path.exists(tmp_path / "out" / "train" / "cat_2.bin")
+
+
+# Multi-hot CSV fields, a header line, empty numerical fields.
+
+LIST_SPEC = {
+    "channel_spec": {"categorical": ["cat", "tags"], "numerical": ["num_0", "num_1"], "label": ["label"]},
+    "feature_spec": {"cat": {"cardinality": 5}, "tags": {"cardinality": "auto", "max_hotness": 3},
+                     "label": None, "num_0": {}, "num_1": {}},
+    "source_spec": {m: [{"type": "csv", "features": ["label", "num_0", "tags", "cat", "num_1"], "files": [f"{m}.csv"]}]
+                    for m in ("train", "test")},
+}
+LIST_CSV = {"train": ["label,num_0,tags,cat,num_1", "1,0.5,3|1|4,2,7", "0,,,0,-1.5", "1,2,9,4,", "0,1e3,1|1,1,0.25"],
+            "test": ["label,num_0,tags,cat,num_1", "0,1,,3,2", "1,0,2|7|5,0,1"]}
+
+
+def write_list_csv(path, replace=None):
+    """LIST_SPEC's CSV files under `path`; `replace`: (line number in train.csv, new text)."""
+    os.makedirs(path, exist_ok=True)
+    for mapping, lines in LIST_CSV.items():
+        lines = list(lines)
+        if replace and mapping == "train":
+            lines[replace[0] - 1] = replace[1]
+        open(os.path.join(path, f"{mapping}.csv"), "w").write("\n".join(lines) + "\n")
+    with open(os.path.join(path, SPEC_FILE), "w") as f:
+        yaml.safe_dump(LIST_SPEC, f)
+
+
+def test_csv_multi_hot_fields_header_and_empty_numericals(tmp_path):
+    write_list_csv(tmp_path / "csv")
+    transcode_main(["--input", str(tmp_path / "csv"), "--output", str(tmp_path / "bin"), "--header", "--chunk_size", "3"])
+    spec = FeatureSpec.from_yaml(str(tmp_path / "bin" / SPEC_FILE))
+    assert spec.cardinalities == [5, 10] and spec.max_hotness == [None, 3]
+    want = {"train": ([1, 0, 1, 0], [[0.5, 7], [0, -1.5], [2, 0], [1000, 0.25]], [2, 0, 4, 1], [[3, 1, 4], [], [9], [1, 1]]),
+            "eval": ([0, 1], [[1, 2], [0, 1]], [3, 0], [[], [2, 7, 5]])}
+    data = SplitBinaryDataset(spec, SPLITS)
+    data.validate()
+    for split, (labels, numerical, cat, tags) in want.items():
+        got = data.batch(split, 0, data.rows(split))
+        np.testing.assert_array_equal(got["labels"], labels)
+        np.testing.assert_array_equal(got["numerical"], numerical)
+        np.testing.assert_array_equal(got["categorical"][0], cat)
+        ragged = got["categorical"][1]
+        assert [list(ragged.values[a:b]) for a, b in zip(ragged.row_splits, ragged.row_splits[1:])] == tags
+
+
+LIST_ERRORS = [
+    (2, "1,0.5,3|1|4|2,2,7", "train.csv: feature 'tags', line 2: 4 ids, more than its max_hotness 3"),
+    (3, "0,,5|x,0,-1.5", "train.csv: line 3, column 3: 'x' is not a number"),
+    (2, "1,0.5,3|1.5,2,7", "train.csv: feature 'tags', line 2: ids must be integers, got 1.5"),
+    (5, "0,1e3,1|-1,1,0.25", "train.csv: feature 'tags', line 5: ids must be in [0, 10), got -1.0"),
+    (4, ",2,9,4,", "train.csv: line 4, column 1: '' is not a number"),   # a label must be there
+    (4, "1,2,9,,", "train.csv: line 4, column 4: '' is not a number"),   # and a one-hot id
+]
+
+
+@pytest.mark.parametrize("line,text,fragment", LIST_ERRORS, ids=[e[2][-36:] for e in LIST_ERRORS])
+def test_bad_multi_hot_csv_fails_naming_file_feature_and_line(tmp_path, capsys, line, text, fragment):
+    write_list_csv(tmp_path / "csv", (line, text))
+    with pytest.raises(SystemExit) as info:
+        transcode_main(["--input", str(tmp_path / "csv"), "--output", str(tmp_path / "bin"), "--header"])
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and err == f"error: {tmp_path / 'csv'}/{fragment}", err
+
+
+def test_csv_chunks_have_no_offsets_files():
+    raw = copy.deepcopy(LIST_SPEC)
+    raw["source_spec"]["train"][0]["offsets"] = ["train.offsets.csv"]
+    with pytest.raises(DatasetError, match=r"source_spec.train\[0\].offsets: csv chunks have no offsets files"):
+        FeatureSpec.from_dict(raw, chunk_type="csv")
+
+
+def test_generated_multi_hot_csv_transcodes_to_the_generated_binary_dataset(tmp_path):
+    """gen_csv.py's multi-hot fields, through transcode.py, hold the ids generate_dataset.py writes."""
+    raw = copy.deepcopy(LIST_SPEC)
+    raw["feature_spec"]["tags"]["cardinality"] = 10
+    raw["feature_spec"]["num_0"] = raw["feature_spec"]["num_1"] = {"dtype": "float32"}
+    gen_csv(FeatureSpec.from_dict(raw, str(tmp_path / "csv"), chunk_type="csv"), 300, 50, seed=3, alpha=1.05)
+    transcode(str(tmp_path / "csv"), str(tmp_path / "csv" / SPEC_FILE), str(tmp_path / "bin"), block=64)
+    spec = split_binary_spec(["num_0", "num_1"], {"cat": 5, "tags": 10}, max_hotness={"tags": 3},
+                             numerical_dtype="float32", base_dir=str(tmp_path / "ref"))
+    generate(spec, 300, 50, seed=3, alpha=1.05)
+    got = SplitBinaryDataset(FeatureSpec.from_yaml(str(tmp_path / "bin" / SPEC_FILE)), SPLITS)
+    want = SplitBinaryDataset(spec, SPLITS)
+    for split, rows in (("train", 300), ("eval", 50)):
+        a, b = got.batch(split, 0, rows), want.batch(split, 0, rows)
+        np.testing.assert_array_equal(a["labels"], b["labels"])
+        np.testing.assert_allclose(a["numerical"], b["numerical"], rtol=1e-6)
+        np.testing.assert_array_equal(a["categorical"][0], b["categorical"][0])
+        for x, y in zip(a["categorical"][1], b["categorical"][1]):
+            np.testing.assert_array_equal(x, y)
+        assert len(b["categorical"][1].values) > rows   # multi-hot rows of several ids
