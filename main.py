@@ -86,7 +86,7 @@ class Run:
         self.trainer = Trainer(self.model, cfg.optimizer, schedule, cfg.beta1, cfg.beta2, xla=cfg.xla,
                                loss_scaling=compute_dtype == tf.float16, static_loss_scale=cfg.loss_scale,
                                train_tables=cfg.embedding_trainable, run_eagerly=cfg.run_eagerly)
-        self.log.print(plan.format(slots=len(self.trainer.table_optimizer.slot_names)))
+        self.log.print(plan.format(slots=len(emb.optimizer.slot_names)))
         if cfg.cpu_offloading_threshold_gb is not None:
             from utils.runtime import offloading_line
             self.log.print(offloading_line(cfg.cpu_offloading_threshold_gb, plan.bytes_on(comm.rank), comm.rank,

@@ -12,7 +12,7 @@ construction; every one checks its ids (an out-of-range id fails the request, na
 feature) and computes in float32, whatever precision trained the model.
 """
 import contextlib
-from typing import List, Sequence
+from typing import Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -28,26 +28,14 @@ HOST = "/device:CPU:0"
 def load_model(manifest: dict):
     """A RankingModel in one process with the trained weights of the checkpoint whose manifest
     (nn.checkpoint.read_manifest) is given."""
-    from nn.lr_schedule import LearningRateSchedule
     from nn.model import RankingModel
-    from nn.trainer import Trainer
     from utils.config import table_combiners
     s = manifest["signature"]
     model = RankingModel(s["cardinalities"], s["embedding_dim"], s["num_numerical"], s["bottom_mlp_dims"],
                          s["top_mlp_dims"], "dot" if s["interaction"] == "dot" else "cross",
                          s["num_cross_layers"] or 1, s["cross_layer_projection_dim"] or 0, combiners=table_combiners(s["max_hotness"], s["multi_hot_combiner"]))
-    # Plain SGD has no optimizer state: its trainer's checkpoint entries are exactly the model's.
-    trainer = Trainer(model, "sgd", LearningRateSchedule(0.0, 0, 0, 0))
-    checkpoint.restore(manifest["path"], trainer.checkpoint_entries(), s, trainer.checkpoint_names(), extra_ok=True)
+    checkpoint.restore(manifest["path"], model.checkpoint_entries(), s, model.checkpoint_names(), extra_ok=True)
     return model
-
-
-def feature_tables(model) -> List[tf.Tensor]:
-    """The whole table of every feature of a one-process model, in feature order."""
-    emb = model.embeddings
-    by_feature = {s.feature: v for s, v in zip(emb.shards, emb.shard_variables)}
-    by_feature.update(zip(emb.replicated, emb.replicated_variables))
-    return [by_feature[f][:card] for f, card in enumerate(emb.cardinalities)]
 
 
 class Lookup(tf.Module):
@@ -109,7 +97,7 @@ class _Serving(tf.Module):
 
 def serving_modules(model, layout: ServingLayout, host_bytes: int) -> dict:
     """{"monolithic", "sparse", "dense"} -> the root module of each SavedModel of a one-process model."""
-    lookup = Lookup(feature_tables(model), layout, model.embeddings.combiners, host_bytes)
+    lookup = Lookup(model.embeddings.whole_tables(), layout, model.embeddings.combiners, host_bytes)
     dense = Dense(model)
     numerical = tf.TensorSpec([None, layout.num_numerical], tf.float32, name=NUMERICAL)
     categorical = tf.TensorSpec([None, layout.categorical_width], tf.int64, name=CATEGORICAL)

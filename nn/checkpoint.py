@@ -22,7 +22,7 @@ import dataclasses
 import json
 import os
 import shutil
-from typing import Dict, Optional, Sequence, Set
+from typing import Dict, List, Optional, Sequence, Set
 
 import numpy as np
 
@@ -59,6 +59,11 @@ class Entry:
             return (0, self.shape[0] if shape else 0), (0, 0)
         rows = shape[0] if self.rows is None else self.rows
         return (self.row_start, self.row_start + rows), (self.col_start, self.col_start + shape[1])
+
+
+def replicated_entries(named: Dict[str, object]) -> List[Entry]:
+    """Entries of whole variables every rank holds (rank 0 saves them), by tensor name, sorted."""
+    return [Entry(name, v, tuple(v.shape), replicated=True) for name, v in sorted(named.items())]
 
 
 def _fsync_dir(path):

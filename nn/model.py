@@ -1,8 +1,9 @@
 """DLRM and DCNv2 ranking models."""
-from typing import List, Sequence
+from typing import List, Sequence, Set
 
 import tensorflow as tf
 
+from nn.checkpoint import Entry, replicated_entries
 from nn.interaction import CrossNetwork, DotInteraction, dot_interaction_width
 from nn.mlp import MLP
 from parallel_embedding.collectives import SingleProcess
@@ -58,6 +59,16 @@ class RankingModel(tf.Module):
         if isinstance(self.interaction, CrossNetwork):
             dense += [w for ws in self.interaction.weights for w in ws] + self.interaction.biases
         return dense
+
+    def checkpoint_entries(self) -> List[Entry]:
+        """The model's weights as checkpoint entries: the tables' (DistributedEmbedding), then the
+        dense variables (replicated)."""
+        dense = replicated_entries({v.name.split(":")[0]: v for v in self.dense_variables})
+        return self.embeddings.checkpoint_entries(weights_only=True) + dense
+
+    def checkpoint_names(self) -> Set[str]:
+        """The logical tensors of the model's weights in a checkpoint (on any rank)."""
+        return self.embeddings.checkpoint_names(weights_only=True) | {e.name for e in self.checkpoint_entries()}
 
     def __call__(self, numerical: tf.Tensor, categorical: List[tf.Tensor], training: bool = False) -> tf.Tensor:
         embeddings = self.embeddings(categorical, tf.shape(numerical)[0], training)

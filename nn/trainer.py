@@ -5,10 +5,10 @@ from typing import Dict, List, Optional, Set
 
 import tensorflow as tf
 
-from nn.checkpoint import Entry
+from nn.checkpoint import Entry, replicated_entries
 from nn.lr_schedule import LearningRateSchedule
 from nn.model import RankingModel
-from nn.optimizers import make_optimizer
+from parallel_embedding.optimizers import make_optimizer
 
 
 def amp_dtype():
@@ -71,7 +71,8 @@ def gradient_sum(grads) -> tf.Tensor:
 class Trainer(tf.Module):
     """Owns the optimizers, the step counter and the compiled train/predict functions.
 
-    Tables are updated by the sparse form of `optimizer`, dense weights by its dense form.
+    Tables are updated by the embedding's own optimizer (the sparse form of `optimizer`, see
+    DistributedEmbedding.set_optimizer), dense weights by its dense form.
     `loss_scaling` enables loss scaling (float16 AMP): dynamic, or static at `static_loss_scale`.
     `train_tables` false freezes the tables (no table gradients, exchanges or updates). `xla` compiles the dense part
     (MLPs, interaction; forward and backward); lookups and table updates are always compiled
@@ -99,16 +100,10 @@ class Trainer(tf.Module):
         # loss: kept on the device, read by check_finite, so that no step waits for the host.
         self.first_nonfinite_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="first_nonfinite_step")
         self.first_nonfinite_loss = tf.Variable(0.0, trainable=False, name="first_nonfinite_loss")
-        self.table_optimizer = make_optimizer(optimizer, model.table_variables, "table_optimizer", beta1, beta2)
+        model.embeddings.set_optimizer(optimizer, beta1, beta2, compiled=not run_eagerly)
         self.dense_optimizer = make_optimizer(optimizer, model.dense_variables, "dense_optimizer", beta1, beta2)
         self.loss_scale = LossScale(static=static_loss_scale) if loss_scaling else None
         self.train_tables = train_tables
-        # The sparse table update as one XLA-compiled function: on CPU about 5x faster than
-        # TensorFlow's scatter kernels, and only the given rows are written either way. Multi-hot
-        # batches (a varying number of ids) take the uncompiled one: XLA would recompile every step.
-        update = lambda grads, lr: self.table_optimizer.apply(zip(grads, model.table_variables), lr)  # noqa: E731
-        self._update_tables = {"one-hot": update if run_eagerly else tf.function(update, jit_compile=True),
-                               "multi-hot": update}
         # Evaluation and prediction compute in float32 under AMP too: the logits of the exported
         # model, without the ties of bfloat16/float16 logits in the AUC.
         forward = functools.partial(model.predict_from_embeddings, compute_dtype=tf.float32)
@@ -120,8 +115,8 @@ class Trainer(tf.Module):
 
     def variables_by_name(self) -> Dict[str, tf.Variable]:
         """Everything a checkpoint holds, by stable name."""
-        named = {v.name.split(":")[0]: v for v in self.model.table_variables + self.model.dense_variables}
-        named.update(self.table_optimizer.variables_by_name())
+        named = self.model.embeddings.variables_by_name()
+        named.update({v.name.split(":")[0]: v for v in self.model.dense_variables})
         named.update(self.dense_optimizer.variables_by_name())
         named["global_step"] = self.step
         if self.loss_scale is not None:
@@ -133,36 +128,21 @@ class Trainer(tf.Module):
         return self.schedule(step - self.schedule_origin)
 
     def checkpoint_entries(self, weights_only: bool = False) -> List[Entry]:
-        """This rank's variables as parts of world-size-independent tensors: each table shard and
-        its optimizer slots are a region of the whole table's tensors; everything else is
-        replicated and saved by rank 0. `weights_only`: the model's variables alone (no optimizer
-        state, no step counters)."""
+        """This rank's variables as parts of world-size-independent tensors: the embedding's (its
+        tables and their optimizer state), then everything else, replicated and saved by rank 0.
+        `weights_only`: the model's variables alone (no optimizer state, no step counters)."""
         if weights_only:
-            weights = {v.ref() for v in self.model.table_variables + self.model.dense_variables}
-            return [e for e in self.checkpoint_entries() if e.variable.ref() in weights]
-        emb = self.model.embeddings
-        entries, sharded = [], set()
-        for s, var in zip(emb.shards, emb.shard_variables):
-            name, shape = emb.table_name(s.feature), (emb.cardinalities[s.feature], emb.dims[s.feature])
-            slots = self.table_optimizer.slots[var.ref()]
-            for tensor, v in [(name, var)] + [(f"{name}/{k}", slot) for k, slot in slots.items()]:
-                entries.append(Entry(tensor, v, shape, s.row_start, s.col_start, s.num_rows))
-                sharded.add(v.ref())
-        entries += [Entry(name, v, tuple(v.shape), replicated=True)
-                    for name, v in sorted(self.variables_by_name().items()) if v.ref() not in sharded]
-        return entries
+            return self.model.checkpoint_entries()
+        entries = self.model.embeddings.checkpoint_entries()
+        owned = {e.variable.ref() for e in entries}
+        return entries + replicated_entries({n: v for n, v in self.variables_by_name().items() if v.ref() not in owned})
 
     def checkpoint_names(self, weights_only: bool = False) -> Set[str]:
         """The logical tensors of a complete checkpoint of this model (on any rank), or of its
         weights alone."""
-        emb = self.model.embeddings
-        names = {e.name for e in self.checkpoint_entries(weights_only)}
-        slots = () if weights_only else self.table_optimizer.slot_names
-        for t in emb.plan.tables:
-            if t.kind != "replicated":
-                names.add(emb.table_name(t.feature))
-                names.update(f"{emb.table_name(t.feature)}/{k}" for k in slots)
-        return names
+        if weights_only:
+            return self.model.checkpoint_names()
+        return self.model.embeddings.checkpoint_names() | {e.name for e in self.checkpoint_entries()}
 
     def broadcast_replicated(self):
         """Sets the data-parallel state (dense variables, replicated tables, their slots, counters)
@@ -201,13 +181,13 @@ class Trainer(tf.Module):
         grads = table_grads + reduced[:len(dense_grads)]
         loss, finite = reduced[len(dense_grads)], tf.math.is_finite(reduced[-1])
         lr = self.learning_rate(self.step)
-        hotness = "multi-hot" if any(isinstance(c, tf.RaggedTensor) for c in categorical) else "one-hot"
+        multi_hot = any(isinstance(c, tf.RaggedTensor) for c in categorical)
         if self.loss_scale is None:
-            self._apply(grads, lr, hotness)
+            self._apply(grads, lr, multi_hot)
             good = tf.logical_and(finite, tf.math.is_finite(loss))
         else:   # an overflowing step is skipped, not an error
             grads = [_scale_grad(g, 1.0 / self.loss_scale.value) for g in grads]
-            tf.cond(finite, lambda: self._apply(grads, lr, hotness), lambda: tf.no_op())
+            tf.cond(finite, lambda: self._apply(grads, lr, multi_hot), lambda: tf.no_op())
             self.loss_scale.update(finite)
             good = tf.math.is_finite(loss)
         first = tf.logical_and(tf.logical_not(good), self.first_nonfinite_step == 0)
@@ -228,10 +208,10 @@ class Trainer(tf.Module):
             raise NonFiniteError(f"step {step}: non-finite {what} at learning rate {lr:g}; "
                                  f"training stopped, nothing saved from step {step} on")
 
-    def _apply(self, grads, lr, hotness: str):
+    def _apply(self, grads, lr, multi_hot: bool):
         """grads: the tables' IndexedSlices (none when they are frozen), then the dense variables' gradients."""
         n = len(grads) - len(self.model.dense_variables)
         if n:
-            self._update_tables[hotness](grads[:n], lr)
+            self.model.embeddings.apply_gradients(grads[:n], lr, multi_hot)
         self.dense_optimizer.apply(zip(grads[n:], self.model.dense_variables), lr)
         return tf.no_op()

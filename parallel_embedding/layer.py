@@ -29,10 +29,12 @@ all-to-all carries their ids.
 [TensorShape([2, 16]), TensorShape([2, 16])]
 """
 import math
-from typing import List, NamedTuple, Optional, Sequence, Union
+from typing import Dict, List, NamedTuple, Optional, Sequence, Set, Union
 
 import tensorflow as tf
 
+from nn.checkpoint import Entry, replicated_entries
+from parallel_embedding.optimizers import make_optimizer
 from parallel_embedding.planner import Plan, Shard, plan_tables  # noqa: F401 (plan_tables: the example)
 
 _INIT_BLOCK_ROWS = 1 << 16
@@ -59,42 +61,42 @@ def shard_initial_value(rows: int, dim: int, shard: Shard, seed) -> tf.Tensor:
 
 
 class FlatIds(NamedTuple):
-    """One feature's ids for n rows as K ids: one-hot (K = n, `rows` None) or multi-hot."""
-    ids: tf.Tensor                  # [K]
-    rows: Optional[tf.Tensor]       # [K] the row of each id
-    weights: Optional[tf.Tensor]    # [K] its combiner weight (None: 1)
-    num_rows: Optional[tf.Tensor]
+    """One feature's ids for n samples (batch rows) as K ids: one-hot (K = n, `sample` None) or multi-hot."""
+    ids: tf.Tensor                     # [K]
+    sample: Optional[tf.Tensor]        # [K] the sample each id belongs to
+    weights: Optional[tf.Tensor]       # [K] its combiner weight (None: 1)
+    num_samples: Optional[tf.Tensor]   # n
 
 
 def flatten_ids(ids: Union[tf.Tensor, tf.RaggedTensor], combiner: str) -> FlatIds:
     if not isinstance(ids, tf.RaggedTensor):
         return FlatIds(ids, None, None, None)
-    rows = ids.value_rowids()
+    sample = ids.value_rowids()
     weights = None
     if combiner == "mean":
         lengths = tf.cast(tf.maximum(ids.row_lengths(), 1), tf.float32)
-        weights = tf.gather(1.0 / lengths, rows)
-    return FlatIds(ids.values, rows, weights, ids.nrows())
+        weights = tf.gather(1.0 / lengths, sample)
+    return FlatIds(ids.values, sample, weights, ids.nrows())
 
 
 def combine(gathered: tf.Tensor, flat: FlatIds) -> tf.Tensor:
-    """[K, w] rows of the K ids -> [n, w] rows of the n inputs (the combiner)."""
-    if flat.rows is None:
+    """[K, w] rows of the K ids -> [n, w] rows of the n samples (the combiner)."""
+    if flat.sample is None:
         return gathered
     if flat.weights is not None:
         gathered = gathered * flat.weights[:, None]
-    return tf.math.unsorted_segment_sum(gathered, flat.rows, flat.num_rows)
+    return tf.math.unsorted_segment_sum(gathered, flat.sample, flat.num_samples)
 
 
 def spread(grad: tf.Tensor, flat: FlatIds) -> tf.Tensor:
     """The gradient of `combine`: [n, w] -> [K, w]."""
-    if flat.rows is None:
+    if flat.sample is None:
         return grad
-    grad = tf.gather(grad, flat.rows)
+    grad = tf.gather(grad, flat.sample)
     return grad if flat.weights is None else grad * flat.weights[:, None]
 
 
-def num_rows(ids) -> tf.Tensor:
+def num_samples(ids) -> tf.Tensor:
     return tf.cast(ids.nrows(), tf.int32) if isinstance(ids, tf.RaggedTensor) else tf.shape(ids)[0]
 
 
@@ -186,6 +188,7 @@ class DistributedEmbedding(tf.Module):
         self._pieces = {f: sorted(p, key=lambda piece: piece[1].col_start) for f, p in pieces.items()}
         self._features_of = [plan.features_on(r) for r in range(self.size)]
         self._lookup = tf.function(self._lookup_impl, jit_compile=True)
+        self.optimizer = None   # set_optimizer
 
     def table_name(self, feature: int) -> str:
         """The name of feature's whole table (checkpoints use it for every shard of the table)."""
@@ -200,6 +203,12 @@ class DistributedEmbedding(tf.Module):
     def variables_in_order(self) -> List[tf.Variable]:
         """Shard variables, then replicated ones: the order of `gradients`' output."""
         return self.shard_variables + self.replicated_variables
+
+    def whole_tables(self) -> List[tf.Tensor]:
+        """The whole table of every feature ([rows_f, D_f], in feature order) of a one-process embedding."""
+        by_feature = {s.feature: v for s, v in zip(self.shards, self.shard_variables)}
+        by_feature.update(zip(self.replicated, self.replicated_variables))
+        return [by_feature[f][:rows] for f, rows in enumerate(self.cardinalities)]
 
     def input_rows(self, feature: int) -> str:
         """Which ids of `feature` this rank's input carries: "global" ([B]), "local" ([b]) or "none"."""
@@ -225,7 +234,7 @@ class DistributedEmbedding(tf.Module):
         flat = {f: flatten_ids(ids[f], self.combiners[f]) for f in checked}
         shard_ids = [flat[s.feature] for s in self.shards]
         replicated_ids = [flat[f] for f in self.replicated]
-        one_hot = all(flat[f].rows is None for f in checked)
+        one_hot = all(flat[f].sample is None for f in checked)
         lookup = self._lookup if training and one_hot else self._lookup_impl
         checks = check_ids(checked, [flat[f].ids for f in checked], [self.cardinalities[f] for f in checked])
         with tf.control_dependencies(checks + exchange_checks):
@@ -260,7 +269,7 @@ class DistributedEmbedding(tf.Module):
         ragged = [isinstance(i, tf.RaggedTensor) for i in ids]
         flat_ids = [i.values if r else i for i, r in zip(ids, ragged)]
         dtype = tf.int64 if any(i.dtype == tf.int64 for i in flat_ids) else tf.int32
-        n, b, mine = self.size, num_rows(ids[0]), len(self.global_features)
+        n, b, mine = self.size, num_samples(ids[0]), len(self.global_features)
         send = [tf.cast(ids[f].row_lengths() if ragged[f] else ids[f], dtype)
                 for r in range(n) for f in self._features_of[r]]
         splits = tf.stack([b * len(self._features_of[r]) for r in range(n)])
@@ -341,3 +350,59 @@ class DistributedEmbedding(tf.Module):
             return []
         rows = tf.reshape(received, [-1, self._widths[self.rank]])    # [B, W_r], global row order
         return tf.split(rows, [s.width for s in self.shards], axis=1)
+
+    # Optimizer and checkpoints ---------------------------------------------------------------
+
+    def set_optimizer(self, name: str, beta1: float = 0.9, beta2: float = 0.999, compiled: bool = True):
+        """Creates the table optimizer ("sgd", "adagrad" or "adam", lazy: see optimizers.py) whose
+        slots, shaped as `variables_in_order`, `apply_gradients` updates. `compiled` false: the
+        update runs op by op (debugging)."""
+        self.optimizer = make_optimizer(name, self.variables_in_order, "table_optimizer", beta1, beta2)
+        update = lambda grads, lr: self.optimizer.apply(zip(grads, self.variables_in_order), lr)  # noqa: E731
+        # The sparse update as one XLA-compiled function: on CPU about 5x faster than TensorFlow's
+        # scatter kernels, and only the given rows are written either way. Multi-hot batches (a
+        # varying number of ids) take the uncompiled one: XLA would recompile every step.
+        self._update = {False: tf.function(update, jit_compile=True) if compiled else update, True: update}
+
+    def apply_gradients(self, grads: Sequence[tf.IndexedSlices], lr: tf.Tensor, multi_hot: bool):
+        """Updates the rows named by `grads` (`gradients`' output, rescaled at will) and their
+        optimizer slots, at learning rate `lr`; `multi_hot`: the batch had a multi-hot feature."""
+        self._update[multi_hot](grads, lr)
+
+    def variables_by_name(self) -> Dict[str, tf.Variable]:
+        """This rank's table variables and table optimizer state, by stable variable name."""
+        named = {v.name.split(":")[0]: v for v in self.variables_in_order}
+        named.update(self.optimizer.variables_by_name() if self.optimizer else {})
+        return named
+
+    def checkpoint_entries(self, weights_only: bool = False) -> List[Entry]:
+        """This rank's tables as parts of world-size-independent tensors: tensor `table_name(f)` is
+        feature f's whole table [rows_f, D_f]; shard s holds its rows [row_start, row_end) x columns
+        [col_start, col_end) (not the spare row), a replicated table all of it (rank 0 saves it).
+        Unless `weights_only`, the optimizer's state too: slot k of a table as tensor
+        `table_name(f)/k`, cut as the table, and the update counter (replicated)."""
+        slots = self.optimizer.slots if self.optimizer and not weights_only else {}
+        entries = []
+        for s, var in zip(self.shards, self.shard_variables):
+            name, shape = self.table_name(s.feature), (self.cardinalities[s.feature], self.dims[s.feature])
+            entries += [Entry(tensor, v, shape, s.row_start, s.col_start, s.num_rows)
+                        for tensor, v in self._with_slots(name, var, slots)]
+        replicated = {tensor: v for f, var in zip(self.replicated, self.replicated_variables)
+                      for tensor, v in self._with_slots(self.table_name(f), var, slots)}
+        if slots:
+            replicated[self.optimizer.iterations.name.split(":")[0]] = self.optimizer.iterations
+        return entries + replicated_entries(replicated)
+
+    @staticmethod
+    def _with_slots(name: str, var: tf.Variable, slots: dict) -> list:
+        """(tensor name, variable) of a table variable and of its optimizer slots."""
+        return [(name, var)] + [(f"{name}/{k}", slot) for k, slot in slots.get(var.ref(), {}).items()]
+
+    def checkpoint_names(self, weights_only: bool = False) -> Set[str]:
+        """Every tensor of `checkpoint_entries` on any rank: the logical tensors of the tables in a
+        complete checkpoint."""
+        names = {self.table_name(f) for f in range(len(self.plan.tables))}
+        if self.optimizer and not weights_only:
+            names |= {f"{name}/{k}" for name in names for k in self.optimizer.slot_names}
+            names.add(self.optimizer.iterations.name.split(":")[0])
+        return names

@@ -5,7 +5,7 @@ import tensorflow as tf
 
 from nn.lr_schedule import LearningRateSchedule
 from nn.model import RankingModel
-from nn.optimizers import make_optimizer
+from parallel_embedding.optimizers import make_optimizer
 from nn.trainer import Trainer
 
 EPS, B1, B2 = 1e-7, 0.8, 0.95
