@@ -1,1 +1,28 @@
-"""Model-parallel embedding tables: placement planner, collectives, and the layer that executes a plan."""
+"""Model-parallel embedding tables: placement planner, collectives, the layer that executes a plan,
+and the sparse optimizers that update its rows.
+
+The package owns the tables' state (variables, optimizer slots, their placement and names): the
+rest of the project uses only `DistributedEmbedding`'s interface below, so a new kind of table
+storage is a change inside this package. Shapes: F features, `B` global batch, `b` local batch,
+table f [rows_f, D_f]; `emb = DistributedEmbedding(plan_tables(...), collectives, seed, ...)`.
+
+Lookup and gradient hand-off (the train step):
+    looked_up = emb.lookup(ids, training)          F id tensors ([B], [b] or ragged; emb.input_rows(f))
+    features = emb.exchange(looked_up, b)          -> F x [b, D_f]; emb(ids, b) does both
+    grads = emb.gradients(looked_up, feature_grads)     F x [b, D_f] -> IndexedSlices, one per variable
+Optimizer update of the rows:
+    emb.set_optimizer("sgd" | "adagrad" | "adam", beta1, beta2)    once; emb.optimizer.slot_names
+    emb.apply_gradients(grads, lr, multi_hot)      only the rows in grads (and their slots) change
+Checkpoint entries (nn.checkpoint saves every rank's pieces, restores at any world size):
+    emb.checkpoint_entries(weights_only)   this rank's pieces of tensors "embedding/table_<f>"
+                                           [rows_f, D_f] and "embedding/table_<f>/<slot>", and of
+                                           "table_optimizer/iterations" []
+    emb.checkpoint_names(weights_only)     every such tensor name, on any rank
+    emb.variables_by_name()                this rank's variables and slots, by variable name
+Rows for export (one process):
+    emb.whole_tables()                     F x [rows_f, D_f]
+
+Modules: planner.py (`plan_tables`: pure Python), collectives.py (the one seam to Horovod),
+layer.py (`DistributedEmbedding`), optimizers.py (SGD, Adagrad, Adam: lazy sparse row updates,
+and the dense form, which the trainer uses for the MLPs).
+"""

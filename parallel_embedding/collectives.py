@@ -19,9 +19,9 @@ class SingleProcess:
     rank = 0
     size = 1
 
-    def alltoall(self, tensor: tf.Tensor, splits, name: str):
-        """Sends tensor[sum(splits[:j]) : sum(splits[:j+1])] to rank j (along axis 0); returns the
-        concatenation of what every rank sent here, in rank order."""
+    def alltoall(self, tensor: tf.Tensor, counts, name: str):
+        """Sends tensor[sum(counts[:j]) : sum(counts[:j+1])] to rank j (along axis 0; `counts`: N
+        ints); returns the concatenation of what every rank sent here, in rank order."""
         return tensor
 
     def allreduce_sum(self, tensors: Sequence[tf.Tensor], name: str) -> List[tf.Tensor]:
@@ -68,8 +68,8 @@ class HorovodCollectives(SingleProcess):
             pin_to_local_share(hvd.local_rank(), hvd.local_size())
         self._processes = self.allgather_object((socket.gethostname(), os.getpid()), name="processes")
 
-    def alltoall(self, tensor, splits, name):
-        out, _ = self._hvd.alltoall(tensor, splits=splits, name=name, ignore_name_scope=True)
+    def alltoall(self, tensor, counts, name):
+        out, _ = self._hvd.alltoall(tensor, splits=counts, name=name, ignore_name_scope=True)
         return out
 
     def allreduce_sum(self, tensors, name):
@@ -79,8 +79,8 @@ class HorovodCollectives(SingleProcess):
         return self._hvd.allgather(tensor, name=name, ignore_name_scope=True)
 
     def gather(self, array, name):
-        splits = [len(array)] + [0] * (self.size - 1)   # everything to rank 0
-        out, _ = self._hvd.alltoall(tf.constant(array), splits=splits, name=name, ignore_name_scope=True)
+        counts = [len(array)] + [0] * (self.size - 1)   # everything to rank 0
+        out, _ = self._hvd.alltoall(tf.constant(array), splits=counts, name=name, ignore_name_scope=True)
         return out.numpy()
 
     def broadcast_variables(self, variables):

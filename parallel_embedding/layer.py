@@ -13,7 +13,7 @@ Forward, on every rank:
 
 Backward (`gradients`): the reverse all-to-all brings every shard the gradient of its B rows;
 the table gradients are IndexedSlices applied by the owner (replicated tables: the b-row slices
-of all ranks, gathered). With data-parallel input each rank starts from ids of its own b rows
+of all ranks, gathered) with `apply_gradients`, the optimizer of `set_optimizer`. With data-parallel input each rank starts from ids of its own b rows
 of every feature; one all-to-all of ids gives each shard's owner the global batch first.
 
 Multi-hot features take a `tf.RaggedTensor` of ids ([rows, None]) instead of a vector; a row's
@@ -265,15 +265,30 @@ class DistributedEmbedding(tf.Module):
         One all-to-all carries the one-hot ids and the multi-hot row lengths ([b] each), a second
         one (only if there are multi-hot features) the multi-hot ids. Every rank takes part in
         both, even one that receives nothing; the checks consume every result, so graph
-        optimisation never prunes an all-to-all on one rank (the others would wait forever)."""
+        optimisation never prunes an all-to-all on one rank (the others would wait forever).
+
+        Example, N = 2, b = 2: rank 0 holds feature 0 (one-hot), rank 1 features 1 and 2
+        (multi-hot). Global rows 0-1 are rank 0's input, rows 2-3 rank 1's:
+            f0: a0 a1 | a2 a3      f1: [p] [q r] | [] [s]      f2: [t u] [] | [v] [w x]
+        First all-to-all, each rank sends, per destination rank r, its b ids (row lengths if
+        multi-hot) of every feature of r: rank 0 sends [a0 a1 | 1 2 2 0] (counts [2, 4]), rank 1
+        [a2 a3 | 0 1 1 2]. Rank 1 receives [1 2 2 0 | 0 1 1 2], i.e. [n, mine, b] = (source rank,
+        feature, row); transposed to [mine, n, b] and flattened, `by_feature` is each feature's B
+        rows in global order: f1 lengths [1 2 0 1], f2 lengths [2 0 1 2].
+        Second all-to-all, the multi-hot ids: rank 0 sends [] to rank 0 and [p q r t u] to rank 1,
+        rank 1 [s v w x] to itself. Rank 1 receives [p q r t u | s v w x], whose row lengths, in
+        the same (source rank, feature, row) order, are `by_feature` transposed back:
+        [1 2 2 0 | 0 1 1 2] -> rows 0..7 = [p] [q r] [t u] [] | [] [s] [v] [w x]. `order` picks
+        each feature's rows, [0 1 4 5] for f1 and [2 3 6 7] for f2:
+        f1 = [p] [q r] [] [s], f2 = [t u] [] [v] [w x]."""
         ragged = [isinstance(i, tf.RaggedTensor) for i in ids]
         flat_ids = [i.values if r else i for i, r in zip(ids, ragged)]
         dtype = tf.int64 if any(i.dtype == tf.int64 for i in flat_ids) else tf.int32
         n, b, mine = self.size, num_samples(ids[0]), len(self.global_features)
         send = [tf.cast(ids[f].row_lengths() if ragged[f] else ids[f], dtype)
                 for r in range(n) for f in self._features_of[r]]
-        splits = tf.stack([b * len(self._features_of[r]) for r in range(n)])
-        received = self.comm.alltoall(tf.concat(send, 0) if send else tf.zeros([0], dtype), splits, "embedding_ids")
+        counts = tf.stack([b * len(self._features_of[r]) for r in range(n)])
+        received = self.comm.alltoall(tf.concat(send, 0) if send else tf.zeros([0], dtype), counts, "embedding_ids")
         by_feature = tf.reshape(tf.transpose(tf.reshape(received, [n, mine, b]), [1, 0, 2]), [mine, -1])
         checks = [_assert_size(received, n * mine * b, "ids")]
         out = list(ids)

@@ -1,4 +1,5 @@
-"""Optimizers with sparse updates for embedding tables.
+"""Optimizers with sparse updates for embedding tables (DistributedEmbedding.set_optimizer); the
+trainer uses their dense form for the MLPs.
 
 Dense gradients use TensorFlow's fused training ops. IndexedSlices gradients (embedding
 tables) touch only the looked-up rows of the variable and of its slots: SGD scatters, Adagrad
