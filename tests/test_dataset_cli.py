@@ -117,7 +117,7 @@ def test_empty_eval_mapping_trains_saves_and_says_no_evaluation(tmp_path, capsys
 def test_final_checkpoint_is_written_before_the_final_evaluation(one_hot, tmp_path, monkeypatch):
     import nn.evaluator
 
-    def failing(*args):
+    def failing(*args, **kwargs):
         raise RuntimeError("evaluation failed")
 
     ck = str(tmp_path / "ck")
