@@ -13,7 +13,8 @@ from dataloading import position
 from dataloading.open import open_dataset
 from nn import checkpoint
 from utils import flags as run_flags
-from utils.config import ConfigError, RunConfig
+from utils.config import RunConfig
+from utils.errors import CheckpointError, ConfigError, NonFiniteError
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -281,7 +282,6 @@ def run(cfg: RunConfig, comm=None):
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    from nn.trainer import NonFiniteError
     from parallel_embedding.collectives import make_collectives
     from utils.runtime import configure_tensorflow
     F = run_flags.FLAGS
@@ -294,7 +294,7 @@ def main(argv):
     try:
         cfg = run_flags.config_from_flags(comm.size)
         run(cfg, comm)
-    except (ConfigError, checkpoint.CheckpointError) as e:
+    except (ConfigError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except NonFiniteError as e:

@@ -18,8 +18,8 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from dataloading.feature_spec import DatasetError
 from dataloading.split_binary import RaggedIds
+from utils.errors import DatasetError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,10 +18,11 @@ if __package__ in (None, ""):
 
 import numpy as np  # noqa: E402
 
-from dataloading.feature_spec import AUTO, CSV, SPEC_FILE, DatasetError, FeatureSpec  # noqa: E402
+from dataloading.feature_spec import AUTO, CSV, SPEC_FILE, FeatureSpec  # noqa: E402
 from dataloading.generate_dataset import synthetic_columns, synthetic_sources  # noqa: E402
 from dataloading.synthetic import SyntheticDataset  # noqa: E402
 from dataloading.transcode import DELIMITER  # noqa: E402
+from utils.errors import DatasetError  # noqa: E402
 
 
 def gen_csv(spec: FeatureSpec, rows: int, eval_rows: int, seed: int, alpha: float):

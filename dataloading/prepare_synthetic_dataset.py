@@ -20,8 +20,9 @@ if __package__ in (None, ""):
 
 from absl import app, flags  # noqa: E402
 
-from dataloading.feature_spec import DatasetError, FeatureSpec, split_binary_spec  # noqa: E402
+from dataloading.feature_spec import FeatureSpec, split_binary_spec  # noqa: E402
 from dataloading.generate_dataset import generate  # noqa: E402
+from utils.errors import DatasetError  # noqa: E402
 
 flags.DEFINE_integer("synthetic_dataset_num_entries", 32768 * 1024, "samples of train and of test (rounded down "
                      "to a multiple of --synthetic_dataset_batch_size)")

@@ -23,8 +23,9 @@ if __package__ in (None, ""):
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from dataloading.feature_spec import SPEC_FILE, DatasetError, FeatureSpec  # noqa: E402
+from dataloading.feature_spec import SPEC_FILE, FeatureSpec  # noqa: E402
 from dataloading.split_binary import RaggedIds, SplitBinaryDataset  # noqa: E402
+from utils.errors import DatasetError  # noqa: E402
 
 
 class _DirectoryWriter:

@@ -31,8 +31,9 @@ if __package__ in (None, ""):
 import numpy as np  # noqa: E402
 
 from dataloading.feature_spec import (AUTO, CATEGORICAL, CSV, NUMERICAL, SPEC_FILE, Chunk,  # noqa: E402
-                                      DatasetError, FeatureSpec, check_values, split_binary_spec)
+                                      FeatureSpec, check_values, split_binary_spec)
 from dataloading.writer import MappingWriter  # noqa: E402
+from utils.errors import DatasetError  # noqa: E402
 
 DELIMITER = "|"   # joins the ids of a multi-hot field
 

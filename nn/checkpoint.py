@@ -26,14 +26,12 @@ from typing import Dict, Optional, Sequence, Set
 
 import numpy as np
 
+from utils.errors import CheckpointError
+
 MANIFEST = "manifest.json"
 LATEST = "latest"
 BEST = "best"
 KEEP = 2
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read into this model; the message names file and variable."""
 
 
 @dataclasses.dataclass(frozen=True)

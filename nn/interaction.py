@@ -9,7 +9,7 @@ from tensorflow.python.framework import kernels
 from tensorflow.python.ops import control_flow_util
 
 from nn.initializers import glorot_normal
-from utils.config import ConfigError
+from utils.errors import ConfigError
 
 
 

@@ -9,6 +9,7 @@ from nn.checkpoint import Entry
 from nn.lr_schedule import LearningRateSchedule
 from nn.model import RankingModel
 from nn.optimizers import make_optimizer
+from utils.errors import NonFiniteError
 
 
 def amp_dtype():
@@ -48,10 +49,6 @@ class LossScale(tf.Module):
                                    tf.maximum(self.scale * 0.5, 1.0)))
         self.good_steps.assign(tf.where(tf.logical_and(finite, tf.logical_not(grow)), self.good_steps + 1,
                                         tf.zeros_like(self.good_steps)))
-
-
-class NonFiniteError(RuntimeError):
-    """A training step gave a non-finite loss or gradients; the message is one line naming the step."""
 
 
 def _scale_grad(grad, factor):

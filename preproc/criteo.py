@@ -16,7 +16,7 @@ if __package__ in (None, ""):            # run as a script (spark-submit preproc
 from preproc.parsing import CATEGORICAL_NAMES  # noqa: E402
 from preproc.pipeline import Options, run  # noqa: E402
 from preproc.session import spark_session  # noqa: E402
-from utils.config import ConfigError  # noqa: E402
+from utils.errors import ConfigError  # noqa: E402
 
 
 def parse_thresholds(text: str):

@@ -13,7 +13,7 @@ import nn.evaluator
 from nn import checkpoint
 from tests.configs import tiny_config
 from tests.horovod_run import ROOT
-from utils.config import ConfigError
+from utils.errors import ConfigError
 
 
 def checkpoints(root):

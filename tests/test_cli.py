@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import main
-from nn.checkpoint import CheckpointError
 from utils import logger as run_logger
 from tests.configs import TINY as TINY_BASE, make_config
+from utils.errors import CheckpointError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")

@@ -15,10 +15,10 @@ from dataloading.generate_dataset import generate, synthetic_columns
 from dataloading.synthetic import SyntheticDataset
 from dataloading.writer import MappingWriter
 from nn import checkpoint
-from nn.checkpoint import CheckpointError
 from tests.configs import TINY
 from tests.horovod_run import ROOT, horovodrun
-from utils.config import ConfigError, build_config
+from utils.config import build_config
+from utils.errors import CheckpointError, ConfigError
 
 CARDS = [20, 50, 7, 30]
 ROWS, EVAL_ROWS, BATCH = 128 * 12, 500, 128

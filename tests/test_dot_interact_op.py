@@ -14,7 +14,6 @@ import main
 import nn.interaction as interaction
 from nn.interaction import DotInteraction, dot_interaction_width
 from tests.configs import tiny_config
-from utils.config import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OP_DIR = os.path.join(ROOT, "tensorflow-dot-based-interact")
@@ -143,6 +142,7 @@ import numpy as np
 import tensorflow as tf
 sys.path.insert(0, sys.argv[1])
 from tests.test_dot_interact_op import SHAPES, assert_close, numpy_backward, numpy_forward, run_op
+from utils.errors import ConfigError
 for batch, n, dim in SHAPES[:6]:
     rng = np.random.default_rng(n + dim)
     x = rng.standard_normal((batch, n, dim))

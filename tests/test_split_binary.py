@@ -12,13 +12,14 @@ import pytest
 import yaml
 
 from dataloading.batches import RankInput, eval_batches, rank_batch, steps_per_epoch, train_batches
-from dataloading.feature_spec import SPEC_FILE, DatasetError, FeatureSpec, id_dtype, split_binary_spec
+from dataloading.feature_spec import SPEC_FILE, FeatureSpec, id_dtype, split_binary_spec
 from dataloading.gen_csv import gen_csv
 from dataloading.generate_dataset import generate
 from dataloading.split_binary import SplitBinaryDataset
 from dataloading.synthetic import SyntheticDataset
 from dataloading.transcode import main as transcode_main, transcode
 from dataloading.writer import MappingWriter
+from utils.errors import DatasetError
 
 CARDS = {"c0": 20, "c1": 300, "c2": 40000}
 HOT = {"c1": 3}

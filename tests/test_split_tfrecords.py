@@ -19,14 +19,15 @@ import yaml
 
 import main
 from dataloading.batches import RankInput, eval_batches, train_batches
-from dataloading.feature_spec import SPEC_FILE, DatasetError, FeatureSpec, split_binary_spec
+from dataloading.feature_spec import SPEC_FILE, FeatureSpec, split_binary_spec
 from dataloading.split_binary import RaggedIds, SplitBinaryDataset
 from dataloading.split_tfrecords import masked_crc32c, open_split_tfrecords
 from dataloading.to_tfrecords import main as to_tfrecords_main, write_mapping
 from dataloading.writer import MappingWriter
 from tests.configs import TINY
 from tests.horovod_run import ROOT
-from utils.config import ConfigError, build_config
+from utils.config import build_config
+from utils.errors import ConfigError, DatasetError
 
 CARDS = {"c0": 1000, "c1": 7, "c2": 40000}
 HOT = {"c1": 3}

@@ -9,9 +9,8 @@ import json
 import os
 from typing import List, Optional, Sequence, Set
 
-
-class ConfigError(ValueError):
-    """An impossible or meaningless flag combination; its message is one line."""
+from dataloading.feature_spec import FeatureSpec
+from utils.errors import ConfigError
 
 
 MODES = ("train", "eval", "inference")
@@ -228,7 +227,6 @@ def _reference_synthetic(v: dict, present: Set[str]) -> Optional[List[Optional[i
 def _synthetic_spec(v: dict, present: Set[str], given: List[str]) -> List[Optional[int]]:
     """--synthetic_dataset_use_feature_spec: the spec at --dataset_path / --feature_spec gives the
     synthetic cardinalities, numerical count, hotness and alpha (the features' common one)."""
-    from dataloading.feature_spec import FeatureSpec
     shaping = ("synthetic_dataset_cardinalities", "synthetic_dataset_num_numerical_features",
                "synthetic_dataset_hotness", "synthetic_cardinalities", "synthetic_num_numerical")
     clash = [n for n in shaping if n in given or n in present]
@@ -334,7 +332,6 @@ def _spec_shape(v: dict) -> DatasetShape:
     """Reads the feature spec of a file dataset (dataloading.feature_spec.DatasetError, a
     ConfigError, on any problem) and checks that the mappings the run reads exist (split_tfrecords:
     directories next to the spec)."""
-    from dataloading.feature_spec import FeatureSpec
     if not v["dataset_path"] and not v["feature_spec"]:
         raise ConfigError(f"--dataset_type={v['dataset_type']} needs --dataset_path (a directory with "
                           "feature_spec.yaml) or --feature_spec; use --dataset_type=synthetic for generated data")
