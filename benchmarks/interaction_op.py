@@ -19,10 +19,8 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = ["4096,27,16", "4096,27,128", "8192,27,16", "8192,27,128"]   # W1 and W2: B, F+1, D
 
 
@@ -36,7 +34,6 @@ def main():
     ap.add_argument("--steps", type=int, default=100, help="--workloads: paired steps")
     args = ap.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.path.insert(0, ROOT)
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)

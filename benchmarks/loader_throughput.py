@@ -21,19 +21,15 @@ import gc
 import json
 import os
 import shutil
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from dataloading.batches import RankInput, steps_per_epoch, train_batches  # noqa: E402
-from dataloading.feature_spec import FeatureSpec, split_binary_spec  # noqa: E402
-from dataloading.split_binary import SplitBinaryDataset  # noqa: E402
-from dataloading.writer import MappingWriter  # noqa: E402
-from parallel_embedding.planner import plan_tables  # noqa: E402
+from dataloading.batches import RankInput, steps_per_epoch, train_batches
+from dataloading.feature_spec import FeatureSpec, split_binary_spec
+from dataloading.split_binary import SplitBinaryDataset
+from dataloading.writer import MappingWriter
+from parallel_embedding.planner import plan_tables
 
 CRITEO_KAGGLE = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27, 14992,
                  5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]

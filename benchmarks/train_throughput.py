@@ -48,7 +48,6 @@ def measure(args):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.onednn is not None:
         os.environ["TF_ENABLE_ONEDNN_OPTS"] = str(args.onednn)
-    sys.path.insert(0, ROOT)
     import numpy as np
     import tensorflow as tf
     from nn.lr_schedule import LearningRateSchedule

@@ -9,7 +9,6 @@ monolithic SavedModel, the ensemble (sparse + dense SavedModels) and their confi
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags, logging  # noqa: E402
