@@ -12,7 +12,6 @@ from typing import List, Optional, Sequence, Set
 from dataloading.feature_spec import FeatureSpec
 from utils.errors import ConfigError
 
-
 MODES = ("train", "eval", "inference")
 OPTIMIZERS = ("sgd", "adagrad", "adam")
 # dot_custom: dot, forcing the custom op; dot_tensorflow (the reference's name): dot on TensorFlow ops, never the op
@@ -329,8 +328,8 @@ def build_config(values: dict, present: Optional[Set[str]] = None, world_size: i
 
 
 def _spec_shape(v: dict) -> DatasetShape:
-    """Reads the feature spec of a file dataset (dataloading.feature_spec.DatasetError, a
-    ConfigError, on any problem) and checks that the mappings the run reads exist (split_tfrecords:
+    """Reads the feature spec of a file dataset (utils.errors.DatasetError, a ConfigError,
+    on any problem) and checks that the mappings the run reads exist (split_tfrecords:
     directories next to the spec)."""
     if not v["dataset_path"] and not v["feature_spec"]:
         raise ConfigError(f"--dataset_type={v['dataset_type']} needs --dataset_path (a directory with "

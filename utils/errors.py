@@ -1,7 +1,7 @@
 """The errors that cross layers: raised in one package, caught by the entry points (main.py, the
 tools) or another package. Each message is one line. A leaf: it imports nothing of the project,
-so any module can import it. Errors raised and caught within one package stay there
-(PlanError, ExportError, ServingError, ...)."""
+so any module can import it. The errors of one package stay in it (parallel_embedding.planner's
+PlanError, deployment's ExportError and ServingError)."""
 
 
 class ConfigError(ValueError):
