@@ -16,6 +16,7 @@ from dataloading.batches import RankInput, rank_batch
 from dataloading.synthetic import SyntheticDataset
 from nn.lr_schedule import LearningRateSchedule
 from nn.model import RankingModel
+from nn.model_config import ModelConfig, TableConfig
 from nn.trainer import Trainer
 from parallel_embedding.collectives import SingleProcess, make_collectives
 from parallel_embedding.planner import plan_tables
@@ -27,10 +28,13 @@ TOLERANCE = 1e-5
 def build(case, comm, plan):
     cards, dims = case["cardinalities"], case["dims"]
     cross = case["interaction"] == "cross"
-    model = RankingModel(cards, dims, 3, [16, dims[0]], [16, 1], case["interaction"], num_cross_layers=2,
-                         cross_layer_projection_dim=4 if cross else 0, seed=3, plan=plan, collectives=comm,
-                         data_parallel_input=case.get("data_parallel_input", False),
-                         combiners=case.get("combiners"))
+    combiners = case.get("combiners") or ["sum"] * len(cards)
+    tables = tuple(TableConfig(cardinality=c, dim=d, combiner=k) for c, d, k in zip(cards, dims, combiners))
+    config = ModelConfig(tables=tables, num_numerical=3, bottom_mlp_dims=(16, dims[0]), top_mlp_dims=(16, 1),
+                         interaction=case["interaction"], num_cross_layers=2,
+                         cross_layer_projection_dim=4 if cross else 0)
+    model = RankingModel(config, seed=3, plan=plan, collectives=comm,
+                         data_parallel_input=case.get("data_parallel_input", False))
     return Trainer(model, case["optimizer"], LearningRateSchedule(case.get("lr", 0.05), 0, 0, 0))
 
 

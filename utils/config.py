@@ -9,6 +9,8 @@ import json
 import os
 from typing import List, Optional, Sequence, Set
 
+from nn.model_config import table_combiners
+
 
 class ConfigError(ValueError):
     """An impossible or meaningless flag combination; its message is one line."""
@@ -124,11 +126,6 @@ def feature_spec_path(dataset_path: str, feature_spec: str) -> str:
     """--feature_spec as the reference reads it: a name inside --dataset_path, or an absolute path
     (default: <dataset_path>/feature_spec.yaml)."""
     return os.path.join(dataset_path, feature_spec or "feature_spec.yaml")
-
-
-def table_combiners(max_hotness: Sequence[Optional[int]], multi_hot_combiner: Optional[str]) -> List[str]:
-    """Per table: `multi_hot_combiner` for multi-hot features (default sum), sum otherwise."""
-    return [(multi_hot_combiner or "sum") if h else "sum" for h in max_hotness]
 
 
 @dataclasses.dataclass(frozen=True)
