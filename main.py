@@ -143,7 +143,7 @@ class Run:
     def _eval_data(self):
         from dataloading.batches import eval_batches, prefetched
         d = self.dataset
-        return prefetched(eval_batches(d, self.rows["eval"], self.cfg.valid_batch_size, self.view), d,
+        return prefetched(eval_batches(d, self.view, rows=self.rows["eval"], batch_size=self.cfg.valid_batch_size), d,
                           synchronous=self.cfg.tfdata_debug)
 
     def evaluate(self, step: int) -> dict:
@@ -191,9 +191,10 @@ class Run:
         offset = self.start_step - self.data_start   # global step = this data's step + offset
         evals = eval_steps(steps_per_epoch, cfg.evals_per_epoch, total) if self.evaluating else set()
         profiler = StepProfiler(cfg, self.comm.rank, self.start_step, total + offset)   # global steps
-        batches = prefetched(train_batches(d, self.rows["train"], cfg.batch_size, cfg.seed, self.data_start, total,
-                                           self.view, cfg.shuffle_batch_order, cfg.train_last_partial_batch), d,
-                             synchronous=cfg.tfdata_debug)
+        batches = train_batches(d, self.view, rows=self.rows["train"], batch_size=cfg.batch_size, seed=cfg.seed,
+                                start_step=self.data_start, end_step=total, shuffle=cfg.shuffle_batch_order,
+                                last_partial=cfg.train_last_partial_batch)
+        batches = prefetched(batches, d, synchronous=cfg.tfdata_debug)
         self.log.print(f"training steps {self.start_step}..{total + offset} ({steps_per_epoch} per epoch, "
                        f"batch {cfg.batch_size})")
         step, losses = self.data_start, []

@@ -80,7 +80,7 @@ def measure(args):
                       xla=bool(args.xla), loss_scaling=bool(args.amp) and amp_dtype() == tf.float16)
     rng = np.random.default_rng(w["seed"])
     batch = int(w["batch_size"])
-    b, rows = batch // comm.size, [model.embeddings.input_rows(f) for f in range(len(cards))]
+    b, scopes = batch // comm.size, [model.embeddings.input_rows(f) for f in range(len(cards))]
     mine = slice(comm.rank * b, (comm.rank + 1) * b)
     card = np.asarray(cards, dtype=np.int64)
     pool = []
@@ -89,8 +89,8 @@ def measure(args):
         numerical = rng.standard_normal((batch, w["num_dense"]), dtype=np.float32)
         labels = rng.integers(0, 2, size=batch).astype(np.float32)
         pool.append((tf.constant(numerical[mine]),
-                     [tf.constant(ids[:, f] if r == "global" else ids[mine, f] if r == "local" else ids[:0, f])
-                      for f, r in enumerate(rows)],
+                     [tf.constant(ids[:, f] if s == "global" else ids[mine, f] if s == "local" else ids[:0, f])
+                      for f, s in enumerate(scopes)],
                      tf.constant(labels[mine])))
     times = []
     for i in range(warmup + timed):

@@ -38,13 +38,13 @@ def build(case, comm, plan):
     return Trainer(model, case["optimizer"], LearningRateSchedule(case.get("lr", 0.05), 0, 0, 0))
 
 
-def tensors(batch, case, rows, global_start, local_start):
-    """A batch's tensors; features of hotness > 1 get multi-hot ids of the same samples (`rows[f]`
+def tensors(batch, case, scopes, global_start, local_start):
+    """A batch's tensors; features of hotness > 1 get multi-hot ids of the same samples (`scopes[f]`
     "global": the B samples from global_start, "local": the b from local_start)."""
     categorical = [tf.constant(c) for c in batch["categorical"]]
     for f, h in enumerate(case.get("hotness", [])):
-        if h > 1 and rows[f] != "none":
-            first = global_start if rows[f] == "global" else local_start
+        if h > 1 and scopes[f] != "none":
+            first = global_start if scopes[f] == "global" else local_start
             categorical[f] = multi_hot_ids(case["cardinalities"][f], h, f, first, len(batch["categorical"][f]))
     return tf.constant(batch["numerical"]), categorical, tf.constant(batch["labels"])
 
@@ -74,7 +74,7 @@ def run_case(case, comm):
     b = batch_size // comm.size
     for step in range(case.get("steps", 4)):
         start = step * batch_size
-        mine = tensors(rank_batch(data, "train", start, batch_size, view), case, view.features, start,
+        mine = tensors(rank_batch(data, "train", start, batch_size, view), case, view.scopes, start,
                        start + comm.rank * b)
         whole = tensors(data.batch("train", start, batch_size), case, ["local"] * len(cards), start, start)
         logits = dist.predict(*mine[:2]).numpy()
