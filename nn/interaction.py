@@ -1,5 +1,5 @@
 """Feature interactions: DLRM's pairwise dot products and DCNv2's cross network, behind one
-contract (Interaction), built from a ModelConfig by make_interaction."""
+contract (Interaction); make_interaction builds the one a ModelConfig names."""
 import functools
 import sys
 from typing import List, Optional
@@ -32,15 +32,6 @@ class Interaction(tf.Module):
     def __call__(self, dense: tf.Tensor, sparse: List[tf.Tensor], training: bool = False,
                  xla: bool = False) -> tf.Tensor:
         raise NotImplementedError
-
-
-def make_interaction(config: ModelConfig, seed: int) -> Interaction:
-    """The interaction `config.interaction` names, over the bottom MLP's output and the tables' rows."""
-    dense_dim = config.bottom_mlp_dims[-1]
-    if config.interaction == "cross":
-        return CrossNetwork(dense_dim + sum(config.embedding_dims), config.num_cross_layers,
-                            config.cross_layer_projection_dim, seed=(seed, 200))
-    return DotInteraction(len(config.tables), dense_dim, kernel=DOT_KERNELS[config.interaction])
 
 
 def dot_interaction_width(num_features: int, dim: int) -> int:
@@ -192,3 +183,12 @@ class CrossNetwork(Interaction):
                 h = tf.matmul(h, tf.cast(m, x0.dtype))
             x = x0 * tf.nn.bias_add(h, tf.cast(bias, x0.dtype)) + x
         return x
+
+
+def make_interaction(config: ModelConfig, seed: int) -> Interaction:
+    """The interaction `config.interaction` names, over the bottom MLP's output and the tables' rows."""
+    dense_dim = config.bottom_mlp_dims[-1]
+    if config.interaction == "cross":
+        return CrossNetwork(dense_dim + sum(config.embedding_dims), config.num_cross_layers,
+                            config.cross_layer_projection_dim, seed=(seed, 200))
+    return DotInteraction(len(config.tables), dense_dim, kernel=DOT_KERNELS[config.interaction])
