@@ -154,7 +154,7 @@ class CrossNetwork(Interaction):
     (x0 * (W_l x_l + b_l) + x_l) when r == 0. Output [B, d].
     """
 
-    def __init__(self, dim: int, num_layers: int, projection_dim: int, seed, name="cross"):
+    def __init__(self, *, dim: int, num_layers: int, projection_dim: int, seed, name="cross"):
         super().__init__(name=name)
         self.output_width = dim
         self.weights = []   # per layer: [W] (full rank) or [U, V]
@@ -189,6 +189,6 @@ def make_interaction(config: ModelConfig, seed: int) -> Interaction:
     """The interaction `config.interaction` names, over the bottom MLP's output and the tables' rows."""
     dense_dim = config.bottom_mlp_dims[-1]
     if config.interaction == "cross":
-        return CrossNetwork(dense_dim + sum(config.embedding_dims), config.num_cross_layers,
-                            config.cross_layer_projection_dim, seed=(seed, 200))
+        return CrossNetwork(dim=dense_dim + sum(config.embedding_dims), num_layers=config.num_cross_layers,
+                            projection_dim=config.cross_layer_projection_dim, seed=(seed, 200))
     return DotInteraction(len(config.tables), dense_dim, kernel=DOT_KERNELS[config.interaction])

@@ -60,7 +60,7 @@ def numpy_cross(x0, layers):
 @pytest.mark.parametrize("projection_dim", [0, 3])
 def test_cross_network_matches_numpy(projection_dim):
     dim, layers = 10, 3
-    net = CrossNetwork(dim, layers, projection_dim, seed=(3, 0))
+    net = CrossNetwork(dim=dim, num_layers=layers, projection_dim=projection_dim, seed=(3, 0))
     for b in net.biases:   # non-zero biases so they are checked too
         b.assign(tf.random.stateless_normal([dim], seed=(1, 2)))
     x0 = np.random.default_rng(1).standard_normal((4, dim)).astype(np.float32)
