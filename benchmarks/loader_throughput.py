@@ -62,15 +62,15 @@ def bytes_read(dataset, view: RankInput, batch_size: int) -> int:
     """Bytes this rank reads for one global batch."""
     spec, b = dataset.spec, batch_size // view.size
     total = b * (len(spec.numerical) * spec.dtype(spec.numerical[0]).itemsize + 1)
-    for name, rows in zip(spec.categorical, view.features):
-        total += {"global": batch_size, "local": b, "none": 0}[rows] * spec.dtype(name).itemsize
+    for name, scope in zip(spec.categorical, view.scopes):
+        total += {"global": batch_size, "local": b, "none": 0}[scope] * spec.dtype(name).itemsize
     return total
 
 
 def timed_epoch(dataset, rows, batch_size, view):
     steps = steps_per_epoch(rows, batch_size, view.size, False)
     t0 = time.perf_counter()
-    for _ in train_batches(dataset, rows, batch_size, 1, 0, steps, view):
+    for _ in train_batches(dataset, view, rows=rows, batch_size=batch_size, seed=1, start_step=0, end_step=steps):
         pass
     return steps, time.perf_counter() - t0
 

@@ -120,7 +120,7 @@ def request_batches(dataset, rows: int, batch_size: int) -> Iterator[Tuple[np.nd
     batches of at most `batch_size`."""
     from dataloading.batches import RankInput, eval_batches
     view = RankInput.single_process(len(dataset.cardinalities))
-    for batch in eval_batches(dataset, rows, batch_size, view):
+    for batch in eval_batches(dataset, view, rows=rows, batch_size=batch_size):
         n = batch["valid"]
         yield (batch["numerical"][:n], categorical_matrix(batch["categorical"], dataset.max_hotness)[:n],
                batch["labels"][:n])

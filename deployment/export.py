@@ -20,6 +20,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 from deployment.layout import CATEGORICAL, EMBEDDINGS, LOGITS, NUMERICAL, PAD, PREDICTIONS, ServingLayout
 from nn import checkpoint
+from nn.model_config import ModelConfig
 from parallel_embedding.layer import check_ids, combine, flatten_ids
 
 HOST = "/device:CPU:0"
@@ -31,11 +32,8 @@ def load_model(manifest: dict):
     from nn.lr_schedule import LearningRateSchedule
     from nn.model import RankingModel
     from nn.trainer import Trainer
-    from utils.config import table_combiners
     s = manifest["signature"]
-    model = RankingModel(s["cardinalities"], s["embedding_dim"], s["num_numerical"], s["bottom_mlp_dims"],
-                         s["top_mlp_dims"], "dot" if s["interaction"] == "dot" else "cross",
-                         s["num_cross_layers"] or 1, s["cross_layer_projection_dim"] or 0, combiners=table_combiners(s["max_hotness"], s["multi_hot_combiner"]))
+    model = RankingModel(ModelConfig.from_signature(s))
     # Plain SGD has no optimizer state: its trainer's checkpoint entries are exactly the model's.
     trainer = Trainer(model, "sgd", LearningRateSchedule(0.0, 0, 0, 0))
     checkpoint.restore(manifest["path"], trainer.checkpoint_entries(), s, trainer.checkpoint_names(), extra_ok=True)

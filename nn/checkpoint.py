@@ -38,8 +38,8 @@ KEEP = 2
 class Entry:
     """A variable and where it sits in its logical tensor.
 
-    The variable's first `rows` rows (all when None) are rows [row_start, row_start + rows) and
-    its columns are [col_start, col_start + width) of tensor `name` of shape `shape`.
+    The variable's first `num_rows` rows (all when None) are rows [row_start, row_start +
+    num_rows) and its columns are [col_start, col_start + width) of tensor `name` of shape `shape`.
     `replicated`: every rank holds the whole tensor (rank 0 saves it).
     """
     name: str
@@ -47,7 +47,7 @@ class Entry:
     shape: tuple
     row_start: int = 0
     col_start: int = 0
-    rows: Optional[int] = None
+    num_rows: Optional[int] = None
     replicated: bool = False
 
     @property
@@ -55,8 +55,8 @@ class Entry:
         shape = tuple(self.variable.shape)
         if len(shape) < 2:
             return (0, self.shape[0] if shape else 0), (0, 0)
-        rows = shape[0] if self.rows is None else self.rows
-        return (self.row_start, self.row_start + rows), (self.col_start, self.col_start + shape[1])
+        num_rows = shape[0] if self.num_rows is None else self.num_rows
+        return (self.row_start, self.row_start + num_rows), (self.col_start, self.col_start + shape[1])
 
 
 def _fsync_dir(path):
@@ -98,8 +98,8 @@ def save(root: str, entries: Sequence[Entry], step: int, signature: dict, comm, 
         if e.replicated and comm.rank != 0:
             continue
         value = e.variable.numpy()
-        if e.rows is not None:
-            value = value[:e.rows]
+        if e.num_rows is not None:
+            value = value[:e.num_rows]
         (a, b), (c, d) = e.region
         pieces.append({"tensor": e.name, "shape": list(e.shape), "dtype": value.dtype.name,
                        "file": _piece_file(e), "rows": [a, b], "cols": [c, d]})
@@ -288,8 +288,8 @@ def restore(path: str, entries: Sequence[Entry], signature: dict, expected: Set[
         _check_pieces(ckpt, e.name, t)
     for e in entries:
         value = _read_region(ckpt, e, tensors[e.name])
-        if e.rows is not None and e.rows < e.variable.shape[0]:
-            e.variable[:e.rows].assign(value)
+        if e.num_rows is not None and e.num_rows < e.variable.shape[0]:
+            e.variable[:e.num_rows].assign(value)
         else:
             e.variable.assign(value)
     return manifest

@@ -71,7 +71,7 @@ class Trainer(tf.Module):
     Tables are updated by the sparse form of `optimizer`, dense weights by its dense form.
     `loss_scaling` enables loss scaling (float16 AMP): dynamic, or static at `static_loss_scale`.
     `train_tables` false freezes the tables (no table gradients, exchanges or updates). `xla` compiles the dense part
-    (MLPs, interaction; forward and backward); lookups and table updates are always compiled
+    (MLPs, interaction; forward and backward; the dot interaction without its custom op); lookups and table updates are always compiled
     islands, and collectives run between them. `run_eagerly` (debugging) runs the train and
     predict steps and the table update op by op, as plain Python.
 
@@ -100,6 +100,7 @@ class Trainer(tf.Module):
         self.dense_optimizer = make_optimizer(optimizer, model.dense_variables, "dense_optimizer", beta1, beta2)
         self.loss_scale = LossScale(static=static_loss_scale) if loss_scaling else None
         self.train_tables = train_tables
+        self.xla = xla
         # The sparse table update as one XLA-compiled function: on CPU about 5x faster than
         # TensorFlow's scatter kernels, and only the given rows are written either way. Multi-hot
         # batches (a varying number of ids) take the uncompiled one: XLA would recompile every step.
@@ -176,7 +177,7 @@ class Trainer(tf.Module):
         dense = self.model.dense_variables
         with tf.GradientTape() as tape:
             tape.watch(embeddings)
-            logits = self.model.predict_from_embeddings(numerical, embeddings, training=True)
+            logits = self.model.predict_from_embeddings(numerical, embeddings, training=True, xla=self.xla)
             loss = bce_loss(labels, logits, tf.shape(labels)[0] * self.comm.size)
             scaled = loss * self.loss_scale.value if self.loss_scale is not None else loss
         sources = list(embeddings) if self.train_tables else []

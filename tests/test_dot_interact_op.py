@@ -338,3 +338,15 @@ def test_cuda_kernels_match_cpu_reference(cuda_harness):
         pytest.skip("no CUDA device")
     assert p.returncode == 0, p.stdout + p.stderr
     assert "all passed" in p.stdout
+
+
+def test_the_caller_chooses_the_op_outside_xla_only():
+    """Training uses the op unless the caller says it compiles with XLA (where the op has no kernel)."""
+    layer = DotInteraction(4, 8)
+    vectors = [tf.TensorSpec([None, 8], tf.float32)] * 5
+
+    def ops(**options):
+        graph = tf.function(lambda *v: layer(v[0], list(v[1:]), **options)).get_concrete_function(*vectors).graph
+        return {node.op for node in graph.as_graph_def().node}
+    assert "DotBasedInteract" in ops(training=True)
+    assert "DotBasedInteract" not in ops(training=True, xla=True) | ops(training=False)

@@ -10,6 +10,7 @@ import os
 from typing import List, Optional, Sequence, Set
 
 from dataloading.feature_spec import FeatureSpec
+from nn.model_config import table_combiners
 from utils.errors import ConfigError
 
 MODES = ("train", "eval", "inference")
@@ -122,11 +123,6 @@ def feature_spec_path(dataset_path: str, feature_spec: str) -> str:
     """--feature_spec as the reference reads it: a name inside --dataset_path, or an absolute path
     (default: <dataset_path>/feature_spec.yaml)."""
     return os.path.join(dataset_path, feature_spec or "feature_spec.yaml")
-
-
-def table_combiners(max_hotness: Sequence[Optional[int]], multi_hot_combiner: Optional[str]) -> List[str]:
-    """Per table: `multi_hot_combiner` for multi-hot features (default sum), sum otherwise."""
-    return [(multi_hot_combiner or "sum") if h else "sum" for h in max_hotness]
 
 
 @dataclasses.dataclass(frozen=True)
