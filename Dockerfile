@@ -58,5 +58,7 @@ RUN ldconfig /usr/local/cuda/lib64/stubs \
     && ldconfig
 
 COPY . .
+# The project, editable, as tools/setup_env.sh installs it in a virtual environment (pyproject.toml).
+RUN python3 -m pip install --no-deps -e .
 
 CMD ["bash", "-c", "echo 'usage: docker run --gpus all --ipc=host IMAGE horovodrun -np GPUS -H localhost:GPUS python3 dlrm.py|dcnv2.py [flags]   (flags: python3 dlrm.py --helpfull; more in docs/launchers.md)'"]

@@ -11,7 +11,7 @@ setup: $(VENV)/.ready
 OP_SOURCES := $(wildcard tensorflow-dot-based-interact/setup.py tensorflow-dot-based-interact/src/* \
   tensorflow-dot-based-interact/dot_based_interact/*.py)
 
-$(VENV)/.ready: requirements.txt tools/setup_env.sh $(OP_SOURCES)
+$(VENV)/.ready: requirements.txt pyproject.toml tools/setup_env.sh $(OP_SOURCES)
 	bash tools/setup_env.sh $(VENV)
 	touch $@
 

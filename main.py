@@ -12,22 +12,21 @@ from absl import app
 from dataloading import position
 from dataloading.open import open_dataset
 from nn import checkpoint
+from nn.model_config import ModelConfig, table_configs
 from utils import flags as run_flags
-from utils.config import ConfigError, RunConfig
+from utils.config import RunConfig
+from utils.errors import CheckpointError, ConfigError, NonFiniteError
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-def model_signature(cfg: RunConfig) -> dict:
-    """The settings a checkpoint must share with the run that reads it, named as the flags."""
-    return {"cardinalities": cfg.cardinalities, "num_numerical": cfg.num_numerical, "max_hotness": cfg.max_hotness,
-            "multi_hot_combiner": (cfg.multi_hot_combiner or "sum") if any(cfg.max_hotness) else None,
-            "embedding_dim": cfg.embedding_dims, "bottom_mlp_dims": cfg.bottom_mlp_dims,
-            "top_mlp_dims": cfg.top_mlp_dims,
-            "interaction": "cross" if cfg.interaction == "cross" else "dot",   # every dot kernel: same model
-            "num_cross_layers": cfg.num_cross_layers if cfg.interaction == "cross" else None,
-            "cross_layer_projection_dim": cfg.cross_layer_projection_dim if cfg.interaction == "cross" else None,
-            "optimizer": cfg.optimizer}
+def model_config(cfg: RunConfig) -> ModelConfig:
+    """The model `cfg` describes."""
+    tables = table_configs(cardinalities=cfg.cardinalities, dims=cfg.embedding_dims, max_hotness=cfg.max_hotness,
+                           multi_hot_combiner=cfg.multi_hot_combiner)
+    return ModelConfig(tables=tables, num_numerical=cfg.num_numerical, bottom_mlp_dims=tuple(cfg.bottom_mlp_dims),
+                       top_mlp_dims=tuple(cfg.top_mlp_dims), interaction=cfg.interaction,
+                       num_cross_layers=cfg.num_cross_layers, cross_layer_projection_dim=cfg.cross_layer_projection_dim)
 
 
 def eval_steps(steps_per_epoch: int, evals_per_epoch: int, total_steps: int):
@@ -75,11 +74,10 @@ class Run:
                               f"{compute_dtype.name}, which needs no loss scaling")
         plan = plan_tables(cfg.cardinalities, cfg.embedding_dims, comm.size, cfg.dist_strategy,
                            cfg.column_slice_threshold, cfg.row_slice_threshold, cfg.data_parallel_threshold)
-        self.model = RankingModel(cfg.cardinalities, cfg.embedding_dims, cfg.num_numerical, cfg.bottom_mlp_dims,
-                                  cfg.top_mlp_dims, cfg.interaction, cfg.num_cross_layers,
-                                  cfg.cross_layer_projection_dim, seed=cfg.seed, compute_dtype=compute_dtype,
-                                  plan=plan, collectives=comm, data_parallel_input=cfg.data_parallel_input,
-                                  combiners=cfg.combiners, zeros_initializer=cfg.embedding_zeros_initializer)
+        self.model_config = model_config(cfg)
+        self.model = RankingModel(self.model_config, seed=cfg.seed, compute_dtype=compute_dtype, plan=plan,
+                                  collectives=comm, data_parallel_input=cfg.data_parallel_input,
+                                  zeros_initializer=cfg.embedding_zeros_initializer)
         emb = self.model.embeddings
         self.view = RankInput(comm.rank, comm.size, tuple(emb.input_rows(f) for f in range(cfg.num_categorical)))
         schedule = LearningRateSchedule(cfg.learning_rate, cfg.warmup_steps, cfg.decay_start_step, cfg.decay_steps)
@@ -128,9 +126,8 @@ class Run:
                                   f"{cfg.max_steps}): nothing left to train; raise --epochs or --max_steps, or train "
                                   "on the data again with --restore_mode=continue")
         weights_only = mode == "weights"
-        signature = model_signature(cfg)
-        if weights_only:   # a fresh optimizer, of any kind
-            del signature["optimizer"]
+        # weights only: a fresh optimizer, of any kind
+        signature = self.model_config.signature(optimizer=None if weights_only else cfg.optimizer)
         checkpoint.restore(ckpt, self.trainer.checkpoint_entries(weights_only), signature,
                            self.trainer.checkpoint_names(weights_only), extra_ok=weights_only)
         self.start_step = int(self.trainer.step.numpy())
@@ -147,7 +144,7 @@ class Run:
     def _eval_data(self):
         from dataloading.batches import eval_batches, prefetched
         d = self.dataset
-        return prefetched(eval_batches(d, self.rows["eval"], self.cfg.valid_batch_size, self.view), d,
+        return prefetched(eval_batches(d, self.view, rows=self.rows["eval"], batch_size=self.cfg.valid_batch_size), d,
                           synchronous=self.cfg.tfdata_debug)
 
     def evaluate(self, step: int) -> dict:
@@ -170,7 +167,8 @@ class Run:
         state = {"data": position.state(self.data_definition, data_step, self.steps_per_epoch),
                  "schedule_origin": int(self.trainer.schedule_origin.numpy())}
         path = checkpoint.save(self.cfg.save_checkpoint_path, self.trainer.checkpoint_entries(), step,
-                               model_signature(self.cfg), self.comm, state, keep=self.cfg.keep_checkpoints)
+                               self.model_config.signature(self.cfg.optimizer), self.comm, state,
+                               keep=self.cfg.keep_checkpoints)
         self.saved = (step, path)
         self.log.print(f"saved checkpoint {path}")
 
@@ -194,9 +192,10 @@ class Run:
         offset = self.start_step - self.data_start   # global step = this data's step + offset
         evals = eval_steps(steps_per_epoch, cfg.evals_per_epoch, total) if self.evaluating else set()
         profiler = StepProfiler(cfg, self.comm.rank, self.start_step, total + offset)   # global steps
-        batches = prefetched(train_batches(d, self.rows["train"], cfg.batch_size, cfg.seed, self.data_start, total,
-                                           self.view, cfg.shuffle_batch_order, cfg.train_last_partial_batch), d,
-                             synchronous=cfg.tfdata_debug)
+        batches = train_batches(d, self.view, rows=self.rows["train"], batch_size=cfg.batch_size, seed=cfg.seed,
+                                start_step=self.data_start, end_step=total, shuffle=cfg.shuffle_batch_order,
+                                last_partial=cfg.train_last_partial_batch)
+        batches = prefetched(batches, d, synchronous=cfg.tfdata_debug)
         self.log.print(f"training steps {self.start_step}..{total + offset} ({steps_per_epoch} per epoch, "
                        f"batch {cfg.batch_size})")
         step, losses = self.data_start, []
@@ -281,7 +280,6 @@ def run(cfg: RunConfig, comm=None):
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    from nn.trainer import NonFiniteError
     from parallel_embedding.collectives import make_collectives
     from utils.runtime import configure_tensorflow
     F = run_flags.FLAGS
@@ -294,7 +292,7 @@ def main(argv):
     try:
         cfg = run_flags.config_from_flags(comm.size)
         run(cfg, comm)
-    except (ConfigError, checkpoint.CheckpointError) as e:
+    except (ConfigError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except NonFiniteError as e:

@@ -19,10 +19,8 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = ["4096,27,16", "4096,27,128", "8192,27,16", "8192,27,128"]   # W1 and W2: B, F+1, D
 
 
@@ -36,7 +34,6 @@ def main():
     ap.add_argument("--steps", type=int, default=100, help="--workloads: paired steps")
     args = ap.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.path.insert(0, ROOT)
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
@@ -54,6 +51,7 @@ def train_step_pairs(workload, steps, threads):
     from benchmarks.train_throughput import DEFAULT_BENCH, yardstick_module
     from nn.lr_schedule import LearningRateSchedule
     from nn.model import RankingModel
+    from nn.model_config import ModelConfig, table_configs
     from nn.trainer import Trainer
     from parallel_embedding.collectives import make_collectives
     from parallel_embedding.planner import plan_tables
@@ -63,8 +61,10 @@ def train_step_pairs(workload, steps, threads):
     comm = make_collectives()
     trainers = {}
     for kernel in ("op", "tf"):
-        model = RankingModel(cards, dims, w["num_dense"], w["bottom_mlp"], w["top_mlp"], interaction="dot_custom",
-                             seed=w["seed"], plan=plan_tables(cards, dims, comm.size), collectives=comm)
+        config = ModelConfig(tables=table_configs(cardinalities=cards, dims=dims), num_numerical=w["num_dense"],
+                             bottom_mlp_dims=tuple(w["bottom_mlp"]), top_mlp_dims=tuple(w["top_mlp"]),
+                             interaction="dot_custom")
+        model = RankingModel(config, seed=w["seed"], plan=plan_tables(cards, dims, comm.size), collectives=comm)
         if kernel == "tf":
             model.interaction._op = None   # DotInteraction's XLA-compiled TensorFlow pair
         trainers[kernel] = Trainer(model, w["optimizer"]["name"], LearningRateSchedule(w["optimizer"]["lr"], 0, 0, 0))

@@ -21,19 +21,15 @@ import gc
 import json
 import os
 import shutil
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from dataloading.batches import RankInput, steps_per_epoch, train_batches  # noqa: E402
-from dataloading.feature_spec import FeatureSpec, split_binary_spec  # noqa: E402
-from dataloading.split_binary import SplitBinaryDataset  # noqa: E402
-from dataloading.writer import MappingWriter  # noqa: E402
-from parallel_embedding.planner import plan_tables  # noqa: E402
+from dataloading.batches import RankInput, steps_per_epoch, train_batches
+from dataloading.feature_spec import FeatureSpec, split_binary_spec
+from dataloading.split_binary import SplitBinaryDataset
+from dataloading.writer import MappingWriter
+from parallel_embedding.planner import plan_tables
 
 CRITEO_KAGGLE = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27, 14992,
                  5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
@@ -66,15 +62,15 @@ def bytes_read(dataset, view: RankInput, batch_size: int) -> int:
     """Bytes this rank reads for one global batch."""
     spec, b = dataset.spec, batch_size // view.size
     total = b * (len(spec.numerical) * spec.dtype(spec.numerical[0]).itemsize + 1)
-    for name, rows in zip(spec.categorical, view.features):
-        total += {"global": batch_size, "local": b, "none": 0}[rows] * spec.dtype(name).itemsize
+    for name, scope in zip(spec.categorical, view.scopes):
+        total += {"global": batch_size, "local": b, "none": 0}[scope] * spec.dtype(name).itemsize
     return total
 
 
 def timed_epoch(dataset, rows, batch_size, view):
     steps = steps_per_epoch(rows, batch_size, view.size, False)
     t0 = time.perf_counter()
-    for _ in train_batches(dataset, rows, batch_size, 1, 0, steps, view):
+    for _ in train_batches(dataset, view, rows=rows, batch_size=batch_size, seed=1, start_step=0, end_step=steps):
         pass
     return steps, time.perf_counter() - t0
 

@@ -11,20 +11,17 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
+import pandas as pd
 
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from dataloading.feature_spec import SPEC_FILE, FeatureSpec  # noqa: E402
-from preproc import generate  # noqa: E402
-from preproc.parsing import CATEGORICAL_NAMES, INTEGER_NAMES, NAMES  # noqa: E402
-from preproc.pipeline import CATEGORICAL, Options, run  # noqa: E402
-from preproc.session import spark_session  # noqa: E402
+from dataloading.feature_spec import SPEC_FILE, FeatureSpec
+from preproc import generate
+from preproc.parsing import CATEGORICAL_NAMES, INTEGER_NAMES, NAMES
+from preproc.pipeline import CATEGORICAL, Options, run
+from preproc.session import spark_session
 
 TEST, VALIDATION, THRESHOLD = 0.05, 0.05, 3
 

@@ -184,7 +184,6 @@ def main():
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.onednn is not None:
         os.environ["TF_ENABLE_ONEDNN_OPTS"] = str(args.onednn)
-    sys.path.insert(0, ROOT)
     temporary = args.work_dir is None
     args.work_dir = args.work_dir or tempfile.mkdtemp(prefix="serving-bench-")
     os.makedirs(args.work_dir, exist_ok=True)

@@ -48,11 +48,11 @@ def measure(args):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.onednn is not None:
         os.environ["TF_ENABLE_ONEDNN_OPTS"] = str(args.onednn)
-    sys.path.insert(0, ROOT)
     import numpy as np
     import tensorflow as tf
     from nn.lr_schedule import LearningRateSchedule
     from nn.model import RankingModel
+    from nn.model_config import ModelConfig, table_configs
     from nn.trainer import Trainer, amp_dtype
     from parallel_embedding.collectives import make_collectives
     from parallel_embedding.planner import plan_tables
@@ -68,16 +68,18 @@ def measure(args):
     plan = plan_tables(cards, dims, comm.size)
     if not args.dot_op:   # as on a machine without the op library: DotInteraction's TensorFlow path
         sys.modules["dot_based_interact"] = None
-    model = RankingModel(cards, dims, w["num_dense"], w["bottom_mlp"], w["top_mlp"],
+    config = ModelConfig(tables=table_configs(cardinalities=cards, dims=dims), num_numerical=w["num_dense"],
+                         bottom_mlp_dims=tuple(w["bottom_mlp"]), top_mlp_dims=tuple(w["top_mlp"]),
                          interaction="cross" if w["model"] == "dcnv2" else "dot_custom" if args.dot_op else "dot",
                          num_cross_layers=w.get("cross_layers", 0),
-                         cross_layer_projection_dim=w.get("cross_projection_dim", 0), seed=w["seed"],
-                         compute_dtype=amp_dtype() if args.amp else tf.float32, plan=plan, collectives=comm)
+                         cross_layer_projection_dim=w.get("cross_projection_dim", 0))
+    model = RankingModel(config, seed=w["seed"], compute_dtype=amp_dtype() if args.amp else tf.float32, plan=plan,
+                         collectives=comm)
     trainer = Trainer(model, w["optimizer"]["name"], LearningRateSchedule(w["optimizer"]["lr"], 0, 0, 0),
                       xla=bool(args.xla), loss_scaling=bool(args.amp) and amp_dtype() == tf.float16)
     rng = np.random.default_rng(w["seed"])
     batch = int(w["batch_size"])
-    b, rows = batch // comm.size, [model.embeddings.input_rows(f) for f in range(len(cards))]
+    b, scopes = batch // comm.size, [model.embeddings.input_rows(f) for f in range(len(cards))]
     mine = slice(comm.rank * b, (comm.rank + 1) * b)
     card = np.asarray(cards, dtype=np.int64)
     pool = []
@@ -86,8 +88,8 @@ def measure(args):
         numerical = rng.standard_normal((batch, w["num_dense"]), dtype=np.float32)
         labels = rng.integers(0, 2, size=batch).astype(np.float32)
         pool.append((tf.constant(numerical[mine]),
-                     [tf.constant(ids[:, f] if r == "global" else ids[mine, f] if r == "local" else ids[:0, f])
-                      for f, r in enumerate(rows)],
+                     [tf.constant(ids[:, f] if s == "global" else ids[mine, f] if s == "local" else ids[:0, f])
+                      for f, s in enumerate(scopes)],
                      tf.constant(labels[mine])))
     times = []
     for i in range(warmup + timed):

@@ -18,17 +18,17 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from dataloading.feature_spec import DatasetError
 from dataloading.split_binary import RaggedIds
+from utils.errors import DatasetError
 
 
 @dataclasses.dataclass(frozen=True)
 class RankInput:
-    """What rank `rank` of `size` reads: per feature "global" (ids of all B rows), "local"
-    (ids of its b rows) or "none" (an empty array)."""
+    """What rank `rank` of `size` reads: per feature, the scope of its ids: "global" (ids of all B
+    rows), "local" (ids of its b rows) or "none" (an empty array)."""
     rank: int
     size: int
-    features: Sequence[str]
+    scopes: Sequence[str]
 
     @classmethod
     def single_process(cls, num_features: int) -> "RankInput":
@@ -69,22 +69,22 @@ def rank_batch(dataset, split: str, start: int, size: int, view: RankInput, end:
     b = size // view.size
     first = start + view.rank * b
     real = (lambda s, n: n) if end is None else (lambda s, n: max(0, min(n, end - s)))
-    local = [f for f, rows in enumerate(view.features) if rows == "local"]
-    wanted = [f for f, rows in enumerate(view.features) if rows == "global"]
+    local = [f for f, scope in enumerate(view.scopes) if scope == "local"]
+    wanted = [f for f, scope in enumerate(view.scopes) if scope == "global"]
     batch = dataset.batch(split, first, real(first, b), local)
     batch = {k: (v if k == "categorical" else _pad(v, b)) for k, v in batch.items()}
     global_ids = dict(zip(wanted, dataset.categorical(split, start, real(start, size), wanted)))
     hot = dataset.max_hotness
     batch["categorical"] = [
-        _pad(batch["categorical"][f], b) if rows == "local" else
-        _pad(global_ids[f], size) if rows == "global" else
+        _pad(batch["categorical"][f], b) if scope == "local" else
+        _pad(global_ids[f], size) if scope == "global" else
         _no_ids(bool(hot[f]), dataset.id_dtype)
-        for f, rows in enumerate(view.features)]
+        for f, scope in enumerate(view.scopes)]
     return batch
 
 
-def train_batches(dataset, rows: int, batch_size: int, seed: int, start_step: int, end_step: int,
-                  view: RankInput, shuffle: bool = True, last_partial: bool = False) -> Iterator[dict]:
+def train_batches(dataset, view: RankInput, *, rows: int, batch_size: int, seed: int, start_step: int,
+                  end_step: int, shuffle: bool = True, last_partial: bool = False) -> Iterator[dict]:
     """This rank's parts of the training batches for global steps [start_step, end_step) over
     `rows` training samples (see steps_per_epoch); batch order shuffled per epoch if `shuffle`."""
     steps = steps_per_epoch(rows, batch_size, view.size, last_partial)
@@ -99,7 +99,7 @@ def train_batches(dataset, rows: int, batch_size: int, seed: int, start_step: in
         yield batch
 
 
-def eval_batches(dataset, rows: int, batch_size: int, view: RankInput) -> Iterator[dict]:
+def eval_batches(dataset, view: RankInput, *, rows: int, batch_size: int) -> Iterator[dict]:
     """Every evaluation sample in order, in batches of `batch_size`; the last one is padded to a
     multiple of N, and "valid" counts this rank's real rows."""
     for start in range(0, rows, batch_size):

@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence, Union
 import numpy as np
 import yaml
 
-from utils.config import ConfigError
+from utils.errors import DatasetError
 
 CATEGORICAL, NUMERICAL, LABEL = "categorical", "numerical", "label"
 CHANNELS = (CATEGORICAL, NUMERICAL, LABEL)
@@ -38,11 +38,6 @@ LABEL_DTYPES = ("bool",)
 OFFSETS_DTYPE = np.dtype(np.int64)
 AUTO = "auto"
 SPEC_FILE = "feature_spec.yaml"
-
-
-class DatasetError(ConfigError):
-    """A problem with a dataset or its spec; the message is one line naming what is wrong where
-    (a ConfigError: the command line reports it as `error: ...` and exits 2)."""
 
 
 def id_dtype(cardinality: int) -> str:

@@ -13,15 +13,13 @@ import argparse
 import os
 import sys
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from dataloading.feature_spec import AUTO, CSV, SPEC_FILE, DatasetError, FeatureSpec  # noqa: E402
-from dataloading.generate_dataset import synthetic_columns, synthetic_sources  # noqa: E402
-from dataloading.synthetic import SyntheticDataset  # noqa: E402
-from dataloading.transcode import DELIMITER  # noqa: E402
+from dataloading.feature_spec import AUTO, CSV, SPEC_FILE, FeatureSpec
+from dataloading.generate_dataset import synthetic_columns, synthetic_sources
+from dataloading.synthetic import SyntheticDataset
+from dataloading.transcode import DELIMITER
+from utils.errors import DatasetError
 
 
 def gen_csv(spec: FeatureSpec, rows: int, eval_rows: int, seed: int, alpha: float):

@@ -16,12 +16,10 @@ import os
 import sys
 from typing import Dict
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from dataloading.feature_spec import SPEC_FILE, DatasetError, FeatureSpec  # noqa: E402
-from dataloading.synthetic import SyntheticDataset  # noqa: E402
-from dataloading.writer import MappingWriter  # noqa: E402
+from dataloading.feature_spec import SPEC_FILE, FeatureSpec
+from dataloading.synthetic import SyntheticDataset
+from dataloading.writer import MappingWriter
+from utils.errors import DatasetError
 
 
 def synthetic_sources(spec: FeatureSpec, rows: int, eval_rows: int) -> Dict[str, tuple]:

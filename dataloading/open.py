@@ -1,5 +1,5 @@
 """Opens the dataset a run names (synthetic, split-binary or split-TFRecord files)."""
-from utils.config import ConfigError
+from utils.errors import ConfigError
 
 
 def open_dataset(cfg):

@@ -9,7 +9,7 @@ definition is the same, setting by setting, and starts at the stored batch.
 """
 import os
 
-from utils.config import ConfigError
+from utils.errors import ConfigError
 
 
 def definition(cfg, train_rows: int) -> dict:

@@ -15,13 +15,11 @@ planted model, ids uniform unless the spec gives an alpha.
 import os
 import sys
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags
 
-from absl import app, flags  # noqa: E402
-
-from dataloading.feature_spec import DatasetError, FeatureSpec, split_binary_spec  # noqa: E402
-from dataloading.generate_dataset import generate  # noqa: E402
+from dataloading.feature_spec import FeatureSpec, split_binary_spec
+from dataloading.generate_dataset import generate
+from utils.errors import DatasetError
 
 flags.DEFINE_integer("synthetic_dataset_num_entries", 32768 * 1024, "samples of train and of test (rounded down "
                      "to a multiple of --synthetic_dataset_batch_size)")

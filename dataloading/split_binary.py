@@ -13,8 +13,8 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from dataloading.feature_spec import (OFFSETS_DTYPE, Chunk, DatasetError, FeatureSpec, check_values, in_domain,
-                                      violations)
+from dataloading.feature_spec import OFFSETS_DTYPE, Chunk, FeatureSpec, check_values, in_domain, violations
+from utils.errors import DatasetError
 
 
 class RaggedIds(NamedTuple):

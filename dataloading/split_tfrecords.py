@@ -36,8 +36,9 @@ from google.protobuf.message import DecodeError
 from tensorflow.core.example import example_pb2
 from tensorflow.core.framework import tensor_pb2
 
-from dataloading.feature_spec import Chunk, DatasetError, FeatureSpec, check_values
+from dataloading.feature_spec import Chunk, FeatureSpec, check_values
 from dataloading.split_binary import ChunkReader, SplitBinaryDataset
+from utils.errors import DatasetError
 
 FORMAT_FILE, LENGTH_FILE, FEATURE_NAME = "format.json", "length.json", "data"
 _CACHED_RECORDS = 2

@@ -17,14 +17,12 @@ import os
 import sys
 from typing import Iterable
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
+import tensorflow as tf
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from dataloading.feature_spec import SPEC_FILE, DatasetError, FeatureSpec  # noqa: E402
-from dataloading.split_binary import RaggedIds, SplitBinaryDataset  # noqa: E402
+from dataloading.feature_spec import SPEC_FILE, FeatureSpec
+from dataloading.split_binary import RaggedIds, SplitBinaryDataset
+from utils.errors import DatasetError
 
 
 class _DirectoryWriter:

@@ -25,14 +25,12 @@ import os
 import sys
 from typing import Dict, Iterator, List
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from dataloading.feature_spec import (AUTO, CATEGORICAL, CSV, NUMERICAL, SPEC_FILE, Chunk,  # noqa: E402
-                                      DatasetError, FeatureSpec, check_values, split_binary_spec)
-from dataloading.writer import MappingWriter  # noqa: E402
+from dataloading.feature_spec import (AUTO, CATEGORICAL, CSV, NUMERICAL, SPEC_FILE, Chunk,
+                                      FeatureSpec, check_values, split_binary_spec)
+from dataloading.writer import MappingWriter
+from utils.errors import DatasetError
 
 DELIMITER = "|"   # joins the ids of a multi-hot field
 

@@ -16,7 +16,8 @@ from typing import Dict
 
 import numpy as np
 
-from dataloading.feature_spec import OFFSETS_DTYPE, DatasetError, FeatureSpec, check_values
+from dataloading.feature_spec import OFFSETS_DTYPE, FeatureSpec, check_values
+from utils.errors import DatasetError
 
 
 class MappingWriter:

@@ -9,6 +9,7 @@ from typing import Iterator, Tuple
 import numpy as np
 
 from deployment.layout import CATEGORICAL, LOGITS, NUMERICAL, categorical_matrix
+from utils.errors import ConfigError
 
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
 
@@ -96,7 +97,7 @@ def free_ports(n: int) -> list:
 def open_eval_data(flags) -> Tuple[object, int]:
     """(dataset, evaluation rows) named by main.py's data flags (utils/data_flags.py)."""
     from dataloading.open import open_dataset
-    from utils.config import ConfigError, feature_spec_path, parse_int_list
+    from utils.config import feature_spec_path, parse_int_list
     if flags.dataset_type == "synthetic":
         cards = parse_int_list("synthetic_cardinalities", flags.synthetic_cardinalities)
         num_numerical = flags.synthetic_num_numerical
@@ -119,7 +120,7 @@ def request_batches(dataset, rows: int, batch_size: int) -> Iterator[Tuple[np.nd
     batches of at most `batch_size`."""
     from dataloading.batches import RankInput, eval_batches
     view = RankInput.single_process(len(dataset.cardinalities))
-    for batch in eval_batches(dataset, rows, batch_size, view):
+    for batch in eval_batches(dataset, view, rows=rows, batch_size=batch_size):
         n = batch["valid"]
         yield (batch["numerical"][:n], categorical_matrix(batch["categorical"], dataset.max_hotness)[:n],
                batch["labels"][:n])

@@ -9,13 +9,12 @@ monolithic SavedModel, the ensemble (sparse + dense SavedModels) and their confi
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags, logging  # noqa: E402
 
 from deployment.repository import FORMS, ExportError, Settings, write_repository  # noqa: E402
-from nn.checkpoint import CheckpointError  # noqa: E402
+from utils.errors import CheckpointError  # noqa: E402
 
 flags.DEFINE_string("checkpoint", None, "checkpoint directory (a ckpt-<step> or the root holding `latest`)")
 flags.DEFINE_string("output", None, "model repository directory to write")

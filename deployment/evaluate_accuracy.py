@@ -10,12 +10,12 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
 
 from utils import data_flags  # noqa: E402,F401 (the data flags of main.py)
+from utils.errors import ConfigError  # noqa: E402
 
 flags.DEFINE_enum("protocol", "http", ["http", "grpc"], "how to talk to the server")
 flags.DEFINE_string("url", "", "host:port of the server (default localhost:8000 for http, :8001 for grpc)")
@@ -55,7 +55,6 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     from tritonclient.utils import InferenceServerException
     from deployment.client import ServingClient, ServingError, error_line, open_eval_data
-    from utils.config import ConfigError
     try:
         dataset, rows = open_eval_data(FLAGS)
         rows = min(rows, FLAGS.max_samples) if FLAGS.max_samples > 0 else rows

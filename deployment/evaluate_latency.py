@@ -11,12 +11,12 @@ import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
 
 from utils import data_flags  # noqa: E402,F401 (the data flags of main.py)
+from utils.errors import ConfigError  # noqa: E402
 
 flags.DEFINE_enum("protocol", "http", ["http", "grpc"], "how to talk to the server")
 flags.DEFINE_string("url", "", "host:port of the server (default localhost:8000 for http, :8001 for grpc)")
@@ -34,7 +34,6 @@ FLAGS = flags.FLAGS
 def request_pool(dataset, rows: int, batch_size: int, batches: int) -> list:
     """Up to `batches` distinct requests of `batch_size` evaluation samples."""
     from deployment.client import request_batches
-    from utils.config import ConfigError
     if rows < batch_size:
         raise ConfigError(f"--batch_sizes entry {batch_size} is larger than the {rows} evaluation samples")
     full = ((numerical, categorical) for numerical, categorical, _ in
@@ -87,7 +86,7 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     from tritonclient.utils import InferenceServerException
     from deployment.client import ServingClient, ServingError, error_line, open_eval_data
-    from utils.config import ConfigError, parse_int_list
+    from utils.config import parse_int_list
     try:
         sizes = parse_int_list("batch_sizes", FLAGS.batch_sizes)
         for name, value in [("concurrency", FLAGS.concurrency), ("requests", FLAGS.requests),

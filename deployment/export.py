@@ -20,6 +20,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 from deployment.layout import CATEGORICAL, EMBEDDINGS, LOGITS, NUMERICAL, PAD, PREDICTIONS, ServingLayout
 from nn import checkpoint
+from nn.model_config import ModelConfig
 from parallel_embedding.layer import check_ids, combine, flatten_ids
 
 HOST = "/device:CPU:0"
@@ -29,11 +30,8 @@ def load_model(manifest: dict):
     """A RankingModel in one process with the trained weights of the checkpoint whose manifest
     (nn.checkpoint.read_manifest) is given."""
     from nn.model import RankingModel
-    from utils.config import table_combiners
     s = manifest["signature"]
-    model = RankingModel(s["cardinalities"], s["embedding_dim"], s["num_numerical"], s["bottom_mlp_dims"],
-                         s["top_mlp_dims"], "dot" if s["interaction"] == "dot" else "cross",
-                         s["num_cross_layers"] or 1, s["cross_layer_projection_dim"] or 0, combiners=table_combiners(s["max_hotness"], s["multi_hot_combiner"]))
+    model = RankingModel(ModelConfig.from_signature(s))
     checkpoint.restore(manifest["path"], model.checkpoint_entries(), s, model.checkpoint_names(), extra_ok=True)
     return model
 

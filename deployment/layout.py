@@ -14,6 +14,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from nn.model_config import ModelConfig
+
 NUMERICAL = "numerical_features"
 CATEGORICAL = "categorical_features"
 EMBEDDINGS = "embeddings"
@@ -24,16 +26,16 @@ PAD = -1
 
 @dataclasses.dataclass(frozen=True)
 class ServingLayout:
-    """What a client must know to build requests for a model, from its checkpoint signature."""
+    """What a client must know to build requests for a model."""
     cardinalities: List[int]
     max_hotness: List[Optional[int]]
     embedding_dims: List[int]
     num_numerical: int
 
     @classmethod
-    def from_signature(cls, signature: dict) -> "ServingLayout":
-        return cls(list(signature["cardinalities"]), list(signature["max_hotness"]),
-                   list(signature["embedding_dim"]), int(signature["num_numerical"]))
+    def of(cls, model: ModelConfig) -> "ServingLayout":
+        return cls(model.cardinalities, [t.max_hotness for t in model.tables], model.embedding_dims,
+                   model.num_numerical)
 
     @property
     def columns(self) -> List[Tuple[int, int]]:

@@ -17,6 +17,7 @@ from typing import Dict, List, Sequence
 
 from deployment.layout import CATEGORICAL, EMBEDDINGS, LOGITS, NUMERICAL, PREDICTIONS, ServingLayout
 from nn.checkpoint import read_manifest
+from nn.model_config import ModelConfig
 from utils.files import move_into_place
 
 FORMS = ("monolithic", "ensemble")
@@ -95,8 +96,9 @@ def write_repository(checkpoint_path: str, out: str, name: str = None, settings:
         raise ExportError(f"{out} already exists; pass --overwrite to replace it")
     manifest = read_manifest(checkpoint_path)
     signature = manifest["signature"]
-    name = name or ("dcnv2" if signature["interaction"] == "cross" else "dlrm")
-    layout = ServingLayout.from_signature(signature)
+    model = ModelConfig.from_signature(signature)
+    name = name or ("dcnv2" if model.interaction == "cross" else "dlrm")
+    layout = ServingLayout.of(model)
     from deployment.export import load_model, save, serving_modules   # TensorFlow: after the checks
     modules = serving_modules(load_model(manifest), layout, int(host_table_mb * 2 ** 20))
     lookup = modules["sparse"].lookup

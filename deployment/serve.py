@@ -17,13 +17,12 @@ import socket
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
 
 from deployment.repository import ExportError, read_export_info  # noqa: E402
-from nn.checkpoint import CheckpointError  # noqa: E402
+from utils.errors import CheckpointError  # noqa: E402
 
 flags.DEFINE_string("model_repository", None, "a model repository written by deployment/deploy.py")
 flags.DEFINE_string("checkpoint", None, "a checkpoint to export (to a temporary repository) and serve, instead")

@@ -26,22 +26,20 @@ from typing import Dict, List, Optional, Sequence, Set
 
 import numpy as np
 
+from utils.errors import CheckpointError
+
 MANIFEST = "manifest.json"
 LATEST = "latest"
 BEST = "best"
 KEEP = 2
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read into this model; the message names file and variable."""
-
-
 @dataclasses.dataclass(frozen=True)
 class Entry:
     """A variable and where it sits in its logical tensor.
 
-    The variable's first `rows` rows (all when None) are rows [row_start, row_start + rows) and
-    its columns are [col_start, col_start + width) of tensor `name` of shape `shape`.
+    The variable's first `num_rows` rows (all when None) are rows [row_start, row_start +
+    num_rows) and its columns are [col_start, col_start + width) of tensor `name` of shape `shape`.
     `replicated`: every rank holds the whole tensor (rank 0 saves it).
     """
     name: str
@@ -49,7 +47,7 @@ class Entry:
     shape: tuple
     row_start: int = 0
     col_start: int = 0
-    rows: Optional[int] = None
+    num_rows: Optional[int] = None
     replicated: bool = False
 
     @property
@@ -57,8 +55,8 @@ class Entry:
         shape = tuple(self.variable.shape)
         if len(shape) < 2:
             return (0, self.shape[0] if shape else 0), (0, 0)
-        rows = shape[0] if self.rows is None else self.rows
-        return (self.row_start, self.row_start + rows), (self.col_start, self.col_start + shape[1])
+        num_rows = shape[0] if self.num_rows is None else self.num_rows
+        return (self.row_start, self.row_start + num_rows), (self.col_start, self.col_start + shape[1])
 
 
 def replicated_entries(named: Dict[str, object]) -> List[Entry]:
@@ -105,8 +103,8 @@ def save(root: str, entries: Sequence[Entry], step: int, signature: dict, comm, 
         if e.replicated and comm.rank != 0:
             continue
         value = e.variable.numpy()
-        if e.rows is not None:
-            value = value[:e.rows]
+        if e.num_rows is not None:
+            value = value[:e.num_rows]
         (a, b), (c, d) = e.region
         pieces.append({"tensor": e.name, "shape": list(e.shape), "dtype": value.dtype.name,
                        "file": _piece_file(e), "rows": [a, b], "cols": [c, d]})
@@ -295,8 +293,8 @@ def restore(path: str, entries: Sequence[Entry], signature: dict, expected: Set[
         _check_pieces(ckpt, e.name, t)
     for e in entries:
         value = _read_region(ckpt, e, tensors[e.name])
-        if e.rows is not None and e.rows < e.variable.shape[0]:
-            e.variable[:e.rows].assign(value)
+        if e.num_rows is not None and e.num_rows < e.variable.shape[0]:
+            e.variable[:e.num_rows].assign(value)
         else:
             e.variable.assign(value)
     return manifest

@@ -1,4 +1,5 @@
-"""Feature interactions: DLRM's pairwise dot products and DCNv2's cross network."""
+"""Feature interactions: DLRM's pairwise dot products and DCNv2's cross network, behind one
+contract (Interaction); make_interaction builds the one a ModelConfig names."""
 import functools
 import sys
 from typing import List, Optional
@@ -6,11 +7,31 @@ from typing import List, Optional
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import kernels
-from tensorflow.python.ops import control_flow_util
 
 from nn.initializers import glorot_normal
-from utils.config import ConfigError
+from nn.model_config import ModelConfig
+from utils.errors import ConfigError
 
+# The dot interactions' kernels (see interaction_op): dot_custom is the custom op or an error, never the
+# fallback; dot_tensorflow never uses the op.
+DOT_KERNELS = {"dot": "auto", "dot_custom": "custom", "dot_tensorflow": "tf"}
+
+
+class Interaction(tf.Module):
+    """Every interaction: dense [B, D0] (the bottom MLP's output) and sparse, F embeddings [B, D_f]
+    -> [B, output_width]. `training`: the call is differentiated (the train step); `xla`: the
+    caller compiles it with XLA (tf.function(jit_compile=True)), where no custom op runs.
+    Inference (training false) uses plain TensorFlow ops."""
+    output_width: int
+
+    @property
+    def dense_variables(self) -> List[tf.Variable]:
+        """The interaction's weights (data-parallel, dense updates), in a fixed order."""
+        return []
+
+    def __call__(self, dense: tf.Tensor, sparse: List[tf.Tensor], training: bool = False,
+                 xla: bool = False) -> tf.Tensor:
+        raise NotImplementedError
 
 
 def dot_interaction_width(num_features: int, dim: int) -> int:
@@ -64,18 +85,19 @@ def interaction_op(kernel: str):
     return None
 
 
-class DotInteraction(tf.Module):
-    """DLRM interaction: bottom output [B, D] and F embeddings [B, D] ->
-    [B, round_up_8(D + (F+1)F/2)]: the bottom output, then the dot products of every pair of
-    the F+1 vectors (strictly lower triangle, row-major: (1,0), (2,0), (2,1), ...; no
-    self-interaction), then zero padding to a multiple of 8 columns.
+class DotInteraction(Interaction):
+    """DLRM interaction: dense [B, D] and F embeddings [B, D] -> [B, round_up_8(D + (F+1)F/2)]:
+    the dense vector, then the dot products of every pair of the F+1 vectors (strictly lower
+    triangle, row-major: (1,0), (2,0), (2,1), ...; no self-interaction), then zero padding to a
+    multiple of 8 columns.
 
     In training, the custom op DotBasedInteract (tensorflow-dot-based-interact/) when `kernel`
-    allows it and it loads (see interaction_op), except inside XLA-compiled functions. Otherwise
+    allows it and it loads (see interaction_op), unless the caller compiles with XLA. Otherwise
     forward and backward are each one XLA-compiled function (on CPU about twice as fast as
-    TensorFlow's gather-based gradient): with T = [bottom; embeddings] ([B, F+1, D]) and G the
+    TensorFlow's gather-based gradient): with T = [dense; embeddings] ([B, F+1, D]) and G the
     symmetric matrix of the output's pair gradients (zero diagonal), dT = G T. Inference always
-    uses plain TensorFlow ops, so exported models never need the op library.
+    uses plain TensorFlow ops (lower latency on small batches), so exported models never need
+    the op library.
     """
 
     def __init__(self, num_features: int, dim: int, kernel: str = "auto", name="dot_interaction"):
@@ -90,32 +112,32 @@ class DotInteraction(tf.Module):
         pair_of[rows, cols] = pair_of[cols, rows] = np.arange(num_pairs)
         self._symmetric = tf.constant(pair_of.ravel(), dtype=tf.int32)
         self._n, self._dim, self._num_pairs = n, dim, num_pairs
-        self._pad = dot_interaction_width(num_features, dim) - dim - num_pairs
+        self.output_width = dot_interaction_width(num_features, dim)
+        self._pad = self.output_width - dim - num_pairs
         self._forward = tf.function(self._forward_impl, jit_compile=True)
         self._backward = tf.function(self._backward_impl, jit_compile=True)
 
-    def __call__(self, bottom: tf.Tensor, embeddings: List[tf.Tensor], training: bool = False) -> tf.Tensor:
-        """Training uses the custom op or the compiled forward/backward pair; inference the plain
-        forward (lower latency on small batches)."""
+    def __call__(self, dense: tf.Tensor, sparse: List[tf.Tensor], training: bool = False,
+                 xla: bool = False) -> tf.Tensor:
         if not training:
-            return self._forward_impl(bottom, embeddings)[0]
-        if self._op is not None and not control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
-            return self._op.dot_based_interact([bottom] + list(embeddings))
+            return self._forward_impl(dense, sparse)[0]
+        if self._op is not None and not xla:
+            return self._op.dot_based_interact([dense] + list(sparse))
 
         @tf.custom_gradient
-        def interact(bottom, *embeddings):
-            out, vectors = self._forward(bottom, list(embeddings))
+        def interact(dense, *sparse):
+            out, vectors = self._forward(dense, list(sparse))
             return out, lambda d_out: self._backward(vectors, d_out)
-        return interact(bottom, *embeddings)
+        return interact(dense, *sparse)
 
-    def _forward_impl(self, bottom, embeddings):
+    def _forward_impl(self, dense, sparse):
         """-> (output, T [B, F+1, D], kept for the backward pass)."""
-        vectors = tf.stack([bottom] + embeddings, axis=1)
+        vectors = tf.stack([dense] + sparse, axis=1)
         dots = tf.matmul(vectors, vectors, transpose_b=True)              # [B, F+1, F+1]
         pairs = tf.gather(tf.reshape(dots, [-1, self._n * self._n]), self._tril, axis=1)
-        parts = [bottom, pairs]
+        parts = [dense, pairs]
         if self._pad:
-            parts.append(tf.zeros([tf.shape(bottom)[0], self._pad], bottom.dtype))
+            parts.append(tf.zeros([tf.shape(dense)[0], self._pad], dense.dtype))
         return tf.concat(parts, axis=1), vectors
 
     def _backward_impl(self, vectors, d_out):
@@ -125,15 +147,16 @@ class DotInteraction(tf.Module):
         return [d_out[:, :self._dim] + d_vectors[0]] + d_vectors[1:]
 
 
-class CrossNetwork(tf.Module):
-    """DCNv2 cross layers on x0 [B, d]: x_{l+1} = x0 * (V_l(U_l x_l) + b_l) + x_l.
+class CrossNetwork(Interaction):
+    """DCNv2 cross layers on x0 = concat(dense, sparse) [B, d]: x_{l+1} = x0 * (V_l(U_l x_l) + b_l) + x_l.
 
     Low rank with U_l: d -> r, V_l: r -> d when projection_dim r > 0; full rank
     (x0 * (W_l x_l + b_l) + x_l) when r == 0. Output [B, d].
     """
 
-    def __init__(self, dim: int, num_layers: int, projection_dim: int, seed, name="cross"):
+    def __init__(self, *, dim: int, num_layers: int, projection_dim: int, seed, name="cross"):
         super().__init__(name=name)
+        self.output_width = dim
         self.weights = []   # per layer: [W] (full rank) or [U, V]
         self.biases = []
         for layer in range(num_layers):
@@ -146,7 +169,13 @@ class CrossNetwork(tf.Module):
             self.weights.append(w)
             self.biases.append(tf.Variable(tf.zeros([dim]), name=f"{name}/layer_{layer}/bias"))
 
-    def __call__(self, x0: tf.Tensor) -> tf.Tensor:
+    @property
+    def dense_variables(self) -> List[tf.Variable]:
+        return [w for ws in self.weights for w in ws] + self.biases
+
+    def __call__(self, dense: tf.Tensor, sparse: List[tf.Tensor], training: bool = False,
+                 xla: bool = False) -> tf.Tensor:
+        x0 = tf.concat([dense] + list(sparse), axis=1)
         x = x0
         for mats, bias in zip(self.weights, self.biases):
             h = x
@@ -154,3 +183,12 @@ class CrossNetwork(tf.Module):
                 h = tf.matmul(h, tf.cast(m, x0.dtype))
             x = x0 * tf.nn.bias_add(h, tf.cast(bias, x0.dtype)) + x
         return x
+
+
+def make_interaction(config: ModelConfig, seed: int) -> Interaction:
+    """The interaction `config.interaction` names, over the bottom MLP's output and the tables' rows."""
+    dense_dim = config.bottom_mlp_dims[-1]
+    if config.interaction == "cross":
+        return CrossNetwork(dim=dense_dim + sum(config.embedding_dims), num_layers=config.num_cross_layers,
+                            projection_dim=config.cross_layer_projection_dim, seed=(seed, 200))
+    return DotInteraction(len(config.tables), dense_dim, kernel=DOT_KERNELS[config.interaction])

@@ -9,6 +9,7 @@ from nn.checkpoint import Entry, replicated_entries
 from nn.lr_schedule import LearningRateSchedule
 from nn.model import RankingModel
 from parallel_embedding.optimizers import make_optimizer
+from utils.errors import NonFiniteError
 
 
 def amp_dtype():
@@ -50,10 +51,6 @@ class LossScale(tf.Module):
                                         tf.zeros_like(self.good_steps)))
 
 
-class NonFiniteError(RuntimeError):
-    """A training step gave a non-finite loss or gradients; the message is one line naming the step."""
-
-
 def _scale_grad(grad, factor):
     if isinstance(grad, tf.IndexedSlices):
         return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
@@ -75,7 +72,7 @@ class Trainer(tf.Module):
     DistributedEmbedding.set_optimizer), dense weights by its dense form.
     `loss_scaling` enables loss scaling (float16 AMP): dynamic, or static at `static_loss_scale`.
     `train_tables` false freezes the tables (no table gradients, exchanges or updates). `xla` compiles the dense part
-    (MLPs, interaction; forward and backward); lookups and table updates are always compiled
+    (MLPs, interaction; forward and backward; the dot interaction without its custom op); lookups and table updates are always compiled
     islands, and collectives run between them. `run_eagerly` (debugging) runs the train and
     predict steps and the table update op by op, as plain Python.
 
@@ -104,6 +101,7 @@ class Trainer(tf.Module):
         self.dense_optimizer = make_optimizer(optimizer, model.dense_variables, "dense_optimizer", beta1, beta2)
         self.loss_scale = LossScale(static=static_loss_scale) if loss_scaling else None
         self.train_tables = train_tables
+        self.xla = xla
         # Evaluation and prediction compute in float32 under AMP too: the logits of the exported
         # model, without the ties of bfloat16/float16 logits in the AUC.
         forward = functools.partial(model.predict_from_embeddings, compute_dtype=tf.float32)
@@ -159,7 +157,7 @@ class Trainer(tf.Module):
         dense = self.model.dense_variables
         with tf.GradientTape() as tape:
             tape.watch(embeddings)
-            logits = self.model.predict_from_embeddings(numerical, embeddings, training=True)
+            logits = self.model.predict_from_embeddings(numerical, embeddings, training=True, xla=self.xla)
             loss = bce_loss(labels, logits, tf.shape(labels)[0] * self.comm.size)
             scaled = loss * self.loss_scale.value if self.loss_scale is not None else loss
         sources = list(embeddings) if self.train_tables else []

@@ -10,13 +10,10 @@ import os
 import sys
 import time
 
-if __package__ in (None, ""):            # run as a script (spark-submit preproc/criteo.py)
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from preproc.parsing import CATEGORICAL_NAMES  # noqa: E402
-from preproc.pipeline import Options, run  # noqa: E402
-from preproc.session import spark_session  # noqa: E402
-from utils.config import ConfigError  # noqa: E402
+from preproc.parsing import CATEGORICAL_NAMES
+from preproc.pipeline import Options, run
+from preproc.session import spark_session
+from utils.errors import ConfigError
 
 
 def parse_thresholds(text: str):

@@ -26,10 +26,11 @@ from typing import Dict, List
 
 import numpy as np
 
-from dataloading.feature_spec import SPEC_FILE, DatasetError, split_binary_spec
+from dataloading.feature_spec import SPEC_FILE, split_binary_spec
 from preproc import layout as layouts
 from preproc import parsing, reading, tasks, vocab
 from preproc.layout import MAPPINGS
+from utils.errors import DatasetError
 
 NUMERICAL = [f"num_{k}" for k in range(parsing.NUM_INTEGER)]
 CATEGORICAL = [f"cat_{k}" for k in range(parsing.NUM_CATEGORICAL)]

@@ -4,7 +4,7 @@ import shutil
 import sys
 from typing import Dict, Optional
 
-from utils.config import ConfigError
+from utils.errors import ConfigError
 
 
 def spark_session(master: Optional[str] = None, conf: Optional[Dict[str, str]] = None):

@@ -16,6 +16,7 @@ from dataloading.batches import RankInput, rank_batch
 from dataloading.synthetic import SyntheticDataset
 from nn.lr_schedule import LearningRateSchedule
 from nn.model import RankingModel
+from nn.model_config import ModelConfig, TableConfig
 from nn.trainer import Trainer
 from parallel_embedding.collectives import SingleProcess, make_collectives
 from parallel_embedding.planner import plan_tables
@@ -27,20 +28,23 @@ TOLERANCE = 1e-5
 def build(case, comm, plan):
     cards, dims = case["cardinalities"], case["dims"]
     cross = case["interaction"] == "cross"
-    model = RankingModel(cards, dims, 3, [16, dims[0]], [16, 1], case["interaction"], num_cross_layers=2,
-                         cross_layer_projection_dim=4 if cross else 0, seed=3, plan=plan, collectives=comm,
-                         data_parallel_input=case.get("data_parallel_input", False),
-                         combiners=case.get("combiners"))
+    combiners = case.get("combiners") or ["sum"] * len(cards)
+    tables = tuple(TableConfig(cardinality=c, dim=d, combiner=k) for c, d, k in zip(cards, dims, combiners))
+    config = ModelConfig(tables=tables, num_numerical=3, bottom_mlp_dims=(16, dims[0]), top_mlp_dims=(16, 1),
+                         interaction=case["interaction"], num_cross_layers=2,
+                         cross_layer_projection_dim=4 if cross else 0)
+    model = RankingModel(config, seed=3, plan=plan, collectives=comm,
+                         data_parallel_input=case.get("data_parallel_input", False))
     return Trainer(model, case["optimizer"], LearningRateSchedule(case.get("lr", 0.05), 0, 0, 0))
 
 
-def tensors(batch, case, rows, global_start, local_start):
-    """A batch's tensors; features of hotness > 1 get multi-hot ids of the same samples (`rows[f]`
+def tensors(batch, case, scopes, global_start, local_start):
+    """A batch's tensors; features of hotness > 1 get multi-hot ids of the same samples (`scopes[f]`
     "global": the B samples from global_start, "local": the b from local_start)."""
     categorical = [tf.constant(c) for c in batch["categorical"]]
     for f, h in enumerate(case.get("hotness", [])):
-        if h > 1 and rows[f] != "none":
-            first = global_start if rows[f] == "global" else local_start
+        if h > 1 and scopes[f] != "none":
+            first = global_start if scopes[f] == "global" else local_start
             categorical[f] = multi_hot_ids(case["cardinalities"][f], h, f, first, len(batch["categorical"][f]))
     return tf.constant(batch["numerical"]), categorical, tf.constant(batch["labels"])
 
@@ -70,7 +74,7 @@ def run_case(case, comm):
     b = batch_size // comm.size
     for step in range(case.get("steps", 4)):
         start = step * batch_size
-        mine = tensors(rank_batch(data, "train", start, batch_size, view), case, view.features, start,
+        mine = tensors(rank_batch(data, "train", start, batch_size, view), case, view.scopes, start,
                        start + comm.rank * b)
         whole = tensors(data.batch("train", start, batch_size), case, ["local"] * len(cards), start, start)
         logits = dist.predict(*mine[:2]).numpy()

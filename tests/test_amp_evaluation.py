@@ -6,6 +6,7 @@ import tensorflow as tf
 import main
 from nn.lr_schedule import LearningRateSchedule
 from nn.model import RankingModel
+from nn.model_config import ModelConfig, table_configs
 from nn.trainer import Trainer
 from tests.configs import tiny_config
 
@@ -13,8 +14,10 @@ CARDS, B = [20, 50, 7, 30], 256
 
 
 def model(compute_dtype, interaction):
-    return RankingModel(CARDS, [8] * 4, 3, [16, 8], [16, 1], interaction, num_cross_layers=2,
-                        cross_layer_projection_dim=4, seed=3, compute_dtype=compute_dtype)
+    config = ModelConfig(tables=table_configs(cardinalities=CARDS, dims=[8] * 4), num_numerical=3,
+                         bottom_mlp_dims=(16, 8), top_mlp_dims=(16, 1), interaction=interaction, num_cross_layers=2,
+                         cross_layer_projection_dim=4)
+    return RankingModel(config, seed=3, compute_dtype=compute_dtype)
 
 
 def batch(seed):

@@ -8,7 +8,7 @@ import pytest
 import main
 from nn import checkpoint
 from tests.configs import tiny_config
-from utils.config import ConfigError
+from utils.errors import CheckpointError, ConfigError
 
 
 def load_all(root):
@@ -68,16 +68,16 @@ def test_crash_mid_save_leaves_previous_checkpoint_usable(tmp_path, monkeypatch)
 def test_mismatched_checkpoint_is_named(tmp_path):
     root = str(tmp_path / "ck")
     main.run(tiny_config(save_checkpoint_path=root, max_steps=2))
-    with pytest.raises(checkpoint.CheckpointError, match="embedding_dim"):
+    with pytest.raises(CheckpointError, match="embedding_dim"):
         main.run(tiny_config(mode="eval", restore_checkpoint_path=root, embedding_dim=["4"], bottom_mlp_dims=["16", "4"]))
-    with pytest.raises(checkpoint.CheckpointError, match="optimizer=adam.*optimizer=sgd"):
+    with pytest.raises(CheckpointError, match="optimizer=adam.*optimizer=sgd"):
         main.run(tiny_config(mode="eval", restore_checkpoint_path=root, optimizer="sgd"))
-    with pytest.raises(checkpoint.CheckpointError, match="no checkpoint here"):
+    with pytest.raises(CheckpointError, match="no checkpoint here"):
         main.run(tiny_config(mode="eval", restore_checkpoint_path=str(tmp_path)))
     manifest = checkpoint.read_manifest(root)
     victim = os.path.join(manifest["path"], manifest["tensors"]["top_mlp/dense_0/kernel"]["pieces"][0]["file"])
     np.save(victim, np.zeros((3, 3), np.float32))
-    with pytest.raises(checkpoint.CheckpointError, match=r"top_mlp/dense_0/kernel has shape \(3, 3\), the manifest says"):
+    with pytest.raises(CheckpointError, match=r"top_mlp/dense_0/kernel has shape \(3, 3\), the manifest says"):
         main.run(tiny_config(mode="eval", restore_checkpoint_path=root))
 
 

@@ -13,7 +13,7 @@ import nn.evaluator
 from nn import checkpoint
 from tests.configs import tiny_config
 from tests.horovod_run import ROOT
-from utils.config import ConfigError
+from utils.errors import ConfigError
 
 
 def checkpoints(root):
@@ -58,8 +58,9 @@ def test_saving_a_step_already_in_root_is_a_new_write(tmp_path):
 
 
 def test_failed_save_of_a_step_already_in_root_keeps_latest(tmp_path, monkeypatch):
-    """The save of step 10 over an existing ckpt-10 fails when its directory would be moved into
-    place: `latest` still names a complete checkpoint of step 10, unchanged."""
+    """The save of step 10 over an existing ckpt-10 (its weights retrained from step 0) fails when
+    its directory would be moved into place: `latest` still names a complete checkpoint of step
+    10, unchanged."""
     root = str(tmp_path / "ck")
     main.run(tiny_config(save_checkpoint_path=root, max_steps=10))
     before = checkpoint.read_tensor(root, "top_mlp/dense_0/kernel")
@@ -73,7 +74,7 @@ def test_failed_save_of_a_step_already_in_root_keeps_latest(tmp_path, monkeypatc
     monkeypatch.setattr(os, "rename", failing_rename)
     with pytest.raises(OSError):
         main.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=os.path.join(root, "ckpt-10"),
-                             max_steps=10))
+                             restore_mode="weights", max_steps=10))
     monkeypatch.undo()
     assert checkpoint.read_manifest(root)["step"] == 10
     np.testing.assert_array_equal(checkpoint.read_tensor(root, "top_mlp/dense_0/kernel"), before)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import main
-from nn.checkpoint import CheckpointError
 from utils import logger as run_logger
 from tests.configs import TINY as TINY_BASE, make_config
+from utils.errors import CheckpointError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
@@ -430,10 +430,10 @@ def test_run_eagerly(out):
         r = main.Run(config(run_eagerly=run_eagerly, max_steps=3, evals_per_epoch=0))
         seen, forward = [], r.model.predict_from_embeddings
 
-        def recorded(*args, training=False):
+        def recorded(*args, training=False, **options):
             if training:
                 seen.append(tf.executing_eagerly())
-            return forward(*args, training=training)
+            return forward(*args, training=training, **options)
         r.model.predict_from_embeddings = recorded
         assert r.train()["steps"] == 3
         r.log.close()
@@ -448,7 +448,7 @@ def test_reference_interaction_names(out, interaction, kernel):
     r.log.close()
     assert (r.model.interaction._op is None) == (kernel == "TensorFlow ops")
     assert parameters(out.readouterr().out) == TINY_PARAMS
-    assert main.model_signature(r.cfg)["interaction"] == "dot"
+    assert r.model_config.signature()["interaction"] == "dot"
 
 
 def test_auc_thresholds(out, tmp_path):

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from utils.config import _APPLIES_ONLY, ConfigError, RunConfig, build_config
+from utils.config import _APPLIES_ONLY, RunConfig, build_config
+from utils.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

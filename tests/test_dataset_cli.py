@@ -15,10 +15,10 @@ from dataloading.generate_dataset import generate, synthetic_columns
 from dataloading.synthetic import SyntheticDataset
 from dataloading.writer import MappingWriter
 from nn import checkpoint
-from nn.checkpoint import CheckpointError
 from tests.configs import TINY
 from tests.horovod_run import ROOT, horovodrun
-from utils.config import ConfigError, build_config
+from utils.config import build_config
+from utils.errors import CheckpointError, ConfigError
 
 CARDS = [20, 50, 7, 30]
 ROWS, EVAL_ROWS, BATCH = 128 * 12, 500, 128
@@ -117,7 +117,7 @@ def test_empty_eval_mapping_trains_saves_and_says_no_evaluation(tmp_path, capsys
 def test_final_checkpoint_is_written_before_the_final_evaluation(one_hot, tmp_path, monkeypatch):
     import nn.evaluator
 
-    def failing(*args):
+    def failing(*args, **kwargs):
         raise RuntimeError("evaluation failed")
 
     ck = str(tmp_path / "ck")

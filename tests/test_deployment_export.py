@@ -16,6 +16,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 import main
 from dataloading.batches import RankInput, eval_batches
 from deployment.layout import PAD, ServingLayout, categorical_matrix
+from nn.model_config import ModelConfig
 from tests.configs import TINY, tiny_config
 from tests.horovod_run import ROOT, horovodrun
 from tests.test_dataset_cli import MODEL, write_dataset
@@ -45,7 +46,7 @@ def deploy(*args):
 def reference(cfg, checkpoint, rows):
     """The training-time model restored from `checkpoint`: (eval batch of `rows` rows, its logits)."""
     r = main.Run(dataclasses.replace(cfg, mode="eval", restore_checkpoint_path=checkpoint, save_checkpoint_path=""))
-    batch = next(eval_batches(r.dataset, rows, rows, RankInput.single_process(cfg.num_categorical)))
+    batch = next(eval_batches(r.dataset, RankInput.single_process(cfg.num_categorical), rows=rows, batch_size=rows))
     categorical = [c if h is None else tf.RaggedTensor.from_row_splits(c.values, c.row_splits)
                    for c, h in zip(batch["categorical"], cfg.max_hotness)]
     return batch, r.trainer.predict(batch["numerical"], categorical).numpy()
@@ -147,7 +148,7 @@ def test_out_of_range_ids_fail_naming_the_feature(tmp_path):
     main.run(cfg)
     manifest = read_manifest(str(tmp_path / "ckpt"))
     model = load_model(manifest)
-    layout = ServingLayout.from_signature(manifest["signature"])
+    layout = ServingLayout.of(ModelConfig.from_signature(manifest["signature"]))
     serve = serving_modules(model, layout, 1 << 30)["monolithic"].serve
     numerical = tf.zeros([2, 3])
     assert serve(numerical, tf.constant([[1, 2, 3, 4], [0, 0, 0, 0]], tf.int64))["logits"].shape == (2, 1)

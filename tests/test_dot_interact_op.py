@@ -14,7 +14,7 @@ import main
 import nn.interaction as interaction
 from nn.interaction import DotInteraction, dot_interaction_width
 from tests.configs import tiny_config
-from utils.config import ConfigError
+from utils.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OP_DIR = os.path.join(ROOT, "tensorflow-dot-based-interact")
@@ -138,10 +138,8 @@ def test_static_shape_and_invalid_input():
 
 
 ISA_CHECK = """
-import sys
 import numpy as np
 import tensorflow as tf
-sys.path.insert(0, sys.argv[1])
 from tests.test_dot_interact_op import SHAPES, assert_close, numpy_backward, numpy_forward, run_op
 for batch, n, dim in SHAPES[:6]:
     rng = np.random.default_rng(n + dim)
@@ -158,7 +156,7 @@ print("ok")
 def test_other_instruction_sets(isa):
     """The kernels this CPU would not pick (DOT_INTERACT_ISA chooses them; a CPU without AVX2
     runs the portable ones either way)."""
-    p = subprocess.run([sys.executable, "-c", ISA_CHECK, ROOT], cwd=ROOT, capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-c", ISA_CHECK], cwd=ROOT, capture_output=True, text=True,
                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", DOT_INTERACT_ISA=isa))
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
 
@@ -340,3 +338,15 @@ def test_cuda_kernels_match_cpu_reference(cuda_harness):
         pytest.skip("no CUDA device")
     assert p.returncode == 0, p.stdout + p.stderr
     assert "all passed" in p.stdout
+
+
+def test_the_caller_chooses_the_op_outside_xla_only():
+    """Training uses the op unless the caller says it compiles with XLA (where the op has no kernel)."""
+    layer = DotInteraction(4, 8)
+    vectors = [tf.TensorSpec([None, 8], tf.float32)] * 5
+
+    def ops(**options):
+        graph = tf.function(lambda *v: layer(v[0], list(v[1:]), **options)).get_concrete_function(*vectors).graph
+        return {node.op for node in graph.as_graph_def().node}
+    assert "DotBasedInteract" in ops(training=True)
+    assert "DotBasedInteract" not in ops(training=True, xla=True) | ops(training=False)

@@ -59,6 +59,13 @@ def test_docker_builds_the_set_up_scripts_horovod():
         assert named == version
 
 
+def test_setup_and_docker_install_the_project_editable():
+    """The venv (tools/setup_env.sh) and the image (which copies the sources in after its
+    --system set-up) both install the project editable (pyproject.toml)."""
+    assert re.search(r'^if \[ "\$\{1:-\}" != --system \]; then \$PIP install --no-deps -e \.; fi$', read(SETUP), re.M)
+    assert re.search(r"^COPY \. \.\nRUN python3 -m pip install --no-deps -e \.$", uncommented(read(DOCKERFILE)), re.M)
+
+
 # --- the Docker build: what its RUN steps use, the GPU code it compiles
 
 def tracked_paths():

@@ -11,6 +11,7 @@ import tensorflow as tf
 from dataloading.synthetic import SyntheticDataset
 from nn.lr_schedule import LearningRateSchedule
 from nn.model import RankingModel
+from nn.model_config import ModelConfig, TableConfig
 from nn.trainer import Trainer
 from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.layer import DistributedEmbedding
@@ -48,7 +49,9 @@ def test_lookup_and_gradient_match_the_dense_formulation(combiner):
 
 def train(multi_hot_as_ragged: bool, optimizer: str):
     """Five steps on features 0 (multi-hot, mean) and 1 (one-hot, fed as ragged if asked)."""
-    model = RankingModel(CARDS, [8, 8], 3, [16, 8], [16, 1], seed=4, combiners=["mean", "sum"])
+    tables = (TableConfig(cardinality=CARDS[0], dim=8, combiner="mean"), TableConfig(cardinality=CARDS[1], dim=8))
+    model = RankingModel(ModelConfig(tables=tables, num_numerical=3, bottom_mlp_dims=(16, 8), top_mlp_dims=(16, 1)),
+                         seed=4)
     trainer = Trainer(model, optimizer, LearningRateSchedule(0.1, 0, 0, 0))
     data, losses = SyntheticDataset(CARDS, 3, seed=5), []
     for step in range(5):

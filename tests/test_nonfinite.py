@@ -12,11 +12,11 @@ import tensorflow as tf
 
 import main
 from dataloading.batches import epoch_order
-from dataloading.feature_spec import SPEC_FILE, DatasetError, FeatureSpec
+from dataloading.feature_spec import SPEC_FILE, FeatureSpec
 from dataloading.split_binary import SplitBinaryDataset
-from nn.trainer import NonFiniteError
 from tests.test_dataset_cli import BATCH, MODEL, ROWS, dlrm, file_config, write_dataset
 from tests.test_trainer import batch_tensors, make_trainer
+from utils.errors import DatasetError, NonFiniteError
 
 
 @pytest.fixture(scope="module")

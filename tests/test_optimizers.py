@@ -5,6 +5,7 @@ import tensorflow as tf
 
 from nn.lr_schedule import LearningRateSchedule
 from nn.model import RankingModel
+from nn.model_config import ModelConfig, table_configs
 from parallel_embedding.optimizers import make_optimizer
 from nn.trainer import Trainer
 
@@ -70,7 +71,8 @@ def test_sparse_and_dense_updates_match_numpy(name, mode):
 @pytest.mark.parametrize("name", ["sgd", "adagrad", "adam"])
 def test_train_step_leaves_untouched_rows_and_slots_bit_identical(name, xla):
     cards = [50, 40, 30]
-    model = RankingModel(cards, [8, 8, 8], 4, [16, 8], [16, 1], seed=3)
+    model = RankingModel(ModelConfig(tables=table_configs(cardinalities=cards, dims=[8, 8, 8]), num_numerical=4,
+                                     bottom_mlp_dims=(16, 8), top_mlp_dims=(16, 1)), seed=3)
     trainer = Trainer(model, name, LearningRateSchedule(0.1, 0, 0, 0), xla=xla)
     before = {k: v.numpy().copy() for k, v in trainer.variables_by_name().items()}
     ids = [tf.constant([1, 3, 3, 7], tf.int32), tf.constant([0, 0, 0, 0], tf.int32), tf.constant([29, 5, 6, 7], tf.int32)]
@@ -89,7 +91,8 @@ def test_train_step_leaves_untouched_rows_and_slots_bit_identical(name, xla):
 
 
 def test_table_gradients_stay_indexed_slices():
-    model = RankingModel([1000], [4], 2, [4], [4, 1], seed=0)
+    model = RankingModel(ModelConfig(tables=table_configs(cardinalities=[1000], dims=[4]), num_numerical=2,
+                                     bottom_mlp_dims=(4,), top_mlp_dims=(4, 1)), seed=0)
     with tf.GradientTape() as tape:
         out = model(tf.ones([2, 2]), [tf.constant([3, 4])])
     grad = tape.gradient(out, model.table_variables)[0]
@@ -99,7 +102,8 @@ def test_table_gradients_stay_indexed_slices():
 
 @pytest.mark.parametrize("bad_id", [30, -1])
 def test_out_of_range_ids_fail_naming_the_feature(bad_id):
-    model = RankingModel([50, 30], [4, 4], 2, [4], [4, 1], seed=0)
+    model = RankingModel(ModelConfig(tables=table_configs(cardinalities=[50, 30], dims=[4, 4]), num_numerical=2,
+                                     bottom_mlp_dims=(4,), top_mlp_dims=(4, 1)), seed=0)
     trainer = Trainer(model, "sgd", LearningRateSchedule(0.1, 0, 0, 0))
     ids = [tf.constant([1, 2], tf.int32), tf.constant([3, bad_id], tf.int32)]
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"out of range.*features \(0-based\):.*\[1\]"):

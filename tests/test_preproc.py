@@ -9,14 +9,14 @@ import sys
 import numpy as np
 import pytest
 
-from dataloading.feature_spec import SPEC_FILE, DatasetError, FeatureSpec
+from dataloading.feature_spec import SPEC_FILE, FeatureSpec
 from dataloading.split_binary import SplitBinaryDataset
 from preproc import generate
 from preproc.criteo import parse_thresholds
 from preproc.pipeline import Options, run
 from preproc.session import spark_session
 from tests.horovod_run import ROOT
-from utils.config import ConfigError
+from utils.errors import ConfigError, DatasetError
 
 
 def line(label, ints=(), cats=()):

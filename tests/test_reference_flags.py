@@ -9,7 +9,8 @@ import pytest
 
 import main
 from tests.test_cli import SCRIPT_ARGS, TINY, TINY_STEPS, config, read_log, run_script, train
-from utils.config import ConfigError, build_config
+from utils.config import build_config
+from utils.errors import ConfigError
 from utils.runtime import PROFILED_STEPS, StepProfiler, offloading_line
 
 

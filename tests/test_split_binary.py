@@ -12,13 +12,14 @@ import pytest
 import yaml
 
 from dataloading.batches import RankInput, eval_batches, rank_batch, steps_per_epoch, train_batches
-from dataloading.feature_spec import SPEC_FILE, DatasetError, FeatureSpec, id_dtype, split_binary_spec
+from dataloading.feature_spec import SPEC_FILE, FeatureSpec, id_dtype, split_binary_spec
 from dataloading.gen_csv import gen_csv
 from dataloading.generate_dataset import generate
 from dataloading.split_binary import SplitBinaryDataset
 from dataloading.synthetic import SyntheticDataset
 from dataloading.transcode import main as transcode_main, transcode
 from dataloading.writer import MappingWriter
+from utils.errors import DatasetError
 
 CARDS = {"c0": 20, "c1": 300, "c2": 40000}
 HOT = {"c1": 3}
@@ -123,16 +124,17 @@ def test_every_row_once_per_epoch_at_any_rank_count(numbered, n, last_partial):
     batch_size = 96
     steps = steps_per_epoch(1000, batch_size, n, last_partial)
     assert steps == 10 + int(last_partial)
-    for features in (("local", "local"), ("global", "none"), ("none", "global")):
+    for scopes in (("local", "local"), ("global", "none"), ("none", "global")):
         seen = []
         for epoch in range(2):
-            streams = [list(train_batches(numbered, 1000, batch_size, 7, epoch * steps, (epoch + 1) * steps,
-                                          RankInput(r, n, features), last_partial=last_partial)) for r in range(n)]
+            streams = [list(train_batches(numbered, RankInput(r, n, scopes), rows=1000, batch_size=batch_size, seed=7,
+                                          start_step=epoch * steps, end_step=(epoch + 1) * steps,
+                                          last_partial=last_partial)) for r in range(n)]
             rows = np.concatenate([b["numerical"][:, 0] for parts in zip(*streams) for b in parts]).astype(int)
             for parts in zip(*streams):   # global ids: the whole global batch on the ranks that ask
                 batch_rows = np.concatenate([b["numerical"][:, 0] for b in parts]).astype(int)
                 for r, b in enumerate(parts):
-                    for f, kind in enumerate(features):
+                    for f, kind in enumerate(scopes):
                         ids = b["categorical"][f]
                         flat = ids.values if f == 1 else ids
                         if kind == "global":
@@ -148,8 +150,9 @@ def test_every_row_once_per_epoch_at_any_rank_count(numbered, n, last_partial):
 
 def test_batch_order_is_a_reproducible_permutation_or_file_order(numbered):
     def first_rows(seed, shuffle=True):
-        return [int(b["numerical"][0, 0]) for b in train_batches(numbered, 1000, 100, seed, 0, 10,
-                                                                 RankInput.single_process(2), shuffle)]
+        return [int(b["numerical"][0, 0]) for b in train_batches(numbered, RankInput.single_process(2), rows=1000,
+                                                                 batch_size=100, seed=seed, start_step=0,
+                                                                 end_step=10, shuffle=shuffle)]
     order = first_rows(3)
     assert sorted(order) == list(range(0, 1000, 100)) and order != sorted(order)
     assert first_rows(3) == order and first_rows(4) != order
@@ -159,7 +162,7 @@ def test_batch_order_is_a_reproducible_permutation_or_file_order(numbered):
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_evaluation_reads_every_row_in_order_with_the_last_partial_batch(numbered, n):
     views = [RankInput(r, n, ("local", "global")) for r in range(n)]
-    streams = [list(eval_batches(numbered, 300, 128, v)) for v in views]
+    streams = [list(eval_batches(numbered, v, rows=300, batch_size=128)) for v in views]
     rows = [b["numerical"][:b["valid"], 0] for parts in zip(*streams) for b in parts]
     np.testing.assert_array_equal(np.concatenate(rows), np.arange(300))
     last = streams[-1][-1]   # padding rows: zeros and empty multi-hot rows
@@ -283,8 +286,9 @@ def every_batch(dataset, batch_size=100):
     rows = {split: dataset.rows(split) for split in SPLITS}
     steps = steps_per_epoch(rows["train"], batch_size, 1, True)
     view = RankInput.single_process(len(CARDS))
-    list(train_batches(dataset, rows["train"], batch_size, 5, 0, steps, view, last_partial=True))
-    list(eval_batches(dataset, rows["eval"], batch_size, view))
+    list(train_batches(dataset, view, rows=rows["train"], batch_size=batch_size, seed=5, start_step=0, end_step=steps,
+                       last_partial=True))
+    list(eval_batches(dataset, view, rows=rows["eval"], batch_size=batch_size))
 
 
 @pytest.mark.parametrize("file,change,fragment", SCAN_ERRORS, ids=[e[2][:40] for e in SCAN_ERRORS])

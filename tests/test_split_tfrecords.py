@@ -19,14 +19,15 @@ import yaml
 
 import main
 from dataloading.batches import RankInput, eval_batches, train_batches
-from dataloading.feature_spec import SPEC_FILE, DatasetError, FeatureSpec, split_binary_spec
+from dataloading.feature_spec import SPEC_FILE, FeatureSpec, split_binary_spec
 from dataloading.split_binary import RaggedIds, SplitBinaryDataset
 from dataloading.split_tfrecords import masked_crc32c, open_split_tfrecords
 from dataloading.to_tfrecords import main as to_tfrecords_main, write_mapping
 from dataloading.writer import MappingWriter
 from tests.configs import TINY
 from tests.horovod_run import ROOT
-from utils.config import ConfigError, build_config
+from utils.config import build_config
+from utils.errors import ConfigError, DatasetError
 
 CARDS = {"c0": 1000, "c1": 7, "c2": 40000}
 HOT = {"c1": 3}
@@ -107,15 +108,16 @@ def test_batches_equal_the_split_binary_readers(both, n):
     got = open_split_tfrecords(os.path.join(tfr, SPEC_FILE), SPLITS)
     assert got.rows("train") == 1000 and got.rows("eval") == 300 and got.max_hotness == [None, 3, None]
     assert got.cardinalities == list(CARDS.values()) and got.id_dtype == ref.id_dtype
-    for features in (("local",) * 3, ("global", "global", "none"), ("none", "local", "global")):
+    for scopes in (("local",) * 3, ("global", "global", "none"), ("none", "local", "global")):
         for r in range(n):
-            view = RankInput(r, n, features)
+            view = RankInput(r, n, scopes)
             for batch_size in (PREBATCH, 96):
-                pairs = zip(train_batches(ref, 1000, batch_size, 3, 0, 25, view, last_partial=True),
-                            train_batches(got, 1000, batch_size, 3, 0, 25, view, last_partial=True))
+                steps = dict(rows=1000, batch_size=batch_size, seed=3, start_step=0, end_step=25, last_partial=True)
+                pairs = zip(train_batches(ref, view, **steps), train_batches(got, view, **steps))
                 for a, b in pairs:
                     assert_same_batch(a, b)
-            for a, b in zip(eval_batches(ref, 300, 128, view), eval_batches(got, 300, 128, view)):
+            for a, b in zip(eval_batches(ref, view, rows=300, batch_size=128),
+                            eval_batches(got, view, rows=300, batch_size=128)):
                 assert_same_batch(a, b)
 
 
@@ -310,7 +312,8 @@ def test_to_tfrecords_tool_converts_a_split_binary_dataset(both, tmp_path, capsy
     assert yaml.safe_load(open(os.path.join(out, SPEC_FILE)))["feature_spec"]["c1"]["hotness"] == 3
     converted, written = (open_split_tfrecords(os.path.join(d, SPEC_FILE), SPLITS) for d in (out, tfr))
     view = RankInput.single_process(3)
-    for a, b in zip(eval_batches(converted, 300, 300, view), eval_batches(written, 300, 300, view)):
+    for a, b in zip(eval_batches(converted, view, rows=300, batch_size=300),
+                    eval_batches(written, view, rows=300, batch_size=300)):
         assert_same_batch(a, b)
     to_tfrecords_main(["--dataset_path", binary, "--output", str(tmp_path / "big"), "--prebatch_size", "128"])
     assert open_split_tfrecords(str(tmp_path / "big" / SPEC_FILE), SPLITS).rows("train") == 896   # 7 prebatches

@@ -46,8 +46,8 @@ def test_labels_follow_the_oracle():
 def test_train_stream_is_a_reproducible_permutation_per_epoch():
     order = epoch_order(1, 0, 10)
     assert sorted(order) == list(range(10)) and not np.array_equal(order, epoch_order(1, 1, 10))
-    full = list(train_batches(DATA, 40, 4, 1, 0, 25, ONE))
-    resumed = list(train_batches(DATA, 40, 4, 1, 13, 25, ONE))
+    full = list(train_batches(DATA, ONE, rows=40, batch_size=4, seed=1, start_step=0, end_step=25))
+    resumed = list(train_batches(DATA, ONE, rows=40, batch_size=4, seed=1, start_step=13, end_step=25))
     assert len(resumed) == 12
     for a, b in zip(full[13:], resumed):
         np.testing.assert_array_equal(a["oracle_logits"], b["oracle_logits"])
@@ -56,7 +56,7 @@ def test_train_stream_is_a_reproducible_permutation_per_epoch():
 
 
 def test_eval_stream_keeps_the_last_partial_batch():
-    sizes = [len(b["labels"]) for b in eval_batches(DATA, 10, 4, ONE)]
+    sizes = [len(b["labels"]) for b in eval_batches(DATA, ONE, rows=10, batch_size=4)]
     assert sizes == [4, 4, 2]
 
 
@@ -73,7 +73,7 @@ def test_ranks_read_their_part_of_the_same_global_batches():
             np.testing.assert_array_equal(p["categorical"][0], whole["categorical"][0])
             assert p["categorical"][2].size == 0
         np.testing.assert_array_equal(np.concatenate([p["categorical"][1] for p in parts]), whole["categorical"][1])
-        evals = [list(eval_batches(DATA, 10, 4, v)) for v in views]
+        evals = [list(eval_batches(DATA, v, rows=10, batch_size=4)) for v in views]
         assert [sum(b["valid"] for b in e) for e in evals] == ([5, 5] if n == 2 else [5, 5, 0])
         assert all(len(b["labels"]) == -(-min(4, 10 - 4 * k) // n) for e in evals for k, b in enumerate(e))
 

@@ -6,6 +6,7 @@ import tensorflow as tf
 from dataloading.synthetic import SyntheticDataset
 from nn.lr_schedule import LearningRateSchedule
 from nn.model import RankingModel
+from nn.model_config import ModelConfig, table_configs
 from nn.trainer import Trainer
 from tests.compiled import xla_compiled_ops
 
@@ -14,8 +15,10 @@ DATA = SyntheticDataset(CARDS, 4, 0.0, seed=2)
 
 
 def make_trainer(interaction, compute_dtype=tf.float32, xla=False, loss_scaling=False, **options):
-    model = RankingModel(CARDS, [8, 8, 8], 4, [32, 8], [32, 16, 1], interaction=interaction,
-                         num_cross_layers=2, cross_layer_projection_dim=6, seed=11, compute_dtype=compute_dtype)
+    config = ModelConfig(tables=table_configs(cardinalities=CARDS, dims=[8, 8, 8]), num_numerical=4,
+                         bottom_mlp_dims=(32, 8), top_mlp_dims=(32, 16, 1), interaction=interaction,
+                         num_cross_layers=2, cross_layer_projection_dim=6)
+    model = RankingModel(config, seed=11, compute_dtype=compute_dtype)
     return Trainer(model, "sgd", LearningRateSchedule(0.5, 0, 0, 0), xla=xla, loss_scaling=loss_scaling, **options)
 
 

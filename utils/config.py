@@ -9,10 +9,9 @@ import json
 import os
 from typing import List, Optional, Sequence, Set
 
-
-class ConfigError(ValueError):
-    """An impossible or meaningless flag combination; its message is one line."""
-
+from dataloading.feature_spec import FeatureSpec
+from nn.model_config import table_combiners
+from utils.errors import ConfigError
 
 MODES = ("train", "eval", "inference")
 OPTIMIZERS = ("sgd", "adagrad", "adam")
@@ -126,11 +125,6 @@ def feature_spec_path(dataset_path: str, feature_spec: str) -> str:
     return os.path.join(dataset_path, feature_spec or "feature_spec.yaml")
 
 
-def table_combiners(max_hotness: Sequence[Optional[int]], multi_hot_combiner: Optional[str]) -> List[str]:
-    """Per table: `multi_hot_combiner` for multi-hot features (default sum), sum otherwise."""
-    return [(multi_hot_combiner or "sum") if h else "sum" for h in max_hotness]
-
-
 @dataclasses.dataclass(frozen=True)
 class DatasetShape:
     """What the model needs to know of the data: per categorical feature its cardinality and
@@ -228,7 +222,6 @@ def _reference_synthetic(v: dict, present: Set[str]) -> Optional[List[Optional[i
 def _synthetic_spec(v: dict, present: Set[str], given: List[str]) -> List[Optional[int]]:
     """--synthetic_dataset_use_feature_spec: the spec at --dataset_path / --feature_spec gives the
     synthetic cardinalities, numerical count, hotness and alpha (the features' common one)."""
-    from dataloading.feature_spec import FeatureSpec
     shaping = ("synthetic_dataset_cardinalities", "synthetic_dataset_num_numerical_features",
                "synthetic_dataset_hotness", "synthetic_cardinalities", "synthetic_num_numerical")
     clash = [n for n in shaping if n in given or n in present]
@@ -331,10 +324,9 @@ def build_config(values: dict, present: Optional[Set[str]] = None, world_size: i
 
 
 def _spec_shape(v: dict) -> DatasetShape:
-    """Reads the feature spec of a file dataset (dataloading.feature_spec.DatasetError, a
-    ConfigError, on any problem) and checks that the mappings the run reads exist (split_tfrecords:
+    """Reads the feature spec of a file dataset (utils.errors.DatasetError, a ConfigError,
+    on any problem) and checks that the mappings the run reads exist (split_tfrecords:
     directories next to the spec)."""
-    from dataloading.feature_spec import FeatureSpec
     if not v["dataset_path"] and not v["feature_spec"]:
         raise ConfigError(f"--dataset_type={v['dataset_type']} needs --dataset_path (a directory with "
                           "feature_spec.yaml) or --feature_spec; use --dataset_type=synthetic for generated data")

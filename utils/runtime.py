@@ -4,7 +4,8 @@
 import os
 from typing import Optional
 
-from utils.config import ConfigError, RunConfig
+from utils.config import RunConfig
+from utils.errors import ConfigError
 from utils.logger import tensorboard_dir
 
 PROFILED_STEPS = 100   # as the reference

@@ -1,0 +1,1 @@
+"""Benchmarks: each module is a script (docs/benchmarks.md)."""

@@ -1,0 +1,21 @@
+"""The errors that cross layers: raised in one package, caught by the entry points (main.py, the
+tools) or another package. Each message is one line. A leaf: it imports nothing of the project,
+so any module can import it. The errors of one package stay in it (parallel_embedding.planner's
+PlanError, deployment's ExportError and ServingError)."""
+
+
+class ConfigError(ValueError):
+    """An impossible or meaningless flag combination; its message is one line."""
+
+
+class DatasetError(ConfigError):
+    """A problem with a dataset or its spec; the message is one line naming what is wrong where
+    (a ConfigError: the command line reports it as `error: ...` and exits 2)."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read into this model; the message names file and variable."""
+
+
+class NonFiniteError(RuntimeError):
+    """A training step gave a non-finite loss or gradients; the message is one line naming the step."""
