@@ -128,8 +128,10 @@ class Run:
         weights_only = mode == "weights"
         # weights only: a fresh optimizer, of any kind
         signature = self.model_config.signature(optimizer=None if weights_only else cfg.optimizer)
+        from nn.trainer import LOSS_SCALE_STATE   # float16 AMP's: absent without it
         checkpoint.restore(ckpt, self.trainer.checkpoint_entries(weights_only), signature,
-                           self.trainer.checkpoint_names(weights_only), extra_ok=weights_only)
+                           self.trainer.checkpoint_names(weights_only), extra_ok=weights_only,
+                           optional=set(LOSS_SCALE_STATE))
         self.start_step = int(self.trainer.step.numpy())
         restart = mode == "continue" and cfg.restore_lr_schedule == "restart"
         self.trainer.schedule_origin.assign(self.start_step if restart else saved.get("schedule_origin", 0))

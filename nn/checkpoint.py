@@ -267,12 +267,14 @@ def _check_pieces(ckpt: str, name: str, tensor: dict):
                                   f"the manifest says {expected}")
 
 
-def restore(path: str, entries: Sequence[Entry], signature: dict, expected: Set[str], extra_ok: bool = False) -> dict:
+def restore(path: str, entries: Sequence[Entry], signature: dict, expected: Set[str], extra_ok: bool = False,
+            optional: Set[str] = frozenset()) -> dict:
     """Loads this rank's variables from the checkpoint at `path` and returns its manifest.
 
     Everything is checked before any variable changes: the signature, the tensor names against
     `expected` (every logical tensor of the model), shapes, and every piece file this rank reads.
     `extra_ok`: tensors beyond `expected` are left unread (a model without its optimizer state).
+    `optional`: tensors that either side may lack (a variable the checkpoint lacks keeps its value).
     """
     manifest = read_manifest(path)
     ckpt = manifest["path"]
@@ -281,10 +283,11 @@ def restore(path: str, entries: Sequence[Entry], signature: dict, expected: Set[
             raise CheckpointError(f"{ckpt}: written with {key}={manifest['signature'].get(key)}, "
                                   f"this run has {key}={value}")
     tensors: Dict[str, dict] = manifest["tensors"]
-    missing, extra = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
+    missing, extra = sorted(expected - set(tensors) - optional), sorted(set(tensors) - expected - optional)
     if missing or (extra and not extra_ok):
         raise CheckpointError(f"{ckpt}: tensors differ from this model's "
                               f"(missing {missing[:3]}, unexpected {extra[:3]})")
+    entries = [e for e in entries if e.name in tensors]
     for e in entries:
         t = tensors[e.name]
         if tuple(t["shape"]) != tuple(e.shape):

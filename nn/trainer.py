@@ -25,6 +25,11 @@ def bce_loss(labels: tf.Tensor, logits: tf.Tensor, global_batch) -> tf.Tensor:
     return tf.reduce_sum(losses) / tf.cast(global_batch, tf.float32)
 
 
+# The loss scale's checkpointed state: optional in a checkpoint, so that a float16 AMP run's
+# checkpoint restores without AMP (and the reverse, from the initial scale).
+LOSS_SCALE_STATE = ("loss_scale/scale", "loss_scale/good_steps")
+
+
 class LossScale(tf.Module):
     """float16 loss scaling. Dynamic: halve and skip the update on inf/NaN gradients, double after
     `growth_interval` finite steps. Static (`static`: the scale, --loss_scale): always that scale
@@ -32,8 +37,8 @@ class LossScale(tf.Module):
 
     def __init__(self, initial=2.0 ** 15, growth_interval=2000, static: Optional[float] = None):
         super().__init__(name="loss_scale")
-        self.scale = tf.Variable(static or initial, dtype=tf.float32, trainable=False, name="loss_scale/scale")
-        self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="loss_scale/good_steps")
+        self.scale = tf.Variable(static or initial, dtype=tf.float32, trainable=False, name=LOSS_SCALE_STATE[0])
+        self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name=LOSS_SCALE_STATE[1])
         self.growth_interval = growth_interval
         self.static = static
 

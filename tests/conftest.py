@@ -6,3 +6,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # checkout of it.
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                                          os.environ.get("PYTHONPATH")]))
+
+# tests/fake_gpus.py fakes GPUs in the process that imports it: never in pytest's (--doctest-modules).
+collect_ignore = ["fake_gpus.py"]

@@ -49,3 +49,21 @@ def test_amp_run_evaluates_like_its_checkpoint_in_float32(tmp_path):
     trained = main.run(tiny_config(amp=True, save_checkpoint_path=root))
     evaluated = main.run(tiny_config(mode="eval", restore_checkpoint_path=root))   # float32
     assert (trained["auc"], trained["logloss"]) == (evaluated["auc"], evaluated["logloss"])
+
+
+def test_float16_checkpoint_restores_without_amp_and_back(tmp_path, monkeypatch):
+    """A float16 AMP run (a GPU's; faked here by its compute dtype) checkpoints its loss scale:
+    evaluating or resuming it without --amp leaves the scale unread, and an AMP run resumes a
+    checkpoint without one from the initial scale."""
+    import nn.trainer
+    from nn import checkpoint
+    fp16, plain = str(tmp_path / "fp16"), str(tmp_path / "plain")
+    monkeypatch.setattr(nn.trainer, "amp_dtype", lambda: tf.float16)
+    trained = main.run(tiny_config(amp=True, save_checkpoint_path=fp16, max_steps=10))
+    assert set(nn.trainer.LOSS_SCALE_STATE) <= set(checkpoint.read_manifest(fp16)["tensors"])
+    main.run(tiny_config(save_checkpoint_path=plain, max_steps=10))
+    assert main.run(tiny_config(amp=True, restore_checkpoint_path=plain, max_steps=20))["steps"] == 20
+    monkeypatch.undo()
+    evaluated = main.run(tiny_config(mode="eval", restore_checkpoint_path=fp16))
+    assert (evaluated["auc"], evaluated["logloss"]) == (trained["auc"], trained["logloss"])
+    assert main.run(tiny_config(restore_checkpoint_path=fp16, max_steps=20))["steps"] == 20
