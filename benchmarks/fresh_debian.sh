@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's two commands on a bare Debian: debootstrap's minimal Debian 12 (bookworm) into a
-# directory, this checkout's HEAD (and ../shared, or $SHARED, when there is one) copied in, then inside it,
-# as root: `apt-get install make` (the one package the commands themselves need), `make setup`
+# directory, this checkout cloned in (its current branch; and ../shared, or $SHARED, when there is one
+# copied), then inside it, as root: `apt-get install make git` (what a user needs to clone the project
+# and run the commands), `make setup`
 # (which installs the Debian packages it lacks, tools/setup_env.sh), `make demo` and `make test`,
 # each timed. Debian's mirror is the one this machine's apt uses; pip reaches the same index as
 # here (pip's settings and CA certificates are copied in), with an empty cache. Needs root.
@@ -51,8 +52,7 @@ while IFS= read -r var; do
   case $var in PIP_CERT=*|PIP_FIND_LINKS=*|PIP_CONFIG_FILE=*|PIP_CONSTRAINT=*) ;; PIP_*) ENV+=("$var") ;; esac
 done < <(env)
 
-mkdir -p "$ROOT/root/dlrm"
-git -C "$REPO" archive HEAD | tar -x -C "$ROOT/root/dlrm"
+git clone -q --no-local "$REPO" "$ROOT/root/dlrm"
 if [ -d "$SHARED" ]; then cp -r "$SHARED" "$ROOT/root/shared"; fi
 mount -t proc proc "$ROOT/proc"
 mount --bind /sys "$ROOT/sys"
@@ -67,7 +67,7 @@ timed() {
     { echo "error: '$1' failed in the Debian root after $((SECONDS - t)) s:" >&2; tail -30 "$ROOT.run.log" >&2; exit 1; }
   echo "$1: $((SECONDS - t)) s" | tee -a "$LOG"
 }
-timed "apt-get update -qq && apt-get install -y -qq make"
+timed "apt-get update -qq && apt-get install -y -qq make git"
 timed "make setup"
 timed "make demo"
 timed "nice make test"
