@@ -40,6 +40,19 @@ def eval_steps(steps_per_epoch: int, evals_per_epoch: int, total_steps: int):
     return {s for s in steps if s <= total_steps}
 
 
+def place_tiers(cfg: RunConfig, plan, rank: int, on_gpu: bool):
+    """`plan` with its tables' tiers on this machine: --embedding_memory_budget_gb per rank (tables
+    over it on disk, with caches for at least two batches in flight of training and of
+    evaluation), and on a GPU --cpu_offloading_threshold_gb (tables over it in host memory)."""
+    from parallel_embedding.optimizers import slot_names
+    from parallel_embedding.planner import assign_tiers
+    budget = None if cfg.embedding_memory_budget_gb is None else int(cfg.embedding_memory_budget_gb * 2 ** 30)
+    threshold = cfg.cpu_offloading_threshold_gb
+    in_flight = [2 * (cfg.batch_size + cfg.valid_batch_size) * (hot or 1) for hot in cfg.max_hotness]
+    return assign_tiers(plan, len(slot_names(cfg.optimizer)), budget, in_flight,
+                        threshold * 2 ** 30 if threshold is not None and on_gpu else None)
+
+
 class Run:
     """One run of main.py on this rank: builds the dataset, plan, model and trainer for `cfg`."""
 
@@ -74,10 +87,12 @@ class Run:
                               f"{compute_dtype.name}, which needs no loss scaling")
         plan = plan_tables(cfg.cardinalities, cfg.embedding_dims, comm.size, cfg.dist_strategy,
                            cfg.column_slice_threshold, cfg.row_slice_threshold, cfg.data_parallel_threshold)
+        plan = place_tiers(cfg, plan, comm.rank, bool(tf.config.list_physical_devices("GPU")))
         self.model_config = model_config(cfg)
         self.model = RankingModel(self.model_config, seed=cfg.seed, compute_dtype=compute_dtype, plan=plan,
                                   collectives=comm, data_parallel_input=cfg.data_parallel_input,
-                                  zeros_initializer=cfg.embedding_zeros_initializer)
+                                  zeros_initializer=cfg.embedding_zeros_initializer,
+                                  store_path=cfg.embedding_store_path, cache_policy=cfg.embedding_cache_policy)
         emb = self.model.embeddings
         self.view = RankInput(comm.rank, comm.size, tuple(emb.input_rows(f) for f in range(cfg.num_categorical)))
         schedule = LearningRateSchedule(cfg.learning_rate, cfg.warmup_steps, cfg.decay_start_step, cfg.decay_steps)
@@ -153,7 +168,7 @@ class Run:
         from nn.evaluator import evaluate, format_metrics
         self.trainer.check_finite()
         t0 = time.perf_counter()
-        metrics = evaluate(self.trainer.predict, self._eval_data(), self.comm, oracle=self.dataset.has_oracle,
+        metrics = evaluate(self.trainer.predict, self.model.embeddings.staged(self._eval_data(), training=False), self.comm, oracle=self.dataset.has_oracle,
                            auc_thresholds=self.cfg.auc_thresholds)
         metrics["seconds"] = time.perf_counter() - t0
         keys = ("auc", "logloss", "oracle_auc") if self.dataset.has_oracle else ("auc", "logloss")
@@ -197,7 +212,7 @@ class Run:
         batches = train_batches(d, self.view, rows=self.rows["train"], batch_size=cfg.batch_size, seed=cfg.seed,
                                 start_step=self.data_start, end_step=total, shuffle=cfg.shuffle_batch_order,
                                 last_partial=cfg.train_last_partial_batch)
-        batches = prefetched(batches, d, synchronous=cfg.tfdata_debug)
+        batches = self.model.embeddings.staged(prefetched(batches, d, synchronous=cfg.tfdata_debug), training=True)
         self.log.print(f"training steps {self.start_step}..{total + offset} ({steps_per_epoch} per epoch, "
                        f"batch {cfg.batch_size})")
         step, losses = self.data_start, []
@@ -216,7 +231,8 @@ class Run:
                 loss = float(sum(float(x) for x in losses) / len(losses))
                 now = time.perf_counter()
                 lr = float(self.trainer.learning_rate(step + offset - 1))
-                self.log.progress(step + offset, total + offset, loss, (now - t_last) / len(losses), cfg.batch_size, lr)
+                self.log.progress(step + offset, total + offset, loss, (now - t_last) / len(losses), cfg.batch_size, lr,
+                                  self.model.embeddings.store_stats())
                 losses, t_last = [], now
             if cfg.checkpoint_every_n_steps and step % cfg.checkpoint_every_n_steps == 0 and step != total:
                 t0 = time.perf_counter()
@@ -249,14 +265,16 @@ class Run:
         return result
 
     def inference(self) -> list:
-        from dataloading.batches import rank_batch
+        from dataloading.batches import ids_tensor, rank_batch
         from nn.evaluator import measure_latency
         results = []
         self.log.print("batch_size | samples/s | mean ms | p50 ms | p90 ms | p99 ms")
         for size in self.cfg.inference_batch_sizes:
-            r = measure_latency(self.trainer.predict, rank_batch(self.dataset, "eval", 0, size, self.view,
-                                                                        end=self.rows["eval"]),
-                                self.cfg.inference_steps, size)
+            batch = rank_batch(self.dataset, "eval", 0, size, self.view, end=self.rows["eval"])
+            element = (batch["numerical"], tuple(ids_tensor(c) for c in batch["categorical"]))
+            for numerical, categorical in self.model.embeddings.staged([element], training=False):
+                r = measure_latency(self.trainer.predict, dict(batch, numerical=numerical, categorical=categorical),
+                                    self.cfg.inference_steps, size)
             self.log.print(f"{size} | {r['samples_per_s']:,.0f} | {r['mean_ms']:.3f} | {r['p50_ms']:.3f} | "
                            f"{r['p90_ms']:.3f} | {r['p99_ms']:.3f}")
             self.log.record("inference", int(self.trainer.step.numpy()), **r)
@@ -276,6 +294,7 @@ def run(cfg: RunConfig, comm=None):
             return r.evaluate(r.start_step)
         return r.inference()
     finally:
+        r.model.embeddings.close()
         r.log.close()
 
 

@@ -111,6 +111,11 @@ def eval_batches(dataset, view: RankInput, *, rows: int, batch_size: int) -> Ite
         yield batch
 
 
+def ids_tensor(x):
+    """One feature's ids as the model takes them: a tf.RaggedTensor for RaggedIds, else the array."""
+    return tf.RaggedTensor.from_row_splits(x.values, x.row_splits) if isinstance(x, RaggedIds) else x
+
+
 def prefetched(batches: Iterator[dict], dataset, depth: int = 2, synchronous: bool = False) -> Iterator[tuple]:
     """Iterates a batch iterator over `dataset` through tf.data with background prefetching; a
     DatasetError raised by the reader (a bad value) is raised here, after the batches before it.
@@ -128,15 +133,12 @@ def prefetched(batches: Iterator[dict], dataset, depth: int = 2, synchronous: bo
                  tf.TensorSpec([None], tf.float32), tf.TensorSpec([None], tf.float32),
                  tf.TensorSpec([], tf.int32))
 
-    def as_tensor(x):
-        return tf.RaggedTensor.from_row_splits(x.values, x.row_splits) if isinstance(x, RaggedIds) else x
-
     failure = []
 
     def generate():   # an exception here would reach the consumer as a TensorFlow error: end, keep it
         try:
             for b in batches:
-                yield (b["numerical"], tuple(as_tensor(c) for c in b["categorical"]), b["labels"],
+                yield (b["numerical"], tuple(ids_tensor(c) for c in b["categorical"]), b["labels"],
                        b["oracle_logits"], np.int32(b["valid"]))
         except DatasetError as e:
             failure.append(e)

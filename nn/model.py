@@ -1,5 +1,5 @@
 """DLRM and DCNv2 ranking models."""
-from typing import List, Set
+from typing import List, Optional, Set
 
 import tensorflow as tf
 
@@ -25,14 +25,16 @@ class RankingModel(tf.Module):
     """
 
     def __init__(self, config: ModelConfig, *, seed: int = 0, compute_dtype=tf.float32, plan: Plan = None,
-                 collectives=None, data_parallel_input: bool = False, zeros_initializer: bool = False):
+                 collectives=None, data_parallel_input: bool = False, zeros_initializer: bool = False,
+                 store_path: Optional[str] = None, cache_policy: str = "lru"):
         super().__init__(name="ranking_model")
         self.compute_dtype = tf.as_dtype(compute_dtype)
         collectives = collectives or SingleProcess()
         plan = plan or plan_tables(config.cardinalities, config.embedding_dims, collectives.size)
         self.embeddings = DistributedEmbedding(plan, collectives, seed=(seed, 1000),
                                                data_parallel_input=data_parallel_input, combiners=config.combiners,
-                                               zeros_initializer=zeros_initializer)
+                                               zeros_initializer=zeros_initializer, store_path=store_path,
+                                               cache_policy=cache_policy)
         self.bottom_mlp = MLP(config.num_numerical, config.bottom_mlp_dims, linear_output=False, seed=(seed, 0),
                               name="bottom_mlp")
         self.interaction = make_interaction(config, seed)

@@ -136,9 +136,10 @@ class Trainer(tf.Module):
         `weights_only`: the model's variables alone (no optimizer state, no step counters)."""
         if weights_only:
             return self.model.checkpoint_entries()
-        entries = self.model.embeddings.checkpoint_entries()
-        owned = {e.variable.ref() for e in entries}
-        return entries + replicated_entries({n: v for n, v in self.variables_by_name().items() if v.ref() not in owned})
+        emb = self.model.embeddings
+        owned = emb.variables_by_name()
+        return emb.checkpoint_entries() + replicated_entries(
+            {n: v for n, v in self.variables_by_name().items() if n not in owned})
 
     def checkpoint_names(self, weights_only: bool = False) -> Set[str]:
         """The logical tensors of a complete checkpoint of this model (on any rank), or of its

@@ -28,14 +28,18 @@ all-to-all carries their ids.
 >>> [e.shape for e in emb([tf.constant([3, 7]), tf.ragged.constant([[0, 19, 4], []])], local_batch=2)]
 [TensorShape([2, 16]), TensorShape([2, 16])]
 """
+import dataclasses
 import math
 from typing import Dict, List, NamedTuple, Optional, Sequence, Set, Union
 
+import numpy as np
 import tensorflow as tf
 
 from nn.checkpoint import Entry, replicated_entries
 from parallel_embedding.optimizers import make_optimizer
 from parallel_embedding.planner import Plan, Shard, plan_tables  # noqa: F401 (plan_tables: the example)
+from parallel_embedding.tiered import TieredTables, Unit
+from utils.errors import ConfigError
 
 _INIT_BLOCK_ROWS = 1 << 16
 
@@ -143,10 +147,15 @@ class DistributedEmbedding(tf.Module):
     `input_rows(f)` says which. Data-parallel input: every feature [b]. A multi-hot feature is
     a ragged [B, None] or [b, None] instead, combined by `combiners[f]` ("sum" or "mean").
     Tables start as `shard_initial_value`, or zeros with `zeros_initializer`.
+
+    Shards the plan puts on disk (`plan.tier(rank, f)`, see tiered.py) keep their rows and slots
+    in files under `store_path` and a cache of the tier's `cache_rows` rows in their variables,
+    victims chosen by `cache_policy`; their ids must pass through `staged` before the lookup.
     """
 
     def __init__(self, plan: Plan, collectives, seed, data_parallel_input: bool = False,
-                 combiners: Optional[Sequence[str]] = None, zeros_initializer: bool = False, name="embedding"):
+                 combiners: Optional[Sequence[str]] = None, zeros_initializer: bool = False,
+                 store_path: Optional[str] = None, cache_policy: str = "lru", name="embedding"):
         super().__init__(name=name)
         self.plan, self.comm = plan, collectives
         self.data_parallel_input = data_parallel_input
@@ -165,13 +174,25 @@ class DistributedEmbedding(tf.Module):
                 return tf.zeros([s.num_rows, s.width])
             return shard_initial_value(tables[s.feature].rows, tables[s.feature].dim, s, (seed[0], seed[1] + s.feature))
 
+        self._initial_value = initial_value
         self.shard_variables = []
+        units = {}
         for s in self.shards:
-            table = tables[s.feature]
-            value = initial_value(s)
-            if table.kind == "row":   # the spare row that out-of-shard ids read (and is never saved)
-                value = tf.concat([value, tf.zeros([1, s.width])], axis=0)
+            table, tier = tables[s.feature], plan.tier(self.rank, s.feature)
+            if tier.kind == "disk":   # a cache of C rows and the spare row, filled by staging
+                value = tf.zeros([tier.cache_rows + 1, s.width])
+            else:
+                value = initial_value(s)
+                if table.kind == "row":   # the spare row that out-of-shard ids read (and is never saved)
+                    value = tf.concat([value, tf.zeros([1, s.width])], axis=0)
             self.shard_variables.append(tf.Variable(value, name=self.variable_name(s)))
+            if tier.kind == "disk":
+                unit = units.setdefault(s.feature, Unit(s.feature, s.row_start, s.num_rows, tier.cache_rows,
+                                                        table.kind == "row", []))
+                unit.variables.append(self.shard_variables[-1])
+        if units and data_parallel_input and self.size > 1:
+            raise ConfigError("--data_parallel_input: tables on disk need their ids on the owner rank before the step")
+        self.tiered = TieredTables(units, self.cardinalities, store_path, cache_policy, self.rank) if units else None
         whole = [Shard(f, self.rank, 0, tables[f].rows, 0, tables[f].dim) for f in self.replicated]
         self.replicated_variables = [tf.Variable(initial_value(s), name=self.table_name(s.feature)) for s in whole]
         self.global_features = plan.features_on(self.rank)
@@ -205,8 +226,12 @@ class DistributedEmbedding(tf.Module):
         return self.shard_variables + self.replicated_variables
 
     def whole_tables(self) -> List[tf.Tensor]:
-        """The whole table of every feature ([rows_f, D_f], in feature order) of a one-process embedding."""
+        """The whole table of every feature ([rows_f, D_f], in feature order) of a one-process
+        embedding (tables on disk are read whole)."""
         by_feature = {s.feature: v for s, v in zip(self.shards, self.shard_variables)}
+        if self.tiered:
+            self.tiered.flush()
+            by_feature.update({f: tf.constant(unit.files[0].array[:, 0]) for f, unit in self.tiered.units.items()})
         by_feature.update(zip(self.replicated, self.replicated_variables))
         return [by_feature[f][:rows] for f, rows in enumerate(self.cardinalities)]
 
@@ -245,7 +270,13 @@ class DistributedEmbedding(tf.Module):
         rows, indices = [], []
         for s, var, flat in zip(self.shards, self.shard_variables, shard_ids):
             i = flat.ids
-            if self.plan.tables[s.feature].kind == "row":
+            if self.tiered and s.feature in self.tiered.units:   # staged: cache slots, the spare row C outside
+                spare = self.tiered.units[s.feature].capacity
+                index = i
+                gathered = tf.gather(var, index)
+                if self.plan.tables[s.feature].kind == "row":
+                    gathered = tf.where((index < spare)[:, None], gathered, 0.0)
+            elif self.plan.tables[s.feature].kind == "row":
                 local = i - tf.cast(s.row_start, i.dtype)
                 inside = tf.logical_and(local >= 0, local < s.num_rows)
                 index = tf.where(inside, local, tf.cast(s.num_rows, i.dtype))   # the spare row
@@ -373,11 +404,42 @@ class DistributedEmbedding(tf.Module):
         slots, shaped as `variables_in_order`, `apply_gradients` updates. `compiled` false: the
         update runs op by op (debugging)."""
         self.optimizer = make_optimizer(name, self.variables_in_order, "table_optimizer", beta1, beta2)
+        if self.tiered:
+            self._open_store()
         update = lambda grads, lr: self.optimizer.apply(zip(grads, self.variables_in_order), lr)  # noqa: E731
         # The sparse update as one XLA-compiled function: on CPU about 5x faster than TensorFlow's
         # scatter kernels, and only the given rows are written either way. Multi-hot batches (a
         # varying number of ids) take the uncompiled one: XLA would recompile every step.
         self._update = {False: tf.function(update, jit_compile=True) if compiled else update, True: update}
+
+    def _open_store(self):
+        """Creates the disk tier's files: tables from their initial values, slots as fresh slot rows."""
+        slots = self.optimizer.slots
+        shards = {f: [s for s in self.shards if s.feature == f] for f in self.tiered.units}
+        parts = {f: [[v] + list(slots[v.ref()].values()) for v in unit.variables] for f, unit in self.tiered.units.items()}
+
+        def initial_rows(unit, i, j, start, stop):
+            s = shards[unit.feature][i]
+            if j == 0:
+                return self._initial_value(dataclasses.replace(s, row_start=s.row_start + start,
+                                                               row_end=s.row_start + stop)).numpy()
+            return np.broadcast_to(parts[unit.feature][i][j][0].numpy(), (stop - start, s.width))
+
+        self.tiered.open(parts, initial_rows)
+
+    def staged(self, elements, training: bool):
+        """Elements (numerical, ids, ...) ready for the lookup: with tables on disk, their ids
+        become cache slots, staged one element ahead (tiered.py); otherwise `elements` itself."""
+        return self.tiered.staged(elements, training) if self.tiered else elements
+
+    def store_stats(self) -> dict:
+        """The disk tier's figures since the last call (tiered.TieredTables.stats); {} without one."""
+        return self.tiered.stats() if self.tiered else {}
+
+    def close(self):
+        """Removes the disk tier's files (the checkpoint is the durable state)."""
+        if self.tiered:
+            self.tiered.close()
 
     def apply_gradients(self, grads: Sequence[tf.IndexedSlices], lr: tf.Tensor, multi_hot: bool):
         """Updates the rows named by `grads` (`gradients`' output, rescaled at will) and their
@@ -398,10 +460,16 @@ class DistributedEmbedding(tf.Module):
         `table_name(f)/k`, cut as the table, and the update counter (replicated)."""
         slots = self.optimizer.slots if self.optimizer and not weights_only else {}
         entries = []
+        sources = {}
+        for f, unit in (self.tiered.units.items() if self.tiered else ()):
+            sources.update({v.ref(): parts for v, parts in zip(unit.variables, self.tiered.sources(unit))})
         for s, var in zip(self.shards, self.shard_variables):
             name, shape = self.table_name(s.feature), (self.cardinalities[s.feature], self.dims[s.feature])
-            entries += [Entry(tensor, v, shape, s.row_start, s.col_start, s.num_rows)
-                        for tensor, v in self._with_slots(name, var, slots)]
+            pieces = self._with_slots(name, var, slots)
+            if var.ref() in sources:   # on disk: streamed from and to the store
+                pieces = [(tensor, source) for (tensor, _), source in zip(pieces, sources[var.ref()])]
+            entries += [Entry(tensor, v, shape, s.row_start, s.col_start, None if var.ref() in sources else s.num_rows)
+                        for tensor, v in pieces]
         replicated = {tensor: v for f, var in zip(self.replicated, self.replicated_variables)
                       for tensor, v in self._with_slots(self.table_name(f), var, slots)}
         if slots:

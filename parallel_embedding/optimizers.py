@@ -133,6 +133,11 @@ class Adam(Optimizer):
         var.scatter_update(tf.IndexedSlices(new_var, idx))
 
 
+def slot_names(name: str) -> Tuple[str, ...]:
+    """The optimizer slots (per parameter) of optimizer `name`."""
+    return {"sgd": SGD, "adagrad": Adagrad, "adam": Adam}[name].slot_names
+
+
 def make_optimizer(name: str, variables, scope: str, beta1=0.9, beta2=0.999) -> Optimizer:
     if name == "sgd":
         return SGD(variables, scope)

@@ -19,3 +19,8 @@ class CheckpointError(ValueError):
 
 class NonFiniteError(RuntimeError):
     """A training step gave a non-finite loss or gradients; the message is one line naming the step."""
+
+
+class StoreError(RuntimeError):
+    """The embedding store failed during a run (a file deleted, a cache too small for the batches
+    in flight); the message is one line naming the path or feature."""

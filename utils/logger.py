@@ -52,13 +52,21 @@ class RunLogger:
                         tf.summary.scalar(f"{kind}/{key}", value, step=int(step))
             self._tb.flush()
 
-    def progress(self, step: int, total: int, loss: float, step_seconds: float, batch_size: int, lr: float):
-        """The progress line, and a `step` record."""
+    def progress(self, step: int, total: int, loss: float, step_seconds: float, batch_size: int, lr: float,
+                 store: Optional[dict] = None):
+        """The progress line, and a `step` record; `store`: the embedding store's figures
+        (DistributedEmbedding.store_stats), if it has tables on disk."""
         throughput = batch_size / step_seconds
         eta = (total - step) * step_seconds
-        self.print(f"step {step}/{total} | eta {_duration(eta)} | loss {loss:.5f} | "
-                   f"step {1000 * step_seconds:.1f} ms | {throughput:,.0f} samples/s | lr {lr:.6g}")
-        self.record("step", step, loss=loss, step_ms=1000 * step_seconds, samples_per_s=throughput, lr=lr)
+        line = (f"step {step}/{total} | eta {_duration(eta)} | loss {loss:.5f} | "
+                f"step {1000 * step_seconds:.1f} ms | {throughput:,.0f} samples/s | lr {lr:.6g}")
+        if store:
+            line += (f" | cache hits {100 * store['cache_hit_rate']:.1f}% | disk read "
+                     f"{store['store_mb_read_per_step']:.2f} MB/step, written {store['store_mb_written_per_step']:.2f}"
+                     f" MB/step | waited {store['store_wait_ms_per_step']:.1f} ms/step")
+        self.print(line)
+        self.record("step", step, loss=loss, step_ms=1000 * step_seconds, samples_per_s=throughput, lr=lr,
+                    **(store or {}))
 
     def close(self):
         if self._file:

@@ -1,0 +1,391 @@
+"""The disk tier: embedding shards larger than memory, in one file per shard with a bounded cache.
+
+A unit is one rank's shards of one feature: rows [row_start, row_start + R) of the table (the
+column slices of a table on one rank share their rows, hence one cache). With k optimizer
+slots, a shard of width w has
+- on disk, `<store>/table_<f>.rows_<a>-<b>.cols_<c>-<d>.bin`: [R, 1 + k, w] float32, row i
+  being the table row followed by its k slot rows; allocated in full at start-up and filled
+  from the initial values (a checkpoint overwrites them), never read across runs;
+- in memory, the shard's variable and its slot variables, of C + 1 rows: a cache of C rows,
+  and row C, the spare row that a row shard's out-of-range ids read (the in-memory shard's last
+  row). `slot_of` [R] maps a row to its cache slot (-1: on disk only).
+
+Staging (`TieredTables.staged`) runs one batch ahead of the train step, in a thread: the
+unique ids of batch t+1 that miss are read from disk in bulk into free or evicted slots, dirty
+victims written back first; the batch's ids are replaced by cache slots (a row shard's
+out-of-range ids by C). The step gathers and updates cache rows exactly as it would the
+table's rows (same values, same order of summation), so training is bit-identical to the
+in-memory table. Batches t and t+1 stay pinned until the consumer asks for batch t+2: their
+slots are never victims. Victims: LRU (exact) or LFU (the least used among the rows cached at
+the last selection; ties by age), chosen from a reserve of the lowest-ranked slots that one
+pass over the cache refreshes when it runs out, so a step costs O(its ids), not O(C).
+"""
+import concurrent.futures
+import fcntl
+import mmap
+import os
+import shutil
+import threading
+import time
+from typing import Dict, Iterator, List, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from utils.errors import ConfigError, DatasetError, StoreError
+
+POLICIES = ("lru", "lfu")
+
+
+class ShardFile:
+    """One shard's rows and optimizer slots on disk, [R, parts, w] float32, memory-mapped and
+    locked (flock) against a second run using the same file."""
+
+    def __init__(self, path: str, rows: int, parts: int, width: int):
+        self.path, self.shape = path, (rows, parts, width)
+        self.nbytes = rows * parts * width * 4
+        try:
+            self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot create the embedding store file: {e.strerror}")
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.ftruncate(self.fd, 0)
+            os.posix_fallocate(self.fd, 0, max(self.nbytes, 1))
+        except BlockingIOError:
+            os.close(self.fd)
+            raise ConfigError(f"{path}: another run is using this embedding store file (--embedding_store_path)")
+        except OSError as e:
+            os.close(self.fd)
+            raise ConfigError(f"{path}: cannot allocate {self.nbytes:,} bytes for the embedding store: {e.strerror}")
+        self._map = mmap.mmap(self.fd, max(self.nbytes, 1))
+        self.array = np.ndarray(self.shape, np.float32, buffer=self._map)
+
+    def check(self):
+        """Raises StoreError if the file was deleted (its mapping would hide that until exit)."""
+        if os.fstat(self.fd).st_nlink == 0:
+            raise StoreError(f"{self.path}: the embedding store file was deleted during the run")
+
+    def close(self, remove: bool):
+        self.array = None
+        self._map.close()
+        if remove and os.path.exists(self.path):
+            os.remove(self.path)
+        os.close(self.fd)
+
+
+class StoreRows:
+    """Part `part` of a shard file (0: the table's rows, j: slot j) as a checkpoint row source
+    [R, w] (nn.checkpoint's streamed entries). Reading flushes the cache's dirty rows first;
+    writing (a restore) empties the unit's cache."""
+
+    def __init__(self, tables: "TieredTables", unit: "Unit", file: ShardFile, part: int):
+        self._tables, self._unit, self._file, self._part = tables, unit, file, part
+        self.shape = (file.shape[0], file.shape[2])
+        self.dtype = np.dtype(np.float32)
+
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        self._tables.flush()
+        return np.array(self._file.array[start:stop, self._part])
+
+    def write_rows(self, start: int, values: np.ndarray):
+        self._tables.forget(self._unit)
+        self._file.array[start:start + len(values), self._part] = values
+
+
+class Unit:
+    """One rank's shards of one feature on disk: their files, cache variables and the cache map."""
+
+    def __init__(self, feature: int, row_start: int, rows: int, capacity: int, row_shard: bool,
+                 variables: List[tf.Variable]):
+        self.feature, self.row_start, self.rows, self.capacity = feature, row_start, rows, capacity
+        self.row_shard = row_shard
+        self.variables = variables          # per shard: its cache variable [C + 1, w]
+        self.parts: List[List[tf.Variable]] = []   # per shard: [variable, slot 1..k] (set by open)
+        self.files: List[ShardFile] = []
+        self.slot_of = np.full(rows, -1, np.int32)
+        self.id_of = np.full(capacity, -1, np.int64)
+        self.last_use = np.zeros(capacity, np.int64)
+        self.uses = np.zeros(capacity, np.int64)
+        self.pinned = np.zeros(capacity, np.int32)
+        self.dirty = np.zeros(capacity, bool)
+        self.filled = 0                      # slots [0, filled) have held a row
+        self.reserve = np.zeros(0, np.int64)  # victim candidates, best first
+        self.reserve_pos = 0
+        self.reserved_at = 0
+
+    def reset(self):
+        """Empties the cache (nothing may be pinned)."""
+        assert not self.pinned.any(), "the cache is emptied with batches in flight"
+        self.slot_of.fill(-1)
+        self.id_of.fill(-1)
+        self.dirty.fill(False)
+        self.filled, self.reserve, self.reserve_pos = 0, np.zeros(0, np.int64), 0
+
+
+class TieredTables:
+    """The disk-tier units of one rank, their store files and the staging of batches.
+
+    `units`: feature -> Unit. `open` creates and fills the files once the optimizer's slots
+    exist; `staged` wraps a batch stream; `flush` writes dirty cache rows back; `stats` counts
+    since its last call.
+    """
+
+    def __init__(self, units: Dict[int, Unit], cardinalities: Sequence[int], store_path: str, policy: str,
+                 rank: int):
+        if policy not in POLICIES:
+            raise ConfigError(f"--embedding_cache_policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        self.units, self.cardinalities, self.policy, self.rank = units, list(cardinalities), policy, rank
+        self.store_path = store_path
+        self._lock = threading.Lock()
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embedding-staging")
+        self._clock = 0
+        self._counts = dict.fromkeys(("ids", "hits", "misses", "rows_read", "rows_written", "bytes_read",
+                                      "bytes_written"), 0)
+        self._seconds = {"staging": 0.0, "waited": 0.0, "steps": 0}
+
+    # Start-up ------------------------------------------------------------------------------------
+
+    def open(self, parts: Dict[int, List[List[tf.Variable]]], initial_rows):
+        """Creates the store files and fills them: part j of rows [start, stop) of a unit's i-th
+        shard from `initial_rows(unit, i, j, start, stop) -> [stop - start, w]`.
+        `parts`: feature -> per shard [variable, slot variables...]."""
+        if not self.store_path:
+            raise ConfigError("the embedding plan puts tables on disk: --embedding_store_path is needed")
+        if not os.path.isdir(self.store_path):
+            raise ConfigError(f"--embedding_store_path={self.store_path}: no such directory")
+        if not os.access(self.store_path, os.W_OK):
+            raise ConfigError(f"--embedding_store_path={self.store_path}: not writable")
+        shapes = {}
+        for f, unit in self.units.items():
+            unit.parts = parts[f]
+            for shard_parts in parts[f]:
+                name, width = shard_parts[0].name.split(":")[0], int(shard_parts[0].shape[1])
+                shapes[(f, len(shapes))] = (self._file_name(name), unit.rows, len(shard_parts), width)
+        need = sum(r * p * w * 4 for _, r, p, w in shapes.values())
+        existing = sum(os.path.getsize(os.path.join(self.store_path, n)) for n, *_ in shapes.values()
+                       if os.path.isfile(os.path.join(self.store_path, n)))
+        free = shutil.disk_usage(self.store_path).free + existing
+        if need > free:
+            raise ConfigError(f"--embedding_store_path={self.store_path}: rank {self.rank}'s tables on disk need "
+                              f"{need:,} bytes, {free:,} are free")
+        files = iter(ShardFile(os.path.join(self.store_path, n), r, p, w) for n, r, p, w in shapes.values())
+        block = 1 << 16
+        for f, unit in self.units.items():
+            for i, shard_parts in enumerate(unit.parts):
+                file = next(files)
+                unit.files.append(file)
+                for start in range(0, unit.rows, block):
+                    stop = min(start + block, unit.rows)
+                    for j in range(len(shard_parts)):
+                        file.array[start:stop, j] = initial_rows(unit, i, j, start, stop)
+
+    @staticmethod
+    def _file_name(variable_name: str) -> str:
+        """embedding/table_3/rows_0_10/cols_0_16 -> table_3.rows_0_10.cols_0_16.bin"""
+        return ".".join(variable_name.split("/")[1:]) + ".bin"
+
+    def close(self):
+        """Stops the staging thread and removes the store files (a checkpoint is the durable state)."""
+        self._pool.shutdown(wait=True)
+        for unit in self.units.values():
+            for file in unit.files:
+                file.close(remove=True)
+            unit.files = []
+
+    # Staging -------------------------------------------------------------------------------------
+
+    def staged(self, elements: Iterator[tuple], training: bool) -> Iterator[tuple]:
+        """Elements (numerical, ids, ...) with ids (F tensors, see DistributedEmbedding) of the
+        units' features replaced by cache slots; element t+1 is staged in a thread while the
+        consumer works on element t. The consumer asking for element t+1 releases element t
+        (its step is done: on a GPU, later ops on the cache queue behind it)."""
+        source = iter(elements)
+
+        def stage_next():
+            element = next(source, None)
+            if element is None:
+                return None
+            ids, pins = self.stage(element[1], training)
+            return (element[0], ids) + tuple(element[2:]), pins
+
+        pending, current = self._pool.submit(stage_next), None
+        try:
+            while True:
+                t0 = time.perf_counter()
+                result = pending.result()
+                self._seconds["waited"] += time.perf_counter() - t0
+                if current is not None:
+                    self.release(current)
+                    current = None
+                if result is None:
+                    return
+                element, current = result
+                self._seconds["steps"] += training
+                pending = self._pool.submit(stage_next)
+                yield element
+        finally:
+            if current is not None:
+                self.release(current)
+            try:
+                result = pending.result()
+            except Exception:   # the consumer has stopped; its own error is the one to report
+                result = None
+            if result is not None:
+                self.release(result[1])
+
+    def stage(self, ids: Sequence, training: bool) -> Tuple[tuple, Dict[int, np.ndarray]]:
+        """Brings the rows of one batch's ids into the caches and pins them (`training`: and marks
+        them dirty: the step will update them); returns the ids with the units' features as cache
+        slots, and the pinned slots per feature (for `release`)."""
+        t0 = time.perf_counter()
+        ids, pins = list(ids), {}
+        with self._lock:
+            self._clock += 1
+            for f, unit in self.units.items():
+                x = ids[f]
+                ragged = isinstance(x, tf.RaggedTensor)
+                values = np.asarray(x.values if ragged else x)
+                slots, pins[f] = self._stage_unit(unit, values)
+                unit.dirty[pins[f]] |= training
+                slots = tf.constant(slots.astype(values.dtype))
+                ids[f] = x.with_values(slots) if ragged else slots
+        self._seconds["staging"] += time.perf_counter() - t0
+        return tuple(ids), pins
+
+    def _stage_unit(self, unit: Unit, values: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """values [K]: table ids -> ([K] cache slots, the unique slots now pinned)."""
+        for file in unit.files:
+            file.check()
+        if values.size and (values.min() < 0 or values.max() >= self.cardinalities[unit.feature]):
+            raise DatasetError(f"feature {unit.feature}: ids out of range [0, {self.cardinalities[unit.feature]}) "
+                               f"(min {values.min()}, max {values.max()})")
+        local = values.astype(np.int64) - unit.row_start
+        inside = (local >= 0) & (local < unit.rows)
+        local_in = local[inside]
+        rows = np.unique(local_in)
+        slots = unit.slot_of[rows]
+        hit = slots >= 0
+        unit.pinned[slots[hit]] += 1   # before choosing victims for the misses
+        miss = rows[~hit]
+        self._counts["ids"] += len(rows)
+        self._counts["misses"] += len(miss)
+        self._counts["hits"] += len(rows) - len(miss)
+        if len(miss):
+            unit.pinned[self._load(unit, miss)] += 1
+        slots = unit.slot_of[rows]
+        unit.last_use[slots] = self._clock
+        unit.uses[slots] += 1
+        out = np.full(len(values), unit.capacity, np.int64)
+        out[inside] = unit.slot_of[local_in]
+        return out, slots
+
+    def _load(self, unit: Unit, miss: np.ndarray) -> np.ndarray:
+        """Reads rows `miss` (sorted) from disk into free or evicted cache slots; returns the slots."""
+        victims = self._victims(unit, len(miss))
+        old = unit.id_of[victims]
+        occupied = old >= 0
+        write = victims[occupied & unit.dirty[victims]]
+        if len(write):
+            order = np.argsort(unit.id_of[write])
+            write, rows = write[order], unit.id_of[write[order]]
+            for file, parts in zip(unit.files, unit.parts):
+                values = np.stack([tf.gather(v, write).numpy() for v in parts], axis=1)
+                file.array[rows] = values
+                self._counts["bytes_written"] += values.nbytes
+            self._counts["rows_written"] += len(write)
+        unit.slot_of[old[occupied]] = -1
+        for file, parts in zip(unit.files, unit.parts):
+            values = file.array[miss]
+            self._counts["bytes_read"] += values.nbytes
+            for j, v in enumerate(parts):
+                v.scatter_update(tf.IndexedSlices(values[:, j], victims))
+        self._counts["rows_read"] += len(miss)
+        unit.slot_of[miss] = victims
+        unit.id_of[victims] = miss
+        unit.dirty[victims] = False
+        unit.uses[victims] = 0
+        return victims
+
+    def _victims(self, unit: Unit, m: int) -> np.ndarray:
+        """m cache slots for new rows: never-used slots first, then the policy's choice among
+        unpinned slots."""
+        take = min(m, unit.capacity - unit.filled)
+        chosen = [np.arange(unit.filled, unit.filled + take)]
+        unit.filled += take
+        need = m - take
+        while need:
+            if unit.reserve_pos >= len(unit.reserve):
+                self._refill_reserve(unit, need)
+            candidates = unit.reserve[unit.reserve_pos:unit.reserve_pos + 2 * need]
+            valid = (unit.id_of[candidates] >= 0) & (unit.pinned[candidates] == 0) & \
+                (unit.last_use[candidates] <= unit.reserved_at)
+            taken = np.flatnonzero(valid)[:need]
+            chosen.append(candidates[taken])
+            unit.pinned[candidates[taken]] += 1   # not chosen twice if the reserve is refilled
+            need -= len(taken)
+            unit.reserve_pos += int(taken[-1]) + 1 if need == 0 else len(candidates)
+        victims = np.concatenate(chosen)
+        unit.pinned[victims[take:]] -= 1
+        return victims
+
+    def _refill_reserve(self, unit: Unit, need: int):
+        """One pass over the cache: the lowest-ranked quarter of its unpinned slots (at least
+        `need`), best victim first."""
+        free = np.flatnonzero((unit.pinned == 0) & (unit.id_of >= 0))
+        if len(free) < need:
+            raise StoreError(f"feature {unit.feature}: the cache of {unit.capacity} rows on rank {self.rank} "
+                             f"cannot hold the rows of the batches in flight ({need} more needed)")
+        key = unit.last_use[free] if self.policy == "lru" else (unit.uses[free] << 32) + unit.last_use[free]
+        n = min(len(free), max(need, unit.capacity // 4))
+        if n < len(free):
+            part = np.argpartition(key, n - 1)[:n]
+            free, key = free[part], key[part]
+        unit.reserve = free[np.argsort(key, kind="stable")]
+        unit.reserve_pos, unit.reserved_at = 0, self._clock
+
+    def release(self, pins: Dict[int, np.ndarray]):
+        """Unpins a batch's slots once its step is done."""
+        with self._lock:
+            for f, slots in pins.items():
+                self.units[f].pinned[slots] -= 1
+
+    # Checkpoints and statistics ------------------------------------------------------------------
+
+    def flush(self):
+        """Writes every dirty cached row (and its slots) back to disk, between steps. Rows of a
+        staged batch stay dirty: its step has yet to update them."""
+        with self._lock:
+            for unit in self.units.values():
+                slots = np.flatnonzero(unit.dirty)
+                if not len(slots):
+                    continue
+                rows = unit.id_of[slots]
+                for file, parts in zip(unit.files, unit.parts):
+                    file.array[rows] = np.stack([tf.gather(v, slots).numpy() for v in parts], axis=1)
+                unit.dirty[slots] = unit.pinned[slots] > 0
+
+    def forget(self, unit: Unit):
+        """Empties `unit`'s cache before its file is overwritten (a restore)."""
+        with self._lock:
+            unit.reset()
+
+    def sources(self, unit: Unit) -> List[List[StoreRows]]:
+        """Per shard of `unit`, its parts as checkpoint row sources."""
+        return [[StoreRows(self, unit, file, j) for j in range(file.shape[1])] for file in unit.files]
+
+    def stats(self) -> dict:
+        """Counts since the last call: hit rate of the unique ids, rows and MB read/written, and
+        the seconds staging took and the consumer waited for it (per training step)."""
+        with self._lock:
+            c, s = self._counts, self._seconds
+            steps = max(s["steps"], 1)
+            out = {"cache_hit_rate": c["hits"] / c["ids"] if c["ids"] else 1.0,
+                   "store_rows_read": c["rows_read"], "store_rows_written": c["rows_written"],
+                   "store_mb_read_per_step": c["bytes_read"] / 2 ** 20 / steps,
+                   "store_mb_written_per_step": c["bytes_written"] / 2 ** 20 / steps,
+                   "staging_ms_per_step": 1000 * s["staging"] / steps,
+                   "store_wait_ms_per_step": 1000 * s["waited"] / steps}
+            self._counts = dict.fromkeys(c, 0)
+            self._seconds = {"staging": 0.0, "waited": 0.0, "steps": 0}
+        return out
