@@ -185,7 +185,8 @@ class DistributedEmbedding(tf.Module):
                 value = initial_value(s)
                 if table.kind == "row":   # the spare row that out-of-shard ids read (and is never saved)
                     value = tf.concat([value, tf.zeros([1, s.width])], axis=0)
-            self.shard_variables.append(tf.Variable(value, name=self.variable_name(s)))
+            with tf.device("/CPU:0" if tier.kind == "host" else None):   # host: GPU runs' big tables
+                self.shard_variables.append(tf.Variable(value, name=self.variable_name(s)))
             if tier.kind == "disk":
                 unit = units.setdefault(s.feature, Unit(s.feature, s.row_start, s.num_rows, tier.cache_rows,
                                                         table.kind == "row", []))
@@ -193,6 +194,8 @@ class DistributedEmbedding(tf.Module):
         if units and data_parallel_input and self.size > 1:
             raise ConfigError("--data_parallel_input: tables on disk need their ids on the owner rank before the step")
         self.tiered = TieredTables(units, self.cardinalities, store_path, cache_policy, self.rank) if units else None
+        # Tables in host memory are gathered and updated where they are, outside the XLA islands.
+        self._on_host = any(plan.tier(self.rank, s.feature).kind == "host" for s in self.shards)
         whole = [Shard(f, self.rank, 0, tables[f].rows, 0, tables[f].dim) for f in self.replicated]
         self.replicated_variables = [tf.Variable(initial_value(s), name=self.table_name(s.feature)) for s in whole]
         self.global_features = plan.features_on(self.rank)
@@ -231,7 +234,8 @@ class DistributedEmbedding(tf.Module):
         by_feature = {s.feature: v for s, v in zip(self.shards, self.shard_variables)}
         if self.tiered:
             self.tiered.flush()
-            by_feature.update({f: tf.constant(unit.files[0].array[:, 0]) for f, unit in self.tiered.units.items()})
+            by_feature.update({f: tf.constant(unit.files[0].read(slice(None))[:, 0])
+                               for f, unit in self.tiered.units.items()})
         by_feature.update(zip(self.replicated, self.replicated_variables))
         return [by_feature[f][:rows] for f, rows in enumerate(self.cardinalities)]
 
@@ -260,7 +264,7 @@ class DistributedEmbedding(tf.Module):
         shard_ids = [flat[s.feature] for s in self.shards]
         replicated_ids = [flat[f] for f in self.replicated]
         one_hot = all(flat[f].sample is None for f in checked)
-        lookup = self._lookup if training and one_hot else self._lookup_impl
+        lookup = self._lookup if training and one_hot and not self._on_host else self._lookup_impl
         checks = check_ids(checked, [flat[f].ids for f in checked], [self.cardinalities[f] for f in checked])
         with tf.control_dependencies(checks + exchange_checks):
             rows, indices, replicated_rows = lookup(shard_ids, replicated_ids)
@@ -410,7 +414,8 @@ class DistributedEmbedding(tf.Module):
         # The sparse update as one XLA-compiled function: on CPU about 5x faster than TensorFlow's
         # scatter kernels, and only the given rows are written either way. Multi-hot batches (a
         # varying number of ids) take the uncompiled one: XLA would recompile every step.
-        self._update = {False: tf.function(update, jit_compile=True) if compiled else update, True: update}
+        self._update = {False: tf.function(update, jit_compile=True) if compiled and not self._on_host else update,
+                        True: update}
 
     def _open_store(self):
         """Creates the disk tier's files: tables from their initial values, slots as fresh slot rows."""

@@ -47,8 +47,9 @@ class Optimizer(tf.Module):
             raise ValueError(f"{name}: variable names must be unique (slots are saved by name): {names}")
         self.slots: Dict[object, Dict[str, tf.Variable]] = {}
         for var in variables:
-            self.slots[var.ref()] = {s: tf.Variable(self._slot_init(s, var), trainable=False, name=slot_name(var, s))
-                                    for s in self.slot_names}
+            with tf.device(var.device):   # beside the variable (a table in host memory: there)
+                self.slots[var.ref()] = {s: tf.Variable(self._slot_init(s, var), trainable=False,
+                                                        name=slot_name(var, s)) for s in self.slot_names}
 
     def _slot_init(self, slot, var):
         return tf.zeros_like(var)

@@ -35,11 +35,14 @@ import tensorflow as tf
 from utils.errors import ConfigError, DatasetError, StoreError
 
 POLICIES = ("lru", "lfu")
+_MAPPED_BYTES = 256 << 20   # file pages a ShardFile keeps mapped into the process before dropping them
 
 
 class ShardFile:
     """One shard's rows and optimizer slots on disk, [R, parts, w] float32, memory-mapped and
-    locked (flock) against a second run using the same file."""
+    locked (flock) against a second run using the same file. Pages it touched are unmapped from
+    the process every _MAPPED_BYTES (the data stays in the page cache and the file), so the
+    process's resident memory does not grow with the file."""
 
     def __init__(self, path: str, rows: int, parts: int, width: int):
         self.path, self.shape = path, (rows, parts, width)
@@ -60,6 +63,23 @@ class ShardFile:
             raise ConfigError(f"{path}: cannot allocate {self.nbytes:,} bytes for the embedding store: {e.strerror}")
         self._map = mmap.mmap(self.fd, max(self.nbytes, 1))
         self.array = np.ndarray(self.shape, np.float32, buffer=self._map)
+        self._touched = 0
+
+    def read(self, rows) -> np.ndarray:
+        """Rows `rows` (an index array or a slice): [n, parts, w], copied."""
+        values = self.array[rows]
+        self._touch(values.nbytes)
+        return np.array(values) if isinstance(rows, slice) else values
+
+    def write(self, rows, values: np.ndarray):
+        self.array[rows] = values
+        self._touch(values.nbytes)
+
+    def _touch(self, nbytes: int):
+        self._touched += nbytes
+        if self._touched > _MAPPED_BYTES:
+            self._map.madvise(mmap.MADV_DONTNEED)
+            self._touched = 0
 
     def check(self):
         """Raises StoreError if the file was deleted (its mapping would hide that until exit)."""
@@ -86,11 +106,14 @@ class StoreRows:
 
     def read_rows(self, start: int, stop: int) -> np.ndarray:
         self._tables.flush()
-        return np.array(self._file.array[start:stop, self._part])
+        return self._file.read(slice(start, stop))[:, self._part]
 
     def write_rows(self, start: int, values: np.ndarray):
         self._tables.forget(self._unit)
-        self._file.array[start:start + len(values), self._part] = values
+        rows = slice(start, start + len(values))
+        block = self._file.read(rows)
+        block[:, self._part] = values
+        self._file.write(rows, block)
 
 
 class Unit:
@@ -177,8 +200,8 @@ class TieredTables:
                 unit.files.append(file)
                 for start in range(0, unit.rows, block):
                     stop = min(start + block, unit.rows)
-                    for j in range(len(shard_parts)):
-                        file.array[start:stop, j] = initial_rows(unit, i, j, start, stop)
+                    file.write(slice(start, stop), np.stack([initial_rows(unit, i, j, start, stop)
+                                                            for j in range(len(shard_parts))], axis=1))
 
     @staticmethod
     def _file_name(variable_name: str) -> str:
@@ -291,12 +314,12 @@ class TieredTables:
             write, rows = write[order], unit.id_of[write[order]]
             for file, parts in zip(unit.files, unit.parts):
                 values = np.stack([tf.gather(v, write).numpy() for v in parts], axis=1)
-                file.array[rows] = values
+                file.write(rows, values)
                 self._counts["bytes_written"] += values.nbytes
             self._counts["rows_written"] += len(write)
         unit.slot_of[old[occupied]] = -1
         for file, parts in zip(unit.files, unit.parts):
-            values = file.array[miss]
+            values = file.read(miss)
             self._counts["bytes_read"] += values.nbytes
             for j, v in enumerate(parts):
                 v.scatter_update(tf.IndexedSlices(values[:, j], victims))
@@ -362,7 +385,7 @@ class TieredTables:
                     continue
                 rows = unit.id_of[slots]
                 for file, parts in zip(unit.files, unit.parts):
-                    file.array[rows] = np.stack([tf.gather(v, slots).numpy() for v in parts], axis=1)
+                    file.write(rows, np.stack([tf.gather(v, slots).numpy() for v in parts], axis=1))
                 unit.dirty[slots] = unit.pinned[slots] > 0
 
     def forget(self, unit: Unit):
