@@ -15,7 +15,7 @@ from nn import checkpoint
 from nn.model_config import ModelConfig, table_configs
 from utils import flags as run_flags
 from utils.config import RunConfig
-from utils.errors import CheckpointError, ConfigError, NonFiniteError
+from utils.errors import CheckpointError, ConfigError, NonFiniteError, StoreError
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -45,12 +45,15 @@ def place_tiers(cfg: RunConfig, plan, rank: int, on_gpu: bool):
     over it on disk, with caches for at least two batches in flight of training and of
     evaluation), and on a GPU --cpu_offloading_threshold_gb (tables over it in host memory)."""
     from parallel_embedding.optimizers import slot_names
-    from parallel_embedding.planner import assign_tiers
+    from parallel_embedding.planner import PlanError, assign_tiers
     budget = None if cfg.embedding_memory_budget_gb is None else int(cfg.embedding_memory_budget_gb * 2 ** 30)
     threshold = cfg.cpu_offloading_threshold_gb
     in_flight = [2 * (cfg.batch_size + cfg.valid_batch_size) * (hot or 1) for hot in cfg.max_hotness]
-    return assign_tiers(plan, len(slot_names(cfg.optimizer)), budget, in_flight,
-                        threshold * 2 ** 30 if threshold is not None and on_gpu else None)
+    try:
+        return assign_tiers(plan, len(slot_names(cfg.optimizer)), budget, in_flight,
+                            threshold * 2 ** 30 if threshold is not None and on_gpu else None)
+    except PlanError as e:
+        raise ConfigError(f"--embedding_memory_budget_gb={cfg.embedding_memory_budget_gb}: {e}")
 
 
 class Run:
@@ -316,7 +319,7 @@ def main(argv):
     except (ConfigError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    except NonFiniteError as e:
+    except (NonFiniteError, StoreError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     except Exception as e:   # a lost rank: one line, not a traceback per collective
