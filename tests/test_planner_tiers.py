@@ -7,7 +7,10 @@ import pytest
 
 from parallel_embedding.planner import (INDEX_BYTES_PER_ROW, SLOT_OVERHEAD_BYTES, Plan, PlanError, Shard,
                                         TablePlacement, Tier, _human_bytes, assign_tiers, plan_tables)
+from tests.test_config import build
 from tests.test_planner import random_configs
+from utils.errors import ConfigError
+from utils.runtime import tiered_plan
 
 
 def tiers(plan: Plan):
@@ -269,3 +272,68 @@ def test_memory_bytes_on_equals_bytes_on_without_tiers():
         plan = plan_tables(**config)
         for r in range(plan.world_size):
             assert plan.memory_bytes_on(r, 2) == plan.bytes_on(r, slots=2) and plan.disk_bytes_on(r, 2) == 0
+
+
+# From the flags (utils.runtime.tiered_plan) ----------------------------------------------------------
+
+# Three one-hot tables of width 16 (64 bytes a row at slots 0): f0 100,000 rows (6,400,000 bytes), f1 1,000, f2 10.
+FLAGS = dict(synthetic_cardinalities=["100000", "1000", "10"], embedding_dim=["16"], bottom_mlp_dims=["16"],
+             batch_size=512, valid_batch_size=256)
+
+
+def flags_plan(present=None, **overrides):
+    """The config of FLAGS with `overrides` (all set explicitly, or those in `present`) and its plan at one rank."""
+    cfg = build(present=present, **dict(FLAGS, **overrides))
+    return cfg, plan_tables(cfg.cardinalities, cfg.embedding_dims, 1)
+
+
+def test_tiered_plan_passes_the_flags_to_assign_tiers(monkeypatch):
+    import utils.runtime
+    calls = []
+    monkeypatch.setattr(utils.runtime, "assign_tiers", lambda *args: calls.append(args) or args[0])
+    cfg, plan = flags_plan(embedding_memory_budget_gb=1.5, cpu_offloading_threshold_gb=3)
+    for on_gpu in (True, False):
+        assert tiered_plan(plan, cfg, 2, on_gpu) is plan
+    # min cache rows: two of the largest batches (training 512 > evaluation 256)
+    assert calls == [(plan, 2, 3 * 2 ** 29, [1024] * 3, 3 * 2 ** 30), (plan, 2, 3 * 2 ** 29, [1024] * 3, None)]
+    calls.clear()
+    cfg, _ = flags_plan(synthetic_dataset_hotness=["1", "3", "1"], mode="eval", restore_checkpoint_path="/t",
+                        batch_size=64 * 1024, present={"synthetic_dataset_hotness", "mode", "restore_checkpoint_path"})
+    tiered_plan(plan, cfg, 0, True)
+    assert calls == [(plan, 0, None, [512, 1536, 512], None)]   # eval: the evaluation batch; multi-hot: 3 ids a row
+    calls.clear()
+    cfg, _ = flags_plan(mode="inference", inference_batch_sizes=["1", "64", "8"],
+                        present={"mode", "inference_batch_sizes"})
+    tiered_plan(plan, cfg, 0, False)
+    assert calls[0][3] == [128] * 3
+
+
+def test_tiered_plan_puts_the_largest_table_on_disk():
+    # 0.001 GiB = 1,073,741 bytes. f0 on disk with 1,024 cache rows: 1,024 x (64 + 32) + 400,000 (index) = 498,304,
+    # and 64,640 for f1 and f2. The cache then gets 1,073,741 - 464,640 = 609,101 = 96 c0: c0 = 6,344 (phi 0.06344).
+    cfg, plan = flags_plan(embedding_memory_budget_gb=0.001, embedding_store_path="/tmp/store")
+    tiered = tiered_plan(plan, cfg, 0, False)
+    assert tiers(tiered) == {(0, 0): ("disk", 6344)}
+    assert tiered.memory_bytes_on(0, 0) == 464_640 + 96 * 6344
+    unlimited, _ = flags_plan()
+    assert tiered_plan(plan, unlimited, 0, True) == plan
+
+
+def test_tiered_plan_errors_name_the_flags():
+    cfg, plan = flags_plan(embedding_memory_budget_gb=0.0001, embedding_store_path="/tmp/store")
+    with pytest.raises(ConfigError) as error:
+        tiered_plan(plan, cfg, 0, False)
+    # 0.0001 GiB = 107,374 bytes; the smallest plan: f0 498,304 bytes + f1 64,000 + f2 640 = 562,944 (f1 on disk
+    # would take 1,000 x 96 + 4,000: more than in memory).
+    assert str(error.value).startswith("--embedding_memory_budget_gb=0.0001: rank 0: an embedding memory budget of "
+                                       "107374 bytes is too small: the smallest plan needs 562944 bytes")
+    cfg, plan = flags_plan(embedding_memory_budget_gb=0.001)
+    with pytest.raises(ConfigError, match=r"^--embedding_memory_budget_gb=0.001 puts 1 table shard\(s\) on disk "
+                                          r"\(feature 0 on rank 0 first\): give --embedding_store_path"):
+        tiered_plan(plan, cfg, 0, False)
+
+
+def test_the_offloading_threshold_moves_tables_to_host_memory_on_a_gpu_only():
+    cfg, plan = flags_plan(cpu_offloading_threshold_gb=0)
+    assert tiers(tiered_plan(plan, cfg, 1, on_gpu=True)) == {(0, f): ("host", 0) for f in range(3)}
+    assert tiered_plan(plan, cfg, 1, on_gpu=False) == plan
