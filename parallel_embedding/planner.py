@@ -188,7 +188,6 @@ class Plan:
         if tiered:
             lines[0] += ["tier", "cache rows", "in memory", "on disk"]
         replicated = sum(self.tables[f].elements for f in self.replicated)
-        replicated_bytes = replicated * bytes_per_element * (1 + slots)
         for f in self.replicated:
             t = self.tables[f]
             lines.append(row("on every rank", f, "replicated", f"0:{t.rows}", f"0:{t.dim}", t.elements, "memory",
@@ -206,7 +205,7 @@ class Plan:
                                  f"{tier.cache_rows:,}" if tier.kind == "disk" else "",
                                  figures[s.feature] if first else None))
             total = replicated + sum(s.elements for s in shards)
-            split = (replicated_bytes + sum(m for m, _ in figures.values()), sum(d for _, d in figures.values()))
+            split = self._tier_bytes(rank, bytes_per_element, slots)
             lines.append(row(f"{rank} total", elements=total, split=split))
             grand_total += total
             grand_split = (grand_split[0] + split[0], grand_split[1] + split[1])
