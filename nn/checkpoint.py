@@ -16,13 +16,14 @@ ROOT (a run restored from an older checkpoint) is written as ckpt-<step>-<sequen
 newest writes (by sequence, not step) are kept, and always those `latest` and `best` name.
 Restoring reads, for every variable of this rank, the parts of the saved pieces it overlaps
 (memory-mapped), so a checkpoint written at N ranks restores at M. All ranks must see ROOT (a
-shared file system).
+shared file system). A streamed entry (its variable a `RowSource`: a table in a disk store, larger
+than memory) is saved and restored BLOCK_BYTES at a time, never whole in memory.
 """
 import dataclasses
 import json
 import os
 import shutil
-from typing import Dict, List, Optional, Sequence, Set
+from typing import Dict, Iterator, List, Optional, Protocol, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -32,6 +33,20 @@ MANIFEST = "manifest.json"
 LATEST = "latest"
 BEST = "best"
 KEEP = 2
+BLOCK_BYTES = 64 << 20   # the most a streamed entry's block of rows holds (it holds at least one row)
+
+
+class RowSource(Protocol):
+    """A 2-D array [rows, cols] kept outside memory (a table in a disk store), read and written
+    in blocks of rows; `shape` holds Python ints, `dtype` is a numpy dtype."""
+    shape: Tuple[int, int]
+    dtype: np.dtype
+
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop): [stop - start, cols] of `dtype`."""
+
+    def write_rows(self, start: int, values: np.ndarray) -> None:
+        """Sets rows [start, start + len(values)) to `values` [n, cols] of `dtype`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +56,9 @@ class Entry:
     The variable's first `num_rows` rows (all when None) are rows [row_start, row_start +
     num_rows) and its columns are [col_start, col_start + width) of tensor `name` of shape `shape`.
     `replicated`: every rank holds the whole tensor (rank 0 saves it).
+    `streamed`: the variable is a `RowSource` (it has `read_rows`): 2-D, `num_rows` None, saved
+    and restored in blocks of at most BLOCK_BYTES; otherwise it is a tf.Variable (or has `numpy`
+    and `assign`).
     """
     name: str
     variable: object
@@ -49,6 +67,14 @@ class Entry:
     col_start: int = 0
     num_rows: Optional[int] = None
     replicated: bool = False
+
+    def __post_init__(self):
+        if self.streamed and (self.num_rows is not None or len(self.variable.shape) != 2):
+            raise ValueError(f"{self.name}: a streamed entry is 2-D and has num_rows None")
+
+    @property
+    def streamed(self) -> bool:
+        return hasattr(self.variable, "read_rows")
 
     @property
     def region(self):
@@ -88,6 +114,39 @@ def _piece_file(entry: Entry) -> str:
     return f"{entry.name.replace('/', '.')}.r{a}-{b}.c{c}-{d}.npy"
 
 
+def _blocks(rows: int, cols: int, *dtypes) -> Iterator[Tuple[int, int]]:
+    """[start, stop) cutting `rows` rows of `cols` columns into blocks of at most BLOCK_BYTES in
+    each of `dtypes` (at least one row each)."""
+    step = max(1, BLOCK_BYTES // max(1, cols * max(np.dtype(t).itemsize for t in dtypes)))
+    return ((start, min(rows, start + step)) for start in range(0, rows, step))
+
+
+def _save_variable(f, entry: Entry) -> np.dtype:
+    """Writes the .npy of a (not streamed) entry's rows; returns their dtype."""
+    value = entry.variable.numpy()
+    if entry.num_rows is not None:
+        value = value[:entry.num_rows]
+    np.save(f, value)
+    return value.dtype
+
+
+def _save_streamed(f, entry: Entry) -> np.dtype:
+    """Writes the .npy of a streamed entry (the bytes np.save writes) a block at a time; returns
+    its dtype."""
+    source = entry.variable
+    rows, cols = source.shape
+    dtype = np.dtype(source.dtype)
+    np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(dtype),
+                                             "fortran_order": False, "shape": (rows, cols)})
+    for start, stop in _blocks(rows, cols, dtype):
+        block = np.ascontiguousarray(source.read_rows(start, stop), dtype)
+        if block.shape != (stop - start, cols):
+            raise CheckpointError(f"{entry.name}: read_rows({start}, {stop}) gave shape {block.shape}, "
+                                  f"not {(stop - start, cols)}")
+        f.write(block.data)
+    return dtype
+
+
 def save(root: str, entries: Sequence[Entry], step: int, signature: dict, comm, state: dict = None,
          keep: int = KEEP) -> str:
     """Writes a new checkpoint of `step` (every rank its pieces), points ROOT/latest at it and
@@ -102,16 +161,14 @@ def save(root: str, entries: Sequence[Entry], step: int, signature: dict, comm, 
     for e in entries:
         if e.replicated and comm.rank != 0:
             continue
-        value = e.variable.numpy()
-        if e.num_rows is not None:
-            value = value[:e.num_rows]
-        (a, b), (c, d) = e.region
-        pieces.append({"tensor": e.name, "shape": list(e.shape), "dtype": value.dtype.name,
-                       "file": _piece_file(e), "rows": [a, b], "cols": [c, d]})
-        with open(os.path.join(tmp, pieces[-1]["file"]), "wb") as f:
-            np.save(f, value)
+        file = _piece_file(e)
+        with open(os.path.join(tmp, file), "wb") as f:
+            dtype = (_save_streamed if e.streamed else _save_variable)(f, e)
             f.flush()
             os.fsync(f.fileno())
+        (a, b), (c, d) = e.region
+        pieces.append({"tensor": e.name, "shape": list(e.shape), "dtype": dtype.name,
+                       "file": file, "rows": [a, b], "cols": [c, d]})
     _write_json(os.path.join(tmp, f"rank-{comm.rank}.json"), pieces)
     comm.barrier(f"checkpoint_{step}_written")
     final = _commit(root, tmp, step, signature, state, comm.size, keep) if comm.rank == 0 else None
@@ -229,28 +286,53 @@ def read_tensor(path: str, name: str) -> np.ndarray:
     manifest = read_manifest(path)
     t = manifest["tensors"][name]
     entry = Entry(name, np.empty(t["shape"], t["dtype"]), tuple(t["shape"]))
+    _check_coverage(manifest["path"], entry, t)
     return _read_region(manifest["path"], entry, t)
 
 
-def _read_region(ckpt: str, entry: Entry, tensor: dict) -> np.ndarray:
-    (a, b), (c, d) = entry.region
-    shape = tuple(tensor["shape"])
-    if len(shape) < 2:
-        piece = tensor["pieces"][0]
-        return np.load(os.path.join(ckpt, piece["file"]))
-    out = np.empty((b - a, d - c), tensor["dtype"])
-    covered = 0
+def _overlaps(tensor: dict, rows: Tuple[int, int], cols: Tuple[int, int]):
+    """(piece, rows, cols) of every piece of a 2-D `tensor` that overlaps rows x cols (tensor
+    [start, stop) pairs), with the overlap's rows and columns; from the manifest alone."""
+    (a, b), (c, d) = rows, cols
     for p in tensor["pieces"]:
         (pa, pb), (pc, pd) = p["rows"], p["cols"]
         ra, rb, ca, cb = max(a, pa), min(b, pb), max(c, pc), min(d, pd)
-        if ra >= rb or ca >= cb:
-            continue
+        if ra < rb and ca < cb:
+            yield p, (ra, rb), (ca, cb)
+
+
+def _check_coverage(ckpt: str, entry: Entry, tensor: dict):
+    """Raises unless the pieces of `tensor` (which do not overlap) cover the entry's region."""
+    if len(tensor["shape"]) < 2:
+        return
+    (a, b), (c, d) = entry.region
+    covered = sum((rb - ra) * (cb - ca) for _, (ra, rb), (ca, cb) in _overlaps(tensor, (a, b), (c, d)))
+    if covered != (b - a) * (d - c):
+        raise CheckpointError(f"{ckpt}: the pieces of {entry.name} do not cover rows {a}:{b}, columns {c}:{d}")
+
+
+def _read_region(ckpt: str, entry: Entry, tensor: dict, rows: Optional[Tuple[int, int]] = None) -> np.ndarray:
+    """The entry's region [rows, cols] (only tensor rows [start, stop) of it with `rows`) from
+    the pieces it overlaps, which _check_coverage has found to cover it."""
+    if len(tensor["shape"]) < 2:
+        return np.load(os.path.join(ckpt, tensor["pieces"][0]["file"]))
+    (a, b), (c, d) = entry.region
+    a, b = rows or (a, b)
+    out = np.empty((b - a, d - c), tensor["dtype"])
+    for p, (ra, rb), (ca, cb) in _overlaps(tensor, (a, b), (c, d)):
+        (pa, _), (pc, _) = p["rows"], p["cols"]
         values = np.load(os.path.join(ckpt, p["file"]), mmap_mode="r")
         out[ra - a:rb - a, ca - c:cb - c] = values[ra - pa:rb - pa, ca - pc:cb - pc]
-        covered += (rb - ra) * (cb - ca)
-    if covered != out.size:
-        raise CheckpointError(f"{ckpt}: the pieces of {entry.name} do not cover rows {a}:{b}, columns {c}:{d}")
     return out
+
+
+def _restore_streamed(ckpt: str, entry: Entry, tensor: dict):
+    """Writes a streamed entry's region, read a block of rows at a time, into its source."""
+    source = entry.variable
+    (a, b), (c, d) = entry.region
+    for start, stop in _blocks(b - a, d - c, tensor["dtype"], source.dtype):
+        block = _read_region(ckpt, entry, tensor, (a + start, a + stop))
+        source.write_rows(start, block.astype(source.dtype, copy=False))
 
 
 def _check_pieces(ckpt: str, name: str, tensor: dict):
@@ -272,7 +354,8 @@ def restore(path: str, entries: Sequence[Entry], signature: dict, expected: Set[
     """Loads this rank's variables from the checkpoint at `path` and returns its manifest.
 
     Everything is checked before any variable changes: the signature, the tensor names against
-    `expected` (every logical tensor of the model), shapes, and every piece file this rank reads.
+    `expected` (every logical tensor of the model), shapes, every piece file this rank reads, and
+    that the pieces cover each entry's region. Streamed entries are written a block at a time.
     `extra_ok`: tensors beyond `expected` are left unread (a model without its optimizer state).
     `optional`: tensors that either side may lack (a variable the checkpoint lacks keeps its value).
     """
@@ -294,7 +377,11 @@ def restore(path: str, entries: Sequence[Entry], signature: dict, expected: Set[
             raise CheckpointError(f"{ckpt}: tensor {e.name} has shape {tuple(t['shape'])}, "
                                   f"the model expects {tuple(e.shape)}")
         _check_pieces(ckpt, e.name, t)
+        _check_coverage(ckpt, e, t)
     for e in entries:
+        if e.streamed:
+            _restore_streamed(ckpt, e, tensors[e.name])
+            continue
         value = _read_region(ckpt, e, tensors[e.name])
         if e.num_rows is not None and e.num_rows < e.variable.shape[0]:
             e.variable[:e.num_rows].assign(value)

@@ -22,15 +22,35 @@ how it is stored. The rules apply in this order:
    - "memory_optimized": pieces in the same order, each to the rank with the fewest elements so
      far (row shards included), preferring ranks without a piece of the same table; ties: lowest rank.
 
+`assign_tiers` then decides where each unit lives: a unit is (rank r, feature f), all of r's shards
+of f (column slices on one rank share their rows, so they share one tier and one cache). Tiers:
+"memory" (today's), "host" (host memory of a GPU machine) or "disk" (files, with an in-memory
+cache of `cache_rows` rows with their optimizer slots). Replicated tables are never tiered. Per
+rank, at 4 bytes an element and `slots` optimizer slots per parameter:
+
+- a unit's row takes row_bytes = 4 (1 + slots) (sum of its shards' widths), the unit rows x row_bytes;
+  on disk it keeps cache_rows (row_bytes + SLOT_OVERHEAD_BYTES) + rows INDEX_BYTES_PER_ROW bytes in
+  memory and all of its rows x row_bytes on disk;
+- budget: if replicated tables and units exceed it, units go to disk, largest first (ties: lower
+  feature; units that would take no less memory on disk stay), each with a cache of
+  min(min_cache_rows[f], rows) rows, until the rank fits; then one load factor phi in [0, 1], the
+  largest that fits, sizes every disk unit's cache: min(rows, max(min_cache_rows[f], floor(phi rows)));
+- host threshold: while the parameters (no slots) of the replicated tables and the units left in
+  memory exceed it, the largest of those units goes to host memory.
+
 Everything is deterministic. This module is pure Python so that plans can be made and checked
 without TensorFlow.
 """
 import math
 import operator
-from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from dataclasses import dataclass, replace
+from typing import Dict, List, Optional, Sequence, Tuple
 
 STRATEGIES = ("basic", "memory_balanced", "memory_optimized")
+TIER_KINDS = ("memory", "host", "disk")
+BYTES_PER_ELEMENT = 4      # float32 tables and optimizer slots
+INDEX_BYTES_PER_ROW = 4    # a disk unit's int32 id -> cache-slot map, one entry per row of the unit
+SLOT_OVERHEAD_BYTES = 32   # per cache slot: the cache's bookkeeping (id, policy state)
 
 
 class PlanError(ValueError):
@@ -76,11 +96,28 @@ class TablePlacement:
 
 
 @dataclass(frozen=True)
+class Tier:
+    """Where one unit (a rank's shards of one table) is stored: "memory", "host" or "disk";
+    `cache_rows`: a disk unit's in-memory cache (rows with their optimizer slots), else 0."""
+    kind: str = "memory"
+    cache_rows: int = 0
+
+    def __post_init__(self):
+        if self.kind not in TIER_KINDS:
+            raise PlanError(f"tier kind must be one of {', '.join(TIER_KINDS)}, got {self.kind!r}")
+        if self.cache_rows < 0 or (self.cache_rows and self.kind != "disk"):
+            raise PlanError(f"cache_rows must be >= 0, and 0 outside the disk tier; got {self.cache_rows} "
+                            f"({self.kind})")
+
+
+@dataclass(frozen=True)
 class Plan:
-    """Where every table lives; `tables[f]` is feature f's placement."""
+    """Where every table lives; `tables[f]` is feature f's placement; `tiers`: (rank, feature, tier)
+    of the units not in "memory", sorted by (rank, feature) (see `assign_tiers`)."""
     world_size: int
     strategy: str
     tables: Tuple[TablePlacement, ...]
+    tiers: Tuple[Tuple[int, int, Tier], ...] = ()
 
     def shards_on(self, rank: int) -> List[Shard]:
         """The model-parallel shards owned by `rank`, sorted by (feature, col_start, row_start)."""
@@ -104,34 +141,86 @@ class Plan:
         elements += sum(self.tables[f].elements for f in self.replicated)
         return elements * bytes_per_element * (1 + slots)
 
+    def tier(self, rank: int, feature: int) -> Tier:
+        """The tier of `rank`'s shards of `feature` (Tier() for memory, replicated tables and absent units)."""
+        return next((t for r, f, t in self.tiers if (r, f) == (rank, feature)), Tier())
+
+    def units_on(self, rank: int) -> List[Tuple[int, int, int]]:
+        """(feature, rows, width) of every unit on `rank`, by feature: its shards' rows (equal) and summed widths."""
+        units: Dict[int, Tuple[int, int]] = {}
+        for s in self.shards_on(rank):
+            units[s.feature] = (s.num_rows, units.get(s.feature, (0, 0))[1] + s.width)
+        return [(f, rows, width) for f, (rows, width) in units.items()]
+
+    def memory_bytes_on(self, rank: int, slots: int = 0) -> int:
+        """Bytes `rank` holds in memory (device or host) at BYTES_PER_ELEMENT: replicated tables, memory
+        and host units, disk units' caches and indexes. Without tiers: `bytes_on(rank, slots=slots)`."""
+        return self._tier_bytes(rank, BYTES_PER_ELEMENT, slots)[0]
+
+    def disk_bytes_on(self, rank: int, slots: int = 0) -> int:
+        """Bytes of `rank`'s disk units in their files (rows with their optimizer slots)."""
+        return self._tier_bytes(rank, BYTES_PER_ELEMENT, slots)[1]
+
+    def _tier_bytes(self, rank: int, bytes_per_element: int, slots: int) -> Tuple[int, int]:
+        """(bytes in memory, bytes on disk) of `rank`."""
+        memory = sum(self.tables[f].elements for f in self.replicated) * bytes_per_element * (1 + slots)
+        disk = 0
+        for f, rows, width in self.units_on(rank):
+            in_memory, on_disk = _unit_bytes(rows, width, self.tier(rank, f), bytes_per_element, slots)
+            memory, disk = memory + in_memory, disk + on_disk
+        return memory, disk
+
     def format(self, bytes_per_element: int = 4, slots: int = 0) -> str:
-        """The plan as an aligned table: replicated tables, then every rank's shards and total, then the sum."""
-        def row(rank, feature="", kind="", rows="", cols="", elements=0):
+        """The plan as an aligned table: replicated tables, then every rank's shards and total, then the sum.
+        With tiers, four more columns: the unit's tier and cache rows (on each of its shard lines), and its
+        bytes in memory and on disk (on its first shard line; the totals: the ranks' and their sum)."""
+        tiered = bool(self.tiers)
+
+        def row(rank, feature="", kind="", rows="", cols="", elements=0, tier="", cache="", split=None):
             params = elements * bytes_per_element
-            return [rank, str(feature), kind, rows, cols, f"{elements:,}",
+            line = [rank, str(feature), kind, rows, cols, f"{elements:,}",
                     _human_bytes(params), _human_bytes(params * slots), _human_bytes(params * (1 + slots))]
+            if tiered:
+                line += [tier, cache] + ([_human_bytes(b) for b in split] if split else ["", ""])
+            return line
 
         lines = [["rank", "feature", "kind", "rows", "cols", "elements", "params", "slots", "total"]]
-        lines += [row("on every rank", f, "replicated", f"0:{self.tables[f].rows}", f"0:{self.tables[f].dim}",
-                      self.tables[f].elements) for f in self.replicated]
+        if tiered:
+            lines[0] += ["tier", "cache rows", "in memory", "on disk"]
         replicated = sum(self.tables[f].elements for f in self.replicated)
-        grand_total = 0
+        for f in self.replicated:
+            t = self.tables[f]
+            lines.append(row("on every rank", f, "replicated", f"0:{t.rows}", f"0:{t.dim}", t.elements, "memory",
+                             split=(t.elements * bytes_per_element * (1 + slots), 0)))
+        grand_total, grand_split = 0, (0, 0)
         for rank in range(self.world_size):
             shards = self.shards_on(rank)
-            lines += [row(str(rank), s.feature, self.tables[s.feature].kind, f"{s.row_start}:{s.row_end}",
-                          f"{s.col_start}:{s.col_end}", s.elements) for s in shards]
+            figures = {f: _unit_bytes(rows, width, self.tier(rank, f), bytes_per_element, slots)
+                       for f, rows, width in self.units_on(rank)}
+            for i, s in enumerate(shards):
+                tier = self.tier(rank, s.feature)
+                first = i == 0 or shards[i - 1].feature != s.feature
+                lines.append(row(str(rank), s.feature, self.tables[s.feature].kind, f"{s.row_start}:{s.row_end}",
+                                 f"{s.col_start}:{s.col_end}", s.elements, tier.kind,
+                                 f"{tier.cache_rows:,}" if tier.kind == "disk" else "",
+                                 figures[s.feature] if first else None))
             total = replicated + sum(s.elements for s in shards)
-            lines.append(row(f"{rank} total", elements=total))
+            split = self._tier_bytes(rank, bytes_per_element, slots)
+            lines.append(row(f"{rank} total", elements=total, split=split))
             grand_total += total
-        lines.append(row("all ranks", elements=grand_total))
+            grand_split = (grand_split[0] + split[0], grand_split[1] + split[1])
+        lines.append(row("all ranks", elements=grand_total, split=grand_split))
 
         widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-        left = {0, 2, 3, 4}   # text columns; numbers are right-aligned
+        left = {0, 2, 3, 4, 9}   # text columns; numbers are right-aligned
         text = ["  ".join(cell.ljust(w) if i in left else cell.rjust(w) for i, (cell, w) in
                          enumerate(zip(line, widths))).rstrip() for line in lines]
         header = (f"embedding plan: strategy {self.strategy}, world size {self.world_size}, "
                   f"{len(self.tables)} table(s), {len(self.replicated)} replicated, "
                   f"{bytes_per_element} bytes/element, {slots} optimizer slot(s) per parameter")
+        if tiered:
+            kinds = [t.kind for _, _, t in self.tiers]
+            header += f", {kinds.count('disk')} unit(s) on disk, {kinds.count('host')} in host memory"
         return "\n".join([header] + text)
 
 
@@ -175,30 +264,132 @@ def plan_tables(rows: Sequence[int], dims: Sequence[int], world_size: int, strat
 def _validate(rows, dims, world_size, strategy, column_slice_threshold, row_slice_threshold,
               data_parallel_threshold) -> Tuple[List[int], List[int]]:
     """Checks the arguments of `plan_tables`; returns rows and dims as lists of ints."""
-    def integer(name, value, minimum):
-        try:
-            value = operator.index(value)
-        except TypeError:
-            raise PlanError(f"{name} must be an integer, got {value!r}") from None
-        if value < minimum:
-            raise PlanError(f"{name} must be >= {minimum}, got {value}")
-        return value
-
-    integer("world_size", world_size, 1)
+    _integer("world_size", world_size, 1)
     if len(rows) != len(dims):
         raise PlanError(f"rows and dims must have the same length, got {len(rows)} and {len(dims)}")
     if not rows:
         raise PlanError("rows and dims must name at least one table, got none")
-    rows = [integer(f"rows[{f}] (feature {f})", r, 1) for f, r in enumerate(rows)]
-    dims = [integer(f"dims[{f}] (feature {f})", d, 1) for f, d in enumerate(dims)]
+    rows = [_integer(f"rows[{f}] (feature {f})", r, 1) for f, r in enumerate(rows)]
+    dims = [_integer(f"dims[{f}] (feature {f})", d, 1) for f, d in enumerate(dims)]
     if strategy not in STRATEGIES:
         raise PlanError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     for name, value, minimum in (("column_slice_threshold", column_slice_threshold, 1),
                                  ("row_slice_threshold", row_slice_threshold, 1),
                                  ("data_parallel_threshold", data_parallel_threshold, 0)):
         if value is not None:
-            integer(name, value, minimum)
+            _integer(name, value, minimum)
     return rows, dims
+
+
+def _integer(name: str, value, minimum: int) -> int:
+    """`value` as an int >= `minimum`, else PlanError naming it."""
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise PlanError(f"{name} must be an integer, got {value!r}") from None
+    if value < minimum:
+        raise PlanError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def assign_tiers(plan: Plan, slots: int, budget_bytes: Optional[int], min_cache_rows: Sequence[int],
+                 host_threshold_bytes: Optional[int] = None) -> Plan:
+    """`plan` with the tiers of its units (earlier tiers replaced) by the rules of the module docstring.
+
+    slots: optimizer slots per parameter. budget_bytes: a rank's bytes of embedding state in memory
+    (None: no limit). min_cache_rows[f]: the fewest cache rows of a disk unit of feature f (the rows
+    of the batches in flight; clamped to the unit's rows). host_threshold_bytes: parameter bytes
+    above which units go to host memory (None: never). Raises PlanError (one line) for invalid
+    arguments or a budget below a rank's smallest plan."""
+    _integer("slots", slots, 0)
+    if budget_bytes is not None:
+        _integer("budget_bytes", budget_bytes, 1)
+    if host_threshold_bytes is not None:
+        _integer("host_threshold_bytes", host_threshold_bytes, 0)
+    if len(min_cache_rows) != len(plan.tables):
+        raise PlanError(f"min_cache_rows must have one entry per table ({len(plan.tables)}), got {len(min_cache_rows)}")
+    minimum = [_integer(f"min_cache_rows[{f}] (feature {f})", m, 0) for f, m in enumerate(min_cache_rows)]
+    replicated = sum(plan.tables[f].elements for f in plan.replicated) * BYTES_PER_ELEMENT
+    tiers = []
+    for rank in range(plan.world_size):
+        units = plan.units_on(rank)
+        disk = {} if budget_bytes is None else _disk_tiers(rank, units, replicated * (1 + slots), slots,
+                                                            budget_bytes, minimum)
+        tiers += [(rank, f, tier) for f, tier in disk.items()]
+        if host_threshold_bytes is not None:
+            in_memory = [(f, rows * width * BYTES_PER_ELEMENT) for f, rows, width in units if f not in disk]
+            params = replicated + sum(b for _, b in in_memory)
+            for f, b in sorted(in_memory, key=lambda u: (-u[1], u[0])):
+                if params <= host_threshold_bytes:
+                    break
+                tiers.append((rank, f, Tier("host")))
+                params -= b
+    return replace(plan, tiers=tuple(sorted(tiers, key=lambda t: t[:2])))
+
+
+def _disk_tiers(rank: int, units: List[Tuple[int, int, int]], fixed: int, slots: int, budget: int,
+                minimum: List[int]) -> Dict[int, Tier]:
+    """feature -> disk tier of the units (feature, rows, width) of `rank` that go to disk so that
+    `fixed` bytes (replicated tables) and the units fit in `budget` bytes; {} if all fit in memory."""
+    rows = {f: r for f, r, _ in units}
+    row_bytes = {f: BYTES_PER_ELEMENT * (1 + slots) * w for f, _, w in units}
+    full = {f: rows[f] * row_bytes[f] for f in rows}
+    lowest = {f: min(minimum[f], rows[f]) for f in rows}
+
+    def on_disk(f, cache_rows):   # memory of unit f on disk
+        return _disk_unit_memory(rows[f], row_bytes[f], cache_rows)
+
+    need = fixed + sum(full.values())
+    if need <= budget:
+        return {}
+    disk = []
+    for f in sorted((f for f in rows if on_disk(f, lowest[f]) < full[f]), key=lambda f: (-full[f], f)):
+        if need <= budget:
+            break
+        disk.append(f)
+        need += on_disk(f, lowest[f]) - full[f]
+    if need > budget:
+        kept = sum(full[f] for f in rows if f not in disk)
+        parts = [f"replicated tables {fixed} bytes"] if fixed else []
+        parts += [f"tables smaller in memory than on disk {kept} bytes"] if kept else []
+        parts += [f"feature {f} on disk {on_disk(f, lowest[f])} bytes (a cache for the {lowest[f]} rows of the "
+                  f"batches in flight, {row_bytes[f] + SLOT_OVERHEAD_BYTES} bytes each, plus its index of {rows[f]} "
+                  f"rows, {INDEX_BYTES_PER_ROW} bytes each)" for f in sorted(disk)]
+        raise PlanError(f"rank {rank}: an embedding memory budget of {budget} bytes is too small: the smallest plan "
+                        f"needs {need} bytes ({_human_bytes(need)}): {'; '.join(parts)}")
+
+    def cache(f, c, d):   # cache rows of unit f at load factor c / d
+        return min(rows[f], max(lowest[f], c * rows[f] // d))
+
+    rest = need - sum(on_disk(f, lowest[f]) for f in disk)   # what stays the same at every load factor
+
+    def fits(c, d):
+        return rest + sum(on_disk(f, cache(f, c, d)) for f in disk) <= budget
+
+    # The caches change only at load factors c / rows[f]: the largest that fits, over every disk unit f.
+    best = (0, 1)
+    for f in disk:
+        low, high = 0, rows[f]   # fits(low, rows[f]); find the largest such c
+        while low < high:
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if fits(mid, rows[f]) else (low, mid - 1)
+        if low * best[1] > best[0] * rows[f]:
+            best = (low, rows[f])
+    return {f: Tier("disk", cache(f, *best)) for f in disk}
+
+
+def _unit_bytes(rows: int, width: int, tier: Tier, bytes_per_element: int, slots: int) -> Tuple[int, int]:
+    """(bytes in memory, bytes on disk) of a unit of `rows` x `width` parameters in `tier`."""
+    row_bytes = bytes_per_element * (1 + slots) * width
+    if tier.kind != "disk":
+        return rows * row_bytes, 0
+    return _disk_unit_memory(rows, row_bytes, tier.cache_rows), rows * row_bytes
+
+
+def _disk_unit_memory(rows: int, row_bytes: int, cache_rows: int) -> int:
+    """Bytes a disk unit of `rows` rows keeps in memory: its cache (rows with slots, and their
+    bookkeeping) and its index (one entry per row)."""
+    return cache_rows * (row_bytes + SLOT_OVERHEAD_BYTES) + rows * INDEX_BYTES_PER_ROW
 
 
 def _slice_counts(remaining, rows, dims, n, threshold) -> List[int]:

@@ -37,6 +37,7 @@ DEFAULTS.update(loss_scale=None, embedding_trainable=True, embedding_zeros_initi
                 cpu_offloading_threshold_gb=None, profiler_start_step=None, profiled_rank=0, cpu=False,
                 tfdata_debug=False, inter_op_parallelism=None, intra_op_parallelism=None)
 DEFAULTS.update(run_eagerly=False, auc_thresholds=None)
+DEFAULTS.update(embedding_memory_budget_gb=None, embedding_store_path=None, embedding_cache_policy="lru")
 
 FOUR_CARDS = ["10", "20", "30", "40"]
 
@@ -199,6 +200,13 @@ RULES = [
     # debugging and evaluation
     ("run_eagerly", "--xla", dict(run_eagerly=True, xla=True), 1),
     ("auc_thresholds", ">= 2", dict(auc_thresholds=1), 1),
+    # storage tiers
+    ("embedding_memory_budget_gb", "must be positive", dict(embedding_memory_budget_gb=0.0), 1),
+    ("embedding_memory_budget_gb", "must be positive", dict(embedding_memory_budget_gb=-2.5), 1),
+    ("embedding_cache_policy", "must be one of", dict(embedding_memory_budget_gb=1.0, embedding_cache_policy="fifo"),
+     1),
+    ("data_parallel_input", "--embedding_memory_budget_gb", dict(data_parallel_input=True,
+                                                                 embedding_memory_budget_gb=1.0), 2),
     ("embedding_dim", "cannot read", dict(embedding_dim=["/nonexistent/widths.json"]), 1),
 ]
 
@@ -222,6 +230,9 @@ def test_rule_rejects_with_one_line_naming_the_flag(flag, fragment, overrides, w
     (dict(mode="eval", restore_checkpoint_path="/tmp/ck"), 1),
     (dict(mode="inference"), 1),                                        # inference of a fresh model
     (dict(synthetic_alpha=0.0, evals_per_epoch=0, warmup_steps=0), 1),
+    (dict(embedding_memory_budget_gb=1e-6), 1),                         # any positive budget, at one rank too
+    (dict(embedding_memory_budget_gb=80.0, data_parallel_input=False), 2),
+    (dict(data_parallel_input=True), 2),                                # data-parallel input without a budget
 ])
 def test_boundary_values_are_accepted(overrides, world_size):
     cfg = build(world_size=world_size, **overrides)
@@ -298,6 +309,8 @@ NOT_APPLYING.update({
     "profiler_start_step": [(dict(mode="inference", log_path="/tmp/l.json"), 3),
                             (dict(mode="eval", restore_checkpoint_path="/tmp/ck", log_path="/tmp/l.json"), 3)],
     "profiled_rank": [(dict(), 0)],
+    "embedding_store_path": [(dict(), "/tmp/store"), (dict(embedding_memory_budget_gb=None), "/tmp/store")],
+    "embedding_cache_policy": [(dict(), "lfu"), (dict(embedding_memory_budget_gb=None), "lru")],
 })
 NOT_APPLYING_CASES = [(name, setting, value) for name, cases in NOT_APPLYING.items() for setting, value in cases]
 
@@ -336,6 +349,8 @@ def test_flag_set_where_it_does_not_apply_is_rejected(name, setting, value):
     ("auc_thresholds", dict(mode="train")), ("auc_thresholds", dict(mode="eval", restore_checkpoint_path="/t")),
     ("restore_mode", dict(restore_checkpoint_path="/t")),
     ("restore_lr_schedule", dict(restore_checkpoint_path="/t", restore_mode="continue")),
+    ("embedding_store_path", dict(embedding_memory_budget_gb=2.5)),
+    ("embedding_cache_policy", dict(embedding_memory_budget_gb=2.5)),
 ])
 def test_flag_set_where_it_applies_is_accepted(name, setting):
     value = {"beta1": 0.5, "beta2": 0.99, "num_cross_layers": 2, "cross_layer_projection_dim": 16, "epochs": 2,
@@ -344,7 +359,8 @@ def test_flag_set_where_it_applies_is_accepted(name, setting):
              "warmup_steps": 10, "decay_steps": 10, "decay_start_step": 60000, "print_freq": 10,
              "valid_batch_size": 4096, "synthetic_eval_rows": 4096, "shuffle_batch_order": False,
              "train_last_partial_batch": True, "auc_thresholds": 8000, "restore_mode": "weights",
-             "restore_lr_schedule": "continue"}[name]
+             "restore_lr_schedule": "continue", "embedding_store_path": "/tmp/store",
+             "embedding_cache_policy": "lfu"}[name]
     cfg = build(**dict(setting, **{name: value}))
     expected = [int(x) for x in value] if isinstance(value, list) else value
     assert getattr(cfg, name) == expected

@@ -24,6 +24,7 @@ COMBINERS = ("sum", "mean")
 DIST_STRATEGIES = ("basic", "memory_balanced", "memory_optimized")   # as parallel_embedding.planner
 RESTORE_MODES = ("resume", "continue", "weights")
 LR_SCHEDULE_RESTORES = ("restart", "continue")
+CACHE_POLICIES = ("lru", "lfu")   # eviction of the disk tier's caches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +81,9 @@ class RunConfig:
     embedding_trainable: bool = True
     embedding_zeros_initializer: bool = False
     cpu_offloading_threshold_gb: Optional[int] = None
+    embedding_memory_budget_gb: Optional[float] = None   # storage tiers: utils.runtime.tiered_plan
+    embedding_store_path: Optional[str] = None
+    embedding_cache_policy: str = "lru"
     profiler_start_step: Optional[int] = None
     profiled_rank: int = 0
     cpu: bool = False   # applied (with the three below) by utils.runtime before TensorFlow starts
@@ -161,6 +165,8 @@ _APPLIES_ONLY = {
     "profiled_rank": (lambda c: c.profiler_start_step is not None, "--profiler_start_step"),
     "restore_mode": _RESTORING,
     "restore_lr_schedule": _CONTINUING,
+    **dict.fromkeys(("embedding_store_path", "embedding_cache_policy"),
+                    (lambda c: c.embedding_memory_budget_gb is not None, "--embedding_memory_budget_gb")),
 }
 # Table placement flags: they only mean something at several ranks.
 _MULTI_RANK_ONLY = ("dist_strategy", "column_slice_threshold", "row_slice_threshold", "data_parallel_threshold",
@@ -346,7 +352,8 @@ def _spec_shape(v: dict) -> DatasetShape:
 def _check(c: RunConfig, present: Set[str], world_size: int):
     for name, choices in (("mode", MODES), ("optimizer", OPTIMIZERS), ("interaction", INTERACTIONS),
                           ("dataset_type", DATASET_TYPES), ("dist_strategy", DIST_STRATEGIES),
-                          ("restore_mode", RESTORE_MODES), ("restore_lr_schedule", LR_SCHEDULE_RESTORES)):
+                          ("restore_mode", RESTORE_MODES), ("restore_lr_schedule", LR_SCHEDULE_RESTORES),
+                          ("embedding_cache_policy", CACHE_POLICIES)):
         if getattr(c, name) not in choices:
             raise ConfigError(f"--{name} must be one of {', '.join(choices)}; got {getattr(c, name)!r}")
     for name in sorted(present & set(_APPLIES_ONLY)):
@@ -377,8 +384,9 @@ def _check(c: RunConfig, present: Set[str], world_size: int):
             raise ConfigError(f"--{name} must be >= 1 (elements per table), got {getattr(c, name)}")
     if c.data_parallel_threshold is not None and c.data_parallel_threshold < 0:
         raise ConfigError(f"--data_parallel_threshold must be >= 0, got {c.data_parallel_threshold}")
-    if c.loss_scale is not None:
-        _positive("loss_scale", c.loss_scale)
+    for name in ("loss_scale", "embedding_memory_budget_gb"):
+        if getattr(c, name) is not None:
+            _positive(name, getattr(c, name))
     for name in ("cpu_offloading_threshold_gb", "profiler_start_step"):
         if getattr(c, name) is not None and getattr(c, name) < 0:
             raise ConfigError(f"--{name} must be >= 0, got {getattr(c, name)}")
@@ -413,6 +421,10 @@ def _check(c: RunConfig, present: Set[str], world_size: int):
         for name in sorted(present & set(_MULTI_RANK_ONLY)):
             raise ConfigError(f"--{name} only applies with several ranks (horovodrun -np N); at one rank every "
                               "table is whole on this process: remove it")
+    if c.data_parallel_input and c.embedding_memory_budget_gb is not None:
+        raise ConfigError("--data_parallel_input does not work with --embedding_memory_budget_gb: the disk tier stages "
+                          "the next batch's ids on the rank that owns them, which data-parallel input only knows "
+                          "inside the step; drop one of the two")
     if c.run_eagerly and c.xla:
         raise ConfigError("--run_eagerly runs no compiled function, --xla compiles them: drop one of the two")
     if c.auc_thresholds is not None and c.auc_thresholds < 2:

@@ -5,8 +5,9 @@ Defaults are DLRM's; `dcnv2.py` overrides the model defaults with `set_defaults`
 from absl import flags
 
 from utils import data_flags  # noqa: F401 (defines the flags naming the data: --dataset_type, ...)
-from utils.config import (COMBINERS, DIST_STRATEGIES, INTERACTION_ALIASES, INTERACTIONS, LR_SCHEDULE_RESTORES, MODES,
-                          OPTIMIZERS, REFERENCE_SYNTHETIC, RESTORE_MODES, RunConfig, build_config)
+from utils.config import (CACHE_POLICIES, COMBINERS, DIST_STRATEGIES, INTERACTION_ALIASES, INTERACTIONS,
+                          LR_SCHEDULE_RESTORES, MODES, OPTIMIZERS, REFERENCE_SYNTHETIC, RESTORE_MODES, RunConfig,
+                          build_config)
 
 FLAGS = flags.FLAGS
 
@@ -96,9 +97,16 @@ flags.DEFINE_bool("embedding_trainable", True, "false: the embedding tables are 
                   "updates); the MLPs still train")
 flags.DEFINE_bool("embedding_zeros_initializer", False, "initialise the embedding tables to zeros (fast start-up "
                   "for benchmarks and debugging)")
-flags.DEFINE_integer("cpu_offloading_threshold_gb", None, "GiB of a rank's embedding tables above which they would "
-                     "go to host memory on a GPU run; not implemented yet: a GPU run whose tables exceed it stops "
-                     "with an error, a CPU run keeps every table in host memory (a line after the plan says which)")
+flags.DEFINE_integer("cpu_offloading_threshold_gb", None, "GiB of a rank's embedding table parameters above which, "
+                     "on a GPU, the largest tables go to host memory until those left in GPU memory fit; a CPU run "
+                     "keeps every table in host memory (a line after the plan says so)")
+flags.DEFINE_float("embedding_memory_budget_gb", None, "GiB of embedding state a rank keeps in memory (tables, "
+                   "optimizer slots, the disk tier's caches and their index); the largest tables above it go to "
+                   "disk, each with an in-memory cache (unset: no limit)")
+flags.DEFINE_string("embedding_store_path", None, "directory of the disk tier's files (with "
+                    "--embedding_memory_budget_gb; needed when a table goes to disk)")
+flags.DEFINE_enum("embedding_cache_policy", "lru", list(CACHE_POLICIES), "eviction in the disk tier's caches (with "
+                  "--embedding_memory_budget_gb): lru (least recently used rows) or lfu (least frequently used)")
 flags.DEFINE_integer("profiler_start_step", None, "write a TensorFlow profile of training steps N..N+99 (0-based; "
                      "fewer if training ends first) to the TensorBoard directory of --log_path")
 flags.DEFINE_integer("profiled_rank", 0, "the rank --profiler_start_step profiles")

@@ -1,9 +1,10 @@
-"""TensorFlow's process-wide settings and the run's profiler: the reference's --cpu, --inter_op_parallelism,
---intra_op_parallelism, --tfdata_debug, --profiler_start_step/--profiled_rank and
---cpu_offloading_threshold_gb."""
+"""TensorFlow's process-wide settings, the run's profiler and its storage tiers: the reference's --cpu,
+--inter_op_parallelism, --intra_op_parallelism, --tfdata_debug, --profiler_start_step/--profiled_rank and
+--cpu_offloading_threshold_gb, and --embedding_memory_budget_gb."""
 import os
 from typing import Optional
 
+from parallel_embedding.planner import Plan, PlanError, assign_tiers
 from utils.config import RunConfig
 from utils.errors import ConfigError
 from utils.logger import tensorboard_dir
@@ -35,17 +36,41 @@ def configure_tensorflow(cpu: bool = False, inter_op: Optional[int] = None, intr
         tf.data.experimental.enable_debug_mode()
 
 
+def tiered_plan(plan: Plan, cfg: RunConfig, slots: int, on_gpu: bool) -> Plan:
+    """`plan` with the storage tiers of the flags (parallel_embedding.planner.assign_tiers, `slots`
+    optimizer slots per parameter): --embedding_memory_budget_gb puts the largest tables of a rank
+    over it on disk, with caches of at least two of the run's largest batches' ids (the one in flight
+    and the next, staged); on a GPU, --cpu_offloading_threshold_gb puts the largest tables left in
+    memory in host memory. Raises ConfigError (one line) for a budget below a rank's smallest plan,
+    or tables on disk without --embedding_store_path."""
+    budget = cfg.embedding_memory_budget_gb
+    threshold = cfg.cpu_offloading_threshold_gb
+    batch = max({"train": [cfg.batch_size, cfg.valid_batch_size], "eval": [cfg.valid_batch_size],
+                 "inference": cfg.inference_batch_sizes}[cfg.mode])
+    min_cache_rows = [2 * batch * (hotness or 1) for hotness in cfg.max_hotness]
+    try:
+        plan = assign_tiers(plan, slots, None if budget is None else max(1, int(budget * 2 ** 30)), min_cache_rows,
+                            threshold * 2 ** 30 if threshold is not None and on_gpu else None)
+    except PlanError as e:
+        raise ConfigError(f"--embedding_memory_budget_gb={budget}: {e}") from None
+    disk = [(r, f) for r, f, t in plan.tiers if t.kind == "disk"]
+    if disk and not cfg.embedding_store_path:
+        raise ConfigError(f"--embedding_memory_budget_gb={budget} puts {len(disk)} table shard(s) on disk (feature "
+                          f"{disk[0][1]} on rank {disk[0][0]} first): give --embedding_store_path, a directory for "
+                          "their files")
+    return plan
+
+
 def offloading_line(threshold_gb: int, table_bytes: int, rank: int, on_gpu: bool) -> str:
     """What --cpu_offloading_threshold_gb means for this rank's `table_bytes` of embedding tables
-    (parameters, as the reference counts them). Tables above the threshold on a GPU would go to
-    host memory, which is not implemented yet: ConfigError."""
+    (parameters, as the reference counts them): on a GPU, tables above the threshold go to host
+    memory (`tiered_plan`; the plan's tier column says which)."""
     size = f"rank {rank}'s tables take {table_bytes / 2 ** 30:.3g} GiB"
     if not on_gpu:
         return f"--cpu_offloading_threshold_gb={threshold_gb}: {size}, all in host memory already (no GPU)"
     if table_bytes > threshold_gb * 2 ** 30:
-        raise ConfigError(f"--cpu_offloading_threshold_gb={threshold_gb}: {size}; placing the tables above the "
-                          "threshold in host memory is not implemented yet: raise the threshold, use more ranks "
-                          "or --cpu")
+        return (f"--cpu_offloading_threshold_gb={threshold_gb}: {size}; the largest go to host memory until those "
+                "left in GPU memory take at most the threshold (the plan's tier column)")
     return f"--cpu_offloading_threshold_gb={threshold_gb}: {size}, all in GPU memory (at most the threshold)"
 
 
