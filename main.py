@@ -40,22 +40,6 @@ def eval_steps(steps_per_epoch: int, evals_per_epoch: int, total_steps: int):
     return {s for s in steps if s <= total_steps}
 
 
-def place_tiers(cfg: RunConfig, plan, rank: int, on_gpu: bool):
-    """`plan` with its tables' tiers on this machine: --embedding_memory_budget_gb per rank (tables
-    over it on disk, with caches for at least two batches in flight of training and of
-    evaluation), and on a GPU --cpu_offloading_threshold_gb (tables over it in host memory)."""
-    from parallel_embedding.optimizers import slot_names
-    from parallel_embedding.planner import PlanError, assign_tiers
-    budget = None if cfg.embedding_memory_budget_gb is None else int(cfg.embedding_memory_budget_gb * 2 ** 30)
-    threshold = cfg.cpu_offloading_threshold_gb
-    in_flight = [2 * (cfg.batch_size + cfg.valid_batch_size) * (hot or 1) for hot in cfg.max_hotness]
-    try:
-        return assign_tiers(plan, len(slot_names(cfg.optimizer)), budget, in_flight,
-                            threshold * 2 ** 30 if threshold is not None and on_gpu else None)
-    except PlanError as e:
-        raise ConfigError(f"--embedding_memory_budget_gb={cfg.embedding_memory_budget_gb}: {e}")
-
-
 class Run:
     """One run of main.py on this rank: builds the dataset, plan, model and trainer for `cfg`."""
 
@@ -90,7 +74,10 @@ class Run:
                               f"{compute_dtype.name}, which needs no loss scaling")
         plan = plan_tables(cfg.cardinalities, cfg.embedding_dims, comm.size, cfg.dist_strategy,
                            cfg.column_slice_threshold, cfg.row_slice_threshold, cfg.data_parallel_threshold)
-        plan = place_tiers(cfg, plan, comm.rank, bool(tf.config.list_physical_devices("GPU")))
+        from parallel_embedding.optimizers import slot_names
+        from utils.runtime import tiered_plan
+        on_gpu = bool(tf.config.list_physical_devices("GPU"))
+        plan = tiered_plan(plan, cfg, len(slot_names(cfg.optimizer)), on_gpu)
         self.model_config = model_config(cfg)
         self.model = RankingModel(self.model_config, seed=cfg.seed, compute_dtype=compute_dtype, plan=plan,
                                   collectives=comm, data_parallel_input=cfg.data_parallel_input,
@@ -106,7 +93,7 @@ class Run:
         if cfg.cpu_offloading_threshold_gb is not None:
             from utils.runtime import offloading_line
             self.log.print(offloading_line(cfg.cpu_offloading_threshold_gb, plan.bytes_on(comm.rank), comm.rank,
-                                           bool(tf.config.list_physical_devices("GPU"))))
+                                           on_gpu))
         params = sum(t.rows * t.dim for t in plan.tables) + sum(
             int(v.shape.num_elements()) for v in self.model.dense_variables)
         self.log.print(f"model: {cfg.interaction} interaction, {cfg.num_categorical} tables, "

@@ -62,7 +62,7 @@ class RunLogger:
                 f"step {1000 * step_seconds:.1f} ms | {throughput:,.0f} samples/s | lr {lr:.6g}")
         if store:
             line += (f" | cache hits {100 * store['cache_hit_rate']:.1f}% | disk read "
-                     f"{store['store_mb_read_per_step']:.2f} MB/step, written {store['store_mb_written_per_step']:.2f}"
+                     f"{store['store_mb_read_per_step']:.3g} MB/step, written {store['store_mb_written_per_step']:.3g}"
                      f" MB/step | waited {store['store_wait_ms_per_step']:.1f} ms/step")
         self.print(line)
         self.record("step", step, loss=loss, step_ms=1000 * step_seconds, samples_per_s=throughput, lr=lr,

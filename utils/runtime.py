@@ -39,15 +39,15 @@ def configure_tensorflow(cpu: bool = False, inter_op: Optional[int] = None, intr
 def tiered_plan(plan: Plan, cfg: RunConfig, slots: int, on_gpu: bool) -> Plan:
     """`plan` with the storage tiers of the flags (parallel_embedding.planner.assign_tiers, `slots`
     optimizer slots per parameter): --embedding_memory_budget_gb puts the largest tables of a rank
-    over it on disk, with caches of at least two of the run's largest batches' ids (the one in flight
-    and the next, staged); on a GPU, --cpu_offloading_threshold_gb puts the largest tables left in
+    over it on disk, with caches for the ids of the batches in flight (two training batches, the one
+    in its step and the next, staged, and two evaluation batches while training evaluates); on a GPU, --cpu_offloading_threshold_gb puts the largest tables left in
     memory in host memory. Raises ConfigError (one line) for a budget below a rank's smallest plan,
     or tables on disk without --embedding_store_path."""
     budget = cfg.embedding_memory_budget_gb
     threshold = cfg.cpu_offloading_threshold_gb
-    batch = max({"train": [cfg.batch_size, cfg.valid_batch_size], "eval": [cfg.valid_batch_size],
-                 "inference": cfg.inference_batch_sizes}[cfg.mode])
-    min_cache_rows = [2 * batch * (hotness or 1) for hotness in cfg.max_hotness]
+    rows = {"train": cfg.batch_size + cfg.valid_batch_size, "eval": cfg.valid_batch_size,
+            "inference": max(cfg.inference_batch_sizes)}[cfg.mode]
+    min_cache_rows = [2 * rows * (hotness or 1) for hotness in cfg.max_hotness]
     try:
         plan = assign_tiers(plan, slots, None if budget is None else max(1, int(budget * 2 ** 30)), min_cache_rows,
                             threshold * 2 ** 30 if threshold is not None and on_gpu else None)
