@@ -62,6 +62,7 @@ class ShardFile:
             os.close(self.fd)
             raise ConfigError(f"{path}: cannot allocate {self.nbytes:,} bytes for the embedding store: {e.strerror}")
         self._map = mmap.mmap(self.fd, max(self.nbytes, 1))
+        self._map.madvise(mmap.MADV_RANDOM)   # rows are read at random: no readahead (it read 100x the rows)
         self.array = np.ndarray(self.shape, np.float32, buffer=self._map)
         self._touched = 0
 
