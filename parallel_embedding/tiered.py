@@ -69,15 +69,16 @@ class ShardFile:
     def read(self, rows) -> np.ndarray:
         """Rows `rows` (an index array or a slice): [n, parts, w], copied."""
         values = self.array[rows]
-        self._touch(values.nbytes)
+        self._touch(rows, values.nbytes)
         return np.array(values) if isinstance(rows, slice) else values
 
     def write(self, rows, values: np.ndarray):
         self.array[rows] = values
-        self._touch(values.nbytes)
+        self._touch(rows, values.nbytes)
 
-    def _touch(self, nbytes: int):
-        self._touched += nbytes
+    def _touch(self, rows, nbytes: int):
+        """Counts the bytes of the pages an access mapped: a row read at random maps whole pages."""
+        self._touched += nbytes if isinstance(rows, slice) else nbytes + len(rows) * mmap.PAGESIZE
         if self._touched > _MAPPED_BYTES:
             self._map.madvise(mmap.MADV_DONTNEED)
             self._touched = 0
