@@ -35,7 +35,7 @@ import tensorflow as tf
 from utils.errors import ConfigError, DatasetError, StoreError
 
 POLICIES = ("lru", "lfu")
-_MAPPED_BYTES = 256 << 20   # file pages a ShardFile keeps mapped into the process before dropping them
+_MAPPED_BYTES = 64 << 20   # file pages a ShardFile keeps mapped into the process before dropping them
 
 
 class ShardFile:
