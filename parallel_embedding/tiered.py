@@ -3,9 +3,10 @@
 A unit is one rank's shards of one feature: rows [row_start, row_start + R) of the table (the
 column slices of a table on one rank share their rows, hence one cache). With k optimizer
 slots, a shard of width w has
-- on disk, `<store>/table_<f>.rows_<a>-<b>.cols_<c>-<d>.bin`: [R, 1 + k, w] float32, row i
-  being the table row followed by its k slot rows; allocated in full at start-up and filled
-  from the initial values (a checkpoint overwrites them), never read across runs;
+- on disk, `<store>/table_<f>.bin` (a whole table) or `<store>/table_<f>.rows_<a>_<b>.cols_<c>_<d>.bin`
+  (a row shard or column slice): [R, 1 + k, w] float32, row i being the table row followed by
+  its k slot rows; allocated in full at start-up and filled from the initial values (a
+  checkpoint overwrites them), never read across runs;
 - in memory, the shard's variable and its slot variables, of C + 1 rows: a cache of C rows,
   and row C, the spare row that a row shard's out-of-range ids read (the in-memory shard's last
   row). `slot_of` [R] maps a row to its cache slot (-1: on disk only).
