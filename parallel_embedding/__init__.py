@@ -21,8 +21,13 @@ Checkpoint entries (nn.checkpoint saves every rank's pieces, restores at any wor
     emb.variables_by_name()                this rank's variables and slots, by variable name
 Rows for export (one process):
     emb.whole_tables()                     F x [rows_f, D_f]
+Tables on disk (a plan with tiers, planner.assign_tiers; tiered.py):
+    batches = emb.staged(batches, training)    elements (numerical, ids, ...) with the ids of tables
+                                               on disk as cache rows, staged one element ahead
+    emb.store_stats()                      hit rate, rows and MB read/written, staging time and wait
+    emb.close()                            removes the store's files
 
-Modules: planner.py (`plan_tables`: pure Python), collectives.py (the one seam to Horovod),
-layer.py (`DistributedEmbedding`), optimizers.py (SGD, Adagrad, Adam: lazy sparse row updates,
+Modules: planner.py (`plan_tables`, `assign_tiers`: pure Python), collectives.py (the one seam to
+Horovod), layer.py (`DistributedEmbedding`), tiered.py (the disk tier), optimizers.py (SGD, Adagrad, Adam: lazy sparse row updates,
 and the dense form, which the trainer uses for the MLPs).
 """
