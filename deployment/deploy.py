@@ -3,8 +3,9 @@
     python deployment/deploy.py --checkpoint=runs/demo/checkpoints --output=runs/demo/model_repository
 
 The checkpoint's manifest holds the model's shape, so no model flags are needed. Writes the
-monolithic SavedModel, the ensemble (sparse + dense SavedModels) and their config.pbtxt files
-(see deployment/repository.py and docs/deployment.md).
+monolithic SavedModel, the ensemble (sparse + dense SavedModels) and their config.pbtxt files, or,
+for tables larger than --max_tables_in_memory_gb, the dense SavedModel and the tables as .npy
+files (see deployment/repository.py and docs/deployment.md). The last line says what was written.
 """
 import os
 import sys
@@ -13,13 +14,18 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags, logging  # noqa: E402
 
-from deployment.repository import FORMS, ExportError, Settings, write_repository  # noqa: E402
+from deployment.repository import (MEMORY_FRACTION, ExportError, Settings, default_tables_limit, gib,  # noqa: E402
+                                   write_repository)
 from utils.errors import CheckpointError  # noqa: E402
 
 flags.DEFINE_string("checkpoint", None, "checkpoint directory (a ckpt-<step> or the root holding `latest`)")
 flags.DEFINE_string("output", None, "model repository directory to write")
 flags.DEFINE_string("model_name", None, "Triton model name (default: dlrm or dcnv2, from the checkpoint's model)")
-flags.DEFINE_list("forms", list(FORMS), "what to export: monolithic (one SavedModel), ensemble (sparse + dense)")
+flags.DEFINE_list("forms", None, "what to export: monolithic (one SavedModel), ensemble (sparse + dense), tables "
+                  "(the dense SavedModel and one .npy file per table, streamed from the checkpoint); default "
+                  "monolithic,ensemble, or tables when the tables exceed --max_tables_in_memory_gb")
+flags.DEFINE_float("max_tables_in_memory_gb", None, "the most GiB of tables the monolithic and ensemble forms may "
+                   f"hold (they hold every table in memory); default {MEMORY_FRACTION:g} of physical memory")
 flags.DEFINE_integer("max_batch_size", Settings.max_batch_size, "max_batch_size of every model's config.pbtxt")
 flags.DEFINE_enum("instance_kind", Settings.instance_kind, ["gpu", "cpu"], "where Triton runs the model instances")
 flags.DEFINE_integer("instances", Settings.instances, "model instances per device")
@@ -36,8 +42,8 @@ def settings_from_flags() -> Settings:
     for name in ("max_batch_size", "instances"):
         if FLAGS[name].value < 1:
             raise ExportError(f"--{name} must be positive, got {FLAGS[name].value}")
-    for name in ("max_queue_delay_us", "host_table_mb"):
-        if FLAGS[name].value < 0:
+    for name in ("max_queue_delay_us", "host_table_mb", "max_tables_in_memory_gb"):
+        if FLAGS[name].value is not None and FLAGS[name].value < 0:
             raise ExportError(f"--{name} must be >= 0, got {FLAGS[name].value}")
     return Settings(FLAGS.max_batch_size, FLAGS.instance_kind, FLAGS.instances, FLAGS.max_queue_delay_us)
 
@@ -48,14 +54,33 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)   # not a line per SavedModel file written
     try:
         settings = settings_from_flags()
+        limit = default_tables_limit() if FLAGS.max_tables_in_memory_gb is None else \
+            int(FLAGS.max_tables_in_memory_gb * 2 ** 30)
         info = write_repository(FLAGS.checkpoint, FLAGS.output, FLAGS.model_name, settings, FLAGS.host_table_mb,
-                                FLAGS.forms, FLAGS.overwrite)
+                                FLAGS.forms, FLAGS.overwrite, limit)
     except (ExportError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    host = f", tables {info['host_tables']} in host memory" if info["host_tables"] else ""
-    print(f"exported {info['checkpoint']} (step {info['step']}, written at {info['written_at_ranks']} rank(s)) "
-          f"to {FLAGS.output}: {', '.join(info['models'])}{host}")
+    print(summary(info, FLAGS.output, chosen=FLAGS.forms is None, limit=limit))
+
+
+def summary(info: dict, out: str, chosen: bool, limit: int) -> str:
+    """One line: what the repository `out` (export.json content `info`) holds; `chosen`: its forms
+    were chosen by the tables' size against `limit` bytes."""
+    parts = [f"SavedModels {', '.join(info['models'])}"]
+    if info["ensemble"]:
+        parts.append(f"ensemble {info['ensemble']}")
+    if info["host_tables"]:
+        parts.append(f"tables {info['host_tables']} in host memory")
+    files = info["table_files"]
+    if files:
+        parts.append(f"table files {os.path.join(out, files['directory'])} ({files['tables']} tables, "
+                     f"{gib(files['bytes'])})")
+    line = (f"exported {info['checkpoint']} (step {info['step']}, written at {info['written_at_ranks']} rank(s)) "
+            f"to {out}: {'; '.join(parts)}")
+    if chosen and files:
+        line += f"; tables form chosen: the tables take more than --max_tables_in_memory_gb ({gib(limit)})"
+    return line
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """A checkpoint (written at any number of ranks) -> SavedModels that serve it.
 
-`load_model` rebuilds the trained model in one process from the checkpoint alone (its manifest
-holds the model's signature) and reads its tables and dense weights, not the optimizer state.
-Three SavedModels are built from it (tensor names: deployment/layout.py):
+The dense part (`Dense`) is built from the model's signature in the checkpoint's manifest and
+reads only the dense weights; the tables (`Lookup`) are read whole from the checkpoint, only for
+the SavedModels that hold them (never the optimizer state). Three SavedModels (tensor names:
+deployment/layout.py):
     monolithic   numerical_features, categorical_features -> predictions, logits
     sparse       categorical_features -> embeddings (the lookup; tables larger than a threshold
                  are placed in host memory, their gathers run on the CPU)
@@ -12,43 +13,40 @@ construction; every one checks its ids (an out-of-range id fails the request, na
 feature) and computes in float32, whatever precision trained the model.
 """
 import contextlib
-from typing import Sequence
+import dataclasses
+from typing import Iterable, Sequence
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 from deployment.layout import CATEGORICAL, EMBEDDINGS, LOGITS, NUMERICAL, PAD, PREDICTIONS, ServingLayout
+from deployment.tables import table_tensor
 from nn import checkpoint
+from nn.interaction import make_interaction
+from nn.mlp import MLP
 from nn.model_config import ModelConfig
 from parallel_embedding.layer import check_ids, combine, flatten_ids
 
 HOST = "/device:CPU:0"
 
 
-def load_model(manifest: dict):
-    """A RankingModel in one process with the trained weights of the checkpoint whose manifest
-    (nn.checkpoint.read_manifest) is given."""
-    from nn.model import RankingModel
-    s = manifest["signature"]
-    model = RankingModel(ModelConfig.from_signature(s))
-    checkpoint.restore(manifest["path"], model.checkpoint_entries(), s, model.checkpoint_names(), extra_ok=True)
-    return model
-
-
 class Lookup(tf.Module):
     """categorical_features [B, W] int64 -> embeddings [B, sum D_f] float32.
 
-    Tables of more than `host_bytes` bytes are created on, and gathered from, host memory.
+    `tables`: [rows_f, D_f] float32 per feature, taken one at a time (a generator keeps one in
+    memory beside the variables). Tables of more than `host_bytes` bytes are created on, and
+    gathered from, host memory.
     """
 
-    def __init__(self, tables: Sequence[tf.Tensor], layout: ServingLayout, combiners: Sequence[str], host_bytes: int):
+    def __init__(self, tables: Iterable[np.ndarray], layout: ServingLayout, combiners: Sequence[str],
+                 host_bytes: int):
         super().__init__(name="sparse")
         self.layout, self.combiners = layout, list(combiners)
-        self.on_host = [int(np.prod(t.shape)) * t.dtype.size > host_bytes for t in tables]
-        self.tables = []
-        for f, (table, host) in enumerate(zip(tables, self.on_host)):
-            with tf.device(HOST) if host else contextlib.nullcontext():
+        self.on_host, self.tables = [], []
+        for f, table in enumerate(tables):
+            self.on_host.append(table.nbytes > host_bytes)
+            with tf.device(HOST) if self.on_host[-1] else contextlib.nullcontext():
                 self.tables.append(tf.Variable(table, trainable=False, name=f"table_{f}"))
 
     def __call__(self, categorical: tf.Tensor) -> tf.Tensor:
@@ -67,16 +65,29 @@ class Lookup(tf.Module):
 
 
 class Dense(tf.Module):
-    """numerical_features [B, n], embeddings [B, sum D_f] -> logits [B] (the model's dense part)."""
+    """numerical_features [B, n], embeddings [B, sum D_f] -> logits [B]: RankingModel's dense part
+    (bottom MLP, interaction, top MLP; variables named as its), built from the model's config
+    without its tables. Dot interactions use TensorFlow's ops (training = False does anyway)."""
 
-    def __init__(self, model):
+    def __init__(self, config: ModelConfig):
         super().__init__(name="dense")
-        self.bottom_mlp, self.interaction, self.top_mlp = model.bottom_mlp, model.interaction, model.top_mlp
-        self._dims = list(model.embeddings.dims)
-        self._forward = model.predict_from_embeddings   # uses only the three parts above
+        if config.interaction != "cross":
+            config = dataclasses.replace(config, interaction="dot_tensorflow")
+        self.bottom_mlp = MLP(config.num_numerical, config.bottom_mlp_dims, linear_output=False, seed=(0, 0),
+                              name="bottom_mlp")
+        self.interaction = make_interaction(config, 0)
+        self.top_mlp = MLP(self.interaction.output_width, config.top_mlp_dims, linear_output=True, seed=(0, 100),
+                           name="top_mlp")
+        self._dims = config.embedding_dims
+
+    def restore(self, manifest: dict):
+        """Reads the dense weights (only) of the checkpoint whose manifest is given."""
+        named = {v.name.split(":")[0]: v for v in self.variables}
+        checkpoint.restore(manifest["path"], checkpoint.replicated_entries(named), {}, set(named), extra_ok=True)
 
     def __call__(self, numerical: tf.Tensor, embeddings: tf.Tensor) -> tf.Tensor:
-        return self._forward(numerical, tf.split(embeddings, self._dims, axis=1))
+        x = self.interaction(self.bottom_mlp(numerical), tf.split(embeddings, self._dims, axis=1))
+        return tf.squeeze(self.top_mlp(x), axis=1)
 
 
 def _outputs(logits: tf.Tensor) -> dict:
@@ -93,13 +104,26 @@ class _Serving(tf.Module):
         self.serve = tf.function(serve, input_signature=list(specs))
 
 
-def serving_modules(model, layout: ServingLayout, host_bytes: int) -> dict:
-    """{"monolithic", "sparse", "dense"} -> the root module of each SavedModel of a one-process model."""
-    lookup = Lookup(model.embeddings.whole_tables(), layout, model.embeddings.combiners, host_bytes)
-    dense = Dense(model)
+def serving_modules(manifest: dict, host_bytes: int, with_tables: bool = True) -> dict:
+    """The root module of each SavedModel of the checkpoint whose manifest (nn.checkpoint.
+    read_manifest) is given: "dense", and with `with_tables` "monolithic" and "sparse" (they hold
+    every table, read whole; tables above `host_bytes` bytes in host memory)."""
+    config = ModelConfig.from_signature(manifest["signature"])
+    layout = ServingLayout.of(config)
+    dense = Dense(config)
+    dense.restore(manifest)
     numerical = tf.TensorSpec([None, layout.num_numerical], tf.float32, name=NUMERICAL)
     categorical = tf.TensorSpec([None, layout.categorical_width], tf.int64, name=CATEGORICAL)
     embeddings = tf.TensorSpec([None, sum(layout.embedding_dims)], tf.float32, name=EMBEDDINGS)
+
+    def dense_part(numerical_features, embeddings):
+        return _outputs(dense(numerical_features, embeddings))
+
+    modules = {"dense": _Serving("dense", dense_part, [numerical, embeddings], dense=dense)}
+    if not with_tables:
+        return modules
+    tables = (checkpoint.read_tensor(manifest["path"], table_tensor(f)) for f in range(len(config.tables)))
+    lookup = Lookup(tables, layout, config.combiners, host_bytes)
 
     def monolithic(numerical_features, categorical_features):
         return _outputs(dense(numerical_features, lookup(categorical_features)))
@@ -107,12 +131,9 @@ def serving_modules(model, layout: ServingLayout, host_bytes: int) -> dict:
     def sparse(categorical_features):
         return {EMBEDDINGS: lookup(categorical_features)}
 
-    def dense_part(numerical_features, embeddings):
-        return _outputs(dense(numerical_features, embeddings))
-
-    return {"monolithic": _Serving("monolithic", monolithic, [numerical, categorical], lookup=lookup, dense=dense),
-            "sparse": _Serving("sparse", sparse, [categorical], lookup=lookup),
-            "dense": _Serving("dense", dense_part, [numerical, embeddings], dense=dense)}
+    return dict(modules, monolithic=_Serving("monolithic", monolithic, [numerical, categorical], lookup=lookup,
+                                             dense=dense),
+                sparse=_Serving("sparse", sparse, [categorical], lookup=lookup))
 
 
 def save(module: _Serving, directory: str, host_variables: Sequence[tf.Variable] = ()):

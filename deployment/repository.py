@@ -3,25 +3,33 @@
     OUT/<name>/config.pbtxt, OUT/<name>/1/model.savedmodel/            monolithic
     OUT/<name>_sparse/..., OUT/<name>_dense/...                         the ensemble's parts
     OUT/<name>_ensemble/config.pbtxt, OUT/<name>_ensemble/1/            sparse -> dense
-    OUT/export.json         checkpoint, step, signature, serving layout, tables in host memory
+    OUT/<name>_dense/..., OUT/<name>_tables/                            tables: the dense model and one
+                                                                        .npy file per table (deployment/tables.py)
+    OUT/export.json         checkpoint, step, signature, serving layout, tables in host memory, table files
 
-Each model is `tensorflow_savedmodel` with dynamic batching. The repository is written under a
-temporary name next to OUT and renamed into place; an existing OUT is replaced only when asked,
-after the new one is complete.
+Each model is `tensorflow_savedmodel` with dynamic batching. The monolithic and ensemble forms hold
+every table in memory while exporting, and in their SavedModels: they are refused for tables
+above a limit (default a fraction of this machine's memory), which the tables form, streamed from
+the checkpoint, does not have. The repository is written under a temporary name next to OUT
+(removed on error) and renamed into place; an existing OUT is replaced only when asked, after the
+new one is complete.
 """
 import dataclasses
 import json
 import os
 import shutil
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from deployment.layout import CATEGORICAL, EMBEDDINGS, LOGITS, NUMERICAL, PREDICTIONS, ServingLayout
+from deployment.tables import tables_bytes, write_tables
 from nn.checkpoint import read_manifest
 from nn.model_config import ModelConfig
 from utils.files import move_into_place
 
-FORMS = ("monolithic", "ensemble")
+FORMS = ("monolithic", "ensemble", "tables")
+IN_MEMORY_FORMS = ("monolithic", "ensemble")   # every table in memory (and in a SavedModel)
 EXPORT_INFO = "export.json"
+MEMORY_FRACTION = 0.25   # of physical memory: the default limit of tables exported in memory
 
 
 class ExportError(ValueError):
@@ -78,52 +86,100 @@ def ensemble_config(name: str, sparse: str, dense: str, layout: ServingLayout, s
             + "ensemble_scheduling {\n step [\n" + ",\n".join(steps) + "\n ]\n}\n")
 
 
-def _write(path: str, text: str):
+def _write_text(path: str, text: str):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         f.write(text)
 
 
-def write_repository(checkpoint_path: str, out: str, name: str = None, settings: Settings = Settings(),
-                     host_table_mb: float = 4096.0, forms: Sequence[str] = FORMS, overwrite: bool = False) -> dict:
-    """Exports the checkpoint at `checkpoint_path` into the model repository `out` under model
-    name `name` (default dlrm, or dcnv2 for a cross-interaction model); returns its export.json
-    content. Tables above `host_table_mb` MiB are served from host memory."""
+def default_tables_limit() -> int:
+    """Bytes: MEMORY_FRACTION of this machine's physical memory."""
+    return int(MEMORY_FRACTION * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def gib(num_bytes: int) -> str:
+    return f"{num_bytes / 2 ** 30:.3g} GiB"
+
+
+def choose_forms(forms: Optional[Sequence[str]], table_bytes: int, limit: int) -> List[str]:
+    """The forms to write: `forms`, checked, or by default monolithic and ensemble when the tables
+    (`table_bytes`) fit in `limit` bytes, else tables."""
+    if forms is None:
+        return list(IN_MEMORY_FORMS) if table_bytes <= limit else ["tables"]
     for form in forms:
         if form not in FORMS:
             raise ExportError(f"--forms: unknown form {form!r} (choose from {', '.join(FORMS)})")
+    in_memory = [f for f in forms if f in IN_MEMORY_FORMS]
+    if in_memory and table_bytes > limit:
+        raise ExportError(f"the tables take {gib(table_bytes)}, more than --max_tables_in_memory_gb ({gib(limit)}), "
+                          f"and --forms={','.join(in_memory)} holds every table in memory: use --forms=tables "
+                          "(the dense SavedModel and one .npy file per table)")
+    return list(dict.fromkeys(forms))
+
+
+def write_repository(checkpoint_path: str, out: str, name: str = None, settings: Settings = Settings(),
+                     host_table_mb: float = 4096.0, forms: Optional[Sequence[str]] = None, overwrite: bool = False,
+                     max_tables_bytes: Optional[int] = None) -> dict:
+    """Exports the checkpoint at `checkpoint_path` into the model repository `out` under model
+    name `name` (default dlrm, or dcnv2 for a cross-interaction model); returns its export.json
+    content. Tables above `host_table_mb` MiB are served from host memory. `forms`: see
+    choose_forms; `max_tables_bytes`: its limit (default default_tables_limit())."""
     if os.path.exists(out) and not overwrite:
         raise ExportError(f"{out} already exists; pass --overwrite to replace it")
     manifest = read_manifest(checkpoint_path)
-    signature = manifest["signature"]
-    model = ModelConfig.from_signature(signature)
+    model = ModelConfig.from_signature(manifest["signature"])
+    table_bytes = tables_bytes(model)
+    forms = choose_forms(forms, table_bytes, default_tables_limit() if max_tables_bytes is None else max_tables_bytes)
     name = name or ("dcnv2" if model.interaction == "cross" else "dlrm")
     layout = ServingLayout.of(model)
-    from deployment.export import load_model, save, serving_modules   # TensorFlow: after the checks
-    modules = serving_modules(load_model(manifest), layout, int(host_table_mb * 2 ** 20))
-    lookup = modules["sparse"].lookup
-    host_tables = [t for t, host in zip(lookup.tables, lookup.on_host) if host]
     tmp = f"{out.rstrip('/')}.tmp-export"
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        info = _write_content(manifest, tmp, name, layout, settings, host_table_mb, forms)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    move_into_place(tmp, out, f"{out.rstrip('/')}.old-export")
+    return info
+
+
+def _write_content(manifest: dict, tmp: str, name: str, layout: ServingLayout, settings: Settings,
+                   host_table_mb: float, forms: Sequence[str]) -> dict:
+    """Writes the repository's content into the new directory `tmp`; returns its export.json content."""
+    from deployment.export import save, serving_modules   # TensorFlow: after the checks
+    in_memory = any(f in IN_MEMORY_FORMS for f in forms)
+    modules = serving_modules(manifest, int(host_table_mb * 2 ** 20), with_tables=in_memory)
+    lookup = modules["sparse"].lookup if in_memory else None
+    host_tables = [t for t, host in zip(lookup.tables, lookup.on_host) if host] if lookup else []
     parts = {}
+    os.makedirs(tmp)
     if "monolithic" in forms:
         parts[name] = ("monolithic", [NUMERICAL, CATEGORICAL], [PREDICTIONS, LOGITS])
     if "ensemble" in forms:
         parts[f"{name}_sparse"] = ("sparse", [CATEGORICAL], [EMBEDDINGS])
-        parts[f"{name}_dense"] = ("dense", [NUMERICAL, EMBEDDINGS], [PREDICTIONS, LOGITS])
         os.makedirs(os.path.join(tmp, f"{name}_ensemble", "1"))
-        _write(os.path.join(tmp, f"{name}_ensemble", "config.pbtxt"),
-               ensemble_config(f"{name}_ensemble", f"{name}_sparse", f"{name}_dense", layout, settings))
+        _write_text(os.path.join(tmp, f"{name}_ensemble", "config.pbtxt"),
+                    ensemble_config(f"{name}_ensemble", f"{name}_sparse", f"{name}_dense", layout, settings))
+    if "ensemble" in forms or "tables" in forms:
+        parts[f"{name}_dense"] = ("dense", [NUMERICAL, EMBEDDINGS], [PREDICTIONS, LOGITS])
     for model_name, (part, inputs, outputs) in parts.items():
         save(modules[part], os.path.join(tmp, model_name, "1", "model.savedmodel"),
              host_tables if part != "dense" else ())
-        _write(os.path.join(tmp, model_name, "config.pbtxt"), model_config(model_name, inputs, outputs, layout, settings))
+        _write_text(os.path.join(tmp, model_name, "config.pbtxt"),
+                    model_config(model_name, inputs, outputs, layout, settings))
+    table_files = None
+    if "tables" in forms:
+        directory = f"{name}_tables"
+        files = write_tables(manifest, os.path.join(tmp, directory), f"{name}_dense")
+        table_files = {"directory": directory, "tables": len(files["tables"]), "bytes": sum(
+            os.path.getsize(os.path.join(tmp, directory, t["file"])) for t in files["tables"])}
     info = {"name": name, "forms": list(forms), "checkpoint": manifest["path"], "step": manifest["step"],
-            "written_at_ranks": manifest["world_size"], "signature": signature, "layout": dataclasses.asdict(layout),
-            "models": sorted(parts), "host_tables": [f for f, host in enumerate(lookup.on_host) if host],
-            "settings": dataclasses.asdict(settings)}
-    _write(os.path.join(tmp, EXPORT_INFO), json.dumps(info, indent=1))
-    move_into_place(tmp, out, f"{out.rstrip('/')}.old-export")
+            "written_at_ranks": manifest["world_size"], "signature": manifest["signature"],
+            "layout": dataclasses.asdict(layout), "models": sorted(parts),
+            "ensemble": f"{name}_ensemble" if "ensemble" in forms else None,
+            "host_tables": [f for f, host in enumerate(lookup.on_host) if host] if lookup else [],
+            "table_files": table_files, "settings": dataclasses.asdict(settings)}
+    _write_text(os.path.join(tmp, EXPORT_INFO), json.dumps(info, indent=1))
     return info
 
 

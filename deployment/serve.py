@@ -106,7 +106,8 @@ def serve(repository: str):
     from deployment.layout import CATEGORICAL, LOGITS, NUMERICAL, PREDICTIONS, categorical_width
     info = read_export_info(repository)
     if "monolithic" not in info["forms"]:
-        raise ServeError(f"{repository}: has no monolithic model to serve (exported with --forms=ensemble)")
+        raise ServeError(f"{repository}: has no monolithic model to serve "
+                         f"(exported with --forms={','.join(info['forms'])})")
     name, layout, settings = info["name"], info["layout"], info["settings"]
     infer = model_function(os.path.join(repository, name, "1", "model.savedmodel"))
 

@@ -17,7 +17,8 @@ newest writes (by sequence, not step) are kept, and always those `latest` and `b
 Restoring reads, for every variable of this rank, the parts of the saved pieces it overlaps
 (memory-mapped), so a checkpoint written at N ranks restores at M. All ranks must see ROOT (a
 shared file system). A streamed entry (its variable a `RowSource`: a table in a disk store, larger
-than memory) is saved and restored BLOCK_BYTES at a time, never whole in memory.
+than memory) is saved and restored BLOCK_BYTES at a time, never whole in memory; `read_blocks`
+reads any 2-D tensor of a checkpoint so (deployment's table files).
 """
 import dataclasses
 import json
@@ -288,6 +289,24 @@ def read_tensor(path: str, name: str) -> np.ndarray:
     entry = Entry(name, np.empty(t["shape"], t["dtype"]), tuple(t["shape"]))
     _check_coverage(manifest["path"], entry, t)
     return _read_region(manifest["path"], entry, t)
+
+
+def read_blocks(path_or_manifest, name: str, dtype=None) -> Iterator[Tuple[int, np.ndarray]]:
+    """The 2-D tensor `name` [rows, cols] of a checkpoint (its path, or a manifest from
+    read_manifest) a block of rows at a time, never whole in memory: (start, rows [start, start + n)
+    as [n, cols] of `dtype`, default the tensor's), each block at most BLOCK_BYTES (at least one row)
+    in both dtypes, read from the pieces it overlaps (memory-mapped)."""
+    manifest = path_or_manifest if isinstance(path_or_manifest, dict) else read_manifest(path_or_manifest)
+    ckpt, tensor = manifest["path"], manifest["tensors"].get(name)
+    if tensor is None or len(tensor["shape"]) != 2:
+        raise CheckpointError(f"{ckpt}: no 2-D tensor {name}")
+    rows, cols = tensor["shape"]
+    dtype = np.dtype(dtype or tensor["dtype"])
+    entry = Entry(name, np.broadcast_to(np.zeros((), tensor["dtype"]), (rows, cols)), (rows, cols))
+    _check_pieces(ckpt, name, tensor)
+    _check_coverage(ckpt, entry, tensor)
+    for start, stop in _blocks(rows, cols, tensor["dtype"], dtype):
+        yield start, _read_region(ckpt, entry, tensor, (start, stop)).astype(dtype, copy=False)
 
 
 def _overlaps(tensor: dict, rows: Tuple[int, int], cols: Tuple[int, int]):

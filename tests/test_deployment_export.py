@@ -16,7 +16,6 @@ from tensorflow.core.protobuf import saved_model_pb2
 import main
 from dataloading.batches import RankInput, eval_batches
 from deployment.layout import PAD, ServingLayout, categorical_matrix
-from nn.model_config import ModelConfig
 from tests.configs import TINY, tiny_config
 from tests.horovod_run import ROOT, horovodrun
 from tests.test_dataset_cli import MODEL, write_dataset
@@ -142,14 +141,12 @@ def test_layout_pads_multi_hot_rows_and_refuses_too_many_ids():
 
 def test_out_of_range_ids_fail_naming_the_feature(tmp_path):
     import tensorflow as tf
-    from deployment.export import load_model, serving_modules
+    from deployment.export import serving_modules
     from nn.checkpoint import read_manifest
     cfg = tiny_config(save_checkpoint_path=str(tmp_path / "ckpt"), max_steps=2)
     main.run(cfg)
     manifest = read_manifest(str(tmp_path / "ckpt"))
-    model = load_model(manifest)
-    layout = ServingLayout.of(ModelConfig.from_signature(manifest["signature"]))
-    serve = serving_modules(model, layout, 1 << 30)["monolithic"].serve
+    serve = serving_modules(manifest, 1 << 30)["monolithic"].serve
     numerical = tf.zeros([2, 3])
     assert serve(numerical, tf.constant([[1, 2, 3, 4], [0, 0, 0, 0]], tf.int64))["logits"].shape == (2, 1)
     for bad in ([[1, 2, 3, 30], [0, 0, 0, 0]], [[1, 2, -1, 4], [0, 0, 0, 0]]):   # cardinalities 20, 50, 7, 30
