@@ -21,6 +21,7 @@ slots are never victims. Victims: LRU (exact) or LFU (the least used among the r
 the last selection; ties by age), chosen from a reserve of the lowest-ranked slots that one
 pass over the cache refreshes when it runs out, so a step costs O(its ids), not O(C).
 """
+import atexit
 import concurrent.futures
 import fcntl
 import mmap
@@ -195,6 +196,7 @@ class TieredTables:
         if need > free:
             raise ConfigError(f"--embedding_store_path={self.store_path}: rank {self.rank}'s tables on disk need "
                               f"{need:,} bytes, {free:,} are free")
+        atexit.register(self.close)   # whatever ends the run, the files go
         files = iter(ShardFile(os.path.join(self.store_path, n), r, p, w) for n, r, p, w in shapes.values())
         block = 1 << 16
         for f, unit in self.units.items():
@@ -212,7 +214,8 @@ class TieredTables:
         return ".".join(variable_name.split("/")[1:]) + ".bin"
 
     def close(self):
-        """Stops the staging thread and removes the store files (a checkpoint is the durable state)."""
+        """Stops the staging thread and removes the store files (a checkpoint is the durable state);
+        called again (at exit), does nothing."""
         self._pool.shutdown(wait=True)
         for unit in self.units.values():
             for file in unit.files:
