@@ -1,7 +1,7 @@
 """The disk tier of embedding tables on W1 (../shared/bench/workloads.yaml), one JSON line per run.
 
     python benchmarks/tiered_store.py train [--steps 2500] [--rounds 2]   # W1 in memory vs its 3 largest tables on disk
-    python benchmarks/tiered_store.py pipeline [--steps 300]              # the input pipeline alone, with/without staging
+    python benchmarks/tiered_store.py pipeline [--steps 2500]             # the input pipeline alone, with/without staging
     python benchmarks/tiered_store.py large [--dim 192] [--steps 300]     # tables larger than this machine's memory
 
 `train`: W1 (batch 4096, width 16, SGD) through dlrm.py on split-binary files of synthetic
@@ -12,7 +12,7 @@ their rows. Reports samples/s over the last 30% of the steps (by then the caches
 evict: about 2500 steps at the default fraction), the tiered run's hit rate, MB read/written
 per step and staging time and wait (from its progress records), and each process's peak RSS.
 `pipeline`: the same batches through the real input pipeline (split-binary reader, tf.data
-prefetch) and the embedding's staging, no train step: samples/s of one rank.
+prefetch) and the embedding's staging, no train step: samples/s of one rank over the last 30%.
 `large`: W1's cardinalities at width --dim (192: 26 GB of tables with SGD) on disk under a
 --budget_gb budget: trains --steps steps; samples/s, hit rate, peak RSS.
 """
@@ -113,41 +113,41 @@ def train(args):
 
 
 def pipeline(args):
-    """Batches per second through the reader, tf.data and (with tables on disk) the staging, no step."""
+    """Samples/s of one rank's input pipeline (split-binary reader, tf.data prefetch, and with tables
+    on disk the staging), no train step, over the last 30% of --steps batches (caches full)."""
     import tensorflow as tf
     from dataloading.batches import RankInput, prefetched, train_batches
     from dataloading.feature_spec import FeatureSpec
     from dataloading.split_binary import SplitBinaryDataset
-    from nn.model_config import ModelConfig, table_configs
     from nn.model import RankingModel
+    from nn.model_config import ModelConfig, table_configs
     from parallel_embedding.planner import assign_tiers, plan_tables
     data_dir = dataset(args.work_dir, (args.steps + 1) * BATCH)
     d = SplitBinaryDataset(FeatureSpec.from_yaml(os.path.join(data_dir, "feature_spec.yaml")), {"train": "train"})
-    rows = d.rows("train")
     config = ModelConfig(tables=table_configs(cardinalities=W1_CARDINALITIES, dims=[16] * 26, max_hotness=[None] * 26,
                                               multi_hot_combiner="sum"),
                          num_numerical=13, bottom_mlp_dims=(512, 256, 64, 16), top_mlp_dims=(512, 256, 1),
                          interaction="dot", num_cross_layers=0, cross_layer_projection_dim=0)
     store = os.path.join(args.work_dir, "store")
     os.makedirs(store, exist_ok=True)
+    timed_from = int(0.7 * args.steps)
     for name, budget in (("no store", None), ("staging", budget_gb(16, 3, args.cache_fraction))):
         plan = assign_tiers(plan_tables(W1_CARDINALITIES, [16] * 26, 1), 0,
                             None if budget is None else int(budget * 2 ** 30), [4 * BATCH] * 26)
-        model = RankingModel(config, plan=plan, store_path=store, zeros_initializer=True)
-        emb = model.embeddings
+        emb = RankingModel(config, plan=plan, store_path=store, zeros_initializer=True).embeddings
         emb.set_optimizer("sgd")
-        view = RankInput.single_process(26)
-        for rnd in range(args.rounds):
-            batches = train_batches(d, view, rows=rows, batch_size=BATCH, seed=1, start_step=0,
-                                    end_step=rows // BATCH)
-            t0, n = time.perf_counter(), 0
-            for element in emb.staged(prefetched(batches, d), training=True):
-                tf.nest.map_structure(lambda x: x, element)
-                n += 1
-            seconds = time.perf_counter() - t0
-            print(json.dumps({"pipeline": name, "round": rnd, "batches": n, "samples_per_s": n * BATCH / seconds,
-                              **({k: round(v, 3) for k, v in emb.store_stats().items()} if budget else {})}),
-                  flush=True)
+        batches = train_batches(d, RankInput.single_process(26), rows=d.rows("train"), batch_size=BATCH, seed=1,
+                                start_step=0, end_step=args.steps)
+        for n, element in enumerate(emb.staged(prefetched(batches, d), training=True)):
+            tf.nest.map_structure(lambda x: x, element)
+            if n == timed_from:
+                emb.store_stats()
+                t0 = time.perf_counter()
+        seconds = time.perf_counter() - t0
+        figures = {k: round(v, 3) for k, v in emb.store_stats().items() if not k.endswith("per_step")}
+        timed = args.steps - 1 - timed_from
+        print(json.dumps({"pipeline": name, "batches": timed, "samples_per_s": round(timed * BATCH / seconds),
+                          "ms_per_batch": round(1000 * seconds / timed, 2), **figures}), flush=True)
         emb.close()
 
 
@@ -169,7 +169,7 @@ def large(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("part", choices=("train", "pipeline", "large"))
-    ap.add_argument("--steps", type=int, default=None, help="default: 2500 (train), 300 (pipeline, large)")
+    ap.add_argument("--steps", type=int, default=None, help="default: 2500 (train, pipeline), 300 (large)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--cache_fraction", type=float, default=0.125)
     ap.add_argument("--policy", choices=("lru", "lfu"), default="lru")
@@ -177,7 +177,7 @@ def main():
     ap.add_argument("--budget_gb", type=float, default=3.0)
     ap.add_argument("--work_dir", default="/tmp/tiered_store_bench")
     args = ap.parse_args()
-    args.steps = args.steps or (2500 if args.part == "train" else 300)
+    args.steps = args.steps or (300 if args.part == "large" else 2500)
     os.makedirs(args.work_dir, exist_ok=True)
     {"train": train, "pipeline": pipeline, "large": large}[args.part](args)
 

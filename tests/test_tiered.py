@@ -316,6 +316,7 @@ class Reference:
     ("lfu", 7, 40, 3)])   # exact LFU: capacity // 4 = 1 gives every selection a fresh reserve
 def test_victims_follow_the_reference_policy(tmp_path, monkeypatch, policy, capacity, rows, most):
     monkeypatch.setattr(tiered, "_MAPPED_BYTES", 0)   # file pages dropped from the process after every access
+    monkeypatch.setattr(tiered, "_MIN_MAPPED_BYTES", 0)
     tables, unit, initial = single_unit(tmp_path, rows, capacity, policy)
     id_batches = random_batches(rows, most, 300)
     reference = Reference(capacity, policy)
