@@ -454,3 +454,23 @@ def test_close_removes_the_store_files(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["table_1.bin", "table_2.bin"]
     trainer.model.embeddings.close()
     assert os.listdir(tmp_path) == []
+
+
+def test_tables_in_host_memory_train_as_in_memory():
+    """The host tier (GPU runs, --cpu_offloading_threshold_gb): its tables and slots on the CPU,
+    gathered and updated outside the XLA islands. Here on a CPU: the same results (the update,
+    run op by op, may round differently from the compiled one)."""
+    plan = assign_tiers(plan_tables(CARDS, [DIM] * 4, 1), SLOTS["adam"], None, [1] * 4, host_threshold_bytes=0)
+    assert {(f, t.kind) for _, f, t in plan.tiers} == {(f, "host") for f in range(len(CARDS))}
+    trainer = Trainer(RankingModel(model_config("one"), seed=3, plan=plan), "adam",
+                      LearningRateSchedule(0.1, 0, 100, 100))
+    emb = trainer.model.embeddings
+    slots = [s for v in emb.shard_variables for s in emb.optimizer.slots[v.ref()].values()]
+    assert all(v.device.endswith("CPU:0") for v in emb.shard_variables + slots)
+    losses = train(trainer, batches("one"))
+    expected_losses, expected_state = in_memory("one", "adam")
+    np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
+    got = state(trainer)
+    assert got.keys() == expected_state.keys()
+    for key in got:
+        np.testing.assert_allclose(got[key], expected_state[key], rtol=1e-4, atol=1e-6, err_msg=str(key))
