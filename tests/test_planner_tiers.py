@@ -294,8 +294,8 @@ def test_tiered_plan_passes_the_flags_to_assign_tiers(monkeypatch):
     cfg, plan = flags_plan(embedding_memory_budget_gb=1.5, cpu_offloading_threshold_gb=3)
     for on_gpu in (True, False):
         assert tiered_plan(plan, cfg, 2, on_gpu) is plan
-    # min cache rows: two of the largest batches (training 512 > evaluation 256)
-    assert calls == [(plan, 2, 3 * 2 ** 29, [1024] * 3, 3 * 2 ** 30), (plan, 2, 3 * 2 ** 29, [1024] * 3, None)]
+    # min cache rows: two training batches (512) and two evaluation batches (256) in flight
+    assert calls == [(plan, 2, 3 * 2 ** 29, [1536] * 3, 3 * 2 ** 30), (plan, 2, 3 * 2 ** 29, [1536] * 3, None)]
     calls.clear()
     cfg, _ = flags_plan(synthetic_dataset_hotness=["1", "3", "1"], mode="eval", restore_checkpoint_path="/t",
                         batch_size=64 * 1024, present={"synthetic_dataset_hotness", "mode", "restore_checkpoint_path"})
@@ -309,7 +309,7 @@ def test_tiered_plan_passes_the_flags_to_assign_tiers(monkeypatch):
 
 
 def test_tiered_plan_puts_the_largest_table_on_disk():
-    # 0.001 GiB = 1,073,741 bytes. f0 on disk with 1,024 cache rows: 1,024 x (64 + 32) + 400,000 (index) = 498,304,
+    # 0.001 GiB = 1,073,741 bytes. f0 on disk with 1,536 cache rows: 1,536 x (64 + 32) + 400,000 (index) = 547,456,
     # and 64,640 for f1 and f2. The cache then gets 1,073,741 - 464,640 = 609,101 = 96 c0: c0 = 6,344 (phi 0.06344).
     cfg, plan = flags_plan(embedding_memory_budget_gb=0.001, embedding_store_path="/tmp/store")
     tiered = tiered_plan(plan, cfg, 0, False)
@@ -323,10 +323,10 @@ def test_tiered_plan_errors_name_the_flags():
     cfg, plan = flags_plan(embedding_memory_budget_gb=0.0001, embedding_store_path="/tmp/store")
     with pytest.raises(ConfigError) as error:
         tiered_plan(plan, cfg, 0, False)
-    # 0.0001 GiB = 107,374 bytes; the smallest plan: f0 498,304 bytes + f1 64,000 + f2 640 = 562,944 (f1 on disk
+    # 0.0001 GiB = 107,374 bytes; the smallest plan: f0 547,456 bytes + f1 64,000 + f2 640 = 612,096 (f1 on disk
     # would take 1,000 x 96 + 4,000: more than in memory).
     assert str(error.value).startswith("--embedding_memory_budget_gb=0.0001: rank 0: an embedding memory budget of "
-                                       "107374 bytes is too small: the smallest plan needs 562944 bytes")
+                                       "107374 bytes is too small: the smallest plan needs 612096 bytes")
     cfg, plan = flags_plan(embedding_memory_budget_gb=0.001)
     with pytest.raises(ConfigError, match=r"^--embedding_memory_budget_gb=0.001 puts 1 table shard\(s\) on disk "
                                           r"\(feature 0 on rank 0 first\): give --embedding_store_path"):
