@@ -23,8 +23,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 from deployment.layout import CATEGORICAL, EMBEDDINGS, LOGITS, NUMERICAL, PAD, PREDICTIONS, ServingLayout
 from deployment.tables import table_tensor
 from nn import checkpoint
-from nn.interaction import make_interaction
-from nn.mlp import MLP
+from nn.model import DenseArch
 from nn.model_config import ModelConfig
 from parallel_embedding.layer import check_ids, combine, flatten_ids
 
@@ -65,7 +64,7 @@ class Lookup(tf.Module):
 
 
 class Dense(tf.Module):
-    """numerical_features [B, n], embeddings [B, sum D_f] -> logits [B]: RankingModel's dense part
+    """numerical_features [B, n], embeddings [B, sum D_f] -> logits [B]: RankingModel's dense part (DenseArch)
     (bottom MLP, interaction, top MLP; variables named as its), built from the model's config
     without its tables. Dot interactions use TensorFlow's ops (training = False does anyway)."""
 
@@ -73,21 +72,16 @@ class Dense(tf.Module):
         super().__init__(name="dense")
         if config.interaction != "cross":
             config = dataclasses.replace(config, interaction="dot_tensorflow")
-        self.bottom_mlp = MLP(config.num_numerical, config.bottom_mlp_dims, linear_output=False, seed=(0, 0),
-                              name="bottom_mlp")
-        self.interaction = make_interaction(config, 0)
-        self.top_mlp = MLP(self.interaction.output_width, config.top_mlp_dims, linear_output=True, seed=(0, 100),
-                           name="top_mlp")
+        self.arch = DenseArch(config)
         self._dims = config.embedding_dims
 
     def restore(self, manifest: dict):
         """Reads the dense weights (only) of the checkpoint whose manifest is given."""
-        named = {v.name.split(":")[0]: v for v in self.variables}
+        named = {v.name.split(":")[0]: v for v in self.arch.dense_variables}
         checkpoint.restore(manifest["path"], checkpoint.replicated_entries(named), {}, set(named), extra_ok=True)
 
     def __call__(self, numerical: tf.Tensor, embeddings: tf.Tensor) -> tf.Tensor:
-        x = self.interaction(self.bottom_mlp(numerical), tf.split(embeddings, self._dims, axis=1))
-        return tf.squeeze(self.top_mlp(x), axis=1)
+        return self.arch(numerical, tf.split(embeddings, self._dims, axis=1))
 
 
 def _outputs(logits: tf.Tensor) -> dict:

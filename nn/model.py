@@ -12,6 +12,34 @@ from parallel_embedding.layer import DistributedEmbedding
 from parallel_embedding.planner import Plan, plan_tables
 
 
+class DenseArch(tf.Module):
+    """The dense part of the model `config` describes: numerical [b, n] and the F looked-up
+    embeddings ([b, D_f]) -> logits [b] float32, through the bottom MLP, the interaction and the
+    top MLP (data-parallel weights, named as in checkpoints)."""
+
+    def __init__(self, config: ModelConfig, seed: int = 0):
+        super().__init__(name="dense_arch")
+        self.bottom_mlp = MLP(config.num_numerical, config.bottom_mlp_dims, linear_output=False, seed=(seed, 0),
+                              name="bottom_mlp")
+        self.interaction = make_interaction(config, seed)
+        self.top_mlp = MLP(self.interaction.output_width, config.top_mlp_dims, linear_output=True, seed=(seed, 100),
+                           name="top_mlp")
+
+    @property
+    def dense_variables(self) -> List[tf.Variable]:
+        return (self.bottom_mlp.kernels + self.bottom_mlp.biases + self.top_mlp.kernels + self.top_mlp.biases
+                + self.interaction.dense_variables)
+
+    def __call__(self, numerical: tf.Tensor, embeddings: List[tf.Tensor], training: bool = False, xla: bool = False,
+                 compute_dtype=tf.float32) -> tf.Tensor:
+        """`training` and `xla` (the caller compiles this with XLA) choose the interaction's
+        implementation (see Interaction); it computes in `compute_dtype`."""
+        embeddings = [tf.cast(e, compute_dtype) for e in embeddings]
+        bottom = self.bottom_mlp(tf.cast(numerical, compute_dtype))
+        x = self.interaction(bottom, embeddings, training=training, xla=xla)
+        return tf.cast(tf.squeeze(self.top_mlp(x), axis=1), tf.float32)
+
+
 class RankingModel(tf.Module):
     """numerical [b, n] float32 + categorical ids (F tensors, see DistributedEmbedding) -> logits [b].
 
@@ -35,11 +63,7 @@ class RankingModel(tf.Module):
                                                data_parallel_input=data_parallel_input, combiners=config.combiners,
                                                zeros_initializer=zeros_initializer, store_path=store_path,
                                                cache_policy=cache_policy)
-        self.bottom_mlp = MLP(config.num_numerical, config.bottom_mlp_dims, linear_output=False, seed=(seed, 0),
-                              name="bottom_mlp")
-        self.interaction = make_interaction(config, seed)
-        self.top_mlp = MLP(self.interaction.output_width, config.top_mlp_dims, linear_output=True, seed=(seed, 100),
-                           name="top_mlp")
+        self.dense = DenseArch(config, seed)
 
     @property
     def table_variables(self) -> List[tf.Variable]:
@@ -49,8 +73,11 @@ class RankingModel(tf.Module):
     @property
     def dense_variables(self) -> List[tf.Variable]:
         """MLP and cross-network weights (data-parallel, dense updates)."""
-        return (self.bottom_mlp.kernels + self.bottom_mlp.biases + self.top_mlp.kernels + self.top_mlp.biases
-                + self.interaction.dense_variables)
+        return self.dense.dense_variables
+
+    @property
+    def interaction(self):
+        return self.dense.interaction
 
     def checkpoint_entries(self) -> List[Entry]:
         """The model's weights as checkpoint entries: the tables' (DistributedEmbedding), then the
@@ -72,8 +99,4 @@ class RankingModel(tf.Module):
         `training` and `xla` (the caller compiles this with XLA) choose the interaction's
         implementation (see Interaction); `compute_dtype` overrides the model's (evaluation
         computes in float32)."""
-        dt = compute_dtype or self.compute_dtype
-        embeddings = [tf.cast(e, dt) for e in embeddings]
-        bottom = self.bottom_mlp(tf.cast(numerical, dt))
-        x = self.interaction(bottom, embeddings, training=training, xla=xla)
-        return tf.cast(tf.squeeze(self.top_mlp(x), axis=1), tf.float32)
+        return self.dense(numerical, embeddings, training, xla, compute_dtype or self.compute_dtype)
