@@ -158,7 +158,8 @@ class Run:
         from nn.evaluator import evaluate, format_metrics
         self.trainer.check_finite()
         t0 = time.perf_counter()
-        metrics = evaluate(self.trainer.predict, self.model.embeddings.staged(self._eval_data(), training=False), self.comm, oracle=self.dataset.has_oracle,
+        batches = self.model.embeddings.staged(self._eval_data(), training=False)
+        metrics = evaluate(self.trainer.predict, batches, self.comm, oracle=self.dataset.has_oracle,
                            auc_thresholds=self.cfg.auc_thresholds)
         metrics["seconds"] = time.perf_counter() - t0
         keys = ("auc", "logloss", "oracle_auc") if self.dataset.has_oracle else ("auc", "logloss")

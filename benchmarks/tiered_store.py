@@ -1,7 +1,7 @@
 """The disk tier of embedding tables on W1 (../shared/bench/workloads.yaml), one JSON line per run.
 
-    python benchmarks/tiered_store.py train [--steps 2500] [--rounds 2]   # W1 in memory vs its 3 largest tables on disk
-    python benchmarks/tiered_store.py pipeline [--steps 2500]             # the input pipeline alone, with/without staging
+    python benchmarks/tiered_store.py train [--steps 2500] [--rounds 2]   # W1 in memory vs 3 tables on disk
+    python benchmarks/tiered_store.py pipeline [--steps 2500]             # the input pipeline, with/without staging
     python benchmarks/tiered_store.py large [--dim 192] [--steps 300]     # tables larger than this machine's memory
 
 `train`: W1 (batch 4096, width 16, SGD) through dlrm.py on split-binary files of synthetic

@@ -19,8 +19,6 @@ Checkpoint entries (nn.checkpoint saves every rank's pieces, restores at any wor
                                            "table_optimizer/iterations" []
     emb.checkpoint_names(weights_only)     every such tensor name, on any rank
     emb.variables_by_name()                this rank's variables and slots, by variable name
-Rows for export (one process):
-    emb.whole_tables()                     F x [rows_f, D_f]
 Tables on disk (a plan with tiers, planner.assign_tiers; tiered.py):
     batches = emb.staged(batches, training)    elements (numerical, ids, ...) with the ids of tables
                                                on disk as cache rows, staged one element ahead
@@ -28,6 +26,7 @@ Tables on disk (a plan with tiers, planner.assign_tiers; tiered.py):
     emb.close()                            removes the store's files
 
 Modules: planner.py (`plan_tables`, `assign_tiers`: pure Python), collectives.py (the one seam to
-Horovod), layer.py (`DistributedEmbedding`), tiered.py (the disk tier), optimizers.py (SGD, Adagrad, Adam: lazy sparse row updates,
+Horovod), layer.py (`DistributedEmbedding`), tiered.py (the disk tier), optimizers.py (SGD, Adagrad,
+Adam: lazy sparse row updates,
 and the dense form, which the trainer uses for the MLPs).
 """

@@ -188,8 +188,7 @@ class DistributedEmbedding(tf.Module):
             with tf.device("/CPU:0" if tier.kind == "host" else None):   # host: GPU runs' big tables
                 self.shard_variables.append(tf.Variable(value, name=self.variable_name(s)))
             if tier.kind == "disk":
-                unit = units.setdefault(s.feature, Unit(s.feature, s.row_start, s.num_rows, tier.cache_rows,
-                                                        table.kind == "row", []))
+                unit = units.setdefault(s.feature, Unit(s.feature, s.row_start, s.num_rows, tier.cache_rows))
                 unit.variables.append(self.shard_variables[-1])
         if units and data_parallel_input and self.size > 1:
             raise ConfigError("--data_parallel_input: tables on disk need their ids on the owner rank before the step")
@@ -227,17 +226,6 @@ class DistributedEmbedding(tf.Module):
     def variables_in_order(self) -> List[tf.Variable]:
         """Shard variables, then replicated ones: the order of `gradients`' output."""
         return self.shard_variables + self.replicated_variables
-
-    def whole_tables(self) -> List[tf.Tensor]:
-        """The whole table of every feature ([rows_f, D_f], in feature order) of a one-process
-        embedding (tables on disk are read whole)."""
-        by_feature = {s.feature: v for s, v in zip(self.shards, self.shard_variables)}
-        if self.tiered:
-            self.tiered.flush()
-            by_feature.update({f: tf.constant(unit.files[0].read(slice(None))[:, 0])
-                               for f, unit in self.tiered.units.items()})
-        by_feature.update(zip(self.replicated, self.replicated_variables))
-        return [by_feature[f][:rows] for f, rows in enumerate(self.cardinalities)]
 
     def input_rows(self, feature: int) -> str:
         """Which ids of `feature` this rank's input carries: "global" ([B]), "local" ([b]) or "none"."""
@@ -421,7 +409,8 @@ class DistributedEmbedding(tf.Module):
         """Creates the disk tier's files: tables from their initial values, slots as fresh slot rows."""
         slots = self.optimizer.slots
         shards = {f: [s for s in self.shards if s.feature == f] for f in self.tiered.units}
-        parts = {f: [[v] + list(slots[v.ref()].values()) for v in unit.variables] for f, unit in self.tiered.units.items()}
+        parts = {f: [[v] + list(slots[v.ref()].values()) for v in unit.variables]
+                 for f, unit in self.tiered.units.items()}
 
         def initial_rows(unit, i, j, start, stop):
             s = shards[unit.feature][i]
@@ -466,7 +455,7 @@ class DistributedEmbedding(tf.Module):
         slots = self.optimizer.slots if self.optimizer and not weights_only else {}
         entries = []
         sources = {}
-        for f, unit in (self.tiered.units.items() if self.tiered else ()):
+        for unit in (self.tiered.units.values() if self.tiered else ()):
             sources.update({v.ref(): parts for v, parts in zip(unit.variables, self.tiered.sources(unit))})
         for s, var in zip(self.shards, self.shard_variables):
             name, shape = self.table_name(s.feature), (self.cardinalities[s.feature], self.dims[s.feature])

@@ -134,16 +134,20 @@ class Adam(Optimizer):
         var.scatter_update(tf.IndexedSlices(new_var, idx))
 
 
+_OPTIMIZERS = {"sgd": SGD, "adagrad": Adagrad, "adam": Adam}
+
+
+def _optimizer_class(name: str):
+    if name not in _OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}")
+    return _OPTIMIZERS[name]
+
+
 def slot_names(name: str) -> Tuple[str, ...]:
     """The optimizer slots (per parameter) of optimizer `name`."""
-    return {"sgd": SGD, "adagrad": Adagrad, "adam": Adam}[name].slot_names
+    return _optimizer_class(name).slot_names
 
 
 def make_optimizer(name: str, variables, scope: str, beta1=0.9, beta2=0.999) -> Optimizer:
-    if name == "sgd":
-        return SGD(variables, scope)
-    if name == "adagrad":
-        return Adagrad(variables, scope)
-    if name == "adam":
-        return Adam(variables, scope, beta1, beta2)
-    raise ValueError(f"unknown optimizer {name!r}")
+    cls = _optimizer_class(name)
+    return cls(variables, scope, beta1, beta2) if cls is Adam else cls(variables, scope)

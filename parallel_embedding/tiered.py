@@ -129,11 +129,9 @@ class StoreRows:
 class Unit:
     """One rank's shards of one feature on disk: their files, cache variables and the cache map."""
 
-    def __init__(self, feature: int, row_start: int, rows: int, capacity: int, row_shard: bool,
-                 variables: List[tf.Variable]):
+    def __init__(self, feature: int, row_start: int, rows: int, capacity: int):
         self.feature, self.row_start, self.rows, self.capacity = feature, row_start, rows, capacity
-        self.row_shard = row_shard
-        self.variables = variables          # per shard: its cache variable [C + 1, w]
+        self.variables: List[tf.Variable] = []     # per shard: its cache variable [C + 1, w]
         self.parts: List[List[tf.Variable]] = []   # per shard: [variable, slot 1..k] (set by open)
         self.files: List[ShardFile] = []
         self.slot_of = np.full(rows, -1, np.int32)
@@ -189,14 +187,14 @@ class TieredTables:
             raise ConfigError(f"--embedding_store_path={self.store_path}: no such directory")
         if not os.access(self.store_path, os.W_OK):
             raise ConfigError(f"--embedding_store_path={self.store_path}: not writable")
-        shapes = {}
+        shapes = []   # (file name, rows, parts, width) of every shard, in unit order
         for f, unit in self.units.items():
             unit.parts = parts[f]
             for shard_parts in parts[f]:
                 name, width = shard_parts[0].name.split(":")[0], int(shard_parts[0].shape[1])
-                shapes[(f, len(shapes))] = (self._file_name(name), unit.rows, len(shard_parts), width)
-        need = sum(r * p * w * 4 for _, r, p, w in shapes.values())
-        existing = sum(os.path.getsize(os.path.join(self.store_path, n)) for n, *_ in shapes.values()
+                shapes.append((self._file_name(name), unit.rows, len(shard_parts), width))
+        need = sum(r * p * w * 4 for _, r, p, w in shapes)
+        existing = sum(os.path.getsize(os.path.join(self.store_path, n)) for n, *_ in shapes
                        if os.path.isfile(os.path.join(self.store_path, n)))
         free = shutil.disk_usage(self.store_path).free + existing
         if need > free:
@@ -205,7 +203,7 @@ class TieredTables:
         atexit.register(self.close)   # whatever ends the run, the files go
         files = iter(ShardFile(os.path.join(self.store_path, n), r, p, w,
                                max(_MIN_MAPPED_BYTES, _MAPPED_BYTES * r * p * w * 4 // max(need, 1)))
-                     for n, r, p, w in shapes.values())
+                     for n, r, p, w in shapes)
         block = 1 << 16
         for f, unit in self.units.items():
             for i, shard_parts in enumerate(unit.parts):

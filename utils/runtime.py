@@ -40,9 +40,10 @@ def tiered_plan(plan: Plan, cfg: RunConfig, slots: int, on_gpu: bool) -> Plan:
     """`plan` with the storage tiers of the flags (parallel_embedding.planner.assign_tiers, `slots`
     optimizer slots per parameter): --embedding_memory_budget_gb puts the largest tables of a rank
     over it on disk, with caches for the ids of the batches in flight (two training batches, the one
-    in its step and the next, staged, and two evaluation batches while training evaluates); on a GPU, --cpu_offloading_threshold_gb puts the largest tables left in
-    memory in host memory. Raises ConfigError (one line) for a budget below a rank's smallest plan,
-    or tables on disk without --embedding_store_path."""
+    in its step and the next, staged, and two evaluation batches while training evaluates); on a
+    GPU, --cpu_offloading_threshold_gb puts the largest tables left in memory in host memory.
+    Raises ConfigError (one line) for a budget below a rank's smallest plan, or tables on disk
+    without --embedding_store_path."""
     budget = cfg.embedding_memory_budget_gb
     threshold = cfg.cpu_offloading_threshold_gb
     rows = {"train": cfg.batch_size + cfg.valid_batch_size, "eval": cfg.valid_batch_size,
