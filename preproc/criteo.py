@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 import time
+from fractions import Fraction
 
 from preproc.parsing import CATEGORICAL_NAMES
 from preproc.pipeline import Options, run
@@ -16,24 +17,39 @@ from preproc.session import spark_session
 from utils.errors import ConfigError
 
 
-def parse_thresholds(text: str):
-    """'3' (every feature), 'C3:5,C20:2' (those), '2,C3:5' (both): one threshold per C1..C26."""
-    default, named = 0, {}
+def _per_feature(flag: str, text: str, default, parse_default, parse_named):
+    """'X' (every feature), 'C3:N,C20:N' (those), 'X,C3:N' (both) -> (X or `default`, {feature index: N})."""
+    named = {}
     for item in filter(None, text.split(",")):
         name, sep, value = item.partition(":")
         try:
             if not sep:
-                default = int(item)
+                default = parse_default(item)
             elif name not in CATEGORICAL_NAMES:
-                raise ConfigError(f"--frequency_threshold: {name!r} is not a categorical feature (C1..C26)")
+                raise ConfigError(f"{flag}: {name!r} is not a categorical feature (C1..C26)")
             else:
-                named[name] = int(value)
-        except ValueError:
-            raise ConfigError(f"--frequency_threshold: {item!r} is not N or Ck:N")
-    thresholds = [named.get(name, default) for name in CATEGORICAL_NAMES]
+                named[CATEGORICAL_NAMES.index(name)] = parse_named(value)
+        except (ValueError, ZeroDivisionError):
+            raise ConfigError(f"{flag}: {item!r} is not X or Ck:N")
+    return default, named
+
+
+def parse_thresholds(text: str):
+    """'3' (every feature), 'C3:5,C20:2' (those), '2,C3:5' (both): one threshold per C1..C26."""
+    default, named = _per_feature("--frequency_threshold", text, 0, int, int)
+    thresholds = [named.get(k, default) for k in range(len(CATEGORICAL_NAMES))]
     if min(thresholds) < 0:
         raise ConfigError("--frequency_threshold: thresholds must be >= 0")
     return thresholds
+
+
+def parse_capacity(text: str):
+    """'1.5' (headroom factor of every feature), 'C3:1000000' (that feature's rows), or both ->
+    (headroom, {feature index: rows})."""
+    headroom, rows = _per_feature("--vocab_capacity", text, Fraction(1), Fraction, int)
+    if headroom < 1 or min(rows.values(), default=1) < 1:
+        raise ConfigError("--vocab_capacity: the headroom factor must be >= 1 and the rows positive")
+    return headroom, rows
 
 
 def parser():
@@ -45,11 +61,18 @@ def parser():
                         "(auto: day for several day_N files)")
     p.add_argument("--test_fraction", type=float, help="fraction split: test share (default 0.05)")
     p.add_argument("--validation_fraction", type=float, help="fraction split: validation share (default 0.05)")
-    p.add_argument("--frequency_threshold", default="0",
-                   help="values seen fewer times in training map to id 0: N, or Ck:N,..., or both")
+    p.add_argument("--frequency_threshold",
+                   help="values seen fewer times in training map to id 0: N, or Ck:N,..., or both (default 0; "
+                        "with --vocab_from: the earlier vocabulary's)")
+    p.add_argument("--vocab_capacity", default="1",
+                   help="embedding rows per feature, fixed by the first dataset for later growth: a headroom "
+                        "factor F (ceil(F x ids)), or Ck:ROWS,..., or both (default 1: no room to grow)")
     p.add_argument("--shuffle", action="store_true", help="shuffle the training rows globally")
     p.add_argument("--seed", type=int, help="shuffle seed (default 12345)")
-    p.add_argument("--vocab_from", default="", help="encode with the vocabularies of this earlier output")
+    p.add_argument("--vocab_from", default="",
+                   help="encode with the vocabularies of this earlier output, grown by the new frequent values")
+    p.add_argument("--freeze_vocab", action="store_true",
+                   help="with --vocab_from: keep its vocabularies as they are (new values -> id 0)")
     p.add_argument("--strict", action="store_true", help="stop at bad lines instead of skipping them")
     p.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="Spark configuration")
@@ -59,8 +82,12 @@ def parser():
 
 
 def options(args) -> Options:
-    if args.vocab_from and args.frequency_threshold != "0":
-        raise ConfigError("--frequency_threshold has no effect with --vocab_from (the vocabularies are given)")
+    if args.freeze_vocab and not args.vocab_from:
+        raise ConfigError("--freeze_vocab needs --vocab_from")
+    if args.freeze_vocab and args.frequency_threshold is not None:
+        raise ConfigError("--frequency_threshold has no effect with --freeze_vocab (the vocabularies are given)")
+    if args.vocab_from and args.vocab_capacity != "1":
+        raise ConfigError("--vocab_capacity has no effect with --vocab_from (the first dataset fixed the capacities)")
     if args.seed is not None and not args.shuffle:
         raise ConfigError("--seed has no effect without --shuffle")
     fractions = {"test_fraction": args.test_fraction, "validation_fraction": args.validation_fraction}
@@ -75,10 +102,12 @@ def options(args) -> Options:
             raise ConfigError(f"--{flag} must be positive")
     if args.vocab_from and not os.path.isdir(os.path.join(args.vocab_from, "vocab")):
         raise ConfigError(f"--vocab_from {args.vocab_from}: no vocab/ directory there")
-    return Options(args.input, args.output, args.split, thresholds=parse_thresholds(args.frequency_threshold),
-                   shuffle=args.shuffle, seed=12345 if args.seed is None else args.seed, vocab_from=args.vocab_from,
-                   strict=args.strict, split_bytes=args.split_mb << 20, part_rows=args.part_rows,
-                   fractions_given=bool(given), **fractions)
+    thresholds = None if args.frequency_threshold is None else parse_thresholds(args.frequency_threshold)
+    headroom, capacity_rows = parse_capacity(args.vocab_capacity)
+    return Options(args.input, args.output, args.split, thresholds=thresholds, headroom=headroom,
+                   capacity_rows=capacity_rows, shuffle=args.shuffle, seed=12345 if args.seed is None else args.seed,
+                   vocab_from=args.vocab_from, freeze_vocab=args.freeze_vocab, strict=args.strict,
+                   split_bytes=args.split_mb << 20, part_rows=args.part_rows, fractions_given=bool(given), **fractions)
 
 
 def main(argv=None):

@@ -2,8 +2,9 @@
 
     1. line counts of every split (one task per split)       -> the layout (mappings, parts)
     2. value counts of the training rows (numpy tables), bad-line reports -> summed per
-       (feature, hash bucket) after Spark groups them, cut to the frequent values; one task per
-       feature ranks them and writes vocab/<feature>.npy
+       (feature, hash bucket) after Spark groups them, cut to the frequent values (and the values
+       of the earlier vocabulary that grows); one task per feature ranks them (or grows the
+       earlier vocabulary with them) and writes vocab/<feature>.npy; the driver writes vocab.json
        (step 2 parses each split once and caches the parsed columns under the job's directory)
     3. the driver creates every part file at its final size (rows per part and split are
        known from step 2); one task per split encodes its cached rows and writes them at
@@ -22,13 +23,14 @@ import sys
 import tempfile
 import uuid
 import zipfile
+from fractions import Fraction
 from typing import Dict, List
 
 import numpy as np
 
 from dataloading.feature_spec import SPEC_FILE, split_binary_spec
 from preproc import layout as layouts
-from preproc import parsing, reading, tasks, vocab
+from preproc import parsing, reading, tasks, vocab, vocab_info
 from preproc.layout import MAPPINGS
 from utils.errors import DatasetError
 
@@ -45,10 +47,13 @@ class Options:
     test_fraction: float = 0.05
     validation_fraction: float = 0.05
     fractions_given: bool = False         # the fractions were set (an error with the day split)
-    thresholds: List[int] = None          # per categorical feature (C1..C26)
+    thresholds: List[int] = None          # per categorical feature (C1..C26); None: 0, or the earlier ones
+    headroom: Fraction = Fraction(1)      # new vocabularies: capacity = ceil(headroom x (K + 1)) ...
+    capacity_rows: Dict[int, int] = None  # ... or these rows (per categorical feature index)
     shuffle: bool = False
     seed: int = 12345
-    vocab_from: str = ""
+    vocab_from: str = ""                  # the earlier output whose vocabularies grow (or are kept)
+    freeze_vocab: bool = False            # with vocab_from: keep its vocabularies as they are
     strict: bool = False
     split_bytes: int = 128 << 20
     block_bytes: int = 8 << 20
@@ -72,7 +77,7 @@ def run(spark, opts: Options, log=print) -> dict:
     os.makedirs(tmp)
     try:
         ctx = tasks.Context(splits, split_lines[:-1], file_lines, layout, opts.block_bytes, NUMERICAL, CATEGORICAL,
-                            LABEL, count=not opts.vocab_from, vocab_root=tmp, out_root=tmp,
+                            LABEL, count=not opts.freeze_vocab, vocab_root=tmp, out_root=tmp,
                             cache_root=os.path.join(tmp, "cache"))
         summary = _count_and_rank(spark, ctx, opts, tmp, log)
         spec = _spec(layout, summary.pop("cardinalities"), opts.output)
@@ -139,33 +144,68 @@ def _count_and_rank(spark, ctx, opts: Options, tmp, log) -> dict:
             if opts.strict:
                 raise DatasetError(f"--strict: {message}")
             log(f"skipped {message}")
-        if opts.vocab_from:
-            cards = {}
-            for k, f in enumerate(CATEGORICAL):
-                entries = vocab.load(opts.vocab_from, f)
-                vocab.save(tmp, f, entries)
-                cards[k] = len(entries) + 1
-        else:
-            thresholds, buckets = opts.thresholds or [0] * len(CATEGORICAL), sc.defaultParallelism
-            cards = dict(counted.flatMap(lambda r: tasks.bucketed(r[1], buckets)).groupByKey(buckets)
-                         .map(lambda kv: (kv[0][0], vocab.frequent(tasks.summed(kv[1]), thresholds[kv[0][0]])))
-                         .groupByKey(buckets)
-                         .map(lambda kv: (kv[0], tasks.rank_column(ctx, kv[0], kv[1], thresholds[kv[0]]))).collect())
-            for k, f in enumerate(CATEGORICAL):       # features with no value in the training rows
-                if k not in cards:
-                    vocab.save(tmp, f, vocab.rank(np.zeros(0, np.uint64), np.zeros(0, np.int64), 0))
-                    cards[k] = 1
+        cards, thresholds, report = _vocabularies(sc, counted, ctx, opts, tmp, log)
     finally:
         counted.unpersist()
     return {"rows": rows, "split_part_rows": [{int(p): n for p, n in i["part_rows"].items()} for i in infos],
             "bad_lines": bad, "first_bad_lines": [f"{p}:{line}: {r}" for p, line, r in first_bad],
-            "cardinalities": [cards[k] for k in range(len(CATEGORICAL))],
+            "cardinalities": cards,
             "inputs": [s.path for s in ctx.splits if s.start == 0],
-            "frequency_threshold": dict(zip(CATEGORICAL, opts.thresholds or [0] * len(CATEGORICAL))),
-            "vocabulary": f"{vocab.VOCAB_DIR}/<feature>.npy (value, count) in id order from id 1; "
-                          "id 0: missing and rare values",
+            "frequency_threshold": dict(zip(CATEGORICAL, thresholds)),
+            "vocabulary": f"{vocab.VOCAB_DIR}/<feature>.npy (value, count, generation) in id order from id 1; "
+                          "id 0: missing and rare values and those past capacity; cardinality: the capacity",
+            "vocabularies": report,
             "numerical": "log(v + 3); v < -2 counts as -2; missing -> 0",
             "shuffle_seed": opts.seed if opts.shuffle else None}
+
+
+def _vocabularies(sc, counted, ctx, opts: Options, tmp, log):
+    """Ranks new vocabularies, grows the earlier ones (--vocab_from) or copies them (--freeze_vocab)
+    into tmp/vocab/ with vocab.json; returns (capacities, thresholds, report) per categorical feature."""
+    info = vocab_info.load(opts.vocab_from, CATEGORICAL) if opts.vocab_from else None
+    earlier = [info["features"][f] for f in CATEGORICAL] if info else None
+    thresholds = opts.thresholds or ([e["threshold"] for e in earlier] if info else [0] * len(CATEGORICAL))
+    if opts.freeze_vocab:
+        for f in CATEGORICAL:
+            vocab.save(tmp, f, vocab.load(opts.vocab_from, f))
+        vocab_info.save(tmp, info)
+        caps = [e["capacity"] for e in earlier]
+        sizes = [e["generations"][-1]["end_id"] for e in earlier]
+        return caps, thresholds, _report(info["generation"], "frozen", caps, sizes, [{}] * len(caps))
+    caps, buckets = [e["capacity"] for e in earlier] if info else [0] * len(CATEGORICAL), sc.defaultParallelism
+    ctx.base_root, ctx.generation = opts.vocab_from, info["generation"] + 1 if info else 0
+    ranked = dict(counted.flatMap(lambda r: tasks.bucketed(r[1], buckets)).groupByKey(buckets)
+                  .map(lambda kv: (kv[0][0], tasks.kept(ctx, kv[0][0], tasks.summed(kv[1]), thresholds[kv[0][0]])))
+                  .groupByKey(buckets)
+                  .map(lambda kv: (kv[0], tasks.rank_column(ctx, kv[0], kv[1], thresholds[kv[0]], caps[kv[0]])))
+                  .collect())
+    nothing = (np.zeros(0, np.uint64), np.zeros(0, np.int64))
+    ranked = [ranked[k] if k in ranked else tasks.rank_column(ctx, k, [nothing], thresholds[k], caps[k])
+              for k in range(len(CATEGORICAL))]      # (features with no value in the training rows)
+    sizes = [r.pop("size") for r in ranked]
+    if info:
+        info = vocab_info.grown(info, dict(zip(CATEGORICAL, thresholds)), dict(zip(CATEGORICAL, sizes)))
+        for f, r in zip(CATEGORICAL, ranked):
+            if r["past_capacity"]:
+                log(f"{f}: capacity {info['features'][f]['capacity']} full: {r['past_capacity']} new values "
+                    f"({r['past_capacity_rows']} training rows) -> id 0")
+        log(f"vocabulary generation {info['generation']}: {sum(r['added'] for r in ranked)} values added, "
+            f"{sum(r['past_capacity'] for r in ranked)} past capacity")
+    else:
+        rows = opts.capacity_rows or {}
+        caps = [vocab_info.capacity(n, opts.headroom, rows.get(k), f"{parsing.CATEGORICAL_NAMES[k]} ({f})")
+                for k, (f, n) in enumerate(zip(CATEGORICAL, sizes))]
+        info = vocab_info.first(dict(zip(CATEGORICAL, caps)), dict(zip(CATEGORICAL, thresholds)),
+                                dict(zip(CATEGORICAL, sizes)))
+        ranked = [{"added": n - 1, "past_capacity": 0, "past_capacity_rows": 0} for n in sizes]
+    vocab_info.save(tmp, info)
+    return caps, thresholds, _report(info["generation"], "grown" if opts.vocab_from else "new", caps, sizes, ranked)
+
+
+def _report(generation, mode, caps, sizes, growth) -> dict:
+    """The spec's metadata on the vocabularies: per feature ids in use, capacity, ids left and growth."""
+    return {"generation": generation, "mode": mode, "features": {
+        f: dict(g, ids=n - 1, capacity=c, ids_left=c - n) for f, c, n, g in zip(CATEGORICAL, caps, sizes, growth)}}
 
 
 def _spec(layout, cardinalities, output):

@@ -3,9 +3,10 @@
 `count_values` parses a split once: it returns its report (rows per mapping and per part, bad
 lines) and the value counts of its training rows as numpy tables, and caches the parsed columns
 (labels, float16 numericals, per block the distinct values and each row's code) in
-`cache_root`. `bucketed`, `summed` and `rank_column` sum the tables per (feature, hash bucket)
-and rank each feature's frequent values. `write_direct` encodes a split's cached rows and writes
-those of unshuffled parts at their known place in the pre-sized part files. With a shuffle,
+`cache_root`. `bucketed`, `summed`, `kept` and `rank_column` sum the tables per (feature, hash
+bucket) and rank each feature's frequent values (or grow an earlier vocabulary with them).
+`write_direct` encodes a split's cached rows and writes those of unshuffled parts at their known
+place in the pre-sized part files. With a shuffle,
 `encode` turns the shuffled rows into fixed-size binary records (part, sort key) that Spark
 groups and sorts, and `write` writes whole sorted parts.
 """
@@ -38,6 +39,8 @@ class Context:
     label: str
     count: bool = True                     # count values (False: the vocabularies are given)
     vocab_root: str = ""                   # where vocab/<feature>.npy lie
+    base_root: str = ""                    # rank: the earlier output whose vocabularies grow ("": new ones)
+    generation: int = 0                    # rank: the generation of the ids it adds
     out_root: str = ""                     # write: where the part files go
     cache_root: str = ""                   # where the parsed splits are cached
     record: list = None                    # write: the record's numpy dtype description
@@ -116,12 +119,25 @@ def summed(tables) -> tuple:
     return values[counts > 0], counts[counts > 0]
 
 
-def rank_column(ctx: Context, col: int, tables, threshold: int) -> int:
-    """One feature's summed counts (disjoint tables) -> its vocabulary file; returns its cardinality."""
-    tables = list(tables)
-    entries = vocab.rank(np.concatenate([t[0] for t in tables]), np.concatenate([t[1] for t in tables]), threshold)
-    vocab.save(ctx.vocab_root, ctx.categorical[col], entries)
-    return len(entries) + 1
+def kept(ctx: Context, col: int, table: tuple, threshold: int) -> tuple:
+    """A summed count table cut to the values that rank: the frequent ones, and with an earlier
+    vocabulary every value it holds (their counts are added to it)."""
+    known = vocab.encoder(ctx.base_root, ctx.categorical[col]) if ctx.base_root else None
+    return vocab.frequent(table, threshold, known)
+
+
+def rank_column(ctx: Context, col: int, tables, threshold: int, capacity: int = 0) -> dict:
+    """One feature's kept counts (disjoint tables) -> its vocabulary file, new or the earlier one
+    grown up to `capacity` ids; returns {"size": ids in use + 1} and `vocab.grow`'s report."""
+    tables, feature = list(tables), ctx.categorical[col]
+    values, counts = np.concatenate([t[0] for t in tables]), np.concatenate([t[1] for t in tables])
+    if ctx.base_root:
+        entries, report = vocab.grow(vocab.load(ctx.base_root, feature), values, counts, threshold, capacity,
+                                     ctx.generation)
+    else:
+        entries, report = vocab.rank(values, counts, threshold), {}
+    vocab.save(ctx.vocab_root, feature, entries)
+    return dict(report, size=len(entries) + 1)
 
 
 def _encoded(ctx: Context, split_id: int):

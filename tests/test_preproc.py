@@ -169,19 +169,23 @@ def test_same_output_whatever_the_partitioning(spark, generated, tmp_path):
     assert load(plain, "test")[1]["labels"].tolist() == load(shuffled, "test")[1]["labels"].tolist()
 
 
-def test_vocab_from_encodes_new_data_with_the_same_ids(spark, tmp_path):
+def test_freeze_vocab_encodes_new_data_with_the_same_ids(spark, tmp_path):
+    """--vocab_from with --freeze_vocab: the earlier vocabularies as they are (growth:
+    tests/test_preproc_vocab.py)."""
     first = tmp_path / "first"
     run(spark, opts([write_text(tmp_path / "a.txt", HAND)], first, thresholds=parse_thresholds("2,C2:3")),
         log=lambda m: None)
     new = write_text(tmp_path / "b.txt", [line("1", ["1"], ["b", "2f"]), line("0", [], ["a", "10"]),
                                          line("1", [], ["a", "10"]), line("0", [], ["z", "10"]), line("1", [], ["c", "10"])])
     second = tmp_path / "second"
-    run(spark, opts([new], second, vocab_from=str(first)))
+    run(spark, opts([new], second, vocab_from=str(first), freeze_vocab=True), log=lambda m: None)
     spec, train = load(second, "train")
     assert spec.cardinalities == FeatureSpec.from_yaml(str(first / SPEC_FILE)).cardinalities
     np.testing.assert_array_equal(train["categorical"][0], [2, 1, 1])   # b, a, a as in `first`
     np.testing.assert_array_equal(train["categorical"][1], [0, 1, 1])
-    assert (second / "vocab" / "cat_0.npy").read_bytes() == (first / "vocab" / "cat_0.npy").read_bytes()
+    for name in ("cat_0.npy", "vocab.json"):
+        assert (second / "vocab" / name).read_bytes() == (first / "vocab" / name).read_bytes()
+    assert spec.metadata["vocabularies"]["mode"] == "frozen" and spec.metadata["frequency_threshold"]["cat_1"] == 3
 
 
 def test_output_trains_with_dlrm(spark, generated, tmp_path):
