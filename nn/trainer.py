@@ -8,7 +8,7 @@ import tensorflow as tf
 from nn.checkpoint import Entry, replicated_entries
 from nn.lr_schedule import LearningRateSchedule
 from nn.model import RankingModel
-from parallel_embedding.layer import UPDATED_AT
+from parallel_embedding import UPDATED_AT
 from parallel_embedding.optimizers import make_optimizer
 from utils.errors import NonFiniteError
 

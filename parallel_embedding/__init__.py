@@ -34,3 +34,4 @@ Horovod), layer.py (`DistributedEmbedding`), tiered.py (the disk tier), optimize
 Adam: lazy sparse row updates,
 and the dense form, which the trainer uses for the MLPs).
 """
+UPDATED_AT = "updated_at"   # tensor `<table>/updated_at` [rows, 1] int32: the step that last updated each row

@@ -36,13 +36,13 @@ import numpy as np
 import tensorflow as tf
 
 from nn.checkpoint import Entry, replicated_entries
+from parallel_embedding import UPDATED_AT
 from parallel_embedding.optimizers import make_optimizer
 from parallel_embedding.planner import Plan, Shard, plan_tables  # noqa: F401 (plan_tables: the example)
 from parallel_embedding.tiered import TieredTables, Unit
 from utils.errors import ConfigError
 
 _INIT_BLOCK_ROWS = 1 << 16
-UPDATED_AT = "updated_at"   # tensor `<table>/updated_at` [rows, 1] int32: the step that last updated each row
 
 
 def shard_initial_value(rows: int, dim: int, shard: Shard, seed) -> tf.Tensor:
