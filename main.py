@@ -6,6 +6,7 @@ import dataclasses
 import os
 import sys
 import time
+import uuid
 
 from absl import app
 
@@ -111,6 +112,9 @@ class Run:
         self.start_step = 0   # the trainer's (global) step at the start
         self.data_start = 0   # the first training batch of this data
         self.saved = None   # (step, path) of this run's newest checkpoint
+        # The runs that trained this model, each from the step it started at (deployment/delta.py)
+        self.lineage = [{"run": comm.broadcast_object(uuid.uuid4().hex if comm.rank == 0 else None, "run_id"),
+                         "from_step": 0}]
         self.best_auc = checkpoint.best_auc(cfg.save_checkpoint_path) if cfg.keep_best_checkpoint else None
         if cfg.restore_checkpoint_path:
             self._restore()
@@ -133,11 +137,13 @@ class Run:
         weights_only = mode == "weights"
         # weights only: a fresh optimizer, of any kind
         signature = self.model_config.signature(optimizer=None if weights_only else cfg.optimizer)
-        from nn.trainer import LOSS_SCALE_STATE   # float16 AMP's: absent without it
         checkpoint.restore(ckpt, self.trainer.checkpoint_entries(weights_only), signature,
                            self.trainer.checkpoint_names(weights_only), extra_ok=weights_only,
-                           optional=set(LOSS_SCALE_STATE))
+                           optional=self.trainer.optional_names())
         self.start_step = int(self.trainer.step.numpy())
+        if not weights_only:   # the same model, trained on by this run
+            self.lineage = saved.get("lineage", [{"run": "", "from_step": 0}]) + [
+                dict(self.lineage[-1], from_step=self.start_step)]
         restart = mode == "continue" and cfg.restore_lr_schedule == "restart"
         self.trainer.schedule_origin.assign(self.start_step if restart else saved.get("schedule_origin", 0))
         what = "" if cfg.mode != "train" else {
@@ -173,7 +179,7 @@ class Run:
         """Checkpoints global step `step`, having trained the first `data_step` batches of this data."""
         self.trainer.check_finite()
         state = {"data": position.state(self.data_definition, data_step, self.steps_per_epoch),
-                 "schedule_origin": int(self.trainer.schedule_origin.numpy())}
+                 "schedule_origin": int(self.trainer.schedule_origin.numpy()), "lineage": self.lineage}
         path = checkpoint.save(self.cfg.save_checkpoint_path, self.trainer.checkpoint_entries(), step,
                                self.model_config.signature(self.cfg.optimizer), self.comm, state,
                                keep=self.cfg.keep_checkpoints)

@@ -135,7 +135,7 @@ def pipeline(args):
         plan = assign_tiers(plan_tables(W1_CARDINALITIES, [16] * 26, 1), 0,
                             None if budget is None else int(budget * 2 ** 30), [4 * BATCH] * 26)
         emb = RankingModel(config, plan=plan, store_path=store, zeros_initializer=True).embeddings
-        emb.set_optimizer("sgd")
+        emb.set_optimizer("sgd", tf.Variable(0, dtype=tf.int64))
         batches = train_batches(d, RankInput.single_process(26), rows=d.rows("train"), batch_size=BATCH, seed=1,
                                 start_step=0, end_step=args.steps)
         for n, element in enumerate(emb.staged(prefetched(batches, d), training=True)):

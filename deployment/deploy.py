@@ -5,17 +5,24 @@
 The checkpoint's manifest holds the model's shape, so no model flags are needed. Writes the
 monolithic SavedModel, the ensemble (sparse + dense SavedModels) and their config.pbtxt files, or,
 for tables larger than --max_tables_in_memory_gb, the dense SavedModel and the tables as .npy
-files (see deployment/repository.py and docs/deployment.md). The last line says what was written.
+files (see deployment/repository.py and docs/deployment.md). With --delta_from, writes instead
+the rows updated since an earlier export and the dense model (deployment/delta.py), for a running
+server to apply. The last line says what was written.
+
+    python deployment/deploy.py --checkpoint=runs/day1/checkpoints --delta_from=runs/day0/model_repository \
+        --output=runs/updates/day1
 """
 import os
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags, logging  # noqa: E402
 
+from deployment.delta import DeltaError  # noqa: E402
 from deployment.repository import (MEMORY_FRACTION, ExportError, Settings, default_tables_limit, gib,  # noqa: E402
-                                   write_repository)
+                                   write_delta_repository, write_repository)
 from utils.errors import CheckpointError  # noqa: E402
 
 flags.DEFINE_string("checkpoint", None, "checkpoint directory (a ckpt-<step> or the root holding `latest`)")
@@ -33,6 +40,8 @@ flags.DEFINE_integer("max_queue_delay_us", Settings.max_queue_delay_us, "dynamic
                      "more requests, microseconds")
 flags.DEFINE_float("host_table_mb", 4096.0, "embedding tables larger than this (MiB) are placed in host memory "
                    "and gathered on the CPU; the others go with the model's instances")
+flags.DEFINE_string("delta_from", None, "write a delta against this earlier export (a model repository or a delta "
+                    "written by deploy.py) instead of a full export: the rows updated since it, and the dense model")
 flags.DEFINE_bool("overwrite", False, "replace an existing --output (once the new repository is complete)")
 flags.mark_flags_as_required(["checkpoint", "output"])
 FLAGS = flags.FLAGS
@@ -53,15 +62,33 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     logging.set_verbosity(logging.WARNING)   # not a line per SavedModel file written
     try:
+        if FLAGS.delta_from:
+            given = [f"--{n}" for n in ("forms", "max_tables_in_memory_gb") if FLAGS[n].present]
+            if given:
+                raise ExportError(f"{', '.join(given)}: no effect with --delta_from (a delta holds rows and the dense "
+                                  "model)")
+            start = time.perf_counter()
+            info = write_delta_repository(FLAGS.checkpoint, FLAGS.output, FLAGS.delta_from, FLAGS.model_name,
+                                          FLAGS.overwrite)
+            print(delta_summary(info, FLAGS.output, time.perf_counter() - start))
+            return
         settings = settings_from_flags()
         limit = default_tables_limit() if FLAGS.max_tables_in_memory_gb is None else \
             int(FLAGS.max_tables_in_memory_gb * 2 ** 30)
         info = write_repository(FLAGS.checkpoint, FLAGS.output, FLAGS.model_name, settings, FLAGS.host_table_mb,
                                 FLAGS.forms, FLAGS.overwrite, limit)
-    except (ExportError, CheckpointError) as e:
+    except (ExportError, CheckpointError, DeltaError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     print(summary(info, FLAGS.output, chosen=FLAGS.forms is None, limit=limit))
+
+
+def delta_summary(info: dict, out: str, seconds: float) -> str:
+    """One line: what the delta `out` (delta.json content `info`) holds."""
+    rows = sum(t["count"] for t in info["tables"])
+    size = sum(t[k]["bytes"] for t in info["tables"] for k in ("ids", "rows"))
+    return (f"exported delta {info['base']['step']} -> {info['new']['step']} to {out}: {rows:,} updated rows in "
+            f"{len(info['tables'])} table(s) ({size / 2 ** 20:.1f} MiB) and the dense model, {seconds:.1f} s")
 
 
 def summary(info: dict, out: str, chosen: bool, limit: int) -> str:

@@ -20,15 +20,20 @@ import os
 import shutil
 from typing import Dict, List, Optional, Sequence
 
+import numpy as np
+
+from deployment import delta
+from deployment.delta import EXPORT_INFO
 from deployment.layout import CATEGORICAL, EMBEDDINGS, LOGITS, NUMERICAL, PREDICTIONS, ServingLayout
-from deployment.tables import tables_bytes, write_tables
+from deployment.tables import table_tensor, tables_bytes, write_tables
+from nn import checkpoint
 from nn.checkpoint import read_manifest
 from nn.model_config import ModelConfig
+from parallel_embedding import UPDATED_AT
 from utils.files import move_into_place
 
 FORMS = ("monolithic", "ensemble", "tables")
 IN_MEMORY_FORMS = ("monolithic", "ensemble")   # every table in memory (and in a SavedModel)
-EXPORT_INFO = "export.json"
 MEMORY_FRACTION = 0.25   # of physical memory: the default limit of tables exported in memory
 
 
@@ -124,23 +129,72 @@ def write_repository(checkpoint_path: str, out: str, name: str = None, settings:
     name `name` (default dlrm, or dcnv2 for a cross-interaction model); returns its export.json
     content. Tables above `host_table_mb` MiB are served from host memory. `forms`: see
     choose_forms; `max_tables_bytes`: its limit (default default_tables_limit())."""
-    if os.path.exists(out) and not overwrite:
-        raise ExportError(f"{out} already exists; pass --overwrite to replace it")
+    _check_output(out, overwrite)
     manifest = read_manifest(checkpoint_path)
     model = ModelConfig.from_signature(manifest["signature"])
     table_bytes = tables_bytes(model)
     forms = choose_forms(forms, table_bytes, default_tables_limit() if max_tables_bytes is None else max_tables_bytes)
-    name = name or ("dcnv2" if model.interaction == "cross" else "dlrm")
-    layout = ServingLayout.of(model)
-    tmp = f"{out.rstrip('/')}.tmp-export"
+    name = name or default_name(model)
+    return _written_whole(out, lambda tmp: _write_content(manifest, tmp, name, ServingLayout.of(model), settings,
+                                                          host_table_mb, forms))
+
+
+def default_name(model: ModelConfig) -> str:
+    return "dcnv2" if model.interaction == "cross" else "dlrm"
+
+
+def _check_output(out: str, overwrite: bool):
+    if os.path.exists(out) and not overwrite:
+        raise ExportError(f"{out} already exists; pass --overwrite to replace it")
+
+
+def _written_whole(out: str, write):
+    """`write(tmp)`'s result, having written `out` under a temporary name next to it and renamed
+    it into place (removed on error)."""
+    tmp = os.path.join(os.path.dirname(os.path.abspath(out)), f".{os.path.basename(out.rstrip('/'))}.tmp-export")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        info = _write_content(manifest, tmp, name, layout, settings, host_table_mb, forms)
+        info = write(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     move_into_place(tmp, out, f"{out.rstrip('/')}.old-export")
     return info
+
+
+def write_delta_repository(checkpoint_path: str, out: str, base_path: str, name: Optional[str] = None,
+                           overwrite: bool = False) -> dict:
+    """Writes into `out` the delta (deployment/delta.py) that turns the version exported at
+    `base_path` (a model repository or a delta) into the checkpoint at `checkpoint_path`: the rows
+    each table updated since the base's step and the whole dense model; returns its delta.json
+    content. The checkpoint must descend from the base (same model, trained on from it)."""
+    _check_output(out, overwrite)
+    manifest = read_manifest(checkpoint_path)
+    model = ModelConfig.from_signature(manifest["signature"])
+    base = delta.base_version(base_path)
+    if ModelConfig.from_signature(delta.base_signature(base_path)) != model:
+        raise ExportError(f"{base_path}: another model than {manifest['path']}'s (its signature differs)")
+    new = delta.checkpoint_version(manifest)
+    if not delta.descends_from(manifest, base):
+        raise ExportError(f"{manifest['path']} ({new}) was not trained on from {base_path} ({base}): "
+                          "export it in full instead")
+    names = [f"{table_tensor(f)}/{UPDATED_AT}" for f in range(len(model.tables))]
+    if any(n not in manifest["tensors"] for n in names):
+        raise ExportError(f"{manifest['path']}: written without the rows' updated_at (an older checkpoint): "
+                          "export it in full instead")
+
+    def tables():
+        for f, (table, updated) in enumerate(zip(model.tables, names)):
+            ids = np.concatenate([start + np.flatnonzero(block[:, 0] > base.step)
+                                  for start, block in checkpoint.read_blocks(manifest, updated)])
+            yield f, table.cardinality, ids, checkpoint.gather_rows(manifest, table_tensor(f), ids, np.float32)
+
+    def write_dense(path):
+        from deployment.export import save, serving_modules   # TensorFlow: after the checks
+        save(serving_modules(manifest, 0, with_tables=False)["dense"], path)
+
+    return _written_whole(out, lambda tmp: delta.write_delta(tmp, name or default_name(model), base, new,
+                                                             manifest["signature"], tables(), write_dense))
 
 
 def _write_content(manifest: dict, tmp: str, name: str, layout: ServingLayout, settings: Settings,
@@ -174,6 +228,7 @@ def _write_content(manifest: dict, tmp: str, name: str, layout: ServingLayout, s
         table_files = {"directory": directory, "tables": len(files["tables"]), "bytes": sum(
             os.path.getsize(os.path.join(tmp, directory, t["file"])) for t in files["tables"])}
     info = {"name": name, "forms": list(forms), "checkpoint": manifest["path"], "step": manifest["step"],
+            "version": delta.checkpoint_version(manifest).to_json(),
             "written_at_ranks": manifest["world_size"], "signature": manifest["signature"],
             "layout": dataclasses.asdict(layout), "models": sorted(parts),
             "ensemble": f"{name}_ensemble" if "ensemble" in forms else None,

@@ -18,7 +18,8 @@ Restoring reads, for every variable of this rank, the parts of the saved pieces 
 (memory-mapped), so a checkpoint written at N ranks restores at M. All ranks must see ROOT (a
 shared file system). A streamed entry (its variable a `RowSource`: a table in a disk store, larger
 than memory) is saved and restored BLOCK_BYTES at a time, never whole in memory; `read_blocks`
-reads any 2-D tensor of a checkpoint so (deployment's table files).
+reads any 2-D tensor of a checkpoint so (deployment's table files), `gather_rows` some of its rows
+(deployment's deltas).
 """
 import dataclasses
 import json
@@ -307,6 +308,27 @@ def read_blocks(path_or_manifest, name: str, dtype=None) -> Iterator[Tuple[int, 
     _check_coverage(ckpt, entry, tensor)
     for start, stop in _blocks(rows, cols, tensor["dtype"], dtype):
         yield start, _read_region(ckpt, entry, tensor, (start, stop)).astype(dtype, copy=False)
+
+
+def gather_rows(manifest: dict, name: str, ids: np.ndarray, dtype=None) -> np.ndarray:
+    """Rows `ids` ([n] ascending) of the 2-D tensor `name` of a checkpoint (its manifest, from
+    read_manifest) as [n, cols] of `dtype` (default the tensor's), read from the pieces that hold
+    them (memory-mapped): only those rows are read."""
+    ckpt, tensor = manifest["path"], manifest["tensors"].get(name)
+    if tensor is None or len(tensor["shape"]) != 2:
+        raise CheckpointError(f"{ckpt}: no 2-D tensor {name}")
+    rows, cols = tensor["shape"]
+    _check_pieces(ckpt, name, tensor)
+    _check_coverage(ckpt, Entry(name, np.broadcast_to(np.zeros((), tensor["dtype"]), (rows, cols)), (rows, cols)),
+                    tensor)
+    out = np.empty((len(ids), cols), dtype or tensor["dtype"])
+    for p in tensor["pieces"]:
+        (pa, pb), (pc, pd) = p["rows"], p["cols"]
+        lo, hi = np.searchsorted(ids, [pa, pb])
+        if lo < hi:
+            values = np.load(os.path.join(ckpt, p["file"]), mmap_mode="r")
+            out[lo:hi, pc:pd] = values[ids[lo:hi] - pa]
+    return out
 
 
 def _overlaps(tensor: dict, rows: Tuple[int, int], cols: Tuple[int, int]):

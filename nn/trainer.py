@@ -8,6 +8,7 @@ import tensorflow as tf
 from nn.checkpoint import Entry, replicated_entries
 from nn.lr_schedule import LearningRateSchedule
 from nn.model import RankingModel
+from parallel_embedding import UPDATED_AT
 from parallel_embedding.optimizers import make_optimizer
 from utils.errors import NonFiniteError
 
@@ -102,7 +103,7 @@ class Trainer(tf.Module):
         # loss: kept on the device, read by check_finite, so that no step waits for the host.
         self.first_nonfinite_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="first_nonfinite_step")
         self.first_nonfinite_loss = tf.Variable(0.0, trainable=False, name="first_nonfinite_loss")
-        model.embeddings.set_optimizer(optimizer, beta1, beta2, compiled=not run_eagerly)
+        model.embeddings.set_optimizer(optimizer, self.step, beta1, beta2, compiled=not run_eagerly)
         self.dense_optimizer = make_optimizer(optimizer, model.dense_variables, "dense_optimizer", beta1, beta2)
         self.loss_scale = LossScale(static=static_loss_scale) if loss_scaling else None
         self.train_tables = train_tables
@@ -147,6 +148,12 @@ class Trainer(tf.Module):
         if weights_only:
             return self.model.checkpoint_names()
         return self.model.embeddings.checkpoint_names() | {e.name for e in self.checkpoint_entries()}
+
+    def optional_names(self) -> Set[str]:
+        """Tensors a checkpoint may lack (their variables then keep their values): float16 loss
+        scaling's state, and the tables' updated_at (checkpoints written before rows' updates were
+        recorded)."""
+        return set(LOSS_SCALE_STATE) | {n for n in self.model.embeddings.checkpoint_names() if n.endswith(UPDATED_AT)}
 
     def broadcast_replicated(self):
         """Sets the data-parallel state (dense variables, replicated tables, their slots, counters)

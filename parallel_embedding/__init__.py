@@ -11,11 +11,15 @@ Lookup and gradient hand-off (the train step):
     features = emb.exchange(looked_up, b)          -> F x [b, D_f]; emb(ids, b) does both
     grads = emb.gradients(looked_up, feature_grads)     F x [b, D_f] -> IndexedSlices, one per variable
 Optimizer update of the rows:
-    emb.set_optimizer("sgd" | "adagrad" | "adam", beta1, beta2)    once; emb.optimizer.slot_names
-    emb.apply_gradients(grads, lr, multi_hot)      only the rows in grads (and their slots) change
+    emb.set_optimizer("sgd" | "adagrad" | "adam", step, beta1, beta2)   once; step: the global step
+                                                   counter (int64 variable); emb.optimizer.slot_names
+    emb.apply_gradients(grads, lr, multi_hot)      only the rows in grads (and their slots) change;
+                                                   their updated_at becomes step + 1
 Checkpoint entries (nn.checkpoint saves every rank's pieces, restores at any world size):
     emb.checkpoint_entries(weights_only)   this rank's pieces of tensors "embedding/table_<f>"
-                                           [rows_f, D_f] and "embedding/table_<f>/<slot>", and of
+                                           [rows_f, D_f] and "embedding/table_<f>/<slot>", of
+                                           "embedding/table_<f>/updated_at" [rows_f, 1] int32 (the
+                                           step that last updated each row, 0: never) and of
                                            "table_optimizer/iterations" []
     emb.checkpoint_names(weights_only)     every such tensor name, on any rank
     emb.variables_by_name()                this rank's variables and slots, by variable name
@@ -30,3 +34,4 @@ Horovod), layer.py (`DistributedEmbedding`), tiered.py (the disk tier), optimize
 Adam: lazy sparse row updates,
 and the dense form, which the trainer uses for the MLPs).
 """
+UPDATED_AT = "updated_at"   # tensor `<table>/updated_at` [rows, 1] int32: the step that last updated each row

@@ -36,6 +36,7 @@ import numpy as np
 import tensorflow as tf
 
 from nn.checkpoint import Entry, replicated_entries
+from parallel_embedding import UPDATED_AT
 from parallel_embedding.optimizers import make_optimizer
 from parallel_embedding.planner import Plan, Shard, plan_tables  # noqa: F401 (plan_tables: the example)
 from parallel_embedding.tiered import TieredTables, Unit
@@ -151,6 +152,12 @@ class DistributedEmbedding(tf.Module):
     Shards the plan puts on disk (`plan.tier(rank, f)`, see tiered.py) keep their rows and slots
     in files under `store_path` and a cache of the tier's `cache_rows` rows in their variables,
     victims chosen by `cache_policy`; their ids must pass through `staged` before the lookup.
+
+    Changed rows: every table records per row the global step that last updated it (0: never),
+    `updated_at` [rows, 1] int32 beside the table (one per row range: column slices share their
+    first slice's; tables on disk: in host memory, set when a training batch is staged), saved
+    with the optimizer state as tensor `<table>/updated_at`; an export compares it with an earlier
+    export's step to write only the rows updated since (deployment/delta.py).
     """
 
     def __init__(self, plan: Plan, collectives, seed, data_parallel_input: bool = False,
@@ -175,7 +182,7 @@ class DistributedEmbedding(tf.Module):
             return shard_initial_value(tables[s.feature].rows, tables[s.feature].dim, s, (seed[0], seed[1] + s.feature))
 
         self._initial_value = initial_value
-        self.shard_variables = []
+        self.shard_variables, self.updated_at = [], []   # updated_at: per shard, None for a later column slice
         units = {}
         for s in self.shards:
             table, tier = tables[s.feature], plan.tier(self.rank, s.feature)
@@ -190,6 +197,11 @@ class DistributedEmbedding(tf.Module):
             if tier.kind == "disk":
                 unit = units.setdefault(s.feature, Unit(s.feature, s.row_start, s.num_rows, tier.cache_rows))
                 unit.variables.append(self.shard_variables[-1])
+            # (tables on disk: the unit's host array, indexed by row, not by cache slot)
+            with tf.device(self.shard_variables[-1].device):
+                self.updated_at.append(tf.Variable(tf.zeros([self.shard_variables[-1].shape[0], 1], tf.int32),
+                                                   trainable=False, name=f"{self.variable_name(s)}/{UPDATED_AT}")
+                                       if s.col_start == 0 and tier.kind != "disk" else None)
         if units and data_parallel_input and self.size > 1:
             raise ConfigError("--data_parallel_input: tables on disk need their ids on the owner rank before the step")
         self.tiered = TieredTables(units, self.cardinalities, store_path, cache_policy, self.rank) if units else None
@@ -197,6 +209,8 @@ class DistributedEmbedding(tf.Module):
         self._on_host = any(plan.tier(self.rank, s.feature).kind == "host" for s in self.shards)
         whole = [Shard(f, self.rank, 0, tables[f].rows, 0, tables[f].dim) for f in self.replicated]
         self.replicated_variables = [tf.Variable(initial_value(s), name=self.table_name(s.feature)) for s in whole]
+        self.updated_at += [tf.Variable(tf.zeros([s.num_rows, 1], tf.int32), trainable=False,
+                                        name=f"{self.table_name(s.feature)}/{UPDATED_AT}") for s in whole]
         self.global_features = plan.features_on(self.rank)
         # Static layout of the exchange: widths W_i of every rank's shards, and for every feature the
         # (column offset in the received [b, sum W_i] block, shard) pairs that make it up.
@@ -211,7 +225,7 @@ class DistributedEmbedding(tf.Module):
         self._pieces = {f: sorted(p, key=lambda piece: piece[1].col_start) for f, p in pieces.items()}
         self._features_of = [plan.features_on(r) for r in range(self.size)]
         self._lookup = tf.function(self._lookup_impl, jit_compile=True)
-        self.optimizer = None   # set_optimizer
+        self.optimizer, self._step = None, None   # set_optimizer
 
     def table_name(self, feature: int) -> str:
         """The name of feature's whole table (checkpoints use it for every shard of the table)."""
@@ -391,14 +405,24 @@ class DistributedEmbedding(tf.Module):
 
     # Optimizer and checkpoints ---------------------------------------------------------------
 
-    def set_optimizer(self, name: str, beta1: float = 0.9, beta2: float = 0.999, compiled: bool = True):
+    def set_optimizer(self, name: str, step: tf.Variable, beta1: float = 0.9, beta2: float = 0.999,
+                      compiled: bool = True):
         """Creates the table optimizer ("sgd", "adagrad" or "adam", lazy: see optimizers.py) whose
-        slots, shaped as `variables_in_order`, `apply_gradients` updates. `compiled` false: the
-        update runs op by op (debugging)."""
+        slots, shaped as `variables_in_order`, `apply_gradients` updates. `step`: the global step
+        counter (int64 [], the trainer's, incremented after each update): an update records step + 1
+        as its rows' updated_at. `compiled` false: the update runs op by op (debugging)."""
+        self._step = step
         self.optimizer = make_optimizer(name, self.variables_in_order, "table_optimizer", beta1, beta2)
         if self.tiered:
             self._open_store()
-        update = lambda grads, lr: self.optimizer.apply(zip(grads, self.variables_in_order), lr)  # noqa: E731
+
+        def update(grads, lr):
+            self.optimizer.apply(zip(grads, self.variables_in_order), lr)
+            step = tf.cast(self._step + 1, tf.int32)
+            for grad, updated_at in zip(grads, self.updated_at):
+                if updated_at is not None:
+                    n = tf.shape(grad.indices)[0]
+                    updated_at.scatter_update(tf.IndexedSlices(tf.fill([n, 1], step), grad.indices))
         # The sparse update as one XLA-compiled function: on CPU about 5x faster than TensorFlow's
         # scatter kernels, and only the given rows are written either way. Multi-hot batches (a
         # varying number of ids) take the uncompiled one: XLA would recompile every step.
@@ -423,8 +447,11 @@ class DistributedEmbedding(tf.Module):
 
     def staged(self, elements, training: bool):
         """Elements (numerical, ids, ...) ready for the lookup: with tables on disk, their ids
-        become cache slots, staged one element ahead (tiered.py); otherwise `elements` itself."""
-        return self.tiered.staged(elements, training) if self.tiered else elements
+        become cache slots, staged one element ahead (tiered.py); otherwise `elements` itself.
+        Training: the k-th element's rows get updated_at step + k (the step counter now, k from 1)."""
+        if not self.tiered:
+            return elements
+        return self.tiered.staged(elements, training, int(self._step.numpy()) + 1 if training else None)
 
     def store_stats(self) -> dict:
         """The disk tier's figures since the last call (tiered.TieredTables.stats); {} without one."""
@@ -437,12 +464,13 @@ class DistributedEmbedding(tf.Module):
 
     def apply_gradients(self, grads: Sequence[tf.IndexedSlices], lr: tf.Tensor, multi_hot: bool):
         """Updates the rows named by `grads` (`gradients`' output, rescaled at will) and their
-        optimizer slots, at learning rate `lr`; `multi_hot`: the batch had a multi-hot feature."""
+        optimizer slots, at learning rate `lr`, and records the step counter + 1 as their
+        updated_at; `multi_hot`: the batch had a multi-hot feature."""
         self._update[multi_hot](grads, lr)
 
     def variables_by_name(self) -> Dict[str, tf.Variable]:
         """This rank's table variables and table optimizer state, by stable variable name."""
-        named = {v.name.split(":")[0]: v for v in self.variables_in_order}
+        named = {v.name.split(":")[0]: v for v in self.variables_in_order + self.updated_at if v is not None}
         named.update(self.optimizer.variables_by_name() if self.optimizer else {})
         return named
 
@@ -451,23 +479,31 @@ class DistributedEmbedding(tf.Module):
         feature f's whole table [rows_f, D_f]; shard s holds its rows [row_start, row_end) x columns
         [col_start, col_end) (not the spare row), a replicated table all of it (rank 0 saves it).
         Unless `weights_only`, the optimizer's state too: slot k of a table as tensor
-        `table_name(f)/k`, cut as the table, and the update counter (replicated)."""
+        `table_name(f)/k`, cut as the table, the update counter (replicated), and the rows' updated_at
+        [rows_f, 1] int32 as tensor `table_name(f)/updated_at`."""
         slots = self.optimizer.slots if self.optimizer and not weights_only else {}
         entries = []
         sources = {}
         for unit in (self.tiered.units.values() if self.tiered else ()):
             sources.update({v.ref(): parts for v, parts in zip(unit.variables, self.tiered.sources(unit))})
-        for s, var in zip(self.shards, self.shard_variables):
+            if slots:
+                entries.append(Entry(f"{self.table_name(unit.feature)}/{UPDATED_AT}", self.tiered.updated_at(unit),
+                                     (self.cardinalities[unit.feature], 1), unit.row_start))
+        for s, var, updated_at in zip(self.shards, self.shard_variables, self.updated_at):
             name, shape = self.table_name(s.feature), (self.cardinalities[s.feature], self.dims[s.feature])
             pieces = self._with_slots(name, var, slots)
             if var.ref() in sources:   # on disk: streamed from and to the store
                 pieces = [(tensor, source) for (tensor, _), source in zip(pieces, sources[var.ref()])]
             entries += [Entry(tensor, v, shape, s.row_start, s.col_start, None if var.ref() in sources else s.num_rows)
                         for tensor, v in pieces]
+            if slots and updated_at is not None:
+                entries.append(Entry(f"{name}/{UPDATED_AT}", updated_at, (shape[0], 1), s.row_start, 0, s.num_rows))
         replicated = {tensor: v for f, var in zip(self.replicated, self.replicated_variables)
                       for tensor, v in self._with_slots(self.table_name(f), var, slots)}
         if slots:
             replicated[self.optimizer.iterations.name.split(":")[0]] = self.optimizer.iterations
+            replicated.update({f"{self.table_name(f)}/{UPDATED_AT}": v
+                               for f, v in zip(self.replicated, self.updated_at[len(self.shards):])})
         return entries + replicated_entries(replicated)
 
     @staticmethod
@@ -480,6 +516,6 @@ class DistributedEmbedding(tf.Module):
         complete checkpoint."""
         names = {self.table_name(f) for f in range(len(self.plan.tables))}
         if self.optimizer and not weights_only:
-            names |= {f"{name}/{k}" for name in names for k in self.optimizer.slot_names}
+            names |= {f"{name}/{k}" for name in names for k in self.optimizer.slot_names + (UPDATED_AT,)}
             names.add(self.optimizer.iterations.name.split(":")[0])
         return names

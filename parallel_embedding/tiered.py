@@ -29,7 +29,7 @@ import os
 import shutil
 import threading
 import time
-from typing import Dict, Iterator, List, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -126,6 +126,21 @@ class StoreRows:
         self._file.write(rows, block)
 
 
+class UpdatedAt:
+    """A unit's updated_at as a checkpoint row source [R, 1] int32 (nn.checkpoint's streamed entries)."""
+
+    def __init__(self, unit: "Unit"):
+        self._unit = unit
+        self.shape = (unit.rows, 1)
+        self.dtype = np.dtype(np.int32)
+
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        return self._unit.updated_at[start:stop, None]
+
+    def write_rows(self, start: int, values: np.ndarray):
+        self._unit.updated_at[start:start + len(values)] = values[:, 0]
+
+
 class Unit:
     """One rank's shards of one feature on disk: their files, cache variables and the cache map."""
 
@@ -140,6 +155,7 @@ class Unit:
         self.uses = np.zeros(capacity, np.int64)
         self.pinned = np.zeros(capacity, np.int32)
         self.dirty = np.zeros(capacity, bool)
+        self.updated_at = np.zeros(rows, np.int32)   # per row: the global step that last updated it
         self.filled = 0                      # slots [0, filled) have held a row
         self.reserve = np.zeros(0, np.int64)  # victim candidates, best first
         self.reserve_pos = 0
@@ -174,6 +190,7 @@ class TieredTables:
         self._counts = dict.fromkeys(("ids", "hits", "misses", "rows_read", "rows_written", "bytes_read",
                                       "bytes_written"), 0)
         self._seconds = {"staging": 0.0, "waited": 0.0, "steps": 0}
+        self._next_step = 1   # the global step the next staged training batch updates
 
     # Start-up ------------------------------------------------------------------------------------
 
@@ -230,11 +247,15 @@ class TieredTables:
 
     # Staging -------------------------------------------------------------------------------------
 
-    def staged(self, elements: Iterator[tuple], training: bool) -> Iterator[tuple]:
+    def staged(self, elements: Iterator[tuple], training: bool, first_step: Optional[int] = None
+               ) -> Iterator[tuple]:
         """Elements (numerical, ids, ...) with ids (F tensors, see DistributedEmbedding) of the
         units' features replaced by cache slots; element t+1 is staged in a thread while the
         consumer works on element t. The consumer asking for element t+1 releases element t
-        (its step is done: on a GPU, later ops on the cache queue behind it)."""
+        (its step is done: on a GPU, later ops on the cache queue behind it). Training: element t's
+        rows get updated_at `first_step` + t (default: continuing from the last training batch)."""
+        if training and first_step is not None:
+            self._next_step = first_step
         source = iter(elements)
 
         def stage_next():
@@ -283,8 +304,11 @@ class TieredTables:
                 values = np.asarray(x.values if ragged else x)
                 slots, pins[f] = self._stage_unit(unit, values)
                 unit.dirty[pins[f]] |= training
+                if training:
+                    unit.updated_at[unit.id_of[pins[f]]] = self._next_step
                 slots = tf.constant(slots.astype(values.dtype))
                 ids[f] = x.with_values(slots) if ragged else slots
+            self._next_step += training
         self._seconds["staging"] += time.perf_counter() - t0
         return tuple(ids), pins
 
@@ -408,6 +432,10 @@ class TieredTables:
     def sources(self, unit: Unit) -> List[List[StoreRows]]:
         """Per shard of `unit`, its parts as checkpoint row sources."""
         return [[StoreRows(self, unit, file, j) for j in range(file.shape[1])] for file in unit.files]
+
+    def updated_at(self, unit: Unit) -> "UpdatedAt":
+        """`unit`'s rows' updated_at as a checkpoint row source [R, 1] int32."""
+        return UpdatedAt(unit)
 
     def stats(self) -> dict:
         """Counts since the last call: hit rate of the unique ids, rows and MB read/written, and

@@ -82,10 +82,12 @@ def test_train_step_leaves_untouched_rows_and_slots_bit_identical(name, xla):
         touched = np.unique(id_t.numpy())
         untouched = np.setdiff1d(np.arange(card), touched)
         names = [n for n in before if n.startswith(f"embedding/table_{f}")]
-        assert len(names) == 1 + {"sgd": 0, "adagrad": 1, "adam": 2}[name]   # table and its slots
+        assert len(names) == 2 + {"sgd": 0, "adagrad": 1, "adam": 2}[name]   # table, its slots and updated_at
         for n in names:
             np.testing.assert_array_equal(after[n].numpy()[untouched], before[n][untouched], err_msg=n)
             assert not np.array_equal(after[n].numpy()[touched], before[n][touched]), n
+        updated_at = after[f"embedding/table_{f}/updated_at"].numpy()[:, 0]   # step 1 updated the touched rows
+        assert updated_at[touched].tolist() == [1] * len(touched) and not updated_at[untouched].any()
     # Dense weights all moved.
     assert not np.array_equal(after["top_mlp/dense_0/kernel"].numpy(), before["top_mlp/dense_0/kernel"])
 

@@ -206,7 +206,15 @@ def test_checkpoints_move_between_tiers(tmp_path):
     assert disk_losses == losses
     assert_same_state(state(on_disk), expected)
     for name in memory.checkpoint_names():
-        assert np.array_equal(checkpoint.read_tensor(disk_ckpt, name), checkpoint.read_tensor(memory_ckpt, name))
+        saved, reference = checkpoint.read_tensor(disk_ckpt, name), checkpoint.read_tensor(memory_ckpt, name)
+        if name.endswith("/updated_at"):   # on disk, batch k + 1 (staged before the save) is already marked
+            ahead = np.flatnonzero(saved[:, 0] != reference[:, 0])
+            feature = int(name.split("/")[1].split("_")[1])
+            ids = data[k][1][feature]
+            assert set(ahead) <= set(np.asarray(getattr(ids, "values", ids)).tolist())
+            assert (saved[ahead, 0] == k + 1).all()
+            continue
+        assert np.array_equal(saved, reference)
     for path, store in ((disk_ckpt, None), (disk_ckpt, "b"), (memory_ckpt, "c")):
         trainer = build("multi", "adam", store and directory(tmp_path, store))
         restore(trainer, path)
