@@ -31,9 +31,10 @@ BATCH = 4096
 INDEX_BYTES, SLOT_BYTES = 4, 32   # parallel_embedding.planner's per-row index and per-slot bookkeeping
 
 
-def dataset(work_dir: str, rows: int) -> str:
-    """W1-shaped split-binary files of `rows` training samples (power-law ids), written once."""
-    path = os.path.join(work_dir, f"w1_{rows}")
+def dataset(work_dir: str, rows: int, seed: int = 12345) -> str:
+    """W1-shaped split-binary files of `rows` training samples (power-law ids, drawn with `seed`),
+    written once."""
+    path = os.path.join(work_dir, f"w1_{rows}" + (f"_seed{seed}" if seed != 12345 else ""))
     if not os.path.isfile(os.path.join(path, "feature_spec.yaml")):
         from dataloading.feature_spec import split_binary_spec
         from dataloading.generate_dataset import generate
@@ -41,7 +42,7 @@ def dataset(work_dir: str, rows: int) -> str:
                                  {f"cat_{k}": c for k, c in enumerate(W1_CARDINALITIES)}, base_dir=path)
         os.makedirs(path, exist_ok=True)
         t0 = time.perf_counter()
-        generate(spec, rows, BATCH, seed=12345, alpha=1.05)
+        generate(spec, rows, BATCH, seed=seed, alpha=1.05)
         print(f"wrote {rows:,} W1 samples to {path} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return path
 

@@ -14,7 +14,9 @@
 # Without RAW_FILE the day's logs are generated (preproc.generate, seed DAY: the same value
 # distributions, some values new each day). Environment: PYTHON (default .venv/bin/python),
 # ROWS (generated lines, default 200000), CAPACITY (--vocab_capacity of day 0, default 1.5),
-# TRAIN_FLAGS (model and optimizer flags: the same every day). See docs/continuous_training.md.
+# TRAIN_FLAGS (model and optimizer flags: the same every day), LAUNCH (what starts the training
+# ranks, e.g. "horovodrun -np 2 -H localhost:2 --gloo"; default one process). See
+# docs/continuous_training.md.
 set -euo pipefail
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 WORK=${1:?usage: tools/continuous_training.sh WORK DAY [RAW_FILE]}
@@ -43,11 +45,11 @@ else
   "$PYTHON" -m preproc.criteo --input "$RAW" --output "$DATA" --vocab_from "$WORK/data/day_$((DAY - 1))"
 fi
 
-# 2. train (every rank count works: horovodrun -np N "$PYTHON" dlrm.py ...)
+# 2. train (any rank count, any day: LAUNCH)
 RESTORE=()
 [[ $DAY == 0 ]] || RESTORE=(--restore_checkpoint_path="$CKPT" --restore_mode=continue)
 # shellcheck disable=SC2086
-"$PYTHON" dlrm.py --mode=train --dataset_type=split_binary --dataset_path="$DATA" $TRAIN_FLAGS \
+${LAUNCH:-} "$PYTHON" dlrm.py --mode=train --dataset_type=split_binary --dataset_path="$DATA" $TRAIN_FLAGS \
   --epochs=1 --evals_per_epoch=1 --save_checkpoint_path="$CKPT" "${RESTORE[@]}"
 
 # 3. export
