@@ -24,11 +24,11 @@ from typing import Callable, Dict, List, Tuple
 
 import numpy as np
 
+from deployment.delta import DELTA_INFO, EXPORT_INFO, Version, export_version, read_delta
 from deployment.layout import LOGITS, PAD, PREDICTIONS, ServingLayout
-from deployment.repository import EXPORT_INFO, read_export_info
+from deployment.repository import read_export_info
 from deployment.tables import TABLES_INFO
 
-DELTA_INFO = "delta.json"
 MODEL_VERSION = "model_version"   # the extra output [B, 1] int64: the served version's step
 
 
@@ -38,22 +38,6 @@ class BadRequest(ValueError):
 
 class UpdateRefused(ValueError):
     """An update that cannot be applied to the served version; one line."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Version:
-    run: str
-    step: int
-
-    def __str__(self):
-        return f"step {self.step} (run {self.run[:8]})"
-
-
-def export_version(repository: str) -> Version:
-    """The version of a full export: export.json's "version" (or its step, of an unknown run)."""
-    info = read_export_info(repository)
-    version = info.get("version") or {"run": "", "step": info["step"]}
-    return Version(str(version["run"]), int(version["step"]))
 
 
 @dataclasses.dataclass
@@ -87,6 +71,7 @@ class _Repository:
     layout: ServingLayout
     directory: str
     tables: List[dict]
+    signature: dict
 
     @classmethod
     def read(cls, path: str) -> "_Repository":
@@ -97,16 +82,22 @@ class _Repository:
         directory = os.path.join(path, info["table_files"]["directory"])
         with open(os.path.join(directory, TABLES_INFO)) as f:
             tables = json.load(f)["tables"]
-        return cls(path, info["name"], ServingLayout(**info["layout"]), directory, tables)
+        return cls(path, info["name"], ServingLayout(**info["layout"]), directory, tables,
+                   model_signature(info["signature"]))
 
     def served_as(self, other: "_Repository") -> bool:
-        """Whether this export takes and gives what `other` does (layout, tables, combiners)."""
-        return (self.layout, self.tables) == (other.layout, other.tables)
+        """Whether this export is of the model `other` is of (signature, tables)."""
+        return (self.signature, self.tables) == (other.signature, other.tables)
 
     def snapshot(self) -> Snapshot:
         """Loads the dense model and every table (whole, into memory)."""
         return Snapshot(export_version(self.path), load_dense(os.path.join(self.path, f"{self.name}_dense")),
                         [np.load(os.path.join(self.directory, t["file"])) for t in self.tables])
+
+
+def model_signature(signature: dict) -> dict:
+    """A checkpoint signature without what only training needs (its optimizer)."""
+    return {k: v for k, v in signature.items() if k != "optimizer"}
 
 
 def load_dense(model_dir: str):
@@ -216,8 +207,8 @@ class Model:
         served = self._current
         if delta.base != served.version:
             raise UpdateRefused(f"its base is {delta.base}, serving {served.version}")
-        if delta.name != self.name:
-            raise UpdateRefused(f"it is of model {delta.name!r}, serving {self.name!r}")
+        if delta.name != self.name or model_signature(delta.signature) != self._repository.signature:
+            raise UpdateRefused(f"it is of another model ({delta.name!r} or its signature), serving {self.name!r}")
         overlay = {}
         for f in delta.features:
             if not 0 <= f < len(served.tables):
@@ -239,7 +230,7 @@ class Model:
         """Serves the full export `repository` instead (same layout), loaded whole before the swap."""
         new = _Repository.read(repository)
         if not new.served_as(self._repository):
-            raise UpdateRefused("its tables or layout differ from the served model's")
+            raise UpdateRefused("it is of another model (its signature or tables differ from the served model's)")
         self._swap(new.snapshot())
 
 
@@ -296,7 +287,6 @@ class Updater:
         """(new step, path, when written, a function that applies it and says what it was)."""
         written = os.path.getmtime(marker)
         if marker.endswith(DELTA_INFO):
-            from deployment.delta import read_delta
             delta = read_delta(path)
 
             def apply_delta():
