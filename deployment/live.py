@@ -46,7 +46,7 @@ class Snapshot:
     (ids [n] int64 sorted unique, rows [n, D_f] float32) that replace those rows of its table;
     `active`: the requests using it (guarded by its Model's lock)."""
     version: Version
-    dense: object   # the loaded dense SavedModel
+    dense: "DenseModel"
     tables: List[np.ndarray]
     overlay: Dict[int, Tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict)
     active: int = 0
@@ -91,7 +91,8 @@ class _Repository:
 
     def snapshot(self) -> Snapshot:
         """Loads the dense model and every table (whole, into memory)."""
-        return Snapshot(export_version(self.path), load_dense(os.path.join(self.path, f"{self.name}_dense")),
+        return Snapshot(export_version(self.path), DenseModel(os.path.join(self.path, f"{self.name}_dense"),
+                                                           self.layout),
                         [np.load(os.path.join(self.directory, t["file"])) for t in self.tables])
 
 
@@ -100,11 +101,22 @@ def model_signature(signature: dict) -> dict:
     return {k: v for k, v in signature.items() if k != "optimizer"}
 
 
-def load_dense(model_dir: str):
-    """The dense SavedModel of a model directory (`<dir>/1/model.savedmodel`, or the SavedModel itself)."""
-    import tensorflow as tf
-    saved = os.path.join(model_dir, "1", "model.savedmodel")
-    return tf.saved_model.load(saved if os.path.isdir(saved) else model_dir)
+class DenseModel:
+    """The dense SavedModel of a model directory (`<dir>/1/model.savedmodel`, or the SavedModel
+    itself): (numerical [B, n], embeddings [B, sum D_f]) -> {predictions, logits} [B, 1], numpy.
+    Run once on a row of zeros when loaded, so that its first request is not slower."""
+
+    def __init__(self, model_dir: str, layout: ServingLayout):
+        import tensorflow as tf
+        saved = os.path.join(model_dir, "1", "model.savedmodel")
+        self._root = tf.saved_model.load(saved if os.path.isdir(saved) else model_dir)
+        self._serve = self._root.signatures["serving_default"]
+        self(np.zeros((1, layout.num_numerical), np.float32), np.zeros((1, sum(layout.embedding_dims)), np.float32))
+
+    def __call__(self, numerical: np.ndarray, embeddings: np.ndarray) -> Dict[str, np.ndarray]:
+        import tensorflow as tf
+        out = self._serve(numerical_features=tf.constant(numerical), embeddings=tf.constant(embeddings))
+        return {PREDICTIONS: out[PREDICTIONS].numpy(), LOGITS: out[LOGITS].numpy()}
 
 
 class Model:
@@ -151,14 +163,11 @@ class Model:
             return self.infer_with(snapshot, numerical, categorical)
 
     def infer_with(self, snapshot: Snapshot, numerical: np.ndarray, categorical: np.ndarray) -> Dict[str, np.ndarray]:
-        import tensorflow as tf
+        """`infer` on `snapshot` (one taken with `snapshot()`)."""
         if not np.isfinite(numerical).all():
             raise BadRequest("numerical_features holds NaN or infinite values")
-        embeddings = self.embeddings(snapshot, categorical)
-        out = snapshot.dense.signatures["serving_default"](numerical_features=tf.constant(numerical),
-                                                           embeddings=tf.constant(embeddings))
-        return {PREDICTIONS: out[PREDICTIONS].numpy(), LOGITS: out[LOGITS].numpy(),
-                MODEL_VERSION: np.full((len(numerical), 1), snapshot.version.step, np.int64)}
+        out = snapshot.dense(numerical, self.embeddings(snapshot, categorical))
+        return dict(out, **{MODEL_VERSION: np.full((len(numerical), 1), snapshot.version.step, np.int64)})
 
     def embeddings(self, snapshot: Snapshot, categorical: np.ndarray) -> np.ndarray:
         """categorical_features [B, W] int64 -> embeddings [B, sum D_f] float32, as docs/deployment.md
@@ -218,7 +227,7 @@ class Model:
                 raise UpdateRefused(f"feature {f}: rows {list(rows.shape)} for ids up to {ids[-1]}, its table is "
                                     f"{list(served.tables[f].shape)}")
             overlay[f] = (ids, rows)
-        dense = load_dense(delta.dense_model)
+        dense = DenseModel(delta.dense_model, self.layout)
         self._swap(Snapshot(delta.new, dense, served.tables, overlay))
         self._wait_for_retired()
         for f, (ids, rows) in overlay.items():
@@ -272,7 +281,7 @@ class Updater:
                 pending.append(self._read(path, marker))
             except Exception as e:   # whatever is wrong with it: refused, the server goes on
                 self._refuse(path, e)
-        for step, path, written, update in sorted(pending, key=lambda p: p[:2]):
+        for step, path, marker, written, update in sorted(pending, key=lambda p: p[:2]):
             start = time.monotonic()
             try:
                 what = update()
@@ -281,10 +290,10 @@ class Updater:
                 continue
             now = time.monotonic()
             self.log(f"applied update {path} ({what}): serving {self.model.version}, in {now - start:.2f} s, "
-                     f"{time.time() - written:.2f} s after it was written")
+                     f"{time.time() - written:.2f} s after its {os.path.basename(marker)} was written")
 
     def _read(self, path: str, marker: str) -> tuple:
-        """(new step, path, when written, a function that applies it and says what it was)."""
+        """(new step, path, marker, when it was written, a function that applies it and says what it was)."""
         written = os.path.getmtime(marker)
         if marker.endswith(DELTA_INFO):
             delta = read_delta(path)
@@ -292,7 +301,7 @@ class Updater:
             def apply_delta():
                 rows = self.model.apply_delta(delta)
                 return f"delta, {rows} rows in {len(delta.features)} tables"
-            return delta.new.step, path, written, apply_delta
+            return delta.new.step, path, marker, written, apply_delta
         version = export_version(path)
 
         def replace():
@@ -300,7 +309,7 @@ class Updater:
                 raise UpdateRefused(f"it is the served version, {version}")
             self.model.replace(path)
             return "full export"
-        return version.step, path, written, replace
+        return version.step, path, marker, written, replace
 
     def _refuse(self, path: str, error: Exception):
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]

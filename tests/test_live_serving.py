@@ -13,12 +13,14 @@ import pytest
 import tensorflow as tf
 
 import main
+from deployment.client import ServingClient, free_ports
 from deployment.delta import DeltaError, export_version, write_delta
 from deployment.layout import PAD
 from deployment.live import BadRequest, Model, UpdateRefused, Updater
 from deployment.repository import write_repository
 from tests.configs import TINY
 from tests.test_dataset_cli import write_dataset
+from tests.test_serving import start_server, stop_server
 from utils.config import build_config
 
 STEPS = (8, 16, 24)
@@ -195,14 +197,14 @@ def test_the_updater_applies_new_updates_in_order_and_refuses_the_rest(exports, 
     (updates / "broken" / "delta.json").write_text("{not json")
     updater.poll()
     assert model.version.step == 24
-    assert [re.sub(r"in [0-9.]+ s, [0-9.]+ s after", "in T s, T s after", line) for line in lines] == [
+    assert [re.sub(r"in [0-9.]+ s, -?[0-9.]+ s after", "in T s, T s after", line) for line in lines] == [
         f"refused update {updates / 'broken'}: {updates / 'broken' / 'delta.json'}: unreadable (Expecting property "
         "name enclosed in double quotes: line 1 column 2 (char 1))",
         f"applied update {updates / 'a'} (delta, {changed(8, 16, exports)}): serving step 16 "
-        "(run unknown), in T s, T s after it was written",
+        "(run unknown), in T s, T s after its delta.json was written",
         f"refused update {updates / 'stale'}: its base is step 8 (run unknown), serving step 16 (run unknown)",
         f"applied update {updates / 'b'} (delta, {changed(16, 24, exports)}): serving step 24 "
-        "(run unknown), in T s, T s after it was written"]
+        "(run unknown), in T s, T s after its delta.json was written"]
     shutil.copytree(exports[24], updates / "partial" / "repo")   # not a complete update yet
     updater.poll()
     assert len(lines) == 4
@@ -219,3 +221,122 @@ def changed(base, new, exports):
     """'<rows> rows in <tables> tables' that differ between two exports."""
     rows = [int((a != b).any(1).sum()) for a, b in zip(tables_of(exports[base]), tables_of(exports[new]))]
     return f"{sum(rows)} rows in {sum(r > 0 for r in rows)} tables"
+
+
+class Load(threading.Thread):
+    """A client sending REQUESTS in turn, over and over, until stopped (paused while `pause` is set):
+    per response (time sent, seconds taken, request index, model_version, logits), and the errors."""
+    BATCHES = [requests(64, seed=10 + k) for k in range(4)]
+
+    def __init__(self, port):
+        super().__init__(daemon=True)
+        self.client = ServingClient("grpc", f"localhost:{port}", "dlrm")
+        self.responses, self.errors = [], []
+        self.stop, self.pause = threading.Event(), threading.Event()
+
+    def run(self):
+        k = 0
+        while not self.stop.is_set():
+            if self.pause.is_set():
+                time.sleep(0.01)
+                continue
+            numerical, categorical = self.BATCHES[k % len(self.BATCHES)]
+            start = time.monotonic()
+            try:
+                out = self.client.infer(numerical, categorical, ("logits", "model_version"))
+            except Exception as e:
+                self.errors.append(str(e))
+                continue
+            self.responses.append((start, time.monotonic() - start, k % len(self.BATCHES),
+                                   set(out["model_version"][:, 0].tolist()), out["logits"]))
+            k += 1
+
+    def versions(self):
+        return [r[3] for r in self.responses]
+
+
+def wait_for(condition, what, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_serve_swaps_versions_while_requests_run(exports, tmp_path):
+    """serve.py --updates: a delta, a corrupt delta, a stale delta and a full export dropped into the
+    updates directory under continuous requests: none fails, every response is exactly the
+    response of one version (a fresh model of it), model_version switches 8 -> 16 -> 24."""
+    expected = {step: [Model(exports[step]).infer(*batch)["logits"] for batch in Load.BATCHES] for step in STEPS}
+    updates, log = tmp_path / "updates", tmp_path / "server.log"
+    updates.mkdir()
+    ports = free_ports(3)
+    server = start_server(log, ports, f"--model_repository={exports[8]}", f"--updates={updates}", "--poll_seconds=0.5")
+    load = Load(ports[1])
+    ready = tmp_path / "ready"   # updates made here, renamed into the updates directory
+    make_delta(exports[8], exports[16], str(ready / "d16"))
+    make_delta(exports[8], exports[16], str(ready / "stale"))
+    broken = make_delta(exports[16], exports[24], str(ready / "broken"))
+    with open(os.path.join(broken, "table_0.rows.npy"), "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        f.write(b"x")
+    shutil.copytree(exports[24], ready / "full24")
+    try:
+        load.client.wait_ready(120)
+        load.start()
+        wait_for(lambda: len(load.responses) >= 220, "requests before the first update")
+        dropped = {16: time.monotonic()}
+        os.rename(ready / "d16", updates / "d16")
+        wait_for(lambda: {16} in load.versions(), "step 16 served")
+        os.rename(ready / "broken", updates / "broken")
+        os.rename(ready / "stale", updates / "stale")
+        wait_for(lambda: log.read_text().count("refused update") == 2, "two refusals")
+        load.pause.set()
+        time.sleep(0.5)
+        numerical, categorical = requests(200, seed=5)
+        out = ServingClient("grpc", f"localhost:{ports[1]}", "dlrm").infer(numerical, categorical,
+                                                                           ("logits", "predictions", "model_version"))
+        fresh = Model(exports[16]).infer(numerical, categorical)
+        for key in out:
+            np.testing.assert_array_equal(out[key], fresh[key])
+        load.pause.clear()
+        dropped[24] = time.monotonic()
+        os.rename(ready / "full24", updates / "full24")
+        wait_for(lambda: {24} in load.versions(), "step 24 served")
+        count = len(load.responses)
+        wait_for(lambda: len(load.responses) >= count + 20, "requests after the last update")
+    finally:
+        load.stop.set()
+        if load.is_alive():
+            load.join(60)
+        stop_server(server, ports, log)
+    assert load.errors == []
+    versions = load.versions()
+    assert all(len(v) == 1 for v in versions) and sorted(versions, key=min) == versions
+    assert {min(v) for v in versions} == set(STEPS)
+    for _, _, k, (version,), logits in load.responses:
+        np.testing.assert_array_equal(logits, expected[version][k])
+    lines = log.read_text().splitlines()
+    assert any(line.startswith(f"serving dlrm (tables form, step 8 (run unknown), updates from {updates} every 0.5 s) "
+                               f"of ") for line in lines)
+    events = {re.sub(r" \(delta, .*| \(full export.*|: .*", "", line): line for line in lines
+              if line.startswith(("applied update", "refused update"))}
+    assert sorted(events) == sorted(f"{what} update {updates / name}" for what, name in (
+        ("applied", "d16"), ("refused", "broken"), ("refused", "stale"), ("applied", "full24"))), events
+    assert events[f"refused update {updates / 'broken'}"].endswith(
+        f"{updates / 'broken' / 'table_0.rows.npy'}: CRC-32 differs from delta.json's (a corrupt or partial file)")
+    assert events[f"refused update {updates / 'stale'}"].endswith(
+        "its base is step 8 (run unknown), serving step 16 (run unknown)")
+    report_latency(load.responses, dropped)
+
+
+def report_latency(responses, dropped):
+    """Prints the time from an update written to its first response, and p99 latency in steady state
+    (before the first update, after 20 requests of warm-up) and from each update written to 2 s after
+    it became visible."""
+    first = {v: next(r[0] for r in responses if r[3] == {v}) for v in dropped}
+    steady = [r[1] for r in responses[20:] if r[0] < min(dropped.values())]
+    for v, t in dropped.items():
+        swap = [r[1] for r in responses if t <= r[0] <= first[v] + 2]
+        print(f"step {v}: visible {first[v] - t:.2f} s after written; p99 {np.percentile(swap, 99) * 1e3:.1f} ms "
+              f"during the swap ({len(swap)} requests) vs {np.percentile(steady, 99) * 1e3:.1f} ms steady "
+              f"({len(steady)} requests)")
