@@ -2,6 +2,7 @@
 monolithic SavedModel's predictions), versions swapped in while requests run (deltas as row
 overlays written into the tables once older requests finished, full exports), refusals of broken
 and out-of-order updates; and deployment/serve.py --updates under continuous requests."""
+import json
 import os
 import re
 import shutil
@@ -20,7 +21,7 @@ from deployment.live import BadRequest, Model, UpdateRefused, Updater
 from deployment.repository import write_repository
 from tests.configs import TINY
 from tests.test_dataset_cli import write_dataset
-from tests.test_serving import start_server, stop_server
+from tests.test_serving import script, start_server, stop_server
 from utils.config import build_config
 
 STEPS = (8, 16, 24)
@@ -65,7 +66,6 @@ def make_delta(base_repo, new_repo, out):
 
 
 def read_info(repo):
-    import json
     with open(os.path.join(repo, "export.json")) as f:
         return json.load(f)
 
@@ -221,6 +221,17 @@ def changed(base, new, exports):
     """'<rows> rows in <tables> tables' that differ between two exports."""
     rows = [int((a != b).any(1).sum()) for a, b in zip(tables_of(exports[base]), tables_of(exports[new]))]
     return f"{sum(rows)} rows in {sum(r > 0 for r in rows)} tables"
+
+
+def test_serve_refuses_updates_without_the_tables_form_in_one_line(exports, tmp_path):
+    mono = tmp_path / "mono"
+    write_repository(read_info(exports[8])["checkpoint"], str(mono), forms=["monolithic"])
+    ports = [f"--{name}_port={p}" for name, p in zip(("http", "grpc", "metrics"), free_ports(3))]
+    for args, message in (([f"--updates={tmp_path}"], f"error: --updates: {mono} has no table files to update "
+                           "(exported with --forms=monolithic): export with --forms including tables"),
+                          (["--poll_seconds=0"], "error: --poll_seconds must be positive, got 0")):
+        result = script("serve.py", f"--model_repository={mono}", "--address=127.0.0.1", *ports, *args)
+        assert result.returncode == 2 and result.stderr.strip().splitlines()[-1:] == [message], result.stderr[-2000:]
 
 
 class Load(threading.Thread):
