@@ -5,10 +5,17 @@ Server on this machine, over HTTP and gRPC, until interrupted (Ctrl-C or SIGTERM
     python deployment/serve.py --checkpoint=runs/demo/checkpoints --http_port=8000 --grpc_port=8001
 
 The server is the Triton binary of the `nvidia-pytriton` wheel, whose Python backend hands each
-(dynamically batched) request to this process; here the monolithic SavedModel of the repository
-computes it. Requests are those of Triton's TensorFlow backend serving the same repository
+(dynamically batched) request to this process; here the repository's table files and dense
+SavedModel compute it (deployment/live.py) when it has the tables form, else its monolithic
+SavedModel. Requests are those of Triton's TensorFlow backend serving the same repository
 (see deployment/layout.py): the server checks names, dtypes and shapes, the model checks ids;
-a bad request gets an error response and the server keeps serving.
+a bad request gets an error response and the server keeps serving. An extra output,
+model_version [B, 1] int64, gives the served version's step to clients that ask for it.
+
+With --updates=DIR (tables form only), new versions dropped into DIR (deltas, full exports) are
+served without a restart, each logged in one line (deployment/live.py's Updater):
+
+    python deployment/serve.py --model_repository=runs/demo/model_repository --updates=runs/demo/updates
 """
 import os
 import pathlib
@@ -21,6 +28,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
 
+from deployment.live import MODEL_VERSION, BadRequest, Model, Updater, export_version  # noqa: E402
 from deployment.repository import ExportError, read_export_info  # noqa: E402
 from utils.errors import CheckpointError  # noqa: E402
 
@@ -33,6 +41,9 @@ flags.DEFINE_integer("grpc_port", 8001, "gRPC port")
 flags.DEFINE_integer("metrics_port", 8002, "Prometheus metrics port")
 flags.DEFINE_integer("max_batch_size", None, "largest batch a request (or a dynamic batch) may have "
                      "(default: the repository's config.pbtxt)")
+flags.DEFINE_string("updates", None, "a directory to poll for new versions to serve (deltas and full exports, "
+                    "one per subdirectory); needs a repository with the tables form")
+flags.DEFINE_float("poll_seconds", 1.0, "how often --updates is polled, seconds")
 flags.DEFINE_integer("max_queue_delay_us", None, "dynamic batching: longest wait for more requests, "
                      "microseconds (default: the repository's config.pbtxt)")
 FLAGS = flags.FLAGS
@@ -59,12 +70,9 @@ def check_ports():
                 raise ServeError(f"--{name}={port}: cannot listen on {FLAGS.address}:{port} ({e.strerror})")
 
 
-class BadRequest(ValueError):
-    """A request the model refuses (ids out of range, non-finite values); one line."""
-
-
-def model_function(saved_model_dir: str):
-    """The monolithic SavedModel as numpy (numerical, categorical) -> {predictions, logits}."""
+def model_function(saved_model_dir: str, step: int):
+    """The monolithic SavedModel (of step `step`) as numpy (numerical, categorical) -> {predictions,
+    logits, model_version}."""
     import numpy as np
     import tensorflow as tf
     serve = tf.saved_model.load(saved_model_dir).signatures["serving_default"]
@@ -78,7 +86,8 @@ def model_function(saved_model_dir: str):
         except tf.errors.InvalidArgumentError as e:   # the SavedModel's id check
             lines = [line.strip() for line in e.message.splitlines() if line.strip()]
             raise BadRequest(next((line for line in lines if line.startswith("assertion failed:")), lines[-1]))
-        return {k: v.numpy() for k, v in out.items()}
+        return dict({k: v.numpy() for k, v in out.items()},
+                    **{MODEL_VERSION: np.full((len(numerical_features), 1), step, np.int64)})
     return infer
 
 
@@ -97,6 +106,10 @@ def use_stub_environment():
     triton_server.get_triton_python_backend_python_env = lambda: pathlib.Path(env)
 
 
+def log(line: str):
+    print(line, flush=True)
+
+
 def serve(repository: str):
     import numpy as np
     from pytriton.decorators import batch
@@ -105,11 +118,24 @@ def serve(repository: str):
     from pytriton.triton import Triton, TritonConfig
     from deployment.layout import CATEGORICAL, LOGITS, NUMERICAL, PREDICTIONS, categorical_width
     info = read_export_info(repository)
-    if "monolithic" not in info["forms"]:
-        raise ServeError(f"{repository}: has no monolithic model to serve "
-                         f"(exported with --forms={','.join(info['forms'])})")
-    name, layout, settings = info["name"], info["layout"], info["settings"]
-    infer = model_function(os.path.join(repository, name, "1", "model.savedmodel"))
+    name, layout, settings, forms = info["name"], info["layout"], info["settings"], ",".join(info["forms"])
+    updater = None
+    if "tables" in info["forms"]:
+        model = Model(repository)
+        infer, served = model.infer, f"tables form, {model.version}"
+        if FLAGS.updates:
+            updater = Updater(model, FLAGS.updates, FLAGS.poll_seconds, log)
+            served += f", updates from {FLAGS.updates} every {FLAGS.poll_seconds:g} s"
+    elif FLAGS.updates:
+        raise ServeError(f"--updates: {repository} has no table files to update (exported with --forms={forms}): "
+                         "export with --forms including tables")
+    elif "monolithic" in info["forms"]:
+        version = export_version(repository)
+        infer = model_function(os.path.join(repository, name, "1", "model.savedmodel"), version.step)
+        served = f"monolithic, {version}"
+    else:
+        raise ServeError(f"{repository}: has no monolithic model or table files to serve "
+                         f"(exported with --forms={forms})")
 
     @batch
     def handle(numerical_features, categorical_features):
@@ -120,7 +146,9 @@ def serve(repository: str):
 
     inputs = [Tensor(name=NUMERICAL, dtype=np.float32, shape=(layout["num_numerical"],)),
               Tensor(name=CATEGORICAL, dtype=np.int64, shape=(categorical_width(layout["max_hotness"]),))]
-    outputs = [Tensor(name=PREDICTIONS, dtype=np.float32, shape=(1,)), Tensor(name=LOGITS, dtype=np.float32, shape=(1,))]
+    outputs = [Tensor(name=PREDICTIONS, dtype=np.float32, shape=(1,)),
+               Tensor(name=LOGITS, dtype=np.float32, shape=(1,)),
+               Tensor(name=MODEL_VERSION, dtype=np.int64, shape=(1,))]
     config = ModelConfig(max_batch_size=FLAGS.max_batch_size or settings["max_batch_size"],
                          batcher=DynamicBatcher(max_queue_delay_microseconds=FLAGS.max_queue_delay_us
                                                 if FLAGS.max_queue_delay_us is not None
@@ -134,10 +162,15 @@ def serve(repository: str):
                     config=config, strict=True)
         for stop in (signal.SIGTERM, signal.SIGINT):   # SIGINT too: a background job starts with it ignored
             signal.signal(stop, _interrupt)
-        print(f"serving {FLAGS.model_name or name} (step {info['step']} of {info['checkpoint']}) on "
-              f"http {FLAGS.address}:{FLAGS.http_port}, grpc {FLAGS.address}:{FLAGS.grpc_port}, "
-              f"metrics :{FLAGS.metrics_port}", flush=True)
-        triton.serve()
+        log(f"serving {FLAGS.model_name or name} ({served}) of {info['checkpoint']} on http {FLAGS.address}:"
+            f"{FLAGS.http_port}, grpc {FLAGS.address}:{FLAGS.grpc_port}, metrics :{FLAGS.metrics_port}")
+        if updater:
+            updater.start()
+        try:
+            triton.serve()
+        finally:
+            if updater:
+                updater.stop()
 
 
 def serve_until_stopped(repository: str):
@@ -161,13 +194,16 @@ def main(argv):
             if FLAGS[name].value is not None and FLAGS[name].value < (1 if name == "max_batch_size" else 0):
                 raise ServeError(f"--{name} must be {'positive' if name == 'max_batch_size' else '>= 0'}, "
                                   f"got {FLAGS[name].value}")
+        if FLAGS.poll_seconds <= 0:
+            raise ServeError(f"--poll_seconds must be positive, got {FLAGS.poll_seconds:g}")
         check_ports()
         if FLAGS.model_repository:
             serve_until_stopped(FLAGS.model_repository)
             return
         from deployment.repository import write_repository
         with tempfile.TemporaryDirectory(prefix="dlrm-serve-") as tmp:
-            write_repository(FLAGS.checkpoint, os.path.join(tmp, "repo"), forms=("monolithic",))
+            write_repository(FLAGS.checkpoint, os.path.join(tmp, "repo"),
+                             forms=("tables",) if FLAGS.updates else ("monolithic",))
             serve_until_stopped(os.path.join(tmp, "repo"))
     except (ServeError, ExportError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,0 +1,316 @@
+"""Serving a repository's `tables` form (deployment/tables.py), updated while it serves.
+
+The embeddings are looked up in NumPy from the table files (held in memory), the `<name>_dense`
+SavedModel computes predictions and logits. What is served is a `Snapshot` (version, dense model,
+tables, an overlay of updated rows); each request takes the current one once and uses only it,
+so a new version swaps in between requests without a restart:
+
+- a delta (deployment/delta.py) whose base is the served version: its rows become the overlay
+  of a new snapshot (lookups consult it first; no table is copied) with the delta's dense model,
+  swapped in; once every request that started on an older snapshot has finished, the rows are
+  written into the tables in place and a snapshot without overlay replaces it. Requests never
+  wait for the update.
+- a full export with another version: loaded whole (memory for both while loading), swapped in.
+
+`Updater` polls a directory for such updates and applies them in order of their new step.
+"""
+import dataclasses
+import json
+import os
+import threading
+import time
+from contextlib import contextmanager
+from typing import Callable, Dict, List, Tuple
+
+import numpy as np
+
+from deployment.delta import DELTA_INFO, EXPORT_INFO, Version, export_version, read_delta
+from deployment.layout import LOGITS, PAD, PREDICTIONS, ServingLayout
+from deployment.repository import read_export_info
+from deployment.tables import TABLES_INFO
+
+MODEL_VERSION = "model_version"   # the extra output [B, 1] int64: the served version's step
+
+
+class BadRequest(ValueError):
+    """A request the model refuses (ids out of range, non-finite values); one line."""
+
+
+class UpdateRefused(ValueError):
+    """An update that cannot be applied to the served version; one line."""
+
+
+@dataclasses.dataclass
+class Snapshot:
+    """One served version. `tables`: per feature [rows_f, D_f] float32; `overlay`: per feature
+    (ids [n] int64 sorted unique, rows [n, D_f] float32) that replace those rows of its table;
+    `active`: the requests using it (guarded by its Model's lock)."""
+    version: Version
+    dense: "DenseModel"
+    tables: List[np.ndarray]
+    overlay: Dict[int, Tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict)
+    active: int = 0
+
+    def rows(self, feature: int, ids: np.ndarray) -> np.ndarray:
+        """Feature's rows of `ids` (any shape, in range) -> [*ids.shape, D_f]."""
+        out = self.tables[feature][ids]
+        if feature in self.overlay:
+            new_ids, new_rows = self.overlay[feature]
+            at = np.minimum(np.searchsorted(new_ids, ids), len(new_ids) - 1)
+            hit = new_ids[at] == ids
+            out[hit] = new_rows[at[hit]]
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Repository:
+    """What a tables-form repository serves: its name, layout, table directory, and per table
+    tables.json's entry."""
+    path: str
+    name: str
+    layout: ServingLayout
+    directory: str
+    tables: List[dict]
+    signature: dict
+
+    @classmethod
+    def read(cls, path: str) -> "_Repository":
+        info = read_export_info(path)
+        if "tables" not in info["forms"]:
+            raise UpdateRefused(f"{path}: has no table files (exported with --forms={','.join(info['forms'])}); "
+                                "export with --forms including tables")
+        directory = os.path.join(path, info["table_files"]["directory"])
+        with open(os.path.join(directory, TABLES_INFO)) as f:
+            tables = json.load(f)["tables"]
+        return cls(path, info["name"], ServingLayout(**info["layout"]), directory, tables,
+                   model_signature(info["signature"]))
+
+    def served_as(self, other: "_Repository") -> bool:
+        """Whether this export is of the model `other` is of (signature, tables)."""
+        return (self.signature, self.tables) == (other.signature, other.tables)
+
+    def snapshot(self) -> Snapshot:
+        """Loads the dense model and every table (whole, into memory)."""
+        return Snapshot(export_version(self.path), DenseModel(os.path.join(self.path, f"{self.name}_dense"),
+                                                           self.layout),
+                        [np.load(os.path.join(self.directory, t["file"])) for t in self.tables])
+
+
+def model_signature(signature: dict) -> dict:
+    """A checkpoint signature without what only training needs (its optimizer)."""
+    return {k: v for k, v in signature.items() if k != "optimizer"}
+
+
+class DenseModel:
+    """The dense SavedModel of a model directory (`<dir>/1/model.savedmodel`, or the SavedModel
+    itself): (numerical [B, n], embeddings [B, sum D_f]) -> {predictions, logits} [B, 1], numpy.
+    Run once on a row of zeros when loaded, so that its first request is not slower."""
+
+    def __init__(self, model_dir: str, layout: ServingLayout):
+        import tensorflow as tf
+        saved = os.path.join(model_dir, "1", "model.savedmodel")
+        self._root = tf.saved_model.load(saved if os.path.isdir(saved) else model_dir)
+        self._serve = self._root.signatures["serving_default"]
+        self(np.zeros((1, layout.num_numerical), np.float32), np.zeros((1, sum(layout.embedding_dims)), np.float32))
+
+    def __call__(self, numerical: np.ndarray, embeddings: np.ndarray) -> Dict[str, np.ndarray]:
+        import tensorflow as tf
+        out = self._serve(numerical_features=tf.constant(numerical), embeddings=tf.constant(embeddings))
+        return {PREDICTIONS: out[PREDICTIONS].numpy(), LOGITS: out[LOGITS].numpy()}
+
+
+class Model:
+    """A tables-form repository served from memory, replaceable by newer versions while serving.
+
+    infer(numerical [B, n] float32, categorical [B, W] int64) -> predictions, logits [B, 1]
+    float32 and model_version [B, 1] int64. Thread-safe: requests and one updater.
+    """
+
+    def __init__(self, repository: str):
+        self._repository = _Repository.read(repository)
+        self._current = self._repository.snapshot()
+        self._retired: List[Snapshot] = []   # swapped out, maybe still in use
+        self._lock = threading.Condition()
+
+    @property
+    def name(self) -> str:
+        return self._repository.name
+
+    @property
+    def layout(self) -> ServingLayout:
+        return self._repository.layout
+
+    @property
+    def version(self) -> Version:
+        return self._current.version
+
+    @contextmanager
+    def snapshot(self):
+        """The current snapshot, counted as in use until the block ends."""
+        with self._lock:
+            snapshot = self._current
+            snapshot.active += 1
+        try:
+            yield snapshot
+        finally:
+            with self._lock:
+                snapshot.active -= 1
+                if snapshot.active == 0:
+                    self._lock.notify_all()
+
+    def infer(self, numerical: np.ndarray, categorical: np.ndarray) -> Dict[str, np.ndarray]:
+        with self.snapshot() as snapshot:
+            return self.infer_with(snapshot, numerical, categorical)
+
+    def infer_with(self, snapshot: Snapshot, numerical: np.ndarray, categorical: np.ndarray) -> Dict[str, np.ndarray]:
+        """`infer` on `snapshot` (one taken with `snapshot()`)."""
+        if not np.isfinite(numerical).all():
+            raise BadRequest("numerical_features holds NaN or infinite values")
+        out = snapshot.dense(numerical, self.embeddings(snapshot, categorical))
+        return dict(out, **{MODEL_VERSION: np.full((len(numerical), 1), snapshot.version.step, np.int64)})
+
+    def embeddings(self, snapshot: Snapshot, categorical: np.ndarray) -> np.ndarray:
+        """categorical_features [B, W] int64 -> embeddings [B, sum D_f] float32, as docs/deployment.md
+        says: per feature its columns' ids without padding, their rows combined by sum or mean."""
+        ids = [categorical[:, slice(*t["categorical_columns"])] for t in self._repository.tables]
+        self._check(ids)
+        out = np.empty((len(categorical), sum(t["dim"] for t in self._repository.tables)), np.float32)
+        for f, (t, x) in enumerate(zip(self._repository.tables, ids)):
+            a, b = t["embedding_columns"]
+            if t["max_hotness"] is None:
+                out[:, a:b] = snapshot.rows(f, x[:, 0])
+                continue
+            present = x != PAD
+            rows = snapshot.rows(f, np.where(present, x, 0))   # [B, h, D]
+            weights = present.astype(np.float32)
+            if t["combiner"] == "mean":
+                weights *= (np.float32(1) / np.maximum(present.sum(1), 1).astype(np.float32))[:, None]
+            out[:, a:b] = (rows * weights[:, :, None]).sum(1)
+        return out
+
+    def _check(self, ids: List[np.ndarray]):
+        """Refuses ids outside [0, rows) (padding aside in multi-hot features), naming the features."""
+        bad = []
+        for f, (t, x) in enumerate(zip(self._repository.tables, ids)):
+            x = x if t["max_hotness"] is None else x[x != PAD]
+            if x.size and (x.min() < 0 or x.max() >= t["rows"]):
+                bad.append(f)
+        if bad:
+            raise BadRequest(f"embedding ids out of range [0, cardinality) in features (0-based): {bad} "
+                             f"(cardinalities {[t['rows'] for t in self._repository.tables]})")
+
+    def _swap(self, snapshot: Snapshot):
+        with self._lock:
+            self._retired = [s for s in self._retired + [self._current] if s.active]
+            self._current = snapshot
+
+    def _wait_for_retired(self):
+        """Returns once no request uses a snapshot older than the current one."""
+        with self._lock:
+            self._lock.wait_for(lambda: not any(s.active for s in self._retired))
+            self._retired = []
+
+    def apply_delta(self, delta) -> int:
+        """Serves deployment.delta.Delta `delta` (its base must be the served version); returns the
+        rows it updated. Raises UpdateRefused, or delta.DeltaError for a broken delta."""
+        served = self._current
+        if delta.base != served.version:
+            raise UpdateRefused(f"its base is {delta.base}, serving {served.version}")
+        if delta.name != self.name or model_signature(delta.signature) != self._repository.signature:
+            raise UpdateRefused(f"it is of another model ({delta.name!r} or its signature), serving {self.name!r}")
+        overlay = {}
+        for f in delta.features:
+            if not 0 <= f < len(served.tables):
+                raise UpdateRefused(f"it updates feature {f}, the model has {len(served.tables)}")
+            ids, rows = delta.rows(f)
+            if ids.size and (rows.shape != (len(ids), served.tables[f].shape[1]) or ids[-1] >= len(served.tables[f])):
+                raise UpdateRefused(f"feature {f}: rows {list(rows.shape)} for ids up to {ids[-1]}, its table is "
+                                    f"{list(served.tables[f].shape)}")
+            overlay[f] = (ids, rows)
+        dense = DenseModel(delta.dense_model, self.layout)
+        self._swap(Snapshot(delta.new, dense, served.tables, overlay))
+        self._wait_for_retired()
+        for f, (ids, rows) in overlay.items():
+            served.tables[f][ids] = rows
+        self._swap(Snapshot(delta.new, dense, served.tables))
+        return sum(len(ids) for ids, _ in overlay.values())
+
+    def replace(self, repository: str):
+        """Serves the full export `repository` instead (same layout), loaded whole before the swap."""
+        new = _Repository.read(repository)
+        if not new.served_as(self._repository):
+            raise UpdateRefused("it is of another model (its signature or tables differ from the served model's)")
+        self._swap(new.snapshot())
+
+
+class Updater:
+    """Applies the updates that appear in `directory` to `model`, polling every `poll_seconds` in a
+    thread: each new subdirectory holding delta.json (a delta) or export.json (a full export), in
+    order of its new step, once; others (being written) are left for later polls. Every update
+    applied or refused is one line of `log`."""
+
+    def __init__(self, model: Model, directory: str, poll_seconds: float = 1.0, log: Callable[[str], None] = print):
+        self.model, self.directory, self.poll_seconds, self.log = model, directory, poll_seconds, log
+        self._seen = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="updater", daemon=True)
+
+    def start(self):
+        self._thread.start()
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.poll()
+            self._stop.wait(self.poll_seconds)
+
+    def poll(self):
+        """One pass over the directory: applies what is new and complete."""
+        pending = []
+        for entry in sorted(os.listdir(self.directory)) if os.path.isdir(self.directory) else []:
+            path = os.path.join(self.directory, entry)
+            marker = next((os.path.join(path, m) for m in (DELTA_INFO, EXPORT_INFO)
+                           if os.path.isfile(os.path.join(path, m))), None)
+            if path in self._seen or marker is None:
+                continue
+            self._seen.add(path)
+            try:
+                pending.append(self._read(path, marker))
+            except Exception as e:   # whatever is wrong with it: refused, the server goes on
+                self._refuse(path, e)
+        for step, path, marker, written, update in sorted(pending, key=lambda p: p[:2]):
+            start = time.monotonic()
+            try:
+                what = update()
+            except Exception as e:
+                self._refuse(path, e)
+                continue
+            now = time.monotonic()
+            self.log(f"applied update {path} ({what}): serving {self.model.version}, in {now - start:.2f} s, "
+                     f"{time.time() - written:.2f} s after its {os.path.basename(marker)} was written")
+
+    def _read(self, path: str, marker: str) -> tuple:
+        """(new step, path, marker, when it was written, a function that applies it and says what it was)."""
+        written = os.path.getmtime(marker)
+        if marker.endswith(DELTA_INFO):
+            delta = read_delta(path)
+
+            def apply_delta():
+                rows = self.model.apply_delta(delta)
+                return f"delta, {rows} rows in {len(delta.features)} tables"
+            return delta.new.step, path, marker, written, apply_delta
+        version = export_version(path)
+
+        def replace():
+            if version == self.model.version:
+                raise UpdateRefused(f"it is the served version, {version}")
+            self.model.replace(path)
+            return "full export"
+        return version.step, path, marker, written, replace
+
+    def _refuse(self, path: str, error: Exception):
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        self.log(f"refused update {path}: {lines[0] if lines else type(error).__name__}")
