@@ -30,6 +30,7 @@ from deployment.repository import read_export_info
 from deployment.tables import TABLES_INFO
 
 MODEL_VERSION = "model_version"   # the extra output [B, 1] int64: the served version's step
+WRITE_ROWS = 1 << 16   # rows a delta writes into a table at a time
 
 
 class BadRequest(ValueError):
@@ -89,16 +90,24 @@ class _Repository:
         """Whether this export is of the model `other` is of (signature, tables)."""
         return (self.signature, self.tables) == (other.signature, other.tables)
 
+    @property
+    def dense_dir(self) -> str:
+        return os.path.join(self.path, f"{self.name}_dense")
+
     def snapshot(self) -> Snapshot:
         """Loads the dense model and every table (whole, into memory)."""
-        return Snapshot(export_version(self.path), DenseModel(os.path.join(self.path, f"{self.name}_dense"),
-                                                           self.layout),
+        return Snapshot(export_version(self.path), DenseModel(self.dense_dir, self.layout),
                         [np.load(os.path.join(self.directory, t["file"])) for t in self.tables])
 
 
 def model_signature(signature: dict) -> dict:
     """A checkpoint signature without what only training needs (its optimizer)."""
     return {k: v for k, v in signature.items() if k != "optimizer"}
+
+
+def _saved_model(model_dir: str) -> str:
+    saved = os.path.join(model_dir, "1", "model.savedmodel")
+    return saved if os.path.isdir(saved) else model_dir
 
 
 class DenseModel:
@@ -108,10 +117,22 @@ class DenseModel:
 
     def __init__(self, model_dir: str, layout: ServingLayout):
         import tensorflow as tf
-        saved = os.path.join(model_dir, "1", "model.savedmodel")
-        self._root = tf.saved_model.load(saved if os.path.isdir(saved) else model_dir)
+        self._root = tf.saved_model.load(_saved_model(model_dir))
         self._serve = self._root.signatures["serving_default"]
-        self(np.zeros((1, layout.num_numerical), np.float32), np.zeros((1, sum(layout.embedding_dims)), np.float32))
+        self._layout = layout
+        self._warm_up()
+
+    def _warm_up(self):
+        self(np.zeros((1, self._layout.num_numerical), np.float32),
+             np.zeros((1, sum(self._layout.embedding_dims)), np.float32))
+
+    def load_weights(self, model_dir: str):
+        """Takes the weights of another dense SavedModel of the same model (a delta's): reads its
+        variables only, far less work (and time holding Python's lock) than loading it."""
+        import tensorflow as tf
+        path = os.path.join(_saved_model(model_dir), "variables", "variables")
+        tf.train.Checkpoint(dense=self._root.dense).read(path).assert_existing_objects_matched()
+        self._warm_up()
 
     def __call__(self, numerical: np.ndarray, embeddings: np.ndarray) -> Dict[str, np.ndarray]:
         import tensorflow as tf
@@ -129,6 +150,8 @@ class Model:
     def __init__(self, repository: str):
         self._repository = _Repository.read(repository)
         self._current = self._repository.snapshot()
+        # A second dense model, used by no snapshot being served: the next delta's weights go into it
+        self._standby = DenseModel(self._repository.dense_dir, self.layout)
         self._retired: List[Snapshot] = []   # swapped out, maybe still in use
         self._lock = threading.Condition()
 
@@ -227,11 +250,15 @@ class Model:
                 raise UpdateRefused(f"feature {f}: rows {list(rows.shape)} for ids up to {ids[-1]}, its table is "
                                     f"{list(served.tables[f].shape)}")
             overlay[f] = (ids, rows)
-        dense = DenseModel(delta.dense_model, self.layout)
+        dense = self._standby
+        dense.load_weights(delta.dense_model)
         self._swap(Snapshot(delta.new, dense, served.tables, overlay))
-        self._wait_for_retired()
-        for f, (ids, rows) in overlay.items():
-            served.tables[f][ids] = rows
+        self._wait_for_retired()   # from here on, no request uses `served` (its dense model is the standby)
+        self._standby = served.dense
+        for f, (ids, rows) in overlay.items():   # in blocks: requests run between them
+            for start in range(0, len(ids), WRITE_ROWS):
+                served.tables[f][ids[start:start + WRITE_ROWS]] = rows[start:start + WRITE_ROWS]
+                time.sleep(0)
         self._swap(Snapshot(delta.new, dense, served.tables))
         return sum(len(ids) for ids, _ in overlay.values())
 

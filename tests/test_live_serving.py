@@ -25,6 +25,7 @@ from tests.test_serving import script, start_server, stop_server
 from utils.config import build_config
 
 STEPS = (8, 16, 24)
+RUN = ""   # set by the exports fixture
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +47,8 @@ def exports(tmp_path_factory):
     for step in STEPS:
         repos[step] = str(tmp / f"repo{step}")
         write_repository(checkpoints[step], repos[step], forms=["monolithic", "tables"])
+    global RUN   # the training run of every export, as versions name it
+    RUN = export_version(repos[8]).run[:8]
     return repos
 
 
@@ -97,7 +100,7 @@ def test_predictions_equal_the_monolithic_models(exports):
         np.testing.assert_allclose(out["predictions"], expected["predictions"], rtol=1e-6, atol=1e-6)
         np.testing.assert_array_equal(out["model_version"], np.full((64, 1), step))
         assert out["model_version"].dtype == np.int64 and np.std(out["logits"]) > 1e-3
-    assert str(model.version) == "step 24 (run unknown)"
+    assert str(model.version) == f"step 24 (run {RUN})"
 
 
 def test_bad_requests_are_refused_in_one_line(exports):
@@ -170,7 +173,7 @@ def test_updates_that_do_not_apply_are_refused_and_the_old_version_serves(export
     numerical, categorical = requests(50, seed=3)
     old = model.infer(numerical, categorical)
     late = read_delta_of(make_delta(exports[16], exports[24], str(tmp_path / "d24")))
-    with pytest.raises(UpdateRefused, match=r"^its base is step 16 \(run unknown\), serving step 8 \(run unknown\)$"):
+    with pytest.raises(UpdateRefused, match=rf"^its base is step 16 \(run {RUN}\), serving step 8 \(run {RUN}\)$"):
         model.apply_delta(late)
     corrupt = make_delta(exports[8], exports[16], str(tmp_path / "d16"))
     rows = os.path.join(corrupt, "table_1.rows.npy")
@@ -201,17 +204,17 @@ def test_the_updater_applies_new_updates_in_order_and_refuses_the_rest(exports, 
         f"refused update {updates / 'broken'}: {updates / 'broken' / 'delta.json'}: unreadable (Expecting property "
         "name enclosed in double quotes: line 1 column 2 (char 1))",
         f"applied update {updates / 'a'} (delta, {changed(8, 16, exports)}): serving step 16 "
-        "(run unknown), in T s, T s after its delta.json was written",
-        f"refused update {updates / 'stale'}: its base is step 8 (run unknown), serving step 16 (run unknown)",
+        f"(run {RUN}), in T s, T s after its delta.json was written",
+        f"refused update {updates / 'stale'}: its base is step 8 (run {RUN}), serving step 16 (run {RUN})",
         f"applied update {updates / 'b'} (delta, {changed(16, 24, exports)}): serving step 24 "
-        "(run unknown), in T s, T s after its delta.json was written"]
+        f"(run {RUN}), in T s, T s after its delta.json was written"]
     shutil.copytree(exports[24], updates / "partial" / "repo")   # not a complete update yet
     updater.poll()
     assert len(lines) == 4
     shutil.copytree(exports[16], updates / "full16")
     updater.poll()
     assert model.version.step == 16 and lines[4].startswith(f"applied update {updates / 'full16'} (full export): "
-                                                            "serving step 16 (run unknown), in ")
+                                                            f"serving step 16 (run {RUN}), in ")
     numerical, categorical = requests(50, seed=4)
     np.testing.assert_array_equal(model.infer(numerical, categorical)["logits"],
                                   Model(exports[16]).infer(numerical, categorical)["logits"])
@@ -327,7 +330,7 @@ def test_serve_swaps_versions_while_requests_run(exports, tmp_path):
     for _, _, k, (version,), logits in load.responses:
         np.testing.assert_array_equal(logits, expected[version][k])
     lines = log.read_text().splitlines()
-    assert any(line.startswith(f"serving dlrm (tables form, step 8 (run unknown), updates from {updates} every 0.5 s) "
+    assert any(line.startswith(f"serving dlrm (tables form, step 8 (run {RUN}), updates from {updates} every 0.5 s) "
                                f"of ") for line in lines)
     events = {re.sub(r" \(delta, .*| \(full export.*|: .*", "", line): line for line in lines
               if line.startswith(("applied update", "refused update"))}
@@ -336,7 +339,7 @@ def test_serve_swaps_versions_while_requests_run(exports, tmp_path):
     assert events[f"refused update {updates / 'broken'}"].endswith(
         f"{updates / 'broken' / 'table_0.rows.npy'}: CRC-32 differs from delta.json's (a corrupt or partial file)")
     assert events[f"refused update {updates / 'stale'}"].endswith(
-        "its base is step 8 (run unknown), serving step 16 (run unknown)")
+        f"its base is step 8 (run {RUN}), serving step 16 (run {RUN})")
     report_latency(load.responses, dropped)
 
 
