@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -97,6 +98,24 @@ def test_capacities():
     assert cache_capacities([(1000, 4)], 0) == [0]
 
 
+@pytest.mark.parametrize("policy, victim", [("lru", 1), ("lfu", 0)])
+def test_cache_victims_and_updates(policy, victim):
+    cache = _Cache(100, 2, 4, policy)
+    rows = np.arange(200, dtype=np.float32).reshape(100, 2)
+    cache.fill(np.arange(4), rows[:4], 0)
+    for i in [1, 1, 1, 2, 2, 3, 3, 0]:   # row 1 used first (LRU's victim), row 0 least often (LFU's)
+        cache.lookup(np.array([i]))
+    cache.fill(np.array([9]), rows[9:10], 0)
+    assert sorted(np.flatnonzero(cache.slot_of >= 0)) == sorted({0, 1, 2, 3, 9} - {victim})
+    _, miss, generation = cache.lookup(np.array([5]))   # read below, then an update of row 5 ...
+    assert miss.all()
+    cache.replace(np.array([5, 9]), rows[[5, 9]] + 1)
+    cache.fill(np.array([5]), rows[5:6], generation)     # ... so the old row is not cached
+    assert cache.slot_of[5] == -1
+    out, miss, _ = cache.lookup(np.array([9, 2]))
+    assert miss is None and np.array_equal(out, [rows[9] + 1, rows[2]])
+
+
 @pytest.mark.parametrize("policy", ["lru", "lfu"])
 @pytest.mark.parametrize("with_redis", [False, True])
 def test_rows_exact_cold_and_warm(repo, tables, server, policy, with_redis):
@@ -121,6 +140,18 @@ def test_rows_exact_cold_and_warm(repo, tables, server, policy, with_redis):
     # one-hot lookups of one id each, and an empty one
     assert np.array_equal(tiers.rows(0, np.array(7)), tables[0][7])
     assert tiers.rows(1, np.zeros((0, 3), np.int64)).shape == (0, 3, 16)
+    tiers.close()
+
+
+def test_concurrent_lookups(repo, tables, server):
+    tiers = TieredTables(repo, TierConfig(cache_bytes=BUDGET, policy="lfu", redis_url=server.url))
+
+    def work(seed):
+        for f, ids in zipf_batches(20, (200, 2), seed=seed):
+            assert np.array_equal(tiers.rows(f, ids), tables[f][ids])
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(work, range(8)))
+    check_cache(tiers, tables)
     tiers.close()
 
 
