@@ -324,7 +324,7 @@ def debian(tmp_path):
 
 def debian_packages():
     py = os.path.basename(os.path.realpath(DEBIAN_PYTHON))   # python3.11
-    return ["g++", "make", "cmake", "openjdk-17-jre-headless", py, f"{py}-dev", f"{py}-venv"]
+    return ["g++", "make", "cmake", "openjdk-17-jre-headless", py, f"{py}-dev", f"{py}-venv", "redis-server"]
 
 
 @pytest.mark.parametrize("arg", ["/dev/null/venv", "--system"])

@@ -25,12 +25,14 @@ esac
 
 # Debian's packages that the set-up, `make demo` and `make test` need and a bare Debian lacks: a
 # C++ compiler, make and the system cmake (Horovod's build, the interaction op), Java 17 (Spark),
+# redis-server (the shared tier of serving lookups, deployment/lookup_tiers.py, and its tests),
 # and, for Debian's own Python, the interpreter, its headers and its venv module (split off it).
 system_packages() {
   local py=python3
   if [ -x "$PYTHON" ]; then py=$("$PYTHON" -c 'import sys; print("python%d.%d" % sys.version_info[:2])'); fi
   echo g++ make cmake openjdk-17-jre-headless
   case $(readlink -f "$PYTHON") in /usr/bin/*) echo "$py" "$py-dev" "$py-venv" ;; esac
+  echo redis-server
 }
 
 # The ones dpkg does not list as installed, one a line (none on a system without dpkg).
