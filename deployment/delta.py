@@ -18,12 +18,13 @@ rows[i]; every other row keeps its value; the dense model is replaced whole. Tab
 updated rows are not listed.
 """
 import dataclasses
-import json
 import os
 import zlib
 from typing import Callable, Iterable, List, Tuple
 
 import numpy as np
+
+from utils.files import read_json, write_json
 
 FORMAT = "dlrm-delta"
 FORMAT_VERSION = 1
@@ -32,6 +33,7 @@ EXPORT_INFO = "export.json"   # a full export's (deployment/repository.py)
 ROWS_DTYPE = np.dtype("<f4")
 IDS_DTYPE = np.dtype("<i8")
 _CRC_BLOCK = 16 << 20
+REPOSITORY = "a model repository written by deployment/deploy.py"
 
 
 class DeltaError(ValueError):
@@ -71,20 +73,10 @@ def descends_from(manifest: dict, base: Version) -> bool:
                for segment, end in zip(lineage, ends))
 
 
-def _read_json(path: str, what: str) -> dict:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise DeltaError(f"{os.path.dirname(path) or '.'}: not {what} (no {os.path.basename(path)})")
-    except (OSError, ValueError) as e:
-        raise DeltaError(f"{path}: unreadable ({e})")
-
-
 def export_version(repository: str) -> Version:
     """The version a full export (a model repository) holds; run "" if its export.json predates
     versions."""
-    info = _read_json(os.path.join(repository, EXPORT_INFO), "a model repository written by deployment/deploy.py")
+    info = read_json(os.path.join(repository, EXPORT_INFO), REPOSITORY, DeltaError)
     return Version.from_json(info.get("version") or {"run": "", "step": info["step"]})
 
 
@@ -153,7 +145,7 @@ class Delta:
 def read_delta(directory: str) -> Delta:
     """The delta in `directory`, its delta.json checked (format, version, every file present with
     the size it records); the rows are checked as they are read (Delta.rows)."""
-    info = _read_json(os.path.join(directory, DELTA_INFO), "a delta written by deployment/deploy.py")
+    info = read_json(os.path.join(directory, DELTA_INFO), "a delta written by deployment/deploy.py", DeltaError)
     if info.get("format") != FORMAT or info.get("version") != FORMAT_VERSION:
         raise DeltaError(f"{directory}: {DELTA_INFO} is format {info.get('format')!r} version "
                          f"{info.get('version')!r}, not {FORMAT!r} version {FORMAT_VERSION}")
@@ -185,8 +177,7 @@ def base_signature(path: str) -> dict:
     """The model signature of a full export or a delta at `path`."""
     if os.path.isfile(os.path.join(path, DELTA_INFO)):
         return read_delta(path).signature
-    return _read_json(os.path.join(path, EXPORT_INFO), "a model repository written by deployment/deploy.py")[
-        "signature"]
+    return read_json(os.path.join(path, EXPORT_INFO), REPOSITORY, DeltaError)["signature"]
 
 
 def _save(path: str, value: np.ndarray) -> dict:
@@ -217,10 +208,5 @@ def write_delta(directory: str, name: str, base: Version, new: Version, signatur
                        "rows": _save(os.path.join(directory, f"table_{feature}.rows.npy"), rows)})
     info = {"format": FORMAT, "version": FORMAT_VERSION, "name": name, "base": base.to_json(), "new": new.to_json(),
             "signature": signature, "dense_model": dense, "tables": listed}
-    tmp = os.path.join(directory, f".{DELTA_INFO}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(info, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(directory, DELTA_INFO))
+    write_json(os.path.join(directory, DELTA_INFO), info)
     return info

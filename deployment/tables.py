@@ -8,7 +8,6 @@ the dense SavedModel. No TensorFlow.
     <dir>/tables.json     written last (atomically): checkpoint, step, per table its file, shape,
                           hotness and combiner, and the dense model's name and inputs
 """
-import json
 import os
 from typing import Tuple
 
@@ -18,6 +17,7 @@ from deployment.layout import EMBEDDINGS, NUMERICAL, PAD, ServingLayout
 from nn import checkpoint
 from nn.model_config import ModelConfig
 from utils.errors import CheckpointError
+from utils.files import write_json
 
 FORMAT = "dlrm-table-files"
 VERSION = 1
@@ -53,12 +53,7 @@ def write_tables(manifest: dict, directory: str, dense_model: str) -> dict:
     info = {"format": FORMAT, "version": VERSION, "checkpoint": manifest["path"], "step": manifest["step"],
             "pad_id": PAD, "tables": tables,
             "dense_model": {"name": dense_model, "inputs": {NUMERICAL: [layout.num_numerical], EMBEDDINGS: [offset]}}}
-    tmp = os.path.join(directory, f".{TABLES_INFO}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(info, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(directory, TABLES_INFO))
+    write_json(os.path.join(directory, TABLES_INFO), info)
     return info
 
 

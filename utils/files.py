@@ -1,4 +1,5 @@
-"""File-system steps shared by the writers of checkpoints and model repositories."""
+"""File-system steps shared by the writers of checkpoints, model repositories and deltas."""
+import json
 import os
 import shutil
 
@@ -13,3 +14,26 @@ def move_into_place(tmp: str, final: str, old: str):
     os.rename(final, old)
     os.rename(tmp, final)
     shutil.rmtree(old)
+
+
+def write_json(path: str, value) -> None:
+    """Writes `value` as JSON to `path` through a temporary file renamed over it (synced): readers
+    see the old file or the whole new one."""
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(value, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: str, what: str, error: type):
+    """The JSON value in `path`; raises `error` with one line if the file is missing ("DIR: not
+    WHAT (no FILE)") or unreadable."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise error(f"{os.path.dirname(path) or '.'}: not {what} (no {os.path.basename(path)})")
+    except (OSError, ValueError) as e:
+        raise error(f"{path}: unreadable ({e})")
