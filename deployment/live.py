@@ -384,12 +384,14 @@ class Model:
 class Updater:
     """Applies the updates that appear in `directory` to `model`, polling every `poll_seconds` in a
     thread: each new subdirectory holding delta.json (a delta) or export.json (a full export), in
-    order of its new step, once; others (being written) are left for later polls. Every update
-    applied or refused is one line of `log`."""
+    order of its new step, once; others (being written) are left for later polls. Updates whose
+    new step is not above the step served when it started are skipped (after a restart on a store
+    updated by them). Every update applied, refused or skipped is one line of `log`."""
 
     def __init__(self, model: Model, directory: str, poll_seconds: float = 1.0, log: Callable[[str], None] = print):
         self.model, self.directory, self.poll_seconds, self.log = model, directory, poll_seconds, log
         self._seen = set()
+        self._start = model.version
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="updater", daemon=True)
 
@@ -420,6 +422,9 @@ class Updater:
             except Exception as e:   # whatever is wrong with it: refused, the server goes on
                 self._refuse(path, e)
         for step, path, marker, written, update in sorted(pending, key=lambda p: p[:2]):
+            if step <= self._start.step:
+                self.log(f"skipped update {path}: its step {step} is not above {self._start}, served at start-up")
+                continue
             start = time.monotonic()
             try:
                 what = update()

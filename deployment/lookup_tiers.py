@@ -634,15 +634,17 @@ class TieredTables:
 
     def stats(self) -> dict:
         """Counts since start-up: per tier its lookups and hits (cache: ids as requested; Redis:
-        the unique ids the cache missed), the rows read from the store, the cache's bytes, and
-        whether Redis is up."""
+        the unique ids the cache missed), the rows read from the store, the cache's bytes, rows
+        and capacity (of the tables not held whole), and whether Redis is up."""
+        caches = [t for t in self._tables if isinstance(t, _Cache)]
         lookups = sum(t.lookups for t in self._tables)
         hits = sum(t.hits for t in self._tables)
         with self._count_lock:
             c = dict(self._counts)
         out = {"cache": {"lookups": lookups, "hits": hits, "hit_rate": hits / lookups if lookups else 1.0,
                          "bytes": sum(t.nbytes for t in self._tables),
-                         "whole_tables": [f for f, t in enumerate(self._tables) if isinstance(t, _Whole)]},
+                         "whole_tables": [f for f, t in enumerate(self._tables) if isinstance(t, _Whole)],
+                         "rows": sum(t.filled for t in caches), "capacity": sum(t.capacity for t in caches)},
                "store": {"rows_read": c["store_rows_read"]}}
         if self.redis:
             out["redis"] = {"lookups": c["redis_asked"], "hits": c["redis_found"],

@@ -16,7 +16,7 @@ import redis
 import tests.test_live_serving as live_tests
 from deployment.client import ServingClient, free_ports
 from deployment.delta import export_version
-from deployment.live import KEPT_DENSE, Model
+from deployment.live import KEPT_DENSE, Model, Updater
 from deployment.lookup_tiers import TierConfig, _Cache
 from deployment.repository import write_repository
 from tests.redis_server import RedisServer, free_port
@@ -102,8 +102,9 @@ def test_deltas_through_the_tiers_reach_every_tier_and_a_restart_serves_them(exp
     model = Model(repo, config)
     numerical, categorical = requests(200, seed=1)
     model.infer(numerical, categorical)   # the cache and Redis hold rows of step 8
+    updates = tmp_path / "updates"
     for base, new in ((8, 16), (16, 24)):
-        model.apply_delta(read_delta_of(make_delta(exports[base], exports[new], str(tmp_path / f"d{new}"))))
+        model.apply_delta(read_delta_of(make_delta(exports[base], exports[new], str(updates / f"d{new}"))))
         assert model.version == export_version(exports[new]) and not model._current.overlay
     expected = tables_of(exports[24])
     for stored, table in zip(tables_of(repo), expected):   # the store's files
@@ -119,6 +120,10 @@ def test_deltas_through_the_tiers_reach_every_tier_and_a_restart_serves_them(exp
     model.close()
     for restarted in (Model(repo, config), Model(repo)):   # through the tiers, and in memory
         assert restarted.version == export_version(exports[24])
+        lines = []
+        Updater(restarted, str(updates), log=lines.append).poll()   # the deltas it holds: skipped
+        assert lines == [f"skipped update {updates / f'd{step}'}: its step {step} is not above "
+                         f"{export_version(exports[24])}, served at start-up" for step in (16, 24)]
         for key in KEYS:
             np.testing.assert_array_equal(restarted.infer(numerical, categorical)[key], fresh[key])
         restarted.close()
