@@ -1,36 +1,47 @@
 """Serving a repository's `tables` form (deployment/tables.py), updated while it serves.
 
-The embeddings are looked up in NumPy from the table files (held in memory), the `<name>_dense`
-SavedModel computes predictions and logits. What is served is a `Snapshot` (version, dense model,
-tables, an overlay of updated rows); each request takes the current one once and uses only it,
-so a new version swaps in between requests without a restart:
+The embeddings are looked up in NumPy from the table files, the `<name>_dense` SavedModel
+computes predictions and logits. The tables are held whole in memory (`MemoryTables`), or, for
+tables larger than memory, looked up through deployment/lookup_tiers.py's `TieredTables` (a
+cache of hot rows, optionally Redis, the table files memory-mapped as the store); both offer
+the `Tables` interface. What is served is a `Snapshot` (version, dense model, tables, an overlay
+of updated rows); each request takes the current one once and uses only it, so a new version
+swaps in between requests without a restart:
 
 - a delta (deployment/delta.py) whose base is the served version: its rows become the overlay
   of a new snapshot (lookups consult it first; no table is copied) with the delta's dense model,
   swapped in; once every request that started on an older snapshot has finished, the rows are
-  written into the tables in place and a snapshot without overlay replaces it. Requests never
-  wait for the update.
-- a full export with another version: loaded whole (memory for both while loading), swapped in.
+  written into the tables in place (through the tiers: the store's files, Redis and the cache;
+  the delta's dense model is kept in the store's directory and named in its store.json, so that
+  a restart serves the version the store holds) and a snapshot without overlay replaces it.
+  Requests never wait for the update.
+- a full export with another version: loaded (in memory: whole, memory for both while loading;
+  through the tiers: new tiers on its store), swapped in; the old tables are closed once the
+  requests using them finished.
 
 `Updater` polls a directory for such updates and applies them in order of their new step.
 """
 import dataclasses
 import json
 import os
+import shutil
 import threading
 import time
 from contextlib import contextmanager
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Protocol, Tuple
 
 import numpy as np
 
 from deployment.delta import DELTA_INFO, EXPORT_INFO, Version, export_version, read_delta
 from deployment.layout import LOGITS, PAD, PREDICTIONS, ServingLayout
+from deployment.lookup_tiers import TieredTables, TierConfig, store_state
 from deployment.repository import read_export_info
 from deployment.tables import TABLES_INFO
+from utils.errors import StoreError
 
 MODEL_VERSION = "model_version"   # the extra output [B, 1] int64: the served version's step
 WRITE_ROWS = 1 << 16   # rows a delta writes into a table at a time
+KEPT_DENSE = "dense_model"   # store.json's key: the dense model of the version the store holds (tiers)
 
 
 class BadRequest(ValueError):
@@ -41,20 +52,66 @@ class UpdateRefused(ValueError):
     """An update that cannot be applied to the served version; one line."""
 
 
+class Tables(Protocol):
+    """A version's embedding tables, as a snapshot reads and a delta updates them (MemoryTables,
+    lookup_tiers.TieredTables). Thread-safe: lookups run concurrently with one update."""
+    shapes: List[Tuple[int, int]]   # per feature (rows, D)
+
+    def rows(self, feature: int, ids: np.ndarray) -> np.ndarray:
+        """Feature's rows of `ids` (any shape, in range) -> [*ids.shape, D], a new array."""
+
+    def advancing(self, base: Version, new: Version, record: Optional[dict] = None):
+        """A context: the `update`s inside move the tables from version `base` to `new`."""
+
+    def update(self, feature: int, ids: np.ndarray, rows: np.ndarray):
+        """Rows `ids` [n] (unique) become `rows` [n, D], in place."""
+
+    def stats(self) -> dict:
+        """Lookup counts (hits per tier), {} for tables in memory."""
+
+    def close(self):
+        """Frees what it holds; no lookups after."""
+
+
+class MemoryTables:
+    """Every table of a repository held whole in memory (`arrays`: per feature [rows, D] float32).
+    Updates are writes in place: the table files keep the export."""
+
+    def __init__(self, directory: str, tables: List[dict]):
+        self.arrays = [np.load(os.path.join(directory, t["file"])) for t in tables]
+        self.shapes = [a.shape for a in self.arrays]
+
+    def rows(self, feature: int, ids: np.ndarray) -> np.ndarray:
+        return self.arrays[feature][ids]
+
+    @contextmanager
+    def advancing(self, base: Version, new: Version, record: Optional[dict] = None) -> Iterator[None]:
+        yield
+
+    def update(self, feature: int, ids: np.ndarray, rows: np.ndarray):
+        self.arrays[feature][ids] = rows
+
+    def stats(self) -> dict:
+        return {}
+
+    def close(self):
+        self.arrays = []
+
+
 @dataclasses.dataclass
 class Snapshot:
-    """One served version. `tables`: per feature [rows_f, D_f] float32; `overlay`: per feature
-    (ids [n] int64 sorted unique, rows [n, D_f] float32) that replace those rows of its table;
-    `active`: the requests using it (guarded by its Model's lock)."""
+    """One served version. `tables`: its Tables; `overlay`: per feature (ids [n] int64 sorted
+    unique, rows [n, D_f] float32) that replace those rows of its tables; `active`: the requests
+    using it (guarded by its Model's lock)."""
     version: Version
     dense: "DenseModel"
-    tables: List[np.ndarray]
+    tables: Tables
     overlay: Dict[int, Tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict)
     active: int = 0
 
     def rows(self, feature: int, ids: np.ndarray) -> np.ndarray:
         """Feature's rows of `ids` (any shape, in range) -> [*ids.shape, D_f]."""
-        out = self.tables[feature][ids]
+        out = self.tables.rows(feature, ids)
         if feature in self.overlay:
             new_ids, new_rows = self.overlay[feature]
             at = np.minimum(np.searchsorted(new_ids, ids), len(new_ids) - 1)
@@ -65,39 +122,55 @@ class Snapshot:
 
 @dataclasses.dataclass(frozen=True)
 class _Repository:
-    """What a tables-form repository serves: its name, layout, table directory, and per table
-    tables.json's entry."""
+    """What a tables-form repository serves: its name, layout, table directory, per table
+    tables.json's entry, the version its table files hold and that version's dense model (the
+    export's, or after deltas applied through the tiers the one kept in the table directory)."""
     path: str
     name: str
     layout: ServingLayout
     directory: str
     tables: List[dict]
     signature: dict
+    version: Version
+    dense_dir: str
 
     @classmethod
     def read(cls, path: str) -> "_Repository":
+        """Raises UpdateRefused without the tables form, StoreError for table files missing,
+        half-written, of another export, or updated past the export without a kept dense model."""
         info = read_export_info(path)
         if "tables" not in info["forms"]:
             raise UpdateRefused(f"{path}: has no table files (exported with --forms={','.join(info['forms'])}); "
                                 "export with --forms including tables")
+        state = store_state(path)
         directory = os.path.join(path, info["table_files"]["directory"])
         with open(os.path.join(directory, TABLES_INFO)) as f:
             tables = json.load(f)["tables"]
+        version, exported = Version.from_json(state["holds"]), export_version(path)
+        dense_dir = os.path.join(path, f"{info['name']}_dense")
+        if version != exported:
+            kept = state.get(KEPT_DENSE)
+            if not kept or not os.path.isdir(os.path.join(directory, kept)):
+                raise StoreError(f"{directory}: holds {version} (deltas applied after the export, {exported}) "
+                                 f"but not its dense model {kept or '(none recorded)'}: export {version} again "
+                                 "with deploy.py and serve that")
+            dense_dir = os.path.join(directory, kept)
         return cls(path, info["name"], ServingLayout(**info["layout"]), directory, tables,
-                   model_signature(info["signature"]))
+                   model_signature(info["signature"]), version, dense_dir)
 
     def served_as(self, other: "_Repository") -> bool:
         """Whether this export is of the model `other` is of (signature, tables)."""
         return (self.signature, self.tables) == (other.signature, other.tables)
 
-    @property
-    def dense_dir(self) -> str:
-        return os.path.join(self.path, f"{self.name}_dense")
-
-    def snapshot(self) -> Snapshot:
-        """Loads the dense model and every table (whole, into memory)."""
-        return Snapshot(export_version(self.path), DenseModel(self.dense_dir, self.layout),
-                        [np.load(os.path.join(self.directory, t["file"])) for t in self.tables])
+    def snapshot(self, tiers: Optional[TierConfig], log: Callable[[str], None]) -> Snapshot:
+        """Loads the dense model, and the tables: whole into memory, or through tiers `tiers`."""
+        tables = MemoryTables(self.directory, self.tables) if tiers is None else \
+            TieredTables(self.path, tiers, expect=self.version, log=log)
+        try:
+            return Snapshot(self.version, DenseModel(self.dense_dir, self.layout), tables)
+        except BaseException:
+            tables.close()
+            raise
 
 
 def model_signature(signature: dict) -> dict:
@@ -141,15 +214,18 @@ class DenseModel:
 
 
 class Model:
-    """A tables-form repository served from memory, replaceable by newer versions while serving.
+    """A tables-form repository served, from memory or through lookup tiers `tiers`, replaceable by
+    newer versions while serving.
 
     infer(numerical [B, n] float32, categorical [B, W] int64) -> predictions, logits [B, 1]
-    float32 and model_version [B, 1] int64. Thread-safe: requests and one updater.
+    float32 and model_version [B, 1] int64. Thread-safe: requests and one updater. `log` gets
+    the tiers' lines (Redis down, back).
     """
 
-    def __init__(self, repository: str):
+    def __init__(self, repository: str, tiers: Optional[TierConfig] = None, log: Callable[[str], None] = print):
+        self._tiers, self._log = tiers, log
         self._repository = _Repository.read(repository)
-        self._current = self._repository.snapshot()
+        self._current = self._repository.snapshot(tiers, log)
         # A second dense model, used by no snapshot being served: the next delta's weights go into it
         self._standby = DenseModel(self._repository.dense_dir, self.layout)
         self._retired: List[Snapshot] = []   # swapped out, maybe still in use
@@ -166,6 +242,13 @@ class Model:
     @property
     def version(self) -> Version:
         return self._current.version
+
+    def stats(self) -> dict:
+        """The served tables' lookup counts (lookup_tiers.TieredTables.stats; {} in memory)."""
+        return self._current.tables.stats()
+
+    def close(self):
+        self._current.tables.close()
 
     @contextmanager
     def snapshot(self):
@@ -237,48 +320,78 @@ class Model:
         """Serves deployment.delta.Delta `delta` (its base must be the served version); returns the
         rows it updated. Raises UpdateRefused, or delta.DeltaError for a broken delta."""
         served = self._current
+        tables = served.tables
         if delta.base != served.version:
             raise UpdateRefused(f"its base is {delta.base}, serving {served.version}")
         if delta.name != self.name or model_signature(delta.signature) != self._repository.signature:
             raise UpdateRefused(f"it is of another model ({delta.name!r} or its signature), serving {self.name!r}")
         overlay = {}
         for f in delta.features:
-            if not 0 <= f < len(served.tables):
-                raise UpdateRefused(f"it updates feature {f}, the model has {len(served.tables)}")
+            if not 0 <= f < len(tables.shapes):
+                raise UpdateRefused(f"it updates feature {f}, the model has {len(tables.shapes)}")
             ids, rows = delta.rows(f)
-            if ids.size and (rows.shape != (len(ids), served.tables[f].shape[1]) or ids[-1] >= len(served.tables[f])):
+            if ids.size and (rows.shape != (len(ids), tables.shapes[f][1]) or ids[-1] >= tables.shapes[f][0]):
                 raise UpdateRefused(f"feature {f}: rows {list(rows.shape)} for ids up to {ids[-1]}, its table is "
-                                    f"{list(served.tables[f].shape)}")
+                                    f"{list(tables.shapes[f])}")
             overlay[f] = (ids, rows)
         dense = self._standby
         dense.load_weights(delta.dense_model)
-        self._swap(Snapshot(delta.new, dense, served.tables, overlay))
-        self._wait_for_retired()   # from here on, no request uses `served` (its dense model is the standby)
-        self._standby = served.dense
-        for f, (ids, rows) in overlay.items():   # in blocks: requests run between them
-            for start in range(0, len(ids), WRITE_ROWS):
-                served.tables[f][ids[start:start + WRITE_ROWS]] = rows[start:start + WRITE_ROWS]
-                time.sleep(0)
-        self._swap(Snapshot(delta.new, dense, served.tables))
+        kept = self._keep_dense(tables, delta)
+        with tables.advancing(delta.base, delta.new, kept and {KEPT_DENSE: kept}):
+            self._swap(Snapshot(delta.new, dense, tables, overlay))
+            self._wait_for_retired()   # from here on, no request uses `served` (its dense model is the standby)
+            self._standby = served.dense
+            for f, (ids, rows) in overlay.items():   # in blocks: requests run between them
+                for start in range(0, len(ids), WRITE_ROWS):
+                    tables.update(f, ids[start:start + WRITE_ROWS], rows[start:start + WRITE_ROWS])
+                    time.sleep(0)
+        self._swap(Snapshot(delta.new, dense, tables))
+        if kept:
+            self._prune_dense(kept)
         return sum(len(ids) for ids, _ in overlay.values())
 
+    def _keep_dense(self, tables: Tables, delta) -> Optional[str]:
+        """Through the tiers (the table files updated in place): a copy of the delta's dense model
+        in the table directory, `dense-<step>`; its name. None in memory."""
+        if not isinstance(tables, TieredTables):
+            return None
+        name = f"dense-{delta.new.step}"
+        self._prune_dense(tables.store.state.get(KEPT_DENSE))
+        tmp = os.path.join(self._repository.directory, f"{name}.tmp")
+        shutil.copytree(_saved_model(delta.dense_model), tmp)
+        os.replace(tmp, os.path.join(self._repository.directory, name))
+        return name
+
+    def _prune_dense(self, keep: Optional[str]):
+        """Removes the kept dense models (and leftovers of copies) of the table directory but `keep`."""
+        for entry in os.listdir(self._repository.directory):
+            if entry.startswith("dense-") and entry != keep:
+                shutil.rmtree(os.path.join(self._repository.directory, entry))
+
     def replace(self, repository: str):
-        """Serves the full export `repository` instead (same layout), loaded whole before the swap."""
+        """Serves the full export `repository` instead (same layout), loaded before the swap; the
+        old tables are closed once no request uses them."""
         new = _Repository.read(repository)
         if not new.served_as(self._repository):
             raise UpdateRefused("it is of another model (its signature or tables differ from the served model's)")
-        self._swap(new.snapshot())
+        old = self._current.tables
+        self._swap(new.snapshot(self._tiers, self._log))
+        self._repository = new
+        self._wait_for_retired()
+        old.close()
 
 
 class Updater:
     """Applies the updates that appear in `directory` to `model`, polling every `poll_seconds` in a
     thread: each new subdirectory holding delta.json (a delta) or export.json (a full export), in
-    order of its new step, once; others (being written) are left for later polls. Every update
-    applied or refused is one line of `log`."""
+    order of its new step, once; others (being written) are left for later polls. Updates whose
+    new step is not above the step served when it started are skipped (after a restart on a store
+    updated by them). Every update applied, refused or skipped is one line of `log`."""
 
     def __init__(self, model: Model, directory: str, poll_seconds: float = 1.0, log: Callable[[str], None] = print):
         self.model, self.directory, self.poll_seconds, self.log = model, directory, poll_seconds, log
         self._seen = set()
+        self._start = model.version
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="updater", daemon=True)
 
@@ -309,6 +422,9 @@ class Updater:
             except Exception as e:   # whatever is wrong with it: refused, the server goes on
                 self._refuse(path, e)
         for step, path, marker, written, update in sorted(pending, key=lambda p: p[:2]):
+            if step <= self._start.step:
+                self.log(f"skipped update {path}: its step {step} is not above {self._start}, served at start-up")
+                continue
             start = time.monotonic()
             try:
                 what = update()

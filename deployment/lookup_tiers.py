@@ -39,6 +39,7 @@ import mmap
 import os
 import threading
 import time
+import urllib.parse
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -79,8 +80,8 @@ class TierConfig:
             if not getattr(self, name) >= (0 if name == "cache_bytes" else 1e-9):
                 raise ConfigError(f"{name} must be {'>= 0' if name == 'cache_bytes' else 'positive'}, "
                                   f"got {getattr(self, name)}")
-        if self.redis_url is not None and not self.redis_url.startswith(("redis://", "unix://")):
-            raise ConfigError(f"redis_url must be redis://host:port/db, got {self.redis_url!r}")
+        if self.redis_url is not None and not _redis_url_ok(self.redis_url):
+            raise ConfigError(f"redis_url must be redis://host:port/db (or unix://path), got {self.redis_url!r}")
 
     @classmethod
     def from_file(cls, path: str) -> "TierConfig":
@@ -95,6 +96,19 @@ class TierConfig:
         if unknown:
             raise ConfigError(f"{path}: unknown tier settings {unknown} (known: {sorted(known)})")
         return cls(**values)
+
+
+def _redis_url_ok(url: str) -> bool:
+    """Whether `url` is redis://host[:port][/db] or unix://path."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        parts.port
+    except ValueError:
+        return False
+    if parts.scheme == "unix":
+        return bool(parts.path)
+    return parts.scheme == "redis" and bool(parts.hostname) and (parts.path in ("", "/") or
+                                                                 parts.path[1:].isdigit())
 
 
 def cache_capacities(shapes: Sequence[Tuple[int, int]], budget: int) -> List[Optional[int]]:
@@ -232,9 +246,15 @@ class RowStore:
             self.close()
             raise
 
+    @property
+    def state(self) -> dict:
+        """store.json's content: the version held (`holds`), and what `advancing` recorded with it."""
+        return dict(self._state)
+
     @contextlib.contextmanager
-    def advancing(self, base: Version, new: Version) -> Iterator[None]:
-        """Writes inside move the store from version `base` to `new` (recorded before and after)."""
+    def advancing(self, base: Version, new: Version, record: Optional[dict] = None) -> Iterator[None]:
+        """Writes inside move the store from version `base` to `new` (recorded before and after,
+        with `record`'s keys)."""
         if base != self.version:
             raise StoreError(f"{self.directory}: holds {self.version}, an update from {base} does not apply")
         if not all(t.writable for t in self.tables):
@@ -244,7 +264,7 @@ class RowStore:
         for table in self.tables:
             table.flush()
         self.version = new
-        self._save(holds=new.to_json(), updating=None)
+        self._save(holds=new.to_json(), updating=None, **(record or {}))
 
     def _save(self, **changes):
         self._state = dict(self._state, **changes)
@@ -256,11 +276,16 @@ class RowStore:
         self.tables = []
 
 
-def store_version(repository: str) -> Version:
-    """The version the store of a tables-form repository holds (its export's, or the last update's)."""
+def store_state(repository: str) -> dict:
+    """The checked state of a tables-form repository's store (RowStore.state; refusals: StoreError)."""
     store = RowStore(repository, _read_json(os.path.join(repository, EXPORT_INFO), "a model repository"))
     store.close()
-    return store.version
+    return store.state
+
+
+def store_version(repository: str) -> Version:
+    """The version the store of a tables-form repository holds (its export's, or the last update's)."""
+    return Version.from_json(store_state(repository)["holds"])
 
 
 class _Whole:
@@ -582,9 +607,10 @@ class TieredTables:
         return out
 
     @contextlib.contextmanager
-    def advancing(self, base: Version, new: Version) -> Iterator[None]:
-        """`update`s inside move every tier from version `base` (the one held) to `new`."""
-        with self._update_lock, self.store.advancing(base, new):
+    def advancing(self, base: Version, new: Version, record: Optional[dict] = None) -> Iterator[None]:
+        """`update`s inside move every tier from version `base` (the one held) to `new`; `record`'s
+        keys are kept in store.json with the new version."""
+        with self._update_lock, self.store.advancing(base, new, record):
             self._advancing = True
             try:
                 yield
@@ -608,15 +634,17 @@ class TieredTables:
 
     def stats(self) -> dict:
         """Counts since start-up: per tier its lookups and hits (cache: ids as requested; Redis:
-        the unique ids the cache missed), the rows read from the store, the cache's bytes, and
-        whether Redis is up."""
+        the unique ids the cache missed), the rows read from the store, the cache's bytes, rows
+        and capacity (of the tables not held whole), and whether Redis is up."""
+        caches = [t for t in self._tables if isinstance(t, _Cache)]
         lookups = sum(t.lookups for t in self._tables)
         hits = sum(t.hits for t in self._tables)
         with self._count_lock:
             c = dict(self._counts)
         out = {"cache": {"lookups": lookups, "hits": hits, "hit_rate": hits / lookups if lookups else 1.0,
                          "bytes": sum(t.nbytes for t in self._tables),
-                         "whole_tables": [f for f, t in enumerate(self._tables) if isinstance(t, _Whole)]},
+                         "whole_tables": [f for f, t in enumerate(self._tables) if isinstance(t, _Whole)],
+                         "rows": sum(t.filled for t in caches), "capacity": sum(t.capacity for t in caches)},
                "store": {"rows_read": c["store_rows_read"]}}
         if self.redis:
             out["redis"] = {"lookups": c["redis_asked"], "hits": c["redis_found"],

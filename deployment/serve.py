@@ -16,6 +16,14 @@ With --updates=DIR (tables form only), new versions dropped into DIR (deltas, fu
 served without a restart, each logged in one line (deployment/live.py's Updater):
 
     python deployment/serve.py --model_repository=runs/demo/model_repository --updates=runs/demo/updates
+
+With --embedding_cache_mb (or --tiers_config), a tables-form repository's tables are not loaded
+whole: lookups go through a per-process cache of hot rows, an optional Redis server shared by
+servers (--redis_url), and the table files memory-mapped (deployment/lookup_tiers.py), for
+tables larger than the server's memory:
+
+    python deployment/serve.py --model_repository=runs/demo/model_repository --embedding_cache_mb=512 \
+        --redis_url=redis://127.0.0.1:6379/0
 """
 import os
 import pathlib
@@ -29,8 +37,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app, flags  # noqa: E402
 
 from deployment.live import MODEL_VERSION, BadRequest, Model, Updater, export_version  # noqa: E402
+from deployment.lookup_tiers import POLICIES, TierConfig  # noqa: E402
 from deployment.repository import ExportError, read_export_info  # noqa: E402
-from utils.errors import CheckpointError  # noqa: E402
+from utils.errors import CheckpointError, ConfigError, StoreError  # noqa: E402
 
 flags.DEFINE_string("model_repository", None, "a model repository written by deployment/deploy.py")
 flags.DEFINE_string("checkpoint", None, "a checkpoint to export (to a temporary repository) and serve, instead")
@@ -46,6 +55,14 @@ flags.DEFINE_string("updates", None, "a directory to poll for new versions to se
 flags.DEFINE_float("poll_seconds", 1.0, "how often --updates is polled, seconds")
 flags.DEFINE_integer("max_queue_delay_us", None, "dynamic batching: longest wait for more requests, "
                      "microseconds (default: the repository's config.pbtxt)")
+flags.DEFINE_float("embedding_cache_mb", None, "serve the tables form through lookup tiers instead of loading the "
+                   "tables whole: the per-process cache of hot rows, MiB over every table")
+flags.DEFINE_string("embedding_cache_policy", None, f"{' or '.join(POLICIES)} (default lru): which cached rows make "
+                    "room for new ones; with --embedding_cache_mb")
+flags.DEFINE_string("redis_url", None, "redis://host:port/db: a Redis server shared by servers, between the cache and "
+                    "the table files; with --embedding_cache_mb")
+flags.DEFINE_string("tiers_config", None, "a JSON file of the lookup tiers' settings (deployment/lookup_tiers.py's "
+                    "TierConfig: cache_bytes, policy, redis_url, ...), instead of the three flags above")
 FLAGS = flags.FLAGS
 
 
@@ -68,6 +85,30 @@ def check_ports():
                 s.bind((FLAGS.address, port))
             except OSError as e:
                 raise ServeError(f"--{name}={port}: cannot listen on {FLAGS.address}:{port} ({e.strerror})")
+
+
+def tier_config():
+    """The lookup tiers the flags ask for (lookup_tiers.TierConfig); None: the tables in memory."""
+    given = [f"--{name}" for name in ("embedding_cache_mb", "embedding_cache_policy", "redis_url")
+             if FLAGS[name].value is not None]
+    if FLAGS.tiers_config:
+        if given:
+            raise ServeError(f"give --tiers_config or {', '.join(given)}, not both")
+        return TierConfig.from_file(FLAGS.tiers_config)
+    if FLAGS.embedding_cache_mb is None:
+        if given:
+            raise ServeError(f"{given[0]} needs --embedding_cache_mb (serving through the lookup tiers)")
+        return None
+    if not FLAGS.embedding_cache_mb >= 0:
+        raise ServeError(f"--embedding_cache_mb must be >= 0, got {FLAGS.embedding_cache_mb:g}")
+    if FLAGS.embedding_cache_policy not in (None, *POLICIES):
+        raise ServeError(f"--embedding_cache_policy must be one of {', '.join(POLICIES)}, "
+                         f"got {FLAGS.embedding_cache_policy!r}")
+    try:
+        return TierConfig(cache_bytes=int(FLAGS.embedding_cache_mb * (1 << 20)),
+                          policy=FLAGS.embedding_cache_policy or "lru", redis_url=FLAGS.redis_url)
+    except ConfigError as e:
+        raise ServeError(f"--{e}")
 
 
 def model_function(saved_model_dir: str, step: int):
@@ -110,7 +151,7 @@ def log(line: str):
     print(line, flush=True)
 
 
-def serve(repository: str):
+def serve(repository: str, tiers):
     import numpy as np
     from pytriton.decorators import batch
     from pytriton.exceptions import PyTritonValidationError
@@ -121,13 +162,17 @@ def serve(repository: str):
     name, layout, settings, forms = info["name"], info["layout"], info["settings"], ",".join(info["forms"])
     updater = None
     if "tables" in info["forms"]:
-        model = Model(repository)
+        model = Model(repository, tiers, log)
         infer, served = model.infer, f"tables form, {model.version}"
+        if tiers:
+            served += (f", through a {tiers.cache_bytes / (1 << 20):g} MiB {tiers.policy} cache"
+                       f"{f', Redis {tiers.redis_url}' if tiers.redis_url else ''} and the table files")
         if FLAGS.updates:
             updater = Updater(model, FLAGS.updates, FLAGS.poll_seconds, log)
             served += f", updates from {FLAGS.updates} every {FLAGS.poll_seconds:g} s"
-    elif FLAGS.updates:
-        raise ServeError(f"--updates: {repository} has no table files to update (exported with --forms={forms}): "
+    elif FLAGS.updates or tiers:
+        raise ServeError(f"--{'updates' if FLAGS.updates else 'embedding_cache_mb'}: {repository} has no table files "
+                         f"to {'update' if FLAGS.updates else 'look up'} (exported with --forms={forms}): "
                          "export with --forms including tables")
     elif "monolithic" in info["forms"]:
         version = export_version(repository)
@@ -173,12 +218,12 @@ def serve(repository: str):
                 updater.stop()
 
 
-def serve_until_stopped(repository: str):
+def serve_until_stopped(repository: str, tiers):
     """`serve`, with a failure of the server itself (a model that does not load, say) in one line."""
     from pytriton.exceptions import PyTritonError
     from tritonclient.utils import InferenceServerException
     try:
-        serve(repository)
+        serve(repository, tiers)
     except (PyTritonError, InferenceServerException) as e:
         lines = str(e).strip().splitlines() or [type(e).__name__]
         raise ServeError(f"the Triton server failed: {lines[0]}")
@@ -196,16 +241,17 @@ def main(argv):
                                   f"got {FLAGS[name].value}")
         if FLAGS.poll_seconds <= 0:
             raise ServeError(f"--poll_seconds must be positive, got {FLAGS.poll_seconds:g}")
+        tiers = tier_config()
         check_ports()
         if FLAGS.model_repository:
-            serve_until_stopped(FLAGS.model_repository)
+            serve_until_stopped(FLAGS.model_repository, tiers)
             return
         from deployment.repository import write_repository
         with tempfile.TemporaryDirectory(prefix="dlrm-serve-") as tmp:
             write_repository(FLAGS.checkpoint, os.path.join(tmp, "repo"),
-                             forms=("tables",) if FLAGS.updates else ("monolithic",))
-            serve_until_stopped(os.path.join(tmp, "repo"))
-    except (ServeError, ExportError, CheckpointError) as e:
+                             forms=("tables",) if FLAGS.updates or tiers else ("monolithic",))
+            serve_until_stopped(os.path.join(tmp, "repo"), tiers)
+    except (ServeError, ExportError, CheckpointError, ConfigError, StoreError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

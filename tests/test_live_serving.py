@@ -124,7 +124,7 @@ def test_a_chain_of_deltas_serves_what_the_new_export_does(exports, tmp_path):
     for base, new in ((8, 16), (16, 24)):
         model.apply_delta(read_delta_of(make_delta(exports[base], exports[new], str(tmp_path / f"d{new}"))))
         assert model.version == export_version(exports[new])
-        for served, expected in zip(model._current.tables, tables_of(exports[new])):
+        for served, expected in zip(model._current.tables.arrays, tables_of(exports[new])):
             np.testing.assert_array_equal(served, expected)
         assert not model._current.overlay
     fresh = Model(exports[24]).infer(numerical, categorical)
@@ -147,7 +147,7 @@ def test_requests_in_flight_finish_on_the_old_version(exports, tmp_path):
     new = Model(exports[16]).infer(numerical, categorical)
     assert not np.array_equal(old["logits"], new["logits"])
     delta = read_delta_of(make_delta(exports[8], exports[16], str(tmp_path / "d16")))
-    tables = model._current.tables
+    tables = model._current.tables.arrays
     before = [t.copy() for t in tables]
     with model.snapshot() as held:
         update = threading.Thread(target=model.apply_delta, args=(delta,))
@@ -162,7 +162,7 @@ def test_requests_in_flight_finish_on_the_old_version(exports, tmp_path):
         for table, copy in zip(tables, before):
             np.testing.assert_array_equal(table, copy)
     update.join(120)
-    assert not update.is_alive() and not model._current.overlay and model._current.tables is tables
+    assert not update.is_alive() and not model._current.overlay and model._current.tables.arrays is tables
     for table, expected in zip(tables, tables_of(exports[16])):
         np.testing.assert_array_equal(table, expected)
     np.testing.assert_array_equal(model.infer(numerical, categorical)["logits"], new["logits"])
