@@ -47,6 +47,7 @@ import numpy as np
 from deployment.delta import EXPORT_INFO, Version
 from deployment.tables import TABLES_INFO
 from utils.errors import ConfigError, StoreError
+from utils.files import read_json, write_json
 
 POLICIES = ("lru", "lfu")
 STORE_STATE = "store.json"
@@ -188,25 +189,6 @@ def open_npy_table(path: str, writable: bool) -> NpyTable:
     return NpyTable(path, None, writable)
 
 
-def _read_json(path: str, what: str) -> dict:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise StoreError(f"{os.path.dirname(path) or '.'}: no {os.path.basename(path)}: not {what}")
-    except (OSError, ValueError) as e:
-        raise StoreError(f"{path}: unreadable ({e})")
-
-
-def _write_json(path: str, value: dict):
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(value, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 class RowStore:
     """Every row of every table: the table files of a repository's tables form, memory-mapped, and
     the version they hold (`store.json`; absent: the export's). `export`: export.json's content."""
@@ -216,14 +198,14 @@ class RowStore:
             raise StoreError(f"{repository}: has no table files (exported with --forms={','.join(export['forms'])}); "
                              "export with --forms including tables")
         self.directory = os.path.join(repository, export["table_files"]["directory"])
-        info = _read_json(os.path.join(self.directory, TABLES_INFO),
-                          "a complete table store (deploy.py --forms=tables)")
+        info = read_json(os.path.join(self.directory, TABLES_INFO),
+                         "a complete table store (deploy.py --forms=tables)", StoreError)
         self.export = Version.from_json(export.get("version") or {"run": "", "step": export["step"]})
         if (info.get("checkpoint"), info.get("step")) != (export["checkpoint"], export["step"]):
             raise StoreError(f"{self.directory}: tables of another export ({info.get('checkpoint')} step "
                              f"{info.get('step')}) than {repository}'s ({export['checkpoint']} step {export['step']})")
         state_path = os.path.join(self.directory, STORE_STATE)
-        state = _read_json(state_path, "") if os.path.isfile(state_path) else \
+        state = read_json(state_path, "a table store", StoreError) if os.path.isfile(state_path) else \
             {"format": STORE_FORMAT, "export": self.export.to_json(), "holds": self.export.to_json(), "updating": None}
         if state.get("format") != STORE_FORMAT or Version.from_json(state["export"]) != self.export:
             raise StoreError(f"{state_path}: the state of another export's store (export {state.get('export')}, "
@@ -268,7 +250,7 @@ class RowStore:
 
     def _save(self, **changes):
         self._state = dict(self._state, **changes)
-        _write_json(self._state_path, self._state)
+        write_json(self._state_path, self._state)
 
     def close(self):
         for table in self.tables:
@@ -278,7 +260,7 @@ class RowStore:
 
 def store_state(repository: str) -> dict:
     """The checked state of a tables-form repository's store (RowStore.state; refusals: StoreError)."""
-    store = RowStore(repository, _read_json(os.path.join(repository, EXPORT_INFO), "a model repository"))
+    store = RowStore(repository, read_json(os.path.join(repository, EXPORT_INFO), "a model repository", StoreError))
     store.close()
     return store.state
 
@@ -542,7 +524,7 @@ class TieredTables:
 
     def __init__(self, repository: str, config: TierConfig = TierConfig(), expect: Optional[Version] = None,
                  log: Callable[[str], None] = logging.getLogger(__name__).warning):
-        export = _read_json(os.path.join(repository, EXPORT_INFO), "a model repository written by deploy.py")
+        export = read_json(os.path.join(repository, EXPORT_INFO), "a model repository written by deploy.py", StoreError)
         self.store = RowStore(repository, export)
         expect = expect or self.store.export
         if self.store.version != expect:

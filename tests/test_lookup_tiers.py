@@ -283,7 +283,7 @@ def test_store_refused(tmp_path, repo):
     json.dump(dict(info, step=99), open(info_path, "w"))   # the tables of another export
     refused(repo, "tables of another export")
     os.remove(info_path)
-    refused(repo, "no tables.json: not a complete table store")
+    refused(repo, r"not a complete table store \(deploy.py --forms=tables\) \(no tables.json\)")
     json.dump(info, open(info_path, "w"))
     refused(repo, r"holds step 100 .*not the served step 200", expect=V1)
 
@@ -298,7 +298,7 @@ def test_store_refused(tmp_path, repo):
     export = json.load(open(os.path.join(repo, "export.json")))
     json.dump(dict(export, forms=["monolithic"], table_files=None), open(os.path.join(repo, "export.json"), "w"))
     refused(repo, "has no table files")
-    refused(str(tmp_path / "nowhere"), "no export.json: not a model repository")
+    refused(str(tmp_path / "nowhere"), r"not a model repository written by deploy.py \(no export.json\)")
 
 
 def test_ids_refused(repo):
