@@ -265,6 +265,12 @@ class Load(threading.Thread):
                                    set(out["model_version"][:, 0].tolist()), out["logits"]))
             k += 1
 
+    def finish(self):
+        """Stops the client and waits for its last request."""
+        self.stop.set()
+        if self.is_alive():
+            self.join(60)
+
     def versions(self):
         return [r[3] for r in self.responses]
 
@@ -319,9 +325,7 @@ def test_serve_swaps_versions_while_requests_run(exports, tmp_path):
         count = len(load.responses)
         wait_for(lambda: len(load.responses) >= count + 20, "requests after the last update")
     finally:
-        load.stop.set()
-        if load.is_alive():
-            load.join(60)
+        load.finish()
         stop_server(server, ports, log)
     assert load.errors == []
     versions = load.versions()

@@ -258,9 +258,7 @@ def test_two_servers_share_redis_which_goes_down_and_comes_back(exports, tmp_pat
         count = len(load.responses)
         wait_for(lambda: len(load.responses) >= count + 50, "requests after the restart")
     finally:
-        load.stop.set()
-        if load.is_alive():
-            load.join(60)
+        load.finish()
         for server, p, log in zip(servers, ports, logs):
             stop_server(server, p, log)
         redis_server.stop()
