@@ -2,7 +2,7 @@
 with the binary-tensor extension) and gRPC (Triton's GRPCInferenceService, from the protos that
 tritonclient ships) served by this process, which calls the model itself. Triton's frontend
 instead hands each request to a Python-backend stub process that passes it over shared memory and
-ZeroMQ to the serving process, about 3 ms each way and back (docs/benchmarks.md).
+ZeroMQ to the serving process and back, about 3 ms a request (docs/benchmarks.md).
 
 What tritonclient's clients call is served: health (live, ready), server metadata, model
 metadata, config and readiness, and inference. Requests are checked as Triton checks them

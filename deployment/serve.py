@@ -1,16 +1,18 @@
-"""Serves an exported model (or a checkpoint, exported first) from a real Triton Inference
-Server on this machine, over HTTP and gRPC, until interrupted (Ctrl-C or SIGTERM).
+"""Serves an exported model (or a checkpoint, exported first) over HTTP and gRPC (KServe v2, as
+Triton speaks it) until interrupted (Ctrl-C or SIGTERM).
 
     python deployment/serve.py --model_repository=runs/demo/model_repository
     python deployment/serve.py --checkpoint=runs/demo/checkpoints --http_port=8000 --grpc_port=8001
 
-The server is the Triton binary of the `nvidia-pytriton` wheel, whose Python backend hands each
-(dynamically batched) request to this process; here the repository's table files and dense
-SavedModel compute it (deployment/live.py) when it has the tables form, else its monolithic
-SavedModel. Requests are those of Triton's TensorFlow backend serving the same repository
-(see deployment/layout.py): the server checks names, dtypes and shapes, the model checks ids;
-a bad request gets an error response and the server keeps serving. An extra output,
-model_version [B, 1] int64, gives the served version's step to clients that ask for it.
+The repository's table files and dense SavedModel compute each request (deployment/live.py) when
+it has the tables form, else its monolithic SavedModel. --frontend=native (the default): this
+process answers HTTP and gRPC itself (deployment/native.py); --frontend=triton: the Triton binary
+of the `nvidia-pytriton` wheel does, its Python backend handing each (dynamically batched)
+request to this process (2-3x slower at batch 1 and 64, docs/benchmarks.md). Requests are those
+of Triton's TensorFlow backend serving the same repository (see deployment/layout.py): the
+frontend checks names, dtypes and shapes, the model checks ids; a bad request gets an error
+response and the server keeps serving. An extra output, model_version [B, 1] int64, gives the
+served version's step to clients that ask for it.
 
 With --updates=DIR (tables form only), new versions dropped into DIR (deltas, full exports) are
 served without a restart, each logged in one line (deployment/live.py's Updater):
@@ -37,13 +39,13 @@ from utils.errors import CheckpointError  # noqa: E402
 flags.DEFINE_string("model_repository", None, "a model repository written by deployment/deploy.py")
 flags.DEFINE_string("checkpoint", None, "a checkpoint to export (to a temporary repository) and serve, instead")
 flags.DEFINE_string("model_name", None, "the name to serve the model under (default: the repository's)")
-flags.DEFINE_enum("frontend", "triton", ["native", "triton"], "native: this process answers HTTP and gRPC "
+flags.DEFINE_enum("frontend", "native", ["native", "triton"], "native: this process answers HTTP and gRPC "
                   "itself (deployment/native.py); triton: pytriton's Triton server, its Python backend handing "
                   "each request to this process")
 flags.DEFINE_string("address", "0.0.0.0", "address the HTTP and gRPC endpoints listen on")
 flags.DEFINE_integer("http_port", 8000, "HTTP/REST port")
 flags.DEFINE_integer("grpc_port", 8001, "gRPC port")
-flags.DEFINE_integer("metrics_port", 8002, "Prometheus metrics port")
+flags.DEFINE_integer("metrics_port", 8002, "Prometheus metrics port (--frontend=triton)")
 flags.DEFINE_integer("max_batch_size", None, "largest batch a request (or a dynamic batch) may have "
                      "(default: the repository's config.pbtxt)")
 flags.DEFINE_string("updates", None, "a directory to poll for new versions to serve (deltas and full exports, "
