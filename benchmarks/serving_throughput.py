@@ -1,20 +1,22 @@
 """Serving throughput and latency of a W1-shaped DLRM (../shared/bench/workloads.yaml, "dlrm-kaggle"):
-a real Triton server (deployment/serve.py) over HTTP and gRPC against the same model in process
-(dlrm.py --mode=inference), one JSON line per (mode, protocol, concurrency, batch size), then a table.
+deployment/serve.py with each frontend (native: this process answers HTTP and gRPC; triton: a real
+Triton server and its Python backend) over HTTP and gRPC against the same model in process
+(dlrm.py --mode=inference), one JSON line per (mode, frontend, protocol, concurrency, batch size),
+then a table.
 
     python benchmarks/serving_throughput.py [--batch_sizes 1,64,1024] [--protocols http,grpc]
-        [--concurrency 1,2] [--requests 300] [--inference_steps 200] [--onednn 0|1]
-        [--work_dir DIR] [--keep]
+        [--frontends native,triton] [--concurrency 1,2] [--requests 300] [--inference_steps 200]
+        [--onednn 0|1] [--work_dir DIR] [--keep]
 
 Steps: train 2 SGD steps of W1 on synthetic data into a checkpoint, time it in process, export it
-(deployment/deploy.py: monolithic, CPU instances), serve it on free ports of 127.0.0.1, load it
-with deployment/evaluate_latency.py, stop the server with SIGTERM. Both sides predict the same
+(deployment/deploy.py: monolithic, CPU instances), then per frontend: serve it on free ports of
+127.0.0.1, load it with deployment/evaluate_latency.py, stop the server with SIGTERM. Both sides predict the same
 synthetic evaluation samples (same cardinalities, seed). Checkpoint and repository take ~2.2 GB
-each; found in --work_dir, they are reused. About 3-4 minutes on 2 cores.
+each; found in --work_dir, they are reused. About 4-5 minutes on 2 cores.
 
 Every process inherits this environment, so TF_ENABLE_ONEDNN_OPTS (set by --onednn, else as
 exported, else TensorFlow's default) is the same on both sides. In process, the model has every
-core to itself; served, the server (Triton, its Python backend and TensorFlow) and the client
+core to itself; served, the server (with Triton and its Python backend, or not) and the client
 process share the cores (two on the reference machine), so the served figures include the
 client's encoding and decoding as well as the transport.
 """
@@ -72,8 +74,8 @@ def read_json_lines(path: str) -> list:
         return [json.loads(line) for line in f]
 
 
-def record(mode: str, protocol, concurrency: int, r: dict) -> dict:
-    return dict(mode=mode, protocol=protocol, concurrency=concurrency, batch_size=r["batch_size"],
+def record(mode: str, frontend, protocol, concurrency: int, r: dict) -> dict:
+    return dict(mode=mode, frontend=frontend, protocol=protocol, concurrency=concurrency, batch_size=r["batch_size"],
                 **{k: round(r[k], 3) for k in FIGURES}, onednn=os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default"))
 
 
@@ -84,7 +86,7 @@ def in_process(args, data, model, ckpt) -> list:
     script(os.path.join(args.work_dir, "inference.log"), "dlrm.py", "--mode=inference", *data, *model,
            f"--restore_checkpoint_path={ckpt}", f"--inference_batch_sizes={args.batch_sizes}",
            f"--inference_steps={args.inference_steps}", f"--log_path={log}")
-    return [record("in-process", None, 1, r) for r in read_json_lines(log) if r["kind"] == "inference"]
+    return [record("in-process", None, None, 1, r) for r in read_json_lines(log) if r["kind"] == "inference"]
 
 
 def wait_ready(server, url: str, timeout_s: float, log: str):
@@ -102,45 +104,46 @@ def wait_ready(server, url: str, timeout_s: float, log: str):
         client.close()
 
 
-def served(args, data, repo) -> list:
-    """Serves `repo` and loads it over every protocol at every concurrency."""
+def served(args, data, repo, frontend: str) -> list:
+    """Serves `repo` with `frontend` and loads it over every protocol at every concurrency."""
     from deployment.client import free_ports
     http, grpc, metrics = free_ports(3)
     urls = {"http": f"127.0.0.1:{http}", "grpc": f"127.0.0.1:{grpc}"}
-    log = open(os.path.join(args.work_dir, "server.log"), "w")
+    log = open(os.path.join(args.work_dir, f"server-{frontend}.log"), "w")
     server = subprocess.Popen([sys.executable, "deployment/serve.py", f"--model_repository={repo}",
-                               "--address=127.0.0.1", f"--http_port={http}", f"--grpc_port={grpc}",
-                               f"--metrics_port={metrics}"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+                               f"--frontend={frontend}", "--address=127.0.0.1", f"--http_port={http}",
+                               f"--grpc_port={grpc}", f"--metrics_port={metrics}"],
+                              cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     results = []
     try:
         wait_ready(server, urls["http"], args.ready_timeout, log.name)
-        progress("server ready")
+        progress(f"{frontend} server ready")
         for protocol in args.protocols.split(","):
             for concurrency in map(int, args.concurrency.split(",")):
-                out = os.path.join(args.work_dir, f"latency-{protocol}-{concurrency}.json")
+                out = os.path.join(args.work_dir, f"latency-{frontend}-{protocol}-{concurrency}.json")
                 script(out.replace(".json", ".log"), "deployment/evaluate_latency.py", *data,
                        f"--protocol={protocol}", f"--url={urls[protocol]}", f"--batch_sizes={args.batch_sizes}",
                        f"--concurrency={concurrency}", f"--requests={args.requests}", f"--output_json={out}")
-                results += [record("served", protocol, concurrency, r) for r in read_json_lines(out)]
-                progress(f"measured {protocol} at concurrency {concurrency}")
+                results += [record("served", frontend, protocol, concurrency, r) for r in read_json_lines(out)]
+                progress(f"measured {frontend} {protocol} at concurrency {concurrency}")
     finally:
         server.send_signal(signal.SIGTERM)
         code = server.wait(timeout=120)
         log.close()
-        progress(f"server stopped (exit code {code})")
+        progress(f"{frontend} server stopped (exit code {code})")
     return results
 
 
 def table(records: list) -> str:
     """Per batch size: in process, then every served setting with its throughput relative to in process."""
-    lines = ["batch | mode         | samples/s |  p50 ms |  p99 ms | served/in-process"]
+    lines = ["batch | mode                | samples/s |  p50 ms |  p99 ms | served/in-process"]
     for size in sorted({r["batch_size"] for r in records}):
         rows = [r for r in records if r["batch_size"] == size]
         base = next(r["samples_per_s"] for r in rows if r["mode"] == "in-process")
         for r in rows:
-            mode = "in-process" if r["protocol"] is None else f"{r['protocol']} c={r['concurrency']}"
+            mode = "in-process" if r["protocol"] is None else f"{r['frontend']} {r['protocol']} c={r['concurrency']}"
             ratio = "" if r["protocol"] is None else f"{r['samples_per_s'] / base:.3f}"
-            lines.append(f"{size:5d} | {mode:12s} | {r['samples_per_s']:9,.0f} | {r['p50_ms']:7.3f} | "
+            lines.append(f"{size:5d} | {mode:19s} | {r['samples_per_s']:9,.0f} | {r['p50_ms']:7.3f} | "
                          f"{r['p99_ms']:7.3f} | {ratio}")
     return "\n".join(lines)
 
@@ -160,8 +163,9 @@ def benchmark(args):
         progress(f"exporting to {repo}")
         script(os.path.join(args.work_dir, "deploy.log"), "deployment/deploy.py", f"--checkpoint={ckpt}",
                f"--output={repo}", "--forms=monolithic", "--instance_kind=cpu")
-    progress("starting the server")
-    records += served(args, data, repo)
+    for frontend in args.frontends.split(","):
+        progress(f"starting the {frontend} server")
+        records += served(args, data, repo, frontend)
     for r in records:
         print(json.dumps(r), flush=True)
     print(table(records), flush=True)
@@ -171,6 +175,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch_sizes", default="1,64,1024", help="samples per prediction / request")
     ap.add_argument("--protocols", default="http,grpc")
+    ap.add_argument("--frontends", default="native,triton", help="serve.py --frontend values, each served in turn")
     ap.add_argument("--concurrency", default="1,2", help="served: clients sending requests at once, each in turn")
     ap.add_argument("--requests", type=int, default=300, help="served: timed requests per batch size")
     ap.add_argument("--inference_steps", type=int, default=200, help="in process: timed predictions per batch size")

@@ -1,16 +1,18 @@
-"""Serves an exported model (or a checkpoint, exported first) from a real Triton Inference
-Server on this machine, over HTTP and gRPC, until interrupted (Ctrl-C or SIGTERM).
+"""Serves an exported model (or a checkpoint, exported first) over HTTP and gRPC (KServe v2, as
+Triton speaks it) until interrupted (Ctrl-C or SIGTERM).
 
     python deployment/serve.py --model_repository=runs/demo/model_repository
     python deployment/serve.py --checkpoint=runs/demo/checkpoints --http_port=8000 --grpc_port=8001
 
-The server is the Triton binary of the `nvidia-pytriton` wheel, whose Python backend hands each
-(dynamically batched) request to this process; here the repository's table files and dense
-SavedModel compute it (deployment/live.py) when it has the tables form, else its monolithic
-SavedModel. Requests are those of Triton's TensorFlow backend serving the same repository
-(see deployment/layout.py): the server checks names, dtypes and shapes, the model checks ids;
-a bad request gets an error response and the server keeps serving. An extra output,
-model_version [B, 1] int64, gives the served version's step to clients that ask for it.
+The repository's table files and dense SavedModel compute each request (deployment/live.py) when
+it has the tables form, else its monolithic SavedModel. --frontend=native (the default): this
+process answers HTTP and gRPC itself (deployment/native.py); --frontend=triton: the Triton binary
+of the `nvidia-pytriton` wheel does, its Python backend handing each (dynamically batched)
+request to this process (2-3x slower at batch 1 and 64, docs/benchmarks.md). Requests are those
+of Triton's TensorFlow backend serving the same repository (see deployment/layout.py): the
+frontend checks names, dtypes and shapes, the model checks ids; a bad request gets an error
+response and the server keeps serving. An extra output, model_version [B, 1] int64, gives the
+served version's step to clients that ask for it.
 
 With --updates=DIR (tables form only), new versions dropped into DIR (deltas, full exports) are
 served without a restart, each logged in one line (deployment/live.py's Updater):
@@ -31,6 +33,7 @@ import signal
 import socket
 import sys
 import tempfile
+from contextlib import contextmanager
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -38,16 +41,20 @@ from absl import app, flags  # noqa: E402
 
 from deployment.live import MODEL_VERSION, BadRequest, Model, Updater, export_version  # noqa: E402
 from deployment.lookup_tiers import POLICIES, TierConfig  # noqa: E402
+from deployment.native import ServedModel, TensorSpec, serving as native_serving  # noqa: E402
 from deployment.repository import ExportError, read_export_info  # noqa: E402
 from utils.errors import CheckpointError, ConfigError, StoreError  # noqa: E402
 
 flags.DEFINE_string("model_repository", None, "a model repository written by deployment/deploy.py")
 flags.DEFINE_string("checkpoint", None, "a checkpoint to export (to a temporary repository) and serve, instead")
 flags.DEFINE_string("model_name", None, "the name to serve the model under (default: the repository's)")
+flags.DEFINE_enum("frontend", "native", ["native", "triton"], "native: this process answers HTTP and gRPC "
+                  "itself (deployment/native.py); triton: pytriton's Triton server, its Python backend handing "
+                  "each request to this process")
 flags.DEFINE_string("address", "0.0.0.0", "address the HTTP and gRPC endpoints listen on")
 flags.DEFINE_integer("http_port", 8000, "HTTP/REST port")
 flags.DEFINE_integer("grpc_port", 8001, "gRPC port")
-flags.DEFINE_integer("metrics_port", 8002, "Prometheus metrics port")
+flags.DEFINE_integer("metrics_port", 8002, "Prometheus metrics port (--frontend=triton)")
 flags.DEFINE_integer("max_batch_size", None, "largest batch a request (or a dynamic batch) may have "
                      "(default: the repository's config.pbtxt)")
 flags.DEFINE_string("updates", None, "a directory to poll for new versions to serve (deltas and full exports, "
@@ -153,10 +160,6 @@ def log(line: str):
 
 def serve(repository: str, tiers):
     import numpy as np
-    from pytriton.decorators import batch
-    from pytriton.exceptions import PyTritonValidationError
-    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
-    from pytriton.triton import Triton, TritonConfig
     from deployment.layout import CATEGORICAL, LOGITS, NUMERICAL, PREDICTIONS, categorical_width
     info = read_export_info(repository)
     name, layout, settings, forms = info["name"], info["layout"], info["settings"], ",".join(info["forms"])
@@ -182,19 +185,48 @@ def serve(repository: str, tiers):
         raise ServeError(f"{repository}: has no monolithic model or table files to serve "
                          f"(exported with --forms={forms})")
 
-    @batch
-    def handle(numerical_features, categorical_features):
+    inputs = [TensorSpec(NUMERICAL, np.float32, (layout["num_numerical"],)),
+              TensorSpec(CATEGORICAL, np.int64, (categorical_width(layout["max_hotness"]),))]
+    outputs = [TensorSpec(PREDICTIONS, np.float32, (1,)), TensorSpec(LOGITS, np.float32, (1,)),
+               TensorSpec(MODEL_VERSION, np.int64, (1,))]
+    served_model = ServedModel(FLAGS.model_name or name, inputs, outputs,
+                               FLAGS.max_batch_size or settings["max_batch_size"], infer)
+    if FLAGS.frontend == "native":
+        frontend, where = native_serving(served_model, FLAGS.address, FLAGS.http_port, FLAGS.grpc_port), ""
+    else:
+        frontend = triton_serving(served_model, settings)
+        where = f", metrics :{FLAGS.metrics_port}"
+    with frontend as run:
+        for stop in (signal.SIGTERM, signal.SIGINT):   # SIGINT too: a background job starts with it ignored
+            signal.signal(stop, _interrupt)
+        log(f"serving {served_model.name} ({served}) of {info['checkpoint']} on http {FLAGS.address}:"
+            f"{FLAGS.http_port}, grpc {FLAGS.address}:{FLAGS.grpc_port}{where} ({FLAGS.frontend} frontend)")
+        if updater:
+            updater.start()
         try:
-            return infer(numerical_features, categorical_features)
+            run()
+        finally:
+            if updater:
+                updater.stop()
+
+
+@contextmanager
+def triton_serving(model: ServedModel, settings: dict):
+    """Serves `model` from pytriton's Triton server (dynamically batched, through its Python backend)
+    while the block runs; yields the function that serves until interrupted."""
+    from pytriton.decorators import batch
+    from pytriton.exceptions import PyTritonValidationError
+    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+    from pytriton.triton import Triton, TritonConfig
+
+    @batch
+    def handle(**inputs):
+        try:
+            return model.infer(*(inputs[t.name] for t in model.inputs))
         except BadRequest as e:
             raise PyTritonValidationError(str(e))
 
-    inputs = [Tensor(name=NUMERICAL, dtype=np.float32, shape=(layout["num_numerical"],)),
-              Tensor(name=CATEGORICAL, dtype=np.int64, shape=(categorical_width(layout["max_hotness"]),))]
-    outputs = [Tensor(name=PREDICTIONS, dtype=np.float32, shape=(1,)),
-               Tensor(name=LOGITS, dtype=np.float32, shape=(1,)),
-               Tensor(name=MODEL_VERSION, dtype=np.int64, shape=(1,))]
-    config = ModelConfig(max_batch_size=FLAGS.max_batch_size or settings["max_batch_size"],
+    config = ModelConfig(max_batch_size=model.max_batch_size,
                          batcher=DynamicBatcher(max_queue_delay_microseconds=FLAGS.max_queue_delay_us
                                                 if FLAGS.max_queue_delay_us is not None
                                                 else settings["max_queue_delay_us"]))
@@ -202,20 +234,11 @@ def serve(repository: str, tiers):
                                  grpc_address=FLAGS.address, grpc_port=FLAGS.grpc_port,
                                  metrics_port=FLAGS.metrics_port, exit_timeout_secs=5)
     use_stub_environment()
+    tensors = lambda specs: [Tensor(name=t.name, dtype=t.dtype, shape=t.dims) for t in specs]  # noqa: E731
     with Triton(config=triton_config) as triton:
-        triton.bind(model_name=FLAGS.model_name or name, infer_func=handle, inputs=inputs, outputs=outputs,
-                    config=config, strict=True)
-        for stop in (signal.SIGTERM, signal.SIGINT):   # SIGINT too: a background job starts with it ignored
-            signal.signal(stop, _interrupt)
-        log(f"serving {FLAGS.model_name or name} ({served}) of {info['checkpoint']} on http {FLAGS.address}:"
-            f"{FLAGS.http_port}, grpc {FLAGS.address}:{FLAGS.grpc_port}, metrics :{FLAGS.metrics_port}")
-        if updater:
-            updater.start()
-        try:
-            triton.serve()
-        finally:
-            if updater:
-                updater.stop()
+        triton.bind(model_name=model.name, infer_func=handle, inputs=tensors(model.inputs),
+                    outputs=tensors(model.outputs), config=config, strict=True)
+        yield triton.serve
 
 
 def serve_until_stopped(repository: str, tiers):

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import types
 
 import numpy as np
@@ -24,6 +25,7 @@ from tests.test_deployment_export import reference
 from utils.config import build_config
 
 MAX_BATCH = 256
+FRONTENDS = ["triton", "native"]
 
 
 def script(name, *args):
@@ -48,8 +50,8 @@ def stop_server(server, ports, log_path):
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """(config, checkpoint, data, ports): a DLRM on multi-hot files, exported and being served."""
+def trained(tmp_path_factory):
+    """(config, checkpoint, data, repository): a DLRM on multi-hot files, exported."""
     tmp = tmp_path_factory.mktemp("serving")
     data = write_dataset(tmp / "data", {"c0": 3, "c3": 2})
     cfg = build_config(dict(TINY, dataset_type="split_binary", dataset_path=data, max_steps=8,
@@ -59,13 +61,21 @@ def served(tmp_path_factory):
     exported = script("deploy.py", f"--checkpoint={tmp / 'ckpt'}", f"--output={tmp / 'repo'}", "--forms=monolithic",
                       f"--max_batch_size={MAX_BATCH}", "--instance_kind=cpu")
     assert exported.returncode == 0, exported.stderr[-3000:]
+    return cfg, str(tmp / "ckpt"), data, tmp / "repo"
+
+
+@pytest.fixture(scope="module", params=FRONTENDS)
+def served(trained, request, tmp_path_factory):
+    """(config, checkpoint, data, ports, frontend): the export being served by each frontend."""
+    cfg, checkpoint, data, repo = trained
+    log = tmp_path_factory.mktemp(request.param) / "server.log"
     ports = free_ports(3)
-    server = start_server(tmp / "server.log", ports, f"--model_repository={tmp / 'repo'}")
+    server = start_server(log, ports, f"--model_repository={repo}", f"--frontend={request.param}")
     try:
         ServingClient("http", f"localhost:{ports[0]}", "dlrm").wait_ready(120)
-        yield cfg, str(tmp / "ckpt"), data, ports
+        yield cfg, checkpoint, data, ports, request.param
     finally:
-        stop_server(server, ports, tmp / "server.log")
+        stop_server(server, ports, log)
 
 
 def data_flags(data):
@@ -81,7 +91,7 @@ def eval_dataset(data):
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_served_predictions_equal_the_training_time_model(served, protocol):
-    cfg, checkpoint, data, ports = served
+    cfg, checkpoint, data, ports, _ = served
     _, expected = reference(cfg, checkpoint, 200)
     client = ServingClient(protocol, f"localhost:{ports[0 if protocol == 'http' else 1]}", "dlrm")
     numerical, categorical, _ = next(request_batches(eval_dataset(data), 200, 200))
@@ -93,7 +103,7 @@ def test_served_predictions_equal_the_training_time_model(served, protocol):
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_evaluate_accuracy_equals_offline_evaluation(served, protocol, tmp_path):
-    cfg, checkpoint, data, ports = served
+    cfg, checkpoint, data, ports, _ = served
     offline = main.run(dataclasses.replace(cfg, mode="eval", restore_checkpoint_path=checkpoint,
                                            save_checkpoint_path="", valid_batch_size=128))
     url = f"localhost:{ports[0 if protocol == 'http' else 1]}"
@@ -108,7 +118,7 @@ def test_evaluate_accuracy_equals_offline_evaluation(served, protocol, tmp_path)
 
 
 def test_evaluate_latency_reports_each_batch_size(served, tmp_path):
-    _, _, data, ports = served
+    _, _, data, ports, _ = served
     result = script("evaluate_latency.py", *data_flags(data), "--protocol=http", f"--url=localhost:{ports[0]}",
                     "--batch_sizes=1,64", "--concurrency=2", "--requests=30", "--warmup_requests=2",
                     f"--output_json={tmp_path / 'l.json'}")
@@ -122,10 +132,21 @@ def test_evaluate_latency_reports_each_batch_size(served, tmp_path):
         f"error: --batch_sizes 512 exceeds model 'dlrm''s max_batch_size {MAX_BATCH}")
 
 
+def tensors(api, **inputs):
+    """name=(array, datatype) -> tritonclient inputs (binary data)."""
+    out = []
+    for name, (value, datatype) in inputs.items():
+        out.append(api.InferInput(name, list(value.shape), datatype))
+        out[-1].set_data_from_numpy(value)
+    return out
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_bad_requests_get_errors_and_the_server_keeps_serving(served, protocol):
+    """Triton's checks and messages (both frontends), and the model's; after each, a good request
+    on the same connection gets the same answer as before."""
     from tritonclient.utils import InferenceServerException
-    cfg, _, data, ports = served
+    cfg, _, data, ports, _ = served
     client = ServingClient(protocol, f"localhost:{ports[0 if protocol == 'http' else 1]}", "dlrm")
     numerical, categorical, _ = next(request_batches(eval_dataset(data), 8, 8))   # width 3 + 1 + 1 + 2 = 7
     good = client.infer(numerical, categorical)["logits"]
@@ -134,43 +155,110 @@ def test_bad_requests_get_errors_and_the_server_keeps_serving(served, protocol):
     nan = numerical.copy()
     nan[0, 0] = np.nan
     api = client.api
-    cases = {
-        "unexpected shape for input 'categorical_features'": (numerical, categorical[:, :6], "FP32", "INT64"),
-        "data-type is 'FP64', but model 'dlrm' expects 'FP32'": (numerical.astype(np.float64), categorical, "FP64",
-                                                                 "INT64"),
-        "data-type is 'INT32', but model 'dlrm' expects 'INT64'": (numerical, categorical.astype(np.int32), "FP32",
-                                                                   "INT32"),
-        "embedding ids out of range [0, cardinality) in features (0-based):] [2]": (numerical, out_of_range, "FP32",
-                                                                                     "INT64"),
-        "numerical_features holds NaN or infinite values": (nan, categorical, "FP32", "INT64"),
-        f"batch-size must be <= {MAX_BATCH}": (np.repeat(numerical, 40, 0)[:MAX_BATCH + 1],
-                                               np.repeat(categorical, 40, 0)[:MAX_BATCH + 1], "FP32", "INT64"),
+    big = MAX_BATCH + 1
+    cases = {   # message: (model, inputs, requested outputs)
+        "unexpected shape for input 'categorical_features'": (
+            "dlrm", dict(numerical_features=(numerical, "FP32"), categorical_features=(categorical[:, :6], "INT64")),
+            ()),
+        "data-type is 'FP64', but model 'dlrm' expects 'FP32'": (
+            "dlrm", dict(numerical_features=(numerical.astype(np.float64), "FP64"),
+                         categorical_features=(categorical, "INT64")), ()),
+        "data-type is 'INT32', but model 'dlrm' expects 'INT64'": (
+            "dlrm", dict(numerical_features=(numerical, "FP32"),
+                         categorical_features=(categorical.astype(np.int32), "INT32")), ()),
+        "embedding ids out of range [0, cardinality) in features (0-based):] [2]": (
+            "dlrm", dict(numerical_features=(numerical, "FP32"), categorical_features=(out_of_range, "INT64")), ()),
+        "numerical_features holds NaN or infinite values": (
+            "dlrm", dict(numerical_features=(nan, "FP32"), categorical_features=(categorical, "INT64")), ()),
+        f"batch-size must be <= {MAX_BATCH}": (
+            "dlrm", dict(numerical_features=(np.repeat(numerical, 40, 0)[:big], "FP32"),
+                         categorical_features=(np.repeat(categorical, 40, 0)[:big], "INT64")), ()),
+        "Request for unknown model: 'nope' is not found": (
+            "nope", dict(numerical_features=(numerical, "FP32"), categorical_features=(categorical, "INT64")), ()),
+        "expected 2 inputs but got 1 inputs for model 'dlrm'": ("dlrm", dict(numerical_features=(numerical, "FP32")),
+                                                                ()),
+        "unexpected inference input 'ids' for model 'dlrm'": (
+            "dlrm", dict(numerical_features=(numerical, "FP32"), ids=(categorical, "INT64")), ()),
+        "unexpected inference output 'scores' for model 'dlrm'": (
+            "dlrm", dict(numerical_features=(numerical, "FP32"), categorical_features=(categorical, "INT64")),
+            ("scores",)),
     }
-    for message, (num, cat, num_type, cat_type) in cases.items():
-        tensors = [api.InferInput("numerical_features", list(num.shape), num_type),
-                   api.InferInput("categorical_features", list(cat.shape), cat_type)]
-        tensors[0].set_data_from_numpy(num)
-        tensors[1].set_data_from_numpy(cat)
+    for message, (model, inputs, outputs) in cases.items():
         with pytest.raises(InferenceServerException) as error:
-            client.client.infer("dlrm", tensors)
+            client.client.infer(model, tensors(api, **inputs), outputs=[api.InferRequestedOutput(o) for o in outputs])
         assert message in error_line(error.value), error_line(error.value)
         np.testing.assert_array_equal(client.infer(numerical, categorical)["logits"], good)   # still serving
     client.close()
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_only_the_requested_outputs_come_back(served, protocol):
+    """The outputs named (all of them when none is), as binary data or (HTTP) JSON values."""
+    _, _, data, ports, _ = served
+    client = ServingClient(protocol, f"localhost:{ports[0 if protocol == 'http' else 1]}", "dlrm")
+    numerical, categorical, _ = next(request_batches(eval_dataset(data), 5, 5))
+    api = client.api
+    inputs = tensors(api, numerical_features=(numerical, "FP32"), categorical_features=(categorical, "INT64"))
+    full = client.client.infer("dlrm", inputs)
+    names = lambda result: sorted(o["name"] if isinstance(o, dict) else o.name  # noqa: E731
+                                  for o in (result.get_response()["outputs"] if protocol == "http"
+                                            else result.get_response().outputs))
+    assert names(full) == ["logits", "model_version", "predictions"]
+    np.testing.assert_allclose(full.as_numpy("predictions"), 1 / (1 + np.exp(-full.as_numpy("logits"))), rtol=1e-6)
+    assert full.as_numpy("model_version").tolist() == [[8]] * 5
+    one = client.client.infer("dlrm", inputs, outputs=[api.InferRequestedOutput("predictions")])
+    assert names(one) == ["predictions"]
+    np.testing.assert_array_equal(one.as_numpy("predictions"), full.as_numpy("predictions"))
+    if protocol == "http":   # tensors as JSON values, both ways
+        as_json = [api.InferInput(t.name(), t.shape(), t.datatype()) for t in inputs]
+        for tensor, value in zip(as_json, (numerical, categorical)):
+            tensor.set_data_from_numpy(value, binary_data=False)
+        result = client.client.infer("dlrm", as_json, outputs=[api.InferRequestedOutput("logits", binary_data=False)])
+        assert "data" in result.get_response()["outputs"][0]
+        np.testing.assert_allclose(result.as_numpy("logits"), full.as_numpy("logits"), rtol=1e-6)
+    client.close()
+
+
+def test_concurrent_requests_each_get_their_own_answer(served):
+    """4 clients (2 HTTP, 2 gRPC) send different batches at once: each response is its request's."""
+    _, _, data, ports, _ = served
+    batches = list(request_batches(eval_dataset(data), 200, 25))
+    client = ServingClient("grpc", f"localhost:{ports[1]}", "dlrm")
+    expected = [client.infer(n, c)["logits"] for n, c, _ in batches]
+    client.close()
+    failures = []
+
+    def send(k):
+        protocol = ("http", "grpc")[k % 2]
+        c = ServingClient(protocol, f"localhost:{ports[0 if protocol == 'http' else 1]}", "dlrm")
+        for i in range(40):
+            j = (i + k) % len(batches)
+            if not np.array_equal(c.infer(*batches[j][:2])["logits"], expected[j]):
+                failures.append((k, i))
+        c.close()
+
+    threads = [threading.Thread(target=send, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+
+
 def test_serve_a_checkpoint_directly(served, tmp_path):
     """--checkpoint exports to a temporary repository and serves it; --max_batch_size overrides
     the export's."""
-    _, checkpoint, data, _ = served
+    _, checkpoint, data, served_ports, frontend = served
     ports = free_ports(3)
     server = start_server(tmp_path / "server.log", ports, f"--checkpoint={checkpoint}", "--model_name=ranker",
-                          "--max_batch_size=16")
+                          "--max_batch_size=16", f"--frontend={frontend}")
     try:
         client = ServingClient("grpc", f"localhost:{ports[1]}", "ranker")
         client.wait_ready(120)
         assert client.max_batch_size() == 16
+        assert client.input_shapes() == {"numerical_features": [3], "categorical_features": [7]}
         numerical, categorical, _ = next(request_batches(eval_dataset(data), 16, 16))
-        reference = ServingClient("grpc", f"localhost:{served[3][1]}", "dlrm").infer(numerical, categorical)
+        reference = ServingClient("grpc", f"localhost:{served_ports[1]}", "dlrm").infer(numerical, categorical)
         np.testing.assert_array_equal(client.infer(numerical, categorical)["logits"], reference["logits"])
         client.close()
     finally:
@@ -212,12 +300,13 @@ def test_synthetic_data_flags_open_the_runs_evaluation_data():
         np.testing.assert_array_equal(x, y)
 
 
-def test_a_server_that_cannot_load_the_model_stops_with_one_line(served, tmp_path):
+def test_a_server_that_cannot_load_the_model_stops_with_one_line(trained, tmp_path):
     """The Python-backend stub given an environment without numpy: the model cannot load."""
-    _, checkpoint, _, _ = served
+    _, checkpoint, _, _ = trained
     subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
     ports = free_ports(3)
-    result = subprocess.run([sys.executable, "deployment/serve.py", f"--checkpoint={checkpoint}", "--address=127.0.0.1",
+    result = subprocess.run([sys.executable, "deployment/serve.py", f"--checkpoint={checkpoint}", "--frontend=triton",
+                             "--address=127.0.0.1",
                              f"--http_port={ports[0]}", f"--grpc_port={ports[1]}", f"--metrics_port={ports[2]}"],
                             cwd=ROOT, capture_output=True, text=True, timeout=300,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", DLRM_TRITON_STUB_ENV=str(tmp_path / "bare")))

@@ -1,0 +1,354 @@
+"""An in-process KServe v2 frontend (`deployment/serve.py --frontend=native`): HTTP/REST (JSON
+with the binary-tensor extension) and gRPC (Triton's GRPCInferenceService, from the protos that
+tritonclient ships) served by this process, which calls the model itself. Triton's frontend
+instead hands each request to a Python-backend stub process that passes it over shared memory and
+ZeroMQ to the serving process and back, about 3 ms a request (docs/benchmarks.md).
+
+What tritonclient's clients call is served: health (live, ready), server metadata, model
+metadata, config and readiness, and inference. Requests are checked as Triton checks them
+(input count and names, requested outputs, dtypes, shapes, batch size, byte sizes) with Triton's
+messages and status codes; the model's own refusals (deployment.live.BadRequest) get 400 /
+INVALID_ARGUMENT with their message. Only the requested outputs are returned (all when none is
+named). Each gRPC request runs on a thread of a pool, each HTTP connection on its own thread;
+requests are not batched together (the model releases Python's lock while it computes).
+"""
+import dataclasses
+import gzip
+import http.server
+import json
+import re
+import threading
+import time
+import zlib
+from concurrent import futures
+from contextlib import contextmanager
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from deployment.live import BadRequest
+
+HTTP_STATUS = {"INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "INTERNAL": 500}
+DATATYPES = {"BOOL": np.bool_, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
+             "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64, "FP16": np.float16,
+             "FP32": np.float32, "FP64": np.float64}
+GRPC_CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+                 "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
+                 "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
+                 "FP64": "fp64_contents"}
+SERVER = {"name": "dlrm-native", "version": "1", "extensions": ["binary_tensor_data", "model_configuration"]}
+VERSION = "1"
+
+
+class RequestError(Exception):
+    """A refused request: `code` is a gRPC status name (INVALID_ARGUMENT, NOT_FOUND, INTERNAL)."""
+
+    def __init__(self, message: str, code: str = "INVALID_ARGUMENT"):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """One input or output: its name, numpy dtype and dims without the batch dimension."""
+    name: str
+    dtype: type
+    dims: Tuple[int, ...]
+
+    @property
+    def datatype(self) -> str:
+        return next(k for k, v in DATATYPES.items() if v == self.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServedModel:
+    """A model as served: `infer(*inputs as [B, *dims] arrays, in `inputs` order) -> {output name:
+    [B, *dims] array}`, raising BadRequest for a request it refuses."""
+    name: str
+    inputs: Sequence[TensorSpec]
+    outputs: Sequence[TensorSpec]
+    max_batch_size: int
+    infer: Callable[..., Dict[str, np.ndarray]]
+
+    def metadata(self) -> dict:
+        tensors = lambda specs: [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.dims]}  # noqa: E731
+                                 for t in specs]
+        return {"name": self.name, "versions": [VERSION], "platform": "native", "inputs": tensors(self.inputs),
+                "outputs": tensors(self.outputs)}
+
+    def config(self) -> dict:
+        """Triton's ModelConfig (its JSON form) of the served model."""
+        tensors = lambda specs: [{"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": list(t.dims)}  # noqa
+                                 for t in specs]
+        return {"name": self.name, "platform": "native", "backend": "native", "max_batch_size": self.max_batch_size,
+                "input": tensors(self.inputs), "output": tensors(self.outputs)}
+
+    def run(self, tensors: Sequence[Tuple[str, str, List[int], object]], requested: Optional[Sequence[str]],
+            request_id: str = "") -> Dict[str, np.ndarray]:
+        """tensors: (name, datatype, shape, data: bytes or a list of values) per input; requested:
+        output names (None: all) -> {name: array}, checked as Triton checks a request."""
+        prefix = f"[request id: {request_id or '<id_unknown>'}] "
+        names = [t[0] for t in tensors]
+        expected = [t.name for t in self.inputs]
+        if len(tensors) != len(expected):
+            missing = ",".join(f"'{n}'" for n in expected if n not in names)
+            raise RequestError(f"{prefix}expected {len(expected)} inputs but got {len(tensors)} inputs for model "
+                               f"'{self.name}'. Got input(s) [{','.join(repr(n) for n in names)}], but missing "
+                               f"required input(s) [{missing}]. Please provide all required input(s).")
+        for name in names:
+            if name not in expected:
+                raise RequestError(f"unexpected inference input '{name}' for model '{self.name}'")
+        outputs = {t.name for t in self.outputs}
+        for name in requested or ():
+            if name not in outputs:
+                raise RequestError(f"unexpected inference output '{name}' for model '{self.name}'")
+        given = {t[0]: t[1:] for t in tensors}
+        batch = None
+        for spec in self.inputs:
+            datatype, shape, _ = given[spec.name]
+            if datatype != spec.datatype:
+                raise RequestError(f"{prefix}inference input '{spec.name}' data-type is '{datatype}', but model "
+                                   f"'{self.name}' expects '{spec.datatype}'")
+            size = shape[0] if shape else None
+            if batch is not None and size != batch:
+                raise RequestError(f"{prefix}input '{spec.name}' batch size does not match other inputs for "
+                                   f"'{self.name}'")
+            batch = size
+        if not batch:
+            raise RequestError(f"{prefix}inference request batch-size must be >= 1 for '{self.name}'")
+        if batch > self.max_batch_size:
+            raise RequestError(f"{prefix}inference request batch-size must be <= {self.max_batch_size} for "
+                               f"'{self.name}'")
+        arrays = []
+        for spec in self.inputs:
+            _, shape, data = given[spec.name]
+            if tuple(shape[1:]) != spec.dims:
+                raise RequestError(f"{prefix}unexpected shape for input '{spec.name}' for model '{self.name}'. "
+                                   f"Expected [-1,{','.join(map(str, spec.dims))}], got [{','.join(map(str, shape))}]")
+            arrays.append(_array(spec, shape, data, self.name, prefix))
+        try:
+            result = self.infer(*arrays)
+        except BadRequest as e:
+            raise RequestError(str(e))
+        except Exception as e:   # the server goes on; the client gets one line
+            lines = [line for line in str(e).splitlines() if line.strip()]
+            raise RequestError(f"{type(e).__name__}: {lines[0] if lines else ''}", "INTERNAL")
+        return {t.name: result[t.name] for t in self.outputs if requested is None or t.name in requested}
+
+
+def _array(spec: TensorSpec, shape: List[int], data, model: str, prefix: str) -> np.ndarray:
+    """An input's data (raw bytes, or a list of values) as an array of `shape`."""
+    count = int(np.prod(shape))
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        if len(data) != count * np.dtype(spec.dtype).itemsize:
+            raise RequestError(f"{prefix}input byte size mismatch for input '{spec.name}' for model '{model}'. "
+                               f"Expected {count * np.dtype(spec.dtype).itemsize}, got {len(data)}")
+        return np.frombuffer(data, spec.dtype).reshape(shape)
+    try:
+        values = np.asarray(data, spec.dtype).reshape(-1)
+    except (TypeError, ValueError) as e:
+        raise RequestError(f"{prefix}input '{spec.name}' for model '{model}': {e}")
+    if values.size != count:
+        raise RequestError(f"{prefix}unexpected number of elements for input '{spec.name}' for model '{model}'. "
+                           f"Expected {count}, got {values.size}")
+    return values.reshape(shape)
+
+
+def _unknown_model(name: str) -> RequestError:
+    return RequestError(f"Request for unknown model: '{name}' is not found", "NOT_FOUND")
+
+
+def _grpc_servicer(model: ServedModel):
+    """Triton's GRPCInferenceService over `model` (what is not here answers UNIMPLEMENTED)."""
+    import grpc
+    from tritonclient.grpc import model_config_pb2 as config_pb2, service_pb2, service_pb2_grpc
+
+    def aborting(method):
+        def call(self, request, context):
+            try:
+                return method(self, request, context)
+            except RequestError as e:
+                context.abort(grpc.StatusCode[e.code], str(e))
+        return call
+
+    def known(request) -> ServedModel:
+        if request.name != model.name or request.version not in ("", VERSION):
+            raise _unknown_model(request.name)
+        return model
+
+    def tensors(specs, kind):
+        return [kind(name=t.name, data_type=config_pb2.DataType.Value(f"TYPE_{t.datatype}"), dims=list(t.dims))
+                for t in specs]
+
+    class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+        def ServerLive(self, request, context):
+            return service_pb2.ServerLiveResponse(live=True)
+
+        def ServerReady(self, request, context):
+            return service_pb2.ServerReadyResponse(ready=True)
+
+        def ModelReady(self, request, context):
+            return service_pb2.ModelReadyResponse(ready=request.name == model.name and
+                                                  request.version in ("", VERSION))
+
+        def ServerMetadata(self, request, context):
+            return service_pb2.ServerMetadataResponse(**SERVER)
+
+        @aborting
+        def ModelMetadata(self, request, context):
+            meta = known(request).metadata()
+            tensor = service_pb2.ModelMetadataResponse.TensorMetadata
+            return service_pb2.ModelMetadataResponse(
+                name=meta["name"], versions=meta["versions"], platform=meta["platform"],
+                inputs=[tensor(**t) for t in meta["inputs"]], outputs=[tensor(**t) for t in meta["outputs"]])
+
+        @aborting
+        def ModelConfig(self, request, context):
+            m = known(request)
+            return service_pb2.ModelConfigResponse(config=config_pb2.ModelConfig(
+                name=m.name, platform="native", backend="native", max_batch_size=m.max_batch_size,
+                input=tensors(m.inputs, config_pb2.ModelInput), output=tensors(m.outputs, config_pb2.ModelOutput)))
+
+        @aborting
+        def ModelInfer(self, request, context):
+            if request.model_name != model.name or request.model_version not in ("", VERSION):
+                raise _unknown_model(request.model_name)
+            raw = request.raw_input_contents
+            if raw and len(raw) != len(request.inputs):
+                raise RequestError(f"expected {len(request.inputs)} raw input contents, got {len(raw)}")
+            given = [(t.name, t.datatype, list(t.shape),
+                      raw[i] if raw else list(getattr(t.contents, GRPC_CONTENTS.get(t.datatype, "bytes_contents"))))
+                     for i, t in enumerate(request.inputs)]
+            out = model.run(given, [o.name for o in request.outputs] or None, request.id)
+            specs = {t.name: t for t in model.outputs}
+            return service_pb2.ModelInferResponse(
+                model_name=model.name, model_version=VERSION, id=request.id,
+                outputs=[service_pb2.ModelInferResponse.InferOutputTensor(
+                    name=k, datatype=specs[k].datatype, shape=list(v.shape)) for k, v in out.items()],
+                raw_output_contents=[np.ascontiguousarray(v, specs[k].dtype).tobytes() for k, v in out.items()])
+
+    return Servicer(), service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server
+
+
+_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?(/ready|/config|/infer)?$")
+
+
+class _HttpHandler(http.server.BaseHTTPRequestHandler):
+    """KServe v2 over HTTP/1.1 (kept-alive connections); `model` is set on a subclass."""
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    model: ServedModel = None
+
+    def log_message(self, *args):   # no line per request
+        pass
+
+    def _send(self, status: int, body: bytes = b"", headers: Optional[dict] = None):
+        head = [f"HTTP/1.1 {status} {self.responses.get(status, ('',))[0]}", f"Content-Length: {len(body)}",
+                *(f"{k}: {v}" for k, v in (headers or {"Content-Type": "application/json"}).items())]
+        self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)   # one write: no Nagle wait
+
+    def _json(self, doc: dict, status: int = 200):
+        self._send(status, json.dumps(doc).encode())
+
+    def _route(self, method: str):
+        path = self.path.split("?", 1)[0].rstrip("/")
+        # the body is read whatever happens next: the connection goes on after an error
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0))) if method == "POST" else b""
+        try:
+            if method == "GET" and path in ("/v2/health/live", "/v2/health/ready"):
+                return self._send(200)
+            if method == "GET" and path == "/v2":
+                return self._json(SERVER)
+            match = _PATH.match(path)
+            if not match or (method == "POST") != (match.group(3) == "/infer"):
+                return self._json({"error": "Not Found"}, 404)
+            name, version, action = match.groups()
+            if name != self.model.name or version not in (None, VERSION):
+                if action == "/ready":
+                    return self._send(400)
+                raise _unknown_model(name)
+            if action == "/ready":
+                return self._send(200)
+            if action == "/config":
+                return self._json(self.model.config())
+            if action is None:
+                return self._json(self.model.metadata())
+            self._infer(body)
+        except RequestError as e:
+            self._json({"error": str(e)}, HTTP_STATUS[e.code])
+
+    def _infer(self, body: bytes):
+        try:
+            encoding = self.headers.get("Content-Encoding")
+            body = gzip.decompress(body) if encoding == "gzip" else zlib.decompress(body) if encoding == "deflate" \
+                else body
+            size = int(self.headers.get("Inference-Header-Content-Length") or len(body))
+            request = json.loads(body[:size])
+            binary, offset, given = memoryview(body), size, []
+            for t in request["inputs"]:
+                n = (t.get("parameters") or {}).get("binary_data_size")
+                if n is None:
+                    data = t["data"]
+                else:
+                    data, offset = binary[offset:offset + n], offset + n
+                given.append((t["name"], t["datatype"], [int(d) for d in t["shape"]], data))
+        except (ValueError, KeyError, TypeError, OSError, zlib.error) as e:
+            raise RequestError(f"malformed inference request: {type(e).__name__}: {e}")
+        wanted = request.get("outputs") or []
+        out = self.model.run(given, [o["name"] for o in wanted] or None, str(request.get("id", "")))
+        default = bool((request.get("parameters") or {}).get("binary_data_output", False))
+        as_binary = {o["name"]: bool((o.get("parameters") or {}).get("binary_data", default)) for o in wanted}
+        specs = {t.name: t for t in self.model.outputs}
+        tensors, blobs = [], []
+        for name, value in out.items():
+            tensor = {"name": name, "datatype": specs[name].datatype, "shape": list(value.shape)}
+            if as_binary.get(name, default):
+                blobs.append(np.ascontiguousarray(value, specs[name].dtype).tobytes())
+                tensor["parameters"] = {"binary_data_size": len(blobs[-1])}
+            else:
+                tensor["data"] = value.reshape(-1).tolist()
+            tensors.append(tensor)
+        response = {"model_name": self.model.name, "model_version": VERSION, "outputs": tensors}
+        if "id" in request:
+            response["id"] = request["id"]
+        head = json.dumps(response).encode()
+        if not blobs:
+            return self._send(200, head)
+        self._send(200, b"".join([head, *blobs]), {"Content-Type": "application/octet-stream",
+                                                   "Inference-Header-Content-Length": len(head)})
+
+    def do_GET(self):
+        self._route("GET")
+
+    def do_POST(self):
+        self._route("POST")
+
+
+@contextmanager
+def serving(model: ServedModel, address: str, http_port: int, grpc_port: int, threads: int = 8):
+    """Serves `model` on HTTP `http_port` and gRPC `grpc_port` of `address` while the block runs;
+    yields a function that blocks until interrupted (KeyboardInterrupt)."""
+    import grpc
+    servicer, add = _grpc_servicer(model)
+    grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads),
+                              options=[("grpc.max_receive_message_length", -1),
+                                       ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 0)])
+    add(servicer, grpc_server)
+    if grpc_server.add_insecure_port(f"{address}:{grpc_port}") == 0:
+        raise OSError(f"cannot listen on {address}:{grpc_port} (gRPC)")
+    handler = type("Handler", (_HttpHandler,), {"model": model})
+    http_server = http.server.ThreadingHTTPServer((address, http_port), handler)
+    http_server.daemon_threads = True
+    http_thread = threading.Thread(target=http_server.serve_forever, name="http", daemon=True)
+    grpc_server.start()
+    http_thread.start()
+
+    def wait():
+        while True:
+            time.sleep(3600)
+    try:
+        yield wait
+    finally:
+        http_server.shutdown()
+        http_server.server_close()
+        grpc_server.stop(grace=2).wait()
