@@ -153,6 +153,30 @@ def test_strict_and_missing_column(spark, tmp_path):
     assert summary["first_bad_lines"] == [f"{other}:{k}: no column 'device' in the file" for k in range(2, 6)]
 
 
+def test_vocabularies_grow_with_vocab_from(spark, tmp_path):
+    """A second log encoded with the first one's ids; its frequent new values take the next ids
+    (room from --vocab_capacity=2); hashed ids stay as they are; empty test/validation mappings."""
+    write_log(tmp_path, [HEADER] + GOOD + TEST + VALIDATION)
+    run_raw(spark, write_spec(tmp_path), tmp_path / "first", "--vocab_capacity=2")
+    write_log(tmp_path, [HEADER, "1,1,1,zine,0a,7,a,ios,0,1", "0,1,1,zine,ff,5,e,ios,0,1", "1,1,1,news,0a,5,e,web,0,1"],
+              "day2.csv")
+    summary = run_raw(spark, write_spec(tmp_path, paths=["day2.csv"]), tmp_path / "second", "--vocab_from",
+                      str(tmp_path / "first"))
+    assert summary["rows"] == {"train": 3, "test": 0, "validation": 0}
+    first, _ = load(tmp_path / "first", "train")
+    spec, train = load(tmp_path / "second", "train")
+    # capacities ceil(2 x (K + 1)): site 2 -> 4, color 3 -> 6, user 4 -> 8, tags 3 -> 6, hour/weekday 3 -> 6;
+    # device: 5 buckets + 1.
+    assert first.cardinalities == spec.cardinalities == [4, 6, 8, 6, 6, 6, 6]
+    site, color, user, tags, device, hour, weekday = train["categorical"]
+    assert site.tolist() == [2, 2, 1] and user.tolist() == [1, 4, 4] and ragged(tags) == [[2], [3], [3]]
+    assert color.tolist() == [1, 2, 1] and device.tolist() == [1 + key(d) % 5 for d in ("ios", "ios", "web")]
+    assert spec.metadata["vocabularies"]["generation"] == 1
+    assert spec.metadata["vocabularies"]["features"]["site"]["added"] == 1
+    _, test = load(tmp_path / "second", "test")
+    assert test["labels"].shape == (0,) and ragged(test["categorical"][3]) == []
+
+
 def tree(root):
     out = {}
     for folder, _, files in os.walk(root):
