@@ -6,10 +6,6 @@ import dataclasses
 import os
 from typing import List, Optional
 
-import yaml
-
-from utils.errors import ConfigError
-
 TRANSFORMS = ("log", "none", "clip")
 TYPES = ("string", "hex", "int")
 DERIVED = ("hour", "weekday")
@@ -74,8 +70,7 @@ class _Reader:
         self.raw = raw
 
     def fail(self, name: str, message: str):
-        key = ".".join(filter(None, [self.key, name]))
-        raise ConfigError(f"{self.where}: {key}: {message}")
+        _fail(f"{self.where}: {'.'.join(filter(None, [self.key, name]))}: {message}")
 
     def get(self, name, kind, default=None, required=False, check=None, expect=""):
         """The value of `name`: of `kind` (a type or tuple; bool is never a number), passing `check`."""
@@ -106,14 +101,21 @@ def _tuple(kind):
 NUMBER = (int, float)
 
 
+def _fail(message: str):
+    # (imported here: the executors unpickle RawSpec with only the preproc package shipped to them)
+    from utils.errors import ConfigError
+    raise ConfigError(message)
+
+
 def load(path: str) -> RawSpec:
+    import yaml
     try:
         with open(path) as f:
             raw = yaml.safe_load(f)
     except OSError as e:
-        raise ConfigError(f"--spec {path}: cannot read it ({e.strerror})")
+        _fail(f"--spec {path}: cannot read it ({e.strerror})")
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({' '.join(str(e).split())})")
+        _fail(f"{path}: not valid YAML ({' '.join(str(e).split())})")
     return parse(raw, path, os.path.dirname(os.path.abspath(path)))
 
 
