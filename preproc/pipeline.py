@@ -341,15 +341,18 @@ def _move_into_place(tmp, output):
 
 
 def _ship_code(sc):
-    """Puts the preproc package on the executors' path (a zip, as --py-files would)."""
+    """Puts the preproc package and utils.errors on the executors' path (a zip, as --py-files would)."""
     if getattr(sc, "_preproc_shipped", False):
         return
     sc._preproc_shipped = True
     root = os.path.dirname(os.path.abspath(__file__))
     archive = os.path.join(tempfile.mkdtemp(prefix="preproc-code-"), "preproc.zip")
+    utils = os.path.join(os.path.dirname(root), "utils")
     with zipfile.ZipFile(archive, "w") as z:
         for name in sorted(os.listdir(root)):
             if name.endswith(".py"):
                 z.write(os.path.join(root, name), f"preproc/{name}")
+        for name in ("__init__.py", "errors.py"):
+            z.write(os.path.join(utils, name), f"utils/{name}")
     sc.addPyFile(archive)
     sys.path_importer_cache.clear()

@@ -12,6 +12,7 @@ float16, or the file lacks a column the spec names.
 """
 import gzip
 import math
+import os
 import re
 from typing import Iterator, List
 
@@ -25,6 +26,7 @@ import pyarrow.parquet as pq
 from preproc import reading
 from preproc.raw_spec import Categorical, Numerical, RawSpec
 from preproc.sources import Rows, Schema, Source
+from utils.errors import DatasetError
 
 PARQUET_BATCH_ROWS = 1 << 16
 FLOAT16_MAX = 65504.0
@@ -35,13 +37,17 @@ class RawSource(Source):
     def __init__(self, spec: RawSpec):
         self.spec = spec
         cats = spec.categorical
-        self.by_value = spec.split == "column"
+        self.by_value = spec.split in ("column", "files")
         self.header_lines = int(spec.format == "csv" and spec.header)
         self.schema = Schema([n.name for n in spec.numerical], [c.name for c in cats],
                              max_hotness={c.name: c.max_hotness for c in cats if c.max_hotness},
                              buckets={c.name: c.buckets for c in cats if c.buckets}, rules=_rules(spec))
 
     def plan(self, paths, split_bytes):
+        named = [os.path.abspath(p) for p in self.spec.test_files + self.spec.validation_files]
+        unknown = sorted(set(named) - set(map(os.path.abspath, paths)))
+        if unknown:
+            raise DatasetError(f"split: {unknown[0]} is not one of the input files")
         if self.spec.format == "parquet":
             return [reading.Split(k, p, k) for k, p in enumerate(paths)]
         return reading.plan_splits(paths, split_bytes)
@@ -58,7 +64,7 @@ class RawSource(Source):
             present = [c for c in self.spec.columns_used() if c in f.schema_arrow.names]
             for batch in f.iter_batches(PARQUET_BATCH_ROWS, columns=present):
                 yield self._rows(pa.Table.from_batches([batch]), np.arange(batch.num_rows), [], batch.num_rows,
-                                 f.schema_arrow.names)
+                                 f.schema_arrow.names, split.path)
             return
         names = self.spec.columns or _header(split.path, self.spec.delimiter)
         skip_header = self.header_lines and split.start == 0
@@ -67,13 +73,13 @@ class RawSource(Source):
                 data, skip_header = data[data.find(b"\n") + 1 if b"\n" in data else len(data):], False
                 if not data:
                     continue
-            yield self._csv_rows(data, names)
+            yield self._csv_rows(data, names, split.path)
 
-    def _csv_rows(self, data: bytes, names: List[str]) -> Rows:
+    def _csv_rows(self, data: bytes, names: List[str], path: str) -> Rows:
         num_lines, bad = reading.count_lines(data), []
         used = [c for c in self.spec.columns_used() if c in names]
         if len(used) < len(self.spec.columns_used()):
-            return self._rows(None, np.zeros(0, np.int64), [], num_lines, names)
+            return self._rows(None, np.zeros(0, np.int64), [], num_lines, names, path)
 
         def wrong_count(row):
             bad.append((row.number - 1, f"{row.actual_columns} fields, expected {len(names)}"))
@@ -89,10 +95,10 @@ class RawSource(Source):
                                                  quoted_strings_can_be_null=True, check_utf8=False))
         skipped = np.zeros(num_lines, bool)
         skipped[[line for line, _ in bad]] = True
-        return self._rows(table, np.flatnonzero(~skipped), bad, num_lines, names)
+        return self._rows(table, np.flatnonzero(~skipped), bad, num_lines, names, path)
 
-    def _rows(self, table, lines: np.ndarray, bad: list, num_lines: int, names: List[str]) -> Rows:
-        """Rows from `table` (the good-shaped lines `lines` of the block); None: every line is bad."""
+    def _rows(self, table, lines: np.ndarray, bad: list, num_lines: int, names: List[str], path: str) -> Rows:
+        """Rows from `table` (the good-shaped lines `lines` of a block of `path`); None: every line is bad."""
         spec = self.spec
         mapping = np.full(num_lines, -1, np.int8) if self.by_value else None
         missing = [c for c in spec.columns_used() if c not in names]
@@ -107,7 +113,9 @@ class RawSource(Source):
         for k, f in enumerate(spec.numerical):
             numerical[:, k] = _numerical(table.column(f.column), f, checks)
         categorical = [_categorical(table.column(c.column), c, checks) for c in spec.categorical]
-        if self.by_value:
+        if spec.split == "files":
+            chosen = np.full(table.num_rows, spec.file_mapping(path), np.int8)
+        elif self.by_value:
             values, absent = _numbers(table.column(spec.split_column), spec.split_column, checks)
             checks.reject(absent, f"{spec.split_column} (the split column) is missing")
             chosen = np.zeros(table.num_rows, np.int8)
@@ -288,6 +296,8 @@ def _rules(spec: RawSpec) -> dict:
              f"{spec.label} >= {spec.label_threshold}" if spec.label_threshold is not None else f"{spec.label} (0/1)")
     split = (f"by {spec.split_column}: test from {spec.test_from}, validation from {spec.validation_from}"
              if spec.split == "column" else
+             f"by file: test {spec.test_files}, validation {spec.validation_files}, the others train"
+             if spec.split == "files" else
              f"by fraction in file order: test {spec.test}, validation {spec.validation}")
     return {"label": label, "numerical": {f.name: numerical(f) for f in spec.numerical},
             "categorical": {c.name: categorical(c) for c in spec.categorical}, "split": split}

@@ -6,6 +6,10 @@ import dataclasses
 import os
 from typing import List, Optional
 
+import yaml
+
+from utils.errors import ConfigError
+
 TRANSFORMS = ("log", "none", "clip")
 TYPES = ("string", "hex", "int")
 DERIVED = ("hour", "weekday")
@@ -45,12 +49,20 @@ class RawSpec:
     columns: Optional[List[str]] = None      # csv without a header: the column names in order
     positive: Optional[List[str]] = None     # label: these values are positive, others negative
     label_threshold: Optional[float] = None  # label: numbers >= this are positive
-    split: str = "fraction"                  # fraction | column
+    split: str = "fraction"                  # fraction | column | files
     test: float = 0.05                       # fraction split: shares in file order
     validation: float = 0.05
     split_column: Optional[str] = None       # column split: value < test_from train, < validation_from test,
     test_from: Optional[float] = None        # the rest validation (a missing bound: that mapping is empty)
     validation_from: Optional[float] = None
+    test_files: List[str] = dataclasses.field(default_factory=list)        # files split: these files test,
+    validation_files: List[str] = dataclasses.field(default_factory=list)  # these validation, the rest train
+
+    def file_mapping(self, path: str) -> int:
+        """A files split: the mapping index (0 train, 1 test, 2 validation) of an input file."""
+        path = os.path.abspath(path)
+        return 1 if path in map(os.path.abspath, self.test_files) else \
+            2 if path in map(os.path.abspath, self.validation_files) else 0
 
     def columns_used(self) -> List[str]:
         used = [self.label] + [n.column for n in self.numerical] + [c.column for c in self.categorical]
@@ -102,13 +114,10 @@ NUMBER = (int, float)
 
 
 def _fail(message: str):
-    # (imported here: the executors unpickle RawSpec with only the preproc package shipped to them)
-    from utils.errors import ConfigError
     raise ConfigError(message)
 
 
 def load(path: str) -> RawSpec:
-    import yaml
     try:
         with open(path) as f:
             raw = yaml.safe_load(f)
@@ -157,7 +166,8 @@ def parse(raw, where: str = "raw spec", base_dir: str = ".") -> RawSpec:
     if twice:
         top.fail("", f"feature name {twice[0]!r} is used twice (or is the label's): set `name`")
     _split(spec, _Reader(top.get("split", dict, {}, expect="a mapping"), where, "split",
-                         ("by", "test", "validation", "column", "test_from", "validation_from")))
+                         ("by", "test", "validation", "column", "test_from", "validation_from", "test_files",
+                          "validation_files")), base_dir)
     if spec.columns:
         missing = [c for c in spec.columns_used() if c not in spec.columns]
         if missing:
@@ -204,13 +214,22 @@ def _categorical(item, where, key) -> Categorical:
     return f
 
 
-def _split(spec: RawSpec, r: _Reader):
-    spec.split = r.get("by", str, "fraction", check=lambda v: v in ("fraction", "column"), expect="fraction or column")
+def _split(spec: RawSpec, r: _Reader, base_dir: str):
+    spec.split = r.get("by", str, "fraction", check=lambda v: v in ("fraction", "column", "files"),
+                       expect="fraction or column or files")
     share = dict(check=lambda v: 0 <= v < 1, expect="a fraction in [0, 1)")
-    if spec.split == "fraction":
-        for name in ("column", "test_from", "validation_from"):
+    for name in ("column", "test_from", "validation_from", "test_files", "validation_files"):
+        by = "column" if name in ("column", "test_from", "validation_from") else "files"
+        if name in r.raw and spec.split != by:
+            r.fail(name, f"only a split by {by} takes it")
+    if spec.split == "files":
+        for name in ("test", "validation"):
             if name in r.raw:
-                r.fail(name, "only a split by column takes it")
+                r.fail(name, "only a split by fraction takes it (a split by files takes test_files, validation_files)")
+        spec.test_files = [os.path.join(base_dir, p) for p in r.names("test_files") or []]
+        spec.validation_files = [os.path.join(base_dir, p) for p in r.names("validation_files") or []]
+        return
+    if spec.split == "fraction":
         spec.test, spec.validation = r.get("test", NUMBER, 0.05, **share), r.get("validation", NUMBER, 0.05, **share)
         if spec.test + spec.validation >= 1:
             r.fail("validation", "test + validation must be below 1")

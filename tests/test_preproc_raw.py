@@ -153,6 +153,20 @@ def test_strict_and_missing_column(spark, tmp_path):
     assert summary["first_bad_lines"] == [f"{other}:{k}: no column 'device' in the file" for k in range(2, 6)]
 
 
+def test_split_by_files(spark, tmp_path):
+    """split by files: the rows of the test and validation files, in file order, the others train."""
+    write_log(tmp_path, [HEADER] + GOOD[:2], "a.csv")
+    write_log(tmp_path, [HEADER] + VALIDATION, "v.csv")
+    write_log(tmp_path, [HEADER] + GOOD[2:] + TEST, "t.csv")
+    spec = dict(SPEC, split={"by": "files", "test_files": ["t.csv"], "validation_files": ["v.csv"]})
+    summary = run_raw(spark, write_spec(tmp_path, spec, paths=["a.csv", "t.csv", "v.csv"]), tmp_path / "out")
+    assert summary["rows"] == {"train": 2, "test": 3, "validation": 1}
+    _, test = load(tmp_path / "out", "test")
+    np.testing.assert_array_equal(test["numerical"][:, 0], np.float16([2, 3, 0.5]))     # t.csv's prices
+    _, validation = load(tmp_path / "out", "validation")
+    assert validation["labels"].tolist() == [1]
+
+
 def test_vocabularies_grow_with_vocab_from(spark, tmp_path):
     """A second log encoded with the first one's ids; its frequent new values take the next ids
     (room from --vocab_capacity=2); hashed ids stay as they are; empty test/validation mappings."""
@@ -259,6 +273,7 @@ def test_output_without_numericals_trains(spark, tmp_path):
     ({"numerical": [{"column": "price", "min": 0}]}, r"numerical\[0\].transform: clip takes min"),
     ({"numerical": ["site"], "categorical": ["site"]}, r"feature name 'site' is used twice"),
     ({"split": {"by": "column", "column": "day", "test": 0.1}}, r"split.test: only a split by fraction"),
+    ({"split": {"test_files": ["x.csv"]}}, r"split.test_files: only a split by files takes it"),
     ({"split": {"test": 0.6, "validation": 0.5}}, r"split.validation: test \+ validation must be below 1"),
     ({"inputs": {"paths": ["x.csv"], "header": False}}, r"inputs.columns: missing"),
     ({"label": {"column": "click", "positive": [1], "threshold": 2}}, r"label.threshold: give positive or"),
