@@ -1,6 +1,7 @@
 """Spec-driven preprocessing of raw CSV/Parquet logs (preproc.raw): a hand-made CSV with every
 expected id and value written out, CSV and Parquet alike, partitioning, bad input, the spec's
 errors, training DCNv2 and DLRM on a log without numerical features."""
+import gzip
 import math
 import os
 import random
@@ -9,6 +10,7 @@ import sys
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
@@ -17,6 +19,7 @@ import yaml
 from dataloading.feature_spec import SPEC_FILE, FeatureSpec
 from dataloading.split_binary import SplitBinaryDataset
 from preproc import raw, raw_spec
+from preproc.raw_source import RawSource
 from preproc.session import spark_session
 from tests.horovod_run import ROOT
 from utils.errors import ConfigError, DatasetError
@@ -284,3 +287,37 @@ def test_spec_errors_name_the_key(tmp_path, change, message):
     path.write_text(yaml.safe_dump(spec))
     with pytest.raises(ConfigError, match=message):
         raw_spec.load(str(path))
+
+
+def source_rows(spec, path):
+    """All Rows of one file read by the RawSource of `spec` (no Spark), concatenated per field."""
+    source = RawSource(raw_spec.parse(spec, "spec", str(path.parent)))
+    blocks = [r for s in source.plan([str(path)], 1 << 20) for r in source.rows(s, 1 << 20)]
+    assert len(blocks) == 1
+    return blocks[0]
+
+
+def test_label_rules_headerless_gzip_tsv_and_parquet_lists(tmp_path):
+    """Labels by a set of positive values and by a threshold; a .gz TSV without header; a Parquet
+    list column read as lists (empty entries dropped, too long -> bad)."""
+    with gzip.open(tmp_path / "log.tsv.gz", "wt") as f:
+        f.write("yes\t4.5\tA\nno\t1\tB\nmaybe\t\tC\n\t3\tD\n")
+    spec = {"inputs": {"paths": ["log.tsv.gz"], "delimiter": "\t", "header": False,
+                       "columns": ["answer", "rating", "item"]},
+            "label": {"column": "answer", "positive": ["yes", "maybe"]}, "categorical": ["item"]}
+    rows = source_rows(spec, tmp_path / "log.tsv.gz")
+    assert rows.labels.tolist() == [1, 0, 1] and rows.lines.tolist() == [0, 1, 2]
+    assert rows.bad == [(3, "label answer is missing")]
+    assert rows.categorical[0][0].tolist() == [key(v) for v in "ABC"]
+    spec["label"] = {"column": "rating", "threshold": 3}
+    rows = source_rows(spec, tmp_path / "log.tsv.gz")
+    assert rows.labels.tolist() == [1, 0, 1] and rows.lines.tolist() == [0, 1, 3]
+    assert rows.bad == [(2, "label rating is missing")]
+    table = pa.table({"click": [1, 0, 1], "tags": [["x", "", "y"], [], ["x", "y", "z", "w"]]})
+    pq.write_table(table, str(tmp_path / "log.parquet"))
+    spec = {"inputs": {"paths": ["log.parquet"], "format": "parquet"}, "label": "click",
+            "categorical": [{"column": "tags", "delimiter": "|", "max_hotness": 3}]}
+    rows = source_rows(spec, tmp_path / "log.parquet")
+    keys, lengths = rows.categorical[0]
+    assert lengths.tolist() == [2, 0] and keys.tolist() == [key("x"), key("y")]
+    assert rows.bad == [(2, "tags has more than max_hotness 3 values, got ['x', 'y', 'z', 'w']")]
