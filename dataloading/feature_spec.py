@@ -160,7 +160,7 @@ def split_binary_spec(numerical: Sequence[str], categorical: Dict[str, int], lab
                       mappings: Sequence[str] = ("train", "test"), max_hotness: Dict[str, int] = None,
                       numerical_dtype: str = "float16", base_dir: str = ".") -> FeatureSpec:
     """The standard split-binary layout: per mapping M, M/numerical.bin (all numerical features,
-    one chunk), M/label.bin, and M/<feature>.bin per categorical feature (plus
+    one chunk; none without numerical features), M/label.bin, and M/<feature>.bin per categorical feature (plus
     M/<feature>.offsets.bin for the multi-hot ones); ids in the smallest dtype that holds them."""
     max_hotness = max_hotness or {}
     features = {n: Feature(numerical_dtype) for n in numerical}
@@ -168,7 +168,8 @@ def split_binary_spec(numerical: Sequence[str], categorical: Dict[str, int], lab
     features[label] = Feature("bool")
     source = {}
     for m in mappings:
-        chunks = [Chunk(SPLIT_BINARY, list(numerical), [f"{m}/numerical.bin"]), Chunk(SPLIT_BINARY, [label], [f"{m}/label.bin"])]
+        chunks = [Chunk(SPLIT_BINARY, list(numerical), [f"{m}/numerical.bin"])] if numerical else []
+        chunks.append(Chunk(SPLIT_BINARY, [label], [f"{m}/label.bin"]))
         for c in categorical:
             offsets = [f"{m}/{c}.offsets.bin"] if c in max_hotness else []
             chunks.append(Chunk(SPLIT_BINARY, [c], [f"{m}/{c}.bin"], offsets))
@@ -247,7 +248,8 @@ def _parse(raw, base_dir, where) -> FeatureSpec:
     channels = raw["channel_spec"]
     if set(channels) != set(CHANNELS):
         _fail(where, "channel_spec", f"must have exactly the channels {', '.join(CHANNELS)}, got {', '.join(map(str, channels))}")
-    channels = {c: _names(channels[c] if channels[c] is not None else [], where, f"channel_spec.{c}") for c in CHANNELS}
+    channels = {c: _names(channels[c] if channels[c] is not None else [], where, f"channel_spec.{c}",
+                          allow_empty=c == NUMERICAL) for c in CHANNELS}
     source = {}
     for mapping, chunks in raw["source_spec"].items():
         if not isinstance(chunks, list) or not chunks:

@@ -33,7 +33,11 @@ class MLP(tf.Module):
     def __call__(self, x):
         last = len(self.kernels) - 1
         for i, (kernel, bias) in enumerate(zip(self.kernels, self.biases)):
-            x = tf.nn.bias_add(tf.matmul(x, tf.cast(kernel, x.dtype)), tf.cast(bias, x.dtype))
+            if kernel.shape[0] == 0:    # no input features: x @ kernel (zeros) without oneDNN's matmul, which aborts
+                x = tf.reduce_sum(x[:, :, None] * tf.cast(kernel, x.dtype)[None], axis=1)
+            else:
+                x = tf.matmul(x, tf.cast(kernel, x.dtype))
+            x = tf.nn.bias_add(x, tf.cast(bias, x.dtype))
             if i < last or not self.linear_output:
                 x = tf.nn.relu(x)
         return x

@@ -17,18 +17,20 @@ from preproc.session import spark_session
 from utils.errors import ConfigError
 
 
-def _per_feature(flag: str, text: str, default, parse_default, parse_named):
-    """'X' (every feature), 'C3:N,C20:N' (those), 'X,C3:N' (both) -> (X or `default`, {feature index: N})."""
+def _per_feature(flag: str, text: str, default, parse_default, parse_named, names=CATEGORICAL_NAMES):
+    """'X' (every feature), 'C3:N,C20:N' (those), 'X,C3:N' (both) -> (X or `default`, {feature index: N});
+    `names`: the categorical features' names in the flag."""
     named = {}
     for item in filter(None, text.split(",")):
         name, sep, value = item.partition(":")
         try:
             if not sep:
                 default = parse_default(item)
-            elif name not in CATEGORICAL_NAMES:
-                raise ConfigError(f"{flag}: {name!r} is not a categorical feature (C1..C26)")
+            elif name not in names:
+                known = "C1..C26" if names is CATEGORICAL_NAMES else ", ".join(names)
+                raise ConfigError(f"{flag}: {name!r} is not a categorical feature ({known})")
             else:
-                named[CATEGORICAL_NAMES.index(name)] = parse_named(value)
+                named[names.index(name)] = parse_named(value)
         except (ValueError, ZeroDivisionError):
             raise ConfigError(f"{flag}: {item!r} is not X or Ck:N")
     return default, named
@@ -43,10 +45,10 @@ def parse_thresholds(text: str):
     return thresholds
 
 
-def parse_capacity(text: str):
+def parse_capacity(text: str, names=CATEGORICAL_NAMES):
     """'1.5' (headroom factor of every feature), 'C3:1000000' (that feature's rows), or both ->
     (headroom, {feature index: rows})."""
-    headroom, rows = _per_feature("--vocab_capacity", text, Fraction(1), Fraction, int)
+    headroom, rows = _per_feature("--vocab_capacity", text, Fraction(1), Fraction, int, names)
     if headroom < 1 or min(rows.values(), default=1) < 1:
         raise ConfigError("--vocab_capacity: the headroom factor must be >= 1 and the rows positive")
     return headroom, rows
@@ -64,9 +66,15 @@ def parser():
     p.add_argument("--frequency_threshold",
                    help="values seen fewer times in training map to id 0: N, or Ck:N,..., or both (default 0; "
                         "with --vocab_from: the earlier vocabulary's)")
+    add_job_flags(p, "Ck")
+    return p
+
+
+def add_job_flags(p, feature: str):
+    """The flags of every preprocessing job (`feature`: how --vocab_capacity names a feature)."""
     p.add_argument("--vocab_capacity", default="1",
                    help="embedding rows per feature, fixed by the first dataset for later growth: a headroom "
-                        "factor F (ceil(F x ids)), or Ck:ROWS,..., or both (default 1: no room to grow)")
+                        f"factor F (ceil(F x ids)), or {feature}:ROWS,..., or both (default 1: no room to grow)")
     p.add_argument("--shuffle", action="store_true", help="shuffle the training rows globally")
     p.add_argument("--seed", type=int, help="shuffle seed (default 12345)")
     p.add_argument("--vocab_from", default="",
@@ -78,18 +86,11 @@ def parser():
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="Spark configuration")
     p.add_argument("--split_mb", type=int, default=128, help="task size for plain files (a .gz file is one task)")
     p.add_argument("--part_rows", type=int, default=1 << 24, help="rows per output part file")
-    return p
 
 
 def options(args) -> Options:
-    if args.freeze_vocab and not args.vocab_from:
-        raise ConfigError("--freeze_vocab needs --vocab_from")
     if args.freeze_vocab and args.frequency_threshold is not None:
         raise ConfigError("--frequency_threshold has no effect with --freeze_vocab (the vocabularies are given)")
-    if args.vocab_from and args.vocab_capacity != "1":
-        raise ConfigError("--vocab_capacity has no effect with --vocab_from (the first dataset fixed the capacities)")
-    if args.seed is not None and not args.shuffle:
-        raise ConfigError("--seed has no effect without --shuffle")
     fractions = {"test_fraction": args.test_fraction, "validation_fraction": args.validation_fraction}
     given = {k: v for k, v in fractions.items() if v is not None}
     if args.split == "day" and given:
@@ -97,23 +98,40 @@ def options(args) -> Options:
     fractions = {k: 0.05 if v is None else v for k, v in fractions.items()}
     if min(fractions.values()) < 0 or sum(fractions.values()) >= 1:
         raise ConfigError("--test_fraction and --validation_fraction must be >= 0 and sum to less than 1")
+    thresholds = None if args.frequency_threshold is None else parse_thresholds(args.frequency_threshold)
+    return Options(args.input, args.output, args.split, thresholds=thresholds, fractions_given=bool(given),
+                   **job_options(args, CATEGORICAL_NAMES), **fractions)
+
+
+def job_options(args, names) -> dict:
+    """The Options of the job flags (add_job_flags); `names`: the categorical features' names."""
+    if args.freeze_vocab and not args.vocab_from:
+        raise ConfigError("--freeze_vocab needs --vocab_from")
+    if args.vocab_from and args.vocab_capacity != "1":
+        raise ConfigError("--vocab_capacity has no effect with --vocab_from (the first dataset fixed the capacities)")
+    if args.seed is not None and not args.shuffle:
+        raise ConfigError("--seed has no effect without --shuffle")
     for flag in ("split_mb", "part_rows"):
         if getattr(args, flag) <= 0:
             raise ConfigError(f"--{flag} must be positive")
     if args.vocab_from and not os.path.isdir(os.path.join(args.vocab_from, "vocab")):
         raise ConfigError(f"--vocab_from {args.vocab_from}: no vocab/ directory there")
-    thresholds = None if args.frequency_threshold is None else parse_thresholds(args.frequency_threshold)
-    headroom, capacity_rows = parse_capacity(args.vocab_capacity)
-    return Options(args.input, args.output, args.split, thresholds=thresholds, headroom=headroom,
-                   capacity_rows=capacity_rows, shuffle=args.shuffle, seed=12345 if args.seed is None else args.seed,
-                   vocab_from=args.vocab_from, freeze_vocab=args.freeze_vocab, strict=args.strict,
-                   split_bytes=args.split_mb << 20, part_rows=args.part_rows, fractions_given=bool(given), **fractions)
+    headroom, capacity_rows = parse_capacity(args.vocab_capacity, names)
+    return dict(headroom=headroom, capacity_rows=capacity_rows, shuffle=args.shuffle,
+                seed=12345 if args.seed is None else args.seed, vocab_from=args.vocab_from,
+                freeze_vocab=args.freeze_vocab, strict=args.strict, split_bytes=args.split_mb << 20,
+                part_rows=args.part_rows)
 
 
 def main(argv=None):
     args = parser().parse_args(argv)
+    return execute(args, lambda: options(args))
+
+
+def execute(args, make_options) -> int:
+    """Runs the job of `make_options()` (Options) on the Spark of the job flags; prints its summary."""
     try:
-        opts = options(args)
+        opts = make_options()
         if any("=" not in item for item in args.conf):
             raise ConfigError("--conf takes KEY=VALUE")
         conf = dict(item.split("=", 1) for item in args.conf)

@@ -3,7 +3,9 @@
 Lines are numbered globally over the input files in order. By day (files day_0 ... day_N):
 every day but the last is training, the last day's first half (floor) is test and the rest
 validation. By fraction: the first lines are training, then the test lines
-(round(lines * test_fraction)), then the validation lines. A mapping's rows are written as
+(round(lines * test_fraction)), then the validation lines. A split by a column's value
+(preproc.raw_source) numbers each mapping's rows in input order instead of the lines and lays
+the mappings out in turn (`by_counts`). A mapping's rows are written as
 part files of at most `part_rows` lines each, in line order; shuffled training rows instead go
 to part hash % parts and are ordered by the hash, a seeded 64-bit mix of the line's index in the
 mapping: a global shuffle that depends on nothing but the input and the seed.
@@ -98,7 +100,12 @@ def by_day(file_lines: List[int], days: List[int], part_rows: int, shuffle_seed:
 def by_fraction(total_lines: int, test_fraction: float, validation_fraction: float, part_rows: int,
                 shuffle_seed: int) -> Layout:
     test, validation = round(total_lines * test_fraction), round(total_lines * validation_fraction)
-    counts = {"train": total_lines - test - validation, "test": test, "validation": validation}
+    return by_counts({"train": total_lines - test - validation, "test": test, "validation": validation}, part_rows,
+                     shuffle_seed)
+
+
+def by_counts(counts: Dict[str, int], part_rows: int, shuffle_seed: int) -> Layout:
+    """The first counts["train"] positions train, then the test ones, then the validation ones."""
     segments, start = [], 0
     for k, mapping in enumerate(MAPPINGS):
         if counts[mapping]:

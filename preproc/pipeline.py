@@ -1,13 +1,15 @@
-"""The Spark job: raw Criteo TSV files -> split-binary dataset + feature_spec.yaml.
+"""The Spark job: raw logs (a Source: the Criteo preset, or any CSV/Parquet a raw spec describes)
+-> split-binary dataset + feature_spec.yaml.
 
-    1. line counts of every split (one task per split)       -> the layout (mappings, parts)
+    1. line counts of every split (one task per split; a split by value: rows per mapping)
+       -> the layout (mappings, parts)
     2. value counts of the training rows (numpy tables), bad-line reports -> summed per
        (feature, hash bucket) after Spark groups them, cut to the frequent values (and the values
        of the earlier vocabulary that grows); one task per feature ranks them (or grows the
        earlier vocabulary with them) and writes vocab/<feature>.npy; the driver writes vocab.json
        (step 2 parses each split once and caches the parsed columns under the job's directory)
-    3. the driver creates every part file at its final size (rows per part and split are
-       known from step 2); one task per split encodes its cached rows and writes them at
+    3. the driver creates every part file at its final size (rows, and multi-hot ids, per
+       part and split are known from step 2); one task per split encodes its cached rows and writes them at
        their place in the part files (a shared file system on a cluster). With --shuffle, the
        training rows instead become records tagged with their part and sort key, which Spark
        groups by part and sorts; one task per part writes it. No data passes through the driver.
@@ -30,13 +32,12 @@ import numpy as np
 
 from dataloading.feature_spec import SPEC_FILE, split_binary_spec
 from preproc import layout as layouts
-from preproc import parsing, reading, tasks, vocab, vocab_info
+from preproc import tasks, vocab, vocab_info
 from preproc.layout import MAPPINGS
+from preproc.sources import CATEGORICAL, CriteoSource, Source
 from utils.errors import DatasetError
 
-NUMERICAL = [f"num_{k}" for k in range(parsing.NUM_INTEGER)]
-CATEGORICAL = [f"cat_{k}" for k in range(parsing.NUM_CATEGORICAL)]
-LABEL = "label"
+__all__ = ["CATEGORICAL", "Options", "run", "input_files"]
 
 
 @dataclasses.dataclass
@@ -50,6 +51,7 @@ class Options:
     thresholds: List[int] = None          # per categorical feature (C1..C26); None: 0, or the earlier ones
     headroom: Fraction = Fraction(1)      # new vocabularies: capacity = ceil(headroom x (K + 1)) ...
     capacity_rows: Dict[int, int] = None  # ... or these rows (per categorical feature index)
+    source: Source = None                 # what reads the input (None: the Criteo preset)
     shuffle: bool = False
     seed: int = 12345
     vocab_from: str = ""                  # the earlier output whose vocabularies grow (or are kept)
@@ -64,27 +66,32 @@ def run(spark, opts: Options, log=print) -> dict:
     """Runs the job; returns the summary that also goes into the spec's metadata."""
     sc = spark.sparkContext
     _ship_code(sc)
+    source = opts.source or CriteoSource()
+    schema = source.schema
     paths = input_files(opts.inputs)
-    splits = reading.plan_splits(paths, opts.split_bytes)
+    splits = source.plan(paths, opts.split_bytes)
     block_bytes = opts.block_bytes     # (the task closures must not capture pipeline objects)
     counts = sc.parallelize(range(len(splits)), len(splits)).map(
-        lambda i: sum(reading.count_lines(b) for b in reading.iter_blocks(splits[i], block_bytes))).collect()
-    split_lines = np.concatenate([[0], np.cumsum(counts)]).astype(int).tolist()
+        lambda i: tasks.count_lines(source, splits[i], block_bytes)).collect()
+    split_lines = np.concatenate([[0], np.cumsum([c[0] for c in counts])]).astype(int).tolist()
     file_lines = [split_lines[min(s.index for s in splits if s.file_index == k)] for k in range(len(paths))]
     lines_per_file = np.diff(file_lines + [split_lines[-1]]).tolist()
-    layout = _layout(opts, paths, lines_per_file, split_lines[-1])
+    if source.by_value:
+        layout, positions = _layout_by_value(opts, [c[1:] for c in counts])
+    else:
+        layout, positions = _layout(opts, paths, lines_per_file, split_lines[-1]), None
     tmp = os.path.join(opts.output, f".preproc-tmp-{uuid.uuid4().hex[:8]}")
     os.makedirs(tmp)
     try:
-        ctx = tasks.Context(splits, split_lines[:-1], file_lines, layout, opts.block_bytes, NUMERICAL, CATEGORICAL,
-                            LABEL, count=not opts.freeze_vocab, vocab_root=tmp, out_root=tmp,
-                            cache_root=os.path.join(tmp, "cache"))
+        ctx = tasks.Context(splits, split_lines[:-1], file_lines, layout, opts.block_bytes, source,
+                            count=not opts.freeze_vocab, vocab_root=tmp, out_root=tmp,
+                            cache_root=os.path.join(tmp, "cache"), split_positions=positions)
         summary = _count_and_rank(spark, ctx, opts, tmp, log)
-        spec = _spec(layout, summary.pop("cardinalities"), opts.output)
-        ctx.record = [(LABEL, "u1", ()), ("numerical", "<f2", (len(NUMERICAL),))] + [
-            (f, spec.dtype(f).str, ()) for f in CATEGORICAL]
+        spec = _spec(schema, layout, summary.pop("cardinalities"), opts.output)
+        ctx.record = _record(schema, spec)
         ctx.part_files = _part_files(spec, layout)
-        ctx.row_offsets = _create_parts(ctx, summary.pop("split_part_rows"))
+        ctx.row_offsets, ctx.id_offsets = _create_parts(ctx, summary.pop("split_part_rows"),
+                                                        summary.pop("split_part_ids"))
         written = _write(spark, ctx)
         _check_written(written, summary["rows"], layout)
         spec.metadata = summary
@@ -129,8 +136,19 @@ def _layout(opts: Options, paths, lines_per_file, total) -> layouts.Layout:
     return layouts.by_fraction(total, opts.test_fraction, opts.validation_fraction, opts.part_rows, seed)
 
 
+def _layout_by_value(opts: Options, split_counts: List[List[int]]):
+    """A split by a column's value: the mappings' rows in turn, each in input order; returns the
+    layout and each split's first position per mapping."""
+    counts = np.array(split_counts, np.int64).reshape(-1, len(MAPPINGS))
+    totals = counts.sum(axis=0)
+    starts = np.concatenate([[0], np.cumsum(totals)[:-1]]) + np.cumsum(counts, axis=0) - counts
+    layout = layouts.by_counts(dict(zip(MAPPINGS, totals.tolist())), opts.part_rows,
+                               opts.seed if opts.shuffle else -1)
+    return layout, starts.tolist()
+
+
 def _count_and_rank(spark, ctx, opts: Options, tmp, log) -> dict:
-    sc = spark.sparkContext
+    sc, schema = spark.sparkContext, ctx.schema
     counted = sc.parallelize(range(len(ctx.splits)), len(ctx.splits)).map(
         lambda i: tasks.count_values(ctx, i)).persist()
     try:
@@ -144,35 +162,46 @@ def _count_and_rank(spark, ctx, opts: Options, tmp, log) -> dict:
             if opts.strict:
                 raise DatasetError(f"--strict: {message}")
             log(f"skipped {message}")
-        cards, thresholds, report = _vocabularies(sc, counted, ctx, opts, tmp, log)
+        caps, thresholds, report = _vocabularies(sc, counted, ctx, opts, tmp, log)
     finally:
         counted.unpersist()
     return {"rows": rows, "split_part_rows": [{int(p): n for p, n in i["part_rows"].items()} for i in infos],
+            "split_part_ids": [i["part_ids"] for i in infos],
             "bad_lines": bad, "first_bad_lines": [f"{p}:{line}: {r}" for p, line, r in first_bad],
-            "cardinalities": cards,
+            "cardinalities": [caps.get(f) or schema.buckets[f] + 1 for f in schema.categorical],
             "inputs": [s.path for s in ctx.splits if s.start == 0],
-            "frequency_threshold": dict(zip(CATEGORICAL, thresholds)),
+            "frequency_threshold": thresholds,
             "vocabulary": f"{vocab.VOCAB_DIR}/<feature>.npy (value, count, generation) in id order from id 1; "
                           "id 0: missing and rare values and those past capacity; cardinality: the capacity",
             "vocabularies": report,
-            "numerical": "log(v + 3); v < -2 counts as -2; missing -> 0",
+            **schema.rules,
             "shuffle_seed": opts.seed if opts.shuffle else None}
 
 
 def _vocabularies(sc, counted, ctx, opts: Options, tmp, log):
     """Ranks new vocabularies, grows the earlier ones (--vocab_from) or copies them (--freeze_vocab)
-    into tmp/vocab/ with vocab.json; returns (capacities, thresholds, report) per categorical feature."""
-    info = vocab_info.load(opts.vocab_from, CATEGORICAL) if opts.vocab_from else None
-    earlier = [info["features"][f] for f in CATEGORICAL] if info else None
-    thresholds = opts.thresholds or ([e["threshold"] for e in earlier] if info else [0] * len(CATEGORICAL))
+    into tmp/vocab/ with vocab.json; returns (capacities, thresholds, report) of the features with a
+    vocabulary, by name."""
+    schema = ctx.schema
+    counted_ids = schema.counted
+    names = [schema.categorical[k] for k in counted_ids]
+    info = vocab_info.load(opts.vocab_from, names) if opts.vocab_from else None
+    if info and set(names) - set(info["features"]):
+        raise DatasetError(f"--vocab_from {opts.vocab_from}: no vocabulary of "
+                           f"{sorted(set(names) - set(info['features']))[0]} there")
+    earlier = {f: info["features"][f] for f in names} if info else None
+    thresholds = list(opts.thresholds or ([earlier[f]["threshold"] if f in names else 0 for f in schema.categorical]
+                                          if info else [0] * len(schema.categorical)))
+    by_name = lambda values: {schema.categorical[k]: values[k] for k in counted_ids}   # noqa: E731
     if opts.freeze_vocab:
-        for f in CATEGORICAL:
+        for f in names:
             vocab.save(tmp, f, vocab.load(opts.vocab_from, f))
         vocab_info.save(tmp, info)
-        caps = [e["capacity"] for e in earlier]
-        sizes = [e["generations"][-1]["end_id"] for e in earlier]
-        return caps, thresholds, _report(info["generation"], "frozen", caps, sizes, [{}] * len(caps))
-    caps, buckets = [e["capacity"] for e in earlier] if info else [0] * len(CATEGORICAL), sc.defaultParallelism
+        caps = {f: earlier[f]["capacity"] for f in names}
+        sizes = {f: earlier[f]["generations"][-1]["end_id"] for f in names}
+        return caps, by_name(thresholds), _report(info["generation"], "frozen", caps, sizes, dict.fromkeys(names, {}))
+    caps = [earlier[f]["capacity"] if info and f in earlier else 0 for f in schema.categorical]
+    buckets = sc.defaultParallelism
     ctx.base_root, ctx.generation = opts.vocab_from, info["generation"] + 1 if info else 0
     ranked = dict(counted.flatMap(lambda r: tasks.bucketed(r[1], buckets)).groupByKey(buckets)
                   .map(lambda kv: (kv[0][0], tasks.kept(ctx, kv[0][0], tasks.summed(kv[1]), thresholds[kv[0][0]])))
@@ -180,41 +209,62 @@ def _vocabularies(sc, counted, ctx, opts: Options, tmp, log):
                   .map(lambda kv: (kv[0], tasks.rank_column(ctx, kv[0], kv[1], thresholds[kv[0]], caps[kv[0]])))
                   .collect())
     nothing = (np.zeros(0, np.uint64), np.zeros(0, np.int64))
-    ranked = [ranked[k] if k in ranked else tasks.rank_column(ctx, k, [nothing], thresholds[k], caps[k])
-              for k in range(len(CATEGORICAL))]      # (features with no value in the training rows)
-    sizes = [r.pop("size") for r in ranked]
+    ranked = {schema.categorical[k]: ranked[k] if k in ranked else
+              tasks.rank_column(ctx, k, [nothing], thresholds[k], caps[k])
+              for k in counted_ids}      # (features with no value in the training rows)
+    sizes = {f: r.pop("size") for f, r in ranked.items()}
     if info:
-        info = vocab_info.grown(info, dict(zip(CATEGORICAL, thresholds)), dict(zip(CATEGORICAL, sizes)))
-        for f, r in zip(CATEGORICAL, ranked):
+        info = vocab_info.grown(info, by_name(thresholds), sizes)
+        for f, r in ranked.items():
             if r["past_capacity"]:
                 log(f"{f}: capacity {info['features'][f]['capacity']} full: {r['past_capacity']} new values "
                     f"({r['past_capacity_rows']} training rows) -> id 0")
-        log(f"vocabulary generation {info['generation']}: {sum(r['added'] for r in ranked)} values added, "
-            f"{sum(r['past_capacity'] for r in ranked)} past capacity")
+        log(f"vocabulary generation {info['generation']}: {sum(r['added'] for r in ranked.values())} values added, "
+            f"{sum(r['past_capacity'] for r in ranked.values())} past capacity")
+        caps = by_name(caps)
     else:
         rows = opts.capacity_rows or {}
-        caps = [vocab_info.capacity(n, opts.headroom, rows.get(k), f"{parsing.CATEGORICAL_NAMES[k]} ({f})")
-                for k, (f, n) in enumerate(zip(CATEGORICAL, sizes))]
-        info = vocab_info.first(dict(zip(CATEGORICAL, caps)), dict(zip(CATEGORICAL, thresholds)),
-                                dict(zip(CATEGORICAL, sizes)))
-        ranked = [{"added": n - 1, "past_capacity": 0, "past_capacity_rows": 0} for n in sizes]
+        caps = {schema.categorical[k]: vocab_info.capacity(sizes[schema.categorical[k]], opts.headroom, rows.get(k),
+                                                           schema.name(k)) for k in counted_ids}
+        info = vocab_info.first(caps, by_name(thresholds), sizes)
+        ranked = {f: {"added": n - 1, "past_capacity": 0, "past_capacity_rows": 0} for f, n in sizes.items()}
     vocab_info.save(tmp, info)
-    return caps, thresholds, _report(info["generation"], "grown" if opts.vocab_from else "new", caps, sizes, ranked)
+    return caps, by_name(thresholds), _report(info["generation"], "grown" if opts.vocab_from else "new", caps, sizes,
+                                              ranked)
 
 
 def _report(generation, mode, caps, sizes, growth) -> dict:
     """The spec's metadata on the vocabularies: per feature ids in use, capacity, ids left and growth."""
     return {"generation": generation, "mode": mode, "features": {
-        f: dict(g, ids=n - 1, capacity=c, ids_left=c - n) for f, c, n, g in zip(CATEGORICAL, caps, sizes, growth)}}
+        f: dict(growth[f], ids=n - 1, capacity=caps[f], ids_left=caps[f] - n) for f, n in sizes.items()}}
 
 
-def _spec(layout, cardinalities, output):
-    spec = split_binary_spec(NUMERICAL, dict(zip(CATEGORICAL, cardinalities)), LABEL, MAPPINGS, base_dir=output)
+def _spec(schema, layout, cardinalities, output):
+    spec = split_binary_spec(schema.numerical, dict(zip(schema.categorical, cardinalities)), schema.label, MAPPINGS,
+                             max_hotness=schema.max_hotness, base_dir=output)
     for mapping, chunks in spec.source.items():
         for chunk in chunks:
-            stem = chunk.files[0][:-len(".bin")]
-            chunk.files = [f"{stem}.part{p:05d}.bin" for p in range(layout.parts(mapping))]
+            chunk.files = _parts(chunk.files[0], layout.parts(mapping))
+            chunk.offsets = _parts(chunk.offsets[0], layout.parts(mapping)) if chunk.offsets else []
     return spec
+
+
+def _parts(file: str, parts: int) -> List[str]:
+    stem = file[:-len(".bin")]
+    return [f"{stem}.part{p:05d}.bin" for p in range(parts)]
+
+
+def _record(schema, spec) -> list:
+    """The numpy dtype description of an encoded row (see tasks.Context.record)."""
+    record = [(schema.label, "u1", ())]
+    if schema.numerical:
+        record.append(("numerical", "<f2", (len(schema.numerical),)))
+    for f in schema.categorical:
+        if f in schema.max_hotness:
+            record += [(f, spec.dtype(f).str, (schema.max_hotness[f],)), (f + tasks.LENGTH, "<i4", ())]
+        else:
+            record.append((f, spec.dtype(f).str, ()))
+    return record
 
 
 def _part_files(spec, layout) -> Dict[int, Dict[str, str]]:
@@ -223,27 +273,40 @@ def _part_files(spec, layout) -> Dict[int, Dict[str, str]]:
         for p in range(layout.parts(mapping)):
             files = {}
             for chunk in spec.mapping(mapping):
-                name = "numerical" if chunk.features == NUMERICAL else chunk.features[0]
+                name = "numerical" if chunk.features == spec.numerical else chunk.features[0]
                 files[name] = chunk.files[p]
+                if chunk.offsets:
+                    files[name + tasks.OFFSETS] = chunk.offsets[p]
             out[layout.part_base(mapping) + p] = files
     return out
 
 
-def _create_parts(ctx, split_part_rows) -> Dict[int, Dict[int, int]]:
-    """Creates every part file at its final size; returns each split's first row in each part."""
-    offsets, totals = [], {}
-    for part_rows in split_part_rows:
-        offsets.append({pid: totals.get(pid, 0) for pid in part_rows})
+def _create_parts(ctx, split_part_rows, split_part_ids):
+    """Creates every part file at its final size; returns each split's first row in each part and
+    its first id of each multi-hot feature in each part."""
+    row_offsets, id_offsets, rows, ids = {}, {}, {}, {}
+    for i, (part_rows, part_ids) in enumerate(zip(split_part_rows, split_part_ids)):
+        row_offsets[i] = {pid: rows.get(pid, 0) for pid in part_rows}
+        id_offsets[i] = {int(pid): {f: ids.get((int(pid), f), 0) for f in n} for pid, n in part_ids.items()}
         for pid, n in part_rows.items():
-            totals[pid] = totals.get(pid, 0) + n
+            rows[pid] = rows.get(pid, 0) + n
+        for pid, n in part_ids.items():
+            for f, k in n.items():
+                ids[int(pid), f] = ids.get((int(pid), f), 0) + k
     dtype = ctx.record_dtype()
     for pid, files in ctx.part_files.items():
         for field, name in files.items():
+            if field.endswith(tasks.OFFSETS):
+                size = (rows.get(pid, 0) + 1) * 8
+            elif field in ctx.schema.max_hotness:
+                size = ids.get((pid, field), 0) * dtype[field].base.itemsize
+            else:
+                size = rows.get(pid, 0) * dtype[field].itemsize
             path = os.path.join(ctx.out_root, name)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as f:
-                f.truncate(totals.get(pid, 0) * dtype[field].itemsize)
-    return dict(enumerate(offsets))
+                f.truncate(size)
+    return row_offsets, id_offsets
 
 
 def _write(spark, ctx) -> Dict[int, int]:
@@ -278,15 +341,18 @@ def _move_into_place(tmp, output):
 
 
 def _ship_code(sc):
-    """Puts the preproc package on the executors' path (a zip, as --py-files would)."""
+    """Puts the preproc package and utils.errors on the executors' path (a zip, as --py-files would)."""
     if getattr(sc, "_preproc_shipped", False):
         return
     sc._preproc_shipped = True
     root = os.path.dirname(os.path.abspath(__file__))
     archive = os.path.join(tempfile.mkdtemp(prefix="preproc-code-"), "preproc.zip")
+    utils = os.path.join(os.path.dirname(root), "utils")
     with zipfile.ZipFile(archive, "w") as z:
         for name in sorted(os.listdir(root)):
             if name.endswith(".py"):
                 z.write(os.path.join(root, name), f"preproc/{name}")
+        for name in ("__init__.py", "errors.py"):
+            z.write(os.path.join(utils, name), f"utils/{name}")
     sc.addPyFile(archive)
     sys.path_importer_cache.clear()

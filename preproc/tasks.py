@@ -1,13 +1,16 @@
 """The work of the Spark tasks, run on the executors (numpy and pyarrow, no Spark objects).
 
-`count_values` parses a split once: it returns its report (rows per mapping and per part, bad
-lines) and the value counts of its training rows as numpy tables, and caches the parsed columns
-(labels, float16 numericals, per block the distinct values and each row's code) in
-`cache_root`. `bucketed`, `summed`, `kept` and `rank_column` sum the tables per (feature, hash
+`count_lines` counts a split's lines (a split by value: its rows per mapping). `count_values`
+parses a split once (its Source's Rows): it returns its report (rows per mapping and per part,
+multi-hot ids per part, bad lines) and the value counts of its training rows as numpy tables,
+and caches the parsed columns (labels, float16 numericals, per block and feature the distinct
+keys, each row's (or list value's) code and the multi-hot lengths) in `cache_root`.
+`bucketed`, `summed`, `kept` and `rank_column` sum the tables per (feature, hash
 bucket) and rank each feature's frequent values (or grow an earlier vocabulary with them).
 `write_direct` encodes a split's cached rows and writes those of unshuffled parts at their known
-place in the pre-sized part files. With a shuffle,
-`encode` turns the shuffled rows into fixed-size binary records (part, sort key) that Spark
+place in the pre-sized part files (a multi-hot feature's ids at their known place in its values
+file, its row ends in its offsets file). With a shuffle, `encode` turns the shuffled rows into
+fixed-size binary records (part, sort key; multi-hot ids padded to max_hotness) that Spark
 groups and sorts, and `write` writes whole sorted parts.
 """
 import dataclasses
@@ -18,12 +21,13 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from preproc import parsing, reading, vocab
+from preproc import reading, sources, vocab
 from preproc.layout import MAPPINGS, Layout, mix
 
 RECORD_SCHEMA = "pid int, key long, rec binary"
 WRITTEN_SCHEMA = "pid int, rows long"
 MAX_REPORTED = 5
+LENGTH, OFFSETS = ".length", ".offsets"   # a multi-hot field's lengths (records), offsets file
 
 
 @dataclasses.dataclass
@@ -34,21 +38,33 @@ class Context:
     file_lines: List[int]                  # first global line number of each file
     layout: Layout
     block_bytes: int
-    numerical: List[str]                   # output feature names
-    categorical: List[str]
-    label: str
+    source: sources.Source
     count: bool = True                     # count values (False: the vocabularies are given)
     vocab_root: str = ""                   # where vocab/<feature>.npy lie
     base_root: str = ""                    # rank: the earlier output whose vocabularies grow ("": new ones)
     generation: int = 0                    # rank: the generation of the ids it adds
     out_root: str = ""                     # write: where the part files go
     cache_root: str = ""                   # where the parsed splits are cached
+    split_positions: List[List[int]] = None   # split by value: each split's first position per mapping
     record: list = None                    # write: the record's numpy dtype description
-    part_files: Dict[int, Dict[str, str]] = None   # write: pid -> feature (or "numerical") -> file
+    part_files: Dict[int, Dict[str, str]] = None   # write: pid -> field (or its offsets field) -> file
     row_offsets: Dict[int, Dict[int, int]] = None  # write: split -> pid -> its first row in the part
+    id_offsets: Dict[int, Dict[int, Dict[str, int]]] = None  # write: split -> pid -> multi-hot field -> first id
+
+    @property
+    def schema(self) -> sources.Schema:
+        return self.source.schema
+
+    @property
+    def categorical(self) -> List[str]:
+        return self.schema.categorical
 
     def record_dtype(self) -> np.dtype:
         return np.dtype([(n, d, tuple(s)) for n, d, s in self.record])
+
+    def fields(self) -> List[str]:
+        """The record's fields written to files (multi-hot lengths are not)."""
+        return [n for n, _, _ in self.record if not n.endswith(LENGTH)]
 
     def cache_path(self, split_id: int) -> str:
         return os.path.join(self.cache_root, f"split{split_id:05d}.npy")
@@ -59,41 +75,74 @@ def _split_ids(batches) -> Iterator[int]:
         yield from batch.column(0).to_pylist()
 
 
+def count_lines(source: sources.Source, split: reading.Split, block_bytes: int) -> list:
+    """[the split's lines]; a split by value: [lines, then its rows per mapping]."""
+    if not source.by_value:
+        return [source.count(split, block_bytes)]
+    counts = np.zeros(len(MAPPINGS), np.int64)
+    lines = 0
+    for rows in source.rows(split, block_bytes):
+        counts += np.bincount(rows.mapping[rows.mapping >= 0], minlength=len(MAPPINGS))
+        lines += rows.num_lines
+    return [lines] + counts.tolist()
+
+
+def _positions(ctx: Context, rows: sources.Rows, line: int, next_position: np.ndarray) -> np.ndarray:
+    """The layout's position of each good row: its global line, or with a split by value its place
+    in its mapping's rows (`next_position` [mappings] advances)."""
+    if not ctx.source.by_value:
+        return line + rows.lines
+    positions = np.full(rows.num_lines, -1, np.int64)
+    for k in range(len(MAPPINGS)):
+        chosen = np.flatnonzero(rows.mapping == k)
+        positions[chosen] = next_position[k] + np.arange(len(chosen))
+        next_position[k] += len(chosen)
+    return positions[rows.lines]
+
+
 def count_values(ctx: Context, split_id: int):
     """Parses and caches a split; returns its report and {feature index: (values, counts)} of its
-    training rows."""
+    training rows (features with a vocabulary)."""
     split, line, bad = ctx.splits[split_id], ctx.split_lines[split_id], []
-    rows, part_rows, counted = dict.fromkeys(MAPPINGS, 0), {}, [[] for _ in range(parsing.NUM_CATEGORICAL)]
+    rows, part_rows, part_ids = dict.fromkeys(MAPPINGS, 0), {}, {}
+    counted = [[] for _ in ctx.categorical]
+    vocabularies = set(ctx.schema.counted) if ctx.count else set()
+    next_position = np.array(ctx.split_positions[split_id] if ctx.source.by_value else [0], np.int64)
     os.makedirs(ctx.cache_root, exist_ok=True)
     with open(ctx.cache_path(split_id), "wb") as cache:
-        for data in reading.iter_blocks(split, ctx.block_bytes):
-            block = parsing.parse_block(data)
-            n = block.num_lines
+        for block in ctx.source.rows(split, ctx.block_bytes):
             bad += [(line + k, reason) for k, reason in block.bad]
-            lines = line + block.lines
-            line += n
-            mapping, pid, _ = ctx.layout.assign(lines)
+            positions = _positions(ctx, block, line, next_position)
+            line += block.num_lines
+            mapping, pid, _ = ctx.layout.assign(positions)
             for k, name in enumerate(MAPPINGS):
                 rows[name] += int(np.sum(mapping == k))
             for p in np.unique(pid):
                 part_rows[int(p)] = part_rows.get(int(p), 0) + int(np.sum(pid == p))
             train = mapping == MAPPINGS.index("train")
-            codes = np.empty((parsing.NUM_CATEGORICAL, len(lines)), np.int32)
-            np.save(cache, lines)
+            np.save(cache, positions)
             np.save(cache, block.labels)
-            np.save(cache, parsing.transform_integers(block.integers, block.integer_missing).astype(np.float16))
-            for k in range(parsing.NUM_CATEGORICAL):
-                column, distinct = pd.factorize(block.categorical[:, k])
-                column[block.categorical_missing[:, k]] = -1
-                codes[k] = column
+            np.save(cache, block.numerical.astype(np.float16))
+            for k, (feature, (keys, other)) in enumerate(zip(ctx.categorical, block.categorical)):
+                column, distinct = pd.factorize(keys)
+                if feature in ctx.schema.max_hotness:
+                    rows_of = np.repeat(np.arange(len(other)), other)
+                    ids = np.bincount(pid, other, minlength=1)
+                    for p in np.flatnonzero(ids):
+                        part_ids.setdefault(int(p), {}).setdefault(feature, 0)
+                        part_ids[int(p)][feature] += int(ids[p])
+                    np.save(cache, other)
+                else:
+                    column[other] = -1
+                    rows_of = slice(None)
                 np.save(cache, distinct)
-                if ctx.count and train.any():
-                    counts = np.bincount(column[train] + 1, minlength=len(distinct) + 1)[1:]
+                np.save(cache, column)
+                if k in vocabularies and train.any():
+                    counts = np.bincount(column[train[rows_of]] + 1, minlength=len(distinct) + 1)[1:]
                     counted[k].append((distinct, counts))
-            np.save(cache, codes)
     tables = {k: summed(pieces) for k, pieces in enumerate(counted) if pieces}
-    first = ctx.file_lines[split.file_index]
-    info = {"split": split_id, "rows": rows, "part_rows": part_rows, "bad": len(bad),
+    first = ctx.file_lines[split.file_index] - ctx.source.header_lines
+    info = {"split": split_id, "rows": rows, "part_rows": part_rows, "part_ids": part_ids, "bad": len(bad),
             "first_bad": [[split.path, int(g - first + 1), reason] for g, reason in bad[:MAX_REPORTED]]}
     return info, tables
 
@@ -140,44 +189,78 @@ def rank_column(ctx: Context, col: int, tables, threshold: int, capacity: int = 
     return dict(report, size=len(entries) + 1)
 
 
+def _encoders(ctx: Context):
+    """Per categorical feature: distinct keys -> ids (its vocabulary, or 1 + key % buckets)."""
+    def hashed(buckets):
+        return lambda keys: (keys % np.uint64(buckets)).astype(np.int64) + 1
+    return [hashed(ctx.schema.buckets[f]) if f in ctx.schema.buckets else vocab.encoder(ctx.vocab_root, f)
+            for f in ctx.categorical]
+
+
 def _encoded(ctx: Context, split_id: int):
-    """(global line numbers, records) per cached block of the split."""
-    dtype = ctx.record_dtype()
-    encoders = [vocab.encoder(ctx.vocab_root, f) for f in ctx.categorical]
+    """(layout positions, records) per cached block of the split; a multi-hot feature's record
+    field holds its ids padded to max_hotness, its LENGTH field how many there are."""
+    dtype, hotness = ctx.record_dtype(), ctx.schema.max_hotness
+    encoders = _encoders(ctx)
     with open(ctx.cache_path(split_id), "rb") as cache:
         while cache.peek(1):
-            lines, labels, numerical = np.load(cache), np.load(cache), np.load(cache)
-            distinct = [np.load(cache) for _ in ctx.categorical]
-            codes = np.load(cache)
-            records = np.empty(len(lines), dtype)
-            records[ctx.label] = labels
-            records["numerical"] = numerical
+            positions, labels, numerical = np.load(cache), np.load(cache), np.load(cache)
+            records = np.zeros(len(positions), dtype)
+            records[ctx.schema.label] = labels
+            if ctx.schema.numerical:
+                records["numerical"] = numerical
             for k, feature in enumerate(ctx.categorical):
-                records[feature] = np.append(encoders[k](distinct[k]), 0)[codes[k]]     # code -1 (missing): id 0
-            yield lines, records
+                lengths = np.load(cache) if feature in hotness else None
+                distinct, codes = np.load(cache), np.load(cache)
+                ids = np.append(encoders[k](distinct), 0)[codes]         # code -1 (missing): id 0
+                if lengths is None:
+                    records[feature] = ids
+                else:
+                    records[feature][np.arange(hotness[feature]) < lengths[:, None]] = ids
+                    records[feature + LENGTH] = lengths
+            yield positions, records
+
+
+def _ids(records, feature: str):
+    """A multi-hot feature's ids of `records`, back to back, and the row lengths."""
+    lengths = records[feature + LENGTH]
+    return records[feature][np.arange(records.dtype[feature].shape[0]) < lengths[:, None]], lengths.astype(np.int64)
+
+
+def _runs(pids: np.ndarray):
+    """(lo, hi) of the runs of equal part ids."""
+    bounds = np.flatnonzero(np.diff(pids)) + 1
+    return zip(np.concatenate([[0], bounds]).tolist(), np.concatenate([bounds, [len(pids)]]).tolist())
 
 
 def write_direct(ctx: Context, split_id: int) -> Dict[int, int]:
     """Writes the split's rows of unshuffled parts at their place in the part files; returns the
     rows written per part."""
-    fields, written, files = [ctx.label, "numerical"] + ctx.categorical, {}, {}
+    fields, hotness, written, written_ids, files = ctx.fields(), ctx.schema.max_hotness, {}, {}, {}
     try:
-        for lines, records in _encoded(ctx, split_id):
-            _, pids, _ = ctx.layout.assign(lines)
+        for positions, records in _encoded(ctx, split_id):
+            _, pids, _ = ctx.layout.assign(positions)
             direct = ctx.layout.unshuffled(pids)
             pids, records = pids[direct], records[direct]
-            bounds = np.flatnonzero(np.diff(pids)) + 1
-            for lo, hi in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(pids)]])):
+            for lo, hi in _runs(pids):
                 if lo == hi:
                     continue
                 pid = int(pids[lo])
                 if pid not in files:
-                    files[pid] = {f: os.open(os.path.join(ctx.out_root, ctx.part_files[pid][f]), os.O_WRONLY)
-                                  for f in fields}
+                    files[pid] = {f: os.open(os.path.join(ctx.out_root, name), os.O_WRONLY)
+                                  for f, name in ctx.part_files[pid].items()}
+                    written_ids[pid] = {f: ctx.id_offsets[split_id].get(pid, {}).get(f, 0) for f in hotness}
                 row = ctx.row_offsets[split_id][pid] + written.get(pid, 0)
                 for f in fields:
-                    part = np.ascontiguousarray(records[f][lo:hi])
-                    os.pwrite(files[pid][f], part.data, row * (part.nbytes // len(part)))
+                    if f in hotness:
+                        ids, lengths = _ids(records[lo:hi], f)
+                        first = written_ids[pid][f]
+                        os.pwrite(files[pid][f], ids.data, first * ids.itemsize)
+                        os.pwrite(files[pid][f + OFFSETS], (first + np.cumsum(lengths)).data, (row + 1) * 8)
+                        written_ids[pid][f] += len(ids)
+                    else:
+                        part = np.ascontiguousarray(records[f][lo:hi])
+                        os.pwrite(files[pid][f], part.data, row * (part.nbytes // len(part)))
                 written[pid] = written.get(pid, 0) + int(hi - lo)
     finally:
         for fds in files.values():
@@ -189,8 +272,8 @@ def write_direct(ctx: Context, split_id: int) -> Dict[int, int]:
 def encode(ctx: Context, batches):
     """The split's rows of shuffled parts as records (part, sort key, bytes)."""
     for split_id in _split_ids(batches):
-        for lines, records in _encoded(ctx, split_id):
-            _, pid, key = ctx.layout.assign(lines)
+        for positions, records in _encoded(ctx, split_id):
+            _, pid, key = ctx.layout.assign(positions)
             keep = ~ctx.layout.unshuffled(pid)
             records, n = records[keep], int(keep.sum())
             offsets = np.arange(n + 1, dtype=np.int32) * records.dtype.itemsize
@@ -201,23 +284,30 @@ def encode(ctx: Context, batches):
 
 def write(ctx: Context, batches):
     """Writes the records of each part (they arrive sorted by part, then key) to its files."""
-    dtype, fields = ctx.record_dtype(), [ctx.label, "numerical"] + ctx.categorical
-    current, files, written = None, {}, {}
+    dtype, fields, hotness = ctx.record_dtype(), ctx.fields(), ctx.schema.max_hotness
+    current, files, written, written_ids = None, {}, {}, {}
     try:
         for batch in batches:
             pids = batch.column(0).to_numpy()
             rec = batch.column(2)
             start = np.frombuffer(rec.buffers()[1], np.int32, 1, rec.offset * 4)[0]
             records = np.frombuffer(rec.buffers()[2], dtype, len(rec), int(start))
-            bounds = np.flatnonzero(np.diff(pids)) + 1
-            for lo, hi in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(pids)]])):
+            for lo, hi in _runs(pids):
                 pid = int(pids[lo])
                 if pid != current:
                     _close(files)
-                    current, written[pid] = pid, 0
-                    files = {f: _open(os.path.join(ctx.out_root, ctx.part_files[pid][f])) for f in fields}
+                    current, written[pid], written_ids = pid, 0, dict.fromkeys(hotness, 0)
+                    files = {f: _open(os.path.join(ctx.out_root, name)) for f, name in ctx.part_files[pid].items()}
+                    for f in hotness:
+                        np.zeros(1, np.int64).tofile(files[f + OFFSETS])
                 for f in fields:
-                    np.ascontiguousarray(records[f][lo:hi]).tofile(files[f])
+                    if f in hotness:
+                        ids, lengths = _ids(records[lo:hi], f)
+                        ids.tofile(files[f])
+                        (written_ids[f] + np.cumsum(lengths)).tofile(files[f + OFFSETS])
+                        written_ids[f] += len(ids)
+                    else:
+                        np.ascontiguousarray(records[f][lo:hi]).tofile(files[f])
                 written[pid] += int(hi - lo)
     finally:
         _close(files)
