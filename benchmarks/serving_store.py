@@ -24,8 +24,6 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 from dataloading.synthetic import power_law_ids  # noqa: E402
 

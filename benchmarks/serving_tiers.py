@@ -20,13 +20,10 @@ The first batch is checked: both engines' predictions equal bit for bit.
 import argparse
 import json
 import os
-import sys
 import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from dataloading.synthetic import power_law_ids  # noqa: E402
