@@ -486,8 +486,9 @@ class DistributedEmbedding(tf.Module):
         sources = {}
         for unit in (self.tiered.units.values() if self.tiered else ()):
             sources.update({v.ref(): parts for v, parts in zip(unit.variables, self.tiered.sources(unit))})
-            if slots:
-                entries.append(Entry(f"{self.table_name(unit.feature)}/{UPDATED_AT}", self.tiered.updated_at(unit),
+            if slots and any(s.feature == unit.feature and s.col_start == 0 for s in self.shards):
+                entries.append(Entry(f"{self.table_name(unit.feature)}/{UPDATED_AT}",
+                                     self.tiered.updated_at(unit, lambda: int(self._step.numpy())),
                                      (self.cardinalities[unit.feature], 1), unit.row_start))
         for s, var, updated_at in zip(self.shards, self.shard_variables, self.updated_at):
             name, shape = self.table_name(s.feature), (self.cardinalities[s.feature], self.dims[s.feature])

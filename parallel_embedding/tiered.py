@@ -22,6 +22,7 @@ the last selection; ties by age), chosen from a reserve of the lowest-ranked slo
 pass over the cache refreshes when it runs out, so a step costs O(its ids), not O(C).
 """
 import atexit
+import collections
 import concurrent.futures
 import fcntl
 import mmap
@@ -29,7 +30,7 @@ import os
 import shutil
 import threading
 import time
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -127,17 +128,26 @@ class StoreRows:
 
 
 class UpdatedAt:
-    """A unit's updated_at as a checkpoint row source [R, 1] int32 (nn.checkpoint's streamed entries)."""
+    """A unit's updated_at as a checkpoint row source [R, 1] int32 (nn.checkpoint's streamed entries):
+    the marks of batches staged but not trained yet (their step after `step()`, the steps trained)
+    read as the values they replaced, so a checkpoint holds what an in-memory table's would."""
 
-    def __init__(self, unit: "Unit"):
-        self._unit = unit
+    def __init__(self, unit: "Unit", step: Callable[[], int]):
+        self._unit, self._step = unit, step
         self.shape = (unit.rows, 1)
         self.dtype = np.dtype(np.int32)
 
     def read_rows(self, start: int, stop: int) -> np.ndarray:
-        return self._unit.updated_at[start:stop, None]
+        out = self._unit.updated_at[start:stop].copy()
+        trained = self._step()
+        for rows, before, step in reversed(self._unit.staged_marks):
+            if step > trained:
+                inside = (rows >= start) & (rows < stop)
+                out[rows[inside] - start] = before[inside]
+        return out[:, None]
 
     def write_rows(self, start: int, values: np.ndarray):
+        self._unit.staged_marks.clear()
         self._unit.updated_at[start:start + len(values)] = values[:, 0]
 
 
@@ -156,6 +166,8 @@ class Unit:
         self.pinned = np.zeros(capacity, np.int32)
         self.dirty = np.zeros(capacity, bool)
         self.updated_at = np.zeros(rows, np.int32)   # per row: the global step that last updated it
+        # (rows, their updated_at before, step) of the last training batches staged: one is staged ahead
+        self.staged_marks = collections.deque(maxlen=4)
         self.filled = 0                      # slots [0, filled) have held a row
         self.reserve = np.zeros(0, np.int64)  # victim candidates, best first
         self.reserve_pos = 0
@@ -305,7 +317,9 @@ class TieredTables:
                 slots, pins[f] = self._stage_unit(unit, values)
                 unit.dirty[pins[f]] |= training
                 if training:
-                    unit.updated_at[unit.id_of[pins[f]]] = self._next_step
+                    rows = unit.id_of[pins[f]]
+                    unit.staged_marks.append((rows, unit.updated_at[rows], self._next_step))
+                    unit.updated_at[rows] = self._next_step
                 slots = tf.constant(slots.astype(values.dtype))
                 ids[f] = x.with_values(slots) if ragged else slots
             self._next_step += training
@@ -433,9 +447,10 @@ class TieredTables:
         """Per shard of `unit`, its parts as checkpoint row sources."""
         return [[StoreRows(self, unit, file, j) for j in range(file.shape[1])] for file in unit.files]
 
-    def updated_at(self, unit: Unit) -> "UpdatedAt":
-        """`unit`'s rows' updated_at as a checkpoint row source [R, 1] int32."""
-        return UpdatedAt(unit)
+    def updated_at(self, unit: Unit, step: Callable[[], int]) -> "UpdatedAt":
+        """`unit`'s rows' updated_at as a checkpoint row source [R, 1] int32; `step()`: the steps
+        trained so far."""
+        return UpdatedAt(unit, step)
 
     def stats(self) -> dict:
         """Counts since the last call: hit rate of the unique ids, rows and MB read/written, and

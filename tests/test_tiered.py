@@ -205,16 +205,8 @@ def test_checkpoints_move_between_tiers(tmp_path):
     disk_losses, disk_ckpt = run_with_save(on_disk, tmp_path / "disk_ckpt")
     assert disk_losses == losses
     assert_same_state(state(on_disk), expected)
-    for name in memory.checkpoint_names():
-        saved, reference = checkpoint.read_tensor(disk_ckpt, name), checkpoint.read_tensor(memory_ckpt, name)
-        if name.endswith("/updated_at"):   # on disk, batch k + 1 (staged before the save) is already marked
-            ahead = np.flatnonzero(saved[:, 0] != reference[:, 0])
-            feature = int(name.split("/")[1].split("_")[1])
-            ids = data[k][1][feature]
-            assert set(ahead) <= set(np.asarray(getattr(ids, "values", ids)).tolist())
-            assert (saved[ahead, 0] == k + 1).all()
-            continue
-        assert np.array_equal(saved, reference)
+    for name in memory.checkpoint_names():   # updated_at too: batch k + 1, staged before the save, not yet in it
+        assert np.array_equal(checkpoint.read_tensor(disk_ckpt, name), checkpoint.read_tensor(memory_ckpt, name))
     for path, store in ((disk_ckpt, None), (disk_ckpt, "b"), (memory_ckpt, "c")):
         trainer = build("multi", "adam", store and directory(tmp_path, store))
         restore(trainer, path)
