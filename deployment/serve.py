@@ -81,11 +81,24 @@ class ServeError(ValueError):
     """A server that cannot start as asked; the message is one line."""
 
 
+def check_flags():
+    """Flags that have no effect with the chosen frontend, or without --updates, are errors."""
+    if FLAGS.frontend == "native":
+        given = [f"--{n}" for n in ("metrics_port", "max_queue_delay_us") if FLAGS[n].present]
+        if given:
+            raise ServeError(f"{', '.join(given)}: no effect with --frontend=native (no metrics endpoint, no dynamic "
+                             "batching); they are --frontend=triton's")
+    if FLAGS["poll_seconds"].present and not FLAGS.updates:
+        raise ServeError("--poll_seconds: no effect without --updates")
+
+
 def check_ports():
-    """Each port flag names a distinct port free on --address (Triton would wait forever instead)."""
-    ports = {name: FLAGS[name].value for name in ("http_port", "grpc_port", "metrics_port")}
+    """Each port flag the frontend uses names a distinct port free on --address (Triton would wait
+    forever instead)."""
+    names = ("http_port", "grpc_port") + (("metrics_port",) if FLAGS.frontend == "triton" else ())
+    ports = {name: FLAGS[name].value for name in names}
     if len(set(ports.values())) < len(ports):
-        raise ServeError(f"--http_port, --grpc_port and --metrics_port must differ, got {sorted(ports.values())}")
+        raise ServeError(f"{', '.join(f'--{n}' for n in names)} must differ, got {sorted(ports.values())}")
     for name, port in ports.items():
         with socket.socket() as s:
             try:
@@ -264,6 +277,7 @@ def main(argv):
                                   f"got {FLAGS[name].value}")
         if FLAGS.poll_seconds <= 0:
             raise ServeError(f"--poll_seconds must be positive, got {FLAGS.poll_seconds:g}")
+        check_flags()
         tiers = tier_config()
         check_ports()
         if FLAGS.model_repository:

@@ -229,10 +229,11 @@ def changed(base, new, exports):
 def test_serve_refuses_updates_without_the_tables_form_in_one_line(exports, tmp_path):
     mono = tmp_path / "mono"
     write_repository(read_info(exports[8])["checkpoint"], str(mono), forms=["monolithic"])
-    ports = [f"--{name}_port={p}" for name, p in zip(("http", "grpc", "metrics"), free_ports(3))]
+    ports = [f"--{name}_port={p}" for name, p in zip(("http", "grpc"), free_ports(2))]
     for args, message in (([f"--updates={tmp_path}"], f"error: --updates: {mono} has no table files to update "
                            "(exported with --forms=monolithic): export with --forms including tables"),
-                          (["--poll_seconds=0"], "error: --poll_seconds must be positive, got 0")):
+                          ([f"--updates={tmp_path}", "--poll_seconds=0"],
+                           "error: --poll_seconds must be positive, got 0")):
         result = script("serve.py", f"--model_repository={mono}", "--address=127.0.0.1", *ports, *args)
         assert result.returncode == 2 and result.stderr.strip().splitlines()[-1:] == [message], result.stderr[-2000:]
 

@@ -34,8 +34,10 @@ def script(name, *args):
 
 
 def start_server(log_path, ports, *args):
+    """serve.py with `args` on ports (http, grpc, metrics: the Triton frontend's only)."""
+    metrics = [f"--metrics_port={ports[2]}"] if "--frontend=triton" in args else []
     return subprocess.Popen([sys.executable, "deployment/serve.py", *args, "--address=127.0.0.1",
-                             f"--http_port={ports[0]}", f"--grpc_port={ports[1]}", f"--metrics_port={ports[2]}"],
+                             f"--http_port={ports[0]}", f"--grpc_port={ports[1]}", *metrics],
                             cwd=ROOT, stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
 
@@ -273,11 +275,20 @@ def test_serve_flag_errors_are_one_line(tmp_path):
     for args, message in (([], "error: give one of --model_repository and --checkpoint"),
                           ([f"--model_repository={tmp_path}", "--address=127.0.0.1", f"--grpc_port={port}"],
                            f"error: --grpc_port={port}: cannot listen on 127.0.0.1:{port} (Address already in use)"),
-                          ([f"--model_repository={tmp_path}", "--http_port=9000", "--metrics_port=9000"],
-                           "error: --http_port, --grpc_port and --metrics_port must differ, got [8001, 9000, 9000]"),
-                          ([f"--model_repository={tmp_path}", *[f"--{name}_port={p}" for name, p in
-                                                                zip(("http", "grpc", "metrics"), free_ports(3))]],
-                           f"error: {tmp_path}: not a model repository written by deployment/deploy.py (no export.json)"),
+                          ([f"--model_repository={tmp_path}", "--frontend=triton", "--http_port=9000",
+                            "--metrics_port=9000"],
+                           "error: --http_port, --grpc_port, --metrics_port must differ, got [8001, 9000, 9000]"),
+                          ([f"--model_repository={tmp_path}", "--http_port=9001", "--grpc_port=9001"],
+                           "error: --http_port, --grpc_port must differ, got [9001, 9001]"),
+                          ([f"--model_repository={tmp_path}", "--metrics_port=9002", "--max_queue_delay_us=5"],
+                           "error: --metrics_port, --max_queue_delay_us: no effect with --frontend=native (no "
+                           "metrics endpoint, no dynamic batching); they are --frontend=triton's"),
+                          ([f"--model_repository={tmp_path}", "--poll_seconds=2"],
+                           "error: --poll_seconds: no effect without --updates"),
+                          ([f"--model_repository={tmp_path}",
+                            *[f"--{name}_port={p}" for name, p in zip(("http", "grpc"), free_ports(2))]],
+                           f"error: {tmp_path}: not a model repository written by deployment/deploy.py "
+                           "(no export.json)"),
                           ([f"--model_repository={tmp_path}", "--max_batch_size=0"],
                            "error: --max_batch_size must be positive, got 0")):
         result = script("serve.py", *args)
