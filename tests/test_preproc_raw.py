@@ -21,7 +21,7 @@ from dataloading.split_binary import SplitBinaryDataset
 from preproc import raw, raw_spec
 from preproc.raw_source import RawSource
 from preproc.session import spark_session
-from tests.horovod_run import ROOT
+from tests.horovod_run import ROOT, horovodrun
 from utils.errors import ConfigError, DatasetError
 
 HEADER = "click,price,count,site,color,user,tags,device,ts,day"
@@ -253,18 +253,22 @@ def test_same_output_whatever_the_partitioning(spark, tmp_path):
 
 
 def test_output_without_numericals_trains(spark, tmp_path):
-    """DCNv2 and DLRM (its bottom MLP without input: a learned constant) train on a log without numbers."""
+    """DCNv2 and DLRM (its bottom MLP without input: a learned constant) train on a log without numbers,
+    DCNv2 also at 2 Gloo ranks."""
     generated_log(tmp_path / "log.csv", 4000, seed=1)
     run_raw(spark, write_spec(tmp_path, NO_NUMERICALS), tmp_path / "out", "--shuffle")
+    flags = [f"--dataset_path={tmp_path / 'out'}", "--dataset_type=split_binary", "--batch_size=256",
+             "--valid_batch_size=400", "--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1",
+             "--optimizer=adam", "--learning_rate=0.003", "--warmup_steps=2", "--decay_start_step=8",
+             "--decay_steps=4", "--max_steps=8", "--evals_per_epoch=0"]
     for script in ("dcnv2.py", "dlrm.py"):
-        result = subprocess.run(
-            [sys.executable, script, "--dataset_type=split_binary", f"--dataset_path={tmp_path / 'out'}",
-             "--batch_size=256", "--valid_batch_size=400", "--embedding_dim=8", "--bottom_mlp_dims=16,8",
-             "--top_mlp_dims=16,1", "--optimizer=adam", "--learning_rate=0.003", "--warmup_steps=2",
-             "--decay_start_step=8", "--decay_steps=4", "--max_steps=8", "--evals_per_epoch=0"],
-            cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+        result = subprocess.run([sys.executable, script, *flags], cwd=ROOT, capture_output=True, text=True,
+                                timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
         assert result.returncode == 0, f"{script}: {result.stderr[-2000:]}"
         assert "auc" in (result.stdout + result.stderr).lower()
+    result = horovodrun(2, ["dcnv2.py", *flags], timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "2 ranks" in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("change, message", [
