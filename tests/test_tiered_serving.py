@@ -170,8 +170,8 @@ def test_requests_in_flight_keep_the_old_rows_and_a_full_export_replaces_the_tie
 
 
 def serve_flags(ports, *args):
-    return [f"--{name}_port={p}" for name, p in zip(("http", "grpc", "metrics"), ports)] + [
-        "--address=127.0.0.1", *args]
+    """Flags of serve.py (native frontend) on ports (http, grpc), then `args`."""
+    return [f"--{name}_port={p}" for name, p in zip(("http", "grpc"), ports)] + ["--address=127.0.0.1", *args]
 
 
 def test_serve_refuses_bad_tier_flags_and_stores_in_one_line(exports, tmp_path):
@@ -207,7 +207,7 @@ def test_serve_refuses_bad_tier_flags_and_stores_in_one_line(exports, tmp_path):
                              "half-written or damaged"),
             ([other, cache], f"{other}/dlrm_tables: tables of another export ({checkpoint[:-1]}16 step 16) than "
                              f"{other}'s ({checkpoint} step 8)")):
-        result = script("serve.py", f"--model_repository={args[0]}", *serve_flags(free_ports(3), *args[1:]))
+        result = script("serve.py", f"--model_repository={args[0]}", *serve_flags(free_ports(2), *args[1:]))
         assert result.returncode == 2 and result.stderr.strip().splitlines()[-1:] == [f"error: {message}"], \
             (args, result.stderr[-2000:])
 
