@@ -56,24 +56,35 @@ class Block:
     num_lines: int
 
 
-def _parse_with_arrow(data: bytes, num_lines: int) -> Block:
-    """The general parser (pyarrow's CSV reader): any line, good or bad, with its reason."""
-    bad = []
+def read_strings(data: bytes, num_lines: int, names: List[str], delimiter: str, columns: List[str] = None,
+                 quoting: bool = True) -> Tuple[pa.Table, np.ndarray, List[Tuple[int, str]]]:
+    """The `num_lines` lines of `data` read by pyarrow's CSV reader as string columns `columns` of
+    `names` (default all; empty fields null; `quoting`: fields may be quoted). Lines with another
+    field count are skipped: returns (table, the line number of each of its rows, bad lines
+    [(line, reason)])."""
+    bad, columns = [], columns or names
 
     def wrong_count(row):
-        bad.append((row.number - 1, f"{row.actual_columns} fields, expected {len(NAMES)}"))
+        bad.append((row.number - 1, f"{row.actual_columns} fields, expected {len(names)}"))
         return "skip"
 
+    quotes = {} if quoting else {"quote_char": False, "escape_char": False}
     table = pacsv.read_csv(
         pa.py_buffer(data),
-        read_options=pacsv.ReadOptions(column_names=NAMES, use_threads=False, block_size=max(len(data), 1 << 20)),
-        parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False, escape_char=False,
-                                         ignore_empty_lines=False, invalid_row_handler=wrong_count),
-        convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in NAMES}, null_values=[""],
-                                             strings_can_be_null=True, check_utf8=False))
+        read_options=pacsv.ReadOptions(column_names=names, use_threads=False, block_size=max(len(data), 1 << 20)),
+        parse_options=pacsv.ParseOptions(delimiter=delimiter, ignore_empty_lines=False, invalid_row_handler=wrong_count,
+                                         **quotes),
+        convert_options=pacsv.ConvertOptions(column_types={c: pa.string() for c in columns}, include_columns=columns,
+                                             null_values=[""], strings_can_be_null=True,
+                                             quoted_strings_can_be_null=True, check_utf8=False))
     skipped = np.zeros(num_lines, bool)
     skipped[[line for line, _ in bad]] = True
-    lines = np.flatnonzero(~skipped)
+    return table, np.flatnonzero(~skipped), bad
+
+
+def _parse_with_arrow(data: bytes, num_lines: int) -> Block:
+    """The general parser (pyarrow's CSV reader): any line, good or bad, with its reason."""
+    table, lines, bad = read_strings(data, num_lines, NAMES, "\t", quoting=False)
     label = table.column("label")
     ok = pc.fill_null(pc.is_in(label, pa.array(["0", "1"])), False).to_numpy(zero_copy_only=False)
     reasons = np.where(ok, None, "label must be 0 or 1").astype(object)

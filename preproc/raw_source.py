@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from preproc import reading
+from preproc import parsing, reading
 from preproc.raw_spec import Categorical, Numerical, RawSpec
 from preproc.sources import Rows, Schema, Source
 from utils.errors import DatasetError
@@ -76,26 +76,12 @@ class RawSource(Source):
             yield self._csv_rows(data, names, split.path)
 
     def _csv_rows(self, data: bytes, names: List[str], path: str) -> Rows:
-        num_lines, bad = reading.count_lines(data), []
+        num_lines = reading.count_lines(data)
         used = [c for c in self.spec.columns_used() if c in names]
         if len(used) < len(self.spec.columns_used()):
             return self._rows(None, np.zeros(0, np.int64), [], num_lines, names, path)
-
-        def wrong_count(row):
-            bad.append((row.number - 1, f"{row.actual_columns} fields, expected {len(names)}"))
-            return "skip"
-
-        table = pacsv.read_csv(
-            pa.py_buffer(data),
-            read_options=pacsv.ReadOptions(column_names=names, use_threads=False, block_size=max(len(data), 1 << 20)),
-            parse_options=pacsv.ParseOptions(delimiter=self.spec.delimiter, ignore_empty_lines=False,
-                                             invalid_row_handler=wrong_count),
-            convert_options=pacsv.ConvertOptions(column_types={c: pa.string() for c in used}, include_columns=used,
-                                                 null_values=[""], strings_can_be_null=True,
-                                                 quoted_strings_can_be_null=True, check_utf8=False))
-        skipped = np.zeros(num_lines, bool)
-        skipped[[line for line, _ in bad]] = True
-        return self._rows(table, np.flatnonzero(~skipped), bad, num_lines, names, path)
+        table, lines, bad = parsing.read_strings(data, num_lines, names, self.spec.delimiter, used)
+        return self._rows(table, lines, bad, num_lines, names, path)
 
     def _rows(self, table, lines: np.ndarray, bad: list, num_lines: int, names: List[str], path: str) -> Rows:
         """Rows from `table` (the good-shaped lines `lines` of a block of `path`); None: every line is bad."""
