@@ -57,8 +57,8 @@ class Tables(Protocol):
     lookup_tiers.TieredTables). Thread-safe: lookups run concurrently with one update."""
     shapes: List[Tuple[int, int]]   # per feature (rows, D)
 
-    def rows(self, feature: int, ids: np.ndarray) -> np.ndarray:
-        """Feature's rows of `ids` (any shape, in range) -> [*ids.shape, D], a new array."""
+    def lookup(self, ids: Dict[int, np.ndarray]) -> Dict[int, np.ndarray]:
+        """Per feature its ids (any shape, in range: not checked) -> its rows [*ids.shape, D], new arrays."""
 
     def advancing(self, base: Version, new: Version, record: Optional[dict] = None):
         """A context: the `update`s inside move the tables from version `base` to `new`."""
@@ -81,8 +81,8 @@ class MemoryTables:
         self.arrays = [np.load(os.path.join(directory, t["file"])) for t in tables]
         self.shapes = [a.shape for a in self.arrays]
 
-    def rows(self, feature: int, ids: np.ndarray) -> np.ndarray:
-        return self.arrays[feature][ids]
+    def lookup(self, ids: Dict[int, np.ndarray]) -> Dict[int, np.ndarray]:
+        return {f: self.arrays[f][x] for f, x in ids.items()}
 
     @contextmanager
     def advancing(self, base: Version, new: Version, record: Optional[dict] = None) -> Iterator[None]:
@@ -109,14 +109,14 @@ class Snapshot:
     overlay: Dict[int, Tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict)
     active: int = 0
 
-    def rows(self, feature: int, ids: np.ndarray) -> np.ndarray:
-        """Feature's rows of `ids` (any shape, in range) -> [*ids.shape, D_f]."""
-        out = self.tables.rows(feature, ids)
-        if feature in self.overlay:
-            new_ids, new_rows = self.overlay[feature]
-            at = np.minimum(np.searchsorted(new_ids, ids), len(new_ids) - 1)
-            hit = new_ids[at] == ids
-            out[hit] = new_rows[at[hit]]
+    def lookup(self, ids: Dict[int, np.ndarray]) -> Dict[int, np.ndarray]:
+        """Per feature its ids (any shape, in range) -> its rows [*ids.shape, D_f]."""
+        out = self.tables.lookup(ids)
+        for f, (new_ids, new_rows) in self.overlay.items():
+            if f in ids:
+                at = np.minimum(np.searchsorted(new_ids, ids[f]), len(new_ids) - 1)
+                hit = new_ids[at] == ids[f]
+                out[f][hit] = new_rows[at[hit]]
         return out
 
 
@@ -229,6 +229,14 @@ class Model:
         # A second dense model, used by no snapshot being served: the next delta's weights go into it
         self._standby = DenseModel(self._repository.dense_dir, self.layout)
         self._retired: List[Snapshot] = []   # swapped out, maybe still in use
+        # Per categorical column [W]: the lowest id allowed (padding in multi-hot features), past the
+        # highest, its feature (the tables of later versions are the same)
+        tables = self._repository.tables
+        low, high, feature_of = (np.zeros(max(t["categorical_columns"][1] for t in tables), np.int64) for _ in range(3))
+        for f, t in enumerate(tables):
+            columns = slice(*t["categorical_columns"])
+            low[columns], high[columns], feature_of[columns] = PAD if t["max_hotness"] is not None else 0, t["rows"], f
+        self._bounds = low, high, feature_of
         self._lock = threading.Condition()
 
     @property
@@ -278,30 +286,31 @@ class Model:
     def embeddings(self, snapshot: Snapshot, categorical: np.ndarray) -> np.ndarray:
         """categorical_features [B, W] int64 -> embeddings [B, sum D_f] float32, as docs/deployment.md
         says: per feature its columns' ids without padding, their rows combined by sum or mean."""
-        ids = [categorical[:, slice(*t["categorical_columns"])] for t in self._repository.tables]
-        self._check(ids)
-        out = np.empty((len(categorical), sum(t["dim"] for t in self._repository.tables)), np.float32)
-        for f, (t, x) in enumerate(zip(self._repository.tables, ids)):
+        self._check(categorical)
+        tables = self._repository.tables
+        ids = [categorical[:, slice(*t["categorical_columns"])] for t in tables]
+        found = snapshot.lookup({f: x[:, 0] if t["max_hotness"] is None else np.where(x != PAD, x, 0)
+                                 for f, (t, x) in enumerate(zip(tables, ids))})
+        out = np.empty((len(categorical), sum(t["dim"] for t in tables)), np.float32)
+        for f, (t, x) in enumerate(zip(tables, ids)):
             a, b = t["embedding_columns"]
             if t["max_hotness"] is None:
-                out[:, a:b] = snapshot.rows(f, x[:, 0])
+                out[:, a:b] = found[f]
                 continue
             present = x != PAD
-            rows = snapshot.rows(f, np.where(present, x, 0))   # [B, h, D]
+            rows = found[f]   # [B, h, D]
             weights = present.astype(np.float32)
             if t["combiner"] == "mean":
                 weights *= (np.float32(1) / np.maximum(present.sum(1), 1).astype(np.float32))[:, None]
             out[:, a:b] = (rows * weights[:, :, None]).sum(1)
         return out
 
-    def _check(self, ids: List[np.ndarray]):
+    def _check(self, categorical: np.ndarray):
         """Refuses ids outside [0, rows) (padding aside in multi-hot features), naming the features."""
-        bad = []
-        for f, (t, x) in enumerate(zip(self._repository.tables, ids)):
-            x = x if t["max_hotness"] is None else x[x != PAD]
-            if x.size and (x.min() < 0 or x.max() >= t["rows"]):
-                bad.append(f)
-        if bad:
+        low, high, feature_of = self._bounds
+        outside = ((categorical < low) | (categorical >= high)).any(0)
+        if outside.any():
+            bad = sorted(set(feature_of[outside].tolist()))
             raise BadRequest(f"embedding ids out of range [0, cardinality) in features (0-based): {bad} "
                              f"(cardinalities {[t['rows'] for t in self._repository.tables]})")
 

@@ -1,38 +1,47 @@
 """Embedding lookups through tiers, for serving tables larger than memory (an inference parameter
 server inside the serving process). No TensorFlow.
 
-    cache   per process: the hot rows of each table within a memory budget (LRU or LFU), shared by
-            the threads serving requests
+    cache   per process: the hot rows within a memory budget (LRU or LFU), one cache for the
+            tables of each width, shared by the threads serving requests
     Redis   optional, shared by several servers or instances: a real Redis server
             (redis://host:port/db); key `<model>:<export run>:<export step>:<feature>:<id>`, value
-            the row's float32 bytes
+            the version it was written at (_TAG_BYTES: the step in 16 hex digits, 8 bytes of a
+            hash of the run) and the row's float32 bytes
     store   every row: the table files of the repository's tables form (deployment/tables.py),
             memory-mapped and updated in place (docs/benchmarks.md: read this way, about 100x
             the rows per second of RocksDB's multi-get, so RocksDB is not used)
 
-A lookup takes what the cache holds, reads the unique rest from Redis, then the rest of that from
-the store; rows found below fill the tiers above (Redis only where the key is absent, so that a
-fill never overwrites an update). Rows move in bulk: NumPy gathers, pipelined MGET, one script
-call per chunk of fills; no Python call per row on the hot path but the Redis client's packing.
+A request's lookup (`lookup`, every feature at once) takes what the caches hold, reads the unique
+rest from Redis, then the rest of that from the store; rows found below fill the tiers above. Rows
+move in bulk: one cache lookup per width, one pipelined MGET round trip and one round trip of
+fills (a script per chunk) per request, NumPy gathers from the store; no Python call per row on
+the hot path but the Redis client's packing.
 
 Cache budget (`TierConfig.cache_bytes`): tables whose rows fit an equal share of what is left are
 held whole (smallest first, no index); the others split the rest equally, each paying 4 bytes per
-table row for its slot index and 4 * D + 24 bytes per cached row (row, id, last use, use count).
+table row for its slot index and 4 * D + 24 bytes per cached row (row, id, last use, use count);
+the shares of the tables of one width form their cache, so hot rows of any of them compete.
 
 Versions: the store holds one model version (deployment/delta.py's Version). A fresh store holds
 its export's (export.json); `advancing(base, new)` moves every tier to a new one (a delta's rows,
 `update`) and records it in `store.json` beside the table files: the move before the first row,
 the new version after the last, so a store left between is refused at start-up. A store that is
 missing, half-written (a file's header or size), mid-update or of another export or version than
-expected is refused at start-up with one line (StoreError).
+expected is refused at start-up with one line (StoreError). In Redis a lookup takes only values
+written at the version its store holds (other servers sharing it may serve older or newer ones);
+values are written where a key is absent or holds an older version's (a smaller step), so a fill
+never overwrites an update. After an update Redis holds the rows it changed at the new version;
+the others are read from the store once more and rewritten at it as requests ask for them. Rows
+read from the store while an update runs are not written to Redis (they may be of either version).
 
 Redis down, at start-up or later: lookups go on from the cache and the store; one log line says
 so, one says when it is back. Reconnection is tried on a lookup at most every `redis_retry_s`
-(doubling to 30 s). Keys updated while Redis could not be written are deleted from it before it
-is used again. Two servers sharing Redis see each other's updates as soon as they are written.
+(doubling to 30 s). Rows an update could not write to Redis stay there at their older version,
+which servers at the new one do not take.
 """
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import mmap
@@ -40,7 +49,7 @@ import os
 import threading
 import time
 import urllib.parse
-from typing import Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -54,10 +63,15 @@ STORE_STATE = "store.json"
 STORE_FORMAT = "dlrm-row-store"
 _ROW_OVERHEAD = 24       # bytes per cached row besides the row: id_of, last_use, uses (int64)
 _INDEX_BYTES = 4         # bytes per table row of a cached table's slot index (int32)
-_MAPPED_BYTES = 256 << 20   # store pages kept mapped (split over the files by size) before they are dropped
 _MAX_RETRY_S = 30.0
-# Sets each key to its value where it is absent: fills never overwrite rows an update wrote.
-_SET_ABSENT = "for i, key in ipairs(KEYS) do redis.call('SET', key, ARGV[i], 'NX') end return 0"
+_TAG_BYTES = 24          # a Redis value's version: its step as 16 hex digits, 8 bytes of its run's hash
+# Sets each key to its value where it is absent or holds an older version's (a smaller step): a
+# fill never overwrites an update, a late update never overwrites a newer one.
+_SET_NEWER = """for i, key in ipairs(KEYS) do
+  local held = tonumber(redis.call('GETRANGE', key, 0, 15), 16) or -1
+  if held < tonumber(string.sub(ARGV[i], 1, 16), 16) then redis.call('SET', key, ARGV[i]) end
+end
+return 0"""
 
 
 class IdError(ValueError):
@@ -130,13 +144,13 @@ def cache_capacities(shapes: Sequence[Tuple[int, int]], budget: int) -> List[Opt
 
 
 class NpyTable:
-    """A [rows, D] float32 .npy file (C order), memory-mapped; its header and size checked. Pages
-    the reads and writes touched are dropped from the process every `mapped_bytes` (the data stays
-    in the page cache and the file), so its resident memory does not grow with the table."""
+    """A [rows, D] float32 .npy file (C order), memory-mapped; its header and size checked. The pages
+    read stay mapped: they are the kernel's page cache of the file (counted in the process's RSS as
+    file pages, shared, and reclaimed under memory pressure like any file cache), so a table larger
+    than memory is served as far as the page cache holds it and read from the disk beyond."""
 
-    def __init__(self, path: str, shape: Optional[Tuple[int, int]], writable: bool,
-                 mapped_bytes: int = _MAPPED_BYTES):
-        self.path, self.mapped_bytes, self._touched = path, mapped_bytes, 0
+    def __init__(self, path: str, shape: Optional[Tuple[int, int]], writable: bool):
+        self.path = path
         try:
             with open(path, "rb") as f:
                 major, _ = np.lib.format.read_magic(f)
@@ -162,19 +176,10 @@ class NpyTable:
 
     def read(self, ids: np.ndarray) -> np.ndarray:
         """Rows `ids` [n] (sorted for locality) -> [n, D], copied."""
-        out = np.take(self.array, ids, axis=0)
-        self._touch(len(ids))
-        return out
+        return np.take(self.array, ids, axis=0)
 
     def write(self, ids: np.ndarray, rows: np.ndarray):
         self.array[ids] = rows
-        self._touch(len(ids))
-
-    def _touch(self, rows: int):
-        self._touched += rows * (self.shape[1] * 4 + mmap.PAGESIZE)
-        if self._touched > self.mapped_bytes:
-            self._map.madvise(mmap.MADV_DONTNEED)
-            self._touched = 0
 
     def flush(self):
         self._map.flush()
@@ -217,13 +222,11 @@ class RowStore:
         self.version = Version.from_json(state["holds"])
         self._state_path, self._state = state_path, state
         self.shapes = [(t["rows"], t["dim"]) for t in info["tables"]]
-        total = max(1, sum(r * d * 4 for r, d in self.shapes))
         writable = os.access(self.directory, os.W_OK)
         self.tables: List[NpyTable] = []
         try:
             for t, (rows, dim) in zip(info["tables"], self.shapes):
-                self.tables.append(NpyTable(os.path.join(self.directory, t["file"]), (rows, dim), writable,
-                                            max(16 << 20, _MAPPED_BYTES * rows * dim * 4 // total)))
+                self.tables.append(NpyTable(os.path.join(self.directory, t["file"]), (rows, dim), writable))
         except StoreError:
             self.close()
             raise
@@ -271,19 +274,17 @@ def store_version(repository: str) -> Version:
 
 
 class _Whole:
-    """A table held whole in memory."""
+    """A table held whole in memory: `values` [rows, D]."""
 
     def __init__(self, values: np.ndarray):
         self.values = values
         self.lookups = self.hits = 0
 
-    def lookup(self, ids: np.ndarray) -> Tuple[np.ndarray, Optional[np.ndarray], int]:
-        self.lookups += len(ids)
-        self.hits += len(ids)
-        return self.values[ids], None, 0
-
-    def fill(self, ids: np.ndarray, rows: np.ndarray, generation: int):
-        pass
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        """ids (any shape) -> [*ids.shape, D]."""
+        self.lookups += ids.size
+        self.hits += ids.size
+        return self.values[ids]
 
     def replace(self, ids: np.ndarray, rows: np.ndarray):
         self.values[ids] = rows
@@ -389,25 +390,28 @@ class _Cache:
             self.generation += 1
 
 
+def _tag(version: Version) -> bytes:
+    """The first _TAG_BYTES bytes of a Redis value written at `version`."""
+    return b"%016x" % version.step + hashlib.blake2b(version.run.encode(), digest_size=8).digest()
+
+
 class RedisTier:
     """Rows in a Redis server shared by servers (see the module's docstring). Every method answers
     None / does nothing while the server is down; `log` gets one line when it goes down and one
     when it is back."""
 
-    def __init__(self, url: str, prefix: str, dims: Sequence[int], config: TierConfig, log: Callable[[str], None]):
+    def __init__(self, url: str, prefix: str, config: TierConfig, log: Callable[[str], None]):
         import redis
         from redis.backoff import NoBackoff
         from redis.retry import Retry
         self._errors = (redis.RedisError, OSError)
-        self.url, self._dims, self._chunk, self._log = url, list(dims), config.redis_chunk, log
-        self._prefixes = [np.bytes_(f"{prefix}:{f}:".encode()) for f in range(len(dims))]
+        self.url, self._prefix, self._chunk, self._log = url, prefix, config.redis_chunk, log
         self._client = redis.Redis.from_url(url, socket_timeout=config.redis_timeout_s,
                                             socket_connect_timeout=config.redis_timeout_s,
                                             retry=Retry(NoBackoff(), 1))   # a pooled connection a restart broke
-        self._set_absent = self._client.register_script(_SET_ABSENT)
+        self._set_newer = self._client.register_script(_SET_NEWER)
         self._first_wait = self._wait = config.redis_retry_s
         self._lock = threading.Lock()
-        self._stale: List[Tuple[int, np.ndarray]] = []   # keys updated while down: deleted before reuse
         self.up, self._next_try = False, 0.0
         self.downs = 0
         if not self._reconnect():
@@ -415,8 +419,9 @@ class RedisTier:
             self._log(f"{url}: Redis unreachable at start-up; answering from the cache and the store, "
                       f"reconnecting every {self._wait:g} s or more")
 
-    def _keys(self, feature: int, ids: np.ndarray) -> list:
-        return np.strings.add(self._prefixes[feature], ids.astype("S20")).tolist()
+    def keys(self, feature: int, ids: np.ndarray) -> list:
+        """The keys of a feature's rows `ids` [n]: [n] bytes."""
+        return np.strings.add(np.bytes_(f"{self._prefix}:{feature}:".encode()), ids.astype("S20")).tolist()
 
     def _chunks(self, n: int) -> range:
         return range(0, n, self._chunk)
@@ -433,42 +438,40 @@ class RedisTier:
             self._down(e)
             return None
 
-    def get(self, feature: int, ids: np.ndarray, out: np.ndarray) -> Optional[np.ndarray]:
-        """Rows `ids` [n] found into `out` [n, D]; the found mask [n], or None if down."""
-        keys = self._keys(feature, ids)
+    def get(self, requests: Sequence[Tuple[list, int]], version: Version) -> Optional[List[Tuple[np.ndarray, np.ndarray]]]:
+        """Per request (keys [n], D): (found [n] bool, the rows found [found, D] float32), found =
+        held at `version` (values of other versions or widths are not). One round trip for all;
+        None if Redis is down."""
+        keys = [k for request_keys, _ in requests for k in request_keys]
         replies = self._run(lambda pipe: [pipe.mget(keys[s:s + self._chunk]) for s in self._chunks(len(keys))])
         if replies is None:
             return None
         values = [v for reply in replies for v in reply]
-        found = np.fromiter((v is not None for v in values), bool, len(values))
-        data = b"".join(v for v in values if v is not None)
-        if len(data) != int(found.sum()) * out.shape[1] * 4:
-            self._down(f"values of another width than feature {feature}'s rows under its keys")
-            return None
-        out[found] = np.frombuffer(data, np.float32).reshape(-1, out.shape[1])
-        return found
+        tag = np.frombuffer(_tag(version), np.uint8)
+        out, start = [], 0
+        for request_keys, dim in requests:
+            part, width = values[start:start + len(request_keys)], _TAG_BYTES + 4 * dim
+            start += len(request_keys)
+            found = np.fromiter((v is not None and len(v) == width for v in part), bool, len(part))
+            block = np.frombuffer(b"".join(v for v, ok in zip(part, found) if ok), np.uint8).reshape(-1, width)
+            current = (block[:, :_TAG_BYTES] == tag).all(1)
+            found[found] = current
+            out.append((found, block[current, _TAG_BYTES:].copy().view(np.float32)))
+        return out
 
-    def fill(self, feature: int, ids: np.ndarray, rows: np.ndarray):
-        """Rows `ids` read from the store, written where their keys are absent."""
-        keys, values = self._keys(feature, ids), self._values(rows)
-        self._run(lambda pipe: [self._set_absent(keys=keys[s:s + self._chunk], args=values[s:s + self._chunk],
-                                                 client=pipe) for s in self._chunks(len(keys))])
-
-    def put(self, feature: int, ids: np.ndarray, rows: np.ndarray):
-        """Rows `ids` updated; if Redis cannot take them, their keys are deleted before it is used again."""
-        keys, values = self._keys(feature, ids), self._values(rows)
-
-        def commands(pipe):
-            for s in self._chunks(len(keys)):
-                pipe.mset(dict(zip(keys[s:s + self._chunk], values[s:s + self._chunk])))
-        if self._run(commands) is None:
-            with self._lock:
-                self._stale.append((feature, ids.copy()))
-
-    @staticmethod
-    def _values(rows: np.ndarray) -> list:
-        rows = np.ascontiguousarray(rows, np.float32)
-        return rows.view(f"V{rows.shape[1] * 4}").reshape(-1).tolist()
+    def set(self, blocks: Sequence[Tuple[list, np.ndarray]], version: Version):
+        """Per block (keys [n], rows [n, D]): the rows at `version`, written where a key is absent or
+        holds an older version's. One round trip for all; nothing if Redis is down."""
+        tag = np.frombuffer(_tag(version), np.uint8)
+        keys, values = [], []
+        for block_keys, rows in blocks:
+            data = np.empty((len(rows), _TAG_BYTES + 4 * rows.shape[1]), np.uint8)
+            data[:, :_TAG_BYTES] = tag
+            data[:, _TAG_BYTES:] = np.ascontiguousarray(rows, np.float32).view(np.uint8)
+            keys += block_keys
+            values += data.view(f"V{data.shape[1]}").reshape(-1).tolist()
+        self._run(lambda pipe: [self._set_newer(keys=keys[s:s + self._chunk], args=values[s:s + self._chunk],
+                                                client=pipe) for s in self._chunks(len(keys))])
 
     def _down(self, error):
         with self._lock:
@@ -495,32 +498,45 @@ class RedisTier:
             self._lock.release()
 
     def _reconnect(self) -> bool:
-        """Pings, deletes the keys updated while down; sets `up`."""
+        """Pings; sets `up`."""
         try:
             self._client.ping()
-            for feature, ids in self._stale:
-                keys = self._keys(feature, ids)
-                pipe = self._client.pipeline(transaction=False)
-                for s in self._chunks(len(keys)):
-                    pipe.delete(*keys[s:s + self._chunk])
-                pipe.execute()
         except self._errors:
             self._next_try = time.monotonic() + self._wait
             return False
-        self._stale, self.up, self._wait = [], True, self._first_wait
+        self.up, self._wait = True, self._first_wait
         return True
 
     def close(self):
         self._client.close()
 
 
+class _Group:
+    """The cached tables of one width D sharing one cache: row i of `features[k]` is the cache's
+    row starts[k] + i."""
+
+    def __init__(self, features: List[int], rows: List[int], dim: int, capacity: int, policy: str):
+        self.features, self.dim = features, dim
+        self.starts = np.cumsum([0] + rows)
+        self.offset = dict(zip(features, self.starts[:-1].tolist()))
+        self.cache = _Cache(int(self.starts[-1]), dim, capacity, policy)
+
+    def split(self, ids: np.ndarray) -> Iterator[Tuple[int, np.ndarray]]:
+        """Sorted cache rows [n] -> per feature among them, in order: (feature, its table's ids)."""
+        bounds = np.searchsorted(ids, self.starts)
+        for k, f in enumerate(self.features):
+            if bounds[k + 1] > bounds[k]:
+                yield f, ids[bounds[k]:bounds[k + 1]] - self.starts[k]
+
+
 class TieredTables:
     """The embedding tables of a tables-form repository served through the tiers.
 
-    rows(feature, ids) -> [*ids.shape, D_f]; advancing(base, new) and update(feature, ids, rows)
-    for updates; stats(); close(). `expect`: the version to serve (default the export's); a store
-    holding another is refused. Thread-safe: lookups run concurrently with each other and with an
-    update (a lookup concurrent with the update of its rows may read them old or new)."""
+    lookup({feature: ids}) -> {feature: rows} (the serving path: ids checked by the caller);
+    rows(feature, ids) (checked); advancing(base, new) and update(feature, ids, rows) for updates;
+    stats(); close(). `expect`: the version to serve (default the export's); a store holding
+    another is refused. Thread-safe: lookups run concurrently with each other and with an update
+    (a lookup concurrent with the update of its rows may read them old or new)."""
 
     def __init__(self, repository: str, config: TierConfig = TierConfig(), expect: Optional[Version] = None,
                  log: Callable[[str], None] = logging.getLogger(__name__).warning):
@@ -531,36 +547,62 @@ class TieredTables:
             self.store.close()
             raise StoreError(f"{self.store.directory}: holds {self.store.version}, not the served {expect}")
         self.config, self.shapes = config, self.store.shapes
-        self._tables: list = []
-        for (rows, dim), capacity, table in zip(self.shapes, cache_capacities(self.shapes, config.cache_bytes),
-                                                self.store.tables):
-            self._tables.append(_Whole(np.array(table.array)) if capacity is None else
-                                _Cache(rows, dim, capacity, config.policy))
+        capacities = cache_capacities(self.shapes, config.cache_bytes)
+        self._whole = {f: _Whole(np.array(table.array))
+                       for f, (capacity, table) in enumerate(zip(capacities, self.store.tables)) if capacity is None}
+        widths: Dict[int, List[int]] = {}
+        for f in range(len(self.shapes)):
+            if f not in self._whole:
+                widths.setdefault(self.shapes[f][1], []).append(f)
+        self._groups = [_Group(fs, [self.shapes[f][0] for f in fs], dim, sum(capacities[f] for f in fs), config.policy)
+                        for dim, fs in sorted(widths.items())]
+        self._group_of = {f: group for group in self._groups for f in group.features}
         self.redis = None
         if config.redis_url:
             origin = self.store.export
             self.redis = RedisTier(config.redis_url, f"{export['name']}:{origin.run or 'norun'}:{origin.step}",
-                                   [d for _, d in self.shapes], config, log)
+                                   config, log)
         self._count_lock, self._update_lock = threading.Lock(), threading.Lock()
         self._counts = dict.fromkeys(("redis_asked", "redis_found", "store_rows_read"), 0)
-        self._advancing = False
+        # An update in progress (to `_target`); `_epoch` advances as one starts and ends: rows read
+        # from the store across either are not written to Redis (they may be of either version)
+        self._advancing, self._target, self._epoch = False, None, 0
 
     @property
     def version(self) -> Version:
         return self.store.version
 
     def rows(self, feature: int, ids: np.ndarray) -> np.ndarray:
-        """Feature's rows of `ids` (any shape, integers in [0, rows)) -> [*ids.shape, D] float32."""
+        """Feature's rows of `ids` (any shape, integers in [0, rows)) -> [*ids.shape, D] float32;
+        other ids refused (IdError)."""
         ids = np.asarray(ids)
-        flat = self._checked(feature, ids.reshape(-1))
-        table = self._tables[feature]
-        out, miss, generation = table.lookup(flat)
-        if miss is not None:
-            wanted, inverse = np.unique(flat[miss], return_inverse=True)
-            below = self._below(feature, wanted)
-            table.fill(wanted, below, generation)
-            out[miss] = below[inverse]
-        return out.reshape(*ids.shape, self.shapes[feature][1])
+        return self.lookup({feature: self._checked(feature, ids.reshape(-1)).reshape(ids.shape)})[feature]
+
+    def lookup(self, ids: Dict[int, np.ndarray]) -> Dict[int, np.ndarray]:
+        """Per feature its ids (any shape, integers in [0, rows): unchecked) -> its rows
+        [*ids.shape, D] float32. One cache lookup per width of cached tables; what they miss, one
+        Redis round trip and one store read per table (and one Redis round trip filling it)."""
+        out = {f: self._whole[f].lookup(x) for f, x in ids.items() if f in self._whole}
+        missed = []
+        for group in self._groups:
+            features = [f for f in group.features if f in ids]
+            if not features:
+                continue
+            flat = np.concatenate([ids[f].reshape(-1).astype(np.int64) + group.offset[f] for f in features])
+            rows, miss, generation = group.cache.lookup(flat)
+            if miss is not None:
+                wanted, inverse = np.unique(flat[miss], return_inverse=True)
+                missed.append((group, wanted, inverse, rows, miss, generation))
+            start = 0
+            for f in features:
+                out[f] = rows[start:start + ids[f].size].reshape(*ids[f].shape, group.dim)   # views: filled below
+                start += ids[f].size
+        if missed:
+            below = self._below([(group, wanted) for group, wanted, *_ in missed])
+            for (group, wanted, inverse, rows, miss, generation), found in zip(missed, below):
+                group.cache.fill(wanted, found, generation)
+                rows[miss] = found[inverse]
+        return out
 
     def _checked(self, feature: int, ids: np.ndarray) -> np.ndarray:
         if not 0 <= feature < len(self.shapes):
@@ -572,36 +614,56 @@ class TieredTables:
                 f" (dtype {ids.dtype})"))
         return ids.astype(np.int64, copy=False)
 
-    def _below(self, feature: int, ids: np.ndarray) -> np.ndarray:
-        """Rows `ids` [n] (sorted, unique) from Redis, the rest from the store (filling Redis)."""
-        out = np.empty((len(ids), self.shapes[feature][1]), np.float32)
-        found = self.redis.get(feature, ids, out) if self.redis else None
-        rest = ids if found is None else ids[~found]
-        if len(rest):
-            rows = self.store.tables[feature].read(rest)
-            out[slice(None) if found is None else ~found] = rows
-            if self.redis:
-                self.redis.fill(feature, rest, rows)
+    def _keys(self, group: _Group, ids: np.ndarray) -> list:
+        return [k for f, table_ids in group.split(ids) for k in self.redis.keys(f, table_ids)]
+
+    def _below(self, wanted: List[Tuple[_Group, np.ndarray]]) -> List[np.ndarray]:
+        """Per group its cache rows [n] (sorted, unique) -> their values [n, D]: from Redis where it
+        holds them at the store's version, the rest from the store (then written to Redis)."""
+        epoch, advancing, version = self._epoch, self._advancing, self.store.version
+        found = self.redis.get([(self._keys(g, ids), g.dim) for g, ids in wanted], version) if self.redis else None
+        outs, fills, read = [], [], 0
+        for k, (group, ids) in enumerate(wanted):
+            out = np.empty((len(ids), group.dim), np.float32)
+            rest = slice(None)
+            if found is not None:
+                mask, rows = found[k]
+                out[mask] = rows
+                rest = ~mask
+            rest_ids = ids[rest]
+            if len(rest_ids):
+                rows = np.concatenate([self.store.tables[f].read(table_ids) for f, table_ids in group.split(rest_ids)])
+                out[rest] = rows
+                read += len(rows)
+                if self.redis:
+                    fills.append((self._keys(group, rest_ids), rows))
+            outs.append(out)
+        if fills and not advancing and epoch == self._epoch:   # no update started or ended since the reads began
+            self.redis.set(fills, version)
         with self._count_lock:
-            self._counts["redis_asked"] += len(ids) if found is not None else 0
-            self._counts["redis_found"] += int(found.sum()) if found is not None else 0
-            self._counts["store_rows_read"] += len(rest)
-        return out
+            if found is not None:
+                self._counts["redis_asked"] += sum(len(ids) for _, ids in wanted)
+                self._counts["redis_found"] += sum(int(mask.sum()) for mask, _ in found)
+            self._counts["store_rows_read"] += read
+        return outs
 
     @contextlib.contextmanager
     def advancing(self, base: Version, new: Version, record: Optional[dict] = None) -> Iterator[None]:
         """`update`s inside move every tier from version `base` (the one held) to `new`; `record`'s
         keys are kept in store.json with the new version."""
-        with self._update_lock, self.store.advancing(base, new, record):
-            self._advancing = True
+        with self._update_lock:
+            self._epoch += 1
+            self._advancing, self._target = True, new
             try:
-                yield
+                with self.store.advancing(base, new, record):
+                    yield
             finally:
                 self._advancing = False
+                self._epoch += 1
 
     def update(self, feature: int, ids: np.ndarray, rows: np.ndarray):
-        """Rows `ids` [n] (unique) of a feature become `rows` [n, D] in every tier: the store, Redis,
-        the cache. Inside `advancing`."""
+        """Rows `ids` [n] (unique) of a feature become `rows` [n, D] in every tier: the store, Redis
+        (at the new version), the cache. Inside `advancing`."""
         if not self._advancing:
             raise StoreError(f"{self.store.directory}: an update outside advancing(base, new)")
         ids = self._checked(feature, np.asarray(ids).reshape(-1))
@@ -611,21 +673,24 @@ class TieredTables:
                              f"{self.shapes[feature][1]}")
         self.store.tables[feature].write(ids, rows)
         if self.redis:
-            self.redis.put(feature, ids, rows)
-        self._tables[feature].replace(ids, rows)
+            self.redis.set([(self.redis.keys(feature, ids), rows)], self._target)
+        if feature in self._whole:
+            self._whole[feature].replace(ids, rows)
+        else:
+            group = self._group_of[feature]
+            group.cache.replace(ids + group.offset[feature], rows)
 
     def stats(self) -> dict:
         """Counts since start-up: per tier its lookups and hits (cache: ids as requested; Redis:
         the unique ids the cache missed), the rows read from the store, the cache's bytes, rows
         and capacity (of the tables not held whole), and whether Redis is up."""
-        caches = [t for t in self._tables if isinstance(t, _Cache)]
-        lookups = sum(t.lookups for t in self._tables)
-        hits = sum(t.hits for t in self._tables)
+        caches = [g.cache for g in self._groups]
+        parts = list(self._whole.values()) + caches
+        lookups, hits = sum(p.lookups for p in parts), sum(p.hits for p in parts)
         with self._count_lock:
             c = dict(self._counts)
         out = {"cache": {"lookups": lookups, "hits": hits, "hit_rate": hits / lookups if lookups else 1.0,
-                         "bytes": sum(t.nbytes for t in self._tables),
-                         "whole_tables": [f for f, t in enumerate(self._tables) if isinstance(t, _Whole)],
+                         "bytes": sum(p.nbytes for p in parts), "whole_tables": sorted(self._whole),
                          "rows": sum(t.filled for t in caches), "capacity": sum(t.capacity for t in caches)},
                "store": {"rows_read": c["store_rows_read"]}}
         if self.redis:

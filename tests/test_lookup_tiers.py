@@ -77,13 +77,13 @@ def zipf_batches(n, shape, seed=1):
 
 def check_cache(tiers, tables):
     """Every cached row equals its table row, slot_of and id_of agree, at most capacity rows."""
-    for f, cache in enumerate(tiers._tables):
-        if not isinstance(cache, _Cache):
-            continue
+    for group in tiers._groups:
+        cache = group.cache
         cached = np.flatnonzero(cache.slot_of >= 0)
         assert len(cached) <= cache.capacity
         assert np.array_equal(cache.id_of[cache.slot_of[cached]], cached)
-        assert np.array_equal(cache.values[cache.slot_of[cached]], tables[f][cached])
+        for f, ids in group.split(cached):
+            assert np.array_equal(cache.values[cache.slot_of[ids + group.offset[f]]], tables[f][ids])
 
 
 def test_capacities():
@@ -121,8 +121,9 @@ def test_cache_victims_and_updates(policy, victim):
 def test_rows_exact_cold_and_warm(repo, tables, server, policy, with_redis):
     config = TierConfig(cache_bytes=BUDGET, policy=policy, redis_url=server.url if with_redis else None)
     tiers = TieredTables(repo, config)
-    capacities = [getattr(t, "capacity", None) for t in tiers._tables]
-    assert capacities[2] is None and 0 < capacities[0] < 0.05 * SHAPES[0][0] and 0 < capacities[1] < 0.1 * SHAPES[1][0]
+    assert sorted(tiers._whole) == [2] and [g.features for g in tiers._groups] == [[0], [1]]   # widths 8, 16
+    capacities = [g.cache.capacity for g in tiers._groups]
+    assert 0 < capacities[0] < 0.05 * SHAPES[0][0] and 0 < capacities[1] < 0.1 * SHAPES[1][0]
     for rounds in range(2):   # cold, then warm (the same batches again)
         for f, ids in zipf_batches(15, (256,)) + zipf_batches(15, (64, 3), seed=2):
             out = tiers.rows(f, ids)
@@ -176,6 +177,7 @@ def test_updates_reach_every_tier(tmp_path, repo, tables, server):
     tiers, peer = TieredTables(repo, config), TieredTables(str(other), config)
     ids = np.arange(0, 2000, 7)
     tiers.rows(0, ids)                              # cached (some), in Redis and the store
+    tiers.rows(0, np.array([3]))
     new = (tables[0][ids] + 1).astype(np.float32)
     with pytest.raises(StoreError, match="outside advancing"):
         tiers.update(0, ids, new)
@@ -192,8 +194,25 @@ def test_updates_reach_every_tier(tmp_path, repo, tables, server):
     assert tiers.version == V1
     assert np.array_equal(tiers.rows(0, np.arange(SHAPES[0][0])), expected)                 # the cache and the store
     assert np.array_equal(np.load(os.path.join(repo, "dlrm_tables", "table_0.npy")), expected)   # the file
-    assert np.array_equal(peer.rows(0, ids), new)                                          # Redis
-    assert peer.stats()["store"]["rows_read"] == 0
+    client = redis.Redis.from_url(server.url)
+    assert {client.getrange(f"dlrm:a1b2c3d4e5f6:100:0:{i}", 0, 15) for i in ids} == {b"%016x" % 200}   # Redis
+    # the peer, still at V0, takes its own version's rows: not V1's from Redis, and leaves them there
+    assert np.array_equal(peer.rows(0, ids), tables[0][ids])
+    assert (peer.stats()["redis"]["hits"], peer.stats()["store"]["rows_read"]) == (0, len(ids))
+    assert {client.getrange(f"dlrm:a1b2c3d4e5f6:100:0:{i}", 0, 15) for i in ids} == {b"%016x" % 200}
+    with peer.advancing(V0, V1):   # the same update reaches the peer's store
+        peer.update(0, ids, new)
+    peer.close()
+    # a server at V1 without a cache takes the updated rows from Redis; a row the update left (3,
+    # in Redis at V0) it reads from its store once more and rewrites at V1
+    third = TieredTables(str(other), TierConfig(cache_bytes=0, redis_url=server.url), expect=V1)
+    assert np.array_equal(third.rows(0, ids), new)
+    assert (third.stats()["redis"]["hits"], third.stats()["store"]["rows_read"]) == (len(ids), 0)
+    key = "dlrm:a1b2c3d4e5f6:100:0:3"
+    assert client.getrange(key, 0, 15) == b"%016x" % 100
+    assert np.array_equal(third.rows(0, np.array([3])), tables[0][[3]])
+    assert client.getrange(key, 0, 15) == b"%016x" % 200
+    third.close()
     tiers.close()
     assert store_version(repo) == V1
     with pytest.raises(StoreError, match=r"holds step 200 .*not the served step 100"):
@@ -201,11 +220,11 @@ def test_updates_reach_every_tier(tmp_path, repo, tables, server):
     reopened = TieredTables(repo, TierConfig(cache_bytes=BUDGET), expect=V1)
     assert np.array_equal(reopened.rows(0, np.arange(SHAPES[0][0])), expected)
     reopened.close()
-    peer.close()
 
 
-def test_update_while_redis_unreachable_is_deleted_from_it(repo, tables, server):
+def test_update_while_redis_unreachable_is_not_taken_from_it(tmp_path, repo, tables, server):
     logs = []
+    other = shutil.copytree(repo, tmp_path / "copy")   # a second server's repository, still at V0
     config = TierConfig(cache_bytes=BUDGET, redis_url=server.url, redis_timeout_s=0.2, redis_retry_s=0.05)
     tiers = TieredTables(repo, config, log=logs.append)
     ids = np.arange(100)
@@ -220,12 +239,19 @@ def test_update_while_redis_unreachable_is_deleted_from_it(repo, tables, server)
     finally:
         os.kill(server.process.pid, signal.SIGCONT)
     time.sleep(0.1)
-    others = np.arange(5000, 5050)   # not cached: a lookup in Redis, which reconnects and deletes the stale keys
+    others = np.arange(5000, 5050)   # not cached: a lookup in Redis, which reconnects
     assert np.array_equal(tiers.rows(0, others), tables[0][others])
     assert tiers.redis.up and len(logs) == 2 and "reachable again" in logs[1]
-    assert client.exists(*[f"dlrm:a1b2c3d4e5f6:100:0:{i}" for i in ids[:10]]) == 0
-    assert np.array_equal(tiers.rows(0, ids[:10]), tables[0][ids[:10]] * 2)
+    # Redis still holds V0's rows: a server at V1 reads the updated ones from its store, one at V0 from Redis
     tiers.close()
+    at_v1 = TieredTables(repo, TierConfig(cache_bytes=0, redis_url=server.url), expect=V1)
+    assert np.array_equal(at_v1.rows(0, ids[:10]), tables[0][ids[:10]] * 2)
+    assert at_v1.stats()["store"]["rows_read"] == 10
+    at_v0 = TieredTables(str(other), TierConfig(cache_bytes=0, redis_url=server.url))
+    assert np.array_equal(at_v0.rows(0, ids[10:]), tables[0][ids[10:]])
+    assert (at_v0.stats()["redis"]["hits"], at_v0.stats()["store"]["rows_read"]) == (90, 0)
+    at_v1.close()
+    at_v0.close()
 
 
 def test_redis_killed_and_restarted(repo, tables, server):

@@ -17,7 +17,7 @@ import tests.test_live_serving as live_tests
 from deployment.client import ServingClient, free_ports
 from deployment.delta import export_version
 from deployment.live import KEPT_DENSE, Model, Updater
-from deployment.lookup_tiers import TierConfig, _Cache
+from deployment.lookup_tiers import TierConfig
 from deployment.repository import write_repository
 from tests.redis_server import RedisServer, free_port
 from tests.test_live_serving import (Load, make_delta, monolithic, read_delta_of, read_info, requests, tables_of,
@@ -25,9 +25,9 @@ from tests.test_live_serving import (Load, make_delta, monolithic, read_delta_of
 from tests.test_serving import script, start_server, stop_server
 from utils.errors import StoreError
 
-# TINY's tables [20, 50, 7, 30] x 8: in 800 bytes the caches hold 2, 0, 3 and 1 rows (6 of 107)
+# TINY's tables [20, 50, 7, 30] x 8: in 800 bytes their shares are 2, 0, 3 and 1 rows, one cache of 6 (of 107)
 BUDGET = 800
-CACHED = [2, 0, 3, 1]
+CACHED = 6
 KEYS = ("logits", "predictions", "model_version")
 
 
@@ -52,18 +52,23 @@ def server(tmp_path):
 
 def check_tiers(model, tables, redis_url=None):
     """Every cached row equals `tables`' (per feature [rows, D]), at most the capacity; every row
-    in Redis too (keys <model>:<run>:<step>:<feature>:<id>); returns the rows found in Redis."""
-    for f, cache in enumerate(model._current.tables._tables):
-        assert isinstance(cache, _Cache) and cache.capacity == CACHED[f]
-        cached = np.flatnonzero(cache.slot_of >= 0)
-        np.testing.assert_array_equal(cache.values[cache.slot_of[cached]], tables[f][cached])
+    in Redis too, at the served version (keys <model>:<run>:<step>:<feature>:<id>); returns the
+    rows found in Redis."""
+    tiers = model._current.tables
+    assert not tiers._whole and len(tiers._groups) == 1   # the 4 tables of width 8 share one cache
+    group = tiers._groups[0]
+    assert group.cache.capacity == CACHED
+    cached = np.flatnonzero(group.cache.slot_of >= 0)
+    for f, ids in group.split(cached):
+        np.testing.assert_array_equal(group.cache.values[group.cache.slot_of[ids + group.offset[f]]], tables[f][ids])
     if redis_url is None:
         return 0
     client = redis.Redis.from_url(redis_url)
     keys = client.keys("*")
     for key, value in zip(keys, client.mget(keys)):
         f, i = map(int, key.decode().split(":")[-2:])
-        np.testing.assert_array_equal(np.frombuffer(value, np.float32), tables[f][i])
+        assert value[:16] == b"%016x" % model.version.step
+        np.testing.assert_array_equal(np.frombuffer(value[24:], np.float32), tables[f][i])
     return len(keys)
 
 
