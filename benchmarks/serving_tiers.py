@@ -108,6 +108,7 @@ def main():
     if "redis" in after:
         asked = after["redis"]["lookups"] - before["redis"]["lookups"]
         tier_rates["redis"] = (after["redis"]["hits"] - before["redis"]["hits"]) / max(asked, 1)
+        result["tiers"]["redis_fills_dropped"] = after["redis"]["fills_dropped"]
     tier_rates["store_rows_per_1k_ids"] = 1000 * (after["store"]["rows_read"] - before["store"]["rows_read"]) / \
         cache_lookups
     result["tiers"].update(cache_mb=round(after["cache"]["bytes"] / 2**20),

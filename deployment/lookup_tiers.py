@@ -12,10 +12,12 @@ server inside the serving process). No TensorFlow.
             the rows per second of RocksDB's multi-get, so RocksDB is not used)
 
 A request's lookup (`lookup`, every feature at once) takes what the caches hold, reads the unique
-rest from Redis, then the rest of that from the store; rows found below fill the tiers above. Rows
-move in bulk: one cache lookup per width, one pipelined MGET round trip and one round trip of
-fills (a script per chunk) per request, NumPy gathers from the store; no Python call per row on
-the hot path but the Redis client's packing.
+rest from Redis, then the rest of that from the store; rows found below fill the tiers above (the
+cache at once; Redis from a thread of its own, which the request does not wait for: at most
+_FILLS_WAITING requests' fills wait, others are dropped and counted). Rows move in bulk: one cache
+lookup per width, one pipelined MGET round trip per request, NumPy gathers from the store, one
+round trip of fills (a script per chunk); no Python call per row on the hot path but the Redis
+client's packing.
 
 Cache budget (`TierConfig.cache_bytes`): tables whose rows fit an equal share of what is left are
 held whole (smallest first, no index); the others split the rest equally, each paying 4 bytes per
@@ -46,6 +48,7 @@ import json
 import logging
 import mmap
 import os
+import queue
 import threading
 import time
 import urllib.parse
@@ -64,6 +67,7 @@ STORE_FORMAT = "dlrm-row-store"
 _ROW_OVERHEAD = 24       # bytes per cached row besides the row: id_of, last_use, uses (int64)
 _INDEX_BYTES = 4         # bytes per table row of a cached table's slot index (int32)
 _MAX_RETRY_S = 30.0
+_FILLS_WAITING = 64      # requests' fills queued for Redis at most; more are dropped (counted)
 _TAG_BYTES = 24          # a Redis value's version: its step as 16 hex digits, 8 bytes of its run's hash
 # Sets each key to its value where it is absent or holds an older version's (a smaller step): a
 # fill never overwrites an update, a late update never overwrites a newer one.
@@ -413,11 +417,14 @@ class RedisTier:
         self._first_wait = self._wait = config.redis_retry_s
         self._lock = threading.Lock()
         self.up, self._next_try = False, 0.0
-        self.downs = 0
+        self.downs = self.fills_dropped = 0
         if not self._reconnect():
             self.downs = 1
             self._log(f"{url}: Redis unreachable at start-up; answering from the cache and the store, "
                       f"reconnecting every {self._wait:g} s or more")
+        self._fills: queue.Queue = queue.Queue(_FILLS_WAITING)
+        self._filler = threading.Thread(target=self._send_fills, name="redis-fills", daemon=True)
+        self._filler.start()
 
     def keys(self, feature: int, ids: np.ndarray) -> list:
         """The keys of a feature's rows `ids` [n]: [n] bytes."""
@@ -459,19 +466,42 @@ class RedisTier:
             out.append((found, block[current, _TAG_BYTES:].copy().view(np.float32)))
         return out
 
-    def set(self, blocks: Sequence[Tuple[list, np.ndarray]], version: Version):
-        """Per block (keys [n], rows [n, D]): the rows at `version`, written where a key is absent or
-        holds an older version's. One round trip for all; nothing if Redis is down."""
+    def set(self, blocks: Sequence[Tuple[int, np.ndarray, np.ndarray]], version: Version):
+        """Per block (feature, ids [n], rows [n, D]): the rows at `version`, written where a key is
+        absent or holds an older version's. One round trip for all; nothing if Redis is down."""
         tag = np.frombuffer(_tag(version), np.uint8)
         keys, values = [], []
-        for block_keys, rows in blocks:
+        for feature, ids, rows in blocks:
             data = np.empty((len(rows), _TAG_BYTES + 4 * rows.shape[1]), np.uint8)
             data[:, :_TAG_BYTES] = tag
             data[:, _TAG_BYTES:] = np.ascontiguousarray(rows, np.float32).view(np.uint8)
-            keys += block_keys
+            keys += self.keys(feature, ids)
             values += data.view(f"V{data.shape[1]}").reshape(-1).tolist()
         self._run(lambda pipe: [self._set_newer(keys=keys[s:s + self._chunk], args=values[s:s + self._chunk],
                                                 client=pipe) for s in self._chunks(len(keys))])
+
+    def fill(self, blocks: Sequence[Tuple[int, np.ndarray, np.ndarray]], version: Version):
+        """`set`, sent by a thread of its own (a request does not wait for it); dropped while
+        _FILLS_WAITING others wait."""
+        try:
+            self._fills.put_nowait((blocks, version))
+        except queue.Full:
+            with self._lock:
+                self.fills_dropped += 1
+
+    def _send_fills(self):
+        while True:
+            fill = self._fills.get()
+            try:
+                if fill is None:
+                    return
+                self.set(*fill)
+            finally:
+                self._fills.task_done()
+
+    def drain(self):
+        """Returns once the fills queued so far are sent."""
+        self._fills.join()
 
     def _down(self, error):
         with self._lock:
@@ -508,6 +538,8 @@ class RedisTier:
         return True
 
     def close(self):
+        self._fills.put(None)
+        self._filler.join()
         self._client.close()
 
 
@@ -581,7 +613,7 @@ class TieredTables:
     def lookup(self, ids: Dict[int, np.ndarray]) -> Dict[int, np.ndarray]:
         """Per feature its ids (any shape, integers in [0, rows): unchecked) -> its rows
         [*ids.shape, D] float32. One cache lookup per width of cached tables; what they miss, one
-        Redis round trip and one store read per table (and one Redis round trip filling it)."""
+        Redis round trip and one store read per table (Redis filled later, by its thread)."""
         out = {f: self._whole[f].lookup(x) for f, x in ids.items() if f in self._whole}
         missed = []
         for group in self._groups:
@@ -617,6 +649,14 @@ class TieredTables:
     def _keys(self, group: _Group, ids: np.ndarray) -> list:
         return [k for f, table_ids in group.split(ids) for k in self.redis.keys(f, table_ids)]
 
+    def _read(self, group: _Group, ids: np.ndarray, fills: list) -> np.ndarray:
+        """Cache rows `ids` [n] (sorted) of `group` from the store -> [n, D]; with Redis, appends
+        per table (feature, its ids, their rows) to `fills`."""
+        parts = [(f, table_ids, self.store.tables[f].read(table_ids)) for f, table_ids in group.split(ids)]
+        if self.redis:
+            fills += parts
+        return np.concatenate([rows for _, _, rows in parts])
+
     def _below(self, wanted: List[Tuple[_Group, np.ndarray]]) -> List[np.ndarray]:
         """Per group its cache rows [n] (sorted, unique) -> their values [n, D]: from Redis where it
         holds them at the store's version, the rest from the store (then written to Redis)."""
@@ -632,14 +672,11 @@ class TieredTables:
                 rest = ~mask
             rest_ids = ids[rest]
             if len(rest_ids):
-                rows = np.concatenate([self.store.tables[f].read(table_ids) for f, table_ids in group.split(rest_ids)])
-                out[rest] = rows
-                read += len(rows)
-                if self.redis:
-                    fills.append((self._keys(group, rest_ids), rows))
+                out[rest] = self._read(group, rest_ids, fills)
+                read += len(rest_ids)
             outs.append(out)
         if fills and not advancing and epoch == self._epoch:   # no update started or ended since the reads began
-            self.redis.set(fills, version)
+            self.redis.fill(fills, version)
         with self._count_lock:
             if found is not None:
                 self._counts["redis_asked"] += sum(len(ids) for _, ids in wanted)
@@ -673,7 +710,7 @@ class TieredTables:
                              f"{self.shapes[feature][1]}")
         self.store.tables[feature].write(ids, rows)
         if self.redis:
-            self.redis.set([(self.redis.keys(feature, ids), rows)], self._target)
+            self.redis.set([(feature, ids, rows)], self._target)
         if feature in self._whole:
             self._whole[feature].replace(ids, rows)
         else:
@@ -696,7 +733,8 @@ class TieredTables:
         if self.redis:
             out["redis"] = {"lookups": c["redis_asked"], "hits": c["redis_found"],
                             "hit_rate": c["redis_found"] / c["redis_asked"] if c["redis_asked"] else 1.0,
-                            "up": self.redis.up, "outages": self.redis.downs}
+                            "up": self.redis.up, "outages": self.redis.downs,
+                            "fills_dropped": self.redis.fills_dropped}
         return out
 
     def close(self):

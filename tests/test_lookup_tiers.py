@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,6 +17,7 @@ import redis
 
 from dataloading.synthetic import power_law_ids
 from deployment.delta import Version
+from deployment import lookup_tiers
 from deployment.lookup_tiers import IdError, TierConfig, TieredTables, _Cache, cache_capacities, store_version
 from tests.redis_server import RedisServer, free_port
 from utils.errors import ConfigError, StoreError
@@ -130,6 +132,8 @@ def test_rows_exact_cold_and_warm(repo, tables, server, policy, with_redis):
             assert out.shape == ids.shape + (SHAPES[f][1],)
             assert np.array_equal(out, tables[f][ids])
         check_cache(tiers, tables)
+        if with_redis:
+            tiers.redis.drain()   # the fills reach Redis
     stats = tiers.stats()
     assert 0.3 < stats["cache"]["hit_rate"] < 1.0
     assert stats["store"]["rows_read"] > 0
@@ -162,6 +166,7 @@ def test_two_instances_share_redis(repo, tables, server):
     ids = np.unique(zipf_batches(1, (500,))[0][1])
     assert np.array_equal(first.rows(0, ids), tables[0][ids])
     assert first.stats()["store"]["rows_read"] == len(ids)
+    first.redis.drain()
     assert np.array_equal(second.rows(0, ids), tables[0][ids])
     s = second.stats()
     assert (s["redis"]["hits"], s["store"]["rows_read"]) == (len(ids), 0)   # all from Redis
@@ -178,6 +183,7 @@ def test_updates_reach_every_tier(tmp_path, repo, tables, server):
     ids = np.arange(0, 2000, 7)
     tiers.rows(0, ids)                              # cached (some), in Redis and the store
     tiers.rows(0, np.array([3]))
+    tiers.redis.drain()
     new = (tables[0][ids] + 1).astype(np.float32)
     with pytest.raises(StoreError, match="outside advancing"):
         tiers.update(0, ids, new)
@@ -211,6 +217,7 @@ def test_updates_reach_every_tier(tmp_path, repo, tables, server):
     key = "dlrm:a1b2c3d4e5f6:100:0:3"
     assert client.getrange(key, 0, 15) == b"%016x" % 100
     assert np.array_equal(third.rows(0, np.array([3])), tables[0][[3]])
+    third.redis.drain()
     assert client.getrange(key, 0, 15) == b"%016x" % 200
     third.close()
     tiers.close()
@@ -229,6 +236,7 @@ def test_update_while_redis_unreachable_is_not_taken_from_it(tmp_path, repo, tab
     tiers = TieredTables(repo, config, log=logs.append)
     ids = np.arange(100)
     tiers.rows(0, ids)
+    tiers.redis.drain()
     client = redis.Redis.from_url(server.url)
     assert client.exists(*[f"dlrm:a1b2c3d4e5f6:100:0:{i}" for i in ids]) == len(ids)
     os.kill(server.process.pid, signal.SIGSTOP)   # unreachable, its data kept
@@ -254,6 +262,25 @@ def test_update_while_redis_unreachable_is_not_taken_from_it(tmp_path, repo, tab
     at_v0.close()
 
 
+def test_fills_wait_in_a_queue_and_overflow_is_dropped(repo, tables, server, monkeypatch):
+    tiers = TieredTables(repo, TierConfig(cache_bytes=0, redis_url=server.url))
+    sending, release, sent = threading.Event(), threading.Event(), []
+    send = tiers.redis.set
+    monkeypatch.setattr(tiers.redis, "set", lambda blocks, version: (sending.set(), release.wait(), sent.append(1),
+                                                                      send(blocks, version)))
+    for i in range(lookup_tiers._FILLS_WAITING + 11):   # the first fill is being sent, 64 wait, 10 dropped
+        assert np.array_equal(tiers.rows(0, np.array([i])), tables[0][[i]])
+        assert sending.wait(5)
+    assert tiers.stats()["redis"]["fills_dropped"] == 10
+    release.set()
+    tiers.redis.drain()
+    assert len(sent) == lookup_tiers._FILLS_WAITING + 1
+    client = redis.Redis.from_url(server.url)
+    in_redis = [client.exists(f"dlrm:a1b2c3d4e5f6:100:0:{i}") for i in range(lookup_tiers._FILLS_WAITING + 11)]
+    assert in_redis == [1] * (lookup_tiers._FILLS_WAITING + 1) + [0] * 10
+    tiers.close()
+
+
 def test_redis_killed_and_restarted(repo, tables, server):
     logs = []
     config = TierConfig(cache_bytes=BUDGET, redis_url=server.url, redis_timeout_s=0.2, redis_retry_s=0.05)
@@ -270,6 +297,7 @@ def test_redis_killed_and_restarted(repo, tables, server):
     assert "unreachable" in logs[0] and "reachable again" in logs[1] and server.url in logs[0]
     stats = tiers.stats()["redis"]
     assert stats["up"] and stats["outages"] == 1
+    tiers.redis.drain()
     assert redis.Redis.from_url(server.url).dbsize() > 0   # filled again after the restart
     tiers.close()
 

@@ -63,6 +63,7 @@ def check_tiers(model, tables, redis_url=None):
         np.testing.assert_array_equal(group.cache.values[group.cache.slot_of[ids + group.offset[f]]], tables[f][ids])
     if redis_url is None:
         return 0
+    tiers.redis.drain()
     client = redis.Redis.from_url(redis_url)
     keys = client.keys("*")
     for key, value in zip(keys, client.mget(keys)):
