@@ -4,7 +4,7 @@
 figures and their ratios.
 
     python benchmarks/serving_tiers.py --repository /tmp/dlrm-continuous-bench/repo0 [--ratio 4]
-        [--policy lru] [--redis_url redis://127.0.0.1:6379/0] [--alpha 1.05]
+        [--policy lru] [--redis_url redis://127.0.0.1:6379/0 [--redis_peer]] [--alpha 1.05]
 
 The repository: a W1-shaped DLRM (../shared/bench/workloads.yaml: 26 tables, width 16) exported
 with deploy.py --forms=tables, e.g. the one benchmarks/continuous_training.py writes. Each
@@ -68,6 +68,9 @@ def main():
     parser.add_argument("--ratio", type=float, default=4.0, help="the tables' bytes over the cache budget")
     parser.add_argument("--policy", default="lru", choices=("lru", "lfu"))
     parser.add_argument("--redis_url", default=None, help="a Redis server as the middle tier (flushed first)")
+    parser.add_argument("--redis_peer", action="store_true",
+                        help="with --redis_url: another server of the same tiers first serves --warmup batches of "
+                             "other requests (a replica that filled Redis before this one started)")
     parser.add_argument("--alpha", type=float, default=1.05)
     parser.add_argument("--warmup", type=int, default=200, help="batches of 1024 before timing")
     parser.add_argument("--batches", type=int, default=60, help="batches of 1024 per throughput run")
@@ -80,6 +83,11 @@ def main():
     memory = Model(args.repository)
     tables_bytes = sum(r * d * 4 for r, d in zip(memory.layout.cardinalities, memory.layout.embedding_dims))
     config = TierConfig(cache_bytes=int(tables_bytes / args.ratio), policy=args.policy, redis_url=args.redis_url)
+    if args.redis_peer:
+        peer, other = Model(args.repository, config), Requests(memory, args.alpha, seed=1)
+        for _ in range(args.warmup):
+            peer.infer(*other(1024))
+        peer.close()   # its fills sent
     tiers = Model(args.repository, config)
     draw = Requests(memory, args.alpha)
     first = draw(1024)
