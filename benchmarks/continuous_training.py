@@ -86,11 +86,11 @@ def serve_and_update(repo: str, delta: str, work: str, args) -> dict:
     updates, staging = os.path.join(work, "updates"), os.path.join(work, "staging")
     shutil.rmtree(updates, ignore_errors=True)
     os.makedirs(updates)
-    http, grpc = free_ports(2)
+    http, grpc, metrics = free_ports(3)
     log = open(os.path.join(work, "serve.log"), "w")
     server = subprocess.Popen([sys.executable, "deployment/serve.py", f"--model_repository={repo}",
                                f"--updates={updates}", f"--http_port={http}", f"--grpc_port={grpc}",
-                               "--address=127.0.0.1"],
+                               f"--metrics_port={metrics}", "--address=127.0.0.1"],
                               cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
         ServingClient("grpc", f"localhost:{grpc}", "dlrm").wait_ready(600)

@@ -112,7 +112,7 @@ def served(args, data, repo, frontend: str) -> list:
     log = open(os.path.join(args.work_dir, f"server-{frontend}.log"), "w")
     server = subprocess.Popen([sys.executable, "deployment/serve.py", f"--model_repository={repo}",
                                f"--frontend={frontend}", "--address=127.0.0.1", f"--http_port={http}",
-                               f"--grpc_port={grpc}", *([f"--metrics_port={metrics}"] if frontend == "triton" else [])],
+                               f"--grpc_port={grpc}", f"--metrics_port={metrics}"],
                               cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     results = []
     try:

@@ -11,24 +11,29 @@ messages and status codes; the model's own refusals (deployment.live.BadRequest)
 INVALID_ARGUMENT with their message. Only the requested outputs are returned (all when none is
 named). Each gRPC request runs on a thread of a pool, each HTTP connection on its own thread;
 requests are not batched together (the model releases Python's lock while it computes).
+
+Each inference request is counted once (deployment/metrics.py: by protocol and status, with the
+time the successful ones took in `ServedModel.run`), served as Prometheus metrics on a port of
+their own when `serving` is given one.
 """
 import dataclasses
 import gzip
 import http.server
 import json
 import re
-import threading
 import time
 import zlib
 from concurrent import futures
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from deployment.live import BadRequest
+from deployment.metrics import Metrics, http_serving
 
 HTTP_STATUS = {"INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "INTERNAL": 500}
+OUTCOME = {"INVALID_ARGUMENT": "refused", "NOT_FOUND": "refused", "INTERNAL": "failed"}   # metrics' status
 DATATYPES = {"BOOL": np.bool_, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
              "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64, "FP16": np.float16,
              "FP32": np.float32, "FP64": np.float64}
@@ -154,11 +159,20 @@ def _array(spec: TensorSpec, shape: List[int], data, model: str, prefix: str) ->
     return values.reshape(shape)
 
 
+def _run(model: ServedModel, metrics: Metrics, protocol: str, *request) -> Dict[str, np.ndarray]:
+    """`model.run(*request)`, counted in `metrics` when it succeeds (its refusals are counted
+    where they are caught, with those raised before it)."""
+    start = time.perf_counter()
+    out = model.run(*request)
+    metrics.observe(protocol, "success", time.perf_counter() - start, len(next(iter(out.values()))))
+    return out
+
+
 def _unknown_model(name: str) -> RequestError:
     return RequestError(f"Request for unknown model: '{name}' is not found", "NOT_FOUND")
 
 
-def _grpc_servicer(model: ServedModel):
+def _grpc_servicer(model: ServedModel, metrics: Metrics):
     """Triton's GRPCInferenceService over `model` (what is not here answers UNIMPLEMENTED)."""
     import grpc
     from tritonclient.grpc import model_config_pb2 as config_pb2, service_pb2, service_pb2_grpc
@@ -211,15 +225,19 @@ def _grpc_servicer(model: ServedModel):
 
         @aborting
         def ModelInfer(self, request, context):
-            if request.model_name != model.name or request.model_version not in ("", VERSION):
-                raise _unknown_model(request.model_name)
-            raw = request.raw_input_contents
-            if raw and len(raw) != len(request.inputs):
-                raise RequestError(f"expected {len(request.inputs)} raw input contents, got {len(raw)}")
-            given = [(t.name, t.datatype, list(t.shape),
-                      raw[i] if raw else list(getattr(t.contents, GRPC_CONTENTS.get(t.datatype, "bytes_contents"))))
-                     for i, t in enumerate(request.inputs)]
-            out = model.run(given, [o.name for o in request.outputs] or None, request.id)
+            try:
+                if request.model_name != model.name or request.model_version not in ("", VERSION):
+                    raise _unknown_model(request.model_name)
+                raw = request.raw_input_contents
+                if raw and len(raw) != len(request.inputs):
+                    raise RequestError(f"expected {len(request.inputs)} raw input contents, got {len(raw)}")
+                given = [(t.name, t.datatype, list(t.shape), raw[i] if raw else
+                          list(getattr(t.contents, GRPC_CONTENTS.get(t.datatype, "bytes_contents"))))
+                         for i, t in enumerate(request.inputs)]
+                out = _run(model, metrics, "grpc", given, [o.name for o in request.outputs] or None, request.id)
+            except RequestError as e:
+                metrics.observe("grpc", OUTCOME[e.code])
+                raise
             specs = {t.name: t for t in model.outputs}
             return service_pb2.ModelInferResponse(
                 model_name=model.name, model_version=VERSION, id=request.id,
@@ -234,10 +252,11 @@ _PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?(/ready|/config|/i
 
 
 class _HttpHandler(http.server.BaseHTTPRequestHandler):
-    """KServe v2 over HTTP/1.1 (kept-alive connections); `model` is set on a subclass."""
+    """KServe v2 over HTTP/1.1 (kept-alive connections); `model` and `metrics` are set on a subclass."""
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True
     model: ServedModel = None
+    metrics: Metrics = None
 
     def log_message(self, *args):   # no line per request
         pass
@@ -275,6 +294,8 @@ class _HttpHandler(http.server.BaseHTTPRequestHandler):
                 return self._json(self.model.metadata())
             self._infer(body)
         except RequestError as e:
+            if method == "POST":   # an inference request, the only POST that gets this far
+                self.metrics.observe("http", OUTCOME[e.code])
             self._json({"error": str(e)}, HTTP_STATUS[e.code])
 
     def _infer(self, body: bytes):
@@ -295,7 +316,8 @@ class _HttpHandler(http.server.BaseHTTPRequestHandler):
         except (ValueError, KeyError, TypeError, OSError, zlib.error) as e:
             raise RequestError(f"malformed inference request: {type(e).__name__}: {e}")
         wanted = request.get("outputs") or []
-        out = self.model.run(given, [o["name"] for o in wanted] or None, str(request.get("id", "")))
+        out = _run(self.model, self.metrics, "http", given, [o["name"] for o in wanted] or None,
+                   str(request.get("id", "")))
         default = bool((request.get("parameters") or {}).get("binary_data_output", False))
         as_binary = {o["name"]: bool((o.get("parameters") or {}).get("binary_data", default)) for o in wanted}
         specs = {t.name: t for t in self.model.outputs}
@@ -325,30 +347,30 @@ class _HttpHandler(http.server.BaseHTTPRequestHandler):
 
 
 @contextmanager
-def serving(model: ServedModel, address: str, http_port: int, grpc_port: int, threads: int = 8):
-    """Serves `model` on HTTP `http_port` and gRPC `grpc_port` of `address` while the block runs;
-    yields a function that blocks until interrupted (KeyboardInterrupt)."""
+def serving(model: ServedModel, address: str, http_port: int, grpc_port: int, threads: int = 8,
+            metrics_port: Optional[int] = None, stats: Optional[Callable[[], dict]] = None):
+    """Serves `model` on HTTP `http_port` and gRPC `grpc_port` of `address` while the block runs, and
+    its metrics (deployment/metrics.py; `stats` gives the version's step and the lookup tiers'
+    counts) on `metrics_port` unless None; yields a function that blocks until interrupted
+    (KeyboardInterrupt)."""
     import grpc
-    servicer, add = _grpc_servicer(model)
+    metrics = Metrics(model.name, stats)
+    servicer, add = _grpc_servicer(model, metrics)
     grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads),
                               options=[("grpc.max_receive_message_length", -1),
                                        ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 0)])
     add(servicer, grpc_server)
     if grpc_server.add_insecure_port(f"{address}:{grpc_port}") == 0:
         raise OSError(f"cannot listen on {address}:{grpc_port} (gRPC)")
-    handler = type("Handler", (_HttpHandler,), {"model": model})
-    http_server = http.server.ThreadingHTTPServer((address, http_port), handler)
-    http_server.daemon_threads = True
-    http_thread = threading.Thread(target=http_server.serve_forever, name="http", daemon=True)
-    grpc_server.start()
-    http_thread.start()
+    handler = type("Handler", (_HttpHandler,), {"model": model, "metrics": metrics})
 
     def wait():
         while True:
             time.sleep(3600)
-    try:
-        yield wait
-    finally:
-        http_server.shutdown()
-        http_server.server_close()
-        grpc_server.stop(grace=2).wait()
+    with http_serving(handler, address, http_port, "http"), \
+            (metrics.serving(address, metrics_port) if metrics_port is not None else nullcontext()):
+        grpc_server.start()
+        try:
+            yield wait
+        finally:
+            grpc_server.stop(grace=2).wait()

@@ -14,6 +14,10 @@ frontend checks names, dtypes and shapes, the model checks ids; a bad request ge
 response and the server keeps serving. An extra output, model_version [B, 1] int64, gives the
 served version's step to clients that ask for it.
 
+Prometheus metrics are served at GET /metrics on --metrics_port: with the native frontend
+deployment/metrics.py's (requests by protocol and status, samples, a latency histogram, the
+served version's step and the lookup tiers' counts), with Triton's Triton's own.
+
 With --updates=DIR (tables form only), new versions dropped into DIR (deltas, full exports) are
 served without a restart, each logged in one line (deployment/live.py's Updater):
 
@@ -51,10 +55,11 @@ flags.DEFINE_string("model_name", None, "the name to serve the model under (defa
 flags.DEFINE_enum("frontend", "native", ["native", "triton"], "native: this process answers HTTP and gRPC "
                   "itself (deployment/native.py); triton: pytriton's Triton server, its Python backend handing "
                   "each request to this process")
-flags.DEFINE_string("address", "0.0.0.0", "address the HTTP and gRPC endpoints listen on")
+flags.DEFINE_string("address", "0.0.0.0", "address the HTTP, gRPC and metrics endpoints listen on")
 flags.DEFINE_integer("http_port", 8000, "HTTP/REST port")
 flags.DEFINE_integer("grpc_port", 8001, "gRPC port")
-flags.DEFINE_integer("metrics_port", 8002, "Prometheus metrics port (--frontend=triton)")
+flags.DEFINE_integer("metrics_port", 8002, "Prometheus metrics port, GET /metrics (native: requests, latency, "
+                     "version and lookup tiers, deployment/metrics.py; triton: Triton's own)")
 flags.DEFINE_integer("max_batch_size", None, "largest batch a request (or a dynamic batch) may have "
                      "(default: the repository's config.pbtxt)")
 flags.DEFINE_string("updates", None, "a directory to poll for new versions to serve (deltas and full exports, "
@@ -83,19 +88,16 @@ class ServeError(ValueError):
 
 def check_flags():
     """Flags that have no effect with the chosen frontend, or without --updates, are errors."""
-    if FLAGS.frontend == "native":
-        given = [f"--{n}" for n in ("metrics_port", "max_queue_delay_us") if FLAGS[n].present]
-        if given:
-            raise ServeError(f"{', '.join(given)}: no effect with --frontend=native (no metrics endpoint, no dynamic "
-                             "batching); they are --frontend=triton's")
+    if FLAGS.frontend == "native" and FLAGS["max_queue_delay_us"].present:
+        raise ServeError("--max_queue_delay_us: no effect with --frontend=native (no dynamic batching); it is "
+                         "--frontend=triton's")
     if FLAGS["poll_seconds"].present and not FLAGS.updates:
         raise ServeError("--poll_seconds: no effect without --updates")
 
 
 def check_ports():
-    """Each port flag the frontend uses names a distinct port free on --address (Triton would wait
-    forever instead)."""
-    names = ("http_port", "grpc_port") + (("metrics_port",) if FLAGS.frontend == "triton" else ())
+    """The port flags name distinct ports free on --address (Triton would wait forever instead)."""
+    names = ("http_port", "grpc_port", "metrics_port")
     ports = {name: FLAGS[name].value for name in names}
     if len(set(ports.values())) < len(ports):
         raise ServeError(f"{', '.join(f'--{n}' for n in names)} must differ, got {sorted(ports.values())}")
@@ -180,6 +182,7 @@ def serve(repository: str, tiers):
     if "tables" in info["forms"]:
         model = Model(repository, tiers, log)
         infer, served = model.infer, f"tables form, {model.version}"
+        stats = lambda: dict(model.stats(), model={"version_step": model.version.step})  # noqa: E731
         if tiers:
             served += (f", through a {tiers.cache_bytes / (1 << 20):g} MiB {tiers.policy} cache"
                        f"{f', Redis {tiers.redis_url}' if tiers.redis_url else ''} and the table files")
@@ -194,6 +197,7 @@ def serve(repository: str, tiers):
         version = export_version(repository)
         infer = model_function(os.path.join(repository, name, "1", "model.savedmodel"), version.step)
         served = f"monolithic, {version}"
+        stats = lambda: {"model": {"version_step": version.step}}  # noqa: E731
     else:
         raise ServeError(f"{repository}: has no monolithic model or table files to serve "
                          f"(exported with --forms={forms})")
@@ -204,16 +208,15 @@ def serve(repository: str, tiers):
                TensorSpec(MODEL_VERSION, np.int64, (1,))]
     served_model = ServedModel(FLAGS.model_name or name, inputs, outputs,
                                FLAGS.max_batch_size or settings["max_batch_size"], infer)
-    if FLAGS.frontend == "native":
-        frontend, where = native_serving(served_model, FLAGS.address, FLAGS.http_port, FLAGS.grpc_port), ""
-    else:
-        frontend = triton_serving(served_model, settings)
-        where = f", metrics :{FLAGS.metrics_port}"
+    frontend = native_serving(served_model, FLAGS.address, FLAGS.http_port, FLAGS.grpc_port,
+                              metrics_port=FLAGS.metrics_port, stats=stats) if FLAGS.frontend == "native" \
+        else triton_serving(served_model, settings)
     with frontend as run:
         for stop in (signal.SIGTERM, signal.SIGINT):   # SIGINT too: a background job starts with it ignored
             signal.signal(stop, _interrupt)
         log(f"serving {served_model.name} ({served}) of {info['checkpoint']} on http {FLAGS.address}:"
-            f"{FLAGS.http_port}, grpc {FLAGS.address}:{FLAGS.grpc_port}{where} ({FLAGS.frontend} frontend)")
+            f"{FLAGS.http_port}, grpc {FLAGS.address}:{FLAGS.grpc_port}, metrics {FLAGS.address}:"
+            f"{FLAGS.metrics_port} ({FLAGS.frontend} frontend)")
         if updater:
             updater.start()
         try:

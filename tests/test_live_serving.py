@@ -21,7 +21,7 @@ from deployment.live import BadRequest, Model, UpdateRefused, Updater
 from deployment.repository import write_repository
 from tests.configs import TINY
 from tests.test_dataset_cli import write_dataset
-from tests.test_serving import script, start_server, stop_server
+from tests.test_serving import port_flags, script, start_server, stop_server
 from utils.config import build_config
 
 STEPS = (8, 16, 24)
@@ -229,7 +229,7 @@ def changed(base, new, exports):
 def test_serve_refuses_updates_without_the_tables_form_in_one_line(exports, tmp_path):
     mono = tmp_path / "mono"
     write_repository(read_info(exports[8])["checkpoint"], str(mono), forms=["monolithic"])
-    ports = [f"--{name}_port={p}" for name, p in zip(("http", "grpc"), free_ports(2))]
+    ports = port_flags(free_ports(3))
     for args, message in (([f"--updates={tmp_path}"], f"error: --updates: {mono} has no table files to update "
                            "(exported with --forms=monolithic): export with --forms including tables"),
                           ([f"--updates={tmp_path}", "--poll_seconds=0"],

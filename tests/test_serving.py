@@ -1,17 +1,19 @@
 """deployment/serve.py runs a real Triton server (ports as flags) for a model trained on a
 multi-hot split-binary dataset; tritonclient requests over HTTP and gRPC get the training-time
 model's predictions, evaluate_accuracy.py reports the offline metrics, evaluate_latency.py
-measures, malformed requests get error responses while the server keeps serving, and the server
-stops cleanly."""
+measures, malformed requests get error responses while the server keeps serving, the native
+frontend's Prometheus metrics count each request, and the server stops cleanly."""
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import types
+import urllib.request
 
 import numpy as np
 import pytest
@@ -34,12 +36,16 @@ def script(name, *args):
 
 
 def start_server(log_path, ports, *args):
-    """serve.py with `args` on ports (http, grpc, metrics: the Triton frontend's only)."""
-    metrics = [f"--metrics_port={ports[2]}"] if "--frontend=triton" in args else []
+    """serve.py with `args` on ports (http, grpc, metrics)."""
     return subprocess.Popen([sys.executable, "deployment/serve.py", *args, "--address=127.0.0.1",
-                             f"--http_port={ports[0]}", f"--grpc_port={ports[1]}", *metrics],
+                             *port_flags(ports)],
                             cwd=ROOT, stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+
+
+def port_flags(ports):
+    """serve.py's flags of ports (http, grpc, metrics)."""
+    return [f"--{name}_port={p}" for name, p in zip(("http", "grpc", "metrics"), ports)]
 
 
 def stop_server(server, ports, log_path):
@@ -267,6 +273,93 @@ def test_serve_a_checkpoint_directly(served, tmp_path):
         stop_server(server, ports, tmp_path / "server.log")
 
 
+def parse_metrics(text):
+    """Prometheus' text format -> ({sample `name{labels}`: value}, {family: type}), checking that
+    each sample's family has its HELP and TYPE lines before it and counters end in _total."""
+    samples, types, helped = {}, {}, set()
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            helped.add(line.split()[2])
+        elif line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            assert name in helped and name not in types and (kind == "counter") == name.endswith("_total"), line
+            types[name] = kind
+        else:
+            key, value = line.rsplit(" ", 1)
+            name = key.split("{")[0]
+            family = re.sub(r"_(bucket|sum|count)$", "", name)
+            assert name in types or types.get(family) == "histogram", line
+            assert key not in samples, line
+            samples[key] = float(value)
+    return samples, types
+
+
+def scrape(port):
+    """GET /metrics on `port` of 127.0.0.1, parsed (parse_metrics)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        return parse_metrics(response.read().decode())
+
+
+def check_histogram(samples, name, labels):
+    """The buckets of histogram `name`{`labels`} cumulative, their bounds increasing to +Inf, whose
+    count is _count's; returns _count."""
+    prefix = f'{name}_bucket{{{labels},le="'
+    buckets = [(k[len(prefix):-2], v) for k, v in samples.items() if k.startswith(prefix)]
+    bounds = [float(b) for b, _ in buckets]
+    assert bounds[-1] == float("inf") and bounds == sorted(set(bounds)), bounds
+    counts = [v for _, v in buckets]
+    assert counts == sorted(counts) and counts[-1] == samples[f"{name}_count{{{labels}}}"], buckets
+    return counts[-1]
+
+
+def test_native_metrics_count_each_inference_request(trained, tmp_path):
+    """GET /metrics of the native frontend after successful and refused requests over both
+    protocols: each inference request counted once by protocol and status (other calls not),
+    the samples of the successful ones, their latency histogram per protocol, the export's step."""
+    from tritonclient.utils import InferenceServerException
+    _, _, data, repo = trained
+    ports = free_ports(3)
+    log = tmp_path / "server.log"
+    server = start_server(log, ports, f"--model_repository={repo}")
+    try:
+        clients = {protocol: ServingClient(protocol, f"localhost:{port}", "dlrm")
+                   for protocol, port in zip(("http", "grpc"), ports)}
+        clients["grpc"].wait_ready(120)
+        numerical, categorical, _ = next(request_batches(eval_dataset(data), 64, 64))
+        ids = categorical.copy()
+        ids[:, 4] = 7   # feature 2 has 7 rows
+        sizes = {"http": [1, 5, 17, 64], "grpc": [3, 64]}
+        good = dict(numerical_features=(numerical, "FP32"), categorical_features=(categorical, "INT64"))
+        out_of_range = ("dlrm", dict(good, categorical_features=(ids, "INT64")))
+        bad = {"http": [out_of_range, ("nope", good), ("dlrm", dict(numerical_features=(numerical, "FP32"),
+                                                                     ids=(categorical, "INT64")))],
+               "grpc": [out_of_range, ("nope", good)]}
+        for protocol, client in clients.items():
+            assert client.max_batch_size() == MAX_BATCH and client.input_shapes()   # not inference requests
+            for size in sizes[protocol]:
+                client.infer(numerical[:size], categorical[:size])
+            for model, inputs in bad[protocol]:
+                with pytest.raises(InferenceServerException):
+                    client.client.infer(model, tensors(client.api, **inputs))
+            client.close()
+        samples, types = scrape(ports[2])
+    finally:
+        stop_server(server, ports, log)
+    model = 'model="dlrm"'
+    for protocol in ("http", "grpc"):
+        for status, count in (("success", len(sizes[protocol])), ("refused", len(bad[protocol])), ("failed", 0)):
+            assert samples[f'dlrm_inference_requests_total{{{model},protocol="{protocol}",status="{status}"}}'] \
+                == count, (protocol, status)
+        labels = f'{model},protocol="{protocol}"'
+        assert check_histogram(samples, "dlrm_inference_request_duration_seconds", labels) == len(sizes[protocol])
+        assert samples[f"dlrm_inference_request_duration_seconds_sum{{{labels}}}"] > 0
+    assert samples[f"dlrm_inference_samples_total{{{model}}}"] == sum(map(sum, sizes.values()))
+    assert samples[f"dlrm_model_version_step{{{model}}}"] == 8
+    assert types == {"dlrm_inference_requests_total": "counter", "dlrm_inference_samples_total": "counter",
+                     "dlrm_inference_request_duration_seconds": "histogram", "dlrm_model_version_step": "gauge"}
+
+
 def test_serve_flag_errors_are_one_line(tmp_path):
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
@@ -275,18 +368,16 @@ def test_serve_flag_errors_are_one_line(tmp_path):
     for args, message in (([], "error: give one of --model_repository and --checkpoint"),
                           ([f"--model_repository={tmp_path}", "--address=127.0.0.1", f"--grpc_port={port}"],
                            f"error: --grpc_port={port}: cannot listen on 127.0.0.1:{port} (Address already in use)"),
-                          ([f"--model_repository={tmp_path}", "--frontend=triton", "--http_port=9000",
-                            "--metrics_port=9000"],
+                          ([f"--model_repository={tmp_path}", "--http_port=9000", "--metrics_port=9000"],
                            "error: --http_port, --grpc_port, --metrics_port must differ, got [8001, 9000, 9000]"),
                           ([f"--model_repository={tmp_path}", "--http_port=9001", "--grpc_port=9001"],
-                           "error: --http_port, --grpc_port must differ, got [9001, 9001]"),
+                           "error: --http_port, --grpc_port, --metrics_port must differ, got [8002, 9001, 9001]"),
                           ([f"--model_repository={tmp_path}", "--metrics_port=9002", "--max_queue_delay_us=5"],
-                           "error: --metrics_port, --max_queue_delay_us: no effect with --frontend=native (no "
-                           "metrics endpoint, no dynamic batching); they are --frontend=triton's"),
+                           "error: --max_queue_delay_us: no effect with --frontend=native (no dynamic batching); it "
+                           "is --frontend=triton's"),
                           ([f"--model_repository={tmp_path}", "--poll_seconds=2"],
                            "error: --poll_seconds: no effect without --updates"),
-                          ([f"--model_repository={tmp_path}",
-                            *[f"--{name}_port={p}" for name, p in zip(("http", "grpc"), free_ports(2))]],
+                          ([f"--model_repository={tmp_path}", *port_flags(free_ports(3))],
                            f"error: {tmp_path}: not a model repository written by deployment/deploy.py "
                            "(no export.json)"),
                           ([f"--model_repository={tmp_path}", "--max_batch_size=0"],
@@ -317,8 +408,7 @@ def test_a_server_that_cannot_load_the_model_stops_with_one_line(trained, tmp_pa
     subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
     ports = free_ports(3)
     result = subprocess.run([sys.executable, "deployment/serve.py", f"--checkpoint={checkpoint}", "--frontend=triton",
-                             "--address=127.0.0.1",
-                             f"--http_port={ports[0]}", f"--grpc_port={ports[1]}", f"--metrics_port={ports[2]}"],
+                             "--address=127.0.0.1", *port_flags(ports)],
                             cwd=ROOT, capture_output=True, text=True, timeout=300,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", DLRM_TRITON_STUB_ENV=str(tmp_path / "bare")))
     assert result.returncode == 2, result.stderr[-3000:]

@@ -3,7 +3,7 @@ server, the table files as the store): predictions equal the in-memory engine's 
 and the monolithic model's, cold and warm; deltas reach the store's files, Redis and the cache,
 and a restart serves the version the store holds; a full export replaces the tiers; and
 deployment/serve.py with the tiers: two servers sharing Redis, Redis down at start-up and killed
-under requests, start-up refusals in one line."""
+under requests, start-up refusals in one line; the tiers' counts as Prometheus metrics."""
 import json
 import os
 import shutil
@@ -18,11 +18,12 @@ from deployment.client import ServingClient, free_ports
 from deployment.delta import export_version
 from deployment.live import KEPT_DENSE, Model, Updater
 from deployment.lookup_tiers import TierConfig
+from deployment.metrics import Metrics
 from deployment.repository import write_repository
 from tests.redis_server import RedisServer, free_port
 from tests.test_live_serving import (Load, make_delta, monolithic, read_delta_of, read_info, requests, tables_of,
                                      wait_for)
-from tests.test_serving import script, start_server, stop_server
+from tests.test_serving import parse_metrics, port_flags, scrape, script, start_server, stop_server
 from utils.errors import StoreError
 
 # TINY's tables [20, 50, 7, 30] x 8: in 800 bytes their shares are 2, 0, 3 and 1 rows, one cache of 6 (of 107)
@@ -175,9 +176,30 @@ def test_requests_in_flight_keep_the_old_rows_and_a_full_export_replaces_the_tie
     model.close()
 
 
+def test_metrics_render_the_tiers_counts(exports, tmp_path):
+    """deployment/metrics.py given a model served through the tiers (without Redis): its version's
+    step and the tiers' counts as Model.stats() has them, no Redis metrics."""
+    model = Model(copy_repo(exports[24], tmp_path / "repo"), TierConfig(BUDGET))
+    metrics = Metrics("dlrm", lambda: dict(model.stats(), model={"version_step": model.version.step}))
+    for k in range(3):
+        model.infer(*requests(64, seed=40 + k))
+    samples, types = parse_metrics(metrics.render())
+    stats = model.stats()
+    model.close()
+    assert {k: v for k, v in samples.items() if not k.startswith("dlrm_inference_")} == {
+        'dlrm_model_version_step{model="dlrm"}': 24,
+        'dlrm_cache_lookups_total{model="dlrm"}': stats["cache"]["lookups"],
+        'dlrm_cache_hits_total{model="dlrm"}': stats["cache"]["hits"],
+        'dlrm_cache_bytes{model="dlrm"}': stats["cache"]["bytes"],
+        'dlrm_cache_rows{model="dlrm"}': stats["cache"]["rows"],
+        'dlrm_store_rows_read_total{model="dlrm"}': stats["store"]["rows_read"]}
+    assert 0 < stats["cache"]["hits"] <= stats["cache"]["lookups"] and 0 < stats["cache"]["rows"] <= CACHED
+    assert types["dlrm_cache_rows"] == "gauge" and types["dlrm_store_rows_read_total"] == "counter"
+
+
 def serve_flags(ports, *args):
-    """Flags of serve.py (native frontend) on ports (http, grpc), then `args`."""
-    return [f"--{name}_port={p}" for name, p in zip(("http", "grpc"), ports)] + ["--address=127.0.0.1", *args]
+    """Flags of serve.py (native frontend) on ports (http, grpc, metrics), then `args`."""
+    return [*port_flags(ports), "--address=127.0.0.1", *args]
 
 
 def test_serve_refuses_bad_tier_flags_and_stores_in_one_line(exports, tmp_path):
@@ -213,7 +235,7 @@ def test_serve_refuses_bad_tier_flags_and_stores_in_one_line(exports, tmp_path):
                              "half-written or damaged"),
             ([other, cache], f"{other}/dlrm_tables: tables of another export ({checkpoint[:-1]}16 step 16) than "
                              f"{other}'s ({checkpoint} step 8)")):
-        result = script("serve.py", f"--model_repository={args[0]}", *serve_flags(free_ports(2), *args[1:]))
+        result = script("serve.py", f"--model_repository={args[0]}", *serve_flags(free_ports(3), *args[1:]))
         assert result.returncode == 2 and result.stderr.strip().splitlines()[-1:] == [f"error: {message}"], \
             (args, result.stderr[-2000:])
 
@@ -263,6 +285,8 @@ def test_two_servers_share_redis_which_goes_down_and_comes_back(exports, tmp_pat
         wait_for(lambda: logs[0].read_text().count(back) == 2, "reconnected after the restart", 90)
         count = len(load.responses)
         wait_for(lambda: len(load.responses) >= count + 50, "requests after the restart")
+        answered = len(load.responses)
+        samples, _ = scrape(ports[0][2])
     finally:
         load.finish()
         for server, p, log in zip(servers, ports, logs):
@@ -274,6 +298,10 @@ def test_two_servers_share_redis_which_goes_down_and_comes_back(exports, tmp_pat
         np.testing.assert_array_equal(logits, expected[k])
     lines = logs[0].read_text().splitlines()
     assert sum(down in line for line in lines) == 2 and sum(back in line for line in lines) == 2
+    metric = lambda name: samples[f'dlrm_{name}{{model="dlrm"}}']  # noqa: E731
+    assert metric("redis_outages_total") == 2 and metric("redis_up") == 1 and metric("model_version_step") == 24
+    assert 0 < metric("redis_hits_total") <= metric("redis_lookups_total") <= metric("cache_lookups_total")
+    assert samples['dlrm_inference_requests_total{model="dlrm",protocol="grpc",status="success"}'] >= answered
     assert any(line.startswith(f"serving dlrm (tables form, step 24 (run {live_tests.RUN}), through a "
                                f"{BUDGET / 2**20:g} MiB lru cache, Redis {redis_server.url} and the table files) of ")
                for line in lines), lines[:5]
