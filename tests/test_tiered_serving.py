@@ -1,7 +1,8 @@
 """deployment/live.py through deployment/lookup_tiers.py (a cache holding a few rows, a real Redis
 server, the table files as the store): predictions equal the in-memory engine's (bit for bit)
 and the monolithic model's, cold and warm; deltas reach the store's files, Redis and the cache,
-and a restart serves the version the store holds; a full export replaces the tiers; and
+and a restart serves the version the store holds; two engines sharing Redis a delta apart each
+serve their own version; a full export replaces the tiers; and
 deployment/serve.py with the tiers: two servers sharing Redis, Redis down at start-up and killed
 under requests, start-up refusals in one line; the tiers' counts as Prometheus metrics."""
 import json
@@ -140,6 +141,35 @@ def test_deltas_through_the_tiers_reach_every_tier_and_a_restart_serves_them(exp
     assert str(e.value) == (f"{repo}/dlrm_tables: holds {export_version(exports[24])} (deltas applied after the "
                             f"export, {export_version(exports[8])}) but not its dense model dense-24: export "
                             f"{export_version(exports[24])} again with deploy.py and serve that")
+
+
+def test_servers_sharing_redis_at_different_versions_each_serve_their_own(exports, server, tmp_path):
+    """Two engines through the tiers share Redis, one a delta ahead of the other: each answers as
+    the in-memory engine of its own version, before, while and after the other's rows reach Redis;
+    the second one caught up, both answer the new version."""
+    config = TierConfig(BUDGET, "lru", server.url)
+    ahead, behind = (Model(copy_repo(exports[16], tmp_path / name), config) for name in ("ahead", "behind"))
+    reference = {step: Model(exports[step]) for step in (16, 24)}
+    batches = [requests(64, seed=40 + k) for k in range(4)]
+
+    def check(model, step):
+        model._current.tables.redis.drain()   # the other's fills too, before the next one reads Redis
+        for batch in batches:
+            for key in KEYS:
+                np.testing.assert_array_equal(model.infer(*batch)[key], reference[step].infer(*batch)[key])
+    check(ahead, 16)
+    check(behind, 16)
+    delta = read_delta_of(make_delta(exports[16], exports[24], str(tmp_path / "d24")))
+    ahead.apply_delta(delta)   # its rows at step 24 in Redis
+    for _ in range(2):
+        check(ahead, 24)
+        check(behind, 16)
+    behind.apply_delta(delta)
+    check(behind, 24)
+    check(ahead, 24)
+    assert behind.stats()["redis"]["hits"] > 0 and ahead.stats()["redis"]["hits"] > 0
+    for model in (ahead, behind, *reference.values()):
+        model.close()
 
 
 def test_requests_in_flight_keep_the_old_rows_and_a_full_export_replaces_the_tiers(exports, tmp_path):
