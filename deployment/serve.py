@@ -16,7 +16,7 @@ served version's step to clients that ask for it.
 
 Prometheus metrics are served at GET /metrics on --metrics_port: with the native frontend
 deployment/metrics.py's (requests by protocol and status, samples, a latency histogram, the
-served version's step and the lookup tiers' counts), with Triton's Triton's own.
+served version's step and the lookup tiers' counts), with --frontend=triton Triton's own.
 
 With --updates=DIR (tables form only), new versions dropped into DIR (deltas, full exports) are
 served without a restart, each logged in one line (deployment/live.py's Updater):
