@@ -2,7 +2,7 @@
 from absl import app
 
 from main import main
-from utils.flags import set_defaults
+from run.flags import set_defaults
 
 if __name__ == "__main__":
     set_defaults(interaction="dot", optimizer="sgd", learning_rate=24.0, embedding_dim=["128"],

@@ -12,10 +12,10 @@ from absl import app
 
 from dataloading import position
 from dataloading.open import open_dataset
-from nn import checkpoint
+from storage import checkpoint
 from nn.model_config import ModelConfig, table_configs
-from utils import flags as run_flags
-from utils.config import RunConfig
+from run import flags as run_flags
+from run.config import RunConfig
 from utils.errors import CheckpointError, ConfigError, NonFiniteError, StoreError
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -76,7 +76,7 @@ class Run:
         plan = plan_tables(cfg.cardinalities, cfg.embedding_dims, comm.size, cfg.dist_strategy,
                            cfg.column_slice_threshold, cfg.row_slice_threshold, cfg.data_parallel_threshold)
         from parallel_embedding.optimizers import slot_names
-        from utils.runtime import tiered_plan
+        from run.runtime import tiered_plan
         on_gpu = bool(tf.config.list_physical_devices("GPU"))
         plan = tiered_plan(plan, cfg, len(slot_names(cfg.optimizer)), on_gpu)
         self.model_config = model_config(cfg)
@@ -92,7 +92,7 @@ class Run:
                                train_tables=cfg.embedding_trainable, run_eagerly=cfg.run_eagerly)
         self.log.print(plan.format(slots=len(emb.optimizer.slot_names)))
         if cfg.cpu_offloading_threshold_gb is not None:
-            from utils.runtime import offloading_line
+            from run.runtime import offloading_line
             self.log.print(offloading_line(cfg.cpu_offloading_threshold_gb, plan.bytes_on(comm.rank), comm.rank,
                                            on_gpu))
         params = sum(t.rows * t.dim for t in plan.tables) + sum(
@@ -200,7 +200,7 @@ class Run:
 
     def train(self) -> dict:
         from dataloading.batches import prefetched, train_batches
-        from utils.runtime import StepProfiler
+        from run.runtime import StepProfiler
         cfg, d = self.cfg, self.dataset
         steps_per_epoch, total = self.steps_per_epoch, self.total
         offset = self.start_step - self.data_start   # global step = this data's step + offset
@@ -299,7 +299,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     from parallel_embedding.collectives import make_collectives
-    from utils.runtime import configure_tensorflow
+    from run.runtime import configure_tensorflow
     F = run_flags.FLAGS
     try:   # before the collectives: their first op starts TensorFlow, and they pick a GPU
         configure_tensorflow(F.cpu, F.inter_op_parallelism, F.intra_op_parallelism, F.tfdata_debug)

@@ -3,7 +3,7 @@ from utils.errors import ConfigError
 
 
 def open_dataset(cfg):
-    """The dataset of run configuration `cfg` (utils.config.RunConfig, or anything with the fields
+    """The dataset of run configuration `cfg` (run.config.RunConfig, or anything with the fields
     read here) and its rows per split ("train" only when training, "eval"). An empty eval mapping
     is an error unless training (which then trains without evaluation)."""
     if cfg.dataset_type == "synthetic":

@@ -95,9 +95,9 @@ def free_ports(n: int) -> list:
 
 
 def open_eval_data(flags) -> Tuple[object, int]:
-    """(dataset, evaluation rows) named by main.py's data flags (utils/data_flags.py)."""
+    """(dataset, evaluation rows) named by main.py's data flags (run/data_flags.py)."""
     from dataloading.open import open_dataset
-    from utils.config import feature_spec_path, parse_int_list
+    from run.config import feature_spec_path, parse_int_list
     if flags.dataset_type == "synthetic":
         cards = parse_int_list("synthetic_cardinalities", flags.synthetic_cardinalities)
         num_numerical = flags.synthetic_num_numerical

@@ -58,7 +58,7 @@ class Version:
 
 
 def checkpoint_version(manifest: dict) -> Version:
-    """The version of the checkpoint whose manifest (nn.checkpoint.read_manifest) is given; run ""
+    """The version of the checkpoint whose manifest (storage.checkpoint.read_manifest) is given; run ""
     for a checkpoint written before runs were recorded."""
     lineage = manifest["state"].get("lineage") or [{"run": ""}]
     return Version(lineage[-1]["run"], int(manifest["step"]))

@@ -14,7 +14,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
 
-from utils import data_flags  # noqa: E402,F401 (the data flags of main.py)
+from run import data_flags  # noqa: E402,F401 (the data flags of main.py)
 from utils.errors import ConfigError  # noqa: E402
 
 flags.DEFINE_enum("protocol", "http", ["http", "grpc"], "how to talk to the server")

@@ -15,7 +15,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
 
-from utils import data_flags  # noqa: E402,F401 (the data flags of main.py)
+from run import data_flags  # noqa: E402,F401 (the data flags of main.py)
 from utils.errors import ConfigError  # noqa: E402
 
 flags.DEFINE_enum("protocol", "http", ["http", "grpc"], "how to talk to the server")
@@ -86,7 +86,7 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     from tritonclient.utils import InferenceServerException
     from deployment.client import ServingClient, ServingError, error_line, open_eval_data
-    from utils.config import parse_int_list
+    from run.config import parse_int_list
     try:
         sizes = parse_int_list("batch_sizes", FLAGS.batch_sizes)
         for name, value in [("concurrency", FLAGS.concurrency), ("requests", FLAGS.requests),

@@ -22,7 +22,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 from deployment.layout import CATEGORICAL, EMBEDDINGS, LOGITS, NUMERICAL, PAD, PREDICTIONS, ServingLayout
 from deployment.tables import table_tensor
-from nn import checkpoint
+from storage import checkpoint
 from nn.model import DenseArch
 from nn.model_config import ModelConfig
 from parallel_embedding.layer import check_ids, combine, flatten_ids
@@ -99,7 +99,7 @@ class _Serving(tf.Module):
 
 
 def serving_modules(manifest: dict, host_bytes: int, with_tables: bool = True) -> dict:
-    """The root module of each SavedModel of the checkpoint whose manifest (nn.checkpoint.
+    """The root module of each SavedModel of the checkpoint whose manifest (storage.checkpoint.
     read_manifest) is given: "dense", and with `with_tables` "monolithic" and "sparse" (they hold
     every table, read whole; tables above `host_bytes` bytes in host memory)."""
     config = ModelConfig.from_signature(manifest["signature"])

@@ -26,8 +26,8 @@ from deployment import delta
 from deployment.delta import EXPORT_INFO
 from deployment.layout import CATEGORICAL, EMBEDDINGS, LOGITS, NUMERICAL, PREDICTIONS, ServingLayout
 from deployment.tables import table_tensor, tables_bytes, write_tables
-from nn import checkpoint
-from nn.checkpoint import read_manifest
+from storage import checkpoint
+from storage.checkpoint import read_manifest
 from nn.model_config import ModelConfig
 from parallel_embedding import UPDATED_AT
 from utils.files import move_into_place

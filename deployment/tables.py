@@ -14,7 +14,7 @@ from typing import Tuple
 import numpy as np
 
 from deployment.layout import EMBEDDINGS, NUMERICAL, PAD, ServingLayout
-from nn import checkpoint
+from storage import checkpoint
 from nn.model_config import ModelConfig
 from utils.errors import CheckpointError
 from utils.files import write_json
@@ -36,7 +36,7 @@ def tables_bytes(model: ModelConfig) -> int:
 
 
 def write_tables(manifest: dict, directory: str, dense_model: str) -> dict:
-    """Writes the table files of the checkpoint whose manifest (nn.checkpoint.read_manifest) is
+    """Writes the table files of the checkpoint whose manifest (storage.checkpoint.read_manifest) is
     given into the new directory `directory`, then tables.json, and returns its content.
     `dense_model`: the name of the SavedModel that takes the tables' rows (as `embeddings`)."""
     model = ModelConfig.from_signature(manifest["signature"])

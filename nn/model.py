@@ -3,7 +3,7 @@ from typing import List, Optional, Set
 
 import tensorflow as tf
 
-from nn.checkpoint import Entry, replicated_entries
+from storage.checkpoint import Entry, replicated_entries
 from nn.interaction import make_interaction
 from nn.mlp import MLP
 from nn.model_config import ModelConfig

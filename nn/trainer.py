@@ -5,7 +5,7 @@ from typing import Dict, List, Optional, Set
 
 import tensorflow as tf
 
-from nn.checkpoint import Entry, replicated_entries
+from storage.checkpoint import Entry, replicated_entries
 from nn.lr_schedule import LearningRateSchedule
 from nn.model import RankingModel
 from parallel_embedding import UPDATED_AT

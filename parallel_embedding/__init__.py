@@ -15,7 +15,7 @@ Optimizer update of the rows:
                                                    counter (int64 variable); emb.optimizer.slot_names
     emb.apply_gradients(grads, lr, multi_hot)      only the rows in grads (and their slots) change;
                                                    their updated_at becomes step + 1
-Checkpoint entries (nn.checkpoint saves every rank's pieces, restores at any world size):
+Checkpoint entries (storage.checkpoint saves every rank's pieces, restores at any world size):
     emb.checkpoint_entries(weights_only)   this rank's pieces of tensors "embedding/table_<f>"
                                            [rows_f, D_f] and "embedding/table_<f>/<slot>", of
                                            "embedding/table_<f>/updated_at" [rows_f, 1] int32 (the

@@ -35,7 +35,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Set, Union
 import numpy as np
 import tensorflow as tf
 
-from nn.checkpoint import Entry, replicated_entries
+from storage.checkpoint import Entry, replicated_entries
 from parallel_embedding import UPDATED_AT
 from parallel_embedding.optimizers import make_optimizer
 from parallel_embedding.planner import Plan, Shard, plan_tables  # noqa: F401 (plan_tables: the example)

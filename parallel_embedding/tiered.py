@@ -107,7 +107,7 @@ class ShardFile:
 
 class StoreRows:
     """Part `part` of a shard file (0: the table's rows, j: slot j) as a checkpoint row source
-    [R, w] (nn.checkpoint's streamed entries). Reading flushes the cache's dirty rows first;
+    [R, w] (storage.checkpoint's streamed entries). Reading flushes the cache's dirty rows first;
     writing (a restore) empties the unit's cache."""
 
     def __init__(self, tables: "TieredTables", unit: "Unit", file: ShardFile, part: int):
@@ -128,7 +128,7 @@ class StoreRows:
 
 
 class UpdatedAt:
-    """A unit's updated_at as a checkpoint row source [R, 1] int32 (nn.checkpoint's streamed entries):
+    """A unit's updated_at as a checkpoint row source [R, 1] int32 (storage.checkpoint's streamed entries):
     the marks of batches staged but not trained yet (their step after `step()`, the steps trained)
     read as the values they replaced, so a checkpoint holds what an in-memory table's would."""
 

@@ -1,5 +1,5 @@
 """Small run configurations for tests."""
-from utils.config import build_config
+from run.config import build_config
 
 TINY = dict(
     mode="train", batch_size=128, valid_batch_size=500, epochs=1, max_steps=-1, learning_rate=0.003,

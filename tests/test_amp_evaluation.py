@@ -56,7 +56,7 @@ def test_float16_checkpoint_restores_without_amp_and_back(tmp_path, monkeypatch)
     evaluating or resuming it without --amp leaves the scale unread, and an AMP run resumes a
     checkpoint without one from the initial scale."""
     import nn.trainer
-    from nn import checkpoint
+    from storage import checkpoint
     fp16, plain = str(tmp_path / "fp16"), str(tmp_path / "plain")
     monkeypatch.setattr(nn.trainer, "amp_dtype", lambda: tf.float16)
     trained = main.run(tiny_config(amp=True, save_checkpoint_path=fp16, max_steps=10))

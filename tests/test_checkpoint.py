@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import main
-from nn import checkpoint
+from storage import checkpoint
 from tests.configs import tiny_config
 from utils.errors import CheckpointError, ConfigError
 

@@ -10,7 +10,7 @@ import pytest
 
 import main
 import nn.evaluator
-from nn import checkpoint
+from storage import checkpoint
 from tests.configs import tiny_config
 from tests.horovod_run import ROOT
 from utils.errors import ConfigError

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from nn import checkpoint
-from nn.checkpoint import Entry
+from storage import checkpoint
+from storage.checkpoint import Entry
 from parallel_embedding.collectives import SingleProcess
 from utils.errors import CheckpointError
 

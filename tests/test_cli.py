@@ -1,5 +1,5 @@
 """End to end: the entry points (subprocesses), and every flag's effect on a run (in process,
-through utils.config.build_config + main.run on tiny models)."""
+through run.config.build_config + main.run on tiny models)."""
 import json
 import os
 import re

@@ -1,4 +1,4 @@
-"""Flag validation rules of utils/config.py (pure Python: no TensorFlow, no model).
+"""Flag validation rules of run/config.py (pure Python: no TensorFlow, no model).
 
 Every rule must stop the run with a ConfigError whose message is ONE line naming the offending
 flag as `--name`; a flag that does not apply in the chosen setting is an error only when the
@@ -10,12 +10,12 @@ import sys
 
 import pytest
 
-from utils.config import _APPLIES_ONLY, RunConfig, build_config
+from run.config import _APPLIES_ONLY, RunConfig, build_config
 from utils.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# The flag defaults of utils/flags.py (DLRM's), as absl hands them over: lists as lists of strings.
+# The flag defaults of run/flags.py (DLRM's), as absl hands them over: lists as lists of strings.
 DEFAULTS = dict(
     mode="train", batch_size=64 * 1024, valid_batch_size=64 * 1024, epochs=1, max_steps=-1,
     learning_rate=24.0, optimizer="sgd", beta1=0.9, beta2=0.999, warmup_steps=8000, decay_start_step=48000,
@@ -81,9 +81,9 @@ def test_flag_defaults_are_valid_and_typed():
 
 
 def test_baseline_mirrors_flag_defaults():
-    """DEFAULTS above is what utils/flags.py defines (absl only, no TensorFlow), and every
+    """DEFAULTS above is what run/flags.py defines (absl only, no TensorFlow), and every
     RunConfig field has a flag."""
-    from utils import flags as run_flags
+    from run import flags as run_flags
     fields = set(RunConfig.__dataclass_fields__) - {"embedding_dims", "dataset"} | {"embedding_dim"}
     assert set(DEFAULTS) == fields
     for name, default in DEFAULTS.items():
@@ -98,7 +98,7 @@ def test_dcnv2_defaults_are_valid():
 
 def test_config_is_pure_python():
     """Flag errors come before (and without) the TensorFlow import."""
-    code = ("import sys, utils.config, utils.flags, main; "
+    code = ("import sys, run.config, run.flags, main; "
             "sys.exit(1 if 'tensorflow' in sys.modules else 0)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -376,7 +376,7 @@ def test_reference_interaction_names(given, interaction):
 
 
 def test_reference_interaction_names_are_flag_values():
-    from utils import flags as run_flags
+    from run import flags as run_flags
     assert {"dot_custom_cuda", "dot_tensorflow"} <= set(run_flags.FLAGS["interaction"].parser.enum_values)
 
 
@@ -426,5 +426,5 @@ def test_embedding_dim_bad_json_file(tmp_path, content, fragment):
     ("", "specs/criteo.yaml", "specs/criteo.yaml"),
 ])
 def test_feature_spec_path(dataset_path, feature_spec, path):
-    from utils.config import feature_spec_path
+    from run.config import feature_spec_path
     assert feature_spec_path(dataset_path, feature_spec) == path

@@ -14,10 +14,10 @@ from dataloading.feature_spec import SPEC_FILE, split_binary_spec
 from dataloading.generate_dataset import generate, synthetic_columns
 from dataloading.synthetic import SyntheticDataset
 from dataloading.writer import MappingWriter
-from nn import checkpoint
+from storage import checkpoint
 from tests.configs import TINY
 from tests.horovod_run import ROOT, horovodrun
-from utils.config import build_config
+from run.config import build_config
 from utils.errors import CheckpointError, ConfigError
 
 CARDS = [20, 50, 7, 30]

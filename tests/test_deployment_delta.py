@@ -15,7 +15,7 @@ import tensorflow as tf
 import main
 from deployment import delta
 from deployment.repository import ExportError, write_delta_repository, write_repository
-from nn import checkpoint
+from storage import checkpoint
 from tests.configs import tiny_config
 from tests.horovod_run import ROOT, horovodrun
 

@@ -19,7 +19,7 @@ from deployment.layout import PAD, ServingLayout, categorical_matrix
 from tests.configs import TINY, tiny_config
 from tests.horovod_run import ROOT, horovodrun
 from tests.test_dataset_cli import MODEL, write_dataset
-from utils.config import build_config
+from run.config import build_config
 
 DCN = ["--interaction=cross", "--embedding_dim=4,8,6,5", "--num_cross_layers=2", "--cross_layer_projection_dim=4"]
 PREDICT = """
@@ -142,7 +142,7 @@ def test_layout_pads_multi_hot_rows_and_refuses_too_many_ids():
 def test_out_of_range_ids_fail_naming_the_feature(tmp_path):
     import tensorflow as tf
     from deployment.export import serving_modules
-    from nn.checkpoint import read_manifest
+    from storage.checkpoint import read_manifest
     cfg = tiny_config(save_checkpoint_path=str(tmp_path / "ckpt"), max_steps=2)
     main.run(cfg)
     manifest = read_manifest(str(tmp_path / "ckpt"))

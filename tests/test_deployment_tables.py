@@ -18,7 +18,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 from deployment.layout import PAD, ServingLayout
 from deployment.repository import ExportError, write_repository
 from deployment.tables import table_tensor
-from nn import checkpoint
+from storage import checkpoint
 from nn.model import RankingModel
 from nn.model_config import ModelConfig, table_configs
 from parallel_embedding.planner import plan_tables

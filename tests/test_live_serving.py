@@ -22,7 +22,7 @@ from deployment.repository import write_repository
 from tests.configs import TINY
 from tests.test_dataset_cli import write_dataset
 from tests.test_serving import port_flags, script, start_server, stop_server
-from utils.config import build_config
+from run.config import build_config
 
 STEPS = (8, 16, 24)
 RUN = ""   # set by the exports fixture

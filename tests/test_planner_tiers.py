@@ -10,7 +10,7 @@ from parallel_embedding.planner import (INDEX_BYTES_PER_ROW, SLOT_OVERHEAD_BYTES
 from tests.test_config import build
 from tests.test_planner import random_configs
 from utils.errors import ConfigError
-from utils.runtime import tiered_plan
+from run.runtime import tiered_plan
 
 
 def tiers(plan: Plan):
@@ -274,7 +274,7 @@ def test_memory_bytes_on_equals_bytes_on_without_tiers():
             assert plan.memory_bytes_on(r, 2) == plan.bytes_on(r, slots=2) and plan.disk_bytes_on(r, 2) == 0
 
 
-# From the flags (utils.runtime.tiered_plan) ----------------------------------------------------------
+# From the flags (run.runtime.tiered_plan) ----------------------------------------------------------
 
 # Three one-hot tables of width 16 (64 bytes a row at slots 0): f0 100,000 rows (6,400,000 bytes), f1 1,000, f2 10.
 FLAGS = dict(synthetic_cardinalities=["100000", "1000", "10"], embedding_dim=["16"], bottom_mlp_dims=["16"],
@@ -288,9 +288,9 @@ def flags_plan(present=None, **overrides):
 
 
 def test_tiered_plan_passes_the_flags_to_assign_tiers(monkeypatch):
-    import utils.runtime
+    import run.runtime
     calls = []
-    monkeypatch.setattr(utils.runtime, "assign_tiers", lambda *args: calls.append(args) or args[0])
+    monkeypatch.setattr(run.runtime, "assign_tiers", lambda *args: calls.append(args) or args[0])
     cfg, plan = flags_plan(embedding_memory_budget_gb=1.5, cpu_offloading_threshold_gb=3)
     for on_gpu in (True, False):
         assert tiered_plan(plan, cfg, 2, on_gpu) is plan

@@ -18,7 +18,7 @@ from dataloading.split_binary import RaggedIds, SplitBinaryDataset
 from dataloading.synthetic import SyntheticDataset
 from tests.configs import TINY
 from tests.horovod_run import ROOT
-from utils.config import build_config
+from run.config import build_config
 from utils.errors import ConfigError
 
 SCHEDULE = dict(warmup_steps=3, decay_start_step=6, decay_steps=6)

@@ -24,7 +24,7 @@ from tests.configs import TINY
 from tests.horovod_run import ROOT
 from tests.test_dataset_cli import write_dataset
 from tests.test_deployment_export import reference
-from utils.config import build_config
+from run.config import build_config
 
 MAX_BATCH = 256
 FRONTENDS = ["triton", "native"]

@@ -26,7 +26,7 @@ from dataloading.to_tfrecords import main as to_tfrecords_main, write_mapping
 from dataloading.writer import MappingWriter
 from tests.configs import TINY
 from tests.horovod_run import ROOT
-from utils.config import build_config
+from run.config import build_config
 from utils.errors import ConfigError, DatasetError
 
 CARDS = {"c0": 1000, "c1": 7, "c2": 40000}

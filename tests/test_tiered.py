@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from nn import checkpoint
+from storage import checkpoint
 from nn.lr_schedule import LearningRateSchedule
 from nn.model import RankingModel
 from nn.model_config import ModelConfig, table_configs

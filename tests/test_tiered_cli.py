@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-from nn import checkpoint
+from storage import checkpoint
 from tests.horovod_run import ROOT, horovodrun
 from tests.test_multirank_cli import one_process, records, succeeded, wait_for
 

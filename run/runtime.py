@@ -5,7 +5,7 @@ import os
 from typing import Optional
 
 from parallel_embedding.planner import Plan, PlanError, assign_tiers
-from utils.config import RunConfig
+from run.config import RunConfig
 from utils.errors import ConfigError
 from utils.logger import tensorboard_dir
 

@@ -4,8 +4,8 @@ Defaults are DLRM's; `dcnv2.py` overrides the model defaults with `set_defaults`
 """
 from absl import flags
 
-from utils import data_flags  # noqa: F401 (defines the flags naming the data: --dataset_type, ...)
-from utils.config import (CACHE_POLICIES, COMBINERS, DIST_STRATEGIES, INTERACTION_ALIASES, INTERACTIONS,
+from run import data_flags  # noqa: F401 (defines the flags naming the data: --dataset_type, ...)
+from run.config import (CACHE_POLICIES, COMBINERS, DIST_STRATEGIES, INTERACTION_ALIASES, INTERACTIONS,
                           LR_SCHEDULE_RESTORES, MODES, OPTIMIZERS, REFERENCE_SYNTHETIC, RESTORE_MODES, RunConfig,
                           build_config)
 
@@ -64,7 +64,7 @@ flags.DEFINE_bool("train_last_partial_batch", False, "also train on the last, sm
 flags.DEFINE_enum("multi_hot_combiner", None, list(COMBINERS), "how a multi-hot feature's embeddings are combined "
                   "(default sum); only for datasets with multi-hot features")
 flags.DEFINE_integer("synthetic_rows", 2 ** 21, "synthetic training samples per epoch")
-# The reference's names for the synthetic data (utils.config.REFERENCE_SYNTHETIC maps them onto ours).
+# The reference's names for the synthetic data (run.config.REFERENCE_SYNTHETIC maps them onto ours).
 flags.DEFINE_bool("synthetic_dataset_use_feature_spec", False, "synthetic data shaped by the feature spec at "
                   "--dataset_path/--feature_spec (cardinalities, numerical count, hotness, alpha)")
 flags.DEFINE_integer("synthetic_dataset_train_batches", None, "synthetic training batches per epoch "

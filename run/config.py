@@ -81,12 +81,12 @@ class RunConfig:
     embedding_trainable: bool = True
     embedding_zeros_initializer: bool = False
     cpu_offloading_threshold_gb: Optional[int] = None
-    embedding_memory_budget_gb: Optional[float] = None   # storage tiers: utils.runtime.tiered_plan
+    embedding_memory_budget_gb: Optional[float] = None   # storage tiers: run.runtime.tiered_plan
     embedding_store_path: Optional[str] = None
     embedding_cache_policy: str = "lru"
     profiler_start_step: Optional[int] = None
     profiled_rank: int = 0
-    cpu: bool = False   # applied (with the three below) by utils.runtime before TensorFlow starts
+    cpu: bool = False   # applied (with the three below) by run.runtime before TensorFlow starts
     tfdata_debug: bool = False
     inter_op_parallelism: Optional[int] = None
     intra_op_parallelism: Optional[int] = None

@@ -2,7 +2,7 @@
 main.py and the deployment clients (deployment/evaluate_accuracy.py, evaluate_latency.py)."""
 from absl import flags
 
-from utils.config import DATASET_TYPES
+from run.config import DATASET_TYPES
 
 flags.DEFINE_integer("seed", 12345, "seed for initialisation and data order")
 flags.DEFINE_enum("dataset_type", "split_binary", list(DATASET_TYPES), "split_binary: files described by a feature "
