@@ -4,32 +4,36 @@ Triton speaks it) until interrupted (Ctrl-C or SIGTERM).
     python deployment/serve.py --model_repository=runs/demo/model_repository
     python deployment/serve.py --checkpoint=runs/demo/checkpoints --http_port=8000 --grpc_port=8001
 
-The repository's table files and dense SavedModel compute each request (deployment/live.py) when
-it has the tables form, else its monolithic SavedModel. --frontend=native (the default): this
-process answers HTTP and gRPC itself (deployment/native.py); --frontend=triton: the Triton binary
-of the `nvidia-pytriton` wheel does, its Python backend handing each (dynamically batched)
-request to this process (2-3x slower at batch 1 and 64, docs/benchmarks.md). Requests are those
-of Triton's TensorFlow backend serving the same repository (see deployment/layout.py): the
-frontend checks names, dtypes and shapes, the model checks ids; a bad request gets an error
-response and the server keeps serving. An extra output, model_version [B, 1] int64, gives the
-served version's step to clients that ask for it.
+The repository's table files and dense SavedModel compute each request (deployment/serving/
+live.py) when it has the tables form, else its monolithic SavedModel (deployment/serving/
+monolithic.py). --frontend=native (the default): this process answers HTTP and gRPC itself
+(deployment/serving/native.py); --frontend=triton: the Triton binary of the `nvidia-pytriton`
+wheel does, its Python backend handing each (dynamically batched) request to this process (2-3x
+slower at batch 1 and 64, docs/benchmarks.md). Requests are those of Triton's TensorFlow backend
+serving the same repository (see deployment/repository_format.py): the frontend checks names,
+dtypes and shapes, the model checks ids; a bad request gets an error response and the server
+keeps serving. An extra output, model_version [B, 1] int64, gives the served version's step to
+clients that ask for it.
 
 Prometheus metrics are served at GET /metrics on --metrics_port: with the native frontend
-deployment/metrics.py's (requests by protocol and status, samples, a latency histogram, the
-served version's step and the lookup tiers' counts), with --frontend=triton Triton's own.
+deployment/serving/metrics.py's (requests by protocol and status, samples, a latency histogram,
+the served version's step and the lookup tiers' counts), with --frontend=triton Triton's own.
 
 With --updates=DIR (tables form only), new versions dropped into DIR (deltas, full exports) are
-served without a restart, each logged in one line (deployment/live.py's Updater):
+served without a restart, each logged in one line (deployment/serving/live.py's Updater):
 
     python deployment/serve.py --model_repository=runs/demo/model_repository --updates=runs/demo/updates
 
 With --embedding_cache_mb (or --tiers_config), a tables-form repository's tables are not loaded
 whole: lookups go through a per-process cache of hot rows, an optional Redis server shared by
-servers (--redis_url), and the table files memory-mapped (deployment/lookup_tiers.py), for
-tables larger than the server's memory:
+servers (--redis_url), and the table files memory-mapped (deployment/serving/lookup_tiers.py),
+for tables larger than the server's memory:
 
     python deployment/serve.py --model_repository=runs/demo/model_repository --embedding_cache_mb=512 \
         --redis_url=redis://127.0.0.1:6379/0
+
+The server imports nothing of training: only --checkpoint loads the exporter, to write the
+repository it serves.
 """
 import os
 import pathlib
@@ -43,23 +47,26 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
 
-from deployment.live import MODEL_VERSION, BadRequest, Model, Updater, export_version  # noqa: E402
-from deployment.lookup_tiers import POLICIES, TierConfig  # noqa: E402
-from deployment.native import ServedModel, TensorSpec, serving as native_serving  # noqa: E402
-from deployment.repository import ExportError, read_export_info  # noqa: E402
+from deployment.repository_format import (CATEGORICAL, LOGITS, NUMERICAL, PREDICTIONS,  # noqa: E402
+                                          RepositoryError, categorical_width, export_version, read_export_info)
+from deployment.serving.backend import MODEL_VERSION  # noqa: E402
+from deployment.serving.errors import BadRequest  # noqa: E402
+from deployment.serving.live import Model, Updater  # noqa: E402
+from deployment.serving.lookup_tiers import POLICIES, TierConfig  # noqa: E402
+from deployment.serving.native import ServedModel, TensorSpec, serving as native_serving  # noqa: E402
 from utils.errors import CheckpointError, ConfigError, StoreError  # noqa: E402
 
 flags.DEFINE_string("model_repository", None, "a model repository written by deployment/deploy.py")
 flags.DEFINE_string("checkpoint", None, "a checkpoint to export (to a temporary repository) and serve, instead")
 flags.DEFINE_string("model_name", None, "the name to serve the model under (default: the repository's)")
 flags.DEFINE_enum("frontend", "native", ["native", "triton"], "native: this process answers HTTP and gRPC "
-                  "itself (deployment/native.py); triton: pytriton's Triton server, its Python backend handing "
+                  "itself (deployment/serving/native.py); triton: pytriton's Triton server, its Python backend handing "
                   "each request to this process")
 flags.DEFINE_string("address", "0.0.0.0", "address the HTTP, gRPC and metrics endpoints listen on")
 flags.DEFINE_integer("http_port", 8000, "HTTP/REST port")
 flags.DEFINE_integer("grpc_port", 8001, "gRPC port")
 flags.DEFINE_integer("metrics_port", 8002, "Prometheus metrics port, GET /metrics (native: requests, latency, "
-                     "version and lookup tiers, deployment/metrics.py; triton: Triton's own)")
+                     "version and lookup tiers, deployment/serving/metrics.py; triton: Triton's own)")
 flags.DEFINE_integer("max_batch_size", None, "largest batch a request (or a dynamic batch) may have "
                      "(default: the repository's config.pbtxt)")
 flags.DEFINE_string("updates", None, "a directory to poll for new versions to serve (deltas and full exports, "
@@ -73,8 +80,9 @@ flags.DEFINE_string("embedding_cache_policy", None, f"{' or '.join(POLICIES)} (d
                     "room for new ones; with --embedding_cache_mb")
 flags.DEFINE_string("redis_url", None, "redis://host:port/db: a Redis server shared by servers, between the cache and "
                     "the table files; with --embedding_cache_mb")
-flags.DEFINE_string("tiers_config", None, "a JSON file of the lookup tiers' settings (deployment/lookup_tiers.py's "
-                    "TierConfig: cache_bytes, policy, redis_url, ...), instead of the three flags above")
+flags.DEFINE_string("tiers_config", None, "a JSON file of the lookup tiers' settings (deployment/serving/"
+                    "lookup_tiers.py's TierConfig: cache_bytes, policy, redis_url, ...), instead of the three flags "
+                    "above")
 FLAGS = flags.FLAGS
 
 
@@ -175,7 +183,6 @@ def log(line: str):
 
 def serve(repository: str, tiers):
     import numpy as np
-    from deployment.layout import CATEGORICAL, LOGITS, NUMERICAL, PREDICTIONS, categorical_width
     info = read_export_info(repository)
     name, layout, settings, forms = info["name"], info["layout"], info["settings"], ",".join(info["forms"])
     updater = None
@@ -286,12 +293,12 @@ def main(argv):
         if FLAGS.model_repository:
             serve_until_stopped(FLAGS.model_repository, tiers)
             return
-        from deployment.repository import write_repository
+        from deployment.exporter.repository import write_repository   # the exporter: only to serve a checkpoint
         with tempfile.TemporaryDirectory(prefix="dlrm-serve-") as tmp:
             write_repository(FLAGS.checkpoint, os.path.join(tmp, "repo"),
                              forms=("tables",) if FLAGS.updates or tiers else ("monolithic",))
             serve_until_stopped(os.path.join(tmp, "repo"), tiers)
-    except (ServeError, ExportError, CheckpointError, ConfigError, StoreError) as e:
+    except (ServeError, RepositoryError, CheckpointError, ConfigError, StoreError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
