@@ -1,4 +1,4 @@
-"""What every backend (live.Model) does alike: the interface a frontend
+"""What every backend (monolithic.MonolithicModel, live.Model) does alike: the interface a frontend
 calls, the request check and the model_version output.
 
     infer(numerical_features [B, n] float32, categorical_features [B, W] int64)
