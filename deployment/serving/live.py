@@ -3,19 +3,19 @@ while it serves: the backend (backend.py) for repositories with table files.
 
 The embeddings are looked up in NumPy from the table files, the `<name>_dense` SavedModel
 computes predictions and logits. The tables are held whole in memory (`MemoryTables`), or, for
-tables larger than memory, looked up through lookup_tiers.py's `LookupTiers` (a
-cache of hot rows, optionally Redis, the table files memory-mapped as the store); both offer
-the `Tables` interface. What is served is a `Snapshot` (version, dense model, tables, an overlay
-of updated rows); each request takes the current one once and uses only it, so a new version
-swaps in between requests without a restart:
+tables larger than memory, looked up through lookup_tiers.py's `LookupTiers` (a cache of hot
+rows, optionally Redis, the table files memory-mapped as the store); both offer the `Tables`
+interface. What is served is a `Snapshot` (version, dense model, tables, an overlay of updated
+rows); each request takes the current one once and uses only it, so a new version swaps in
+between requests without a restart:
 
-- a delta (deployment/repository_format.py) whose base is the served version: its rows become the overlay
-  of a new snapshot (lookups consult it first; no table is copied) with the delta's dense model,
-  swapped in; once every request that started on an older snapshot has finished, the rows are
-  written into the tables in place (through the tiers: the store's files, Redis and the cache;
-  the delta's dense model is kept in the store's directory and named in its store.json, so that
-  a restart serves the version the store holds) and a snapshot without overlay replaces it.
-  Requests never wait for the update.
+- a delta (deployment/repository_format.py) whose base is the served version: its rows become
+  the overlay of a new snapshot (lookups consult it first; no table is copied) with the delta's
+  dense model, swapped in; once every request that started on an older snapshot has finished,
+  the rows are written into the tables in place (through the tiers: the store's files, Redis and
+  the cache; the delta's dense model is kept in the store's directory and named in its
+  store.json, so that a restart serves the version the store holds) and a snapshot without
+  overlay replaces it. Requests never wait for the update.
 - a full export with another version: loaded (in memory: whole, memory for both while loading;
   through the tiers: new tiers on its store), swapped in; the old tables are closed once the
   requests using them finished.
