@@ -1,5 +1,5 @@
 """The persistent tier of serving lookups: a table's rows read from the export's .npy file
-memory-mapped (deployment/lookup_tiers.py's RowStore) against RocksDB (rocksdict, multi-get of
+memory-mapped (deployment/serving/lookup_tiers.py's RowStore) against RocksDB (rocksdict, multi-get of
 raw bytes values), for batches of power-law (Zipf) ids. One JSON line per store.
 
     python benchmarks/serving_store.py [--rows 4000000] [--dim 32] [--batch 4096] [--batches 200]
@@ -69,7 +69,7 @@ def evict(path: str):
 
 
 def npy_reader(path: str):
-    from deployment.lookup_tiers import open_npy_table
+    from deployment.serving.lookup_tiers import open_npy_table
     table = open_npy_table(path, writable=False)
 
     def read(ids):

@@ -1,5 +1,5 @@
 """Serving through the lookup tiers against the same model served all in memory, in process
-(deployment/live.py's Model, one client thread): a tables-form repository whose tables are
+(deployment/serving/live.py's Model, one client thread): a tables-form repository whose tables are
 --ratio times the cache budget, requests with power-law (Zipf) ids. One JSON line: both engines'
 figures and their ratios.
 
@@ -27,8 +27,8 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from dataloading.synthetic import power_law_ids  # noqa: E402
-from deployment.live import Model  # noqa: E402
-from deployment.lookup_tiers import TierConfig  # noqa: E402
+from deployment.serving.live import Model  # noqa: E402
+from deployment.serving.lookup_tiers import TierConfig  # noqa: E402
 
 HASH = 2654435761   # a prime: rank -> (rank * HASH) % rows is a permutation of each table's rows
 

@@ -8,7 +8,7 @@ from typing import Iterator, Tuple
 
 import numpy as np
 
-from deployment.layout import CATEGORICAL, LOGITS, NUMERICAL, categorical_matrix
+from deployment.repository_format import CATEGORICAL, LOGITS, NUMERICAL, categorical_matrix
 from utils.errors import ConfigError
 
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001}

@@ -5,9 +5,9 @@
 The checkpoint's manifest holds the model's shape, so no model flags are needed. Writes the
 monolithic SavedModel, the ensemble (sparse + dense SavedModels) and their config.pbtxt files, or,
 for tables larger than --max_tables_in_memory_gb, the dense SavedModel and the tables as .npy
-files (see deployment/repository.py and docs/deployment.md). With --delta_from, writes instead
-the rows updated since an earlier export and the dense model (deployment/delta.py), for a running
-server to apply. The last line says what was written.
+files (see deployment/exporter/repository.py and docs/deployment.md). With --delta_from, writes
+instead the rows updated since an earlier export and the dense model (deployment/exporter/
+deltas.py), for a running server to apply. The last line says what was written.
 
     python deployment/deploy.py --checkpoint=runs/day1/checkpoints --delta_from=runs/day0/model_repository \
         --output=runs/updates/day1
@@ -20,9 +20,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags, logging  # noqa: E402
 
-from deployment.delta import DeltaError  # noqa: E402
-from deployment.repository import (MEMORY_FRACTION, ExportError, Settings, default_tables_limit, gib,  # noqa: E402
-                                   write_delta_repository, write_repository)
+from deployment.exporter.repository import (MEMORY_FRACTION, ExportError, Settings, default_tables_limit,  # noqa: E402
+                                            gib, write_delta_repository, write_repository)
+from deployment.repository_format import RepositoryError  # noqa: E402
 from utils.errors import CheckpointError  # noqa: E402
 
 flags.DEFINE_string("checkpoint", None, "checkpoint directory (a ckpt-<step> or the root holding `latest`)")
@@ -77,7 +77,7 @@ def main(argv):
             int(FLAGS.max_tables_in_memory_gb * 2 ** 30)
         info = write_repository(FLAGS.checkpoint, FLAGS.output, FLAGS.model_name, settings, FLAGS.host_table_mb,
                                 FLAGS.forms, FLAGS.overwrite, limit)
-    except (ExportError, CheckpointError, DeltaError) as e:
+    except (RepositoryError, CheckpointError) as e:   # ExportError and DeltaError among them
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     print(summary(info, FLAGS.output, chosen=FLAGS.forms is None, limit=limit))

@@ -31,7 +31,7 @@ def evaluate(client, dataset, rows: int, batch_size: int) -> dict:
     """AUC and logloss of the served model over the first `rows` evaluation samples."""
     import numpy as np
     from deployment.client import ServingError, request_batches
-    from deployment.layout import categorical_width
+    from deployment.repository_format import categorical_width
     from utils.metrics import log_loss, roc_auc
     served = client.input_shapes()
     expected = {"numerical_features": [dataset.num_numerical],

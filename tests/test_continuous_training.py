@@ -13,8 +13,8 @@ import time
 import numpy as np
 
 from deployment.client import ServingClient, free_ports
-from deployment.live import Model
-from deployment.repository import write_repository
+from deployment.exporter.repository import write_repository
+from deployment.serving.live import Model
 from storage import checkpoint
 from tests.horovod_run import ROOT
 from tests.test_serving import start_server, stop_server

@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 
 import main
-from deployment import delta
-from deployment.repository import ExportError, write_delta_repository, write_repository
+from deployment.exporter.repository import ExportError, write_delta_repository, write_repository
+from deployment.repository_format import export_version, read_delta
 from storage import checkpoint
 from tests.configs import tiny_config
 from tests.horovod_run import ROOT, horovodrun
@@ -37,7 +37,7 @@ def tables(repo):
 
 def applied(base_tables, directory):
     """The tables after applying the delta in `directory` to `base_tables` (copies)."""
-    d = delta.read_delta(directory)
+    d = read_delta(directory)
     out = [t.copy() for t in base_tables]
     for f in d.features:
         ids, rows = d.rows(f)
@@ -66,8 +66,8 @@ def days(tmp_path_factory):
 def test_a_delta_applied_to_its_base_gives_the_full_export(days):
     tmp, ckpts, repos = days
     info = write_delta_repository(ckpts[1], str(tmp / "delta1"), repos[0], "m")
-    d = delta.read_delta(str(tmp / "delta1"))
-    assert d.base == delta.export_version(repos[0]) and d.new == delta.export_version(repos[1])
+    d = read_delta(str(tmp / "delta1"))
+    assert d.base == export_version(repos[0]) and d.new == export_version(repos[1])
     assert d.base.step == 10 and d.new.step == 14 and d.base.run != d.new.run
     before, after = tables(repos[0]), tables(repos[1])
     for got, want in zip(applied(before, str(tmp / "delta1")), after):
@@ -95,7 +95,7 @@ def test_a_chain_of_two_deltas(days):
     tmp, ckpts, repos = days
     write_delta_repository(ckpts[1], str(tmp / "chain1"), repos[0], "m")
     write_delta_repository(ckpts[2], str(tmp / "chain2"), str(tmp / "chain1"), "m")   # based on the delta
-    assert delta.read_delta(str(tmp / "chain2")).base == delta.read_delta(str(tmp / "chain1")).new
+    assert read_delta(str(tmp / "chain2")).base == read_delta(str(tmp / "chain1")).new
     for got, want in zip(applied(applied(tables(repos[0]), str(tmp / "chain1")), str(tmp / "chain2")),
                          tables(repos[2])):
         np.testing.assert_array_equal(got, want)

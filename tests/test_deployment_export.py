@@ -15,7 +15,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 import main
 from dataloading.batches import RankInput, eval_batches
-from deployment.layout import PAD, ServingLayout, categorical_matrix
+from deployment.repository_format import PAD, ServingLayout, categorical_matrix
 from tests.configs import TINY, tiny_config
 from tests.horovod_run import ROOT, horovodrun
 from tests.test_dataset_cli import MODEL, write_dataset
@@ -141,7 +141,7 @@ def test_layout_pads_multi_hot_rows_and_refuses_too_many_ids():
 
 def test_out_of_range_ids_fail_naming_the_feature(tmp_path):
     import tensorflow as tf
-    from deployment.export import serving_modules
+    from deployment.exporter.saved_models import serving_modules
     from storage.checkpoint import read_manifest
     cfg = tiny_config(save_checkpoint_path=str(tmp_path / "ckpt"), max_steps=2)
     main.run(cfg)

@@ -15,9 +15,9 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from deployment.layout import PAD, ServingLayout
-from deployment.repository import ExportError, write_repository
-from deployment.tables import table_tensor
+from deployment.exporter.model_layout import table_tensor
+from deployment.exporter.repository import ExportError, write_repository
+from deployment.repository_format import PAD, ServingLayout
 from storage import checkpoint
 from nn.model import RankingModel
 from nn.model_config import ModelConfig, table_configs

@@ -298,7 +298,7 @@ np.save(sys.argv[3], out.numpy()[:, 0])
 def test_saved_model_serves_without_the_op(tmp_path):
     """The model trained with the op, exported by deployment/ (the monolithic SavedModel), runs
     in a process that cannot load the op library."""
-    from deployment.repository import write_repository
+    from deployment.exporter.repository import write_repository
     r = main.Run(tiny_config(save_checkpoint_path=str(tmp_path / "ckpt")))
     r.train()   # trained with the op
     assert r.model.interaction._op is dot_based_interact

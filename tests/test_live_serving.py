@@ -1,4 +1,4 @@
-"""deployment/live.py: the tables form served from NumPy lookups and the dense SavedModel (the
+"""deployment/serving/live.py: the tables form served from NumPy lookups and the dense SavedModel (the
 monolithic SavedModel's predictions), versions swapped in while requests run (deltas as row
 overlays written into the tables once older requests finished, full exports), refusals of broken
 and out-of-order updates; and deployment/serve.py --updates under continuous requests."""
@@ -15,10 +15,11 @@ import tensorflow as tf
 
 import main
 from deployment.client import ServingClient, free_ports
-from deployment.delta import DeltaError, export_version, write_delta
-from deployment.layout import PAD
-from deployment.live import BadRequest, Model, UpdateRefused, Updater
-from deployment.repository import write_repository
+from deployment.exporter.deltas import write_delta
+from deployment.exporter.repository import write_repository
+from deployment.repository_format import PAD, DeltaError, export_version
+from deployment.serving.errors import BadRequest, UpdateRefused
+from deployment.serving.live import Model, Updater
 from tests.configs import TINY
 from tests.test_dataset_cli import write_dataset
 from tests.test_serving import port_flags, script, start_server, stop_server
@@ -134,7 +135,7 @@ def test_a_chain_of_deltas_serves_what_the_new_export_does(exports, tmp_path):
 
 
 def read_delta_of(directory):
-    from deployment.delta import read_delta
+    from deployment.repository_format import read_delta
     return read_delta(directory)
 
 

@@ -1,4 +1,4 @@
-"""deployment/lookup_tiers.py: rows through the cache, a real Redis server and the store equal the
+"""deployment/serving/lookup_tiers.py: rows through the cache, a real Redis server and the store equal the
 tables (NumPy), cold and warm, for caches holding a few percent of the rows; two instances sharing
 Redis; updates reaching every tier; Redis killed and restarted during lookups, or down at
 start-up; stores missing, half-written, mid-update or of another export refused in one line;
@@ -16,9 +16,9 @@ import pytest
 import redis
 
 from dataloading.synthetic import power_law_ids
-from deployment.delta import Version
-from deployment import lookup_tiers
-from deployment.lookup_tiers import IdError, TierConfig, TieredTables, _Cache, cache_capacities, store_version
+from deployment.repository_format import Version
+from deployment.serving import lookup_tiers
+from deployment.serving.lookup_tiers import IdError, LookupTiers, TierConfig, _Cache, cache_capacities, store_version
 from tests.redis_server import RedisServer, free_port
 from utils.errors import ConfigError, StoreError
 
@@ -122,7 +122,7 @@ def test_cache_victims_and_updates(policy, victim):
 @pytest.mark.parametrize("with_redis", [False, True])
 def test_rows_exact_cold_and_warm(repo, tables, server, policy, with_redis):
     config = TierConfig(cache_bytes=BUDGET, policy=policy, redis_url=server.url if with_redis else None)
-    tiers = TieredTables(repo, config)
+    tiers = LookupTiers(repo, config)
     assert sorted(tiers._whole) == [2] and [g.features for g in tiers._groups] == [[0], [1]]   # widths 8, 16
     capacities = [g.cache.capacity for g in tiers._groups]
     assert 0 < capacities[0] < 0.05 * SHAPES[0][0] and 0 < capacities[1] < 0.1 * SHAPES[1][0]
@@ -149,7 +149,7 @@ def test_rows_exact_cold_and_warm(repo, tables, server, policy, with_redis):
 
 
 def test_concurrent_lookups(repo, tables, server):
-    tiers = TieredTables(repo, TierConfig(cache_bytes=BUDGET, policy="lfu", redis_url=server.url))
+    tiers = LookupTiers(repo, TierConfig(cache_bytes=BUDGET, policy="lfu", redis_url=server.url))
 
     def work(seed):
         for f, ids in zipf_batches(20, (200, 2), seed=seed):
@@ -162,7 +162,7 @@ def test_concurrent_lookups(repo, tables, server):
 
 def test_two_instances_share_redis(repo, tables, server):
     config = TierConfig(cache_bytes=BUDGET, redis_url=server.url)
-    first, second = TieredTables(repo, config), TieredTables(repo, config)
+    first, second = LookupTiers(repo, config), LookupTiers(repo, config)
     ids = np.unique(zipf_batches(1, (500,))[0][1])
     assert np.array_equal(first.rows(0, ids), tables[0][ids])
     assert first.stats()["store"]["rows_read"] == len(ids)
@@ -179,7 +179,7 @@ def test_two_instances_share_redis(repo, tables, server):
 def test_updates_reach_every_tier(tmp_path, repo, tables, server):
     other = shutil.copytree(repo, tmp_path / "copy")   # a second server's repository, still at V0
     config = TierConfig(cache_bytes=BUDGET, redis_url=server.url)
-    tiers, peer = TieredTables(repo, config), TieredTables(str(other), config)
+    tiers, peer = LookupTiers(repo, config), LookupTiers(str(other), config)
     ids = np.arange(0, 2000, 7)
     tiers.rows(0, ids)                              # cached (some), in Redis and the store
     tiers.rows(0, np.array([3]))
@@ -211,7 +211,7 @@ def test_updates_reach_every_tier(tmp_path, repo, tables, server):
     peer.close()
     # a server at V1 without a cache takes the updated rows from Redis; a row the update left (3,
     # in Redis at V0) it reads from its store once more and rewrites at V1
-    third = TieredTables(str(other), TierConfig(cache_bytes=0, redis_url=server.url), expect=V1)
+    third = LookupTiers(str(other), TierConfig(cache_bytes=0, redis_url=server.url), expect=V1)
     assert np.array_equal(third.rows(0, ids), new)
     assert (third.stats()["redis"]["hits"], third.stats()["store"]["rows_read"]) == (len(ids), 0)
     key = "dlrm:a1b2c3d4e5f6:100:0:3"
@@ -223,8 +223,8 @@ def test_updates_reach_every_tier(tmp_path, repo, tables, server):
     tiers.close()
     assert store_version(repo) == V1
     with pytest.raises(StoreError, match=r"holds step 200 .*not the served step 100"):
-        TieredTables(repo)
-    reopened = TieredTables(repo, TierConfig(cache_bytes=BUDGET), expect=V1)
+        LookupTiers(repo)
+    reopened = LookupTiers(repo, TierConfig(cache_bytes=BUDGET), expect=V1)
     assert np.array_equal(reopened.rows(0, np.arange(SHAPES[0][0])), expected)
     reopened.close()
 
@@ -233,7 +233,7 @@ def test_update_while_redis_unreachable_is_not_taken_from_it(tmp_path, repo, tab
     logs = []
     other = shutil.copytree(repo, tmp_path / "copy")   # a second server's repository, still at V0
     config = TierConfig(cache_bytes=BUDGET, redis_url=server.url, redis_timeout_s=0.2, redis_retry_s=0.05)
-    tiers = TieredTables(repo, config, log=logs.append)
+    tiers = LookupTiers(repo, config, log=logs.append)
     ids = np.arange(100)
     tiers.rows(0, ids)
     tiers.redis.drain()
@@ -252,10 +252,10 @@ def test_update_while_redis_unreachable_is_not_taken_from_it(tmp_path, repo, tab
     assert tiers.redis.up and len(logs) == 2 and "reachable again" in logs[1]
     # Redis still holds V0's rows: a server at V1 reads the updated ones from its store, one at V0 from Redis
     tiers.close()
-    at_v1 = TieredTables(repo, TierConfig(cache_bytes=0, redis_url=server.url), expect=V1)
+    at_v1 = LookupTiers(repo, TierConfig(cache_bytes=0, redis_url=server.url), expect=V1)
     assert np.array_equal(at_v1.rows(0, ids[:10]), tables[0][ids[:10]] * 2)
     assert at_v1.stats()["store"]["rows_read"] == 10
-    at_v0 = TieredTables(str(other), TierConfig(cache_bytes=0, redis_url=server.url))
+    at_v0 = LookupTiers(str(other), TierConfig(cache_bytes=0, redis_url=server.url))
     assert np.array_equal(at_v0.rows(0, ids[10:]), tables[0][ids[10:]])
     assert (at_v0.stats()["redis"]["hits"], at_v0.stats()["store"]["rows_read"]) == (90, 0)
     at_v1.close()
@@ -263,7 +263,7 @@ def test_update_while_redis_unreachable_is_not_taken_from_it(tmp_path, repo, tab
 
 
 def test_fills_wait_in_a_queue_and_overflow_is_dropped(repo, tables, server, monkeypatch):
-    tiers = TieredTables(repo, TierConfig(cache_bytes=0, redis_url=server.url))
+    tiers = LookupTiers(repo, TierConfig(cache_bytes=0, redis_url=server.url))
     sending, release, sent = threading.Event(), threading.Event(), []
     send = tiers.redis.set
     monkeypatch.setattr(tiers.redis, "set", lambda blocks, version: (sending.set(), release.wait(), sent.append(1),
@@ -284,7 +284,7 @@ def test_fills_wait_in_a_queue_and_overflow_is_dropped(repo, tables, server, mon
 def test_redis_killed_and_restarted(repo, tables, server):
     logs = []
     config = TierConfig(cache_bytes=BUDGET, redis_url=server.url, redis_timeout_s=0.2, redis_retry_s=0.05)
-    tiers = TieredTables(repo, config, log=logs.append)
+    tiers = LookupTiers(repo, config, log=logs.append)
     batches = zipf_batches(40, (128, 2), seed=5)
     for i, (f, ids) in enumerate(batches):
         if i == 30:
@@ -305,7 +305,7 @@ def test_redis_killed_and_restarted(repo, tables, server):
 def test_redis_down_at_start_up(repo, tables):
     logs = []
     url = f"redis://127.0.0.1:{free_port()}/0"
-    tiers = TieredTables(repo, TierConfig(cache_bytes=BUDGET, redis_url=url, redis_retry_s=0.05), log=logs.append)
+    tiers = LookupTiers(repo, TierConfig(cache_bytes=BUDGET, redis_url=url, redis_retry_s=0.05), log=logs.append)
     for f, ids in zipf_batches(5, (100,)):
         assert np.array_equal(tiers.rows(f, ids), tables[f][ids])
     assert len(logs) == 1 and "at start-up" in logs[0] and "\n" not in logs[0]
@@ -315,7 +315,7 @@ def test_redis_down_at_start_up(repo, tables):
 
 def refused(repo, match, **kwargs):
     with pytest.raises(StoreError, match=match) as e:
-        TieredTables(repo, TierConfig(cache_bytes=BUDGET), **kwargs)
+        LookupTiers(repo, TierConfig(cache_bytes=BUDGET), **kwargs)
     assert "\n" not in str(e.value)
 
 
@@ -330,7 +330,7 @@ def test_store_refused(tmp_path, repo):
     np.save(table0, np.zeros((20000, 4), np.float32))   # another table's file
     refused(repo, r"table_0.npy: holds float32\[20000, 4\], the store needs float32\[20000, 8\]")
     shutil.copy(tmp_path / "saved", table0)
-    TieredTables(repo).close()
+    LookupTiers(repo).close()
 
     info_path = os.path.join(repo, "dlrm_tables", "tables.json")
     info = json.load(open(info_path))
@@ -341,7 +341,7 @@ def test_store_refused(tmp_path, repo):
     json.dump(info, open(info_path, "w"))
     refused(repo, r"holds step 100 .*not the served step 200", expect=V1)
 
-    tiers = TieredTables(repo)
+    tiers = LookupTiers(repo)
     with pytest.raises(RuntimeError, match="crash"):
         with tiers.advancing(V0, V1):
             tiers.update(0, np.array([1]), np.ones((1, 8), np.float32))
@@ -356,7 +356,7 @@ def test_store_refused(tmp_path, repo):
 
 
 def test_ids_refused(repo):
-    tiers = TieredTables(repo, TierConfig(cache_bytes=BUDGET))
+    tiers = LookupTiers(repo, TierConfig(cache_bytes=BUDGET))
     for f, ids, match in ((0, [5, -1], r"feature 0: ids out of range \[0, 20000\) \(min -1, max 5\)"),
                           (1, [[12000]], r"feature 1: ids out of range \[0, 12000\)"),
                           (2, [0.5], r"feature 2: ids out of range \[0, 5\)"),

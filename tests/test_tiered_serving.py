@@ -1,4 +1,4 @@
-"""deployment/live.py through deployment/lookup_tiers.py (a cache holding a few rows, a real Redis
+"""deployment/serving/live.py through deployment/serving/lookup_tiers.py (a cache holding a few rows, a real Redis
 server, the table files as the store): predictions equal the in-memory engine's (bit for bit)
 and the monolithic model's, cold and warm; deltas reach the store's files, Redis and the cache,
 and a restart serves the version the store holds; two engines sharing Redis a delta apart each
@@ -16,11 +16,11 @@ import redis
 
 import tests.test_live_serving as live_tests
 from deployment.client import ServingClient, free_ports
-from deployment.delta import export_version
-from deployment.live import KEPT_DENSE, Model, Updater
-from deployment.lookup_tiers import TierConfig
-from deployment.metrics import Metrics
-from deployment.repository import write_repository
+from deployment.exporter.repository import write_repository
+from deployment.repository_format import export_version
+from deployment.serving.live import KEPT_DENSE, Model, Updater
+from deployment.serving.lookup_tiers import TierConfig
+from deployment.serving.metrics import Metrics
 from tests.redis_server import RedisServer, free_port
 from tests.test_live_serving import (Load, make_delta, monolithic, read_delta_of, read_info, requests, tables_of,
                                      wait_for)
@@ -207,7 +207,7 @@ def test_requests_in_flight_keep_the_old_rows_and_a_full_export_replaces_the_tie
 
 
 def test_metrics_render_the_tiers_counts(exports, tmp_path):
-    """deployment/metrics.py given a model served through the tiers (without Redis): its version's
+    """deployment/serving/metrics.py given a model served through the tiers (without Redis): its version's
     step and the tiers' counts as Model.stats() has them, no Redis metrics."""
     model = Model(copy_repo(exports[24], tmp_path / "repo"), TierConfig(BUDGET))
     metrics = Metrics("dlrm", lambda: dict(model.stats(), model={"version_step": model.version.step}))

@@ -1,9 +1,20 @@
-"""Deltas: the embedding rows a model updated since an earlier export, and its dense weights,
-as files any parameter-server-style consumer can read (no TensorFlow here).
+"""A model repository's and a delta's on-disk format, the one module that the exporter
+(deployment/exporter/, which writes them) and the server (deployment/serving/, which reads them)
+share. Only utils/, NumPy and JSON below it: no TensorFlow, nothing of training.
 
-A model version is the checkpoint it was exported from, named by the training run that wrote it
-and its global step (`Version`). A full export (deployment/repository.py) records its version in
-export.json; a delta names the version it applies to (its base) and the one it makes:
+Tensors. Requests carry two tensors (Triton's batch dimension first):
+    numerical_features    [B, num_numerical] float32
+    categorical_features  [B, W] int64: one column per one-hot feature, max_hotness columns per
+                          multi-hot feature holding its ids, padded with -1 (PAD) in any slot
+and get back `predictions` [B, 1] (click probability) and `logits` [B, 1], both float32. The
+ensemble's sparse model maps categorical_features to `embeddings` [B, sum of the features'
+dims] (feature order), which its dense model takes with numerical_features.
+
+Files. A full export (deployment/exporter/repository.py) is a directory holding export.json
+(EXPORT_INFO: its name, forms, version, signature, serving layout, settings); its tables form
+holds `<name>_tables/` with one .npy file per table and tables.json (TABLES_INFO,
+deployment/exporter/table_files.py). A delta (deployment/exporter/deltas.py writes it) names
+the version it applies to (its base) and the one it makes:
 
     DIR/delta.json                      written last (its presence means the delta is complete):
                                         format, version, name, base, new, signature, per table its
@@ -16,28 +27,98 @@ export.json; a delta names the version it applies to (its base) and the one it m
 Applying a delta to version `base` of a model: for every table listed, row ids[i] becomes
 rows[i]; every other row keeps its value; the dense model is replaced whole. Tables without
 updated rows are not listed.
+
+A model version is the checkpoint it was exported from, named by the training run that wrote it
+and its global step (`Version`); a full export records its version in export.json.
 """
 import dataclasses
 import os
 import zlib
-from typing import Callable, Iterable, List, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from utils.files import read_json, write_json
+from utils.files import read_json
 
-FORMAT = "dlrm-delta"
-FORMAT_VERSION = 1
-DELTA_INFO = "delta.json"
-EXPORT_INFO = "export.json"   # a full export's (deployment/repository.py)
-ROWS_DTYPE = np.dtype("<f4")
-IDS_DTYPE = np.dtype("<i8")
-_CRC_BLOCK = 16 << 20
+NUMERICAL = "numerical_features"
+CATEGORICAL = "categorical_features"
+EMBEDDINGS = "embeddings"
+PREDICTIONS = "predictions"
+LOGITS = "logits"
+PAD = -1
+
+EXPORT_INFO = "export.json"            # a full export's
+TABLES_INFO = "tables.json"            # its table files'
+TABLES_FORMAT = "dlrm-table-files"
+TABLES_VERSION = 1
+TABLE_DTYPE = np.dtype(np.float32)     # the table files' rows
+DELTA_INFO = "delta.json"              # a delta's
+DELTA_FORMAT = "dlrm-delta"
+DELTA_VERSION = 1
+ROWS_DTYPE = np.dtype("<f4")           # a delta's rows
+IDS_DTYPE = np.dtype("<i8")            # and their ids
 REPOSITORY = "a model repository written by deployment/deploy.py"
+_CRC_BLOCK = 16 << 20
 
 
-class DeltaError(ValueError):
-    """A delta (or export) that is missing, incomplete, corrupt or does not apply; one line."""
+class RepositoryError(ValueError):
+    """A model repository or delta that is missing, incomplete, corrupt or cannot be written as
+    asked; one line."""
+
+
+class DeltaError(RepositoryError):
+    """A delta that is missing, incomplete, corrupt or does not apply; one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingLayout:
+    """What a client must know to build requests for a model (export.json's "layout"): per
+    categorical feature its cardinality, max_hotness (None: one-hot) and embedding width, and the
+    number of numerical features."""
+    cardinalities: List[int]
+    max_hotness: List[Optional[int]]
+    embedding_dims: List[int]
+    num_numerical: int
+
+    @property
+    def columns(self) -> List[Tuple[int, int]]:
+        """Per categorical feature, its columns [start, end) of categorical_features."""
+        return columns(self.max_hotness)
+
+    @property
+    def categorical_width(self) -> int:
+        return categorical_width(self.max_hotness)
+
+
+def columns(max_hotness: Sequence[Optional[int]]) -> List[Tuple[int, int]]:
+    """Per categorical feature (its max_hotness, None for one-hot), its columns [start, end)."""
+    ends = np.cumsum([h or 1 for h in max_hotness]).tolist()
+    return [(end - (h or 1), end) for end, h in zip(ends, max_hotness)]
+
+
+def categorical_width(max_hotness: Sequence[Optional[int]]) -> int:
+    """W, the width of categorical_features."""
+    return sum(h or 1 for h in max_hotness)
+
+
+def categorical_matrix(categorical: Sequence, max_hotness: Sequence[Optional[int]]) -> np.ndarray:
+    """A dataset batch's ids (per feature: [n] ids, or RaggedIds of a multi-hot feature) as
+    categorical_features [n, W] int64."""
+    spans = columns(max_hotness)
+    n = len(categorical[0]) if max_hotness[0] is None else len(categorical[0].row_splits) - 1
+    out = np.full((n, categorical_width(max_hotness)), PAD, np.int64)
+    for f, ((start, end), ids) in enumerate(zip(spans, categorical)):
+        if max_hotness[f] is None:
+            out[:, start] = ids
+            continue
+        lengths = np.diff(ids.row_splits)
+        if lengths.size and lengths.max() > end - start:
+            raise ValueError(f"categorical feature {f}: a row has {lengths.max()} ids, more than its "
+                             f"max_hotness {end - start}")
+        rows = np.repeat(np.arange(n), lengths)
+        slots = np.arange(len(ids.values)) - np.repeat(ids.row_splits[:-1], lengths)
+        out[rows, start + slots] = ids.values
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,30 +138,20 @@ class Version:
         return cls(str(value["run"]), int(value["step"]))
 
 
-def checkpoint_version(manifest: dict) -> Version:
-    """The version of the checkpoint whose manifest (storage.checkpoint.read_manifest) is given; run ""
-    for a checkpoint written before runs were recorded."""
-    lineage = manifest["state"].get("lineage") or [{"run": ""}]
-    return Version(lineage[-1]["run"], int(manifest["step"]))
-
-
-def descends_from(manifest: dict, base: Version) -> bool:
-    """Whether the checkpoint (manifest) was trained from version `base`: its lineage (the runs
-    that trained it, each from the step it restored) passes through base's run at base's step."""
-    lineage = manifest["state"].get("lineage") or []
-    ends = [segment["from_step"] for segment in lineage[1:]] + [int(manifest["step"])]
-    return any(segment["run"] == base.run and base.run and segment["from_step"] <= base.step <= end
-               for segment, end in zip(lineage, ends))
+def read_export_info(repository: str) -> dict:
+    """export.json's content of the full export `repository`."""
+    return read_json(os.path.join(repository, EXPORT_INFO), REPOSITORY, RepositoryError)
 
 
 def export_version(repository: str) -> Version:
     """The version a full export (a model repository) holds; run "" if its export.json predates
     versions."""
-    info = read_json(os.path.join(repository, EXPORT_INFO), REPOSITORY, DeltaError)
+    info = read_export_info(repository)
     return Version.from_json(info.get("version") or {"run": "", "step": info["step"]})
 
 
-def _crc32(path: str) -> int:
+def file_crc32(path: str) -> int:
+    """CRC-32 of the file at `path`, read a block at a time."""
     crc = 0
     with open(path, "rb") as f:
         while block := f.read(_CRC_BLOCK):
@@ -129,7 +200,7 @@ class Delta:
         arrays = []
         for key, dtype, shape in (("ids", IDS_DTYPE, (t["count"],)), ("rows", ROWS_DTYPE, (t["count"], t["dim"]))):
             path = os.path.join(self.directory, t[key]["file"])
-            if _crc32(path) != t[key]["crc32"]:
+            if file_crc32(path) != t[key]["crc32"]:
                 raise DeltaError(f"{path}: CRC-32 differs from {DELTA_INFO}'s (a corrupt or partial file)")
             value = np.load(path)
             if value.dtype != dtype or value.shape != shape:
@@ -146,9 +217,9 @@ def read_delta(directory: str) -> Delta:
     """The delta in `directory`, its delta.json checked (format, version, every file present with
     the size it records); the rows are checked as they are read (Delta.rows)."""
     info = read_json(os.path.join(directory, DELTA_INFO), "a delta written by deployment/deploy.py", DeltaError)
-    if info.get("format") != FORMAT or info.get("version") != FORMAT_VERSION:
+    if info.get("format") != DELTA_FORMAT or info.get("version") != DELTA_VERSION:
         raise DeltaError(f"{directory}: {DELTA_INFO} is format {info.get('format')!r} version "
-                         f"{info.get('version')!r}, not {FORMAT!r} version {FORMAT_VERSION}")
+                         f"{info.get('version')!r}, not {DELTA_FORMAT!r} version {DELTA_VERSION}")
     try:
         files = [t[key] for t in info["tables"] for key in ("ids", "rows")]
         Version.from_json(info["base"]), Version.from_json(info["new"])
@@ -163,50 +234,3 @@ def read_delta(directory: str) -> Delta:
             raise DeltaError(f"{path}: {'missing' if actual is None else f'{actual} bytes'}, "
                              f"{DELTA_INFO} says {size} bytes")
     return Delta(directory, info)
-
-
-def base_version(path: str) -> Version:
-    """The version that a delta made against `path` applies to: the version `path` holds (a full
-    export, or a delta's new version)."""
-    if os.path.isfile(os.path.join(path, DELTA_INFO)):
-        return read_delta(path).new
-    return export_version(path)
-
-
-def base_signature(path: str) -> dict:
-    """The model signature of a full export or a delta at `path`."""
-    if os.path.isfile(os.path.join(path, DELTA_INFO)):
-        return read_delta(path).signature
-    return read_json(os.path.join(path, EXPORT_INFO), REPOSITORY, DeltaError)["signature"]
-
-
-def _save(path: str, value: np.ndarray) -> dict:
-    with open(path, "wb") as f:
-        np.save(f, value)
-        f.flush()
-        os.fsync(f.fileno())
-    return {"file": os.path.basename(path), "bytes": os.path.getsize(path), "crc32": _crc32(path)}
-
-
-def write_delta(directory: str, name: str, base: Version, new: Version, signature: dict,
-                tables: Iterable[Tuple[int, int, np.ndarray, np.ndarray]],
-                write_dense: Callable[[str], None]) -> dict:
-    """Writes a delta into the new directory `directory` and returns its delta.json content.
-    `tables`: (feature, table rows, updated ids [n] int64 ascending, their rows [n, D] float32);
-    `write_dense(path)` writes the dense SavedModel at `path`."""
-    os.makedirs(directory)
-    dense = os.path.join(f"{name}_dense", "1", "model.savedmodel")
-    write_dense(os.path.join(directory, dense))
-    listed = []
-    for feature, table_rows, ids, rows in tables:
-        ids, rows = np.ascontiguousarray(ids, IDS_DTYPE), np.ascontiguousarray(rows, ROWS_DTYPE)
-        if not ids.size:
-            continue
-        listed.append({"feature": feature, "count": int(ids.size), "dim": int(rows.shape[1]),
-                       "table_rows": int(table_rows),
-                       "ids": _save(os.path.join(directory, f"table_{feature}.ids.npy"), ids),
-                       "rows": _save(os.path.join(directory, f"table_{feature}.rows.npy"), rows)})
-    info = {"format": FORMAT, "version": FORMAT_VERSION, "name": name, "base": base.to_json(), "new": new.to_json(),
-            "signature": signature, "dense_model": dense, "tables": listed}
-    write_json(os.path.join(directory, DELTA_INFO), info)
-    return info

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the native serving frontend (deployment/native.py), served as text
+"""Prometheus metrics of the native serving frontend (native.py), served as text
 (exposition format 0.0.4) at GET /metrics on their own port.
 
 Every metric is named dlrm_* and labelled with the served model's name:

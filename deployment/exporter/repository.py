@@ -4,7 +4,7 @@
     OUT/<name>_sparse/..., OUT/<name>_dense/...                         the ensemble's parts
     OUT/<name>_ensemble/config.pbtxt, OUT/<name>_ensemble/1/            sparse -> dense
     OUT/<name>_dense/..., OUT/<name>_tables/                            tables: the dense model and one
-                                                                        .npy file per table (deployment/tables.py)
+                                                                        .npy file per table (table_files.py)
     OUT/export.json         checkpoint, step, signature, serving layout, tables in host memory, table files
 
 Each model is `tensorflow_savedmodel` with dynamic batching. The monolithic and ensemble forms hold
@@ -22,14 +22,15 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from deployment import delta
-from deployment.delta import EXPORT_INFO
-from deployment.layout import CATEGORICAL, EMBEDDINGS, LOGITS, NUMERICAL, PREDICTIONS, ServingLayout
-from deployment.tables import table_tensor, tables_bytes, write_tables
-from storage import checkpoint
-from storage.checkpoint import read_manifest
+from deployment.exporter.deltas import base_signature, base_version, checkpoint_version, descends_from, write_delta
+from deployment.exporter.model_layout import serving_layout, table_tensor
+from deployment.exporter.table_files import tables_bytes, write_tables
+from deployment.repository_format import (CATEGORICAL, EMBEDDINGS, EXPORT_INFO, LOGITS, NUMERICAL, PREDICTIONS,
+                                          RepositoryError, ServingLayout)
 from nn.model_config import ModelConfig
 from parallel_embedding import UPDATED_AT
+from storage import checkpoint
+from storage.checkpoint import read_manifest
 from utils.files import move_into_place
 
 FORMS = ("monolithic", "ensemble", "tables")
@@ -37,7 +38,7 @@ IN_MEMORY_FORMS = ("monolithic", "ensemble")   # every table in memory (and in a
 MEMORY_FRACTION = 0.25   # of physical memory: the default limit of tables exported in memory
 
 
-class ExportError(ValueError):
+class ExportError(RepositoryError):
     """A repository that cannot be written as asked; the message is one line."""
 
 
@@ -135,7 +136,7 @@ def write_repository(checkpoint_path: str, out: str, name: str = None, settings:
     table_bytes = tables_bytes(model)
     forms = choose_forms(forms, table_bytes, default_tables_limit() if max_tables_bytes is None else max_tables_bytes)
     name = name or default_name(model)
-    return _written_whole(out, lambda tmp: _write_content(manifest, tmp, name, ServingLayout.of(model), settings,
+    return _written_whole(out, lambda tmp: _write_content(manifest, tmp, name, serving_layout(model), settings,
                                                           host_table_mb, forms))
 
 
@@ -164,18 +165,18 @@ def _written_whole(out: str, write):
 
 def write_delta_repository(checkpoint_path: str, out: str, base_path: str, name: Optional[str] = None,
                            overwrite: bool = False) -> dict:
-    """Writes into `out` the delta (deployment/delta.py) that turns the version exported at
+    """Writes into `out` the delta (deployment/repository_format.py) that turns the version exported at
     `base_path` (a model repository or a delta) into the checkpoint at `checkpoint_path`: the rows
     each table updated since the base's step and the whole dense model; returns its delta.json
     content. The checkpoint must descend from the base (same model, trained on from it)."""
     _check_output(out, overwrite)
     manifest = read_manifest(checkpoint_path)
     model = ModelConfig.from_signature(manifest["signature"])
-    base = delta.base_version(base_path)
-    if ModelConfig.from_signature(delta.base_signature(base_path)) != model:
+    base = base_version(base_path)
+    if ModelConfig.from_signature(base_signature(base_path)) != model:
         raise ExportError(f"{base_path}: another model than {manifest['path']}'s (its signature differs)")
-    new = delta.checkpoint_version(manifest)
-    if not delta.descends_from(manifest, base):
+    new = checkpoint_version(manifest)
+    if not descends_from(manifest, base):
         raise ExportError(f"{manifest['path']} ({new}) was not trained on from {base_path} ({base}): "
                           "export it in full instead")
     names = [f"{table_tensor(f)}/{UPDATED_AT}" for f in range(len(model.tables))]
@@ -190,17 +191,17 @@ def write_delta_repository(checkpoint_path: str, out: str, base_path: str, name:
             yield f, table.cardinality, ids, checkpoint.gather_rows(manifest, table_tensor(f), ids, np.float32)
 
     def write_dense(path):
-        from deployment.export import save, serving_modules   # TensorFlow: after the checks
+        from deployment.exporter.saved_models import save, serving_modules   # TensorFlow: after the checks
         save(serving_modules(manifest, 0, with_tables=False)["dense"], path)
 
-    return _written_whole(out, lambda tmp: delta.write_delta(tmp, name or default_name(model), base, new,
-                                                             manifest["signature"], tables(), write_dense))
+    return _written_whole(out, lambda tmp: write_delta(tmp, name or default_name(model), base, new,
+                                                       manifest["signature"], tables(), write_dense))
 
 
 def _write_content(manifest: dict, tmp: str, name: str, layout: ServingLayout, settings: Settings,
                    host_table_mb: float, forms: Sequence[str]) -> dict:
     """Writes the repository's content into the new directory `tmp`; returns its export.json content."""
-    from deployment.export import save, serving_modules   # TensorFlow: after the checks
+    from deployment.exporter.saved_models import save, serving_modules   # TensorFlow: after the checks
     in_memory = any(f in IN_MEMORY_FORMS for f in forms)
     modules = serving_modules(manifest, int(host_table_mb * 2 ** 20), with_tables=in_memory)
     lookup = modules["sparse"].lookup if in_memory else None
@@ -228,7 +229,7 @@ def _write_content(manifest: dict, tmp: str, name: str, layout: ServingLayout, s
         table_files = {"directory": directory, "tables": len(files["tables"]), "bytes": sum(
             os.path.getsize(os.path.join(tmp, directory, t["file"])) for t in files["tables"])}
     info = {"name": name, "forms": list(forms), "checkpoint": manifest["path"], "step": manifest["step"],
-            "version": delta.checkpoint_version(manifest).to_json(),
+            "version": checkpoint_version(manifest).to_json(),
             "written_at_ranks": manifest["world_size"], "signature": manifest["signature"],
             "layout": dataclasses.asdict(layout), "models": sorted(parts),
             "ensemble": f"{name}_ensemble" if "ensemble" in forms else None,
@@ -237,10 +238,3 @@ def _write_content(manifest: dict, tmp: str, name: str, layout: ServingLayout, s
     _write_text(os.path.join(tmp, EXPORT_INFO), json.dumps(info, indent=1))
     return info
 
-
-def read_export_info(repository: str) -> dict:
-    path = os.path.join(repository, EXPORT_INFO)
-    if not os.path.isfile(path):
-        raise ExportError(f"{repository}: not a model repository written by deployment/deploy.py (no {EXPORT_INFO})")
-    with open(path) as f:
-        return json.load(f)

@@ -3,7 +3,7 @@
 The dense part (`Dense`) is built from the model's signature in the checkpoint's manifest and
 reads only the dense weights; the tables (`Lookup`) are read whole from the checkpoint, only for
 the SavedModels that hold them (never the optimizer state). Three SavedModels (tensor names:
-deployment/layout.py):
+deployment/repository_format.py):
     monolithic   numerical_features, categorical_features -> predictions, logits
     sparse       categorical_features -> embeddings (the lookup; tables larger than a threshold
                  are placed in host memory, their gathers run on the CPU)
@@ -20,12 +20,12 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from deployment.layout import CATEGORICAL, EMBEDDINGS, LOGITS, NUMERICAL, PAD, PREDICTIONS, ServingLayout
-from deployment.tables import table_tensor
-from storage import checkpoint
+from deployment.exporter.model_layout import serving_layout, table_tensor
+from deployment.repository_format import CATEGORICAL, EMBEDDINGS, LOGITS, NUMERICAL, PAD, PREDICTIONS, ServingLayout
 from nn.model import DenseArch
 from nn.model_config import ModelConfig
 from parallel_embedding.layer import check_ids, combine, flatten_ids
+from storage import checkpoint
 
 HOST = "/device:CPU:0"
 
@@ -103,7 +103,7 @@ def serving_modules(manifest: dict, host_bytes: int, with_tables: bool = True) -
     read_manifest) is given: "dense", and with `with_tables` "monolithic" and "sparse" (they hold
     every table, read whole; tables above `host_bytes` bytes in host memory)."""
     config = ModelConfig.from_signature(manifest["signature"])
-    layout = ServingLayout.of(config)
+    layout = serving_layout(config)
     dense = Dense(config)
     dense.restore(manifest)
     numerical = tf.TensorSpec([None, layout.num_numerical], tf.float32, name=NUMERICAL)

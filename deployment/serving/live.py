@@ -1,20 +1,21 @@
-"""Serving a repository's `tables` form (deployment/tables.py), updated while it serves.
+"""Serving a repository's `tables` form (deployment/exporter/table_files.py writes it), updated
+while it serves: the backend (backend.py) for repositories with table files.
 
 The embeddings are looked up in NumPy from the table files, the `<name>_dense` SavedModel
 computes predictions and logits. The tables are held whole in memory (`MemoryTables`), or, for
-tables larger than memory, looked up through deployment/lookup_tiers.py's `TieredTables` (a
-cache of hot rows, optionally Redis, the table files memory-mapped as the store); both offer
-the `Tables` interface. What is served is a `Snapshot` (version, dense model, tables, an overlay
-of updated rows); each request takes the current one once and uses only it, so a new version
-swaps in between requests without a restart:
+tables larger than memory, looked up through lookup_tiers.py's `LookupTiers` (a cache of hot
+rows, optionally Redis, the table files memory-mapped as the store); both offer the `Tables`
+interface. What is served is a `Snapshot` (version, dense model, tables, an overlay of updated
+rows); each request takes the current one once and uses only it, so a new version swaps in
+between requests without a restart:
 
-- a delta (deployment/delta.py) whose base is the served version: its rows become the overlay
-  of a new snapshot (lookups consult it first; no table is copied) with the delta's dense model,
-  swapped in; once every request that started on an older snapshot has finished, the rows are
-  written into the tables in place (through the tiers: the store's files, Redis and the cache;
-  the delta's dense model is kept in the store's directory and named in its store.json, so that
-  a restart serves the version the store holds) and a snapshot without overlay replaces it.
-  Requests never wait for the update.
+- a delta (deployment/repository_format.py) whose base is the served version: its rows become
+  the overlay of a new snapshot (lookups consult it first; no table is copied) with the delta's
+  dense model, swapped in; once every request that started on an older snapshot has finished,
+  the rows are written into the tables in place (through the tiers: the store's files, Redis and
+  the cache; the delta's dense model is kept in the store's directory and named in its
+  store.json, so that a restart serves the version the store holds) and a snapshot without
+  overlay replaces it. Requests never wait for the update.
 - a full export with another version: loaded (in memory: whole, memory for both while loading;
   through the tiers: new tiers on its store), swapped in; the old tables are closed once the
   requests using them finished.
@@ -32,29 +33,20 @@ from typing import Callable, Dict, Iterator, List, Optional, Protocol, Tuple
 
 import numpy as np
 
-from deployment.delta import DELTA_INFO, EXPORT_INFO, Version, export_version, read_delta
-from deployment.layout import LOGITS, PAD, PREDICTIONS, ServingLayout
-from deployment.lookup_tiers import TieredTables, TierConfig, store_state
-from deployment.repository import read_export_info
-from deployment.tables import TABLES_INFO
+from deployment.repository_format import (DELTA_INFO, EXPORT_INFO, LOGITS, PAD, PREDICTIONS, TABLES_INFO,
+                                          ServingLayout, Version, export_version, read_delta, read_export_info)
+from deployment.serving.backend import check_request, with_version
+from deployment.serving.errors import BadRequest, UpdateRefused
+from deployment.serving.lookup_tiers import LookupTiers, TierConfig, store_state
 from utils.errors import StoreError
 
-MODEL_VERSION = "model_version"   # the extra output [B, 1] int64: the served version's step
 WRITE_ROWS = 1 << 16   # rows a delta writes into a table at a time
 KEPT_DENSE = "dense_model"   # store.json's key: the dense model of the version the store holds (tiers)
 
 
-class BadRequest(ValueError):
-    """A request the model refuses (ids out of range, non-finite values); one line."""
-
-
-class UpdateRefused(ValueError):
-    """An update that cannot be applied to the served version; one line."""
-
-
 class Tables(Protocol):
     """A version's embedding tables, as a snapshot reads and a delta updates them (MemoryTables,
-    lookup_tiers.TieredTables). Thread-safe: lookups run concurrently with one update."""
+    lookup_tiers.LookupTiers). Thread-safe: lookups run concurrently with one update."""
     shapes: List[Tuple[int, int]]   # per feature (rows, D)
 
     def lookup(self, ids: Dict[int, np.ndarray]) -> Dict[int, np.ndarray]:
@@ -165,7 +157,7 @@ class _Repository:
     def snapshot(self, tiers: Optional[TierConfig], log: Callable[[str], None]) -> Snapshot:
         """Loads the dense model, and the tables: whole into memory, or through tiers `tiers`."""
         tables = MemoryTables(self.directory, self.tables) if tiers is None else \
-            TieredTables(self.path, tiers, expect=self.version, log=log)
+            LookupTiers(self.path, tiers, expect=self.version, log=log)
         try:
             return Snapshot(self.version, DenseModel(self.dense_dir, self.layout), tables)
         except BaseException:
@@ -215,7 +207,7 @@ class DenseModel:
 
 class Model:
     """A tables-form repository served, from memory or through lookup tiers `tiers`, replaceable by
-    newer versions while serving.
+    newer versions while serving: a backend.Backend.
 
     infer(numerical [B, n] float32, categorical [B, W] int64) -> predictions, logits [B, 1]
     float32 and model_version [B, 1] int64. Thread-safe: requests and one updater. `log` gets
@@ -252,7 +244,7 @@ class Model:
         return self._current.version
 
     def stats(self) -> dict:
-        """The served tables' lookup counts (lookup_tiers.TieredTables.stats; {} in memory)."""
+        """The served tables' lookup counts (lookup_tiers.LookupTiers.stats; {} in memory)."""
         return self._current.tables.stats()
 
     def close(self):
@@ -278,10 +270,9 @@ class Model:
 
     def infer_with(self, snapshot: Snapshot, numerical: np.ndarray, categorical: np.ndarray) -> Dict[str, np.ndarray]:
         """`infer` on `snapshot` (one taken with `snapshot()`)."""
-        if not np.isfinite(numerical).all():
-            raise BadRequest("numerical_features holds NaN or infinite values")
+        check_request(numerical)
         out = snapshot.dense(numerical, self.embeddings(snapshot, categorical))
-        return dict(out, **{MODEL_VERSION: np.full((len(numerical), 1), snapshot.version.step, np.int64)})
+        return with_version(out, snapshot.version, len(numerical))
 
     def embeddings(self, snapshot: Snapshot, categorical: np.ndarray) -> np.ndarray:
         """categorical_features [B, W] int64 -> embeddings [B, sum D_f] float32, as docs/deployment.md
@@ -326,8 +317,8 @@ class Model:
             self._retired = []
 
     def apply_delta(self, delta) -> int:
-        """Serves deployment.delta.Delta `delta` (its base must be the served version); returns the
-        rows it updated. Raises UpdateRefused, or delta.DeltaError for a broken delta."""
+        """Serves repository_format.Delta `delta` (its base must be the served version); returns the
+        rows it updated. Raises UpdateRefused, or repository_format.DeltaError for a broken delta."""
         served = self._current
         tables = served.tables
         if delta.base != served.version:
@@ -362,7 +353,7 @@ class Model:
     def _keep_dense(self, tables: Tables, delta) -> Optional[str]:
         """Through the tiers (the table files updated in place): a copy of the delta's dense model
         in the table directory, `dense-<step>`; its name. None in memory."""
-        if not isinstance(tables, TieredTables):
+        if not isinstance(tables, LookupTiers):
             return None
         name = f"dense-{delta.new.step}"
         self._prune_dense(tables.store.state.get(KEPT_DENSE))

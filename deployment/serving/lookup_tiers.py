@@ -7,7 +7,7 @@ server inside the serving process). No TensorFlow.
             (redis://host:port/db); key `<model>:<export run>:<export step>:<feature>:<id>`, value
             the version it was written at (_TAG_BYTES: the step in 16 hex digits, 8 bytes of a
             hash of the run) and the row's float32 bytes
-    store   every row: the table files of the repository's tables form (deployment/tables.py),
+    store   every row: the table files of the repository's tables form (deployment/exporter/table_files.py),
             memory-mapped and updated in place (docs/benchmarks.md: read this way, about 100x
             the rows per second of RocksDB's multi-get, so RocksDB is not used)
 
@@ -24,7 +24,7 @@ held whole (smallest first, no index); the others split the rest equally, each p
 table row for its slot index and 4 * D + 24 bytes per cached row (row, id, last use, use count);
 the shares of the tables of one width form their cache, so hot rows of any of them compete.
 
-Versions: the store holds one model version (deployment/delta.py's Version). A fresh store holds
+Versions: the store holds one model version (deployment/repository_format.py's Version). A fresh store holds
 its export's (export.json); `advancing(base, new)` moves every tier to a new one (a delta's rows,
 `update`) and records it in `store.json` beside the table files: the move before the first row,
 the new version after the last, so a store left between is refused at start-up. A store that is
@@ -56,8 +56,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from deployment.delta import EXPORT_INFO, Version
-from deployment.tables import TABLES_INFO
+from deployment.repository_format import EXPORT_INFO, TABLES_INFO, Version
 from utils.errors import ConfigError, StoreError
 from utils.files import read_json, write_json
 
@@ -562,7 +561,7 @@ class _Group:
                 yield f, ids[bounds[k]:bounds[k + 1]] - self.starts[k]
 
 
-class TieredTables:
+class LookupTiers:
     """The embedding tables of a tables-form repository served through the tiers.
 
     lookup({feature: ids}) -> {feature: rows} (the serving path: ids checked by the caller);

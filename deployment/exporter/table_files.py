@@ -1,7 +1,7 @@
 """The table files of an export (--forms=tables): every embedding table of a checkpoint as one
 .npy file, streamed from the checkpoint's pieces (never a whole table in memory), and tables.json
 saying what they hold, for a parameter server (or any process) that does the lookups in front of
-the dense SavedModel. No TensorFlow.
+the dense SavedModel (file names and format: deployment/repository_format.py). No TensorFlow.
 
     <dir>/table_<f>.npy   feature f's table [rows_f, D_f] float32, .npy format 1.0, row-major:
                           an id is a row number
@@ -13,26 +13,18 @@ from typing import Tuple
 
 import numpy as np
 
-from deployment.layout import EMBEDDINGS, NUMERICAL, PAD, ServingLayout
-from storage import checkpoint
+from deployment.exporter.model_layout import serving_layout, table_tensor
+from deployment.repository_format import (EMBEDDINGS, NUMERICAL, PAD, TABLE_DTYPE, TABLES_FORMAT, TABLES_INFO,
+                                          TABLES_VERSION)
 from nn.model_config import ModelConfig
+from storage import checkpoint
 from utils.errors import CheckpointError
 from utils.files import write_json
-
-FORMAT = "dlrm-table-files"
-VERSION = 1
-TABLES_INFO = "tables.json"
-DTYPE = np.dtype(np.float32)
-
-
-def table_tensor(feature: int) -> str:
-    """Feature's table in a RankingModel checkpoint (its DistributedEmbedding's table_name)."""
-    return f"embedding/table_{feature}"
 
 
 def tables_bytes(model: ModelConfig) -> int:
     """The bytes of a model's tables as served (float32)."""
-    return sum(t.cardinality * t.dim for t in model.tables) * DTYPE.itemsize
+    return sum(t.cardinality * t.dim for t in model.tables) * TABLE_DTYPE.itemsize
 
 
 def write_tables(manifest: dict, directory: str, dense_model: str) -> dict:
@@ -40,18 +32,18 @@ def write_tables(manifest: dict, directory: str, dense_model: str) -> dict:
     given into the new directory `directory`, then tables.json, and returns its content.
     `dense_model`: the name of the SavedModel that takes the tables' rows (as `embeddings`)."""
     model = ModelConfig.from_signature(manifest["signature"])
-    layout = ServingLayout.of(model)
+    layout = serving_layout(model)
     os.makedirs(directory)
     tables, offset = [], 0
     for f, (table, columns) in enumerate(zip(model.tables, layout.columns)):
         file = f"table_{f}.npy"
         _write_npy(os.path.join(directory, file), manifest, table_tensor(f), (table.cardinality, table.dim))
-        tables.append({"feature": f, "file": file, "rows": table.cardinality, "dim": table.dim, "dtype": DTYPE.name,
-                       "max_hotness": table.max_hotness, "combiner": table.combiner,
+        tables.append({"feature": f, "file": file, "rows": table.cardinality, "dim": table.dim,
+                       "dtype": TABLE_DTYPE.name, "max_hotness": table.max_hotness, "combiner": table.combiner,
                        "categorical_columns": list(columns), "embedding_columns": [offset, offset + table.dim]})
         offset += table.dim
-    info = {"format": FORMAT, "version": VERSION, "checkpoint": manifest["path"], "step": manifest["step"],
-            "pad_id": PAD, "tables": tables,
+    info = {"format": TABLES_FORMAT, "version": TABLES_VERSION, "checkpoint": manifest["path"],
+            "step": manifest["step"], "pad_id": PAD, "tables": tables,
             "dense_model": {"name": dense_model, "inputs": {NUMERICAL: [layout.num_numerical], EMBEDDINGS: [offset]}}}
     write_json(os.path.join(directory, TABLES_INFO), info)
     return info
@@ -64,9 +56,9 @@ def _write_npy(path: str, manifest: dict, name: str, shape: Tuple[int, int]):
     if saved != shape:
         raise CheckpointError(f"{manifest['path']}: tensor {name} has shape {saved}, its signature says {shape}")
     with open(path, "wb") as f:
-        np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(DTYPE),
+        np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(TABLE_DTYPE),
                                                  "fortran_order": False, "shape": shape})
-        for _, block in checkpoint.read_blocks(manifest, name, DTYPE):
+        for _, block in checkpoint.read_blocks(manifest, name, TABLE_DTYPE):
             f.write(block.data)
         f.flush()
         os.fsync(f.fileno())

@@ -7,12 +7,12 @@ ZeroMQ to the serving process and back, about 3 ms a request (docs/benchmarks.md
 What tritonclient's clients call is served: health (live, ready), server metadata, model
 metadata, config and readiness, and inference. Requests are checked as Triton checks them
 (input count and names, requested outputs, dtypes, shapes, batch size, byte sizes) with Triton's
-messages and status codes; the model's own refusals (deployment.live.BadRequest) get 400 /
+messages and status codes; the model's own refusals (errors.BadRequest) get 400 /
 INVALID_ARGUMENT with their message. Only the requested outputs are returned (all when none is
 named). Each gRPC request runs on a thread of a pool, each HTTP connection on its own thread;
 requests are not batched together (the model releases Python's lock while it computes).
 
-Each inference request is counted once (deployment/metrics.py: by protocol and status, with the
+Each inference request is counted once (metrics.py: by protocol and status, with the
 time the successful ones took in `ServedModel.run`), served as Prometheus metrics on a port of
 their own when `serving` is given one.
 """
@@ -29,8 +29,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from deployment.live import BadRequest
-from deployment.metrics import Metrics, http_serving
+from deployment.serving.errors import BadRequest
+from deployment.serving.metrics import Metrics, http_serving
 
 HTTP_STATUS = {"INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "INTERNAL": 500}
 OUTCOME = {"INVALID_ARGUMENT": "refused", "NOT_FOUND": "refused", "INTERNAL": "failed"}   # metrics' status
@@ -350,7 +350,7 @@ class _HttpHandler(http.server.BaseHTTPRequestHandler):
 def serving(model: ServedModel, address: str, http_port: int, grpc_port: int, threads: int = 8,
             metrics_port: Optional[int] = None, stats: Optional[Callable[[], dict]] = None):
     """Serves `model` on HTTP `http_port` and gRPC `grpc_port` of `address` while the block runs, and
-    its metrics (deployment/metrics.py; `stats` gives the version's step and the lookup tiers'
+    its metrics (metrics.py; `stats` gives the version's step and the lookup tiers'
     counts) on `metrics_port` unless None; yields a function that blocks until interrupted
     (KeyboardInterrupt)."""
     import grpc

@@ -1,0 +1,75 @@
+"""Writes deltas (deployment/repository_format.py's layout): the embedding rows a model updated
+since an earlier export, and its dense weights, as files any parameter-server-style consumer can
+read; and what a delta needs to know of checkpoints (their version, their lineage). No
+TensorFlow."""
+import os
+from typing import Callable, Iterable, Tuple
+
+import numpy as np
+
+from deployment.repository_format import (DELTA_FORMAT, DELTA_INFO, DELTA_VERSION, IDS_DTYPE, ROWS_DTYPE, Version,
+                                          export_version, file_crc32, read_delta, read_export_info)
+from utils.files import write_json
+
+
+def checkpoint_version(manifest: dict) -> Version:
+    """The version of the checkpoint whose manifest (storage.checkpoint.read_manifest) is given; run ""
+    for a checkpoint written before runs were recorded."""
+    lineage = manifest["state"].get("lineage") or [{"run": ""}]
+    return Version(lineage[-1]["run"], int(manifest["step"]))
+
+
+def descends_from(manifest: dict, base: Version) -> bool:
+    """Whether the checkpoint (manifest) was trained from version `base`: its lineage (the runs
+    that trained it, each from the step it restored) passes through base's run at base's step."""
+    lineage = manifest["state"].get("lineage") or []
+    ends = [segment["from_step"] for segment in lineage[1:]] + [int(manifest["step"])]
+    return any(segment["run"] == base.run and base.run and segment["from_step"] <= base.step <= end
+               for segment, end in zip(lineage, ends))
+
+
+def base_version(path: str) -> Version:
+    """The version that a delta made against `path` applies to: the version `path` holds (a full
+    export, or a delta's new version)."""
+    if os.path.isfile(os.path.join(path, DELTA_INFO)):
+        return read_delta(path).new
+    return export_version(path)
+
+
+def base_signature(path: str) -> dict:
+    """The model signature of a full export or a delta at `path`."""
+    if os.path.isfile(os.path.join(path, DELTA_INFO)):
+        return read_delta(path).signature
+    return read_export_info(path)["signature"]
+
+
+def _save(path: str, value: np.ndarray) -> dict:
+    with open(path, "wb") as f:
+        np.save(f, value)
+        f.flush()
+        os.fsync(f.fileno())
+    return {"file": os.path.basename(path), "bytes": os.path.getsize(path), "crc32": file_crc32(path)}
+
+
+def write_delta(directory: str, name: str, base: Version, new: Version, signature: dict,
+                tables: Iterable[Tuple[int, int, np.ndarray, np.ndarray]],
+                write_dense: Callable[[str], None]) -> dict:
+    """Writes a delta into the new directory `directory` and returns its delta.json content.
+    `tables`: (feature, table rows, updated ids [n] int64 ascending, their rows [n, D] float32);
+    `write_dense(path)` writes the dense SavedModel at `path`."""
+    os.makedirs(directory)
+    dense = os.path.join(f"{name}_dense", "1", "model.savedmodel")
+    write_dense(os.path.join(directory, dense))
+    listed = []
+    for feature, table_rows, ids, rows in tables:
+        ids, rows = np.ascontiguousarray(ids, IDS_DTYPE), np.ascontiguousarray(rows, ROWS_DTYPE)
+        if not ids.size:
+            continue
+        listed.append({"feature": feature, "count": int(ids.size), "dim": int(rows.shape[1]),
+                       "table_rows": int(table_rows),
+                       "ids": _save(os.path.join(directory, f"table_{feature}.ids.npy"), ids),
+                       "rows": _save(os.path.join(directory, f"table_{feature}.rows.npy"), rows)})
+    info = {"format": DELTA_FORMAT, "version": DELTA_VERSION, "name": name, "base": base.to_json(),
+            "new": new.to_json(), "signature": signature, "dense_model": dense, "tables": listed}
+    write_json(os.path.join(directory, DELTA_INFO), info)
+    return info
