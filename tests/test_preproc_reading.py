@@ -101,7 +101,7 @@ def test_random_bytes_are_bad_lines():
     """Random bytes through Criteo's parser and through pyarrow's: every line is good or bad, none lost."""
     rng = random.Random(2)
     for _ in range(20):
-        data = bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 3000)))
+        data = rng.randbytes(rng.randint(1, 3000))
         block = parsing.parse_block(data)
         assert block.num_lines == count_lines(data) == len(block.lines) + len(block.bad)
         table, good, bad = parsing.read_strings(data, count_lines(data), ["x", "y"], ",")
