@@ -11,6 +11,7 @@ import sys
 import time
 from fractions import Fraction
 
+from preproc.layout import MAPPINGS
 from preproc.parsing import CATEGORICAL_NAMES
 from preproc.pipeline import Options, run
 from preproc.session import spark_session
@@ -63,6 +64,7 @@ def parser():
                         "(auto: day for several day_N files)")
     p.add_argument("--test_fraction", type=float, help="fraction split: test share (default 0.05)")
     p.add_argument("--validation_fraction", type=float, help="fraction split: validation share (default 0.05)")
+    p.add_argument("--split_order", help="fraction split: the mappings in input order (default train,test,validation)")
     p.add_argument("--frequency_threshold",
                    help="values seen fewer times in training map to id 0: N, or Ck:N,..., or both (default 0; "
                         "with --vocab_from: the earlier vocabulary's)")
@@ -98,9 +100,14 @@ def options(args) -> Options:
     fractions = {k: 0.05 if v is None else v for k, v in fractions.items()}
     if min(fractions.values()) < 0 or sum(fractions.values()) >= 1:
         raise ConfigError("--test_fraction and --validation_fraction must be >= 0 and sum to less than 1")
+    if args.split == "day" and args.split_order is not None:
+        raise ConfigError("--split_order has no effect with --split=day")
+    order = None if args.split_order is None else tuple(args.split_order.split(","))
+    if order is not None and sorted(order) != sorted(MAPPINGS):
+        raise ConfigError(f"--split_order: {args.split_order!r} is not train, test and validation in some order")
     thresholds = None if args.frequency_threshold is None else parse_thresholds(args.frequency_threshold)
     return Options(args.input, args.output, args.split, thresholds=thresholds, fractions_given=bool(given),
-                   **job_options(args, CATEGORICAL_NAMES), **fractions)
+                   order=order, **job_options(args, CATEGORICAL_NAMES), **fractions)
 
 
 def job_options(args, names) -> dict:

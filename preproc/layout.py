@@ -3,9 +3,11 @@
 Lines are numbered globally over the input files in order. By day (files day_0 ... day_N):
 every day but the last is training, the last day's first half (floor) is test and the rest
 validation. By fraction: the first lines are training, then the test lines
-(round(lines * test_fraction)), then the validation lines. A split by a column's value
-(preproc.raw_source) numbers each mapping's rows in input order instead of the lines and lays
-the mappings out in turn (`by_counts`). A mapping's rows are written as
+(round(lines * test_fraction)), then the validation lines (or the mappings in another order). A
+split by a column's value (preproc.raw_source) numbers each mapping's rows in input order
+instead of the lines and lays the mappings out in turn (`by_counts`). A mapping the split means
+to fill (every one by day, one of a positive fraction) that gets no line is an error naming why.
+A mapping's rows are written as
 part files of at most `part_rows` lines each, in line order; shuffled training rows instead go
 to part hash % parts and are ordered by the hash, a seeded 64-bit mix of the line's index in the
 mapping: a global shuffle that depends on nothing but the input and the seed.
@@ -17,6 +19,8 @@ import re
 from typing import Dict, List, Tuple
 
 import numpy as np
+
+from utils.errors import DatasetError
 
 MAPPINGS = ("train", "test", "validation")
 _DAY = re.compile(r"day_(\d+)(\.gz)?")
@@ -34,6 +38,7 @@ class Layout:
     lines: Dict[str, int]            # lines per mapping (good and bad)
     part_rows: int
     shuffle_seed: int = -1           # >= 0: training rows shuffled with this seed
+    wanted: Tuple[str, ...] = MAPPINGS   # the mappings the split means to fill (not one of a fraction of 0)
 
     def parts(self, mapping: str) -> int:
         return max(1, math.ceil(self.lines[mapping] / self.part_rows))
@@ -94,21 +99,35 @@ def by_day(file_lines: List[int], days: List[int], part_rows: int, shuffle_seed:
         else:
             add("test", n // 2)
             add("validation", n - n // 2)
+    if not index["train"]:
+        raise DatasetError("train: no lines: the days before the last one are empty")
+    if not index["test"]:
+        raise DatasetError(f"test: no lines: the last day, day_{last}, has {index['validation']} line(s), too few to "
+                           "halve into test and validation")
     return Layout(segments, index, part_rows, shuffle_seed)
 
 
 def by_fraction(total_lines: int, test_fraction: float, validation_fraction: float, part_rows: int,
-                shuffle_seed: int) -> Layout:
-    test, validation = round(total_lines * test_fraction), round(total_lines * validation_fraction)
-    return by_counts({"train": total_lines - test - validation, "test": test, "validation": validation}, part_rows,
-                     shuffle_seed)
+                shuffle_seed: int, order: Tuple[str, ...] = MAPPINGS) -> Layout:
+    """round(lines x fraction) test and validation lines, the rest training, the mappings in `order`."""
+    fractions = {"test": test_fraction, "validation": validation_fraction}
+    counts = {m: round(total_lines * f) for m, f in fractions.items()}
+    counts["train"] = total_lines - sum(counts.values())
+    wanted = tuple(m for m in MAPPINGS if m == "train" or fractions[m] > 0)
+    for m in wanted:
+        if not counts[m]:
+            why = (f"{fractions[m]} of the {total_lines} input lines rounds to none (a fraction of 0 leaves it empty "
+                   "on purpose)" if m != "train" else f"test and validation take all {total_lines} input lines")
+            raise DatasetError(f"{m}: no lines: {why}")
+    return by_counts(counts, part_rows, shuffle_seed, order, wanted)
 
 
-def by_counts(counts: Dict[str, int], part_rows: int, shuffle_seed: int) -> Layout:
-    """The first counts["train"] positions train, then the test ones, then the validation ones."""
+def by_counts(counts: Dict[str, int], part_rows: int, shuffle_seed: int, order: Tuple[str, ...] = MAPPINGS,
+              wanted: Tuple[str, ...] = MAPPINGS) -> Layout:
+    """The first counts[order[0]] positions go to mapping order[0], the next ones to order[1], ..."""
     segments, start = [], 0
-    for k, mapping in enumerate(MAPPINGS):
+    for mapping in order:
         if counts[mapping]:
-            segments.append((start, start + counts[mapping], k, 0))
+            segments.append((start, start + counts[mapping], MAPPINGS.index(mapping), 0))
             start += counts[mapping]
-    return Layout(segments, counts, part_rows, shuffle_seed)
+    return Layout(segments, counts, part_rows, shuffle_seed, wanted)

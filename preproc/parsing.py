@@ -13,12 +13,16 @@ words (SWAR decimal, a 64K table for pairs of hex digits). Any other line goes t
 pyarrow's CSV reader, which gives the bad lines their reasons.
 """
 import dataclasses
-from typing import List, Tuple
+import functools
+import re
+from typing import Dict, List, Tuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
+
+from preproc import reading
 
 NUM_INTEGER, NUM_CATEGORICAL = 13, 26
 INTEGER_NAMES = [f"I{k}" for k in range(1, NUM_INTEGER + 1)]
@@ -59,10 +63,29 @@ class Block:
 def read_strings(data: bytes, num_lines: int, names: List[str], delimiter: str, columns: List[str] = None,
                  quoting: bool = True) -> Tuple[pa.Table, np.ndarray, List[Tuple[int, str]]]:
     """The `num_lines` lines of `data` read by pyarrow's CSV reader as string columns `columns` of
-    `names` (default all; empty fields null; `quoting`: fields may be quoted). Lines with another
-    field count are skipped: returns (table, the line number of each of its rows, bad lines
-    [(line, reason)])."""
-    bad, columns = [], columns or names
+    `names` (default all; empty fields null; `quoting`: fields may be quoted, no newline inside).
+    Lines with another field count, and those pyarrow would not read as one row of text (`broken`)
+    are skipped: returns (table, the line number of each of its rows, bad lines [(line, reason)])."""
+    columns = columns or names
+    unreadable = broken(data, delimiter if quoting else None)
+    table, bad = _read_csv(_blank(data, unreadable), names, delimiter, columns, quoting)
+    if quoting and b'"' in data and table.num_rows + len(bad) != num_lines:      # a quote ran on into a line
+        unreadable.update(broken(data, delimiter, all_quotes=True))
+        table, bad = _read_csv(_blank(data, unreadable), names, delimiter, columns, quoting)
+    skipped = np.zeros(num_lines, bool)
+    skipped[[line for line, _ in bad]] = True
+    if unreadable:
+        blank = np.zeros(num_lines, bool)
+        blank[list(unreadable)] = True
+        table = table.filter(pa.array(~blank[~skipped]))
+        bad = sorted(bad + list(unreadable.items()))
+        skipped |= blank
+    return table, np.flatnonzero(~skipped), bad
+
+
+def _read_csv(data: bytes, names, delimiter, columns, quoting):
+    """(table, [(line, reason)] of the lines of another field count): pyarrow's reading of `data`."""
+    bad = []
 
     def wrong_count(row):
         bad.append((row.number - 1, f"{row.actual_columns} fields, expected {len(names)}"))
@@ -77,9 +100,68 @@ def read_strings(data: bytes, num_lines: int, names: List[str], delimiter: str, 
         convert_options=pacsv.ConvertOptions(column_types={c: pa.string() for c in columns}, include_columns=columns,
                                              null_values=[""], strings_can_be_null=True,
                                              quoted_strings_can_be_null=True, check_utf8=False))
-    skipped = np.zeros(num_lines, bool)
-    skipped[[line for line, _ in bad]] = True
-    return table, np.flatnonzero(~skipped), bad
+    return table, bad
+
+
+def broken(data: bytes, delimiter: str = None, all_quotes: bool = False) -> Dict[int, str]:
+    """{line: reason} of the lines of `data` that pyarrow's CSV reader would not read as one row of
+    text: not UTF-8, a carriage return before the line's end (a line end to the reader), or, given
+    the `delimiter` of quoted fields, an unterminated quote (the reader runs on into the next
+    lines). Quotes are checked on the last line (nothing follows it here, but something may in a
+    larger block), on every line with `all_quotes`."""
+    found, lines = {}, None
+    if not data.isascii():
+        try:
+            data.decode()
+        except UnicodeDecodeError:
+            lines = data.split(b"\n")
+            found.update((k, "not UTF-8 text") for k, line in enumerate(lines) if not _is_utf8(line))
+    if b"\r" in data:
+        chars = np.frombuffer(data, np.uint8)
+        returns = np.flatnonzero(chars[:-1] == 13)
+        inside = returns[chars[returns + 1] != 10]
+        for k in np.unique(np.searchsorted(np.flatnonzero(chars == 10), inside)).tolist():
+            found.setdefault(k, "a carriage return inside the line")
+    if delimiter is not None and b'"' in data:
+        last = reading.count_lines(data) - 1
+        if all_quotes:
+            candidates = enumerate(lines or data.split(b"\n"))
+        else:
+            body = data[:-1] if data.endswith(b"\n") else data
+            candidates = [(last, body[body.rfind(b"\n") + 1:])]
+        line_pattern = _quoted_line(delimiter)
+        for k, line in candidates:
+            if k <= last and b'"' in line and not line_pattern.fullmatch(line):
+                found.setdefault(k, "an unterminated quote")
+    return found
+
+
+def _is_utf8(line: bytes) -> bool:
+    try:
+        line.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _quoted_line(delimiter: str) -> re.Pattern:
+    """A line of fields as pyarrow's reader reads them: a field starting with a quote runs to the
+    first lone quote ("" is a quote in it), then to the delimiter; any other field to the delimiter."""
+    d = re.escape(delimiter.encode())
+    field = b'(?:"(?:[^"]|"")*+"[^' + d + b']*|[^' + d + b'"][^' + d + b']*|)'
+    return re.compile(field + b"(?:" + d + field + b")*")
+
+
+def _blank(data: bytes, lines: Dict[int, str]) -> bytes:
+    """`data` with the given lines emptied, each ending with a newline (pyarrow reads each as a row
+    of nulls)."""
+    if not lines:
+        return data
+    parts = data.split(b"\n")
+    for k in lines:
+        parts[k] = b""
+    return b"\n".join(parts) + (b"" if data.endswith(b"\n") else b"\n")
 
 
 def _parse_with_arrow(data: bytes, num_lines: int) -> Block:

@@ -26,7 +26,7 @@ import tempfile
 import uuid
 import zipfile
 from fractions import Fraction
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import numpy as np
 
@@ -48,6 +48,7 @@ class Options:
     test_fraction: float = 0.05
     validation_fraction: float = 0.05
     fractions_given: bool = False         # the fractions were set (an error with the day split)
+    order: Tuple[str, ...] = None         # fraction split: the mappings' order in the input (None: MAPPINGS')
     thresholds: List[int] = None          # per categorical feature (C1..C26); None: 0, or the earlier ones
     headroom: Fraction = Fraction(1)      # new vocabularies: capacity = ceil(headroom x (K + 1)) ...
     capacity_rows: Dict[int, int] = None  # ... or these rows (per categorical feature index)
@@ -76,10 +77,14 @@ def run(spark, opts: Options, log=print) -> dict:
     split_lines = np.concatenate([[0], np.cumsum([c[0] for c in counts])]).astype(int).tolist()
     file_lines = [split_lines[min(s.index for s in splits if s.file_index == k)] for k in range(len(paths))]
     lines_per_file = np.diff(file_lines + [split_lines[-1]]).tolist()
+    if not split_lines[-1]:
+        more = f" and {len(paths) - 1} more input file{'s' * (len(paths) > 2)}" if len(paths) > 1 else ""
+        raise DatasetError(f"{paths[0]}{more}: no lines to read (an empty input)")
     if source.by_value:
-        layout, positions = _layout_by_value(opts, [c[1:] for c in counts])
+        layout, positions = _layout_by_value(opts, [c[1:] for c in counts], source.wanted(paths))
     else:
         layout, positions = _layout(opts, paths, lines_per_file, split_lines[-1]), None
+    created = not os.path.exists(opts.output)
     tmp = os.path.join(opts.output, f".preproc-tmp-{uuid.uuid4().hex[:8]}")
     os.makedirs(tmp)
     try:
@@ -99,6 +104,8 @@ def run(spark, opts: Options, log=print) -> dict:
         spec.to_yaml(os.path.join(opts.output, SPEC_FILE))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if created and not os.listdir(opts.output):        # a failed run leaves no folder it made
+            os.rmdir(opts.output)
     return summary
 
 
@@ -130,20 +137,22 @@ def _layout(opts: Options, paths, lines_per_file, total) -> layouts.Layout:
     if split == "day":
         if any(d is None for d in days) or len(set(days)) < 2:
             raise DatasetError("--split=day: the inputs must be files day_N[.gz] of at least two different days")
-        if opts.fractions_given:
-            raise DatasetError("--test_fraction/--validation_fraction have no effect: the inputs are split by day")
+        if opts.fractions_given or opts.order:
+            raise DatasetError("--test_fraction/--validation_fraction/--split_order have no effect: the inputs are "
+                               "split by day")
         return layouts.by_day(lines_per_file, days, opts.part_rows, seed)
-    return layouts.by_fraction(total, opts.test_fraction, opts.validation_fraction, opts.part_rows, seed)
+    return layouts.by_fraction(total, opts.test_fraction, opts.validation_fraction, opts.part_rows, seed,
+                               opts.order or MAPPINGS)
 
 
-def _layout_by_value(opts: Options, split_counts: List[List[int]]):
-    """A split by a column's value: the mappings' rows in turn, each in input order; returns the
-    layout and each split's first position per mapping."""
+def _layout_by_value(opts: Options, split_counts: List[List[int]], wanted: Tuple[str, ...]):
+    """A split by a column's value: the mappings' rows in turn, each in input order (`wanted`: the
+    mappings the split means to fill); returns the layout and each split's first position per mapping."""
     counts = np.array(split_counts, np.int64).reshape(-1, len(MAPPINGS))
     totals = counts.sum(axis=0)
     starts = np.concatenate([[0], np.cumsum(totals)[:-1]]) + np.cumsum(counts, axis=0) - counts
     layout = layouts.by_counts(dict(zip(MAPPINGS, totals.tolist())), opts.part_rows,
-                               opts.seed if opts.shuffle else -1)
+                               opts.seed if opts.shuffle else -1, wanted=wanted)
     return layout, starts.tolist()
 
 
@@ -156,11 +165,17 @@ def _count_and_rank(spark, ctx, opts: Options, tmp, log) -> dict:
         rows = {m: sum(i["rows"][m] for i in infos) for m in MAPPINGS}
         bad = sum(i["bad"] for i in infos)
         first_bad = [b for i in infos for b in i["first_bad"]][:tasks.MAX_REPORTED]
+        where = "; ".join(f"{p}:{line}: {reason}" for p, line, reason in first_bad)
+        message = f"{bad} bad line{'s' * (bad > 1)} (first: {where})"
+        if bad and opts.strict:
+            raise DatasetError(f"--strict: {message}")
+        for m in ctx.layout.wanted:
+            if not rows[m]:
+                lines = ctx.layout.lines[m]       # (a split by value: its good rows)
+                why = (f"its {lines} lines are all bad" if lines > 1 else "its one line is bad") if lines else \
+                    f"no row falls in it ({schema.rules['split']})"
+                raise DatasetError(f"{m}: no rows: {why}" + f"; {message}" * (bad > 0))
         if bad:
-            where = "; ".join(f"{p}:{line}: {reason}" for p, line, reason in first_bad)
-            message = f"{bad} bad line{'s' * (bad > 1)} (first: {where})"
-            if opts.strict:
-                raise DatasetError(f"--strict: {message}")
             log(f"skipped {message}")
         caps, thresholds, report = _vocabularies(sc, counted, ctx, opts, tmp, log)
     finally:

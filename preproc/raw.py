@@ -28,7 +28,7 @@ def parser():
 def options(args) -> Options:
     spec = raw_spec.load(args.spec)
     source = RawSource(spec)
-    return Options(spec.paths, args.output, "fraction", spec.test, spec.validation,
+    return Options(spec.paths, args.output, "fraction", spec.test, spec.validation, order=spec.order,
                    thresholds=[c.threshold for c in spec.categorical], source=source,
                    **job_options(args, source.schema.categorical))
 

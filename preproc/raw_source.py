@@ -14,7 +14,7 @@ import gzip
 import math
 import os
 import re
-from typing import Iterator, List
+from typing import Iterator, List, Optional
 
 import numpy as np
 import pandas as pd
@@ -24,6 +24,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from preproc import parsing, reading
+from preproc.layout import MAPPINGS
 from preproc.raw_spec import Categorical, Numerical, RawSpec
 from preproc.sources import Rows, Schema, Source
 from utils.errors import DatasetError
@@ -48,9 +49,51 @@ class RawSource(Source):
         unknown = sorted(set(named) - set(map(os.path.abspath, paths)))
         if unknown:
             raise DatasetError(f"split: {unknown[0]} is not one of the input files")
+        self._check_columns(paths)
         if self.spec.format == "parquet":
             return [reading.Split(k, p, k) for k, p in enumerate(paths)]
         return reading.plan_splits(paths, split_bytes)
+
+    def _check_columns(self, paths):
+        """Every column the spec names must be in some input file (a file without one: its lines
+        are bad); empty CSV files have no columns to check."""
+        if self.spec.columns:
+            return                                  # (raw_spec checked them)
+        columns = {}
+        for path in paths:
+            names = self._columns(path)
+            if names is not None:
+                columns[path] = names
+        for c in self.spec.columns_used():
+            if columns and not any(c in names for names in columns.values()):
+                path, names = next(iter(columns.items()))
+                more = len(columns) - 1
+                where = f"{path} and {more} more input file{'s' * (more > 1)}" if more else path
+                shown = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "") if names else "none readable"
+                raise DatasetError(f"{where}: no column {c!r}, which the spec names (columns: {shown})")
+
+    def _columns(self, path: str):
+        """An input file's column names (None: an empty CSV file)."""
+        try:
+            if self.spec.format == "csv":
+                return _header(path, self.spec.delimiter)
+            return pq.read_schema(path).names
+        except (pa.ArrowException, OSError, EOFError) as e:
+            raise DatasetError(f"{path}: cannot read it ({(str(e) or type(e).__name__).splitlines()[0]})")
+
+    def wanted(self, paths):
+        """Train, and test and validation where a bound or a file names them (a bound left out, or
+        test_from = validation_from, leaves test or validation empty on purpose)."""
+        spec = self.spec
+        if spec.split == "files":
+            chosen = {MAPPINGS[spec.file_mapping(p)] for p in paths}
+        else:
+            chosen = {"train"}
+            if spec.test_from is not None and spec.test_from != spec.validation_from:
+                chosen.add("test")
+            if spec.validation_from is not None:
+                chosen.add("validation")
+        return tuple(m for m in MAPPINGS if m in chosen)
 
     def count(self, split, block_bytes):
         if self.spec.format == "parquet":
@@ -151,11 +194,15 @@ class _Checks:
             self.reasons[new] = [f"{reason}, got {values[int(k)].as_py()!r}" for k in new]
 
 
-def _header(path: str, delimiter: str) -> List[str]:
+def _header(path: str, delimiter: str) -> Optional[List[str]]:
+    """The column names of a CSV file's first line (None: the file is empty; none: a blank line or
+    one pyarrow's reader cannot take, parsing.broken)."""
     with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
         line = f.readline()
-    if not line.strip():
-        return [""]
+    if not line:
+        return None
+    if not line.strip() or parsing.broken(line, delimiter):
+        return []
     return pacsv.read_csv(pa.py_buffer(line), parse_options=pacsv.ParseOptions(delimiter=delimiter)).column_names
 
 

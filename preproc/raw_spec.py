@@ -4,10 +4,11 @@ example). `load` validates it all and raises ConfigError with one line naming th
 """
 import dataclasses
 import os
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import yaml
 
+from preproc.layout import MAPPINGS
 from utils.errors import ConfigError
 
 TRANSFORMS = ("log", "none", "clip")
@@ -52,6 +53,7 @@ class RawSpec:
     split: str = "fraction"                  # fraction | column | files
     test: float = 0.05                       # fraction split: shares in file order
     validation: float = 0.05
+    order: Optional[Tuple[str, ...]] = None  # fraction split: the mappings in file order (None: train, test, validation)
     split_column: Optional[str] = None       # column split: value < test_from train, < validation_from test,
     test_from: Optional[float] = None        # the rest validation (a missing bound: that mapping is empty)
     validation_from: Optional[float] = None
@@ -166,8 +168,8 @@ def parse(raw, where: str = "raw spec", base_dir: str = ".") -> RawSpec:
     if twice:
         top.fail("", f"feature name {twice[0]!r} is used twice (or is the label's): set `name`")
     _split(spec, _Reader(top.get("split", dict, {}, expect="a mapping"), where, "split",
-                         ("by", "test", "validation", "column", "test_from", "validation_from", "test_files",
-                          "validation_files")), base_dir)
+                         ("by", "test", "validation", "order", "column", "test_from", "validation_from",
+                          "test_files", "validation_files")), base_dir)
     if spec.columns:
         missing = [c for c in spec.columns_used() if c not in spec.columns]
         if missing:
@@ -218,8 +220,9 @@ def _split(spec: RawSpec, r: _Reader, base_dir: str):
     spec.split = r.get("by", str, "fraction", check=lambda v: v in ("fraction", "column", "files"),
                        expect="fraction or column or files")
     share = dict(check=lambda v: 0 <= v < 1, expect="a fraction in [0, 1)")
-    for name in ("column", "test_from", "validation_from", "test_files", "validation_files"):
-        by = "column" if name in ("column", "test_from", "validation_from") else "files"
+    for name in ("order", "column", "test_from", "validation_from", "test_files", "validation_files"):
+        by = "fraction" if name == "order" else "column" if name in ("column", "test_from", "validation_from") \
+            else "files"
         if name in r.raw and spec.split != by:
             r.fail(name, f"only a split by {by} takes it")
     if spec.split == "files":
@@ -233,6 +236,10 @@ def _split(spec: RawSpec, r: _Reader, base_dir: str):
         spec.test, spec.validation = r.get("test", NUMBER, 0.05, **share), r.get("validation", NUMBER, 0.05, **share)
         if spec.test + spec.validation >= 1:
             r.fail("validation", "test + validation must be below 1")
+        order = r.names("order")
+        if order is not None and sorted(order) != sorted(MAPPINGS):
+            r.fail("order", f"must be train, test and validation in some order, got {order!r}")
+        spec.order = order and tuple(order)
         return
     for name in ("test", "validation"):
         if name in r.raw:

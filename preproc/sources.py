@@ -65,6 +65,10 @@ class Source:
     def rows(self, split: reading.Split, block_bytes: int) -> Iterator[Rows]:
         raise NotImplementedError
 
+    def wanted(self, paths: List[str]) -> Tuple[str, ...]:
+        """A split by value: the mappings it means to fill (each must get rows)."""
+        raise NotImplementedError
+
 
 NUMERICAL = [f"num_{k}" for k in range(parsing.NUM_INTEGER)]
 CATEGORICAL = [f"cat_{k}" for k in range(parsing.NUM_CATEGORICAL)]

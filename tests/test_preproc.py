@@ -3,6 +3,7 @@ thresholds and splits; day layout with gzip; bad lines; determinism; vocabulary 
 import gzip
 import math
 import os
+import random
 import subprocess
 import sys
 
@@ -11,7 +12,8 @@ import pytest
 
 from dataloading.feature_spec import SPEC_FILE, FeatureSpec
 from dataloading.split_binary import SplitBinaryDataset
-from preproc import generate
+from preproc import criteo, generate
+from preproc import layout as layouts
 from preproc.criteo import parse_thresholds
 from preproc.pipeline import Options, run
 from preproc.session import spark_session
@@ -107,6 +109,60 @@ def test_strict_stops_at_bad_lines(spark, tmp_path):
     assert not (tmp_path / "out" / SPEC_FILE).exists()
 
 
+def test_malformed_lines_and_inputs_that_stop_the_run(spark, tmp_path):
+    """Random bytes and a carriage return inside a line are bad lines with their number (--strict:
+    one error naming them); an empty input, a mapping whose every line is bad, a fraction that
+    rounds to no line and a last day too short to halve stop the run with one error, writing nothing."""
+    garbage = random.Random(0).randbytes(500).replace(b"\n", b"")
+    raw = tmp_path / "train.txt"
+    raw.write_bytes(b"\n".join([h.encode() for h in HAND[:6]] + [garbage, line("1", ["1"], ["a\rb"]).encode()] +
+                               [h.encode() for h in HAND[6:]]) + b"\n")
+    summary = run(spark, opts([raw], tmp_path / "out"), log=lambda m: None)
+    # 12 lines: 8 train (lines 5, 7, 8 bad), then 2 test and 2 validation lines (fractions 0.2)
+    assert summary["rows"] == {"train": 5, "test": 2, "validation": 2}
+    assert summary["first_bad_lines"] == [f"{raw}:5: I1 is not an integer", f"{raw}:7: not UTF-8 text",
+                                          f"{raw}:8: a carriage return inside the line"]
+    out = tmp_path / "o2"
+    with pytest.raises(DatasetError, match=rf"^--strict: 3 bad lines \(first: {raw}:5: .*; {raw}:7: not UTF-8 text; "):
+        run(spark, opts([raw], out, strict=True))
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    with pytest.raises(DatasetError, match=rf"^{empty}: no lines to read \(an empty input\)$"):
+        run(spark, opts([empty], out))
+    bad_end = write_text(tmp_path / "bad_end.txt", HAND[:8] + [line("7"), line("x")])
+    with pytest.raises(DatasetError, match=rf"^validation: no rows: its 2 lines are all bad; 3 bad lines \(first: "
+                                           rf"{bad_end}:5: I1 is not an integer; {bad_end}:9: label must be 0 or 1; "):
+        run(spark, opts([bad_end], out))
+    with pytest.raises(DatasetError, match=r"^validation: no lines: 0.04 of the 10 input lines rounds to none"):
+        run(spark, opts([bad_end], out, validation_fraction=0.04))
+    days = tmp_path / "days"
+    days.mkdir()
+    write_text(days / "day_0", HAND[:2])
+    write_text(days / "day_1", HAND[2:3])
+    with pytest.raises(DatasetError, match=r"^test: no lines: the last day, day_1, has 1 line\(s\), too few to halve"):
+        run(spark, Options([str(days)], str(out)))
+    assert not out.exists()
+
+
+def test_split_order():
+    """A fraction split puts the mappings in the order asked for (--split_order), its lines in
+    file order; every mapping is named once; no effect with the day split."""
+    layout = layouts.by_fraction(10, 0.2, 0.3, 4, -1, ("train", "validation", "test"))
+    mapping, part, _ = layout.assign(np.arange(10))
+    assert mapping.tolist() == [0] * 5 + [2] * 3 + [1] * 2 and layout.lines == {"train": 5, "test": 2, "validation": 3}
+    assert part.tolist() == [0, 0, 0, 0, 1, 3, 3, 3, 2, 2]
+    args = ["--input", "x.txt", "--output", "out"]
+    assert criteo.options(criteo.parser().parse_args(args + ["--split_order=validation,test,train"])).order == \
+        ("validation", "test", "train")
+    assert criteo.options(criteo.parser().parse_args(args)).order is None
+    for bad, message in (("--split_order=train,test", "is not train, test and validation in some order"),
+                         ("--split_order=train,test,test", "is not train, test and validation"),
+                         ("--split=day", "--split_order has no effect with --split=day")):
+        with pytest.raises(ConfigError, match=message):
+            criteo.options(criteo.parser().parse_args(args + [bad] + ["--split_order=train,validation,test"] *
+                                                      (bad == "--split=day")))
+
+
 def test_days_and_gzip(spark, tmp_path):
     """day_0 and day_1.gz train (frequencies over both), day_2 halves: test 1 line, validation 2."""
     raw = tmp_path / "raw"
@@ -176,7 +232,7 @@ def test_freeze_vocab_encodes_new_data_with_the_same_ids(spark, tmp_path):
     run(spark, opts([write_text(tmp_path / "a.txt", HAND)], first, thresholds=parse_thresholds("2,C2:3")),
         log=lambda m: None)
     new = write_text(tmp_path / "b.txt", [line("1", ["1"], ["b", "2f"]), line("0", [], ["a", "10"]),
-                                         line("1", [], ["a", "10"]), line("0", [], ["z", "10"]), line("1", [], ["c", "10"])])
+                                         line("1", [], ["a", "10"]), line("0", [], ["d", "10"]), line("1", [], ["c", "10"])])
     second = tmp_path / "second"
     run(spark, opts([new], second, vocab_from=str(first), freeze_vocab=True), log=lambda m: None)
     spec, train = load(second, "train")

@@ -156,6 +156,83 @@ def test_strict_and_missing_column(spark, tmp_path):
     assert summary["first_bad_lines"] == [f"{other}:{k}: no column 'device' in the file" for k in range(2, 6)]
 
 
+def test_malformed_csv_lines_are_bad_lines(spark, tmp_path, capsys):
+    """An unterminated quote (not the last line, and the last), bytes that are not UTF-8, a
+    carriage return inside a line: bad lines with their file and line, the good lines kept; with
+    --strict the command line stops with one `error:` line naming them (exit 2), writing nothing.
+    A fraction split in another order: validation before test."""
+    garbage = random.Random(0).randbytes(300).replace(b"\n", b"").replace(b"\r", b"")
+    lines = [HEADER.encode()] + [g.encode() for g in GOOD] + [
+        b'1,2,0,"shop,ff,7,a,ios,0,1',                 # line 6
+        garbage,                                        # line 7 (a quote inside would run on: bad either way)
+        b"0,1,1,news,0a,7,a,ios,0,1\r1,2",             # line 8
+        b"1,2,3,news,0a,7,b,ios,0,1"] + [t.encode() for t in TEST + VALIDATION] + [b'0,1,1,"news']   # line 12
+    (tmp_path / "log.csv").write_bytes(b"\n".join(lines) + b"\n")
+    spec = dict(SPEC, split={"test": 0.3, "validation": 0.2, "order": ["train", "validation", "test"]})
+    spec_path = write_spec(tmp_path, spec)
+    messages = []
+    summary = run_raw(spark, spec_path, tmp_path / "out", log=messages.append)
+    path = tmp_path / "log.csv"
+    assert summary["first_bad_lines"] == [f"{path}:6: an unterminated quote", f"{path}:7: not UTF-8 text",
+                                          f"{path}:8: a carriage return inside the line",
+                                          f"{path}:12: an unterminated quote"]
+    # 11 lines: 6 train (2 bad), then round(2.2) = 2 validation lines (1 bad), then round(3.3) = 3 test lines (1 bad)
+    assert summary["rows"] == {"train": 4, "test": 2, "validation": 1} and summary["bad_lines"] == 4
+    assert messages[0].startswith("skipped 4 bad lines (first: ")
+    _, validation = load(tmp_path / "out", "validation")
+    _, test = load(tmp_path / "out", "test")
+    assert validation["labels"].tolist() == [1] and test["labels"].tolist() == [0, 1]
+    np.testing.assert_array_equal(validation["numerical"][:, 0], np.float16([2]))     # line 9: price 2
+    assert raw.main(["--spec", spec_path, "--output", str(tmp_path / "strict"), "--strict"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"error: --strict: 4 bad lines (first: {path}:6: an unterminated quote; {path}:7: not UTF-8 text; "
+                   f"{path}:8: a carriage return inside the line; {path}:12: an unterminated quote)"]
+    assert not (tmp_path / "strict").exists()
+
+
+def test_inputs_that_stop_the_run(spark, tmp_path):
+    """One error line and nothing written (no output folder, or the earlier dataset untouched) for an
+    empty input, a column no input has, a file of random bytes (every line bad; as .gz or Parquet:
+    unreadable), a mapping a split names that gets no row; a bound left out leaves that mapping
+    empty on purpose."""
+    out = tmp_path / "out"
+
+    def fails(message, spec, **inputs):
+        with pytest.raises(DatasetError, match=message):
+            run_raw(spark, write_spec(tmp_path, spec, **inputs), out)
+        assert not out.exists()
+
+    write_log(tmp_path, [HEADER], "header.csv")
+    (tmp_path / "empty.csv").write_bytes(b"")
+    fails(r"header.csv and 1 more input file: no lines to read \(an empty input\)$", SPEC,
+          paths=["header.csv", "empty.csv"])
+    write_log(tmp_path, [HEADER] + GOOD + TEST + VALIDATION)
+    prise = dict(SPEC, numerical=["prise"])
+    fails(rf"^{tmp_path / 'log.csv'}: no column 'prise', which the spec names \(columns: click, price, count, ",
+          prise)
+    (tmp_path / "random.bin").write_bytes(random.Random(1).randbytes(3000))
+    headerless = {"header": False, "columns": HEADER.split(",")}
+    fails(rf"^train: no rows: its \d+ lines are all bad; \d+ bad lines \(first: {tmp_path / 'random.bin'}:1: ",
+          dict(SPEC, split={"test": 0, "validation": 0}), paths=["random.bin"], **headerless)
+    fails(rf"^{tmp_path / 'random.bin'}: no column 'click', which the spec names \(columns: none readable\)$",
+          SPEC, paths=["random.bin"])
+    for name, message, inputs in (("random.gz", "Not a gzipped file", {}),
+                                  ("random.parquet", "Parquet magic bytes not found", {"format": "parquet"})):
+        (tmp_path / name).write_bytes(random.Random(2).randbytes(100))
+        fails(rf"^{tmp_path / name}: cannot read it \({message}", SPEC, paths=[name], **inputs)
+    fails(r"^validation: no rows: no row falls in it \(by day: test from 2, validation from 4\)$",
+          dict(SPEC, split={"by": "column", "column": "day", "test_from": 2, "validation_from": 4}))
+    fails(r"^test: no lines: 0.05 of the 6 input lines rounds to none \(a fraction of 0 leaves it empty on purpose\)$",
+          dict(SPEC, split={"test": 0.05, "validation": 0.2}))
+    summary = run_raw(spark, write_spec(tmp_path, dict(SPEC, split={"by": "column", "column": "day", "test_from": 2})),
+                      out)
+    assert summary["rows"] == {"train": 4, "test": 2, "validation": 0}
+    before = tree(out)
+    with pytest.raises(DatasetError, match="^train: no rows"):
+        run_raw(spark, write_spec(tmp_path, dict(SPEC, split={"by": "column", "column": "day", "test_from": 0})), out)
+    assert tree(out) == before and (out / SPEC_FILE).exists()
+
+
 def test_split_by_files(spark, tmp_path):
     """split by files: the rows of the test and validation files, in file order, the others train."""
     write_log(tmp_path, [HEADER] + GOOD[:2], "a.csv")
@@ -172,12 +249,14 @@ def test_split_by_files(spark, tmp_path):
 
 def test_vocabularies_grow_with_vocab_from(spark, tmp_path):
     """A second log encoded with the first one's ids; its frequent new values take the next ids
-    (room from --vocab_capacity=2); hashed ids stay as they are; empty test/validation mappings."""
+    (room from --vocab_capacity=2); hashed ids stay as they are; empty test/validation mappings (no
+    bounds: everything trains)."""
     write_log(tmp_path, [HEADER] + GOOD + TEST + VALIDATION)
     run_raw(spark, write_spec(tmp_path), tmp_path / "first", "--vocab_capacity=2")
     write_log(tmp_path, [HEADER, "1,1,1,zine,0a,7,a,ios,0,1", "0,1,1,zine,ff,5,e,ios,0,1", "1,1,1,news,0a,5,e,web,0,1"],
               "day2.csv")
-    summary = run_raw(spark, write_spec(tmp_path, paths=["day2.csv"]), tmp_path / "second", "--vocab_from",
+    all_train = dict(SPEC, split={"by": "column", "column": "day"})
+    summary = run_raw(spark, write_spec(tmp_path, all_train, paths=["day2.csv"]), tmp_path / "second", "--vocab_from",
                       str(tmp_path / "first"))
     assert summary["rows"] == {"train": 3, "test": 0, "validation": 0}
     first, _ = load(tmp_path / "first", "train")
@@ -281,6 +360,8 @@ def test_output_without_numericals_trains(spark, tmp_path):
     ({"numerical": ["site"], "categorical": ["site"]}, r"feature name 'site' is used twice"),
     ({"split": {"by": "column", "column": "day", "test": 0.1}}, r"split.test: only a split by fraction"),
     ({"split": {"test_files": ["x.csv"]}}, r"split.test_files: only a split by files takes it"),
+    ({"split": {"order": ["train", "test"]}}, r"split.order: must be train, test and validation in some order"),
+    ({"split": {"by": "files", "order": ["test", "train", "validation"]}}, r"split.order: only a split by fraction"),
     ({"split": {"test": 0.6, "validation": 0.5}}, r"split.validation: test \+ validation must be below 1"),
     ({"inputs": {"paths": ["x.csv"], "header": False}}, r"inputs.columns: missing"),
     ({"label": {"column": "click", "positive": [1], "threshold": 2}}, r"label.threshold: give positive or"),

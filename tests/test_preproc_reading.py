@@ -58,3 +58,51 @@ def test_fast_parser_agrees_with_arrow_on_odd_lines():
         for field in ("lines", "labels", "integers", "integer_missing", "categorical", "categorical_missing", "num_lines"):
             np.testing.assert_array_equal(getattr(fast, field), getattr(arrow, field), err_msg=field)
         assert fast.bad == arrow.bad
+
+
+def alone(line: bytes, names):
+    """pyarrow's reading of one line with a line of no quotes after it: (its values, or None for
+    another field count; whether it ran on into the next line)."""
+    table, bad = parsing._read_csv(line + b"\nx" + b",x" * (len(names) - 1) + b"\n", names, ",", names, True)
+    values = table.to_pylist()[0] if table.num_rows == 2 else None
+    return values, table.num_rows + len(bad) != 2
+
+
+def test_read_strings_keeps_every_line_on_any_bytes():
+    """Random lines of quotes, delimiters, carriage returns and bytes that are not UTF-8: each line
+    is a row read as it reads alone, or a bad line with its own number: a line pyarrow's reader
+    would run on past (an unterminated quote, also as the last line) or could not report (not
+    UTF-8, a carriage return inside) is bad with that reason, whatever the lines around it."""
+    rng = random.Random(1)
+    names = ["a", "b", "c"]
+    pieces = [b"a", b"b", b",", b",", b'"', b'"', b'""', b"\r", b"\xff", "\u00e9".encode(), b"\x00"]
+    reasons = {"not UTF-8 text", "a carriage return inside the line", "an unterminated quote"}
+    for _ in range(300):
+        lines = [b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 8))) for _ in range(rng.randint(1, 12))]
+        data = b"\n".join(lines) + b"\n" * (rng.random() < 0.7)
+        lines = lines[:count_lines(data)]           # (an empty last line without a newline is none)
+        if not lines:
+            continue
+        table, good, bad = parsing.read_strings(data, len(lines), names, ",")
+        assert sorted(good.tolist() + [k for k, _ in bad]) == list(range(len(lines))), data
+        for k, row in zip(good.tolist(), table.to_pylist()):
+            values, ran_on = alone(lines[k], names)
+            assert values == row and not ran_on and b"\r" not in lines[k].removesuffix(b"\r"), (data, k)
+        for k, reason in bad:
+            if reason not in reasons:
+                assert reason.endswith(f"fields, expected {len(names)}") and alone(lines[k], names) == (None, False)
+            elif reason == "an unterminated quote":
+                assert alone(lines[k], names)[1], (data, k)
+            else:
+                assert (reason == "not UTF-8 text") == (not parsing._is_utf8(lines[k])), (data, k)
+
+
+def test_random_bytes_are_bad_lines():
+    """Random bytes through Criteo's parser and through pyarrow's: every line is good or bad, none lost."""
+    rng = random.Random(2)
+    for _ in range(20):
+        data = rng.randbytes(rng.randint(1, 3000))
+        block = parsing.parse_block(data)
+        assert block.num_lines == count_lines(data) == len(block.lines) + len(block.bad)
+        table, good, bad = parsing.read_strings(data, count_lines(data), ["x", "y"], ",")
+        assert table.num_rows == len(good) and len(good) + len(bad) == count_lines(data)
