@@ -30,8 +30,8 @@ Tables on disk (a plan with tiers, planner.assign_tiers; tiered.py):
     emb.close()                            removes the store's files
 
 Modules: planner.py (`plan_tables`, `assign_tiers`: pure Python), collectives.py (the one seam to
-Horovod), layer.py (`DistributedEmbedding`), tiered.py (the disk tier), optimizers.py (SGD, Adagrad,
-Adam: lazy sparse row updates,
+Horovod), layer.py (`DistributedEmbedding`), tiered.py (`DiskTier`: the disk tier, its caches
+storage/row_cache.py's), optimizers.py (SGD, Adagrad, Adam: lazy sparse row updates,
 and the dense form, which the trainer uses for the MLPs).
 """
 UPDATED_AT = "updated_at"   # tensor `<table>/updated_at` [rows, 1] int32: the step that last updated each row

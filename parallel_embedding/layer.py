@@ -39,7 +39,7 @@ from storage.checkpoint import Entry, replicated_entries
 from parallel_embedding import UPDATED_AT
 from parallel_embedding.optimizers import make_optimizer
 from parallel_embedding.planner import Plan, Shard, plan_tables  # noqa: F401 (plan_tables: the example)
-from parallel_embedding.tiered import TieredTables, Unit
+from parallel_embedding.tiered import DiskTier, Unit
 from utils.errors import ConfigError
 
 _INIT_BLOCK_ROWS = 1 << 16
@@ -204,7 +204,7 @@ class DistributedEmbedding(tf.Module):
                                        if s.col_start == 0 and tier.kind != "disk" else None)
         if units and data_parallel_input and self.size > 1:
             raise ConfigError("--data_parallel_input: tables on disk need their ids on the owner rank before the step")
-        self.tiered = TieredTables(units, self.cardinalities, store_path, cache_policy, self.rank) if units else None
+        self.tiered = DiskTier(units, self.cardinalities, store_path, cache_policy, self.rank) if units else None
         # Tables in host memory are gathered and updated where they are, outside the XLA islands.
         self._on_host = any(plan.tier(self.rank, s.feature).kind == "host" for s in self.shards)
         whole = [Shard(f, self.rank, 0, tables[f].rows, 0, tables[f].dim) for f in self.replicated]
@@ -454,7 +454,7 @@ class DistributedEmbedding(tf.Module):
         return self.tiered.staged(elements, training, int(self._step.numpy()) + 1 if training else None)
 
     def store_stats(self) -> dict:
-        """The disk tier's figures since the last call (tiered.TieredTables.stats); {} without one."""
+        """The disk tier's figures since the last call (tiered.DiskTier.stats); {} without one."""
         return self.tiered.stats() if self.tiered else {}
 
     def close(self):

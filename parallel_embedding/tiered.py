@@ -11,15 +11,14 @@ slots, a shard of width w has
   and row C, the spare row that a row shard's out-of-range ids read (the in-memory shard's last
   row). `slot_of` [R] maps a row to its cache slot (-1: on disk only).
 
-Staging (`TieredTables.staged`) runs one batch ahead of the train step, in a thread: the
+Staging (`DiskTier.staged`) runs one batch ahead of the train step, in a thread: the
 unique ids of batch t+1 that miss are read from disk in bulk into free or evicted slots, dirty
 victims written back first; the batch's ids are replaced by cache slots (a row shard's
 out-of-range ids by C). The step gathers and updates cache rows exactly as it would the
 table's rows (same values, same order of summation), so training is bit-identical to the
 in-memory table. Batches t and t+1 stay pinned until the consumer asks for batch t+2: their
-slots are never victims. Victims: LRU (exact) or LFU (the least used among the rows cached at
-the last selection; ties by age), chosen from a reserve of the lowest-ranked slots that one
-pass over the cache refreshes when it runs out, so a step costs O(its ids), not O(C).
+slots are never victims. Which rows are cached, and the victims (LRU or LFU), are the unit's
+row cache (storage/row_cache.py), so a step costs O(its ids), not O(C).
 """
 import atexit
 import collections
@@ -35,9 +34,9 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from storage.row_cache import POLICIES, CacheFull, RowCache
 from utils.errors import ConfigError, DatasetError, StoreError
 
-POLICIES = ("lru", "lfu")
 # Store pages a rank keeps mapped into its process (split over its files by size, at least 16 MiB
 # each) before dropping them: a mapped page counts in the process's resident memory, a page mapped
 # again costs a fault (~4 us: 1,800 rows read and written took 15 ms, against 0.5 ms mapped).
@@ -110,7 +109,7 @@ class StoreRows:
     [R, w] (storage.checkpoint's streamed entries). Reading flushes the cache's dirty rows first;
     writing (a restore) empties the unit's cache."""
 
-    def __init__(self, tables: "TieredTables", unit: "Unit", file: ShardFile, part: int):
+    def __init__(self, tables: "DiskTier", unit: "Unit", file: ShardFile, part: int):
         self._tables, self._unit, self._file, self._part = tables, unit, file, part
         self.shape = (file.shape[0], file.shape[2])
         self.dtype = np.dtype(np.float32)
@@ -151,38 +150,28 @@ class UpdatedAt:
         self._unit.updated_at[start:start + len(values)] = values[:, 0]
 
 
-class Unit:
-    """One rank's shards of one feature on disk: their files, cache variables and the cache map."""
+class Unit(RowCache):
+    """One rank's shards of one feature on disk: their files, cache variables and the row cache of
+    their R rows in C slots (a slot is the variables' row of that index)."""
 
     def __init__(self, feature: int, row_start: int, rows: int, capacity: int):
-        self.feature, self.row_start, self.rows, self.capacity = feature, row_start, rows, capacity
+        super().__init__(rows, capacity)
+        self.feature, self.row_start = feature, row_start
         self.variables: List[tf.Variable] = []     # per shard: its cache variable [C + 1, w]
         self.parts: List[List[tf.Variable]] = []   # per shard: [variable, slot 1..k] (set by open)
         self.files: List[ShardFile] = []
-        self.slot_of = np.full(rows, -1, np.int32)
-        self.id_of = np.full(capacity, -1, np.int64)
-        self.last_use = np.zeros(capacity, np.int64)
-        self.uses = np.zeros(capacity, np.int64)
-        self.pinned = np.zeros(capacity, np.int32)
-        self.dirty = np.zeros(capacity, bool)
+        self.dirty = np.zeros(capacity, bool)        # per slot: changed since read from disk
         self.updated_at = np.zeros(rows, np.int32)   # per row: the global step that last updated it
         # (rows, their updated_at before, step) of the last training batches staged: one is staged ahead
         self.staged_marks = collections.deque(maxlen=4)
-        self.filled = 0                      # slots [0, filled) have held a row
-        self.reserve = np.zeros(0, np.int64)  # victim candidates, best first
-        self.reserve_pos = 0
-        self.reserved_at = 0
 
     def reset(self):
         """Empties the cache (nothing may be pinned)."""
-        assert not self.pinned.any(), "the cache is emptied with batches in flight"
-        self.slot_of.fill(-1)
-        self.id_of.fill(-1)
+        super().reset()
         self.dirty.fill(False)
-        self.filled, self.reserve, self.reserve_pos = 0, np.zeros(0, np.int64), 0
 
 
-class TieredTables:
+class DiskTier:
     """The disk-tier units of one rank, their store files and the staging of batches.
 
     `units`: feature -> Unit. `open` creates and fills the files once the optimizer's slots
@@ -198,7 +187,6 @@ class TieredTables:
         self.store_path = store_path
         self._lock = threading.Lock()
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embedding-staging")
-        self._clock = 0
         self._counts = dict.fromkeys(("ids", "hits", "misses", "rows_read", "rows_written", "bytes_read",
                                       "bytes_written"), 0)
         self._seconds = {"staging": 0.0, "waited": 0.0, "steps": 0}
@@ -309,7 +297,6 @@ class TieredTables:
         t0 = time.perf_counter()
         ids, pins = list(ids), {}
         with self._lock:
-            self._clock += 1
             for f, unit in self.units.items():
                 x = ids[f]
                 ragged = isinstance(x, tf.RaggedTensor)
@@ -337,91 +324,53 @@ class TieredTables:
         inside = (local >= 0) & (local < unit.rows)
         local_in = local[inside]
         rows = np.unique(local_in)
+        unit.tick()
         slots = unit.slot_of[rows]
         hit = slots >= 0
-        unit.pinned[slots[hit]] += 1   # before choosing victims for the misses
+        unit.use(slots[hit])
+        unit.pin(slots[hit])
         miss = rows[~hit]
         self._counts["ids"] += len(rows)
         self._counts["misses"] += len(miss)
         self._counts["hits"] += len(rows) - len(miss)
         if len(miss):
-            unit.pinned[self._load(unit, miss)] += 1
+            unit.pin(self._load(unit, miss))
         slots = unit.slot_of[rows]
-        unit.last_use[slots] = self._clock
-        unit.uses[slots] += 1
         out = np.full(len(values), unit.capacity, np.int64)
         out[inside] = unit.slot_of[local_in]
         return out, slots
 
     def _load(self, unit: Unit, miss: np.ndarray) -> np.ndarray:
-        """Reads rows `miss` (sorted) from disk into free or evicted cache slots; returns the slots."""
-        victims = self._victims(unit, len(miss))
-        old = unit.id_of[victims]
-        occupied = old >= 0
-        write = victims[occupied & unit.dirty[victims]]
-        if len(write):
-            order = np.argsort(unit.id_of[write])
-            write, rows = write[order], unit.id_of[write[order]]
+        """Reads rows `miss` (sorted) from disk into free or evicted cache slots, dirty evicted rows
+        written back first; returns the slots."""
+        try:
+            victims, old = unit.admit(miss, self.policy)
+        except CacheFull as e:
+            raise StoreError(f"feature {unit.feature}: the cache of {unit.capacity} rows on rank {self.rank} "
+                             f"cannot hold the rows of the batches in flight ({e.need} more needed)") from None
+        write = (old >= 0) & unit.dirty[victims]
+        if write.any():
+            order = np.argsort(old[write])
+            write, rows = victims[write][order], old[write][order]
             for file, parts in zip(unit.files, unit.parts):
                 values = np.stack([tf.gather(v, write).numpy() for v in parts], axis=1)
                 file.write(rows, values)
                 self._counts["bytes_written"] += values.nbytes
             self._counts["rows_written"] += len(write)
-        unit.slot_of[old[occupied]] = -1
         for file, parts in zip(unit.files, unit.parts):
             values = file.read(miss)
             self._counts["bytes_read"] += values.nbytes
             for j, v in enumerate(parts):
                 v.scatter_update(tf.IndexedSlices(values[:, j], victims))
         self._counts["rows_read"] += len(miss)
-        unit.slot_of[miss] = victims
-        unit.id_of[victims] = miss
         unit.dirty[victims] = False
-        unit.uses[victims] = 0
         return victims
-
-    def _victims(self, unit: Unit, m: int) -> np.ndarray:
-        """m cache slots for new rows: never-used slots first, then the policy's choice among
-        unpinned slots."""
-        take = min(m, unit.capacity - unit.filled)
-        chosen = [np.arange(unit.filled, unit.filled + take)]
-        unit.filled += take
-        need = m - take
-        while need:
-            if unit.reserve_pos >= len(unit.reserve):
-                self._refill_reserve(unit, need)
-            candidates = unit.reserve[unit.reserve_pos:unit.reserve_pos + 2 * need]
-            valid = (unit.id_of[candidates] >= 0) & (unit.pinned[candidates] == 0) & \
-                (unit.last_use[candidates] <= unit.reserved_at)
-            taken = np.flatnonzero(valid)[:need]
-            chosen.append(candidates[taken])
-            unit.pinned[candidates[taken]] += 1   # not chosen twice if the reserve is refilled
-            need -= len(taken)
-            unit.reserve_pos += int(taken[-1]) + 1 if need == 0 else len(candidates)
-        victims = np.concatenate(chosen)
-        unit.pinned[victims[take:]] -= 1
-        return victims
-
-    def _refill_reserve(self, unit: Unit, need: int):
-        """One pass over the cache: the lowest-ranked quarter of its unpinned slots (at least
-        `need`), best victim first."""
-        free = np.flatnonzero((unit.pinned == 0) & (unit.id_of >= 0))
-        if len(free) < need:
-            raise StoreError(f"feature {unit.feature}: the cache of {unit.capacity} rows on rank {self.rank} "
-                             f"cannot hold the rows of the batches in flight ({need} more needed)")
-        key = unit.last_use[free] if self.policy == "lru" else (unit.uses[free] << 32) + unit.last_use[free]
-        n = min(len(free), max(need, unit.capacity // 4))
-        if n < len(free):
-            part = np.argpartition(key, n - 1)[:n]
-            free, key = free[part], key[part]
-        unit.reserve = free[np.argsort(key, kind="stable")]
-        unit.reserve_pos, unit.reserved_at = 0, self._clock
 
     def release(self, pins: Dict[int, np.ndarray]):
         """Unpins a batch's slots once its step is done."""
         with self._lock:
             for f, slots in pins.items():
-                self.units[f].pinned[slots] -= 1
+                self.units[f].unpin(slots)
 
     # Checkpoints and statistics ------------------------------------------------------------------
 

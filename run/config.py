@@ -11,6 +11,7 @@ from typing import List, Optional, Sequence, Set
 
 from dataloading.feature_spec import FeatureSpec
 from nn.model_config import table_combiners
+from storage.row_cache import POLICIES
 from utils.errors import ConfigError
 
 MODES = ("train", "eval", "inference")
@@ -24,7 +25,7 @@ COMBINERS = ("sum", "mean")
 DIST_STRATEGIES = ("basic", "memory_balanced", "memory_optimized")   # as parallel_embedding.planner
 RESTORE_MODES = ("resume", "continue", "weights")
 LR_SCHEDULE_RESTORES = ("restart", "continue")
-CACHE_POLICIES = ("lru", "lfu")   # eviction of the disk tier's caches
+CACHE_POLICIES = POLICIES   # eviction of the disk tier's caches (storage/row_cache.py)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,7 @@ from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.planner import (BYTES_PER_ELEMENT, INDEX_BYTES_PER_ROW, SLOT_OVERHEAD_BYTES, assign_tiers,
                                         plan_tables)
 from parallel_embedding import tiered
-from parallel_embedding.tiered import TieredTables, Unit
+from parallel_embedding.tiered import DiskTier, Unit
 from utils.errors import ConfigError, DatasetError, StoreError
 
 # Features 1 and 2 go to disk (600 and 1,000 rows, caches of 2 x batch x hotness rows); 0 and 3 stay in
@@ -236,11 +236,11 @@ def test_weights_only_checkpoints_move_between_tiers(tmp_path):
 # Victims ----------------------------------------------------------------------------------------------
 
 def single_unit(tmp_path, rows: int, capacity: int, policy: str, width: int = 2):
-    """TieredTables of one feature on disk, `rows` x `width`, row i initially i * width + [0, 1, ...]."""
+    """DiskTier of one feature on disk, `rows` x `width`, row i initially i * width + [0, 1, ...]."""
     variable = tf.Variable(tf.zeros([capacity + 1, width]), name="embedding/table_0")
     unit = Unit(0, 0, rows, capacity)
     unit.variables.append(variable)
-    tables = TieredTables({0: unit}, [rows], str(tmp_path), policy, 0)
+    tables = DiskTier({0: unit}, [rows], str(tmp_path), policy, 0)
     initial = np.arange(rows * width, dtype=np.float32).reshape(rows, width)
     tables.open({0: [[variable]]}, lambda unit, i, j, start, stop: initial[start:stop])
     return tables, unit, initial

@@ -21,7 +21,7 @@ client's packing.
 
 Cache budget (`TierConfig.cache_bytes`): tables whose rows fit an equal share of what is left are
 held whole (smallest first, no index); the others split the rest equally, each paying 4 bytes per
-table row for its slot index and 4 * D + 24 bytes per cached row (row, id, last use, use count);
+table row for its slot index and 4 * D + 24 bytes per cached row (the row, and storage/row_cache.py's);
 the shares of the tables of one width form their cache, so hot rows of any of them compete.
 
 Versions: the store holds one model version (deployment/repository_format.py's Version). A fresh store holds
@@ -57,14 +57,12 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from deployment.repository_format import EXPORT_INFO, TABLES_INFO, Version
+from storage.row_cache import INDEX_BYTES, POLICIES, SLOT_BYTES, RowCache
 from utils.errors import ConfigError, StoreError
 from utils.files import read_json, write_json
 
-POLICIES = ("lru", "lfu")
 STORE_STATE = "store.json"
 STORE_FORMAT = "dlrm-row-store"
-_ROW_OVERHEAD = 24       # bytes per cached row besides the row: id_of, last_use, uses (int64)
-_INDEX_BYTES = 4         # bytes per table row of a cached table's slot index (int32)
 _MAX_RETRY_S = 30.0
 _FILLS_WAITING = 64      # requests' fills queued for Redis at most; more are dropped (counted)
 _TAG_BYTES = 24          # a Redis value's version: its step as 16 hex digits, 8 bytes of its run's hash
@@ -141,7 +139,7 @@ def cache_capacities(shapes: Sequence[Tuple[int, int]], budget: int) -> List[Opt
         if rows * dim * 4 <= share:
             left -= rows * dim * 4
             continue
-        out[f] = int(min(rows, max(0, share - _INDEX_BYTES * rows) // (4 * dim + _ROW_OVERHEAD)))
+        out[f] = int(min(rows, max(0, share - INDEX_BYTES * rows) // (4 * dim + SLOT_BYTES)))
         left -= share
     return out
 
@@ -296,37 +294,31 @@ class _Whole:
     nbytes = property(lambda self: self.values.nbytes)
 
 
-class _Cache:
-    """A table's hot rows: `capacity` slots `values` [C, D]; `slot_of` [rows] int32 (-1: not
-    cached), `id_of` [C]. Victims: LRU, or LFU (fewest uses since cached, ties by age), chosen
-    from a reserve of the lowest-ranked slots that one pass over the cache refreshes when it runs
-    out (a slot used since is skipped), so a fill costs O(its rows), not O(C). `generation` counts
-    updates: rows read below before an update are not filled after it."""
+class _Cache(RowCache):
+    """A table's hot rows: `values` [C, D], row i of slot i (which rows: storage/row_cache.py,
+    victims by `policy`). `generation` counts updates: rows read below before an update are not
+    filled after it."""
 
     def __init__(self, rows: int, dim: int, capacity: int, policy: str):
-        self.capacity, self.policy = capacity, policy
+        super().__init__(rows, capacity)
+        self.policy = policy
         self.lock = threading.Lock()
         self.values = np.empty((capacity, dim), np.float32)
-        self.slot_of = np.full(rows, -1, np.int32)
-        self.id_of = np.full(capacity, -1, np.int64)
-        self.last_use = np.zeros(capacity, np.int64)
-        self.uses = np.zeros(capacity, np.int64)
-        self.clock = self.filled = self.generation = self.reserve_pos = self.reserved_at = 0
-        self.reserve = np.zeros(0, np.int64)
-        self.lookups = self.hits = 0
+        self.generation = self.lookups = self.hits = 0
 
-    nbytes = property(lambda self: self.values.nbytes + self.slot_of.nbytes + self.capacity * _ROW_OVERHEAD)
+    @property
+    def nbytes(self) -> int:
+        return self.values.nbytes + super().nbytes
 
     def lookup(self, ids: np.ndarray) -> Tuple[np.ndarray, Optional[np.ndarray], int]:
         """ids [n] -> (rows [n, D], the cached ones filled; miss mask [n], None if none missed;
         the generation to fill the missed rows with)."""
         with self.lock:
-            self.clock += 1
+            self.tick()
             slots = self.slot_of[ids]
             hit = slots >= 0
             used = slots[hit]
-            self.last_use[used] = self.clock
-            self.uses[used] += 1
+            self.use(used)
             n_hit = len(used)
             self.lookups += len(ids)
             self.hits += n_hit
@@ -347,43 +339,9 @@ class _Cache:
             ids, rows = ids[new][:self.capacity], rows[new][:self.capacity]
             if not len(ids):
                 return
-            self.clock += 1
-            victims = self._victims(len(ids))
-            old = self.id_of[victims]
-            self.slot_of[old[old >= 0]] = -1
-            self.slot_of[ids] = victims
-            self.id_of[victims] = ids
-            self.values[victims] = rows
-            self.uses[victims] = 1
-
-    def _victims(self, m: int) -> np.ndarray:
-        """m distinct slots (m <= C): never-used ones first, then the policy's choice; marked used now."""
-        take = min(m, self.capacity - self.filled)
-        chosen = [np.arange(self.filled, self.filled + take)]
-        self.last_use[chosen[0]] = self.clock
-        self.filled += take
-        need = m - take
-        while need:
-            if self.reserve_pos >= len(self.reserve):
-                self._refill(need)
-            candidates = self.reserve[self.reserve_pos:self.reserve_pos + need]
-            self.reserve_pos += len(candidates)
-            valid = candidates[self.last_use[candidates] <= self.reserved_at]
-            self.last_use[valid] = self.clock
-            chosen.append(valid)
-            need -= len(valid)
-        return np.concatenate(chosen)
-
-    def _refill(self, need: int):
-        """The lowest-ranked quarter of the slots not used by this operation (at least `need`)."""
-        self.reserved_at = self.clock - 1
-        free = np.flatnonzero(self.last_use <= self.reserved_at)
-        key = self.last_use[free] if self.policy == "lru" else (self.uses[free] << 32) + self.last_use[free]
-        n = min(len(free), max(need, self.capacity // 4))
-        if n < len(free):
-            part = np.argpartition(key, n - 1)[:n]
-            free, key = free[part], key[part]
-        self.reserve, self.reserve_pos = free[np.argsort(key, kind="stable")], 0
+            self.tick()
+            slots, _ = self.admit(ids, self.policy)
+            self.values[slots] = rows
 
     def replace(self, ids: np.ndarray, rows: np.ndarray):
         """Rows `ids` become `rows` where cached; fills of rows read before this are dropped."""
