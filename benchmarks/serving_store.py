@@ -69,7 +69,7 @@ def evict(path: str):
 
 
 def npy_reader(path: str):
-    from deployment.serving.lookup_tiers import open_npy_table
+    from deployment.serving.tiers import open_npy_table
     table = open_npy_table(path, writable=False)
 
     def read(ids):

@@ -28,7 +28,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from dataloading.synthetic import power_law_ids  # noqa: E402
 from deployment.serving.live import Model  # noqa: E402
-from deployment.serving.lookup_tiers import TierConfig  # noqa: E402
+from deployment.serving.tiers import TierConfig  # noqa: E402
 
 HASH = 2654435761   # a prime: rank -> (rank * HASH) % rows is a permutation of each table's rows
 

@@ -55,7 +55,7 @@ from deployment.repository_format import (CATEGORICAL, LOGITS, NUMERICAL, PREDIC
 from deployment.serving.backend import MODEL_VERSION, Backend  # noqa: E402
 from deployment.serving.errors import BadRequest  # noqa: E402
 from deployment.serving.live import Model, Updater  # noqa: E402
-from deployment.serving.lookup_tiers import POLICIES, TierConfig  # noqa: E402
+from deployment.serving.tiers import POLICIES, TierConfig  # noqa: E402
 from deployment.serving.monolithic import MonolithicModel  # noqa: E402
 from deployment.serving.native import ServedModel, TensorSpec, serving as native_serving  # noqa: E402
 from utils.errors import CheckpointError, ConfigError, StoreError  # noqa: E402

@@ -17,8 +17,9 @@ import redis
 
 from dataloading.synthetic import power_law_ids
 from deployment.repository_format import Version
-from deployment.serving import lookup_tiers
-from deployment.serving.lookup_tiers import IdError, LookupTiers, TierConfig, _Cache, cache_capacities, store_version
+from deployment.serving.tiers import lookup as lookup_tiers
+from deployment.serving.tiers import IdError, LookupTiers, TierConfig, cache_capacities, store_version
+from deployment.serving.tiers.lookup import _Cache
 from tests.redis_server import RedisServer, free_port
 from utils.errors import ConfigError, StoreError
 

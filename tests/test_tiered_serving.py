@@ -19,7 +19,7 @@ from deployment.client import ServingClient, free_ports
 from deployment.exporter.repository import write_repository
 from deployment.repository_format import export_version
 from deployment.serving.live import KEPT_DENSE, Model, Updater
-from deployment.serving.lookup_tiers import TierConfig
+from deployment.serving.tiers import TierConfig
 from deployment.serving.metrics import Metrics
 from tests.redis_server import RedisServer, free_port
 from tests.test_live_serving import (Load, make_delta, monolithic, read_delta_of, read_info, requests, tables_of,

@@ -37,7 +37,7 @@ from deployment.repository_format import (DELTA_INFO, EXPORT_INFO, LOGITS, PAD, 
                                           ServingLayout, Version, export_version, read_delta, read_export_info)
 from deployment.serving.backend import check_request, with_version
 from deployment.serving.errors import BadRequest, UpdateRefused
-from deployment.serving.lookup_tiers import LookupTiers, TierConfig, store_state
+from deployment.serving.tiers import LookupTiers, TierConfig, store_state
 from utils.errors import StoreError
 
 WRITE_ROWS = 1 << 16   # rows a delta writes into a table at a time
