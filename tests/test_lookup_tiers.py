@@ -1,4 +1,4 @@
-"""deployment/serving/lookup_tiers.py: rows through the cache, a real Redis server and the store equal the
+"""deployment/serving/tiers/: rows through the cache, a real Redis server and the store equal the
 tables (NumPy), cold and warm, for caches holding a few percent of the rows; two instances sharing
 Redis; updates reaching every tier; Redis killed and restarted during lookups, or down at
 start-up; stores missing, half-written, mid-update or of another export refused in one line;
@@ -17,9 +17,8 @@ import redis
 
 from dataloading.synthetic import power_law_ids
 from deployment.repository_format import Version
-from deployment.serving.tiers import lookup as lookup_tiers
-from deployment.serving.tiers import IdError, LookupTiers, TierConfig, cache_capacities, store_version
-from deployment.serving.tiers.lookup import _Cache
+from deployment.serving.tiers import IdError, LookupTiers, TierConfig, cache_capacities, redis_tier, store_version
+from deployment.serving.tiers.cache import _Cache
 from tests.redis_server import RedisServer, free_port
 from utils.errors import ConfigError, StoreError
 
@@ -269,16 +268,16 @@ def test_fills_wait_in_a_queue_and_overflow_is_dropped(repo, tables, server, mon
     send = tiers.redis.set
     monkeypatch.setattr(tiers.redis, "set", lambda blocks, version: (sending.set(), release.wait(), sent.append(1),
                                                                       send(blocks, version)))
-    for i in range(lookup_tiers._FILLS_WAITING + 11):   # the first fill is being sent, 64 wait, 10 dropped
+    for i in range(redis_tier._FILLS_WAITING + 11):   # the first fill is being sent, 64 wait, 10 dropped
         assert np.array_equal(tiers.rows(0, np.array([i])), tables[0][[i]])
         assert sending.wait(5)
     assert tiers.stats()["redis"]["fills_dropped"] == 10
     release.set()
     tiers.redis.drain()
-    assert len(sent) == lookup_tiers._FILLS_WAITING + 1
+    assert len(sent) == redis_tier._FILLS_WAITING + 1
     client = redis.Redis.from_url(server.url)
-    in_redis = [client.exists(f"dlrm:a1b2c3d4e5f6:100:0:{i}") for i in range(lookup_tiers._FILLS_WAITING + 11)]
-    assert in_redis == [1] * (lookup_tiers._FILLS_WAITING + 1) + [0] * 10
+    in_redis = [client.exists(f"dlrm:a1b2c3d4e5f6:100:0:{i}") for i in range(redis_tier._FILLS_WAITING + 11)]
+    assert in_redis == [1] * (redis_tier._FILLS_WAITING + 1) + [0] * 10
     tiers.close()
 
 

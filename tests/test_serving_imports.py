@@ -39,7 +39,9 @@ def test_serving_imports_nothing_of_training():
     graph = import_graph(project_modules(ROOT))
     serving = [m for m in graph if m.startswith("deployment.serving")]
     assert {"deployment.serving.live", "deployment.serving.native", "deployment.serving.monolithic",
-            "deployment.serving.tiers.lookup", "deployment.serving.metrics"} <= set(serving)
+            "deployment.serving.metrics", "deployment.serving.tiers", "deployment.serving.tiers.cache",
+            "deployment.serving.tiers.config", "deployment.serving.tiers.lookup", "deployment.serving.tiers.redis_tier",
+            "deployment.serving.tiers.store"} <= set(serving)
     assert of_training(reachable(graph, serving)) == []
     assert of_training(loaded(serving + ["deployment.serve"])) == []
 

@@ -1,4 +1,4 @@
-"""deployment/serving/live.py through deployment/serving/lookup_tiers.py (a cache holding a few rows, a real Redis
+"""deployment/serving/live.py through deployment/serving/tiers/ (a cache holding a few rows, a real Redis
 server, the table files as the store): predictions equal the in-memory engine's (bit for bit)
 and the monolithic model's, cold and warm; deltas reach the store's files, Redis and the cache,
 and a restart serves the version the store holds; two engines sharing Redis a delta apart each

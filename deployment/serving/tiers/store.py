@@ -1,0 +1,154 @@
+"""The store tier: every row of every table, the table files of the repository's tables form
+(deployment/exporter/table_files.py), memory-mapped and updated in place (RowStore over one
+NpyTable per table), and the version they hold.
+
+Versions: the store holds one model version (deployment/repository_format.py's Version). A fresh store holds
+its export's (export.json); `advancing(base, new)` moves every tier to a new one (a delta's rows,
+`update`) and records it in `store.json` beside the table files: the move before the first row,
+the new version after the last, so a store left between is refused at start-up. A store that is
+missing, half-written (a file's header or size), mid-update or of another export or version than
+expected is refused at start-up with one line (StoreError).
+"""
+import contextlib
+import mmap
+import os
+from typing import Iterator, List, Optional, Tuple
+
+import numpy as np
+
+from deployment.repository_format import EXPORT_INFO, TABLES_INFO, Version
+from utils.errors import StoreError
+from utils.files import read_json, write_json
+
+STORE_STATE = "store.json"
+STORE_FORMAT = "dlrm-row-store"
+
+
+class NpyTable:
+    """A [rows, D] float32 .npy file (C order), memory-mapped; its header and size checked. The pages
+    read stay mapped: they are the kernel's page cache of the file (counted in the process's RSS as
+    file pages, shared, and reclaimed under memory pressure like any file cache), so a table larger
+    than memory is served as far as the page cache holds it and read from the disk beyond."""
+
+    def __init__(self, path: str, shape: Optional[Tuple[int, int]], writable: bool):
+        self.path = path
+        try:
+            with open(path, "rb") as f:
+                major, _ = np.lib.format.read_magic(f)
+                header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+                saved, fortran, dtype = header(f)
+                offset = f.tell()
+        except FileNotFoundError:
+            raise StoreError(f"{path}: missing from the store")
+        except (OSError, ValueError) as e:
+            raise StoreError(f"{path}: not a table file ({e})")
+        if dtype != np.dtype("<f4") or fortran or len(saved) != 2 or (shape is not None and saved != tuple(shape)):
+            raise StoreError(f"{path}: holds {dtype}{list(saved)}{' (Fortran order)' if fortran else ''}, the store "
+                             f"needs float32{list(shape) if shape else ' [rows, D]'}")
+        self.shape = saved
+        size, need = os.path.getsize(path), offset + saved[0] * saved[1] * 4
+        if size != need:
+            raise StoreError(f"{path}: {size:,} bytes, a {list(saved)} table takes {need:,}: half-written or damaged")
+        with open(path, "r+b" if writable else "rb") as f:
+            self._map = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+        self._map.madvise(mmap.MADV_RANDOM)   # rows are read at random: no readahead
+        self.array = np.ndarray(saved, np.float32, buffer=self._map, offset=offset)
+        self.writable = writable
+
+    def read(self, ids: np.ndarray) -> np.ndarray:
+        """Rows `ids` [n] (sorted for locality) -> [n, D], copied."""
+        return np.take(self.array, ids, axis=0)
+
+    def write(self, ids: np.ndarray, rows: np.ndarray):
+        self.array[ids] = rows
+
+    def flush(self):
+        self._map.flush()
+
+    def close(self):
+        self.array = None
+        self._map.close()
+
+
+def open_npy_table(path: str, writable: bool) -> NpyTable:
+    """A table file on its own (benchmarks)."""
+    return NpyTable(path, None, writable)
+
+
+class RowStore:
+    """Every row of every table: the table files of a repository's tables form, memory-mapped, and
+    the version they hold (`store.json`; absent: the export's). `export`: export.json's content."""
+
+    def __init__(self, repository: str, export: dict):
+        if not export.get("table_files"):
+            raise StoreError(f"{repository}: has no table files (exported with --forms={','.join(export['forms'])}); "
+                             "export with --forms including tables")
+        self.directory = os.path.join(repository, export["table_files"]["directory"])
+        info = read_json(os.path.join(self.directory, TABLES_INFO),
+                         "a complete table store (deploy.py --forms=tables)", StoreError)
+        self.export = Version.from_json(export.get("version") or {"run": "", "step": export["step"]})
+        if (info.get("checkpoint"), info.get("step")) != (export["checkpoint"], export["step"]):
+            raise StoreError(f"{self.directory}: tables of another export ({info.get('checkpoint')} step "
+                             f"{info.get('step')}) than {repository}'s ({export['checkpoint']} step {export['step']})")
+        state_path = os.path.join(self.directory, STORE_STATE)
+        state = read_json(state_path, "a table store", StoreError) if os.path.isfile(state_path) else \
+            {"format": STORE_FORMAT, "export": self.export.to_json(), "holds": self.export.to_json(), "updating": None}
+        if state.get("format") != STORE_FORMAT or Version.from_json(state["export"]) != self.export:
+            raise StoreError(f"{state_path}: the state of another export's store (export {state.get('export')}, "
+                             f"this one is {self.export})")
+        if state["updating"]:
+            raise StoreError(f"{self.directory}: an update from {Version.from_json(state['updating']['from'])} to "
+                             f"{Version.from_json(state['updating']['to'])} was interrupted: the store is half-written "
+                             "(export the model again)")
+        self.version = Version.from_json(state["holds"])
+        self._state_path, self._state = state_path, state
+        self.shapes = [(t["rows"], t["dim"]) for t in info["tables"]]
+        writable = os.access(self.directory, os.W_OK)
+        self.tables: List[NpyTable] = []
+        try:
+            for t, (rows, dim) in zip(info["tables"], self.shapes):
+                self.tables.append(NpyTable(os.path.join(self.directory, t["file"]), (rows, dim), writable))
+        except StoreError:
+            self.close()
+            raise
+
+    @property
+    def state(self) -> dict:
+        """store.json's content: the version held (`holds`), and what `advancing` recorded with it."""
+        return dict(self._state)
+
+    @contextlib.contextmanager
+    def advancing(self, base: Version, new: Version, record: Optional[dict] = None) -> Iterator[None]:
+        """Writes inside move the store from version `base` to `new` (recorded before and after,
+        with `record`'s keys)."""
+        if base != self.version:
+            raise StoreError(f"{self.directory}: holds {self.version}, an update from {base} does not apply")
+        if not all(t.writable for t in self.tables):
+            raise StoreError(f"{self.directory}: not writable: the store cannot be updated")
+        self._save(updating={"from": base.to_json(), "to": new.to_json()})
+        yield
+        for table in self.tables:
+            table.flush()
+        self.version = new
+        self._save(holds=new.to_json(), updating=None, **(record or {}))
+
+    def _save(self, **changes):
+        self._state = dict(self._state, **changes)
+        write_json(self._state_path, self._state)
+
+    def close(self):
+        for table in self.tables:
+            table.close()
+        self.tables = []
+
+
+def store_state(repository: str) -> dict:
+    """The checked state of a tables-form repository's store (RowStore.state; refusals: StoreError)."""
+    store = RowStore(repository, read_json(os.path.join(repository, EXPORT_INFO), "a model repository", StoreError))
+    store.close()
+    return store.state
+
+
+def store_version(repository: str) -> Version:
+    """The version the store of a tables-form repository holds (its export's, or the last update's)."""
+    return Version.from_json(store_state(repository)["holds"])
