@@ -1,5 +1,5 @@
 """The persistent tier of serving lookups: a table's rows read from the export's .npy file
-memory-mapped (deployment/serving/lookup_tiers.py's RowStore) against RocksDB (rocksdict, multi-get of
+memory-mapped (deployment/serving/tiers/store.py's RowStore) against RocksDB (rocksdict, multi-get of
 raw bytes values), for batches of power-law (Zipf) ids. One JSON line per store.
 
     python benchmarks/serving_store.py [--rows 4000000] [--dim 32] [--batch 4096] [--batches 200]

@@ -26,7 +26,7 @@ served without a restart, each logged in one line (deployment/serving/live.py's 
 
 With --embedding_cache_mb (or --tiers_config), a tables-form repository's tables are not loaded
 whole: lookups go through a per-process cache of hot rows, an optional Redis server shared by
-servers (--redis_url), and the table files memory-mapped (deployment/serving/lookup_tiers.py),
+servers (--redis_url), and the table files memory-mapped (deployment/serving/tiers/),
 for tables larger than the server's memory:
 
     python deployment/serve.py --model_repository=runs/demo/model_repository --embedding_cache_mb=512 \
@@ -85,7 +85,7 @@ flags.DEFINE_string("embedding_cache_policy", None, f"{' or '.join(POLICIES)} (d
 flags.DEFINE_string("redis_url", None, "redis://host:port/db: a Redis server shared by servers, between the cache and "
                     "the table files; with --embedding_cache_mb")
 flags.DEFINE_string("tiers_config", None, "a JSON file of the lookup tiers' settings (deployment/serving/"
-                    "lookup_tiers.py's TierConfig: cache_bytes, policy, redis_url, ...), instead of the three flags "
+                    "tiers/config.py's TierConfig: cache_bytes, policy, redis_url, ...), instead of the three flags "
                     "above")
 FLAGS = flags.FLAGS
 
@@ -139,7 +139,7 @@ def settings_from_flags() -> ServerSettings:
 
 
 def tier_config_from_flags() -> Optional[TierConfig]:
-    """The lookup tiers the flags ask for (lookup_tiers.TierConfig); None: the tables in memory."""
+    """The lookup tiers the flags ask for (tiers.TierConfig); None: the tables in memory."""
     given = [f"--{name}" for name in ("embedding_cache_mb", "embedding_cache_policy", "redis_url")
              if FLAGS[name].value is not None]
     if FLAGS.tiers_config:

@@ -25,7 +25,7 @@ esac
 
 # Debian's packages that the set-up, `make demo` and `make test` need and a bare Debian lacks: a
 # C++ compiler, make and the system cmake (Horovod's build, the interaction op), Java 17 (Spark),
-# redis-server (the shared tier of serving lookups, deployment/serving/lookup_tiers.py, and its tests),
+# redis-server (the shared tier of serving lookups, deployment/serving/tiers/redis_tier.py, and its tests),
 # and, for Debian's own Python, the interpreter, its headers and its venv module (split off it).
 system_packages() {
   local py=python3

@@ -3,7 +3,7 @@ while it serves: the backend (backend.py) for repositories with table files.
 
 The embeddings are looked up in NumPy from the table files, the `<name>_dense` SavedModel
 computes predictions and logits. The tables are held whole in memory (`MemoryTables`), or, for
-tables larger than memory, looked up through lookup_tiers.py's `LookupTiers` (a cache of hot
+tables larger than memory, looked up through tiers/lookup.py's `LookupTiers` (a cache of hot
 rows, optionally Redis, the table files memory-mapped as the store); both offer the `Tables`
 interface. What is served is a `Snapshot` (version, dense model, tables, an overlay of updated
 rows); each request takes the current one once and uses only it, so a new version swaps in
@@ -46,7 +46,7 @@ KEPT_DENSE = "dense_model"   # store.json's key: the dense model of the version 
 
 class Tables(Protocol):
     """A version's embedding tables, as a snapshot reads and a delta updates them (MemoryTables,
-    lookup_tiers.LookupTiers). Thread-safe: lookups run concurrently with one update."""
+    tiers.LookupTiers). Thread-safe: lookups run concurrently with one update."""
     shapes: List[Tuple[int, int]]   # per feature (rows, D)
 
     def lookup(self, ids: Dict[int, np.ndarray]) -> Dict[int, np.ndarray]:
@@ -244,7 +244,7 @@ class Model:
         return self._current.version
 
     def stats(self) -> dict:
-        """The served tables' lookup counts (lookup_tiers.LookupTiers.stats; {} in memory)."""
+        """The served tables' lookup counts (tiers.LookupTiers.stats; {} in memory)."""
         return self._current.tables.stats()
 
     def close(self):
