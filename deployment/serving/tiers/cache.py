@@ -10,6 +10,7 @@ import numpy as np
 
 from storage.row_cache import RowCache
 
+
 class _Whole:
     """A table held whole in memory: `values` [rows, D]."""
 

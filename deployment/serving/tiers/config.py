@@ -14,6 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 from storage.row_cache import INDEX_BYTES, POLICIES, SLOT_BYTES
 from utils.errors import ConfigError
 
+
 @dataclasses.dataclass(frozen=True)
 class TierConfig:
     """The tiers' settings (one JSON file: `from_file`, or flags)."""

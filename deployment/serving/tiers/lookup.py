@@ -28,6 +28,7 @@ from deployment.serving.tiers.store import RowStore
 from utils.errors import StoreError
 from utils.files import read_json
 
+
 class IdError(ValueError):
     """Ids outside a table; one line naming the feature."""
 
