@@ -3,9 +3,10 @@ from utils.errors import ConfigError
 
 
 def open_dataset(cfg):
-    """The dataset of run configuration `cfg` (run.config.RunConfig, or anything with the fields
-    read here) and its rows per split ("train" only when training, "eval"). An empty eval mapping
-    is an error unless training (which then trains without evaluation)."""
+    """The dataset of `cfg` (anything with the fields read here, flat: the run's, from
+    run.assembly.dataset_request, or deployment/client.py's) and its rows per split ("train" only
+    when training, "eval"). An empty eval mapping is an error unless training (which then trains
+    without evaluation)."""
     if cfg.dataset_type == "synthetic":
         from dataloading.synthetic import SyntheticDataset
         dataset = SyntheticDataset(cfg.cardinalities, cfg.num_numerical, cfg.synthetic_alpha, cfg.seed,

@@ -13,16 +13,18 @@ from utils.errors import ConfigError
 
 
 def definition(cfg, train_rows: int) -> dict:
-    """What defines the order of the training batches of `cfg` (a RunConfig) over `train_rows`
-    samples, as flag name -> value (JSON-serialisable)."""
-    if cfg.dataset_type == "synthetic":
-        data = {"dataset_type": "synthetic", "synthetic_cardinalities": cfg.cardinalities,
-                "synthetic_num_numerical": cfg.num_numerical, "synthetic_alpha": cfg.synthetic_alpha}
+    """What defines the order of the training batches of `cfg` (a run.config.RunConfig) over
+    `train_rows` samples, as flag name -> value (JSON-serialisable)."""
+    data, training = cfg.data, cfg.training
+    if data.dataset_type == "synthetic":
+        named = {"dataset_type": "synthetic", "synthetic_cardinalities": data.cardinalities,
+                 "synthetic_num_numerical": data.num_numerical, "synthetic_alpha": data.synthetic_alpha}
     else:
-        data = {"dataset_type": cfg.dataset_type, "feature_spec": os.path.realpath(cfg.feature_spec_path),
-                "train_mapping": cfg.train_mapping}
-    return dict(data, train_rows=int(train_rows), batch_size=cfg.batch_size, seed=cfg.seed,
-                shuffle_batch_order=cfg.shuffle_batch_order, train_last_partial_batch=cfg.train_last_partial_batch)
+        named = {"dataset_type": data.dataset_type, "feature_spec": os.path.realpath(data.feature_spec_path),
+                 "train_mapping": data.train_mapping}
+    return dict(named, train_rows=int(train_rows), batch_size=training.batch_size, seed=cfg.seed,
+                shuffle_batch_order=training.shuffle_batch_order,
+                train_last_partial_batch=training.train_last_partial_batch)
 
 
 def state(data_definition: dict, step: int, steps_per_epoch: int) -> dict:

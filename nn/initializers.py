@@ -13,9 +13,3 @@ def glorot_normal(shape, seed):
 
 def normal(shape, seed, stddev):
     return tf.random.stateless_normal(shape, seed=seed, stddev=stddev)
-
-
-def table_uniform(rows, dim, seed):
-    """Embedding table rows ~ U(-sqrt(1/rows), sqrt(1/rows)), as the reference."""
-    limit = math.sqrt(1.0 / rows)
-    return tf.random.stateless_uniform([rows, dim], seed=seed, minval=-limit, maxval=limit)

@@ -23,15 +23,15 @@ Checkpoint entries (storage.checkpoint saves every rank's pieces, restores at an
                                            "table_optimizer/iterations" []
     emb.checkpoint_names(weights_only)     every such tensor name, on any rank
     emb.variables_by_name()                this rank's variables and slots, by variable name
-Tables on disk (a plan with tiers, planner.assign_tiers; tiered.py):
+Tables on disk (a plan with tiers, plan_tables(..., tiers=planner.TierOptions(...)); tiered.py):
     batches = emb.staged(batches, training)    elements (numerical, ids, ...) with the ids of tables
                                                on disk as cache rows, staged one element ahead
     emb.store_stats()                      hit rate, rows and MB read/written, staging time and wait
     emb.close()                            removes the store's files
 
-Modules: planner.py (`plan_tables`, `assign_tiers`: pure Python), collectives.py (the one seam to
-Horovod), layer.py (`DistributedEmbedding`), tiered.py (`DiskTier`: the disk tier, its caches
-storage/row_cache.py's), optimizers.py (SGD, Adagrad, Adam: lazy sparse row updates,
+Modules: planner.py (`plan_tables`, with `TierOptions` the tiers too: pure Python), collectives.py
+(the one seam to Horovod), layer.py (`DistributedEmbedding`), tiered.py (`DiskTier`: the disk tier,
+its caches storage/row_cache.py's), optimizers.py (SGD, Adagrad, Adam: lazy sparse row updates,
 and the dense form, which the trainer uses for the MLPs).
 """
 UPDATED_AT = "updated_at"   # tensor `<table>/updated_at` [rows, 1] int32: the step that last updated each row

@@ -21,22 +21,21 @@ how it is stored. The rules apply in this order:
      order 0, 1, ..., N-1, N-1, ..., 0, 0, 1, ...: equal counts (+-1) and similar memory;
    - "memory_optimized": pieces in the same order, each to the rank with the fewest elements so
      far (row shards included), preferring ranks without a piece of the same table; ties: lowest rank.
-
-`assign_tiers` then decides where each unit lives: a unit is (rank r, feature f), all of r's shards
-of f (column slices on one rank share their rows, so they share one tier and one cache). Tiers:
-"memory" (today's), "host" (host memory of a GPU machine) or "disk" (files, with an in-memory
-cache of `cache_rows` rows with their optimizer slots). Replicated tables are never tiered. Per
-rank, at 4 bytes an element and `slots` optimizer slots per parameter:
-
-- a unit's row takes row_bytes = 4 (1 + slots) (sum of its shards' widths), the unit rows x row_bytes;
-  on disk it keeps cache_rows (row_bytes + SLOT_OVERHEAD_BYTES) + rows INDEX_BYTES_PER_ROW bytes in
-  memory and all of its rows x row_bytes on disk;
-- budget: if replicated tables and units exceed it, units go to disk, largest first (ties: lower
-  feature; units that would take no less memory on disk stay), each with a cache of
-  min(min_cache_rows[f], rows) rows, until the rank fits; then one load factor phi in [0, 1], the
-  largest that fits, sizes every disk unit's cache: min(rows, max(min_cache_rows[f], floor(phi rows)));
-- host threshold: while the parameters (no slots) of the replicated tables and the units left in
-  memory exceed it, the largest of those units goes to host memory.
+6. With `tiers` (a `TierOptions`; `assign_tiers` applies this rule to a plan): where each unit
+   lives. A unit is (rank r, feature f), all of r's shards of f (column slices on one rank share
+   their rows, so they share one tier and one cache). Tiers: "memory" (the default), "host" (host
+   memory of a GPU machine) or "disk" (files, with an in-memory cache of `cache_rows` rows with
+   their optimizer slots). Replicated tables are never tiered. Per rank, at 4 bytes an element and
+   `slots` optimizer slots per parameter:
+   - a unit's row takes row_bytes = 4 (1 + slots) (sum of its shards' widths), the unit rows x row_bytes;
+     on disk it keeps cache_rows (row_bytes + SLOT_OVERHEAD_BYTES) + rows INDEX_BYTES_PER_ROW bytes in
+     memory and all of its rows x row_bytes on disk;
+   - budget: if replicated tables and units exceed it, units go to disk, largest first (ties: lower
+     feature; units that would take no less memory on disk stay), each with a cache of
+     min(min_cache_rows[f], rows) rows, until the rank fits; then one load factor phi in [0, 1], the
+     largest that fits, sizes every disk unit's cache: min(rows, max(min_cache_rows[f], floor(phi rows)));
+   - host threshold: while the parameters (no slots) of the replicated tables and the units left in
+     memory exceed it, the largest of those units goes to host memory.
 
 Everything is deterministic. This module is pure Python so that plans can be made and checked
 without TensorFlow.
@@ -55,6 +54,22 @@ SLOT_OVERHEAD_BYTES = 32   # per cache slot: the cache's bookkeeping (id, policy
 
 class PlanError(ValueError):
     """An invalid argument to `plan_tables` (the message names it)."""
+
+
+class BudgetError(PlanError):
+    """A memory budget (`TierOptions.budget_bytes`) below a rank's smallest plan."""
+
+
+@dataclass(frozen=True)
+class TierOptions:
+    """What decides the tiers (rule 6): `slots` optimizer slots per parameter; `budget_bytes`, a
+    rank's bytes of embedding state in memory (None: no limit); `min_cache_rows[f]`, the fewest
+    cache rows of a disk unit of feature f; `host_threshold_bytes`, parameter bytes above which
+    units go to host memory (None: never)."""
+    slots: int
+    budget_bytes: Optional[int]
+    min_cache_rows: Sequence[int]
+    host_threshold_bytes: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -226,8 +241,19 @@ class Plan:
 
 def plan_tables(rows: Sequence[int], dims: Sequence[int], world_size: int, strategy: str = "memory_balanced",
                 column_slice_threshold: Optional[int] = None, row_slice_threshold: Optional[int] = None,
-                data_parallel_threshold: Optional[int] = None) -> Plan:
-    """Places tables `rows[f]` x `dims[f]` on `world_size` ranks by the rules of the module docstring."""
+                data_parallel_threshold: Optional[int] = None, tiers: Optional[TierOptions] = None) -> Plan:
+    """Places tables `rows[f]` x `dims[f]` on `world_size` ranks by the rules of the module docstring,
+    with the tiers of `tiers` (rule 6; None: every unit in memory). Raises PlanError (one line)
+    for invalid arguments, BudgetError for a budget below a rank's smallest plan."""
+    plan = _place(rows, dims, world_size, strategy, column_slice_threshold, row_slice_threshold,
+                  data_parallel_threshold)
+    return plan if tiers is None else assign_tiers(plan, tiers.slots, tiers.budget_bytes, tiers.min_cache_rows,
+                                                   tiers.host_threshold_bytes)
+
+
+def _place(rows, dims, world_size, strategy, column_slice_threshold, row_slice_threshold,
+           data_parallel_threshold) -> Plan:
+    """Rules 1-5."""
     rows, dims = _validate(rows, dims, world_size, strategy, column_slice_threshold, row_slice_threshold,
                            data_parallel_threshold)
     n, features = world_size, range(len(rows))
@@ -294,13 +320,13 @@ def _integer(name: str, value, minimum: int) -> int:
 
 def assign_tiers(plan: Plan, slots: int, budget_bytes: Optional[int], min_cache_rows: Sequence[int],
                  host_threshold_bytes: Optional[int] = None) -> Plan:
-    """`plan` with the tiers of its units (earlier tiers replaced) by the rules of the module docstring.
+    """`plan` with the tiers of its units (earlier tiers replaced) by rule 6 of the module docstring.
 
     slots: optimizer slots per parameter. budget_bytes: a rank's bytes of embedding state in memory
     (None: no limit). min_cache_rows[f]: the fewest cache rows of a disk unit of feature f (the rows
     of the batches in flight; clamped to the unit's rows). host_threshold_bytes: parameter bytes
     above which units go to host memory (None: never). Raises PlanError (one line) for invalid
-    arguments or a budget below a rank's smallest plan."""
+    arguments, BudgetError for a budget below a rank's smallest plan."""
     _integer("slots", slots, 0)
     if budget_bytes is not None:
         _integer("budget_bytes", budget_bytes, 1)
@@ -355,7 +381,7 @@ def _disk_tiers(rank: int, units: List[Tuple[int, int, int]], fixed: int, slots:
         parts += [f"feature {f} on disk {on_disk(f, lowest[f])} bytes (a cache for the {lowest[f]} rows of the "
                   f"batches in flight, {row_bytes[f] + SLOT_OVERHEAD_BYTES} bytes each, plus its index of {rows[f]} "
                   f"rows, {INDEX_BYTES_PER_ROW} bytes each)" for f in sorted(disk)]
-        raise PlanError(f"rank {rank}: an embedding memory budget of {budget} bytes is too small: the smallest plan "
+        raise BudgetError(f"rank {rank}: an embedding memory budget of {budget} bytes is too small: the smallest plan "
                         f"needs {need} bytes ({_human_bytes(need)}): {'; '.join(parts)}")
 
     def cache(f, c, d):   # cache rows of unit f at load factor c / d

@@ -47,10 +47,6 @@ class Layout:
         """The global part id of the mapping's first part (parts of all mappings numbered in turn)."""
         return sum(self.parts(m) for m in MAPPINGS[:MAPPINGS.index(mapping)])
 
-    @property
-    def total_parts(self) -> int:
-        return sum(self.parts(m) for m in MAPPINGS)
-
     def unshuffled(self, pids: np.ndarray) -> np.ndarray:
         """Whether each global part id holds rows in line order (all but shuffled training parts)."""
         return np.full(len(pids), self.shuffle_seed < 0) | (pids >= self.parts("train"))

@@ -1,8 +1,9 @@
-"""Run configuration: one validated, typed view of the command-line flags.
+"""Run configuration: one validated, typed view of the command-line flags (`RunConfig`: --mode,
+--seed and the settings in groups, each field named as its flag).
 
 Pure Python (no TensorFlow), so flag errors are reported in a fraction of a second and the
-rules can be tested without a model. Every rule raises `ConfigError` with one line that names
-the offending flag(s).
+rules can be tested without a model. The rules are tables in groups (`_check`); every rule raises
+`ConfigError` with one line that names the offending flag(s).
 """
 import dataclasses
 import json
@@ -29,10 +30,71 @@ CACHE_POLICIES = POLICIES   # eviction of the disk tier's caches (storage/row_ca
 
 
 @dataclasses.dataclass(frozen=True)
-class RunConfig:
-    mode: str
+class DatasetShape:
+    """What the model needs to know of the data: per categorical feature its cardinality and
+    max_hotness (None: one-hot), and the number of numerical features."""
+    cardinalities: List[int]
+    num_numerical: int
+    max_hotness: List[Optional[int]]
+
+
+# The settings of a run in groups, each field named as its flag (the flag's help is in run/flags.py).
+
+@dataclasses.dataclass(frozen=True)
+class DataSettings:
+    """The data a run reads: the dataset's type, its files or the synthetic data's flags; `shape`
+    is derived (from the synthetic flags or the feature spec)."""
+    dataset_type: str
+    dataset_path: str
+    synthetic_cardinalities: List[int]
+    synthetic_num_numerical: int
+    synthetic_rows: int
+    synthetic_eval_rows: int
+    synthetic_alpha: float
+    feature_spec: str = ""
+    train_mapping: str = "train"
+    eval_mapping: str = "test"
+    validate_dataset: bool = False
+    shape: Optional[DatasetShape] = None
+
+    @property
+    def num_categorical(self) -> int:
+        return len(self.shape.cardinalities)
+
+    @property
+    def cardinalities(self) -> List[int]:
+        return list(self.shape.cardinalities)
+
+    @property
+    def num_numerical(self) -> int:
+        return self.shape.num_numerical
+
+    @property
+    def max_hotness(self) -> List[Optional[int]]:
+        return list(self.shape.max_hotness)
+
+    @property
+    def feature_spec_path(self) -> str:
+        return feature_spec_path(self.dataset_path, self.feature_spec)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    """The model's shape (and its tables' initial values)."""
+    embedding_dims: List[int]
+    bottom_mlp_dims: List[int]
+    top_mlp_dims: List[int]
+    interaction: str
+    num_cross_layers: int
+    cross_layer_projection_dim: int
+    multi_hot_combiner: Optional[str] = None
+    embedding_zeros_initializer: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingSettings:
+    """How training goes: batches and their order, the optimizer and its learning-rate schedule."""
     batch_size: int
-    valid_batch_size: int
     epochs: int
     max_steps: int
     learning_rate: float
@@ -42,86 +104,103 @@ class RunConfig:
     warmup_steps: int
     decay_start_step: int
     decay_steps: int
-    embedding_dims: List[int]
-    bottom_mlp_dims: List[int]
-    top_mlp_dims: List[int]
-    interaction: str
-    num_cross_layers: int
-    cross_layer_projection_dim: int
-    amp: bool
-    xla: bool
-    seed: int
-    print_freq: int
+    shuffle_batch_order: bool = True
+    train_last_partial_batch: bool = False
+    embedding_trainable: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluationSettings:
+    """Evaluation (--mode=eval, and during training) and inference timing (--mode=inference)."""
+    valid_batch_size: int
     evals_per_epoch: int
-    log_path: str
+    inference_batch_sizes: List[int]
+    inference_steps: int
+    auc_thresholds: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSettings:
+    """Where checkpoints are written and kept, and what a restore takes from one."""
     save_checkpoint_path: str
     restore_checkpoint_path: str
     checkpoint_every_n_steps: int
-    dataset_path: str
-    dataset_type: str
-    synthetic_cardinalities: List[int]
-    synthetic_num_numerical: int
-    synthetic_rows: int
-    synthetic_eval_rows: int
-    synthetic_alpha: float
-    inference_batch_sizes: List[int]
-    inference_steps: int
+    keep_checkpoints: int = 2
+    keep_best_checkpoint: bool = False
+    restore_mode: str = "resume"
+    restore_lr_schedule: str = "restart"
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelismSettings:
+    """The tables' placement over the ranks (parallel_embedding.planner) and the input's layout."""
     dist_strategy: str
     column_slice_threshold: Optional[int]
     row_slice_threshold: Optional[int]
     data_parallel_threshold: Optional[int]
     data_parallel_input: bool
-    feature_spec: str = ""
-    train_mapping: str = "train"
-    eval_mapping: str = "test"
-    validate_dataset: bool = False
-    shuffle_batch_order: bool = True
-    train_last_partial_batch: bool = False
-    multi_hot_combiner: Optional[str] = None
-    loss_scale: Optional[float] = None
-    embedding_trainable: bool = True
-    embedding_zeros_initializer: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class StorageSettings:
+    """The tables' storage tiers: host memory, disk with in-memory caches (run.runtime.embedding_plan)."""
     cpu_offloading_threshold_gb: Optional[int] = None
-    embedding_memory_budget_gb: Optional[float] = None   # storage tiers: run.runtime.tiered_plan
+    embedding_memory_budget_gb: Optional[float] = None
     embedding_store_path: Optional[str] = None
     embedding_cache_policy: str = "lru"
-    profiler_start_step: Optional[int] = None
-    profiled_rank: int = 0
-    cpu: bool = False   # applied (with the three below) by run.runtime before TensorFlow starts
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeSettings:
+    """How the run computes and reports: precision, compilation, TensorFlow's process-wide settings
+    (applied by run.runtime.configure_tensorflow before TensorFlow starts), logs and the profiler."""
+    amp: bool
+    xla: bool
+    print_freq: int
+    log_path: str
+    loss_scale: Optional[float] = None
+    run_eagerly: bool = False
+    cpu: bool = False
     tfdata_debug: bool = False
     inter_op_parallelism: Optional[int] = None
     intra_op_parallelism: Optional[int] = None
-    run_eagerly: bool = False
-    auc_thresholds: Optional[int] = None
-    keep_checkpoints: int = 2
-    keep_best_checkpoint: bool = False
-    restore_mode: str = "resume"
-    restore_lr_schedule: str = "restart"
-    dataset: Optional["DatasetShape"] = None   # derived: the synthetic flags' or the feature spec's
+    profiler_start_step: Optional[int] = None
+    profiled_rank: int = 0
 
-    @property
-    def num_categorical(self) -> int:
-        return len(self.dataset.cardinalities)
 
-    @property
-    def cardinalities(self) -> List[int]:
-        return list(self.dataset.cardinalities)
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """One run's settings: --mode, --seed (initialisation and data order) and the groups."""
+    mode: str
+    seed: int
+    data: DataSettings
+    model: ModelSettings
+    training: TrainingSettings
+    evaluation: EvaluationSettings
+    checkpoints: CheckpointSettings
+    parallelism: ParallelismSettings
+    storage: StorageSettings
+    runtime: RuntimeSettings
 
-    @property
-    def num_numerical(self) -> int:
-        return self.dataset.num_numerical
+    def value(self, name: str):
+        """The setting named `name` (a field of the run or of one of its groups)."""
+        group = SETTINGS[name]
+        return getattr(getattr(self, group) if group else self, name)
 
-    @property
-    def max_hotness(self) -> List[Optional[int]]:
-        return list(self.dataset.max_hotness)
+    def flat(self) -> dict:
+        """Every setting by name (the groups' fields side by side), `shape` as "dataset"."""
+        values = {name: self.value(name) for name in SETTINGS if name != "shape"}
+        return dict(values, dataset=dataclasses.asdict(self.data.shape))
 
     @property
     def combiners(self) -> List[str]:
-        return table_combiners(self.dataset.max_hotness, self.multi_hot_combiner)
+        return table_combiners(self.data.shape.max_hotness, self.model.multi_hot_combiner)
 
-    @property
-    def feature_spec_path(self) -> str:
-        return feature_spec_path(self.dataset_path, self.feature_spec)
+
+GROUPS = {f.name: f.type for f in dataclasses.fields(RunConfig) if dataclasses.is_dataclass(f.type)}
+# setting name -> its group ("": the run's own field)
+SETTINGS = {**{f.name: "" for f in dataclasses.fields(RunConfig) if f.name not in GROUPS},
+            **{f.name: group for group, settings in GROUPS.items() for f in dataclasses.fields(settings)}}
 
 
 def feature_spec_path(dataset_path: str, feature_spec: str) -> str:
@@ -130,25 +209,19 @@ def feature_spec_path(dataset_path: str, feature_spec: str) -> str:
     return os.path.join(dataset_path, feature_spec or "feature_spec.yaml")
 
 
-@dataclasses.dataclass(frozen=True)
-class DatasetShape:
-    """What the model needs to know of the data: per categorical feature its cardinality and
-    max_hotness (None: one-hot), and the number of numerical features."""
-    cardinalities: List[int]
-    num_numerical: int
-    max_hotness: List[Optional[int]]
-
+# The rules, in groups, each a table: a rule names its flag(s) and says in one line what is wrong.
+# `_check` applies the groups in order; the first broken rule stops the run.
 
 # Flags that only mean something in some settings: name -> (predicate on config, where they apply).
-_ADAM = (lambda c: c.optimizer == "adam", "--optimizer=adam")
-_CROSS = (lambda c: c.interaction == "cross", "--interaction=cross")
+_ADAM = (lambda c: c.training.optimizer == "adam", "--optimizer=adam")
+_CROSS = (lambda c: c.model.interaction == "cross", "--interaction=cross")
 _TRAIN = (lambda c: c.mode == "train", "--mode=train")
 _INFERENCE = (lambda c: c.mode == "inference", "--mode=inference")
 _EVALUATING = (lambda c: c.mode in ("train", "eval"), "--mode=train or --mode=eval")
-_DECAYING = (lambda c: c.mode == "train" and c.decay_steps > 0, "--mode=train and --decay_steps > 0")
-_RESTORING = (lambda c: c.mode == "train" and bool(c.restore_checkpoint_path),
+_DECAYING = (lambda c: c.mode == "train" and c.training.decay_steps > 0, "--mode=train and --decay_steps > 0")
+_RESTORING = (lambda c: c.mode == "train" and bool(c.checkpoints.restore_checkpoint_path),
               "--mode=train and --restore_checkpoint_path")
-_CONTINUING = (lambda c: _RESTORING[0](c) and c.restore_mode == "continue",
+_CONTINUING = (lambda c: _RESTORING[0](c) and c.checkpoints.restore_mode == "continue",
                "--restore_mode=continue (resume continues the schedule, weights restarts it)")
 _APPLIES_ONLY = {
     **dict.fromkeys(("beta1", "beta2"), _ADAM),
@@ -161,13 +234,13 @@ _APPLIES_ONLY = {
     **dict.fromkeys(("valid_batch_size", "synthetic_eval_rows"), _EVALUATING),
     "auc_thresholds": _EVALUATING,
     **dict.fromkeys(("train_mapping", "shuffle_batch_order", "train_last_partial_batch"), _TRAIN),
-    "loss_scale": (lambda c: c.amp, "--amp"),
+    "loss_scale": (lambda c: c.runtime.amp, "--amp"),
     **dict.fromkeys(("embedding_trainable", "profiler_start_step"), _TRAIN),
-    "profiled_rank": (lambda c: c.profiler_start_step is not None, "--profiler_start_step"),
+    "profiled_rank": (lambda c: c.runtime.profiler_start_step is not None, "--profiler_start_step"),
     "restore_mode": _RESTORING,
     "restore_lr_schedule": _CONTINUING,
     **dict.fromkeys(("embedding_store_path", "embedding_cache_policy"),
-                    (lambda c: c.embedding_memory_budget_gb is not None, "--embedding_memory_budget_gb")),
+                    (lambda c: c.storage.embedding_memory_budget_gb is not None, "--embedding_memory_budget_gb")),
 }
 # Table placement flags: they only mean something at several ranks.
 _MULTI_RANK_ONLY = ("dist_strategy", "column_slice_threshold", "row_slice_threshold", "data_parallel_threshold",
@@ -179,6 +252,96 @@ _DATASET_ONLY = {
     **dict.fromkeys(("dataset_path", "feature_spec", "train_mapping", "eval_mapping", "validate_dataset",
                      "multi_hot_combiner"), FILE_DATASETS),
 }
+# Flags with a set of values: name -> its values.
+_CHOICES = {"mode": MODES, "optimizer": OPTIMIZERS, "interaction": INTERACTIONS, "dataset_type": DATASET_TYPES,
+            "dist_strategy": DIST_STRATEGIES, "restore_mode": RESTORE_MODES,
+            "restore_lr_schedule": LR_SCHEDULE_RESTORES, "embedding_cache_policy": CACHE_POLICIES}
+
+
+def _not_positive(value) -> Optional[str]:
+    """What is wrong with a flag's `value` that must be positive (None: nothing)."""
+    return None if value > 0 else f"must be positive, got {value}"
+
+
+def _not_positive_list(values) -> Optional[str]:
+    """What is wrong with a list flag's `values`, which must be positive (None: nothing)."""
+    if not values:
+        return "must not be empty"
+    bad = [v for v in values if v <= 0]
+    return f"entries must be positive, got {bad[0]}" if bad else None
+
+
+# Each flag's own range: (flags, what is wrong with a value (None: nothing)); unset (None) values are not checked.
+_RANGES = [
+    (("multi_hot_combiner",),
+     lambda v: None if v in COMBINERS else f"must be one of {', '.join(COMBINERS)}; got {v!r}"),
+    (("batch_size", "valid_batch_size", "epochs", "learning_rate", "print_freq", "synthetic_rows",
+      "synthetic_eval_rows", "synthetic_num_numerical", "inference_steps", "loss_scale",
+      "embedding_memory_budget_gb"), _not_positive),
+    (("embedding_dims", "bottom_mlp_dims", "top_mlp_dims", "inference_batch_sizes"), _not_positive_list),
+    (("warmup_steps", "decay_start_step", "decay_steps", "evals_per_epoch", "checkpoint_every_n_steps",
+      "cross_layer_projection_dim", "synthetic_alpha", "data_parallel_threshold", "cpu_offloading_threshold_gb",
+      "profiler_start_step"), lambda v: None if v >= 0 else f"must be >= 0, got {v}"),
+    (("column_slice_threshold", "row_slice_threshold"),
+     lambda v: None if v >= 1 else f"must be >= 1 (elements per table), got {v}"),
+    (("max_steps",), lambda v: None if v > 0 or v == -1 else f"must be positive, or -1 for no limit; got {v}"),
+    (("auc_thresholds",), lambda v: None if v >= 2 else f"must be >= 2, got {v}"),
+    (("keep_checkpoints",), lambda v: None if v >= 1 else f"must be >= 1 (the newest is always kept), got {v}"),
+]
+# Rules between flags: (broken(config, ranks, the flags set), its one-line message(config, ranks)).
+_MODEL_RULES = [
+    (lambda c, n, p: c.model.multi_hot_combiner is not None and not any(c.data.max_hotness),
+     lambda c, n: "--multi_hot_combiner only applies to multi-hot features (max_hotness in the feature spec); this "
+                  "dataset has none"),
+    (lambda c, n, p: c.runtime.profiler_start_step is not None and not 0 <= c.runtime.profiled_rank < n,
+     lambda c, n: f"--profiled_rank={c.runtime.profiled_rank}: there is no such rank (ranks 0..{n - 1})"),
+    (lambda c, n, p: c.runtime.profiler_start_step is not None and not c.runtime.log_path,
+     lambda c, n: "--profiler_start_step needs --log_path (the profile goes to its TensorBoard directory)"),
+    (lambda c, n, p: c.training.optimizer == "adam" and not 0.0 <= c.training.beta1 < 1.0,
+     lambda c, n: f"--beta1 must be in [0, 1), got {c.training.beta1}"),
+    (lambda c, n, p: c.training.optimizer == "adam" and not 0.0 <= c.training.beta2 < 1.0,
+     lambda c, n: f"--beta2 must be in [0, 1), got {c.training.beta2}"),
+    (lambda c, n, p: c.training.decay_steps > 0 and c.training.decay_start_step < c.training.warmup_steps,
+     lambda c, n: f"--decay_start_step ({c.training.decay_start_step}) must not come before the end of "
+                  f"--warmup_steps ({c.training.warmup_steps})"),
+    (lambda c, n, p: c.model.top_mlp_dims[-1] != 1,
+     lambda c, n: f"the last --top_mlp_dims entry is the logit and must be 1, got {c.model.top_mlp_dims[-1]}"),
+    (lambda c, n, p: c.model.interaction == "dot_custom" and c.runtime.xla,
+     lambda c, n: "--interaction=dot_custom has no XLA kernel; drop --xla or use --interaction=dot"),
+    (lambda c, n, p: c.model.interaction != "cross" and len(set(c.model.embedding_dims)) != 1,
+     lambda c, n: "--interaction=dot needs one --embedding_dim for all features "
+                  f"(got {sorted(set(c.model.embedding_dims))}); use --interaction=cross for unequal dims"),
+    (lambda c, n, p: c.model.interaction != "cross" and c.model.bottom_mlp_dims[-1] != c.model.embedding_dims[0],
+     lambda c, n: f"--interaction=dot needs the last --bottom_mlp_dims entry ({c.model.bottom_mlp_dims[-1]}) to "
+                  f"equal --embedding_dim ({c.model.embedding_dims[0]})"),
+    (lambda c, n, p: c.model.interaction == "cross" and c.model.num_cross_layers < 1,
+     lambda c, n: f"--num_cross_layers must be >= 1 with --interaction=cross, got {c.model.num_cross_layers}"),
+]
+_RUN_RULES = [
+    (lambda c, n, p: c.parallelism.data_parallel_input and c.storage.embedding_memory_budget_gb is not None,
+     lambda c, n: "--data_parallel_input does not work with --embedding_memory_budget_gb: the disk tier stages the "
+                  "next batch's ids on the rank that owns them, which data-parallel input only knows inside the "
+                  "step; drop one of the two"),
+    (lambda c, n, p: c.runtime.run_eagerly and c.runtime.xla,
+     lambda c, n: "--run_eagerly runs no compiled function, --xla compiles them: drop one of the two"),
+    (lambda c, n, p: c.training.batch_size % n,
+     lambda c, n: f"--batch_size ({c.training.batch_size}) must be divisible by the number of ranks ({n})"),
+    (lambda c, n, p: c.mode == "inference" and any(size % n for size in c.evaluation.inference_batch_sizes),
+     lambda c, n: f"--inference_batch_sizes entry {[s for s in c.evaluation.inference_batch_sizes if s % n][0]} "
+                  f"must be divisible by the number of ranks ({n})"),
+    (lambda c, n, p: c.mode == "train" and c.data.dataset_type == "synthetic"
+     and c.data.synthetic_rows < c.training.batch_size,
+     lambda c, n: f"--synthetic_rows ({c.data.synthetic_rows}) is smaller than one --batch_size "
+                  f"({c.training.batch_size})"),
+    (lambda c, n, p: c.checkpoints.checkpoint_every_n_steps and not c.checkpoints.save_checkpoint_path,
+     lambda c, n: "--checkpoint_every_n_steps needs --save_checkpoint_path"),
+    (lambda c, n, p: "keep_checkpoints" in p and not c.checkpoints.save_checkpoint_path,
+     lambda c, n: "--keep_checkpoints needs --save_checkpoint_path (checkpoints are kept only in training)"),
+    (lambda c, n, p: c.checkpoints.keep_best_checkpoint and not c.checkpoints.save_checkpoint_path,
+     lambda c, n: "--keep_best_checkpoint needs --save_checkpoint_path (checkpoints are kept only in training)"),
+    (lambda c, n, p: c.mode == "eval" and not c.checkpoints.restore_checkpoint_path,
+     lambda c, n: "--mode=eval needs --restore_checkpoint_path (a trained model to evaluate)"),
+]
 
 
 # NVIDIA's main.py flags for its synthetic data, mapped onto ours by _reference_synthetic.
@@ -253,16 +416,13 @@ def _synthetic_spec(v: dict, present: Set[str], given: List[str]) -> List[Option
 
 
 def _positive(name, value):
-    if value <= 0:
-        raise ConfigError(f"--{name} must be positive, got {value}")
+    if _not_positive(value):
+        raise ConfigError(f"--{name} {_not_positive(value)}")
 
 
 def _positive_list(name, values):
-    if not values:
-        raise ConfigError(f"--{name} must not be empty")
-    for v in values:
-        if v <= 0:
-            raise ConfigError(f"--{name} entries must be positive, got {v}")
+    if _not_positive_list(values):
+        raise ConfigError(f"--{name} {_not_positive_list(values)}")
 
 
 def parse_int_list(name: str, values: Sequence) -> List[int]:
@@ -301,7 +461,8 @@ def build_config(values: dict, present: Optional[Set[str]] = None, world_size: i
     world_size: number of ranks; the global batch must divide evenly over them.
     """
     present = set(present or ())
-    v = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.default is not dataclasses.MISSING}
+    v = {name: field.default for group in GROUPS.values() for name, field in group.__dataclass_fields__.items()
+         if field.default is not dataclasses.MISSING}
     v.update(values)
     v["interaction"] = INTERACTION_ALIASES.get(v["interaction"], v["interaction"])
     v["embedding_dim"] = embedding_widths(v["embedding_dim"])
@@ -313,11 +474,11 @@ def build_config(values: dict, present: Optional[Set[str]] = None, world_size: i
     if v["dataset_type"] == "tf_raw":   # the reference's reader of the split-binary files split_binary reads
         v["dataset_type"] = "split_binary"
     if v["dataset_type"] in FILE_DATASETS:
-        v["dataset"] = _spec_shape(v)
-        cards = v["dataset"].cardinalities
+        v["shape"] = _spec_shape(v)
+        cards = v["shape"].cardinalities
     else:
         _positive_list("synthetic_cardinalities", cards)
-        v["dataset"] = DatasetShape(list(cards), v["synthetic_num_numerical"], hotness or [None] * len(cards))
+        v["shape"] = DatasetShape(list(cards), v["synthetic_num_numerical"], hotness or [None] * len(cards))
     dims = v.pop("embedding_dim")
     if len(dims) == 1:
         dims = dims * len(cards)
@@ -325,7 +486,12 @@ def build_config(values: dict, present: Optional[Set[str]] = None, world_size: i
         raise ConfigError(f"--embedding_dim has {len(dims)} values but there are {len(cards)} "
                           "categorical features: give one value or one per feature")
     v["embedding_dims"] = dims
-    cfg = RunConfig(**v)
+    unknown = set(v) - set(SETTINGS)
+    if unknown:
+        raise TypeError(f"build_config: no such settings {sorted(unknown)}")
+    groups = {name: group(**{f.name: v[f.name] for f in dataclasses.fields(group) if f.name in v})
+              for name, group in GROUPS.items()}
+    cfg = RunConfig(**{name: v[name] for name, group in SETTINGS.items() if not group}, **groups)
     _check(cfg, present, world_size)
     return cfg
 
@@ -350,102 +516,56 @@ def _spec_shape(v: dict) -> DatasetShape:
     return DatasetShape(spec.cardinalities, len(spec.numerical), spec.max_hotness)
 
 
+def _flag(name: str) -> str:
+    """The flag of setting `name` (--embedding_dim gives embedding_dims)."""
+    return "embedding_dim" if name == "embedding_dims" else name
+
+
 def _check(c: RunConfig, present: Set[str], world_size: int):
-    for name, choices in (("mode", MODES), ("optimizer", OPTIMIZERS), ("interaction", INTERACTIONS),
-                          ("dataset_type", DATASET_TYPES), ("dist_strategy", DIST_STRATEGIES),
-                          ("restore_mode", RESTORE_MODES), ("restore_lr_schedule", LR_SCHEDULE_RESTORES),
-                          ("embedding_cache_policy", CACHE_POLICIES)):
-        if getattr(c, name) not in choices:
-            raise ConfigError(f"--{name} must be one of {', '.join(choices)}; got {getattr(c, name)!r}")
-    for name in sorted(present & set(_APPLIES_ONLY)):
-        applies, where = _APPLIES_ONLY[name]
-        if not applies(c):
-            raise ConfigError(f"--{name} only applies with {where}; remove it or change that flag")
-    for name in sorted(present & set(_DATASET_ONLY)):
-        if c.dataset_type not in _DATASET_ONLY[name]:
-            raise ConfigError(f"--{name} only applies with --dataset_type={' or '.join(_DATASET_ONLY[name])}; remove "
-                              "it or change that flag")
-    if c.multi_hot_combiner is not None:
-        if c.multi_hot_combiner not in COMBINERS:
-            raise ConfigError(f"--multi_hot_combiner must be one of {', '.join(COMBINERS)}; got {c.multi_hot_combiner!r}")
-        if not any(c.max_hotness):
-            raise ConfigError("--multi_hot_combiner only applies to multi-hot features (max_hotness in the feature "
-                              "spec); this dataset has none")
-    for name in ("batch_size", "valid_batch_size", "epochs", "learning_rate", "print_freq",
-                 "synthetic_rows", "synthetic_eval_rows", "synthetic_num_numerical", "inference_steps"):
-        _positive(name, getattr(c, name))
-    for name in ("embedding_dims", "bottom_mlp_dims", "top_mlp_dims", "inference_batch_sizes"):
-        _positive_list(name.replace("embedding_dims", "embedding_dim"), getattr(c, name))
-    for name in ("warmup_steps", "decay_start_step", "decay_steps", "evals_per_epoch",
-                 "checkpoint_every_n_steps", "cross_layer_projection_dim", "synthetic_alpha"):
-        if getattr(c, name) < 0:
-            raise ConfigError(f"--{name} must be >= 0, got {getattr(c, name)}")
-    for name in ("column_slice_threshold", "row_slice_threshold"):
-        if getattr(c, name) is not None and getattr(c, name) < 1:
-            raise ConfigError(f"--{name} must be >= 1 (elements per table), got {getattr(c, name)}")
-    if c.data_parallel_threshold is not None and c.data_parallel_threshold < 0:
-        raise ConfigError(f"--data_parallel_threshold must be >= 0, got {c.data_parallel_threshold}")
-    for name in ("loss_scale", "embedding_memory_budget_gb"):
-        if getattr(c, name) is not None:
-            _positive(name, getattr(c, name))
-    for name in ("cpu_offloading_threshold_gb", "profiler_start_step"):
-        if getattr(c, name) is not None and getattr(c, name) < 0:
-            raise ConfigError(f"--{name} must be >= 0, got {getattr(c, name)}")
-    if c.profiler_start_step is not None:
-        if not 0 <= c.profiled_rank < world_size:
-            raise ConfigError(f"--profiled_rank={c.profiled_rank}: there is no such rank (ranks 0..{world_size - 1})")
-        if not c.log_path:
-            raise ConfigError("--profiler_start_step needs --log_path (the profile goes to its TensorBoard directory)")
-    if c.max_steps == 0 or c.max_steps < -1:
-        raise ConfigError(f"--max_steps must be positive, or -1 for no limit; got {c.max_steps}")
-    if c.optimizer == "adam":
-        for name in ("beta1", "beta2"):
-            if not 0.0 <= getattr(c, name) < 1.0:
-                raise ConfigError(f"--{name} must be in [0, 1), got {getattr(c, name)}")
-    if c.decay_steps > 0 and c.decay_start_step < c.warmup_steps:
-        raise ConfigError(f"--decay_start_step ({c.decay_start_step}) must not come before the end of "
-                          f"--warmup_steps ({c.warmup_steps})")
-    if c.top_mlp_dims[-1] != 1:
-        raise ConfigError(f"the last --top_mlp_dims entry is the logit and must be 1, got {c.top_mlp_dims[-1]}")
-    if c.interaction == "dot_custom" and c.xla:
-        raise ConfigError("--interaction=dot_custom has no XLA kernel; drop --xla or use --interaction=dot")
-    if c.interaction != "cross":   # the dot interactions
-        if len(set(c.embedding_dims)) != 1:
-            raise ConfigError("--interaction=dot needs one --embedding_dim for all features "
-                              f"(got {sorted(set(c.embedding_dims))}); use --interaction=cross for unequal dims")
-        if c.bottom_mlp_dims[-1] != c.embedding_dims[0]:
-            raise ConfigError(f"--interaction=dot needs the last --bottom_mlp_dims entry "
-                              f"({c.bottom_mlp_dims[-1]}) to equal --embedding_dim ({c.embedding_dims[0]})")
-    elif c.num_cross_layers < 1:
-        raise ConfigError(f"--num_cross_layers must be >= 1 with --interaction=cross, got {c.num_cross_layers}")
+    """Applies the rule groups, in order: the first broken rule stops the run with its one line
+    (the flags set where they do not apply: all of them, in one line)."""
+    for name, choices in _CHOICES.items():
+        if c.value(name) not in choices:
+            raise ConfigError(f"--{name} must be one of {', '.join(choices)}; got {c.value(name)!r}")
+    _check_applies(c, present)
+    for names, wrong in _RANGES:
+        for name in names:
+            problem = None if c.value(name) is None else wrong(c.value(name))
+            if problem:
+                raise ConfigError(f"--{_flag(name)} {problem}")
+    for broken, message in _MODEL_RULES:
+        if broken(c, world_size, present):
+            raise ConfigError(message(c, world_size))
     if world_size == 1:
         for name in sorted(present & set(_MULTI_RANK_ONLY)):
             raise ConfigError(f"--{name} only applies with several ranks (horovodrun -np N); at one rank every "
                               "table is whole on this process: remove it")
-    if c.data_parallel_input and c.embedding_memory_budget_gb is not None:
-        raise ConfigError("--data_parallel_input does not work with --embedding_memory_budget_gb: the disk tier stages "
-                          "the next batch's ids on the rank that owns them, which data-parallel input only knows "
-                          "inside the step; drop one of the two")
-    if c.run_eagerly and c.xla:
-        raise ConfigError("--run_eagerly runs no compiled function, --xla compiles them: drop one of the two")
-    if c.auc_thresholds is not None and c.auc_thresholds < 2:
-        raise ConfigError(f"--auc_thresholds must be >= 2, got {c.auc_thresholds}")
-    if c.batch_size % world_size:
-        raise ConfigError(f"--batch_size ({c.batch_size}) must be divisible by the number of ranks ({world_size})")
-    if c.mode == "inference":
-        for size in c.inference_batch_sizes:
-            if size % world_size:
-                raise ConfigError(f"--inference_batch_sizes entry {size} must be divisible by the number of "
-                                  f"ranks ({world_size})")
-    if c.mode == "train" and c.dataset_type == "synthetic" and c.synthetic_rows < c.batch_size:
-        raise ConfigError(f"--synthetic_rows ({c.synthetic_rows}) is smaller than one --batch_size ({c.batch_size})")
-    if c.checkpoint_every_n_steps and not c.save_checkpoint_path:
-        raise ConfigError("--checkpoint_every_n_steps needs --save_checkpoint_path")
-    for name, used in (("keep_checkpoints", "keep_checkpoints" in present),
-                       ("keep_best_checkpoint", c.keep_best_checkpoint)):
-        if used and not c.save_checkpoint_path:
-            raise ConfigError(f"--{name} needs --save_checkpoint_path (checkpoints are kept only in training)")
-    if c.keep_checkpoints < 1:
-        raise ConfigError(f"--keep_checkpoints must be >= 1 (the newest is always kept), got {c.keep_checkpoints}")
-    if c.mode == "eval" and not c.restore_checkpoint_path:
-        raise ConfigError("--mode=eval needs --restore_checkpoint_path (a trained model to evaluate)")
+    for broken, message in _RUN_RULES:
+        if broken(c, world_size, present):
+            raise ConfigError(message(c, world_size))
+
+
+def _check_applies(c: RunConfig, present: Set[str]):
+    """The flags set explicitly that mean nothing in this setting (_APPLIES_ONLY, _DATASET_ONLY):
+    one line naming every one, by where each applies."""
+    wheres = {}   # where -> the flags set that apply only there
+    for name in sorted(present & set(_APPLIES_ONLY)):
+        applies, where = _APPLIES_ONLY[name]
+        if not applies(c):
+            wheres.setdefault(where, []).append(name)
+    for name in sorted(present & set(_DATASET_ONLY)):
+        if c.data.dataset_type not in _DATASET_ONLY[name] and not any(name in names for names in wheres.values()):
+            wheres.setdefault(f"--dataset_type={' or '.join(_DATASET_ONLY[name])}", []).append(name)
+    if not wheres:
+        return
+    parts = [f"{_names(names)} only appl{'ies' if len(names) == 1 else 'y'} with {where}"
+             for where, names in wheres.items()]
+    single = len(parts) == 1 and len(next(iter(wheres.values()))) == 1
+    raise ConfigError("; ".join(parts) + ("; remove it or change that flag" if single else
+                                          "; remove them or change those flags"))
+
+
+def _names(names: List[str]) -> str:
+    """--a, --b and --c"""
+    flags = [f"--{n}" for n in names]
+    return flags[0] if len(flags) == 1 else f"{', '.join(flags[:-1])} and {flags[-1]}"

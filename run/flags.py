@@ -6,8 +6,8 @@ from absl import flags
 
 from run import data_flags  # noqa: F401 (defines the flags naming the data: --dataset_type, ...)
 from run.config import (CACHE_POLICIES, COMBINERS, DIST_STRATEGIES, INTERACTION_ALIASES, INTERACTIONS,
-                          LR_SCHEDULE_RESTORES, MODES, OPTIMIZERS, REFERENCE_SYNTHETIC, RESTORE_MODES, RunConfig,
-                          build_config)
+                        LR_SCHEDULE_RESTORES, MODES, OPTIMIZERS, REFERENCE_SYNTHETIC, RESTORE_MODES, SETTINGS,
+                        RunConfig, build_config)
 
 FLAGS = flags.FLAGS
 
@@ -130,7 +130,7 @@ def set_defaults(**defaults):
 
 def config_from_flags(world_size: int = 1) -> RunConfig:
     """Builds the validated RunConfig from the parsed flags."""
-    names = [f.name for f in RunConfig.__dataclass_fields__.values() if f.name not in ("embedding_dims", "dataset")]
+    names = [name for name in SETTINGS if name not in ("embedding_dims", "shape")]
     names += ["embedding_dim", *REFERENCE_SYNTHETIC]
     values = {n: FLAGS[n].value for n in names}
     present = {n for n in names if FLAGS[n].present}

@@ -1,10 +1,11 @@
-"""TensorFlow's process-wide settings, the run's profiler and its storage tiers: the reference's --cpu,
---inter_op_parallelism, --intra_op_parallelism, --tfdata_debug, --profiler_start_step/--profiled_rank and
---cpu_offloading_threshold_gb, and --embedding_memory_budget_gb."""
+"""TensorFlow's process-wide settings, the run's profiler and its tables' plan (placement and storage
+tiers): the reference's --cpu, --inter_op_parallelism, --intra_op_parallelism, --tfdata_debug,
+--profiler_start_step/--profiled_rank and --cpu_offloading_threshold_gb, and the placement flags and
+--embedding_memory_budget_gb."""
 import os
 from typing import Optional
 
-from parallel_embedding.planner import Plan, PlanError, assign_tiers
+from parallel_embedding.planner import BudgetError, Plan, TierOptions, plan_tables
 from run.config import RunConfig
 from utils.errors import ConfigError
 from utils.logger import tensorboard_dir
@@ -36,36 +37,46 @@ def configure_tensorflow(cpu: bool = False, inter_op: Optional[int] = None, intr
         tf.data.experimental.enable_debug_mode()
 
 
-def tiered_plan(plan: Plan, cfg: RunConfig, slots: int, on_gpu: bool) -> Plan:
-    """`plan` with the storage tiers of the flags (parallel_embedding.planner.assign_tiers, `slots`
-    optimizer slots per parameter): --embedding_memory_budget_gb puts the largest tables of a rank
-    over it on disk, with caches for the ids of the batches in flight (two training batches, the one
-    in its step and the next, staged, and two evaluation batches while training evaluates); on a
-    GPU, --cpu_offloading_threshold_gb puts the largest tables left in memory in host memory.
-    Raises ConfigError (one line) for a budget below a rank's smallest plan, or tables on disk
-    without --embedding_store_path."""
-    budget = cfg.embedding_memory_budget_gb
-    threshold = cfg.cpu_offloading_threshold_gb
-    rows = {"train": cfg.batch_size + cfg.valid_batch_size, "eval": cfg.valid_batch_size,
-            "inference": max(cfg.inference_batch_sizes)}[cfg.mode]
-    min_cache_rows = [2 * rows * (hotness or 1) for hotness in cfg.max_hotness]
+def embedding_plan(cfg: RunConfig, world_size: int, slots: int, on_gpu: bool) -> Plan:
+    """The tables' plan of the flags at `world_size` ranks: one planner call
+    (parallel_embedding.planner.plan_tables) with the placement flags and the tiers of
+    `tier_options`. Raises ConfigError (one line) for a budget below a rank's smallest plan, or
+    tables on disk without --embedding_store_path."""
+    p, budget = cfg.parallelism, cfg.storage.embedding_memory_budget_gb
     try:
-        plan = assign_tiers(plan, slots, None if budget is None else max(1, int(budget * 2 ** 30)), min_cache_rows,
-                            threshold * 2 ** 30 if threshold is not None and on_gpu else None)
-    except PlanError as e:
+        plan = plan_tables(cfg.data.cardinalities, cfg.model.embedding_dims, world_size, p.dist_strategy,
+                           p.column_slice_threshold, p.row_slice_threshold, p.data_parallel_threshold,
+                           tiers=tier_options(cfg, slots, on_gpu))
+    except BudgetError as e:
         raise ConfigError(f"--embedding_memory_budget_gb={budget}: {e}") from None
     disk = [(r, f) for r, f, t in plan.tiers if t.kind == "disk"]
-    if disk and not cfg.embedding_store_path:
+    if disk and not cfg.storage.embedding_store_path:
         raise ConfigError(f"--embedding_memory_budget_gb={budget} puts {len(disk)} table shard(s) on disk (feature "
                           f"{disk[0][1]} on rank {disk[0][0]} first): give --embedding_store_path, a directory for "
                           "their files")
     return plan
 
 
+def tier_options(cfg: RunConfig, slots: int, on_gpu: bool) -> TierOptions:
+    """The storage tiers of the flags (`slots` optimizer slots per parameter):
+    --embedding_memory_budget_gb puts the largest tables of a rank over it on disk, with caches for
+    the ids of the batches in flight (two training batches, the one in its step and the next,
+    staged, and two evaluation batches while training evaluates); on a GPU,
+    --cpu_offloading_threshold_gb puts the largest tables left in memory in host memory."""
+    budget = cfg.storage.embedding_memory_budget_gb
+    threshold = cfg.storage.cpu_offloading_threshold_gb
+    batch, valid_batch = cfg.training.batch_size, cfg.evaluation.valid_batch_size
+    rows = {"train": batch + valid_batch, "eval": valid_batch,
+            "inference": max(cfg.evaluation.inference_batch_sizes)}[cfg.mode]
+    return TierOptions(slots, None if budget is None else max(1, int(budget * 2 ** 30)),
+                       [2 * rows * (hotness or 1) for hotness in cfg.data.max_hotness],
+                       threshold * 2 ** 30 if threshold is not None and on_gpu else None)
+
+
 def offloading_line(threshold_gb: int, table_bytes: int, rank: int, on_gpu: bool) -> str:
     """What --cpu_offloading_threshold_gb means for this rank's `table_bytes` of embedding tables
     (parameters, as the reference counts them): on a GPU, tables above the threshold go to host
-    memory (`tiered_plan`; the plan's tier column says which)."""
+    memory (`tier_options`; the plan's tier column says which)."""
     size = f"rank {rank}'s tables take {table_bytes / 2 ** 30:.3g} GiB"
     if not on_gpu:
         return f"--cpu_offloading_threshold_gb={threshold_gb}: {size}, all in host memory already (no GPU)"
@@ -82,15 +93,16 @@ class StepProfiler:
 
     def __init__(self, cfg: RunConfig, rank: int, first_step: int, total_steps: int):
         self.start = self.stop = None
-        if cfg.profiler_start_step is None:
+        settings = cfg.runtime
+        if settings.profiler_start_step is None:
             return
-        if not first_step <= cfg.profiler_start_step < total_steps:
-            raise ConfigError(f"--profiler_start_step={cfg.profiler_start_step} is not a step of this run "
+        if not first_step <= settings.profiler_start_step < total_steps:
+            raise ConfigError(f"--profiler_start_step={settings.profiler_start_step} is not a step of this run "
                               f"(it trains steps {first_step}..{total_steps - 1})")
-        if rank == cfg.profiled_rank:
-            self.start = cfg.profiler_start_step
+        if rank == settings.profiled_rank:
+            self.start = settings.profiler_start_step
             self.stop = min(self.start + PROFILED_STEPS, total_steps)
-            self.logdir, self.rank = tensorboard_dir(cfg.log_path), rank
+            self.logdir, self.rank = tensorboard_dir(settings.log_path), rank
 
     def before_step(self, step: int):
         """Call with the 0-based index of the step about to run."""

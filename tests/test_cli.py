@@ -384,7 +384,7 @@ def test_model_flags_set_the_parameter_count(out, overrides, params):
     count, line = build_model(out, **overrides)
     assert count == params, line
     interaction = overrides.get("interaction", "dot")
-    assert line.startswith(f"model: {interaction} interaction, {len(config(**overrides).cardinalities)} tables")
+    assert line.startswith(f"model: {interaction} interaction, {len(config(**overrides).data.cardinalities)} tables")
 
 
 def test_per_feature_embedding_dims_with_cross_train(out):

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from run.config import _APPLIES_ONLY, RunConfig, build_config
+from run.config import _APPLIES_ONLY, SETTINGS, RunConfig, build_config
 from utils.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,19 +72,19 @@ def assert_rejected(flag, fragment=None, present=None, world_size=1, **overrides
 def test_flag_defaults_are_valid_and_typed():
     cfg = build()
     assert isinstance(cfg, RunConfig)
-    assert cfg.embedding_dims == [128] * 26
-    assert cfg.bottom_mlp_dims == [512, 256, 128]
-    assert cfg.top_mlp_dims == [1024, 1024, 512, 256, 1]
-    assert cfg.inference_batch_sizes == [1, 64, 1024, 8192]
-    assert cfg.synthetic_cardinalities[:3] == [100000, 50000, 20000]
-    assert cfg.num_categorical == 26 and cfg.num_numerical == 13
+    assert cfg.model.embedding_dims == [128] * 26
+    assert cfg.model.bottom_mlp_dims == [512, 256, 128]
+    assert cfg.model.top_mlp_dims == [1024, 1024, 512, 256, 1]
+    assert cfg.evaluation.inference_batch_sizes == [1, 64, 1024, 8192]
+    assert cfg.data.synthetic_cardinalities[:3] == [100000, 50000, 20000]
+    assert cfg.data.num_categorical == 26 and cfg.data.num_numerical == 13
 
 
 def test_baseline_mirrors_flag_defaults():
     """DEFAULTS above is what run/flags.py defines (absl only, no TensorFlow), and every
     RunConfig field has a flag."""
     from run import flags as run_flags
-    fields = set(RunConfig.__dataclass_fields__) - {"embedding_dims", "dataset"} | {"embedding_dim"}
+    fields = set(SETTINGS) - {"embedding_dims", "shape"} | {"embedding_dim"}
     assert set(DEFAULTS) == fields
     for name, default in DEFAULTS.items():
         assert run_flags.FLAGS[name].default == default, name
@@ -93,7 +93,8 @@ def test_baseline_mirrors_flag_defaults():
 def test_dcnv2_defaults_are_valid():
     cfg = build(present=set(), interaction="cross", optimizer="adam", learning_rate=0.0001, warmup_steps=100,
                 decay_start_step=48000, decay_steps=24000)
-    assert cfg.interaction == "cross" and cfg.num_cross_layers == 3 and cfg.cross_layer_projection_dim == 512
+    assert cfg.model.interaction == "cross" and cfg.model.num_cross_layers == 3
+    assert cfg.model.cross_layer_projection_dim == 512
 
 
 def test_config_is_pure_python():
@@ -237,25 +238,26 @@ def test_rule_rejects_with_one_line_naming_the_flag(flag, fragment, overrides, w
 def test_boundary_values_are_accepted(overrides, world_size):
     cfg = build(world_size=world_size, **overrides)
     for name, value in overrides.items():
-        assert getattr(cfg, name) == value, name
+        assert cfg.value(name) == value, name
 
 
 def test_per_feature_embedding_dims_with_cross():
     cfg = build(synthetic_cardinalities=FOUR_CARDS, interaction="cross", embedding_dim=["4", "8", "2", "6"])
-    assert cfg.embedding_dims == [4, 8, 2, 6]
-    assert cfg.cardinalities == [10, 20, 30, 40]
+    assert cfg.model.embedding_dims == [4, 8, 2, 6]
+    assert cfg.data.cardinalities == [10, 20, 30, 40]
 
 
 def test_one_embedding_dim_is_broadcast_to_all_features():
     cfg = build(synthetic_cardinalities=FOUR_CARDS, embedding_dim=["16"], bottom_mlp_dims=["32", "16"])
-    assert cfg.embedding_dims == [16, 16, 16, 16]
+    assert cfg.model.embedding_dims == [16, 16, 16, 16]
     cfg = build(synthetic_cardinalities=FOUR_CARDS, interaction="cross", embedding_dim=["6"])
-    assert cfg.embedding_dims == [6, 6, 6, 6]
+    assert cfg.model.embedding_dims == [6, 6, 6, 6]
 
 
 def test_integer_lists_accept_ints_too():
     cfg = build(synthetic_cardinalities=[10, 20], embedding_dim=[8], bottom_mlp_dims=[16, 8], top_mlp_dims=[4, 1])
-    assert (cfg.synthetic_cardinalities, cfg.embedding_dims, cfg.bottom_mlp_dims) == ([10, 20], [8, 8], [16, 8])
+    assert (cfg.data.synthetic_cardinalities, cfg.model.embedding_dims, cfg.model.bottom_mlp_dims) == (
+        [10, 20], [8, 8], [16, 8])
 
 
 # --------------------------------------------------------------------------------------------
@@ -330,7 +332,21 @@ def test_flag_set_where_it_does_not_apply_is_rejected(name, setting, value):
     assert where in message
     # The same values with the flag left at its (not explicitly set) value are accepted.
     cfg = build(present=set(setting), **overrides)
-    assert getattr(cfg, name) in (value, [int(x) for x in value] if isinstance(value, list) else value)
+    assert cfg.value(name) in (value, [int(x) for x in value] if isinstance(value, list) else value)
+
+
+def test_every_flag_set_where_it_does_not_apply_is_named_in_one_line():
+    """A training command run with --mode=eval: one line names every flag that does not apply, by where each does."""
+    message = assert_rejected("batch_size", present={"mode", "restore_checkpoint_path", "batch_size", "epochs",
+                                                     "learning_rate", "warmup_steps", "beta1", "dataset_path"},
+                              mode="eval", restore_checkpoint_path="/tmp/ck", batch_size=1024, epochs=2,
+                              learning_rate=0.5, warmup_steps=10, beta1=0.5, dataset_path="/data")
+    assert message == ("--batch_size, --epochs, --learning_rate and --warmup_steps only apply with --mode=train; "
+                       "--beta1 only applies with --optimizer=adam; --dataset_path only applies with "
+                       "--dataset_type=split_binary or split_tfrecords; remove them or change those flags")
+    message = assert_rejected("epochs", present={"mode", "restore_checkpoint_path", "epochs", "max_steps"},
+                              mode="eval", restore_checkpoint_path="/tmp/ck", epochs=2, max_steps=10)
+    assert message == "--epochs and --max_steps only apply with --mode=train; remove them or change those flags"
 
 
 @pytest.mark.parametrize("name,setting", [
@@ -363,7 +379,7 @@ def test_flag_set_where_it_applies_is_accepted(name, setting):
              "embedding_cache_policy": "lfu"}[name]
     cfg = build(**dict(setting, **{name: value}))
     expected = [int(x) for x in value] if isinstance(value, list) else value
-    assert getattr(cfg, name) == expected
+    assert cfg.value(name) == expected
 
 
 # --------------------------------------------------------------------------------------------
@@ -372,7 +388,7 @@ def test_flag_set_where_it_applies_is_accepted(name, setting):
 @pytest.mark.parametrize("given,interaction", [("dot_custom_cuda", "dot_custom"), ("dot_tensorflow", "dot_tensorflow"),
                                                ("dot_custom", "dot_custom"), ("dot", "dot"), ("cross", "cross")])
 def test_reference_interaction_names(given, interaction):
-    assert build(interaction=given).interaction == interaction
+    assert build(interaction=given).model.interaction == interaction
 
 
 def test_reference_interaction_names_are_flag_values():
@@ -388,20 +404,21 @@ def test_reference_dot_names_keep_the_dot_rules():
 def test_placement_flags_apply_at_several_ranks():
     cfg = build(world_size=2, dist_strategy="basic", column_slice_threshold=10, row_slice_threshold=1000,
                 data_parallel_threshold=5, data_parallel_input=True)
-    assert (cfg.dist_strategy, cfg.column_slice_threshold, cfg.row_slice_threshold, cfg.data_parallel_threshold,
-            cfg.data_parallel_input) == ("basic", 10, 1000, 5, True)
-    assert build(present=set(), world_size=1, dist_strategy="basic").dist_strategy == "basic"   # not set: fine
+    p = cfg.parallelism
+    assert (p.dist_strategy, p.column_slice_threshold, p.row_slice_threshold, p.data_parallel_threshold,
+            p.data_parallel_input) == ("basic", 10, 1000, 5, True)
+    assert build(present=set(), world_size=1, dist_strategy="basic").parallelism.dist_strategy == "basic"   # not set
 
 
 def test_embedding_dim_json_file(tmp_path):
     widths = tmp_path / "widths.json"
     widths.write_text("[4, 8, 2, 6]")
     cfg = build(synthetic_cardinalities=FOUR_CARDS, interaction="cross", embedding_dim=[str(widths)])
-    assert cfg.embedding_dims == [4, 8, 2, 6]
+    assert cfg.model.embedding_dims == [4, 8, 2, 6]
     named = tmp_path / "dims"   # any existing file, as the reference (os.path.exists)
     named.write_text("[16, 16, 16, 16]")
     cfg = build(synthetic_cardinalities=FOUR_CARDS, bottom_mlp_dims=["16"], embedding_dim=[str(named)])
-    assert cfg.embedding_dims == [16] * 4
+    assert cfg.model.embedding_dims == [16] * 4
     widths.write_text("[4, 8, 2]")
     assert_rejected("embedding_dim", "3 values but there are 4", synthetic_cardinalities=FOUR_CARDS,
                     interaction="cross", embedding_dim=[str(widths)])

@@ -173,7 +173,7 @@ def test_feature_spec_is_a_name_in_the_dataset_directory_or_an_absolute_path(one
     monkeypatch.chdir(tmp_path)
     (tmp_path / SPEC_FILE).write_text("not: a spec\n")   # decoys in the current directory
     (tmp_path / "other.yaml").write_text("not: a spec\n")
-    assert file_config(one_hot, feature_spec=SPEC_FILE).cardinalities == CARDS
+    assert file_config(one_hot, feature_spec=SPEC_FILE).data.cardinalities == CARDS
     result = main.run(file_config(one_hot, feature_spec="other.yaml", eval_mapping="holdout", max_steps=2))
     assert result["steps"] == 2 and result["samples"] == EVAL_ROWS
     assert file_config(one_hot, feature_spec=os.path.join(one_hot, "other.yaml"), eval_mapping="holdout")

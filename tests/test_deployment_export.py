@@ -44,10 +44,11 @@ def deploy(*args):
 
 def reference(cfg, checkpoint, rows):
     """The training-time model restored from `checkpoint`: (eval batch of `rows` rows, its logits)."""
-    r = main.Run(dataclasses.replace(cfg, mode="eval", restore_checkpoint_path=checkpoint, save_checkpoint_path=""))
-    batch = next(eval_batches(r.dataset, RankInput.single_process(cfg.num_categorical), rows=rows, batch_size=rows))
+    restored = dataclasses.replace(cfg.checkpoints, restore_checkpoint_path=checkpoint, save_checkpoint_path="")
+    r = main.Run(dataclasses.replace(cfg, mode="eval", checkpoints=restored))
+    batch = next(eval_batches(r.dataset, RankInput.single_process(cfg.data.num_categorical), rows=rows, batch_size=rows))
     categorical = [c if h is None else tf.RaggedTensor.from_row_splits(c.values, c.row_splits)
-                   for c, h in zip(batch["categorical"], cfg.max_hotness)]
+                   for c, h in zip(batch["categorical"], cfg.data.max_hotness)]
     return batch, r.trainer.predict(batch["numerical"], categorical).numpy()
 
 

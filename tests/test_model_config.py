@@ -17,7 +17,7 @@ def test_runs_write_the_signature_they_wrote_before():
                                ({"interaction": "dot_tensorflow"}, DOT),
                                ({"interaction": "cross", "optimizer": "sgd"}, CROSS)):
         cfg = tiny_config(**overrides)
-        assert main.model_config(cfg).signature(cfg.optimizer) == written, overrides
+        assert main.model_config(cfg).signature(cfg.training.optimizer) == written, overrides
 
 
 def test_old_signatures_read_back_unchanged():

@@ -1,8 +1,10 @@
-"""The project as a package: no module imports back into a circle (module-level and
-function-local imports alike), and `pip install -e .` (pyproject.toml, what make setup runs)
-makes every module importable and the scripts runnable from any directory."""
+"""The project as a package: no module imports back into a circle or up a floor (module-level and
+function-local imports alike; the floors of docs/architecture.md), and `pip install -e .`
+(pyproject.toml, what make setup runs) makes every module importable and the scripts runnable
+from any directory."""
 import ast
 import os
+import re
 import subprocess
 import sys
 
@@ -104,6 +106,88 @@ def test_the_circle_check_sees_function_local_and_relative_imports(tmp_path):
     assert find_cycle(graph) == ["pkg.a", "pkg.b", "pkg.a"]
     (tmp_path / "pkg" / "b.py").write_text("def f():\n    pass\n")
     assert find_cycle(import_graph(project_modules(str(tmp_path)))) is None
+
+
+def floor_rules(doc):
+    """{module or package (dotted): (floor, the modules it may import only, or None)} from the
+    floors table of `doc` (the markdown table under "## Floors": floor | modules | imports only;
+    its `names`: `pkg/`, `pkg/module.py`, `module`)."""
+    with open(doc) as f:
+        section = f.read().split("\n## Floors\n", 1)[1].split("\n## ", 1)[0]
+
+    def names(cell):
+        return [re.sub(r"\.py$", "", name.rstrip("/")).replace("/", ".") for name in re.findall(r"`([^`]+)`", cell)]
+
+    rules = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].isdigit():
+            for name in names(cells[1]):
+                rules[name] = (int(cells[0]), names(cells[2]) or None)
+    return rules
+
+
+def _entry(module, rules):
+    """The most specific entry of `rules` that holds `module` (None: none)."""
+    parts = module.split(".")
+    return next((".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in rules), None)
+
+
+def floor_breaks(graph, modules, rules, root):
+    """Every import that goes up a floor, or outside what its module may import only, as
+    'a.py -> b (floor x -> y)'; and every module that has no floor. A package whose __init__.py
+    imports nothing of the project runs nothing of a floor when imported: it counts as no import."""
+    breaks = []
+    for name in sorted(graph):
+        entry = _entry(name, rules)
+        if entry is None:
+            breaks.append(f"{os.path.relpath(modules[name], root)}: no floor (docs/architecture.md, ## Floors)")
+            continue
+        floor, only = rules[entry]
+        for target in sorted(graph[name]):
+            other = _entry(target, rules)
+            if other is None or (modules[target].endswith("__init__.py") and not graph[target]):
+                continue   # reported as a module of its own; a package that imports nothing (`from pkg import m`)
+            where = f"{os.path.relpath(modules[name], root)} -> {target} (floor {floor} -> {rules[other][0]}"
+            if rules[other][0] > floor:
+                breaks.append(where + ")")
+            elif only is not None and other != entry and _entry(target, dict.fromkeys(only)) is None:
+                breaks.append(where + f"; {entry} imports only {', '.join(only)})")
+    return breaks
+
+
+def test_no_module_imports_a_module_of_a_higher_floor():
+    rules = floor_rules(os.path.join(ROOT, "docs", "architecture.md"))
+    assert rules["utils"][0] == 1 and rules["run"][0] == 6 and rules["main"][0] == 7
+    assert rules["deployment.serving"] == (5, ["utils", "storage.row_cache", "deployment.repository_format"])
+    modules = project_modules(ROOT)
+    breaks = floor_breaks(import_graph(modules), modules, rules, ROOT)
+    assert not breaks, "imports that break the floors:\n" + "\n".join(breaks)
+
+
+def test_the_floor_check_sees_function_local_imports_and_the_imports_only_rule(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "architecture.md").write_text(
+        "# A\n\n## Floors\n\n| floor | modules | imports only |\n| --- | --- | --- |\n"
+        "| 1 | `low/` | |\n| 2 | `high.py` | |\n| 2 | `low/format.py` | |\n"
+        "| 2 | `server/` (nothing of high) | `low/format.py` |\n\n## Next\n\n| 9 | `high.py` | |\n")
+    rules = floor_rules(str(tmp_path / "docs" / "architecture.md"))
+    assert rules == {"low": (1, None), "high": (2, None), "low.format": (2, None),
+                     "server": (2, ["low.format"])}
+    for package in ("low", "server"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "low" / "a.py").write_text("def f():\n    if True:\n        import high\n")
+    (tmp_path / "low" / "format.py").write_text("import low.a\n")
+    (tmp_path / "high.py").write_text("from low import a, format\n")
+    (tmp_path / "server" / "s.py").write_text("from low import format\nfrom . import t\nimport low.a\n")
+    (tmp_path / "server" / "t.py").write_text("")
+    (tmp_path / "other.py").write_text("")
+    modules = project_modules(str(tmp_path))
+    assert floor_breaks(import_graph(modules), modules, rules, str(tmp_path)) == [
+        os.path.join("low", "a.py") + " -> high (floor 1 -> 2)",
+        "other.py: no floor (docs/architecture.md, ## Floors)",
+        os.path.join("server", "s.py") + " -> low.a (floor 2 -> 1; server imports only low.format)"]
 
 
 @pytest.fixture(scope="module")

@@ -5,12 +5,12 @@ from fractions import Fraction
 
 import pytest
 
-from parallel_embedding.planner import (INDEX_BYTES_PER_ROW, SLOT_OVERHEAD_BYTES, Plan, PlanError, Shard,
-                                        TablePlacement, Tier, _human_bytes, assign_tiers, plan_tables)
+from parallel_embedding.planner import (INDEX_BYTES_PER_ROW, SLOT_OVERHEAD_BYTES, BudgetError, Plan, PlanError, Shard,
+                                        TablePlacement, Tier, TierOptions, _human_bytes, assign_tiers, plan_tables)
 from tests.test_config import build
 from tests.test_planner import random_configs
 from utils.errors import ConfigError
-from run.runtime import tiered_plan
+from run.runtime import embedding_plan
 
 
 def tiers(plan: Plan):
@@ -274,7 +274,28 @@ def test_memory_bytes_on_equals_bytes_on_without_tiers():
             assert plan.memory_bytes_on(r, 2) == plan.bytes_on(r, slots=2) and plan.disk_bytes_on(r, 2) == 0
 
 
-# From the flags (run.runtime.tiered_plan) ----------------------------------------------------------
+def test_one_planner_call_places_and_tiers():
+    """plan_tables with `tiers`: the placement (rules 1-5) with rule 6 applied, as assign_tiers applies it."""
+    kinds = set()
+    for config in random_configs(60, seed=7):
+        placed = plan_tables(**config)
+        for slots, budget, host in ((0, None, 0), (2, 3000, None), (1, 1500, 100)):
+            options = TierOptions(slots, budget, [2] * len(config["rows"]), host)
+            try:
+                expected = assign_tiers(placed, slots, budget, options.min_cache_rows, host)
+            except BudgetError:
+                with pytest.raises(BudgetError):
+                    plan_tables(**config, tiers=options)
+                continue
+            assert plan_tables(**config, tiers=options) == expected
+            kinds.update(t.kind for _, _, t in expected.tiers)
+    assert kinds == {"host", "disk"}
+    with pytest.raises(BudgetError, match="^rank 0: an embedding memory budget of 1000 bytes is too small"):
+        plan_tables([1000, 500, 100], [4, 8, 2], 1, tiers=TierOptions(1, 1000, [50] * 3))
+    assert issubclass(BudgetError, PlanError)
+
+
+# From the flags (run.runtime.embedding_plan) -------------------------------------------------------
 
 # Three one-hot tables of width 16 (64 bytes a row at slots 0): f0 100,000 rows (6,400,000 bytes), f1 1,000, f2 10.
 FLAGS = dict(synthetic_cardinalities=["100000", "1000", "10"], embedding_dim=["16"], bottom_mlp_dims=["16"],
@@ -284,45 +305,53 @@ FLAGS = dict(synthetic_cardinalities=["100000", "1000", "10"], embedding_dim=["1
 def flags_plan(present=None, **overrides):
     """The config of FLAGS with `overrides` (all set explicitly, or those in `present`) and its plan at one rank."""
     cfg = build(present=present, **dict(FLAGS, **overrides))
-    return cfg, plan_tables(cfg.cardinalities, cfg.embedding_dims, 1)
+    return cfg, plan_tables(cfg.data.cardinalities, cfg.model.embedding_dims, 1)
 
 
-def test_tiered_plan_passes_the_flags_to_assign_tiers(monkeypatch):
+def test_embedding_plan_passes_the_flags_to_the_planner(monkeypatch):
     import run.runtime
     calls = []
-    monkeypatch.setattr(run.runtime, "assign_tiers", lambda *args: calls.append(args) or args[0])
+    monkeypatch.setattr(run.runtime, "plan_tables", lambda *args, tiers: calls.append((args[2:], tiers)) or plan)
     cfg, plan = flags_plan(embedding_memory_budget_gb=1.5, cpu_offloading_threshold_gb=3)
     for on_gpu in (True, False):
-        assert tiered_plan(plan, cfg, 2, on_gpu) is plan
+        assert embedding_plan(cfg, 1, 2, on_gpu) is plan
     # min cache rows: two training batches (512) and two evaluation batches (256) in flight
-    assert calls == [(plan, 2, 3 * 2 ** 29, [1536] * 3, 3 * 2 ** 30), (plan, 2, 3 * 2 ** 29, [1536] * 3, None)]
+    placement = (1, "memory_balanced", None, None, None)
+    assert calls == [(placement, TierOptions(2, 3 * 2 ** 29, [1536] * 3, 3 * 2 ** 30)),
+                     (placement, TierOptions(2, 3 * 2 ** 29, [1536] * 3, None))]
     calls.clear()
     cfg, _ = flags_plan(synthetic_dataset_hotness=["1", "3", "1"], mode="eval", restore_checkpoint_path="/t",
                         batch_size=64 * 1024, present={"synthetic_dataset_hotness", "mode", "restore_checkpoint_path"})
-    tiered_plan(plan, cfg, 0, True)
-    assert calls == [(plan, 0, None, [512, 1536, 512], None)]   # eval: the evaluation batch; multi-hot: 3 ids a row
+    embedding_plan(cfg, 1, 0, True)
+    # eval: the evaluation batch; multi-hot: 3 ids a row
+    assert calls == [(placement, TierOptions(0, None, [512, 1536, 512], None))]
     calls.clear()
     cfg, _ = flags_plan(mode="inference", inference_batch_sizes=["1", "64", "8"],
                         present={"mode", "inference_batch_sizes"})
-    tiered_plan(plan, cfg, 0, False)
-    assert calls[0][3] == [128] * 3
+    embedding_plan(cfg, 1, 0, False)
+    assert calls[0][1].min_cache_rows == [128] * 3
+    calls.clear()
+    cfg, _ = flags_plan(world_size=4, dist_strategy="basic", column_slice_threshold=10, row_slice_threshold=20,
+                        data_parallel_threshold=5)
+    embedding_plan(cfg, 4, 0, False)
+    assert calls == [((4, "basic", 10, 20, 5), TierOptions(0, None, [1536] * 3, None))]
 
 
-def test_tiered_plan_puts_the_largest_table_on_disk():
+def test_embedding_plan_puts_the_largest_table_on_disk():
     # 0.001 GiB = 1,073,741 bytes. f0 on disk with 1,536 cache rows: 1,536 x (64 + 32) + 400,000 (index) = 547,456,
     # and 64,640 for f1 and f2. The cache then gets 1,073,741 - 464,640 = 609,101 = 96 c0: c0 = 6,344 (phi 0.06344).
     cfg, plan = flags_plan(embedding_memory_budget_gb=0.001, embedding_store_path="/tmp/store")
-    tiered = tiered_plan(plan, cfg, 0, False)
+    tiered = embedding_plan(cfg, 1, 0, False)
     assert tiers(tiered) == {(0, 0): ("disk", 6344)}
     assert tiered.memory_bytes_on(0, 0) == 464_640 + 96 * 6344
     unlimited, _ = flags_plan()
-    assert tiered_plan(plan, unlimited, 0, True) == plan
+    assert embedding_plan(unlimited, 1, 0, True) == plan
 
 
-def test_tiered_plan_errors_name_the_flags():
+def test_embedding_plan_errors_name_the_flags():
     cfg, plan = flags_plan(embedding_memory_budget_gb=0.0001, embedding_store_path="/tmp/store")
     with pytest.raises(ConfigError) as error:
-        tiered_plan(plan, cfg, 0, False)
+        embedding_plan(cfg, 1, 0, False)
     # 0.0001 GiB = 107,374 bytes; the smallest plan: f0 547,456 bytes + f1 64,000 + f2 640 = 612,096 (f1 on disk
     # would take 1,000 x 96 + 4,000: more than in memory).
     assert str(error.value).startswith("--embedding_memory_budget_gb=0.0001: rank 0: an embedding memory budget of "
@@ -330,10 +359,10 @@ def test_tiered_plan_errors_name_the_flags():
     cfg, plan = flags_plan(embedding_memory_budget_gb=0.001)
     with pytest.raises(ConfigError, match=r"^--embedding_memory_budget_gb=0.001 puts 1 table shard\(s\) on disk "
                                           r"\(feature 0 on rank 0 first\): give --embedding_store_path"):
-        tiered_plan(plan, cfg, 0, False)
+        embedding_plan(cfg, 1, 0, False)
 
 
 def test_the_offloading_threshold_moves_tables_to_host_memory_on_a_gpu_only():
     cfg, plan = flags_plan(cpu_offloading_threshold_gb=0)
-    assert tiers(tiered_plan(plan, cfg, 1, on_gpu=True)) == {(0, f): ("host", 0) for f in range(3)}
-    assert tiered_plan(plan, cfg, 1, on_gpu=False) == plan
+    assert tiers(embedding_plan(cfg, 1, 1, on_gpu=True)) == {(0, f): ("host", 0) for f in range(3)}
+    assert embedding_plan(cfg, 1, 1, on_gpu=False) == plan

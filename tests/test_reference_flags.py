@@ -131,7 +131,7 @@ def test_cpu_offloading_threshold_is_reported_with_the_plan(tmp_path, capsys):
 
 def test_cpu_offloading_threshold_on_a_gpu():
     """A GPU run keeps its tables in GPU memory up to the threshold, as the reference; above it the
-    largest go to host memory (run.runtime.tiered_plan; tests/test_planner_tiers.py)."""
+    largest go to host memory (run.runtime.tier_options; tests/test_planner_tiers.py)."""
     assert offloading_line(2, 2 ** 31, 3, on_gpu=True).endswith("all in GPU memory (at most the threshold)")
     assert offloading_line(2, 2 ** 31 + 1, 3, on_gpu=True) == (
         "--cpu_offloading_threshold_gb=2: rank 3's tables take 2 GiB; the largest go to host memory until those "

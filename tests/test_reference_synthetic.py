@@ -35,9 +35,9 @@ def test_reference_names_configure_what_ours_do():
                  valid_batch_size=100, embedding_dim=["8"])
     ours = config(synthetic_cardinalities=["20", "50", "7"], synthetic_num_numerical=5, synthetic_rows=7 * 64,
                   synthetic_eval_rows=300, batch_size=64, valid_batch_size=100, embedding_dim=["8"])
-    assert ref == ours and ref.synthetic_rows == 448 and ref.max_hotness == [None] * 3
+    assert ref == ours and ref.data.synthetic_rows == 448 and ref.data.max_hotness == [None] * 3
     hot = config(synthetic_dataset_hotness=["3", "1", "1", "20"])
-    assert hot.max_hotness == [3, None, None, 20] and hot.combiners == ["sum"] * 4
+    assert hot.data.max_hotness == [3, None, None, 20] and hot.combiners == ["sum"] * 4
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -102,8 +102,9 @@ def test_use_feature_spec_takes_the_shape_from_the_spec(multi_hot_files, tmp_pat
     with open(path, "w") as f:
         yaml.safe_dump(raw, f)
     cfg = config(synthetic_dataset_use_feature_spec=True, feature_spec=path)
-    assert cfg.cardinalities == [20, 50, 7, 30] and cfg.num_numerical == 3 and cfg.max_hotness == [3, None, None, 2]
-    assert cfg.synthetic_alpha == 0.5 and cfg.dataset_type == "synthetic"
+    data = cfg.data
+    assert data.cardinalities == [20, 50, 7, 30] and data.num_numerical == 3 and data.max_hotness == [3, None, None, 2]
+    assert data.synthetic_alpha == 0.5 and data.dataset_type == "synthetic"
     with pytest.raises(ConfigError, match="^--synthetic_cardinalities: --synthetic_dataset_use_feature_spec takes"):
         config(synthetic_dataset_use_feature_spec=True, feature_spec=path, synthetic_cardinalities=["4"])
     with pytest.raises(ConfigError, match="^--synthetic_alpha: .* gives the ids' alpha; remove one"):

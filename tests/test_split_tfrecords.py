@@ -274,7 +274,7 @@ def test_training_on_tfrecords_equals_training_on_split_binary_and_tf_raw(both):
     binary, tfr = both
     runs = {t: main.run(tfr_config(p, dataset_type=t))
             for t, p in (("split_binary", binary), ("tf_raw", binary), ("split_tfrecords", tfr))}
-    assert tfr_config(binary, dataset_type="tf_raw").dataset_type == "split_binary"
+    assert tfr_config(binary, dataset_type="tf_raw").data.dataset_type == "split_binary"
     assert runs["split_tfrecords"]["steps"] == 10 and runs["split_tfrecords"]["samples"] == 300
     for t in ("tf_raw", "split_tfrecords"):
         assert runs[t]["auc"] == runs["split_binary"]["auc"] and runs[t]["logloss"] == runs["split_binary"]["logloss"]

@@ -1,0 +1,142 @@
+"""The assembly of one run on this rank: the parts `cfg` describes (log, dataset, plan, model,
+trainer), and what a restore puts into them."""
+import types
+from typing import Optional
+
+import tensorflow as tf
+
+import nn.trainer   # its amp_dtype read when called (tests pose as a GPU)
+from dataloading import position
+from dataloading.batches import RankInput, steps_per_epoch
+from dataloading.open import open_dataset
+from nn.lr_schedule import LearningRateSchedule
+from nn.model import RankingModel
+from nn.model_config import ModelConfig, table_configs
+from parallel_embedding.optimizers import slot_names
+from run.config import RunConfig
+from run.runtime import embedding_plan, offloading_line
+from storage import checkpoint
+from utils.errors import ConfigError
+from utils.logger import RunLogger
+
+
+def model_config(cfg: RunConfig) -> ModelConfig:
+    """The model `cfg` describes."""
+    data, model = cfg.data, cfg.model
+    tables = table_configs(cardinalities=data.cardinalities, dims=model.embedding_dims, max_hotness=data.max_hotness,
+                           multi_hot_combiner=model.multi_hot_combiner)
+    return ModelConfig(tables=tables, num_numerical=data.num_numerical, bottom_mlp_dims=tuple(model.bottom_mlp_dims),
+                       top_mlp_dims=tuple(model.top_mlp_dims), interaction=model.interaction,
+                       num_cross_layers=model.num_cross_layers,
+                       cross_layer_projection_dim=model.cross_layer_projection_dim)
+
+
+def dataset_request(cfg: RunConfig) -> types.SimpleNamespace:
+    """What dataloading.open.open_dataset reads, flat (as deployment/client.py gives it too)."""
+    data = cfg.data
+    return types.SimpleNamespace(mode=cfg.mode, seed=cfg.seed, batch_size=cfg.training.batch_size, **{
+        name: getattr(data, name) for name in ("dataset_type", "cardinalities", "num_numerical", "max_hotness",
+                                               "synthetic_alpha", "synthetic_rows", "synthetic_eval_rows",
+                                               "train_mapping", "eval_mapping", "feature_spec_path")})
+
+
+class Assembly:
+    """The parts of one run of `cfg` on rank `comm.rank` of `comm.size` (a
+    parallel_embedding.collectives object):
+
+    log: RunLogger (rank 0 writes); dataset, rows: the dataset and its rows per split ("train",
+    "eval"); evaluating: whether there are evaluation rows; model_config, model (RankingModel on the
+    plan of run.runtime.embedding_plan), view (RankInput: this rank's share of a batch), trainer.
+    Training only: steps_per_epoch, total (the training batches of this data the run trains up to),
+    data_definition (dataloading.position). start_step (the trainer's global step at the start) and
+    data_start (the first training batch of this data) are 0 until `restore`."""
+
+    def __init__(self, cfg: RunConfig, comm):
+        self.cfg, self.comm = cfg, comm
+        self.log = RunLogger(cfg.runtime.log_path, enabled=comm.rank == 0)
+        self.dataset, self.rows = open_dataset(dataset_request(cfg))
+        if cfg.checkpoints.keep_best_checkpoint and not self.rows["eval"]:
+            raise ConfigError(f"--keep_best_checkpoint needs an evaluation; --eval_mapping={cfg.data.eval_mapping} "
+                              "has no rows")
+        if cfg.data.validate_dataset:
+            self.dataset.validate()
+            self.log.print(f"validated every value of {cfg.data.feature_spec_path} "
+                           f"({', '.join(f'{s} {n:,} rows' for s, n in self.rows.items())})")
+        self.evaluating = self.rows["eval"] > 0   # only a training run gets this far without eval rows
+        if not self.evaluating:
+            self.log.print(f"the {cfg.data.eval_mapping!r} mapping (--eval_mapping) has no rows: training without "
+                           "evaluation")
+        runtime, training = cfg.runtime, cfg.training
+        compute_dtype = nn.trainer.amp_dtype() if runtime.amp else tf.float32
+        if runtime.loss_scale is not None and compute_dtype != tf.float16:
+            raise ConfigError(f"--loss_scale applies to float16 AMP (--amp on a GPU); this run computes in "
+                              f"{compute_dtype.name}, which needs no loss scaling")
+        on_gpu = bool(tf.config.list_physical_devices("GPU"))
+        plan = embedding_plan(cfg, comm.size, len(slot_names(training.optimizer)), on_gpu)
+        self.model_config = model_config(cfg)
+        self.model = RankingModel(self.model_config, seed=cfg.seed, compute_dtype=compute_dtype, plan=plan,
+                                  collectives=comm, data_parallel_input=cfg.parallelism.data_parallel_input,
+                                  zeros_initializer=cfg.model.embedding_zeros_initializer,
+                                  store_path=cfg.storage.embedding_store_path,
+                                  cache_policy=cfg.storage.embedding_cache_policy)
+        emb = self.model.embeddings
+        self.view = RankInput(comm.rank, comm.size, tuple(emb.input_rows(f) for f in range(cfg.data.num_categorical)))
+        schedule = LearningRateSchedule(training.learning_rate, training.warmup_steps, training.decay_start_step,
+                                        training.decay_steps)
+        self.trainer = nn.trainer.Trainer(
+            self.model, training.optimizer, schedule, training.beta1, training.beta2, xla=runtime.xla,
+            loss_scaling=compute_dtype == tf.float16, static_loss_scale=runtime.loss_scale,
+            train_tables=training.embedding_trainable, run_eagerly=runtime.run_eagerly)
+        self.log.print(plan.format(slots=len(emb.optimizer.slot_names)))
+        if cfg.storage.cpu_offloading_threshold_gb is not None:
+            self.log.print(offloading_line(cfg.storage.cpu_offloading_threshold_gb, plan.bytes_on(comm.rank),
+                                           comm.rank, on_gpu))
+        params = sum(t.rows * t.dim for t in plan.tables) + sum(
+            int(v.shape.num_elements()) for v in self.model.dense_variables)
+        self.log.print(f"model: {cfg.model.interaction} interaction, {cfg.data.num_categorical} tables, "
+                       f"{params:,} parameters, compute dtype {compute_dtype.name}, xla {runtime.xla}, "
+                       f"{comm.size} rank{'s' if comm.size > 1 else ''}")
+        self.log.record("params", **cfg.flat(), parameters=params, world_size=comm.size)
+        if cfg.mode == "train":
+            self.steps_per_epoch = steps_per_epoch(self.rows["train"], training.batch_size, comm.size,
+                                                   training.train_last_partial_batch)
+            self.total = self.steps_per_epoch * training.epochs   # training batches of this data
+            if training.max_steps > 0:
+                self.total = min(self.total, training.max_steps)
+            self.data_definition = position.definition(cfg, self.rows["train"])
+        self.start_step = 0
+        self.data_start = 0
+
+    def restore(self) -> Optional[dict]:
+        """Loads --restore_checkpoint_path: everything to evaluate or resume, or what --restore_mode
+        asks for; sets start_step, data_start (resume) and the schedule's origin. Returns the state
+        the checkpoint was saved with (run.checkpoint_policy), None for weights only (a fresh
+        optimizer: the restored model's lineage does not go on)."""
+        cfg, ck = self.cfg, self.cfg.checkpoints
+        mode = ck.restore_mode if cfg.mode == "train" else "resume"
+        manifest = checkpoint.read_manifest(ck.restore_checkpoint_path)
+        path, saved = manifest["path"], manifest["state"]
+        if cfg.mode == "train" and mode == "resume":
+            self.data_start = position.resume_step(saved.get("data"), self.data_definition, self.steps_per_epoch, path)
+            if self.data_start >= self.total:
+                raise ConfigError(f"--restore_mode=resume: {path} has trained {self.data_start} of the "
+                                  f"{self.total} steps this run asks for (--epochs={cfg.training.epochs}, "
+                                  f"--max_steps={cfg.training.max_steps}): nothing left to train; raise --epochs or "
+                                  "--max_steps, or train on the data again with --restore_mode=continue")
+        weights_only = mode == "weights"
+        # weights only: a fresh optimizer, of any kind
+        signature = self.model_config.signature(optimizer=None if weights_only else cfg.training.optimizer)
+        checkpoint.restore(path, self.trainer.checkpoint_entries(weights_only), signature,
+                           self.trainer.checkpoint_names(weights_only), extra_ok=weights_only,
+                           optional=self.trainer.optional_names())
+        self.start_step = int(self.trainer.step.numpy())
+        restart = mode == "continue" and ck.restore_lr_schedule == "restart"
+        self.trainer.schedule_origin.assign(self.start_step if restart else saved.get("schedule_origin", 0))
+        what = "" if cfg.mode != "train" else {
+            "resume": f"; resuming at batch {self.data_start} of this data",
+            "continue": f"; continuing on this run's data with the optimizer state, learning-rate schedule "
+                        f"{'restarted' if restart else 'continued'}",
+            "weights": "; its weights only, with a fresh optimizer from step 0"}[mode]
+        self.log.print(f"restored {path} at step {manifest['step']} (written at {manifest['world_size']} "
+                       f"rank(s)){what}")
+        return None if weights_only else saved

@@ -1,0 +1,70 @@
+"""The run's checkpoint policy: when training saves (every --checkpoint_every_n_steps, at the end,
+and a model that beats the best evaluation AUC with --keep_best_checkpoint), how many are kept
+(--keep_checkpoints), and the state written with a save (data position, schedule origin, lineage)."""
+import uuid
+from typing import Optional
+
+from dataloading import position
+from run.assembly import Assembly
+from storage import checkpoint
+
+
+class CheckpointPolicy:
+    """Saves the checkpoints of `parts` (a run.assembly.Assembly) into --save_checkpoint_path.
+
+    lineage: the runs that trained this model, each from the step it started at
+    (deployment/delta.py reads it): [{"run": run id, "from_step": global step}, ...], this run
+    last. saved: (global step, path) of this run's newest checkpoint, or None."""
+
+    def __init__(self, parts: Assembly):
+        self.parts = parts
+        self.settings = parts.cfg.checkpoints
+        comm = parts.comm
+        self.lineage = [{"run": comm.broadcast_object(uuid.uuid4().hex if comm.rank == 0 else None, "run_id"),
+                         "from_step": 0}]
+        self.saved = None
+        self.best_auc = checkpoint.best_auc(self.settings.save_checkpoint_path) if self.settings.keep_best_checkpoint \
+            else None
+
+    def restored(self, saved: Optional[dict], start_step: int):
+        """After a restore (run.assembly.Assembly.restore, `saved` its state; None: weights only):
+        this run goes on with the restored model's lineage from `start_step`."""
+        if saved is not None:
+            self.lineage = saved.get("lineage", [{"run": "", "from_step": 0}]) + [
+                dict(self.lineage[-1], from_step=start_step)]
+
+    def due(self, data_step: int, total: int) -> bool:
+        """Whether --checkpoint_every_n_steps saves after batch `data_step` of `total` (the last
+        batch's save is the end of training's)."""
+        every = self.settings.checkpoint_every_n_steps
+        return bool(every) and data_step % every == 0 and data_step != total
+
+    def at_end(self, step: int, data_step: int):
+        """The end of training's save (with --save_checkpoint_path), before the final evaluation:
+        nothing trained is lost if that fails."""
+        if self.settings.save_checkpoint_path:
+            self.save(step, data_step)
+
+    def save(self, step: int, data_step: int):
+        """Checkpoints global step `step`, having trained the first `data_step` batches of this data."""
+        parts = self.parts
+        parts.trainer.check_finite()
+        state = {"data": position.state(parts.data_definition, data_step, parts.steps_per_epoch),
+                 "schedule_origin": int(parts.trainer.schedule_origin.numpy()), "lineage": self.lineage}
+        path = checkpoint.save(self.settings.save_checkpoint_path, parts.trainer.checkpoint_entries(), step,
+                               parts.model_config.signature(parts.cfg.training.optimizer), parts.comm, state,
+                               keep=self.settings.keep_checkpoints)
+        self.saved = (step, path)
+        parts.log.print(f"saved checkpoint {path}")
+
+    def keep_if_best(self, step: int, data_step: int, auc: float):
+        """--keep_best_checkpoint: a model whose evaluation AUC beats the one ROOT/best records is
+        checkpointed (unless it just was) and ROOT/best names it."""
+        if not self.settings.keep_best_checkpoint or not auc > self.best_auc:
+            return
+        if self.saved is None or self.saved[0] != step:
+            self.save(step, data_step)
+        if self.parts.comm.rank == 0:
+            checkpoint.mark_best(self.settings.save_checkpoint_path, self.saved[1], auc, self.settings.keep_checkpoints)
+        self.best_auc = auc
+        self.parts.log.print(f"best checkpoint: {self.saved[1]} (auc {auc:.5f})")
