@@ -61,6 +61,8 @@ class _ProjectStep:
         for layer in self.embedding_layers:
             layer.embedding.set_optimizer(optimizer, self.global_step, beta_1, beta_2, compiled=not run_eagerly)
         self.dense_optimizer = make_optimizer(optimizer, self.dense_variables, "dense_optimizer", beta_1, beta_2)
+        # Keras initialises each rank's weights at random: start every rank from rank 0's.
+        self.comm.broadcast_variables([v.value for v in self.weights])
         # Keras' own optimizer is not used (the step above updates every variable).
         super().compile(optimizer=keras.optimizers.SGD(0.0), loss=loss, metrics=metrics, run_eagerly=run_eagerly,
                         jit_compile=False)

@@ -1,6 +1,7 @@
 """ranking/ (the Keras 3 API): a functional Keras model over HybridEmbedding, trained by Keras'
 fit through ranking.Model's step, equals today's RankingModel + Trainer on the same batches;
 the configuration's errors; Keras' variable tracking; a subclassed model with Keras' layers."""
+import json
 import types
 
 import keras
@@ -14,6 +15,7 @@ from nn.model import RankingModel
 from nn.model_config import ModelConfig, TableConfig as NNTable
 from nn.trainer import Trainer
 from ranking import FeatureConfig, HybridEmbedding, Model, TableConfig
+from tests.horovod_run import horovodrun
 from tests.multi_hot import multi_hot_ids
 from utils.errors import ConfigError
 
@@ -202,3 +204,13 @@ def test_configuration_errors_name_what_is_wrong():
     model = Model(inp, keras.layers.Dense(1)(HybridEmbedding([FeatureConfig("a", sgd, (None,), (None, 4))])([inp])[0]))
     with pytest.raises(ConfigError, match="its tables name optimizer 'sgd', compile names 'adam'"):
         model.compile(optimizer="adam")
+
+
+def test_two_gloo_ranks_equal_one_process():
+    """tests/ranking_multirank_worker.py: row, column and replicated tables, one-hot and ragged multi-hot."""
+    out = horovodrun(2, ["tests/ranking_multirank_worker.py"])
+    assert out.returncode == 0, f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    results = json.loads(next(l for l in out.stdout.splitlines() if "RESULT " in l).split("RESULT ", 1)[1])
+    assert [r["rank"] for r in results] == [0, 1]
+    assert results[0]["kinds"] == ["column", "replicated", "row"]
+    assert all(r["max_error"] <= 1e-5 for r in results), results
