@@ -15,6 +15,7 @@ dense weights are updated by the dense form of the same optimizer (parallel_embe
 The loss is this rank's share of the global batch's mean: the compiled loss' per-sample values
 summed and divided by B = N b, so that summed over the N ranks it is one process' loss on B.
 """
+import contextlib
 from typing import List, Union
 
 import keras
@@ -88,13 +89,9 @@ class _ProjectStep:
         x, labels, _ = keras.utils.unpack_x_y_sample_weight(data)
         dense = self.dense_variables
         with tf.GradientTape() as tape:
-            recorders = [l.recording(tape) for l in self.embedding_layers]
-            records = [r.__enter__() for r in recorders]
-            try:
+            with contextlib.ExitStack() as stack:
+                records = [stack.enter_context(l.recording(tape)) for l in self.embedding_layers]
                 logits = self(x, training=True)
-            finally:
-                for r in recorders:
-                    r.__exit__(None, None, None)
             loss = self._loss_share(labels, logits)
         calls = []
         for layer, rec in zip(self.embedding_layers, records):
@@ -122,12 +119,12 @@ class _ProjectStep:
         first = tf.logical_and(tf.logical_not(good), self.first_nonfinite_step == 0)
         self.first_nonfinite_step.assign(tf.where(first, self.global_step + 1, self.first_nonfinite_step))
         self.global_step.assign_add(1)
-        for metric in self.metrics:   # Keras' loss tracker (a running mean) and compile's metrics
+        for metric in self.metrics:   # Keras' loss tracker (a running mean) and compile's metrics (local batch)
             if metric.name == "loss":
                 metric.update_state(loss)
             else:
                 metric.update_state(labels, logits)
-        return {m.name: m.result() for m in self.metrics}
+        return self.get_metrics_result()
 
     def check_finite(self):
         """Raises NonFiniteError naming the first step whose loss or gradients were not finite."""
@@ -141,9 +138,10 @@ class _ProjectStep:
 
 
 class Model(_ProjectStep, keras.Model):
-    """A keras.Model whose `fit` / `evaluate` / `predict` run the project's step over its
-    `HybridEmbedding` layers (at least one; all on the same collectives). Outputs: logits [b] or
-    [b, 1] (one head). Subclass it (with `call`), or call it as `Model(inputs, outputs)`, which
+    """A keras.Model whose `fit` (and `train_on_batch`) runs the project's step over its
+    `HybridEmbedding` layers (at least one, each called once a step; all on the same
+    collectives); `evaluate` and `predict` are Keras' own, on this rank's batch. Outputs: logits
+    [b] or [b, 1] (one head). Subclass it (with `call`), or call it as `Model(inputs, outputs)`, which
     returns a `FunctionalModel` (Keras' own route for that, which rewrites the subclass's bases
     in place, would turn every later subclass of Model functional)."""
 

@@ -17,7 +17,7 @@ from nn.trainer import Trainer
 from ranking import FeatureConfig, HybridEmbedding, Model, TableConfig
 from tests.horovod_run import horovodrun
 from tests.multi_hot import multi_hot_ids
-from utils.errors import ConfigError
+from utils.errors import ConfigError, NonFiniteError
 
 CARDS, DIMS, COMBINERS, HOTNESS = [40, 30, 20], [8, 4, 6], ["sum", "sum", "mean"], [1, 1, 3]
 BOTTOM, TOP, B, STEPS = (8, 4), (16, 1), 32, 4
@@ -173,14 +173,28 @@ def test_subclassed_model_with_keras_layers():
     x = (rng.integers(0, 30, 64).astype(np.int32), rng.integers(0, 30, 64).astype(np.int32))
     y = (x[0] < 15).astype(np.float32)
     model(x)
-    model.compile(optimizer="adam", learning_rate=0.05)
+    model.compile(optimizer="adam", learning_rate=0.05, metrics=[keras.metrics.AUC(from_logits=True, name="auc")])
     before = model.emb.table_variables[0].numpy().copy()
     moving = model.norm.moving_mean.numpy().copy()
-    losses = model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(16), epochs=5, verbose=0).history["loss"]
-    assert losses[-1] < losses[0]
+    history = model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(16), epochs=5, verbose=0).history
+    assert history["loss"][-1] < history["loss"][0]
+    assert history["auc"][-1] > history["auc"][0]
     assert not np.array_equal(model.emb.table_variables[0].numpy(), before)
     assert not np.array_equal(model.norm.moving_mean.numpy(), moving)
     assert model.predict(x, batch_size=16, verbose=0).shape == (64, 1)
+
+
+def test_fit_stops_after_a_non_finite_step():
+    trainer = today("sgd")
+    model = keras_model(trainer)
+    model.compile(optimizer="sgd", learning_rate=0.1)
+    n, ids, labels = batches()[0]
+    bad = tf.tensor_scatter_nd_update(labels, [[5]], [float("nan")])
+    dataset = tf.data.Dataset.from_tensors(((n,) + tuple(ids), labels)).concatenate(
+        tf.data.Dataset.from_tensors(((n,) + tuple(ids), bad))).repeat(2)
+    with pytest.raises(NonFiniteError, match="step 2: non-finite"):
+        model.fit(dataset, verbose=0)
+    assert int(model.global_step.numpy()) == 2
 
 
 def test_configuration_errors_name_what_is_wrong():
