@@ -16,7 +16,7 @@ The loss is this rank's share of the global batch's mean: the compiled loss' per
 summed and divided by B = N b, so that summed over the N ranks it is one process' loss on B.
 """
 import contextlib
-from typing import List, Union
+from typing import List, Set, Union
 
 import keras
 import tensorflow as tf
@@ -26,6 +26,7 @@ from keras.src.models.model import functional_init_arguments
 from nn.lr_schedule import LearningRateSchedule
 from nn.trainer import gradient_sum
 from parallel_embedding.optimizers import make_optimizer
+from storage.checkpoint import Entry, replicated_entries
 from ranking.config import TABLE_OPTIMIZERS
 from ranking.embedding import HybridEmbedding
 from utils.errors import ConfigError, NonFiniteError
@@ -73,6 +74,32 @@ class _ProjectStep:
         """The Keras weights' tf.Variables (named by their unique Keras path, "dense/kernel"): the
         variables the dense optimizer updates and a checkpoint saves by name."""
         return [v.value for v in self.trainable_variables]
+
+    def checkpoint_entries(self, weights_only: bool = False) -> List[Entry]:
+        """This rank's variables as storage.checkpoint entries (written at N ranks, restored at
+        any M): every HybridEmbedding's tables ("<layer>_tables/table_<t>" [rows_t, D_t], t in
+        order of first use) and, unless `weights_only`, their optimizer slots, updated_at and
+        update counter; then, replicated, the Keras weights by path ("top_0/kernel") and, unless
+        `weights_only`, the dense optimizer's slots and counter and "global_step". After compile.
+        Name the layers: a Keras auto-name ("dense_3") depends on the layers made before it in
+        the process."""
+        entries = [e for layer in self.embedding_layers for e in layer.embedding.checkpoint_entries(weights_only)]
+        named = {w.path: w.value for w in self.weights}
+        if not weights_only:
+            named.update(self.dense_optimizer.variables_by_name())
+            named["global_step"] = self.global_step
+        entries += replicated_entries(named)
+        replicated = [e.name for e in entries if e.replicated]
+        sharded = {e.name for e in entries if not e.replicated}
+        clash = sorted({n for n in replicated if replicated.count(n) > 1 or n in sharded})
+        if clash:   # e.g. two HybridEmbedding layers' table optimizer counters
+            raise ConfigError(f"model {self.name!r}: checkpoint tensor {clash[0]!r} is named twice")
+        return entries
+
+    def checkpoint_names(self, weights_only: bool = False) -> Set[str]:
+        """Every tensor of `checkpoint_entries` on any rank: the tensors of a complete checkpoint."""
+        names = set().union(*(l.embedding.checkpoint_names(weights_only) for l in self.embedding_layers))
+        return names | {e.name for e in self.checkpoint_entries(weights_only) if e.replicated}
 
     def _loss_share(self, labels, logits) -> tf.Tensor:
         """This rank's share of the global batch's mean loss (float32 [])."""

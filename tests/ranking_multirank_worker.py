@@ -2,15 +2,19 @@
 one process with the whole batch (same seed; the dense weights of rank 0, which compile gives every rank, copied).
 Each rank trains on its b samples of every global batch (data-parallel input, the multi-hot
 feature ragged) with train_on_batch; checks the global loss at every step, then its dense
-weights and every table shard against the matching region of the one-process tables. Prints
+weights and every table shard against the matching region of the one-process tables; then
+saves a checkpoint under argv[1] and restores it into a fresh one-process model, whose every
+tensor (tables, slots, weights, counters) must equal the reference's. Prints
 RESULT with the worst difference; exits non-zero on a mismatch."""
 import json
+import sys
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from dataloading.synthetic import SyntheticDataset
+from storage import checkpoint
 from parallel_embedding.collectives import SingleProcess, make_collectives
 from ranking import FeatureConfig, HybridEmbedding, Model, TableConfig
 from tests.multi_hot import multi_hot_ids
@@ -28,8 +32,8 @@ def build(comm):
                               (None, h) if h > 1 else (None,), (None, d))
                 for f, (c, d, k, h) in enumerate(zip(CARDS, DIMS, COMBINERS, HOTNESS))]
     embedded = HybridEmbedding(features, collectives=comm, seed=(7, 1000), **PLAN)(ids)
-    x = keras.layers.Concatenate()([keras.layers.Dense(4, activation="relu")(numerical)] + embedded)
-    x = keras.layers.Dense(1)(keras.layers.Dense(16, activation="relu")(x))
+    x = keras.layers.Concatenate()([keras.layers.Dense(4, activation="relu", name="bottom")(numerical)] + embedded)
+    x = keras.layers.Dense(1, name="logit")(keras.layers.Dense(16, activation="relu", name="top")(x))
     model = Model([numerical] + ids, x)
     model.compile(optimizer="adagrad", learning_rate=0.1)
     return model
@@ -72,6 +76,13 @@ def main():
               var.numpy()[:s.num_rows], tables[s.feature][s.row_start:s.row_end, s.col_start:s.col_end])
     for f, var in zip(emb.replicated, emb.replicated_variables):
         check(f"replicated table {f}", var.numpy(), tables[f])
+    # A checkpoint written at N ranks restores into a fresh one-process model as the reference's state.
+    path = checkpoint.save(sys.argv[1], dist.checkpoint_entries(), STEPS, {}, comm)
+    fresh = build(SingleProcess())
+    checkpoint.restore(path, fresh.checkpoint_entries(), {}, fresh.checkpoint_names())
+    restored = {e.name: e.variable.numpy() for e in fresh.checkpoint_entries()}
+    for e in ref.checkpoint_entries():
+        check(f"restored {e.name}", restored[e.name], e.variable.numpy())
     kinds = sorted({t.kind for t in emb.plan.tables})
     results = comm.allgather_object({"rank": comm.rank, "kinds": kinds, "max_error": worst}, "ranking_result")
     if comm.rank == 0:

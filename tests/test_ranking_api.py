@@ -14,7 +14,9 @@ from nn.lr_schedule import LearningRateSchedule
 from nn.model import RankingModel
 from nn.model_config import ModelConfig, TableConfig as NNTable
 from nn.trainer import Trainer
+from parallel_embedding.collectives import SingleProcess
 from ranking import FeatureConfig, HybridEmbedding, Model, TableConfig
+from storage import checkpoint
 from tests.horovod_run import horovodrun
 from tests.multi_hot import multi_hot_ids
 from utils.errors import ConfigError, NonFiniteError
@@ -58,11 +60,12 @@ def keras_model(trainer):
            keras.Input((), dtype="int32", name=f"f{f}") for f, h in enumerate(HOTNESS)]
     embedded = HybridEmbedding(features(), seed=(3, 1000))(ids)
     x = numerical
-    bottom = [keras.layers.Dense(w, activation="relu") for w in BOTTOM]
+    bottom = [keras.layers.Dense(w, activation="relu", name=f"bottom_{i}") for i, w in enumerate(BOTTOM)]
     for layer in bottom:
         x = layer(x)
     x = keras.layers.Concatenate()([x] + embedded)
-    top = [keras.layers.Dense(w, activation="relu" if i < len(TOP) - 1 else None) for i, w in enumerate(TOP)]
+    top = [keras.layers.Dense(w, activation="relu" if i < len(TOP) - 1 else None, name=f"top_{i}")
+           for i, w in enumerate(TOP)]
     for layer in top:
         x = layer(x)
     model = Model([numerical] + ids, x)
@@ -220,11 +223,36 @@ def test_configuration_errors_name_what_is_wrong():
         model.compile(optimizer="adam")
 
 
-def test_two_gloo_ranks_equal_one_process():
-    """tests/ranking_multirank_worker.py: row, column and replicated tables, one-hot and ragged multi-hot."""
-    out = horovodrun(2, ["tests/ranking_multirank_worker.py"])
+def test_two_gloo_ranks_equal_one_process(tmp_path):
+    """tests/ranking_multirank_worker.py: row, column and replicated tables, one-hot and ragged
+    multi-hot; its checkpoint restores into one process."""
+    out = horovodrun(2, ["tests/ranking_multirank_worker.py", str(tmp_path)])
     assert out.returncode == 0, f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
     results = json.loads(next(l for l in out.stdout.splitlines() if "RESULT " in l).split("RESULT ", 1)[1])
     assert [r["rank"] for r in results] == [0, 1]
     assert results[0]["kinds"] == ["column", "replicated", "row"]
     assert all(r["max_error"] <= 1e-5 for r in results), results
+
+
+def test_checkpoint_restores_and_training_continues(tmp_path):
+    """Saved after two steps and restored into a fresh model, the next steps' losses and every
+    tensor equal the uninterrupted model's (tables, slots, Keras weights, dense slots, step)."""
+    data = batches()
+    trainer = today("adam")
+    run, resumed = keras_model(trainer), keras_model(trainer)
+    for m in (run, resumed):
+        m.compile(optimizer="adam", learning_rate=0.1)
+    for n, ids, labels in data[:2]:
+        run.train_on_batch((n,) + tuple(ids), labels)
+    path = checkpoint.save(str(tmp_path), run.checkpoint_entries(), 2, {}, SingleProcess())
+    assert run.checkpoint_names() == set(checkpoint.read_manifest(path)["tensors"])
+    checkpoint.restore(path, resumed.checkpoint_entries(), {}, resumed.checkpoint_names())
+    for n, ids, labels in data[2:]:
+        want = run.train_on_batch((n,) + tuple(ids), labels, return_dict=True)["loss"]
+        assert resumed.train_on_batch((n,) + tuple(ids), labels, return_dict=True)["loss"] == want
+    got = {e.name: e.variable.numpy() for e in resumed.checkpoint_entries()}
+    want = {e.name: e.variable.numpy() for e in run.checkpoint_entries()}
+    assert got.keys() == want.keys() and "global_step" in got and "top_1/kernel/m" in got
+    assert "hybrid_embedding_tables/table_2/v" in got
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
