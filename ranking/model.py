@@ -181,6 +181,18 @@ class Model(_ProjectStep, keras.Model):
 class FunctionalModel(_ProjectStep, Functional):
     """A functional Keras model (inputs, outputs) trained by the project's step (see `Model`)."""
 
+    def dense_part(self) -> keras.Model:
+        """The model after its embeddings, for export beside the tables: a functional keras.Model
+        from the model's inputs that no HybridEmbedding consumes (in order), then every
+        HybridEmbedding's outputs ([b, D_f] each, as keras.tree.flatten orders them: a dict by
+        feature name), to the model's outputs. It shares the Keras weights; `export(path)` writes
+        it as a SavedModel."""
+        layers = [l for l in self._flatten_layers() if isinstance(l, HybridEmbedding)]
+        consumed = {id(t) for l in layers for t in keras.tree.flatten(l.input)}
+        inputs = [t for t in self.inputs if id(t) not in consumed]
+        inputs += [t for l in layers for t in keras.tree.flatten(l.output)]
+        return keras.Model(inputs, self.outputs, name=f"{self.name}_dense")
+
 
 class _StopOnNonFinite(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):

@@ -256,3 +256,18 @@ def test_checkpoint_restores_and_training_continues(tmp_path):
     assert "hybrid_embedding_tables/table_2/v" in got
     for name in want:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_dense_part_exports_and_serves_the_models_logits(tmp_path):
+    """The dense part (numerical + the embeddings' rows -> logit) as a SavedModel gives the model's logits."""
+    model = keras_model(today("sgd"))
+    model.compile(optimizer="sgd", learning_rate=0.1)
+    n, ids, labels = batches()[0]
+    model.train_on_batch((n,) + tuple(ids), labels)
+    dense = model.dense_part()
+    assert [tuple(i.shape) for i in dense.inputs] == [(None, 3)] + [(None, d) for d in DIMS]
+    assert len(dense.weights) == len(model.weights)
+    dense.export(str(tmp_path / "dense"), verbose=False)
+    loaded = tf.saved_model.load(str(tmp_path / "dense"))   # held: its variables live as long as it does
+    served = loaded.serve([n] + model.get_layer("hybrid_embedding")(list(ids)))
+    np.testing.assert_array_equal(served.numpy(), model((n,) + tuple(ids)).numpy())
