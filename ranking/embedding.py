@@ -32,6 +32,9 @@ from ranking.config import FeatureConfig, planner_tables
 from utils.errors import ConfigError
 
 
+ONE_PROCESS = SingleProcess()   # the default collectives, shared so that a model's layers agree
+
+
 class Recorded:
     """One forward's lookups (filled by `HybridEmbedding.call` inside `recording`): per call, the
     embedding's `LookedUp` and the exchanged table rows (T x [k_t b, D_t], watched by the tape)."""
@@ -66,7 +69,7 @@ class HybridEmbedding(keras.layers.Layer):
         if not self.features:
             raise ConfigError("HybridEmbedding: no features given")
         self.tables, self.table_of = planner_tables(self.features)
-        comm = collectives or SingleProcess()
+        comm = collectives or ONE_PROCESS
         shared = [t.name for i, t in enumerate(self.tables) if self.table_of.count(i) > 1]
         if shared and comm.size > 1:
             raise ConfigError(f"table {shared[0]!r}: features sharing a table run on one process only "

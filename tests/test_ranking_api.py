@@ -271,3 +271,18 @@ def test_dense_part_exports_and_serves_the_models_logits(tmp_path):
     loaded = tf.saved_model.load(str(tmp_path / "dense"))   # held: its variables live as long as it does
     served = loaded.serve([n] + model.get_layer("hybrid_embedding")(list(ids)))
     np.testing.assert_array_equal(served.numpy(), model((n,) + tuple(ids)).numpy())
+
+
+def test_two_embedding_layers_train_but_one_checkpoint_name_clashes():
+    t = TableConfig(name="t", vocabulary_size=10, embedding_dim=4, combiner="sum")
+    a, b = keras.Input((), dtype="int32", name="a"), keras.Input((), dtype="int32", name="b")
+    ea = HybridEmbedding([FeatureConfig("a", t, (None,), (None, 4))], name="user_side")([a])[0]
+    eb = HybridEmbedding([FeatureConfig("b", t, (None,), (None, 4))], name="item_side", seed=(0, 7))([b])[0]
+    model = Model([a, b], keras.layers.Dense(1, name="logit")(keras.layers.Multiply()([ea, eb])))
+    model.compile(optimizer="sgd", learning_rate=0.5)
+    before = [v.numpy().copy() for l in model.embedding_layers for v in l.table_variables]
+    model.train_on_batch((np.array([1, 2], np.int32), np.array([3, 4], np.int32)), np.array([1.0, 0.0], np.float32))
+    after = [v.numpy() for l in model.embedding_layers for v in l.table_variables]
+    assert all(not np.array_equal(x[1:5], y[1:5]) for x, y in zip(before, after))
+    with pytest.raises(ConfigError, match="checkpoint tensor 'table_optimizer/iterations' is named twice"):
+        model.checkpoint_entries()
