@@ -19,7 +19,7 @@ During that step the layer records what it looked up (`recording`): the step dif
 loss with respect to the looked-up rows, not the tables, as nn/trainer.py does.
 """
 import contextlib
-from typing import Dict, List, Mapping, Optional, Sequence, Union
+from typing import List, Mapping, Optional, Sequence, Union
 
 import keras
 import numpy as np
