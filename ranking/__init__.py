@@ -18,11 +18,14 @@ Shapes: `b` local batch (this rank's samples), `B = N b` over N ranks, feature f
 
 Modules: config.py (`TableConfig`, `FeatureConfig` in keras-rs' field names; `planner_tables`),
 embedding.py (`HybridEmbedding`: a Keras layer over parallel_embedding.DistributedEmbedding),
+layers.py (building blocks: `MLP`, `DotInteraction`, `CrossNetwork`, `FactorizationMachine`),
 model.py (`Model`: keras.Model whose fit runs nn/trainer.py's step: sparse row updates, one
 grouped allreduce, non-finite stop). What works and what remains: docs/models.md.
 """
 from ranking.config import FeatureConfig, TableConfig
 from ranking.embedding import HybridEmbedding
+from ranking.layers import MLP, CrossNetwork, DotInteraction, FactorizationMachine
 from ranking.model import Model
 
-__all__ = ["FeatureConfig", "HybridEmbedding", "Model", "TableConfig"]
+__all__ = ["CrossNetwork", "DotInteraction", "FactorizationMachine", "FeatureConfig", "HybridEmbedding", "MLP", "Model",
+           "TableConfig"]
