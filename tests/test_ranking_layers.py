@@ -196,7 +196,7 @@ class _BatchLosses(keras.callbacks.Callback):
         return [(k + 1) * m - k * prev for k, (m, prev) in enumerate(zip(self.means, [0.0] + self.means))]
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
 def test_dlrm_written_with_the_api_equals_todays(optimizer):
     data = dlrm_batches()
     trainer = todays_dlrm(optimizer)
@@ -210,6 +210,8 @@ def test_dlrm_written_with_the_api_equals_todays(optimizer):
         np.testing.assert_array_equal(got.numpy(), want.numpy())
     assert model.get_layer("interaction")._dot._op is trainer.model.interaction._op
     model.compile(optimizer=optimizer, learning_rate=0.1)
+    todays_dense = {e.name for e in trainer.model.checkpoint_entries() if e.replicated}
+    assert {e.name for e in model.checkpoint_entries(weights_only=True) if e.replicated} == todays_dense
     want_losses = [float(trainer.train_step(*batch)) for batch in data]
     dataset = tf.data.Dataset.from_tensor_slices(
         ((tf.concat([n for n, _, _ in data], 0),) + tuple(
