@@ -19,10 +19,13 @@ Shapes: `b` local batch (this rank's samples), `B = N b` over N ranks, feature f
 Modules: config.py (`TableConfig`, `FeatureConfig` in keras-rs' field names; `planner_tables`),
 embedding.py (`HybridEmbedding`: a Keras layer over parallel_embedding.DistributedEmbedding),
 model.py (`Model`: keras.Model whose fit runs nn/trainer.py's step: sparse row updates, one
-grouped allreduce, non-finite stop). What works and what remains: docs/models.md.
+grouped allreduce, non-finite stop), dist_model_parallel.py (NVIDIA distributed-embeddings'
+`DistributedEmbedding`, `DistributedGradientTape`, `broadcast_variables`: `from ranking import
+dist_model_parallel as dmp`). What works and what remains: docs/models.md.
 """
+from ranking import dist_model_parallel
 from ranking.config import FeatureConfig, TableConfig
 from ranking.embedding import HybridEmbedding
 from ranking.model import Model
 
-__all__ = ["FeatureConfig", "HybridEmbedding", "Model", "TableConfig"]
+__all__ = ["FeatureConfig", "HybridEmbedding", "Model", "TableConfig", "dist_model_parallel"]
