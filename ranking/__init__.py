@@ -20,12 +20,15 @@ Modules: config.py (`TableConfig`, `FeatureConfig` in keras-rs' field names; `pl
 embedding.py (`HybridEmbedding`: a Keras layer over parallel_embedding.DistributedEmbedding),
 layers.py (building blocks: `MLP`, `DotInteraction`, `CrossNetwork`, `FactorizationMachine`),
 model.py (`Model`: keras.Model whose fit runs nn/trainer.py's step: sparse row updates, one
-grouped allreduce, non-finite stop). What works and what remains: docs/models.md.
+grouped allreduce, non-finite stop), dist_model_parallel.py (NVIDIA distributed-embeddings'
+`DistributedEmbedding`, `DistributedGradientTape`, `broadcast_variables`: `from ranking import
+dist_model_parallel as dmp`). What works and what remains: docs/models.md.
 """
+from ranking import dist_model_parallel
 from ranking.config import FeatureConfig, TableConfig
 from ranking.embedding import HybridEmbedding
 from ranking.layers import MLP, CrossNetwork, DotInteraction, FactorizationMachine
 from ranking.model import Model
 
 __all__ = ["CrossNetwork", "DotInteraction", "FactorizationMachine", "FeatureConfig", "HybridEmbedding", "MLP", "Model",
-           "TableConfig"]
+           "TableConfig", "dist_model_parallel"]

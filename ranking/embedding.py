@@ -88,12 +88,21 @@ class HybridEmbedding(keras.layers.Layer):
                            data_parallel_threshold)
         self.embedding = DistributedEmbedding(plan, comm, seed=tuple(seed), data_parallel_input=comm.size > 1,
                                               combiners=[t.combiner for t in self.tables],
-                                              zeros_initializer=zeros == {True}, name=f"{name}_tables")
+                                              zeros_initializer=zeros == {True}, make_variable=self._table_variable,
+                                              name=f"{name}_tables")
         # The rows of features sharing a table travel as one input: one-hot ones become ragged
         # rows of one id when another feature of their table is multi-hot.
         self._ragged_table = [any(f.multi_hot for f, t in zip(self.features, self.table_of) if t == i)
                               for i in range(len(self.tables))]
         self._recorded: Optional[Recorded] = None
+
+    def _table_variable(self, initial_value: tf.Tensor, name: str) -> tf.Variable:
+        """One table variable (or shard) of the embedding: here a tf.Variable, no Keras weight."""
+        return tf.Variable(initial_value, name=name)
+
+    def _table_rows(self, table_ids, b, training) -> List[tf.Tensor]:
+        """Per table: its features' rows of the local batch ([k_t b, D_t]), outside `recording`."""
+        return self.embedding(table_ids, b, training=bool(training))
 
     @property
     def collectives(self):
@@ -156,7 +165,7 @@ class HybridEmbedding(keras.layers.Layer):
         b = num_samples(ids[0])
         table_ids = self._table_ids(ids)
         if self._recorded is None:
-            rows = self.embedding(table_ids, b, training=bool(training))
+            rows = self._table_rows(table_ids, b, training)
         else:
             with self._recorded.tape.stop_recording():
                 looked_up = self.embedding.lookup(table_ids, training=True)
