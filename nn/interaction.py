@@ -2,7 +2,7 @@
 contract (Interaction); make_interaction builds the one a ModelConfig names."""
 import functools
 import sys
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -68,10 +68,15 @@ def _warn_fallback(problem: str):
           file=sys.stderr, flush=True)
 
 
-def interaction_op(kernel: str):
+# Who asks for the op in interaction_op's error: the setting that requires it, the one that falls back.
+FLAG_SETTINGS = ("--interaction=dot_custom", "--interaction=dot")
+
+
+def interaction_op(kernel: str, settings: Tuple[str, str] = FLAG_SETTINGS):
     """The custom op package for `kernel` ("auto", "custom" or "tf"), or None for TensorFlow's.
     "auto" falls back with one warning line when the library cannot load, or a GPU is visible
-    and the library has no GPU kernels; "custom" raises ConfigError instead."""
+    and the library has no GPU kernels; "custom" raises ConfigError instead, naming `settings`
+    (the one that asked for the op, the one to use instead)."""
     if kernel == "tf":
         return None
     op, why = _load_op()
@@ -79,8 +84,8 @@ def interaction_op(kernel: str):
     if problem is None:
         return op
     if kernel == "custom":
-        raise ConfigError(f"--interaction=dot_custom: the dot interaction op {problem}; "
-                          "rebuild it with make setup, or use --interaction=dot")
+        raise ConfigError(f"{settings[0]}: the dot interaction op {problem}; "
+                          f"rebuild it with make setup, or use {settings[1]}")
     _warn_fallback(problem)
     return None
 
@@ -92,17 +97,18 @@ class DotInteraction(Interaction):
     multiple of 8 columns.
 
     In training, the custom op DotBasedInteract (tensorflow-dot-based-interact/) when `kernel`
-    allows it and it loads (see interaction_op), unless the caller compiles with XLA. Otherwise
-    forward and backward are each one XLA-compiled function (on CPU about twice as fast as
-    TensorFlow's gather-based gradient): with T = [dense; embeddings] ([B, F+1, D]) and G the
-    symmetric matrix of the output's pair gradients (zero diagonal), dT = G T. Inference always
-    uses plain TensorFlow ops (lower latency on small batches), so exported models never need
-    the op library.
+    allows it and it loads (see interaction_op; its error names `settings`), unless the caller
+    compiles with XLA. Otherwise forward and backward are each one XLA-compiled function (on CPU
+    about twice as fast as TensorFlow's gather-based gradient): with T = [dense; embeddings]
+    ([B, F+1, D]) and G the symmetric matrix of the output's pair gradients (zero diagonal),
+    dT = G T. Inference always uses plain TensorFlow ops (lower latency on small batches), so
+    exported models never need the op library.
     """
 
-    def __init__(self, num_features: int, dim: int, kernel: str = "auto", name="dot_interaction"):
+    def __init__(self, num_features: int, dim: int, kernel: str = "auto", name="dot_interaction",
+                 settings: Tuple[str, str] = FLAG_SETTINGS):
         super().__init__(name=name)
-        self._op = interaction_op(kernel)
+        self._op = interaction_op(kernel, settings)
         n = num_features + 1
         rows, cols = np.tril_indices(n, -1)
         num_pairs = len(rows)
@@ -147,11 +153,35 @@ class DotInteraction(Interaction):
         return [d_out[:, :self._dim] + d_vectors[0]] + d_vectors[1:]
 
 
+def cross_initial_values(dim: int, projection_dim: int, layer: int, seed) -> List[Tuple[str, tf.Tensor]]:
+    """Cross layer `layer`'s matrices, named, of a network seeded `seed` (two ints), Glorot-normal
+    float32: [("U", [d, r]), ("V", [r, d])] when projection_dim r > 0, else [("W", [d, d])].
+    Its bias [d] starts at zero."""
+    s = (seed[0], seed[1] + 2 * layer)
+    if projection_dim:
+        return [("U", glorot_normal([dim, projection_dim], s)),
+                ("V", glorot_normal([projection_dim, dim], (s[0], s[1] + 1)))]
+    return [("W", glorot_normal([dim, dim], s))]
+
+
+def cross_forward(x0: tf.Tensor, weights: List[List], biases: List) -> tf.Tensor:
+    """x0 [B, d] through the cross layers (per layer its matrices, as cross_initial_values
+    orders them, and its bias [d]): x_{l+1} = x0 * (x_l U_l V_l + b_l) + x_l. Computes in x0's
+    dtype (the weights are cast)."""
+    x = x0
+    for mats, bias in zip(weights, biases):
+        h = x
+        for m in mats:
+            h = tf.matmul(h, tf.cast(m, x0.dtype))
+        x = x0 * tf.nn.bias_add(h, tf.cast(bias, x0.dtype)) + x
+    return x
+
+
 class CrossNetwork(Interaction):
     """DCNv2 cross layers on x0 = concat(dense, sparse) [B, d]: x_{l+1} = x0 * (V_l(U_l x_l) + b_l) + x_l.
 
     Low rank with U_l: d -> r, V_l: r -> d when projection_dim r > 0; full rank
-    (x0 * (W_l x_l + b_l) + x_l) when r == 0. Output [B, d].
+    (x0 * (W_l x_l + b_l) + x_l) when r == 0. Output [B, d]. Weights as cross_initial_values.
     """
 
     def __init__(self, *, dim: int, num_layers: int, projection_dim: int, seed, name="cross"):
@@ -160,13 +190,8 @@ class CrossNetwork(Interaction):
         self.weights = []   # per layer: [W] (full rank) or [U, V]
         self.biases = []
         for layer in range(num_layers):
-            s = (seed[0], seed[1] + 2 * layer)
-            if projection_dim:
-                w = [tf.Variable(glorot_normal([dim, projection_dim], s), name=f"{name}/layer_{layer}/U"),
-                     tf.Variable(glorot_normal([projection_dim, dim], (s[0], s[1] + 1)), name=f"{name}/layer_{layer}/V")]
-            else:
-                w = [tf.Variable(glorot_normal([dim, dim], s), name=f"{name}/layer_{layer}/W")]
-            self.weights.append(w)
+            self.weights.append([tf.Variable(value, name=f"{name}/layer_{layer}/{matrix}")
+                                 for matrix, value in cross_initial_values(dim, projection_dim, layer, seed)])
             self.biases.append(tf.Variable(tf.zeros([dim]), name=f"{name}/layer_{layer}/bias"))
 
     @property
@@ -175,14 +200,7 @@ class CrossNetwork(Interaction):
 
     def __call__(self, dense: tf.Tensor, sparse: List[tf.Tensor], training: bool = False,
                  xla: bool = False) -> tf.Tensor:
-        x0 = tf.concat([dense] + list(sparse), axis=1)
-        x = x0
-        for mats, bias in zip(self.weights, self.biases):
-            h = x
-            for m in mats:
-                h = tf.matmul(h, tf.cast(m, x0.dtype))
-            x = x0 * tf.nn.bias_add(h, tf.cast(bias, x0.dtype)) + x
-        return x
+        return cross_forward(tf.concat([dense] + list(sparse), axis=1), self.weights, self.biases)
 
 
 def make_interaction(config: ModelConfig, seed: int) -> Interaction:

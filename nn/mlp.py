@@ -1,18 +1,42 @@
-"""Multi-layer perceptrons (DLRM's bottom and top MLPs)."""
+"""Multi-layer perceptrons (DLRM's bottom and top MLPs): the weights' initial values and the
+forward pass, shared with ranking.layers.MLP (the Keras layer)."""
 import math
-from typing import Sequence
+from typing import Callable, Sequence, Tuple
 
 import tensorflow as tf
 
 from nn.initializers import glorot_normal, normal
 
 
+def dense_initial_values(in_dim: int, width: int, index: int, seed) -> Tuple[tf.Tensor, tf.Tensor]:
+    """Layer `index` of an MLP seeded `seed` (two ints): kernel [in_dim, width] Glorot-normal and
+    bias [width] N(0, 1/width), as NVIDIA's reference; float32."""
+    kernel = glorot_normal([in_dim, width], (seed[0], seed[1] + 2 * index))
+    bias = normal([width], (seed[0], seed[1] + 2 * index + 1), math.sqrt(1.0 / width))
+    return kernel, bias
+
+
+def mlp_forward(x, kernels: Sequence, biases: Sequence, linear_output: bool,
+                activation: Callable = tf.nn.relu) -> tf.Tensor:
+    """x [B, in_dim] through the layers (kernels [in, out], biases [out]) with `activation`; the
+    last layer linear when `linear_output`. Computes in x's dtype (the weights are cast)."""
+    last = len(kernels) - 1
+    for i, (kernel, bias) in enumerate(zip(kernels, biases)):
+        if kernel.shape[0] == 0:    # no input features: x @ kernel (zeros) without oneDNN's matmul, which aborts
+            x = tf.reduce_sum(x[:, :, None] * tf.cast(kernel, x.dtype)[None], axis=1)
+        else:
+            x = tf.matmul(x, tf.cast(kernel, x.dtype))
+        x = tf.nn.bias_add(x, tf.cast(bias, x.dtype))
+        if i < last or not linear_output:
+            x = activation(x)
+    return x
+
+
 class MLP(tf.Module):
     """Dense layers with ReLU; the last layer is linear when `linear_output` (the logit).
 
-    Input [B, in_dim] -> output [B, widths[-1]]. Kernels Glorot-normal, biases
-    N(0, 1/width) as NVIDIA's reference. Variables are float32; `__call__` computes in the
-    dtype of its input (bfloat16/float16 under AMP).
+    Input [B, in_dim] -> output [B, widths[-1]]. Weights as `dense_initial_values`. Variables
+    are float32; `__call__` computes in the dtype of its input (bfloat16/float16 under AMP).
 
     >>> mlp = MLP(13, [512, 256, 64], linear_output=False, seed=(1, 0), name="bottom_mlp")
     >>> mlp(tf.zeros([4, 13])).shape
@@ -24,20 +48,10 @@ class MLP(tf.Module):
         self.linear_output = linear_output
         self.kernels, self.biases = [], []
         for i, width in enumerate(widths):
-            self.kernels.append(tf.Variable(glorot_normal([in_dim, width], (seed[0], seed[1] + 2 * i)),
-                                            name=f"{name}/dense_{i}/kernel"))
-            self.biases.append(tf.Variable(normal([width], (seed[0], seed[1] + 2 * i + 1), math.sqrt(1.0 / width)),
-                                           name=f"{name}/dense_{i}/bias"))
+            kernel, bias = dense_initial_values(in_dim, width, i, seed)
+            self.kernels.append(tf.Variable(kernel, name=f"{name}/dense_{i}/kernel"))
+            self.biases.append(tf.Variable(bias, name=f"{name}/dense_{i}/bias"))
             in_dim = width
 
     def __call__(self, x):
-        last = len(self.kernels) - 1
-        for i, (kernel, bias) in enumerate(zip(self.kernels, self.biases)):
-            if kernel.shape[0] == 0:    # no input features: x @ kernel (zeros) without oneDNN's matmul, which aborts
-                x = tf.reduce_sum(x[:, :, None] * tf.cast(kernel, x.dtype)[None], axis=1)
-            else:
-                x = tf.matmul(x, tf.cast(kernel, x.dtype))
-            x = tf.nn.bias_add(x, tf.cast(bias, x.dtype))
-            if i < last or not self.linear_output:
-                x = tf.nn.relu(x)
-        return x
+        return mlp_forward(x, self.kernels, self.biases, self.linear_output)

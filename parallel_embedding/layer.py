@@ -147,7 +147,9 @@ class DistributedEmbedding(tf.Module):
     a shard of it, [b] if it is replicated, and ignored otherwise (pass an empty tensor);
     `input_rows(f)` says which. Data-parallel input: every feature [b]. A multi-hot feature is
     a ragged [B, None] or [b, None] instead, combined by `combiners[f]` ("sum" or "mean").
-    Tables start as `shard_initial_value`, or zeros with `zeros_initializer`.
+    Tables start as `shard_initial_value`, or zeros with `zeros_initializer`; each table variable
+    is `make_variable(initial value, name=...)` (a tf.Variable; ranking's distributed-embeddings
+    front door makes them Keras weights).
 
     Shards the plan puts on disk (`plan.tier(rank, f)`, see tiered.py) keep their rows and slots
     in files under `store_path` and a cache of the tier's `cache_rows` rows in their variables,
@@ -162,7 +164,8 @@ class DistributedEmbedding(tf.Module):
 
     def __init__(self, plan: Plan, collectives, seed, data_parallel_input: bool = False,
                  combiners: Optional[Sequence[str]] = None, zeros_initializer: bool = False,
-                 store_path: Optional[str] = None, cache_policy: str = "lru", name="embedding"):
+                 store_path: Optional[str] = None, cache_policy: str = "lru", make_variable=tf.Variable,
+                 name="embedding"):
         super().__init__(name=name)
         self.plan, self.comm = plan, collectives
         self.data_parallel_input = data_parallel_input
@@ -193,7 +196,7 @@ class DistributedEmbedding(tf.Module):
                 if table.kind == "row":   # the spare row that out-of-shard ids read (and is never saved)
                     value = tf.concat([value, tf.zeros([1, s.width])], axis=0)
             with tf.device("/CPU:0" if tier.kind == "host" else None):   # host: GPU runs' big tables
-                self.shard_variables.append(tf.Variable(value, name=self.variable_name(s)))
+                self.shard_variables.append(make_variable(value, name=self.variable_name(s)))
             if tier.kind == "disk":
                 unit = units.setdefault(s.feature, Unit(s.feature, s.row_start, s.num_rows, tier.cache_rows))
                 unit.variables.append(self.shard_variables[-1])
@@ -208,7 +211,8 @@ class DistributedEmbedding(tf.Module):
         # Tables in host memory are gathered and updated where they are, outside the XLA islands.
         self._on_host = any(plan.tier(self.rank, s.feature).kind == "host" for s in self.shards)
         whole = [Shard(f, self.rank, 0, tables[f].rows, 0, tables[f].dim) for f in self.replicated]
-        self.replicated_variables = [tf.Variable(initial_value(s), name=self.table_name(s.feature)) for s in whole]
+        self.replicated_variables = [make_variable(initial_value(s), name=self.table_name(s.feature))
+                                     for s in whole]
         self.updated_at += [tf.Variable(tf.zeros([s.num_rows, 1], tf.int32), trainable=False,
                                         name=f"{self.table_name(s.feature)}/{UPDATED_AT}") for s in whole]
         self.global_features = plan.features_on(self.rank)

@@ -1,0 +1,34 @@
+"""Your own ranking model: a Keras 3 API over the hybrid-parallel embeddings (issue 27, first slice).
+
+Shapes: `b` local batch (this rank's samples), `B = N b` over N ranks, feature f of width D_f.
+
+    from ranking import FeatureConfig, HybridEmbedding, Model, TableConfig
+    movies = TableConfig(name="movie", vocabulary_size=4000, embedding_dim=16, combiner="sum")
+    features = {"movie": FeatureConfig(name="movie", table=movies, input_shape=(None,), output_shape=(None, 16)),
+                "genres": FeatureConfig(name="genres", table=TableConfig(name="genre", vocabulary_size=20,
+                                        embedding_dim=16), input_shape=(None, 10), output_shape=(None, 16))}
+    ids = {"movie": keras.Input((), dtype="int32", name="movie"),
+           "genres": keras.Input((None,), dtype="int32", ragged=True, name="genres")}
+    emb = HybridEmbedding(features)(ids)                    # {"movie": [b, 16], "genres": [b, 16]}
+    x = keras.layers.Concatenate()([emb["movie"], emb["genres"]])
+    logit = keras.layers.Dense(1)(keras.layers.Dense(64, activation="relu")(x))     # [b, 1]
+    model = Model(ids, logit)
+    model.compile(optimizer="adagrad", learning_rate=0.01)
+    model.fit(tf.data.Dataset.from_tensor_slices((ids_values, labels)).batch(b))    # labels [b]
+
+Modules: config.py (`TableConfig`, `FeatureConfig` in keras-rs' field names; `planner_tables`),
+embedding.py (`HybridEmbedding`: a Keras layer over parallel_embedding.DistributedEmbedding),
+layers.py (building blocks: `MLP`, `DotInteraction`, `CrossNetwork`, `FactorizationMachine`),
+model.py (`Model`: keras.Model whose fit runs nn/trainer.py's step: sparse row updates, one
+grouped allreduce, non-finite stop), dist_model_parallel.py (NVIDIA distributed-embeddings'
+`DistributedEmbedding`, `DistributedGradientTape`, `broadcast_variables`: `from ranking import
+dist_model_parallel as dmp`). What works and what remains: docs/models.md.
+"""
+from ranking import dist_model_parallel
+from ranking.config import FeatureConfig, TableConfig
+from ranking.embedding import HybridEmbedding
+from ranking.layers import MLP, CrossNetwork, DotInteraction, FactorizationMachine
+from ranking.model import Model
+
+__all__ = ["CrossNetwork", "DotInteraction", "FactorizationMachine", "FeatureConfig", "HybridEmbedding", "MLP", "Model",
+           "TableConfig", "dist_model_parallel"]

@@ -1,0 +1,107 @@
+"""Table and feature configuration in keras-rs' field names, mapped onto the planner's tables.
+
+A `TableConfig` is one embedding table (rows x width, combiner); a `FeatureConfig` is one input
+looked up in a table; several features may name the same table. `planner_tables(features)` gives
+the distinct tables in order of first use ([rows_t], [D_t], combiners) and, per feature, the index
+of its table: the planner places tables, not features.
+"""
+import dataclasses
+from typing import List, Optional, Sequence, Tuple
+
+from utils.errors import ConfigError
+
+COMBINERS = ("sum", "mean")
+TABLE_OPTIMIZERS = ("sgd", "adagrad", "adam")
+
+
+@dataclasses.dataclass(frozen=True)
+class TableConfig:
+    """One embedding table: `vocabulary_size` rows x `embedding_dim` columns.
+
+    Fields as keras-rs' `TableConfig`; what each does here:
+    - initializer: None (the project's U(-sqrt(1/rows), sqrt(1/rows)), the same at any world
+      size) or "zeros" (every table of the layer then starts at zero);
+    - optimizer: None (compile's optimizer) or one of "sgd", "adagrad", "adam", which must then
+      be compile's (one sparse optimizer updates every table);
+    - combiner: "sum" or "mean" over a multi-hot sample's ids (keras-rs' default, "mean");
+    - placement: "auto" or "default_device": the planner places the table over the ranks;
+    - max_ids_per_partition, max_unique_ids_per_partition: SparseCore (TPU) sizing hints,
+      accepted for keras-rs compatibility and checked to be positive; no other effect here.
+    """
+    name: str
+    vocabulary_size: int
+    embedding_dim: int
+    initializer: Optional[str] = None
+    optimizer: Optional[str] = None
+    combiner: str = "mean"
+    placement: str = "auto"
+    max_ids_per_partition: int = 256
+    max_unique_ids_per_partition: int = 256
+
+    def __post_init__(self):
+        where = f"table {self.name!r}"
+        if not self.name or not isinstance(self.name, str):
+            raise ConfigError(f"TableConfig: name must be a non-empty string, got {self.name!r}")
+        for field in ("vocabulary_size", "embedding_dim", "max_ids_per_partition", "max_unique_ids_per_partition"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{where}: {field} must be a positive integer, got {value!r}")
+        if self.initializer not in (None, "zeros"):
+            raise ConfigError(f"{where}: initializer must be None (the project's uniform) or 'zeros', "
+                              f"got {self.initializer!r}")
+        if self.optimizer not in (None,) + TABLE_OPTIMIZERS:
+            raise ConfigError(f"{where}: optimizer must be None or one of {', '.join(TABLE_OPTIMIZERS)}, "
+                              f"got {self.optimizer!r}")
+        if self.combiner not in COMBINERS:
+            raise ConfigError(f"{where}: combiner must be one of {', '.join(COMBINERS)}, got {self.combiner!r}")
+        if self.placement not in ("auto", "default_device"):
+            raise ConfigError(f"{where}: placement must be 'auto' or 'default_device' (the planner places "
+                              f"tables), got {self.placement!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureConfig:
+    """One input looked up in `table`. `input_shape`: (batch,) or (batch, 1) for one id per
+    sample ("one-hot"), (batch, k) with k > 1 for up to k ids per sample ("multi-hot": a ragged
+    [b, None] or a dense [b, k] input, combined by the table's combiner). `output_shape`:
+    (batch, embedding_dim) of its table. The batch entry may be None."""
+    name: str
+    table: TableConfig
+    input_shape: Tuple[Optional[int], ...]
+    output_shape: Tuple[Optional[int], ...]
+
+    def __post_init__(self):
+        where = f"feature {self.name!r}"
+        if not self.name or not isinstance(self.name, str):
+            raise ConfigError(f"FeatureConfig: name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.table, TableConfig):
+            raise ConfigError(f"{where}: table must be a ranking.TableConfig, got {type(self.table).__name__}")
+        shape = tuple(self.input_shape)
+        if len(shape) not in (1, 2) or (len(shape) == 2 and (shape[1] is None or shape[1] < 1)):
+            raise ConfigError(f"{where}: input_shape must be (batch,) or (batch, k) with k >= 1, got {self.input_shape}")
+        out = tuple(self.output_shape)
+        if len(out) != 2 or out[1] != self.table.embedding_dim:
+            raise ConfigError(f"{where}: output_shape must be (batch, {self.table.embedding_dim}) (table "
+                              f"{self.table.name!r}'s embedding_dim), got {self.output_shape}")
+
+    @property
+    def multi_hot(self) -> bool:
+        return len(self.input_shape) == 2 and self.input_shape[1] > 1
+
+
+def planner_tables(features: Sequence[FeatureConfig]) -> Tuple[List[TableConfig], List[int]]:
+    """The distinct tables of `features` in order of first use, and per feature its table's index.
+    A name used by two different TableConfigs, or two features of one name, is a ConfigError."""
+    tables, index, names = [], {}, set()
+    for f in features:
+        if f.name in names:
+            raise ConfigError(f"feature {f.name!r} is configured twice")
+        names.add(f.name)
+        known = index.get(f.table.name)
+        if known is None:
+            index[f.table.name] = len(tables)
+            tables.append(f.table)
+        elif tables[known] != f.table:
+            raise ConfigError(f"table {f.table.name!r} is declared twice with different settings: "
+                              f"{tables[known]} and {f.table}")
+    return tables, [index[f.table.name] for f in features]

@@ -1,0 +1,234 @@
+"""NVIDIA distributed-embeddings' front door: a model and training loop written for
+`distributed_embeddings.python.layers.dist_model_parallel` run with only the import changed.
+
+    from ranking import dist_model_parallel as dmp     # was: from distributed_embeddings... import ...
+    tables = dmp.DistributedEmbedding([keras.layers.Embedding(1000, 16), keras.layers.Embedding(50, 8)])
+    rows = tables([ids_0, ids_1])                      # ids [b] -> [b, D_t]; list in, list out
+    with tf.GradientTape() as tape:
+        loss = loss_fn(labels, model(x, training=True))      # the mean over this rank's b samples
+    tape = dmp.DistributedGradientTape(tape)
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))    # any Keras optimizer
+    if first_batch:
+        dmp.broadcast_variables(model.variables, root_rank=0)
+
+Shapes: `b` this rank's samples, `B = N b` over the N ranks of `default_collectives()` (Horovod's under
+horovodrun or mpirun, else one process), table t [rows_t, D_t].
+
+The tables are `ranking.HybridEmbedding`'s (one `plan_tables` call over the ranks), exposed as
+Keras weights: `model.trainable_variables` holds this rank's table shards and replicated tables
+beside the dense weights, and the user's Keras optimizer updates them. A table's gradient is a
+tf.IndexedSlices of the rows looked up (the reverse all-to-all brings each shard the rows of the
+global batch); `DistributedGradientTape` divides it by N (each rank's loss is its local mean) and
+averages every other gradient over the ranks (one grouped allreduce), so N ranks take the step
+one process takes on the global batch. `broadcast_variables` skips the table shards (each rank
+owns its own).
+"""
+import functools
+from typing import List, Optional, Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from parallel_embedding.collectives import make_collectives
+from ranking.config import COMBINERS, FeatureConfig, TableConfig
+from ranking.embedding import HybridEmbedding
+from utils.errors import ConfigError
+
+
+@functools.lru_cache(maxsize=None)
+def default_collectives():
+    """This process's collectives, made once (`make_collectives`: Horovod's when launched by
+    horovodrun or mpirun, which initialises Horovod and picks this rank's GPU, so call it, or make
+    the first DistributedEmbedding, before any TensorFlow op, as `hvd.init()` in such a script)."""
+    return make_collectives()
+
+
+def _table_kind(variable) -> Optional[str]:
+    """"shard" (model-parallel: this rank's part of a table), "replicated" (a whole table on every
+    rank), or None for any other variable."""
+    return getattr(variable, "embedding_table", None)
+
+
+class DistributedEmbedding(HybridEmbedding):
+    """distributed-embeddings' `DistributedEmbedding`: Embedding layers -> one hybrid-parallel layer.
+
+    `embeddings`: T layers with `input_dim` (rows) and `output_dim` (D), e.g. keras.layers.Embedding,
+    and optionally `combiner` ("sum" or "mean", as distributed-embeddings' Embedding). Called on a
+    list of ids, one per input (input i looks up table `input_table_map[i]`, default i): a layer
+    without combiner takes [b] ids -> [b, D] ([b, 1] -> [b, 1, D], as Keras' Embedding); with a
+    combiner, a ragged [b, None] or a dense [b, k] -> [b, D]. Every rank feeds its own b samples.
+
+    strategy, column_slice_threshold, row_slice_threshold, data_parallel_threshold: the planner's
+    (parallel_embedding/planner.py; the same rules and names). dp_input=False (each rank feeding
+    the global batch of the tables distributed-embeddings placed on it) runs at one process only,
+    where it is the same input; `input_table_map` with a shared table also; `gpu_embedding_size`
+    (offloading tables to host memory) is refused. Tables start from the project's initializer
+    with `seed` (the same values at any N), not the layers' initializers: `set_weights` sets them.
+    `collectives`: default `default_collectives()`.
+    """
+
+    def __init__(self, embeddings: Sequence[keras.layers.Layer], strategy: str = "basic",
+                 column_slice_threshold: Optional[int] = None, row_slice_threshold: Optional[int] = None,
+                 dp_input: bool = True, input_table_map: Optional[Sequence[int]] = None,
+                 data_parallel_threshold: Optional[int] = None, gpu_embedding_size: Optional[int] = None,
+                 *, collectives=None, seed=(0, 1000), name: str = "distributed_embedding", **kwargs):
+        comm = collectives or default_collectives()
+        if gpu_embedding_size is not None:
+            raise ConfigError(f"DistributedEmbedding: gpu_embedding_size={gpu_embedding_size}: offloading tables to "
+                              f"host memory is not supported here (every table stays in device memory)")
+        if not dp_input and comm.size > 1:
+            raise ConfigError(f"DistributedEmbedding: dp_input=False (model-parallel input) is not supported at "
+                              f"world size {comm.size}: feed every rank its own samples of every input")
+        tables = [self._table_config(layer, t) for t, layer in enumerate(embeddings)]
+        combined = [getattr(layer, "combiner", None) is not None for layer in embeddings]
+        if not tables:
+            raise ConfigError("DistributedEmbedding: no embedding layers given")
+        table_map = list(range(len(tables)) if input_table_map is None else input_table_map)
+        bad = [t for t in table_map if not isinstance(t, int) or not 0 <= t < len(tables)]
+        unused = sorted(set(range(len(tables))) - set(table_map))
+        if bad or unused:
+            raise ConfigError(f"DistributedEmbedding: input_table_map {table_map} must name every one of the "
+                              f"{len(tables)} tables by its index, got " + (f"{bad[0]!r}" if bad else
+                                                                            f"no input for table {unused[0]}"))
+        features = [FeatureConfig(f"input_{i}", tables[t], (None, 2) if combined[t] else (None,),
+                                  (None, tables[t].embedding_dim)) for i, t in enumerate(table_map)]
+        self._keras_tables: List[keras.Variable] = []
+        super().__init__(features, collectives=comm, seed=seed, strategy=strategy,
+                         column_slice_threshold=column_slice_threshold, row_slice_threshold=row_slice_threshold,
+                         data_parallel_threshold=data_parallel_threshold, name=name, **kwargs)
+        shards = len(self.embedding.shard_variables)
+        for i, variable in enumerate(self._keras_tables):
+            variable.embedding_table = "shard" if i < shards else "replicated"
+        # Table t of `embeddings` is the embedding's table `self._table_index[t]` (order of first use).
+        self._table_index = [self.table_of[table_map.index(t)] for t in range(len(tables))]
+
+    @staticmethod
+    def _table_config(layer, t: int) -> TableConfig:
+        rows, dim = getattr(layer, "input_dim", None), getattr(layer, "output_dim", None)
+        if not isinstance(rows, int) or not isinstance(dim, int):
+            raise ConfigError(f"DistributedEmbedding: embedding {t} ({type(layer).__name__}) has no integer "
+                              f"input_dim and output_dim")
+        for option in ("mask_zero", "embeddings_regularizer", "embeddings_constraint", "activity_regularizer"):
+            if getattr(layer, option, None):
+                raise ConfigError(f"DistributedEmbedding: embedding {t} ({layer.name!r}) sets {option}, "
+                                  f"which is not supported here")
+        combiner = getattr(layer, "combiner", None)
+        if combiner not in (None,) + COMBINERS:
+            raise ConfigError(f"DistributedEmbedding: embedding {t} ({layer.name!r}): combiner must be None, "
+                              f"{' or '.join(COMBINERS)}, got {combiner!r}")
+        return TableConfig(name=f"table_{t}", vocabulary_size=rows, embedding_dim=dim, combiner=combiner or "sum")
+
+    def _table_variable(self, initial_value: tf.Tensor, name: str) -> tf.Variable:
+        """A Keras weight (so in `trainable_variables`); the embedding gets its tf.Variable."""
+        variable = self.add_weight(shape=initial_value.shape, initializer=lambda shape, dtype: initial_value,
+                                   name=name.replace("/", "."), trainable=True)
+        self._keras_tables.append(variable)
+        return variable.value
+
+    def _table_rows(self, table_ids, b, training) -> List[tf.Tensor]:
+        """The rows ([k_t b, D_t] per table) with the tables' gradients: IndexedSlices of this
+        rank's table variables (their sum over the ranks' local losses: the reverse all-to-all)."""
+        looked_up = self.embedding.lookup(table_ids, training=bool(training))
+        rows = self.embedding.exchange(looked_up, b)
+        embedding = self.embedding
+
+        @tf.custom_gradient
+        def with_table_gradients(*rows_and_tables):
+            def gradient(*row_grads):
+                return [None] * len(rows) + embedding.gradients(looked_up, row_grads)
+            return [tf.identity(r) for r in rows_and_tables[:len(rows)]], gradient
+
+        # The tables enter as reads (no copy), through which their gradients reach the variables.
+        return with_table_gradients(*rows, *[tf.convert_to_tensor(v) for v in embedding.variables_in_order])
+
+    def call(self, inputs, training=None):
+        inputs = list(inputs)
+        out = super().call(inputs, training)
+        return [tf.expand_dims(o, 1) if self._keras_shaped(f, x) else o
+                for f, x, o in zip(self.features, inputs, out)]
+
+    def compute_output_spec(self, inputs, training=None):
+        return [keras.KerasTensor((None, 1, d) if self._keras_shaped(f, x) else (None, d), "float32")
+                for f, x, d in zip(self.features, inputs, (f.table.embedding_dim for f in self.features))]
+
+    @staticmethod
+    def _keras_shaped(feature: FeatureConfig, ids) -> bool:
+        """A table without combiner given [b, 1] ids: Keras' Embedding gives [b, 1, D]."""
+        return not feature.multi_hot and not isinstance(ids, tf.RaggedTensor) and len(ids.shape) == 2
+
+    def get_weights(self, all_ranks: bool = False) -> List[np.ndarray]:
+        """The T whole tables ([rows_t, D_t] float32, in `embeddings` order) at any world size, on
+        every rank (one allreduce of the tables; `all_ranks`, distributed-embeddings' choice of
+        rank 0 only or every rank, is accepted: every rank gets them either way)."""
+        emb = self.embedding
+        whole = [np.zeros((t.vocabulary_size, t.embedding_dim), np.float32) for t in self.tables]
+        for s, v in zip(emb.shards, emb.shard_variables):
+            whole[s.feature][s.row_start:s.row_end, s.col_start:s.col_end] = v.numpy()[:s.num_rows]
+        if self.collectives.rank == 0:
+            for t, v in zip(emb.replicated, emb.replicated_variables):
+                whole[t] = v.numpy()
+        whole = [np.asarray(w) for w in self.collectives.allreduce_sum([tf.constant(w) for w in whole],
+                                                                         "dmp_get_weights")]
+        return [whole[i] for i in self._table_index]
+
+    def set_weights(self, weights: Sequence) -> None:
+        """Sets the T whole tables (arrays [rows_t, D_t], or paths of .npy files, in `embeddings`
+        order); each rank takes the rows and columns of its shards."""
+        if len(weights) != len(self._table_index):
+            raise ConfigError(f"layer {self.name!r}: set_weights got {len(weights)} tables, expected "
+                              f"{len(self._table_index)}")
+        whole = [None] * len(self.tables)
+        for t, (w, i) in enumerate(zip(weights, self._table_index)):
+            w = np.load(w, mmap_mode="r") if isinstance(w, str) else np.asarray(w)
+            shape = (self.tables[i].vocabulary_size, self.tables[i].embedding_dim)
+            if w.shape != shape:
+                raise ConfigError(f"layer {self.name!r}: set_weights: table {t} has shape {w.shape}, expected {shape}")
+            whole[i] = w
+        emb = self.embedding
+        for s, v in zip(emb.shards, emb.shard_variables):
+            piece = np.asarray(whole[s.feature][s.row_start:s.row_end, s.col_start:s.col_end], np.float32)
+            v.assign(tf.concat([piece, v[s.num_rows:]], axis=0))   # a row shard's spare row stays
+        for t, v in zip(emb.replicated, emb.replicated_variables):
+            v.assign(np.asarray(whole[t], np.float32))
+
+
+class DistributedGradientTape:
+    """Wraps a tf.GradientTape (distributed-embeddings' and Horovod's `DistributedGradientTape`).
+
+    `gradient(target, sources)`: the tape's gradients of `target` (this rank's loss, the mean over
+    its b samples), then over the N ranks of `collectives` (default `default_collectives()`): a table's
+    IndexedSlices divided by N; every other gradient averaged (one grouped allreduce; an
+    IndexedSlices one made dense first). Other attributes are the tape's."""
+
+    def __init__(self, tape: tf.GradientTape, collectives=None):
+        self._tape = tape
+        self._comm = collectives or default_collectives()
+
+    def gradient(self, target, sources, output_gradients=None):
+        flat = tf.nest.flatten(sources)
+        grads = list(self._tape.gradient(target, flat, output_gradients=output_gradients))
+        n = self._comm.size
+        if n > 1:
+            dense = [i for i, (s, g) in enumerate(zip(flat, grads)) if g is not None and _table_kind(s) is None]
+            reduced = self._comm.allreduce_sum([tf.convert_to_tensor(grads[i]) for i in dense], "dmp_gradients")
+            for i, g in zip(dense, reduced):
+                grads[i] = g / n
+            for i, (s, g) in enumerate(zip(flat, grads)):
+                if g is not None and _table_kind(s) is not None:
+                    grads[i] = tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
+        return tf.nest.pack_sequence_as(sources, grads)
+
+    def __getattr__(self, name):
+        return getattr(self._tape, name)
+
+
+def broadcast_variables(variables, root_rank: int = 0, collectives=None) -> None:
+    """Sets every rank's `variables` (Keras or tf.Variables) to rank 0's, except the table shards
+    (each rank's own); over `collectives` (default `default_collectives()`)."""
+    if root_rank != 0:
+        raise ConfigError(f"broadcast_variables: root_rank={root_rank}: only rank 0 broadcasts here")
+    comm = collectives or default_collectives()
+    comm.broadcast_variables([v.value if isinstance(v, keras.Variable) else v
+                              for v in variables if _table_kind(v) != "shard"])

@@ -1,0 +1,190 @@
+"""HybridEmbedding: the hybrid-parallel embedding tables as a Keras 3 layer.
+
+Shapes: `b` local batch (this rank's samples), `B = N b`, feature f of width D_f.
+
+    emb = HybridEmbedding({"user": FeatureConfig(...), "genres": FeatureConfig(...)})
+    out = emb({"user": ids [b] or [b, 1], "genres": ragged [b, None] or dense [b, k]})
+    out["user"]: [b, D_user] float32; a list of features in gives a list out, in that order.
+
+The tables are a `parallel_embedding.DistributedEmbedding` placed by one `plan_tables` call over
+the ranks of `collectives` (default: one process). Every rank feeds its own b samples of every
+feature (data-parallel input); the embedding exchanges ids and rows with the all-to-alls of
+today's plan. Features sharing a table are looked up together, their ids concatenated (one
+process only: see `HybridEmbedding`).
+
+The tables are not Keras weights: `model.trainable_variables` holds only the dense layers', so
+Keras (or any dense optimizer) never touches them; `table_variables` lists this rank's, and
+`ranking.Model`'s train step updates their looked-up rows with the embedding's sparse optimizer.
+During that step the layer records what it looked up (`recording`): the step differentiates the
+loss with respect to the looked-up rows, not the tables, as nn/trainer.py does.
+"""
+import contextlib
+from typing import List, Mapping, Optional, Sequence, Union
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from parallel_embedding.collectives import SingleProcess
+from parallel_embedding.layer import DistributedEmbedding, LookedUp, num_samples
+from parallel_embedding.planner import plan_tables
+from ranking.config import FeatureConfig, planner_tables
+from utils.errors import ConfigError
+
+
+ONE_PROCESS = SingleProcess()   # the default collectives, shared so that a model's layers agree
+
+
+class Recorded:
+    """One forward's lookups (filled by `HybridEmbedding.call` inside `recording`): per call, the
+    embedding's `LookedUp` and the exchanged table rows (T x [k_t b, D_t], watched by the tape)."""
+
+    def __init__(self, tape: tf.GradientTape):
+        self.tape = tape
+        self.calls: List[tuple] = []   # (LookedUp, rows per table)
+
+
+class HybridEmbedding(keras.layers.Layer):
+    """Features (`FeatureConfig`s: a dict by name or a list) -> one [b, D_f] float32 per feature.
+
+    Tables are planned by `plan_tables(rows, dims, N, strategy, column_slice_threshold,
+    row_slice_threshold, data_parallel_threshold)` over the N ranks of `collectives`, initialised
+    from `seed` (two ints; the same seed gives the same tables at any N, and as
+    `DistributedEmbedding(..., seed=seed)` of the same shapes). Features sharing a table need
+    N = 1 (their ids are concatenated; the exchange of today's plan carries one input per table).
+    """
+
+    def __init__(self, features: Union[Mapping[str, FeatureConfig], Sequence[FeatureConfig]], *,
+                 collectives=None, seed=(0, 1000), strategy: str = "memory_balanced",
+                 column_slice_threshold: Optional[int] = None, row_slice_threshold: Optional[int] = None,
+                 data_parallel_threshold: Optional[int] = None, name: str = "hybrid_embedding", **kwargs):
+        super().__init__(name=name, **kwargs)
+        if isinstance(features, Mapping):
+            for key, f in features.items():
+                if key != f.name:
+                    raise ConfigError(f"feature {f.name!r} is given under the key {key!r}")
+            self._dict_input, self.features = True, list(features.values())
+        else:
+            self._dict_input, self.features = False, list(features)
+        if not self.features:
+            raise ConfigError("HybridEmbedding: no features given")
+        self.tables, self.table_of = planner_tables(self.features)
+        comm = collectives or ONE_PROCESS
+        shared = [t.name for i, t in enumerate(self.tables) if self.table_of.count(i) > 1]
+        if shared and comm.size > 1:
+            raise ConfigError(f"table {shared[0]!r}: features sharing a table run on one process only "
+                              f"(world size {comm.size})")
+        zeros = {t.initializer == "zeros" for t in self.tables}
+        if len(zeros) > 1:
+            raise ConfigError(f"table {next(t.name for t in self.tables if t.initializer == 'zeros')!r}: "
+                              f"initializer 'zeros' must be every table's or none's")
+        optimizers = {t.optimizer for t in self.tables} - {None}
+        if len(optimizers) > 1:
+            raise ConfigError(f"tables name different optimizers {sorted(optimizers)}: one sparse optimizer "
+                              f"updates every table")
+        self.table_optimizer = next(iter(optimizers), None)
+        plan = plan_tables([t.vocabulary_size for t in self.tables], [t.embedding_dim for t in self.tables],
+                           comm.size, strategy, column_slice_threshold, row_slice_threshold,
+                           data_parallel_threshold)
+        self.embedding = DistributedEmbedding(plan, comm, seed=tuple(seed), data_parallel_input=comm.size > 1,
+                                              combiners=[t.combiner for t in self.tables],
+                                              zeros_initializer=zeros == {True}, make_variable=self._table_variable,
+                                              name=f"{name}_tables")
+        # The rows of features sharing a table travel as one input: one-hot ones become ragged
+        # rows of one id when another feature of their table is multi-hot.
+        self._ragged_table = [any(f.multi_hot for f, t in zip(self.features, self.table_of) if t == i)
+                              for i in range(len(self.tables))]
+        self._recorded: Optional[Recorded] = None
+
+    def _table_variable(self, initial_value: tf.Tensor, name: str) -> tf.Variable:
+        """One table variable (or shard) of the embedding: here a tf.Variable, no Keras weight."""
+        return tf.Variable(initial_value, name=name)
+
+    def _table_rows(self, table_ids, b, training) -> List[tf.Tensor]:
+        """Per table: its features' rows of the local batch ([k_t b, D_t]), outside `recording`."""
+        return self.embedding(table_ids, b, training=bool(training))
+
+    @property
+    def collectives(self):
+        return self.embedding.comm
+
+    @property
+    def table_variables(self) -> List[tf.Variable]:
+        """This rank's table variables (shards, then replicated tables): updated sparsely, never by Keras."""
+        return self.embedding.variables_in_order
+
+    def count_params(self) -> int:
+        """This rank's table parameters (the `Param #` of `model.summary()`; not in its totals,
+        which count Keras weights)."""
+        return int(sum(np.prod(v.shape) for v in self.table_variables))
+
+    @contextlib.contextmanager
+    def recording(self, tape: tf.GradientTape):
+        """Within: calls look up outside `tape`, have it watch the exchanged rows, and record both."""
+        self._recorded = Recorded(tape)
+        try:
+            yield self._recorded
+        finally:
+            self._recorded = None
+
+    def _feature_ids(self, inputs) -> List[Union[tf.Tensor, tf.RaggedTensor]]:
+        """The inputs in feature order: one-hot [b], multi-hot ragged [b, None] (int32 or int64)."""
+        if self._dict_input:
+            missing = [f.name for f in self.features if f.name not in inputs]
+            if missing:
+                raise ConfigError(f"feature {missing[0]!r}: missing from the inputs of layer {self.name!r}")
+            inputs = [inputs[f.name] for f in self.features]
+        elif len(inputs) != len(self.features):
+            raise ConfigError(f"layer {self.name!r}: {len(inputs)} inputs for {len(self.features)} features")
+        ids = []
+        for f, x in zip(self.features, inputs):
+            if not f.multi_hot:
+                if isinstance(x, tf.RaggedTensor):
+                    raise ConfigError(f"feature {f.name!r}: one-hot (input_shape {f.input_shape}) but given ragged ids")
+                x = tf.convert_to_tensor(x)
+                ids.append(tf.reshape(x, [-1]) if x.shape.rank == 2 else x)
+            else:
+                ids.append(x if isinstance(x, tf.RaggedTensor) else tf.RaggedTensor.from_tensor(x))
+        return ids
+
+    def _table_ids(self, ids) -> List[Union[tf.Tensor, tf.RaggedTensor]]:
+        """Per table: its features' ids, concatenated in feature order ([k_t b] or ragged [k_t b, None])."""
+        out = []
+        for t, ragged in enumerate(self._ragged_table):
+            parts = [x for x, i in zip(ids, self.table_of) if i == t]
+            if ragged:
+                parts = [x if isinstance(x, tf.RaggedTensor) else tf.RaggedTensor.from_tensor(x[:, None])
+                         for x in parts]
+                dtype = tf.int64 if any(p.dtype == tf.int64 for p in parts) else parts[0].dtype
+                parts = [tf.cast(p, dtype) for p in parts]
+            out.append(parts[0] if len(parts) == 1 else tf.concat(parts, axis=0))
+        return out
+
+    def call(self, inputs, training=None):
+        ids = self._feature_ids(inputs)
+        b = num_samples(ids[0])
+        table_ids = self._table_ids(ids)
+        if self._recorded is None:
+            rows = self._table_rows(table_ids, b, training)
+        else:
+            with self._recorded.tape.stop_recording():
+                looked_up = self.embedding.lookup(table_ids, training=True)
+                rows = self.embedding.exchange(looked_up, b)
+            self._recorded.tape.watch(rows)
+            self._recorded.calls.append((looked_up, rows))
+        taken = [0] * len(self.tables)
+        out = []
+        for t in self.table_of:
+            k = self.table_of.count(t)
+            out.append(rows[t] if k == 1 else tf.split(rows[t], k, axis=0)[taken[t]])
+            taken[t] += 1
+        return {f.name: o for f, o in zip(self.features, out)} if self._dict_input else out
+
+    def compute_output_spec(self, inputs, training=None):
+        specs = [keras.KerasTensor((None, f.table.embedding_dim), "float32") for f in self.features]
+        return {f.name: s for f, s in zip(self.features, specs)} if self._dict_input else specs
+
+    def gradients(self, looked_up: LookedUp, row_grads: Sequence[tf.Tensor]) -> List[tf.IndexedSlices]:
+        """Gradients of a recorded call's exchanged rows (T x [k_t b, D_t]) -> IndexedSlices of
+        `table_variables` (the reverse all-to-all)."""
+        return self.embedding.gradients(looked_up, row_grads)

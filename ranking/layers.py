@@ -1,0 +1,234 @@
+"""Building blocks of ranking models as Keras 3 layers: MLP, DotInteraction, CrossNetwork,
+FactorizationMachine. Shapes: `b` local batch, `F` embeddings, `D` a width.
+
+    emb = HybridEmbedding(features)(ids)                                   # F x [b, 16]
+    bottom = MLP([64, 16], seed=(3, 0), name="bottom_mlp")(numerical)      # [b, 16]
+    x = DotInteraction(name="interaction")([bottom] + emb)                 # [b, round_up_8(16 + (F+1)F/2)]
+    logit = MLP([64, 1], linear_output=True, seed=(3, 100), name="top_mlp")(x)    # [b, 1]
+
+They compute what nn/ computes for today's DLRM and DCNv2, with its code: nn.mlp's initial
+values and forward, nn.interaction's DotInteraction (the custom op in training) and cross
+network. Each is built lazily from its input shapes; an input it cannot take is a one-line
+ConfigError naming the layer, at build time. Weights are named as nn/'s variables (Keras paths
+"bottom_mlp/dense_0/kernel", "cross/layer_0/U"). Keras' own layers (Dense, Dropout,
+BatchNormalization, Concatenate, Add, ...) go between them.
+"""
+import random
+from typing import List, Optional, Sequence, Tuple
+
+import keras
+import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
+
+from nn import interaction
+from nn.mlp import dense_initial_values, mlp_forward
+from utils.errors import ConfigError
+
+
+def _seed(layer: keras.layers.Layer, seed) -> Tuple[int, int]:
+    """Two ints: `seed` as given, or drawn from Python's random (keras.utils.set_random_seed seeds it)."""
+    if seed is None:
+        return random.getrandbits(31), random.getrandbits(31)
+    if not isinstance(seed, (list, tuple)) or len(seed) != 2 or not all(isinstance(s, int) for s in seed):
+        raise ConfigError(f"layer {layer.name!r}: seed must be two ints, got {seed!r}")
+    return int(seed[0]), int(seed[1])
+
+
+def _constant(value: tf.Tensor):
+    """A Keras initializer giving `value` (a float32 tensor of the weight's shape) in the weight's dtype."""
+    return lambda shape, dtype=None: tf.cast(value, dtype or value.dtype)
+
+
+class _WeightGroup(keras.layers.Layer):
+    """Weights at Keras paths "<parent>/<name>/<weight>" (a path comes from the layer that makes a
+    weight, not from name scopes), made inside the parent's build: (weight name, shape,
+    initializer) each. A holder for MLP's and CrossNetwork's weights, never called."""
+
+    def __init__(self, weights: Sequence[Tuple[str, tuple, object]], **kwargs):
+        super().__init__(**kwargs)
+        self.group = [self.add_weight(shape=shape, initializer=init, name=weight) for weight, shape, init in weights]
+        self.built = True
+
+
+def _in_xla() -> bool:
+    """Whether this call is traced inside an XLA-compiled function (tf.function(jit_compile=True))."""
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def _vector_widths(layer: keras.layers.Layer, input_shape, what: str, minimum: int) -> List[int]:
+    """The widths of a list of at least `minimum` inputs [b, D_i], or a one-line ConfigError naming the layer."""
+    if not isinstance(input_shape, (list, tuple)) or not input_shape or not isinstance(input_shape[0], (list, tuple)):
+        raise ConfigError(f"layer {layer.name!r}: takes a list of {what}, got one input of shape {input_shape}")
+    if len(input_shape) < minimum:
+        raise ConfigError(f"layer {layer.name!r}: takes a list of at least {minimum} {what}, got {len(input_shape)}")
+    for i, shape in enumerate(input_shape):
+        if len(shape) != 2 or shape[-1] is None:
+            raise ConfigError(f"layer {layer.name!r}: input {i} has shape {tuple(shape)}, not [b, D] with D known")
+    return [int(shape[-1]) for shape in input_shape]
+
+
+def _one_width(layer: keras.layers.Layer, widths: Sequence[int], first: str) -> int:
+    """The inputs' one width, or a one-line ConfigError naming the layer and the first input that differs."""
+    for i, w in enumerate(widths):
+        if w != widths[0]:
+            raise ConfigError(f"layer {layer.name!r}: its inputs must have one width; input 0 ({first}) has "
+                              f"width {widths[0]}, input {i} has width {w}")
+    return widths[0]
+
+
+@keras.saving.register_keras_serializable(package="ranking")
+class MLP(keras.layers.Layer):
+    """Dense layers: [b, n] -> [b, units[-1]], `activation` after every layer but, when
+    `linear_output`, the last (a logit). nn.mlp's layers: kernel i Glorot-normal, bias i
+    N(0, 1/units[i]), from `seed` (two ints; None: drawn from Python's random, which
+    keras.utils.set_random_seed seeds). MLP(units, seed=s) on inputs of width n starts with
+    nn.mlp.MLP(n, units, seed=s)'s weights, at its paths ("<name>/dense_<i>/kernel",
+    ".../bias"), and computes its outputs. Computes in the layer's compute dtype.
+    """
+
+    def __init__(self, units: Sequence[int], activation="relu", linear_output: bool = False, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        units = list(units)
+        if not units or not all(isinstance(u, int) and not isinstance(u, bool) and u > 0 for u in units):
+            raise ConfigError(f"layer {self.name!r}: units must be a non-empty list of positive ints, got {units!r}")
+        self.units, self.linear_output, self.seed = units, bool(linear_output), _seed(self, seed)
+        self.activation = keras.activations.get(activation)
+
+    def build(self, input_shape):
+        in_dim = input_shape[-1]
+        if len(input_shape) != 2 or in_dim is None:
+            raise ConfigError(f"layer {self.name!r}: input shape {tuple(input_shape)}, not [b, n] with n known")
+        self.dense = []
+        for i, width in enumerate(self.units):
+            kernel, bias = dense_initial_values(in_dim, width, i, self.seed)
+            self.dense.append(_WeightGroup([("kernel", (in_dim, width), _constant(kernel)),
+                                            ("bias", (width,), _constant(bias))],
+                                           name=f"dense_{i}", dtype=self.dtype_policy))
+            in_dim = width
+
+    @property
+    def kernels(self) -> List[keras.Variable]:
+        return [d.group[0] for d in self.dense]
+
+    @property
+    def biases(self) -> List[keras.Variable]:
+        return [d.group[1] for d in self.dense]
+
+    def call(self, inputs):
+        return mlp_forward(inputs, self.kernels, self.biases, self.linear_output, self.activation)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1]) + (self.units[-1],)
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units, "linear_output": self.linear_output,
+                "activation": keras.activations.serialize(self.activation), "seed": self.seed}
+
+
+@keras.saving.register_keras_serializable(package="ranking")
+class DotInteraction(keras.layers.Layer):
+    """DLRM's pairwise dot interaction: [bottom [b, D], e_1 [b, D], ..., e_F [b, D]] ->
+    [b, round_up_8(D + (F+1)F/2)]: the bottom output, the dot products of every pair of the F+1
+    vectors (strictly lower triangle, row-major: (1,0), (2,0), (2,1), ...), zero padding to a
+    multiple of 8 columns. It is nn.interaction.DotInteraction: in training, the custom op
+    DotBasedInteract where `kernel` ("auto", "custom", "tf") allows it and it loads ("auto"
+    falls back to TensorFlow with one warning line, "custom" is a ConfigError naming the layer
+    at build), except inside an XLA-compiled function; inference uses plain TensorFlow ops.
+    Inputs of different widths are a ConfigError naming the layer at build.
+    """
+
+    def __init__(self, kernel: str = "auto", **kwargs):
+        super().__init__(**kwargs)
+        if kernel not in ("auto", "custom", "tf"):
+            raise ConfigError(f"layer {self.name!r}: kernel must be 'auto', 'custom' or 'tf', got {kernel!r}")
+        self.kernel = kernel
+        self._dot: Optional[interaction.DotInteraction] = None
+
+    def build(self, input_shape):
+        dim = _one_width(self, _vector_widths(self, input_shape, "vectors [b, D] (bottom output, embeddings)", 2),
+                         "the bottom output")
+        with tf.init_scope():   # its index constants outlive a graph the layer is first built in
+            self._dot = interaction.DotInteraction(len(input_shape) - 1, dim, self.kernel, name=self.name,
+                                                   settings=(f"layer {self.name!r} (kernel='custom')",
+                                                             "kernel='auto'"))
+
+    def call(self, inputs, training=None):
+        return self._dot(inputs[0], list(inputs[1:]), training=bool(training), xla=_in_xla())
+
+    def compute_output_shape(self, input_shape):
+        return input_shape[0][0], interaction.dot_interaction_width(len(input_shape) - 1, input_shape[0][-1])
+
+    def get_config(self):
+        return {**super().get_config(), "kernel": self.kernel}
+
+
+@keras.saving.register_keras_serializable(package="ranking")
+class CrossNetwork(keras.layers.Layer):
+    """DCNv2's cross network: x0 [b, d] (or a list of [b, d_i], concatenated) -> [b, d], with
+    `num_layers` layers x_{l+1} = x0 * (V_l(U_l x_l) + b_l) + x_l, U_l: d -> r, V_l: r -> d for
+    `projection_dim` r > 0; full rank x0 * (W_l x_l + b_l) + x_l for r = 0. nn.interaction's
+    cross network: CrossNetwork(L, r, seed=s) on d columns starts with
+    nn.interaction.CrossNetwork(dim=d, num_layers=L, projection_dim=r, seed=s)'s weights
+    (Glorot-normal, zero biases; `seed` as MLP's), at its paths ("<name>/layer_<l>/U", ".../V"
+    or ".../W", ".../bias").
+    """
+
+    def __init__(self, num_layers: int, projection_dim: int, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        for field, value in (("num_layers", num_layers), ("projection_dim", projection_dim)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"layer {self.name!r}: {field} must be a non-negative int, got {value!r}")
+        self.num_layers, self.projection_dim, self.seed = num_layers, projection_dim, _seed(self, seed)
+
+    def build(self, input_shape):
+        if isinstance(input_shape, (list, tuple)) and input_shape and isinstance(input_shape[0], (list, tuple)):
+            dim = sum(_vector_widths(self, input_shape, "vectors [b, d_i]", 1))
+        else:
+            dim = _vector_widths(self, [input_shape], "vectors [b, d_i]", 1)[0]
+        self.cross_layers = [
+            _WeightGroup([(matrix, tuple(value.shape), _constant(value)) for matrix, value in
+                          interaction.cross_initial_values(dim, self.projection_dim, layer, self.seed)]
+                         + [("bias", (dim,), "zeros")], name=f"layer_{layer}", dtype=self.dtype_policy)
+            for layer in range(self.num_layers)]
+
+    def call(self, inputs):
+        x0 = tf.concat(list(inputs), axis=1) if isinstance(inputs, (list, tuple)) else inputs
+        return interaction.cross_forward(x0, [l.group[:-1] for l in self.cross_layers],
+                                         [l.group[-1] for l in self.cross_layers])
+
+    def compute_output_shape(self, input_shape):
+        if isinstance(input_shape, (list, tuple)) and input_shape and isinstance(input_shape[0], (list, tuple)):
+            return input_shape[0][0], sum(s[-1] for s in input_shape)
+        return tuple(input_shape)
+
+    def get_config(self):
+        return {**super().get_config(), "num_layers": self.num_layers, "projection_dim": self.projection_dim,
+                "seed": self.seed}
+
+
+@keras.saving.register_keras_serializable(package="ranking")
+class FactorizationMachine(keras.layers.Layer):
+    """DeepFM's second-order factorization-machine term over F >= 2 embeddings of one width:
+    [e_1 [b, D], ..., e_F [b, D]] -> 0.5 * sum_d((sum_f e_fd)^2 - sum_f e_fd^2) [b, 1], the sum
+    of <e_f, e_g> over the pairs f < g. No weights. The first-order terms are the features'
+    width-1 embeddings (tables with embedding_dim=1) summed, and DeepFM's logit adds the three:
+
+        first = keras.layers.Add()(wide)                      # F x [b, 1] -> [b, 1]
+        second = FactorizationMachine()(deep)                 # F x [b, D] -> [b, 1]
+        mlp = MLP([400, 400, 1], linear_output=True)(keras.layers.Concatenate()(deep))
+        logit = keras.layers.Add()([first, second, mlp])      # [b, 1]
+
+    Inputs of different widths are a ConfigError naming the layer at build.
+    """
+
+    def build(self, input_shape):
+        _one_width(self, _vector_widths(self, input_shape, "embeddings [b, D]", 2), "the first embedding")
+
+    def call(self, inputs):
+        vectors = tf.stack(list(inputs), axis=1)                          # [b, F, D]
+        total = tf.reduce_sum(vectors, axis=1)                            # [b, D]
+        squares = tf.reduce_sum(tf.square(vectors), axis=1)               # [b, D]
+        return 0.5 * tf.reduce_sum(tf.square(total) - squares, axis=1, keepdims=True)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape[0][0], 1

@@ -1,0 +1,125 @@
+"""A training script written for NVIDIA distributed-embeddings (`dmp`), with its import changed to
+`from ranking import dist_model_parallel as dmp`, and its reference: the same Keras model with
+plain Keras Embedding layers in one process.
+
+Run under `horovodrun -np N` (tests/test_ranking_dmp.py): for SGD, Adagrad and Adam, every rank
+trains the dmp model on its b = B / N samples of each global batch while the reference trains
+on the whole batch B (same initial weights, same Keras optimizer); checks the global loss (the
+mean of the ranks' losses) at every step, then the dense weights and the whole tables
+(`get_weights`). Prints RESULT with the worst difference; exits non-zero on a mismatch."""
+import json
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from ranking import dist_model_parallel as dmp
+
+TABLES = [(40, 8), (60, 4), (20, 6)]   # (rows, width): at 2 ranks row-sliced, column-sliced, replicated
+PLAN = dict(row_slice_threshold=300, column_slice_threshold=200, data_parallel_threshold=150)
+B, STEPS, TOLERANCE = 32, 4, 1e-5
+OPTIMIZERS = {"sgd": lambda: keras.optimizers.SGD(0.5), "adagrad": lambda: keras.optimizers.Adagrad(0.2),
+              "adam": lambda: keras.optimizers.Adam(0.05)}
+
+
+class Model(keras.Model):
+    """distributed-embeddings' pattern: Keras Embedding layers, wrapped by dmp.DistributedEmbedding
+    when `distributed`; concat with a bottom layer's output; two Dense layers to a logit [b, 1]."""
+
+    def __init__(self, distributed: bool, input_table_map=None, **plan):
+        super().__init__()
+        self.embeddings = [keras.layers.Embedding(rows, dim, name=f"embedding_{t}")
+                           for t, (rows, dim) in enumerate(TABLES)]
+        self.input_table_map = input_table_map or list(range(len(TABLES)))
+        self.distributed = dmp.DistributedEmbedding(self.embeddings, input_table_map=input_table_map,
+                                                    **plan) if distributed else None
+        self.bottom = keras.layers.Dense(4, activation="relu", name="bottom")
+        self.top = keras.layers.Dense(16, activation="relu", name="top")
+        self.logit = keras.layers.Dense(1, name="logit")
+
+    def call(self, inputs):
+        numerical, ids = inputs
+        if self.distributed is not None:
+            rows = self.distributed(ids)
+        else:
+            rows = [self.embeddings[t](i) for t, i in zip(self.input_table_map, ids)]
+        return self.logit(self.top(tf.concat([self.bottom(numerical)] + rows, axis=1)))
+
+
+def batches(steps=STEPS, input_table_map=None):
+    """`steps` global batches: ((numerical [B, 3], ids [B] per input), labels [B, 1])."""
+    rng = np.random.default_rng(5)
+    out = []
+    for _ in range(steps):
+        ids = [tf.constant(rng.integers(0, TABLES[t][0], B), tf.int32)
+               for t in (input_table_map or range(len(TABLES)))]
+        out.append(((tf.constant(rng.normal(size=(B, 3)), tf.float32), ids),
+                    tf.constant(rng.integers(0, 2, (B, 1)), tf.float32)))
+    return out
+
+
+def pair(input_table_map=None, **plan):
+    """(the dmp model, the reference), built on one batch, with the reference's weights in both."""
+    keras.utils.set_random_seed(3)
+    ref, dist = Model(False, input_table_map), Model(True, input_table_map, **plan)
+    x = batches(1, input_table_map)[0][0]
+    ref(x)
+    dist(x)
+    dist.distributed.set_weights([e.embeddings.numpy() for e in ref.embeddings])
+    for name in ("bottom", "top", "logit"):
+        getattr(dist, name).set_weights(getattr(ref, name).get_weights())
+    return dist, ref
+
+
+def train_step(model, optimizer, x, labels, first_batch: bool, distributed: bool):
+    """distributed-embeddings' loop (the dmp lines only when `distributed`); this rank's loss."""
+    with tf.GradientTape() as tape:
+        logits = model(x, training=True)
+        loss = keras.losses.BinaryCrossentropy(from_logits=True)(labels, logits)
+    if distributed:
+        tape = dmp.DistributedGradientTape(tape)
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    if distributed and first_batch:
+        dmp.broadcast_variables(model.variables, root_rank=0)
+    return loss
+
+
+def local(x, labels, rank, size):
+    b = B // size
+    (numerical, ids) = x
+    return ((numerical[rank * b:(rank + 1) * b], [i[rank * b:(rank + 1) * b] for i in ids]),
+            labels[rank * b:(rank + 1) * b])
+
+
+def main():
+    comm = dmp.default_collectives()
+    worst = 0.0
+
+    def check(what, got, want):
+        nonlocal worst
+        err = float(np.max(np.abs(np.asarray(got) - np.asarray(want))))
+        if not err <= TOLERANCE:
+            raise AssertionError(f"rank {comm.rank}: {what}: max abs difference {err:.3g} > {TOLERANCE}")
+        worst = max(worst, err)
+
+    for name, make in OPTIMIZERS.items():
+        dist, ref = pair(**PLAN)
+        dist_opt, ref_opt = make(), make()
+        for step, (x, labels) in enumerate(batches()):
+            loss = train_step(dist, dist_opt, *local(x, labels, comm.rank, comm.size), step == 0, True)
+            loss = comm.allreduce_sum([loss], f"loss_{name}_{step}")[0] / comm.size
+            check(f"{name} step {step} loss", loss, train_step(ref, ref_opt, x, labels, step == 0, False))
+        for layer in ("bottom", "top", "logit"):
+            for got, want in zip(getattr(dist, layer).get_weights(), getattr(ref, layer).get_weights()):
+                check(f"{name} {layer} weights", got, want)
+        for t, (got, e) in enumerate(zip(dist.distributed.get_weights(), ref.embeddings)):
+            check(f"{name} table {t}", got, e.embeddings.numpy())
+    kinds = sorted({t.kind for t in dist.distributed.embedding.plan.tables})
+    results = comm.allgather_object({"rank": comm.rank, "kinds": kinds, "max_error": worst}, "dmp_result")
+    if comm.rank == 0:
+        print("RESULT", json.dumps(results), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Run under `horovodrun -np N`: a functional ranking.Model at N ranks against the same model in
+one process with the whole batch (same seed; the dense weights of rank 0, which compile gives every rank, copied).
+Each rank trains on its b samples of every global batch (data-parallel input, the multi-hot
+feature ragged) with train_on_batch; checks the global loss at every step, then its dense
+weights and every table shard against the matching region of the one-process tables; then
+saves a checkpoint under argv[1] and restores it into a fresh one-process model, whose every
+tensor (tables, slots, weights, counters) must equal the reference's. Prints
+RESULT with the worst difference; exits non-zero on a mismatch."""
+import json
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from dataloading.synthetic import SyntheticDataset
+from storage import checkpoint
+from parallel_embedding.collectives import SingleProcess, make_collectives
+from ranking import FeatureConfig, HybridEmbedding, Model, TableConfig
+from tests.multi_hot import multi_hot_ids
+
+CARDS, DIMS, COMBINERS, HOTNESS = [40, 60, 20], [8, 4, 6], ["sum", "mean", "mean"], [1, 3, 2]
+PLAN = dict(row_slice_threshold=300, column_slice_threshold=200, data_parallel_threshold=150)
+B, STEPS, TOLERANCE = 32, 4, 1e-5
+
+
+def build(comm):
+    numerical = keras.Input((3,), name="numerical")
+    ids = [keras.Input((None,), dtype="int32", ragged=True, name=f"f{f}") if h > 1 else
+           keras.Input((), dtype="int32", name=f"f{f}") for f, h in enumerate(HOTNESS)]
+    features = [FeatureConfig(f"f{f}", TableConfig(f"t{f}", c, d, combiner=k),
+                              (None, h) if h > 1 else (None,), (None, d))
+                for f, (c, d, k, h) in enumerate(zip(CARDS, DIMS, COMBINERS, HOTNESS))]
+    embedded = HybridEmbedding(features, collectives=comm, seed=(7, 1000), **PLAN)(ids)
+    x = keras.layers.Concatenate()([keras.layers.Dense(4, activation="relu", name="bottom")(numerical)] + embedded)
+    x = keras.layers.Dense(1, name="logit")(keras.layers.Dense(16, activation="relu", name="top")(x))
+    model = Model([numerical] + ids, x)
+    model.compile(optimizer="adagrad", learning_rate=0.1)
+    return model
+
+
+def batch(data, step, start, n):
+    """Samples [start, start + n) of global batch `step`: (numerical, ids...), labels."""
+    whole = data.batch("train", step * B, B)
+    ids = [tf.constant(c[start:start + n]) for c in whole["categorical"]]
+    for f, h in enumerate(HOTNESS):
+        if h > 1:
+            ids[f] = tf.cast(multi_hot_ids(CARDS[f], h, f, step * B + start, n), tf.int32)
+    return (tf.constant(whole["numerical"][start:start + n]),) + tuple(ids), tf.constant(whole["labels"][start:start + n])
+
+
+def main():
+    comm = make_collectives()
+    dist, ref = build(comm), build(SingleProcess())
+    ref.set_weights(dist.get_weights())   # rank 0's (compile broadcasts them); the tables start equal by their seed
+    data = SyntheticDataset(CARDS, 3, alpha=1.05, seed=7)
+    b, worst = B // comm.size, 0.0
+
+    def check(what, got, want):
+        nonlocal worst
+        err = float(np.max(np.abs(np.asarray(got) - np.asarray(want)))) if np.size(want) else 0.0
+        if not err <= TOLERANCE:
+            raise AssertionError(f"rank {comm.rank}: {what}: max abs difference {err:.3g} > {TOLERANCE}")
+        worst = max(worst, err)
+
+    for step in range(STEPS):
+        loss = dist.train_on_batch(*batch(data, step, comm.rank * b, b), return_dict=True)["loss"]
+        ref_loss = ref.train_on_batch(*batch(data, step, 0, B), return_dict=True)["loss"]
+        check(f"step {step} loss", loss, ref_loss)
+    for got, want in zip(dist.dense_variables, ref.dense_variables):
+        check(got.name, got.numpy(), want.numpy())
+    emb = dist.get_layer("hybrid_embedding").embedding
+    tables = [v.numpy() for v in ref.get_layer("hybrid_embedding").table_variables]
+    for s, var in zip(emb.shards, emb.shard_variables):
+        check(f"table {s.feature} rows {s.row_start}:{s.row_end} cols {s.col_start}:{s.col_end}",
+              var.numpy()[:s.num_rows], tables[s.feature][s.row_start:s.row_end, s.col_start:s.col_end])
+    for f, var in zip(emb.replicated, emb.replicated_variables):
+        check(f"replicated table {f}", var.numpy(), tables[f])
+    # A checkpoint written at N ranks restores into a fresh one-process model as the reference's state.
+    path = checkpoint.save(sys.argv[1], dist.checkpoint_entries(), STEPS, {}, comm)
+    fresh = build(SingleProcess())
+    checkpoint.restore(path, fresh.checkpoint_entries(), {}, fresh.checkpoint_names())
+    restored = {e.name: e.variable.numpy() for e in fresh.checkpoint_entries()}
+    for e in ref.checkpoint_entries():
+        check(f"restored {e.name}", restored[e.name], e.variable.numpy())
+    kinds = sorted({t.kind for t in emb.plan.tables})
+    results = comm.allgather_object({"rank": comm.rank, "kinds": kinds, "max_error": worst}, "ranking_result")
+    if comm.rank == 0:
+        print("RESULT", json.dumps(results), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,288 @@
+"""ranking/ (the Keras 3 API): a functional Keras model over HybridEmbedding, trained by Keras'
+fit through ranking.Model's step, equals today's RankingModel + Trainer on the same batches;
+the configuration's errors; Keras' variable tracking; a subclassed model with Keras' layers."""
+import json
+import types
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from dataloading.synthetic import SyntheticDataset
+from nn.lr_schedule import LearningRateSchedule
+from nn.model import RankingModel
+from nn.model_config import ModelConfig, TableConfig as NNTable
+from nn.trainer import Trainer
+from parallel_embedding.collectives import SingleProcess
+from ranking import FeatureConfig, HybridEmbedding, Model, TableConfig
+from storage import checkpoint
+from tests.horovod_run import horovodrun
+from tests.multi_hot import multi_hot_ids
+from utils.errors import ConfigError, NonFiniteError
+
+CARDS, DIMS, COMBINERS, HOTNESS = [40, 30, 20], [8, 4, 6], ["sum", "sum", "mean"], [1, 1, 3]
+BOTTOM, TOP, B, STEPS = (8, 4), (16, 1), 32, 4
+DATA = SyntheticDataset(CARDS, 3, 0.0, seed=5)
+
+
+def batches():
+    """STEPS batches (numerical [B, 3], ids per feature, labels [B]); feature 2 multi-hot (ragged)."""
+    out = []
+    for step in range(STEPS):
+        b = DATA.batch("train", step * B, B)
+        ids = [tf.constant(c) for c in b["categorical"]]
+        ids[2] = tf.cast(multi_hot_ids(CARDS[2], HOTNESS[2], 2, step * B, B), tf.int32)
+        out.append((tf.constant(b["numerical"]), ids, tf.constant(b["labels"])))
+    return out
+
+
+def features():
+    return [FeatureConfig(name=f"f{f}", table=TableConfig(name=f"t{f}", vocabulary_size=c, embedding_dim=d,
+                                                          combiner=k),
+                          input_shape=(None, h) if h > 1 else (None,), output_shape=(None, d))
+            for f, (c, d, k, h) in enumerate(zip(CARDS, DIMS, COMBINERS, HOTNESS))]
+
+
+def today(optimizer):
+    """DCNv2 without cross layers: concat(bottom MLP, embeddings) -> top MLP, as RankingModel."""
+    tables = tuple(NNTable(cardinality=c, dim=d, combiner=k, max_hotness=h if h > 1 else None)
+                   for c, d, k, h in zip(CARDS, DIMS, COMBINERS, HOTNESS))
+    config = ModelConfig(tables=tables, num_numerical=3, bottom_mlp_dims=BOTTOM, top_mlp_dims=TOP,
+                         interaction="cross", num_cross_layers=0)
+    return Trainer(RankingModel(config, seed=3), optimizer, LearningRateSchedule(0.1, 0, 0, 0))
+
+
+def keras_model(trainer):
+    """The same model written with Keras' layers over HybridEmbedding, with the trainer's initial weights."""
+    numerical = keras.Input((3,), name="numerical")
+    ids = [keras.Input((None,), dtype="int32", ragged=True, name=f"f{f}") if h > 1 else
+           keras.Input((), dtype="int32", name=f"f{f}") for f, h in enumerate(HOTNESS)]
+    embedded = HybridEmbedding(features(), seed=(3, 1000))(ids)
+    x = numerical
+    bottom = [keras.layers.Dense(w, activation="relu", name=f"bottom_{i}") for i, w in enumerate(BOTTOM)]
+    for layer in bottom:
+        x = layer(x)
+    x = keras.layers.Concatenate()([x] + embedded)
+    top = [keras.layers.Dense(w, activation="relu" if i < len(TOP) - 1 else None, name=f"top_{i}")
+           for i, w in enumerate(TOP)]
+    for layer in top:
+        x = layer(x)
+    model = Model([numerical] + ids, x)
+    nn = trainer.model.dense
+    for layers, mlp in ((bottom, nn.bottom_mlp), (top, nn.top_mlp)):
+        for layer, kernel, bias in zip(layers, mlp.kernels, mlp.biases):
+            layer.kernel.assign(kernel)
+            layer.bias.assign(bias)
+    return model
+
+
+def tables_of(trainer):
+    return [v.numpy() for v in trainer.model.table_variables]
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+def test_fit_equals_todays_trainer(optimizer):
+    data = batches()
+    trainer = today(optimizer)
+    model = keras_model(trainer)
+    emb = model.get_layer("hybrid_embedding")
+    for want, got in zip(tables_of(trainer), emb.table_variables):   # same seed: the same tables
+        np.testing.assert_array_equal(got.numpy(), want)
+    model.compile(optimizer=optimizer, learning_rate=0.1)
+    want_losses = [float(trainer.train_step(*batch)) for batch in data]
+    got_losses = [model.train_on_batch((n,) + tuple(ids), labels, return_dict=True)["loss"] for n, ids, labels in data]
+    np.testing.assert_allclose(got_losses, want_losses, rtol=0, atol=2e-6)
+    for want, got in zip(tables_of(trainer), emb.table_variables):
+        np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=2e-6)
+    dense = [v.numpy() for v in trainer.model.dense.bottom_mlp.kernels + trainer.model.dense.top_mlp.kernels]
+    got = [l.kernel.numpy() for l in model.layers if isinstance(l, keras.layers.Dense)]
+    for want, g in zip(dense, got):
+        np.testing.assert_allclose(g, want, rtol=0, atol=2e-6)
+    assert int(model.global_step.numpy()) == STEPS
+
+
+def test_fit_on_tf_data_trains_like_train_on_batch():
+    """Keras' fit over a tf.data of the same batches (ragged ids included) takes the same steps."""
+    data = batches()
+    trainer = today("adagrad")
+    model_a, model_b = keras_model(trainer), keras_model(trainer)
+    for m in (model_a, model_b):
+        m.compile(optimizer="adagrad", learning_rate=0.1)
+    for n, ids, labels in data:
+        model_a.train_on_batch((n,) + tuple(ids), labels)
+    dataset = tf.data.Dataset.from_tensor_slices(
+        ((tf.concat([n for n, _, _ in data], 0),) + tuple(
+            tf.concat([ids[f] for _, ids, _ in data], 0) for f in range(len(CARDS))),
+         tf.concat([labels for _, _, labels in data], 0))).batch(B)
+    history = model_b.fit(dataset, epochs=1, verbose=0, shuffle=False)
+    assert len(history.history["loss"]) == 1
+    for a, b in zip(model_a.get_layer("hybrid_embedding").table_variables,
+                    model_b.get_layer("hybrid_embedding").table_variables):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=0, atol=1e-6)
+    for a, b in zip(model_a.dense_variables, model_b.dense_variables):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=0, atol=1e-6)
+    assert model_b.predict(dataset, verbose=0).shape == (STEPS * B, 1)
+
+
+def test_tables_are_not_keras_weights():
+    model = keras_model(today("sgd"))
+    emb = model.get_layer("hybrid_embedding")
+    table_refs = {v.ref() for v in emb.table_variables}
+    assert not table_refs & {v.value.ref() for v in model.trainable_variables}
+    assert len(model.trainable_variables) == 2 * (len(BOTTOM) + len(TOP))
+    assert emb.count_params() == sum(c * d for c, d in zip(CARDS, DIMS))
+    names = [v.name for v in model.dense_variables]
+    assert len(set(names)) == len(names)
+
+
+def test_shared_table_and_dense_multi_hot():
+    """Two features of one table look up the same rows; a dense [b, k] multi-hot input is k ids a sample."""
+    genre = TableConfig(name="genre", vocabulary_size=20, embedding_dim=4, combiner="mean")
+    item = TableConfig(name="item", vocabulary_size=50, embedding_dim=4, combiner="sum")
+    layer = HybridEmbedding({
+        "a": FeatureConfig(name="a", table=item, input_shape=(None, 1), output_shape=(None, 4)),
+        "b": FeatureConfig(name="b", table=item, input_shape=(None,), output_shape=(None, 4)),
+        "g": FeatureConfig(name="g", table=genre, input_shape=(None, 2), output_shape=(None, 4))}, seed=(1, 2))
+    out = layer({"a": tf.constant([[3], [7]]), "b": tf.constant([7, 49]), "g": tf.constant([[1, 5], [2, 2]])})
+    item_table, genre_table = [v.numpy() for v in layer.table_variables]
+    assert len(layer.table_variables) == 2
+    np.testing.assert_array_equal(out["a"].numpy(), item_table[[3, 7]])
+    np.testing.assert_array_equal(out["b"].numpy(), item_table[[7, 49]])
+    np.testing.assert_allclose(out["g"].numpy(), [(genre_table[1] + genre_table[5]) / 2, genre_table[2]], atol=1e-7)
+
+
+def test_subclassed_model_with_keras_layers():
+    """A subclassed ranking.Model with BatchNormalization, Dropout and Add trains with fit."""
+    table = TableConfig(name="t", vocabulary_size=30, embedding_dim=8, combiner="sum")
+
+    class TwoFeatures(Model):
+        def __init__(self):
+            super().__init__()
+            self.emb = HybridEmbedding([FeatureConfig(name="u", table=table, input_shape=(None,),
+                                                      output_shape=(None, 8)),
+                                        FeatureConfig(name="v", table=table, input_shape=(None,),
+                                                      output_shape=(None, 8))])
+            self.norm = keras.layers.BatchNormalization()
+            self.drop = keras.layers.Dropout(0.5)
+            self.out = keras.layers.Dense(1)
+
+        def call(self, inputs, training=False):
+            u, v = self.emb(inputs)
+            return self.out(self.drop(self.norm(keras.layers.Add()([u, v]), training=training), training=training))
+
+    model = TwoFeatures()
+    rng = np.random.default_rng(0)
+    x = (rng.integers(0, 30, 64).astype(np.int32), rng.integers(0, 30, 64).astype(np.int32))
+    y = (x[0] < 15).astype(np.float32)
+    model(x)
+    model.compile(optimizer="adam", learning_rate=0.05, metrics=[keras.metrics.AUC(from_logits=True, name="auc")])
+    before = model.emb.table_variables[0].numpy().copy()
+    moving = model.norm.moving_mean.numpy().copy()
+    history = model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(16), epochs=5, verbose=0).history
+    assert history["loss"][-1] < history["loss"][0]
+    assert history["auc"][-1] > history["auc"][0]
+    assert not np.array_equal(model.emb.table_variables[0].numpy(), before)
+    assert not np.array_equal(model.norm.moving_mean.numpy(), moving)
+    assert model.predict(x, batch_size=16, verbose=0).shape == (64, 1)
+
+
+def test_fit_stops_after_a_non_finite_step():
+    trainer = today("sgd")
+    model = keras_model(trainer)
+    model.compile(optimizer="sgd", learning_rate=0.1)
+    n, ids, labels = batches()[0]
+    bad = tf.tensor_scatter_nd_update(labels, [[5]], [float("nan")])
+    dataset = tf.data.Dataset.from_tensors(((n,) + tuple(ids), labels)).concatenate(
+        tf.data.Dataset.from_tensors(((n,) + tuple(ids), bad))).repeat(2)
+    with pytest.raises(NonFiniteError, match="step 2: non-finite"):
+        model.fit(dataset, verbose=0)
+    assert int(model.global_step.numpy()) == 2
+
+
+def test_configuration_errors_name_what_is_wrong():
+    t = TableConfig(name="t", vocabulary_size=10, embedding_dim=4)
+    with pytest.raises(ConfigError, match="table 't': combiner"):
+        TableConfig(name="t", vocabulary_size=10, embedding_dim=4, combiner="sqrtn")
+    with pytest.raises(ConfigError, match="feature 'f': output_shape must be"):
+        FeatureConfig(name="f", table=t, input_shape=(None,), output_shape=(None, 5))
+    other = TableConfig(name="t", vocabulary_size=11, embedding_dim=4)
+    with pytest.raises(ConfigError, match="table 't' is declared twice"):
+        HybridEmbedding([FeatureConfig("a", t, (None,), (None, 4)), FeatureConfig("b", other, (None,), (None, 4))])
+    layer = HybridEmbedding({"a": FeatureConfig("a", t, (None,), (None, 4))})
+    with pytest.raises(ConfigError, match="feature 'a': missing"):
+        layer({"b": tf.constant([1])})
+    two_ranks = types.SimpleNamespace(size=2, rank=0)
+    with pytest.raises(ConfigError, match="table 't': features sharing a table run on one process only"):
+        HybridEmbedding([FeatureConfig("a", t, (None,), (None, 4)), FeatureConfig("b", t, (None,), (None, 4))],
+                        collectives=two_ranks)
+    sgd = TableConfig(name="s", vocabulary_size=10, embedding_dim=4, optimizer="sgd")
+    inp = keras.Input((), dtype="int32")
+    model = Model(inp, keras.layers.Dense(1)(HybridEmbedding([FeatureConfig("a", sgd, (None,), (None, 4))])([inp])[0]))
+    with pytest.raises(ConfigError, match="its tables name optimizer 'sgd', compile names 'adam'"):
+        model.compile(optimizer="adam")
+
+
+def test_two_gloo_ranks_equal_one_process(tmp_path):
+    """tests/ranking_multirank_worker.py: row, column and replicated tables, one-hot and ragged
+    multi-hot; its checkpoint restores into one process."""
+    out = horovodrun(2, ["tests/ranking_multirank_worker.py", str(tmp_path)])
+    assert out.returncode == 0, f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    results = json.loads(next(l for l in out.stdout.splitlines() if "RESULT " in l).split("RESULT ", 1)[1])
+    assert [r["rank"] for r in results] == [0, 1]
+    assert results[0]["kinds"] == ["column", "replicated", "row"]
+    assert all(r["max_error"] <= 1e-5 for r in results), results
+
+
+def test_checkpoint_restores_and_training_continues(tmp_path):
+    """Saved after two steps and restored into a fresh model, the next steps' losses and every
+    tensor equal the uninterrupted model's (tables, slots, Keras weights, dense slots, step)."""
+    data = batches()
+    trainer = today("adam")
+    run, resumed = keras_model(trainer), keras_model(trainer)
+    for m in (run, resumed):
+        m.compile(optimizer="adam", learning_rate=0.1)
+    for n, ids, labels in data[:2]:
+        run.train_on_batch((n,) + tuple(ids), labels)
+    path = checkpoint.save(str(tmp_path), run.checkpoint_entries(), 2, {}, SingleProcess())
+    assert run.checkpoint_names() == set(checkpoint.read_manifest(path)["tensors"])
+    checkpoint.restore(path, resumed.checkpoint_entries(), {}, resumed.checkpoint_names())
+    for n, ids, labels in data[2:]:
+        want = run.train_on_batch((n,) + tuple(ids), labels, return_dict=True)["loss"]
+        assert resumed.train_on_batch((n,) + tuple(ids), labels, return_dict=True)["loss"] == want
+    got = {e.name: e.variable.numpy() for e in resumed.checkpoint_entries()}
+    want = {e.name: e.variable.numpy() for e in run.checkpoint_entries()}
+    assert got.keys() == want.keys() and "global_step" in got and "top_1/kernel/m" in got
+    assert "hybrid_embedding_tables/table_2/v" in got
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_dense_part_exports_and_serves_the_models_logits(tmp_path):
+    """The dense part (numerical + the embeddings' rows -> logit) as a SavedModel gives the model's logits."""
+    model = keras_model(today("sgd"))
+    model.compile(optimizer="sgd", learning_rate=0.1)
+    n, ids, labels = batches()[0]
+    model.train_on_batch((n,) + tuple(ids), labels)
+    dense = model.dense_part()
+    assert [tuple(i.shape) for i in dense.inputs] == [(None, 3)] + [(None, d) for d in DIMS]
+    assert len(dense.weights) == len(model.weights)
+    dense.export(str(tmp_path / "dense"), verbose=False)
+    loaded = tf.saved_model.load(str(tmp_path / "dense"))   # held: its variables live as long as it does
+    served = loaded.serve([n] + model.get_layer("hybrid_embedding")(list(ids)))
+    np.testing.assert_array_equal(served.numpy(), model((n,) + tuple(ids)).numpy())
+
+
+def test_two_embedding_layers_train_but_one_checkpoint_name_clashes():
+    t = TableConfig(name="t", vocabulary_size=10, embedding_dim=4, combiner="sum")
+    a, b = keras.Input((), dtype="int32", name="a"), keras.Input((), dtype="int32", name="b")
+    ea = HybridEmbedding([FeatureConfig("a", t, (None,), (None, 4))], name="user_side")([a])[0]
+    eb = HybridEmbedding([FeatureConfig("b", t, (None,), (None, 4))], name="item_side", seed=(0, 7))([b])[0]
+    model = Model([a, b], keras.layers.Dense(1, name="logit")(keras.layers.Multiply()([ea, eb])))
+    model.compile(optimizer="sgd", learning_rate=0.5)
+    before = [v.numpy().copy() for l in model.embedding_layers for v in l.table_variables]
+    model.train_on_batch((np.array([1, 2], np.int32), np.array([3, 4], np.int32)), np.array([1.0, 0.0], np.float32))
+    after = [v.numpy() for l in model.embedding_layers for v in l.table_variables]
+    assert all(not np.array_equal(x[1:5], y[1:5]) for x, y in zip(before, after))
+    with pytest.raises(ConfigError, match="checkpoint tensor 'table_optimizer/iterations' is named twice"):
+        model.checkpoint_entries()

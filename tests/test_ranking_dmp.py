@@ -1,0 +1,118 @@
+"""ranking.dist_model_parallel (distributed-embeddings' front door): a script written for
+distributed-embeddings trains, with only its import changed, as the plain Keras model with the
+same weights and Keras optimizer: at one process (eager and in a tf.function) and at two Gloo
+ranks on the same global batches (tests/ranking_dmp_worker.py); tables are Keras weights with
+IndexedSlices gradients, updated sparsely by SGD and Adagrad; the unsupported options are one line."""
+import json
+import types
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from ranking import dist_model_parallel as dmp
+from tests.horovod_run import horovodrun
+from tests.ranking_dmp_worker import OPTIMIZERS, TABLES, batches, pair, train_step
+from utils.errors import ConfigError
+
+
+def train(dist, ref, optimizer, steps, input_table_map=None, compiled=False):
+    """Per-step losses of the dmp model and the reference, each with its own `optimizer`."""
+    dist_opt, ref_opt = OPTIMIZERS[optimizer](), OPTIMIZERS[optimizer]()
+    step_fn = tf.function(train_step) if compiled else train_step
+    out = []
+    for step, (x, labels) in enumerate(batches(steps, input_table_map)):
+        out.append((float(step_fn(dist, dist_opt, x, labels, step == 0, True)),
+                    float(train_step(ref, ref_opt, x, labels, step == 0, False))))
+    return out
+
+
+def assert_same_weights(dist, ref):
+    for layer in ("bottom", "top", "logit"):
+        for got, want in zip(getattr(dist, layer).get_weights(), getattr(ref, layer).get_weights()):
+            np.testing.assert_allclose(got, want, atol=1e-6)
+    for got, e in zip(dist.distributed.get_weights(), ref.embeddings):
+        np.testing.assert_allclose(got, e.embeddings.numpy(), atol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer,compiled", [("sgd", False), ("adagrad", True), ("adam", False)])
+def test_one_process_equals_plain_keras(optimizer, compiled):
+    dist, ref = pair()
+    start = [e.embeddings.numpy() for e in ref.embeddings]
+    losses = train(dist, ref, optimizer, 4, compiled=compiled)
+    np.testing.assert_allclose([d for d, _ in losses], [r for _, r in losses], atol=1e-6)
+    assert_same_weights(dist, ref)
+    assert all(np.abs(w - s).max() > 1e-3 for w, s in zip(dist.distributed.get_weights(), start))
+
+
+def test_tables_are_keras_weights_with_sparse_gradients():
+    dist, _ = pair()
+    tables = dist.distributed.weights
+    assert [tuple(v.shape) for v in tables] == TABLES
+    assert all(any(v is w for w in dist.trainable_variables) for v in tables)
+    (x, labels), = batches(1)
+    with tf.GradientTape() as tape:
+        loss = keras.losses.BinaryCrossentropy(from_logits=True)(labels, dist(x, training=True))
+    grads = dmp.DistributedGradientTape(tape).gradient(loss, tables)
+    assert all(isinstance(g, tf.IndexedSlices) for g in grads)
+    for optimizer in ("sgd", "adagrad"):   # rows not looked up stay as they were
+        before = [v.numpy() for v in tables]
+        OPTIMIZERS[optimizer]().apply_gradients(zip(grads, tables))
+        for v, b, ids in zip(tables, before, x[1]):
+            untouched = np.setdiff1d(np.arange(v.shape[0]), ids.numpy())
+            np.testing.assert_array_equal(v.numpy()[untouched], b[untouched])
+            assert np.abs(v.numpy() - b).max() > 0
+
+
+def test_shared_table_at_one_process():
+    table_map = [0, 1, 2, 0]
+    dist, ref = pair(input_table_map=table_map)
+    losses = train(dist, ref, "adagrad", 3, table_map)
+    np.testing.assert_allclose([d for d, _ in losses], [r for _, r in losses], atol=1e-6)
+    assert_same_weights(dist, ref)
+
+
+def test_keras_shaped_ids_and_combiner():
+    """[b, 1] ids give [b, 1, D] as Keras' Embedding; a layer with a combiner combines multi-hot ids."""
+    class Combined(keras.layers.Embedding):
+        combiner = "mean"
+    layer = dmp.DistributedEmbedding([keras.layers.Embedding(10, 3), Combined(10, 3)])
+    tables = layer.get_weights()
+    one, multi = layer([tf.constant([[2], [5]]), tf.ragged.constant([[1, 4], [7]])])
+    assert one.shape == (2, 1, 3)
+    np.testing.assert_allclose(one[:, 0], tables[0][[2, 5]])
+    np.testing.assert_allclose(multi, [(tables[1][1] + tables[1][4]) / 2, tables[1][7]], atol=1e-7)
+
+
+def test_unsupported_options_are_one_line():
+    two_ranks = types.SimpleNamespace(rank=0, size=2)
+    embeddings = [keras.layers.Embedding(10, 4), keras.layers.Embedding(20, 4)]
+    cases = [
+        (dict(gpu_embedding_size=1000), "gpu_embedding_size=1000"),
+        (dict(dp_input=False, collectives=two_ranks), "dp_input=False"),
+        (dict(input_table_map=[0, 1, 0], collectives=two_ranks), "sharing a table"),
+        (dict(input_table_map=[0, 0]), "no input for table 1"),
+        (dict(input_table_map=[0, 2]), "got 2"),
+    ]
+    for kwargs, words in cases:
+        with pytest.raises(ConfigError, match=words) as error:
+            dmp.DistributedEmbedding(embeddings, **kwargs)
+        assert "\n" not in str(error.value)
+    with pytest.raises(ConfigError, match="mask_zero"):
+        dmp.DistributedEmbedding([keras.layers.Embedding(10, 4, mask_zero=True)])
+    layer = dmp.DistributedEmbedding(embeddings)
+    with pytest.raises(ConfigError, match=r"table 1 has shape \(10, 4\), expected \(20, 4\)"):
+        layer.set_weights([np.zeros((10, 4)), np.zeros((10, 4))])
+    with pytest.raises(ConfigError, match="root_rank=1"):
+        dmp.broadcast_variables(layer.weights, root_rank=1)
+
+
+def test_two_gloo_ranks_equal_one_process():
+    """SGD, Adagrad, Adam over row-sliced, column-sliced and replicated tables."""
+    out = horovodrun(2, ["tests/ranking_dmp_worker.py"])
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    line = next(l for l in out.stdout.splitlines() if "RESULT" in l)
+    results = json.loads(line.split("RESULT", 1)[1])
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["kinds"] == ["column", "replicated", "row"] and r["max_error"] <= 1e-5 for r in results)
