@@ -175,8 +175,11 @@ def test_slow_connections_are_capped_and_dropped(bounded):
         s.close()
     assert refused(ports[2]) >= count + 100 - 16
     numerical, categorical, _ = next(request_batches(eval_dataset(data), 4, 4))
-    assert ServingClient("http", f"127.0.0.1:{ports[0]}", "dlrm").infer(numerical, categorical)["logits"].shape \
-        == (4, 1)
+    client = ServingClient("http", f"127.0.0.1:{ports[0]}", "dlrm")
+    first = client.infer(numerical, categorical)["logits"]
+    time.sleep(2.5)   # its kept-alive connection dropped meanwhile: tritonclient connects again
+    np.testing.assert_array_equal(client.infer(numerical, categorical)["logits"], first)
+    client.close()
     assert proc_status(server.pid)["Threads"] <= threads + 2
 
 
@@ -219,11 +222,17 @@ def test_malformed_requests_are_answered_and_counted(bounded):
         answer = exchange(ports[0], raw)
         assert answer[0] == status and message in answer[1], (raw[:200], answer)
     assert refused(ports[2]) == count + len(cases)
-    # over gRPC: a message past --max_request_mb (gRPC refuses it itself, uncounted)
+    # over gRPC: a message past --max_request_mb, sent as is or gzipped (64 MiB of zeros in ~64 KiB): gRPC
+    # refuses it itself (uncounted)
     client = ServingClient("grpc", f"127.0.0.1:{ports[1]}", "dlrm")
-    with pytest.raises(InferenceServerException) as error:
-        client.infer(np.zeros((1, 3 << 20), np.float32), categorical)
-    assert "RESOURCE_EXHAUSTED" in str(error.value.status()), error.value
+    for size, compression in ((3 << 20, None), (16 << 20, "gzip")):
+        tensors = [client.api.InferInput("numerical_features", [1, size], "FP32"),
+                   client.api.InferInput("categorical_features", list(categorical.shape), "INT64")]
+        tensors[0].set_data_from_numpy(np.zeros((1, size), np.float32))
+        tensors[1].set_data_from_numpy(categorical)
+        with pytest.raises(InferenceServerException) as error:
+            client.client.infer("dlrm", tensors, compression_algorithm=compression)
+        assert "RESOURCE_EXHAUSTED" in str(error.value.status()), error.value
     np.testing.assert_array_equal(client.infer(numerical, categorical)["logits"].shape, (1, 1))
     client.close()
     assert "Traceback" not in log.read_text()
