@@ -81,8 +81,7 @@ class GuardedHandler(http.server.BaseHTTPRequestHandler):
         pass
 
     def setup(self):
-        safeguards = self.server.safeguards
-        self.timeout = safeguards.read_timeout_s   # each read; the server's deadline bounds them all
+        self.timeout = self.server.safeguards.read_timeout_s   # each read; the server's deadline bounds them all
         self.server.arm(self)
         if self.server.ssl_context is not None:
             self.request.settimeout(self.timeout)
@@ -146,6 +145,9 @@ class GuardedHandler(http.server.BaseHTTPRequestHandler):
         self.body = b""
         if self.headers.get("Transfer-Encoding"):
             self.refuse(411, "Transfer-Encoding is not supported: send Content-Length", close=True)
+            return False
+        if len(self.headers.get_all("Content-Length") or ()) > 1:
+            self.refuse(400, "more than one Content-Length", close=True)
             return False
         length = self.headers.get("Content-Length")
         if length is None:

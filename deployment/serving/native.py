@@ -62,6 +62,15 @@ class RequestError(Exception):
         super().__init__(message)
         self.code = code
 
+    @classmethod
+    def of(cls, e: Exception) -> "RequestError":
+        """`e` itself if a RequestError, else an unexpected error as INTERNAL, in one line: the
+        server goes on, the client gets the line."""
+        if isinstance(e, RequestError):
+            return e
+        lines = [line for line in str(e).splitlines() if line.strip()]
+        return cls(f"{type(e).__name__}: {lines[0] if lines else ''}", "INTERNAL")
+
 
 @dataclasses.dataclass(frozen=True)
 class TensorSpec:
@@ -145,9 +154,8 @@ class ServedModel:
             result = self.infer(*arrays)
         except BadRequest as e:
             raise RequestError(str(e))
-        except Exception as e:   # the server goes on; the client gets one line
-            lines = [line for line in str(e).splitlines() if line.strip()]
-            raise RequestError(f"{type(e).__name__}: {lines[0] if lines else ''}", "INTERNAL")
+        except Exception as e:
+            raise RequestError.of(e)
         return {t.name: result[t.name] for t in self.outputs if requested is None or t.name in requested}
 
 
@@ -202,10 +210,6 @@ def _grpc_servicer(model: ServedModel, metrics: Metrics):
                 context.abort(grpc.StatusCode[e.code], str(e))
         return call
 
-    def unexpected(e: Exception) -> RequestError:
-        lines = [line for line in str(e).splitlines() if line.strip()]
-        return RequestError(f"{type(e).__name__}: {lines[0] if lines else ''}", "INTERNAL")
-
     def known(request) -> ServedModel:
         if request.name != model.name or request.version not in ("", VERSION):
             raise _unknown_model(request.name)
@@ -257,7 +261,7 @@ def _grpc_servicer(model: ServedModel, metrics: Metrics):
                          for i, t in enumerate(request.inputs)]
                 out = _run(model, metrics, "grpc", given, [o.name for o in request.outputs] or None, request.id)
             except Exception as e:
-                error = e if isinstance(e, RequestError) else unexpected(e)
+                error = RequestError.of(e)
                 metrics.observe("grpc", OUTCOME[error.code])
                 raise error
             specs = {t.name: t for t in model.outputs}
@@ -379,8 +383,7 @@ class _HttpHandler(GuardedHandler):
                 return self._json(self.model.metadata())
             self._infer(self.body)
         except Exception as e:
-            error = e if isinstance(e, RequestError) else RequestError(
-                f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}", "INTERNAL")
+            error = RequestError.of(e)
             if method == "POST":   # an inference request, the only POST that gets this far
                 self.metrics.observe("http", OUTCOME[error.code])
             self._json({"error": str(error)}, HTTP_STATUS[error.code])
