@@ -19,7 +19,8 @@ import pytest
 
 from deployment.client import ServingClient, free_ports, request_batches
 from tests.horovod_run import ROOT
-from tests.test_serving import eval_dataset, parse_metrics, port_flags, script, stop_server, trained  # noqa: F401
+from tests.test_serving import (data_flags, eval_dataset, parse_metrics, port_flags, script, stop_server,  # noqa
+                                trained)
 
 REFUSED = 'dlrm_inference_requests_total{model="dlrm",protocol="%s",status="refused"}'
 LIMIT_MB = 8
@@ -240,8 +241,8 @@ def test_malformed_requests_are_answered_and_counted(bounded):
 
 @pytest.fixture(scope="module")
 def guarded(trained, tmp_path_factory):
-    """(ports, token, TLS context trusting the server, certificate file, data): the export served
-    with --auth_token_file and a self-signed certificate for 127.0.0.1 and localhost."""
+    """(ports, token, TLS context trusting the server, certificate file, data, token file): the export
+    served with --auth_token_file and a self-signed certificate for 127.0.0.1 and localhost."""
     _, _, data, repo = trained
     tmp = tmp_path_factory.mktemp("guarded")
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
@@ -254,7 +255,8 @@ def guarded(trained, tmp_path_factory):
                    f"--tls_cert_file={tmp / 'cert.pem'}", f"--tls_key_file={tmp / 'key.pem'}")
     try:
         ServingClient("http", f"localhost:{ports[0]}", "dlrm", token, str(tmp / "cert.pem")).wait_ready(120)
-        yield ports, token, ssl.create_default_context(cafile=str(tmp / "cert.pem")), str(tmp / "cert.pem"), data
+        yield (ports, token, ssl.create_default_context(cafile=str(tmp / "cert.pem")), str(tmp / "cert.pem"), data,
+               str(tmp / "token"))
     finally:
         stop_server(server, ports, log)
 
@@ -263,7 +265,7 @@ def test_the_token_is_required_over_tls(guarded):
     """HTTPS: health open, metadata, inference and /metrics 401 without the token (or with a wrong
     one); gRPC over TLS: UNAUTHENTICATED without it, ServerLive open; with it, both answer."""
     from tritonclient.utils import InferenceServerException
-    ports, token, context, cert, data = guarded
+    ports, token, context, cert, data, _ = guarded
     numerical, categorical, _ = next(request_batches(eval_dataset(data), 4, 4))
 
     def get(port, path, headers=None):
@@ -291,6 +293,18 @@ def test_the_token_is_required_over_tls(guarded):
     with pytest.raises(ssl.SSLError):   # a client that does not trust the self-signed certificate
         http.client.HTTPSConnection("localhost", ports[0], context=ssl.create_default_context(),
                                     timeout=30).request("GET", "/v2/health/live")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_evaluate_accuracy_with_tls_and_the_token(guarded, protocol):
+    ports, _, _, cert, data, token_file = guarded
+    url = f"localhost:{ports[0 if protocol == 'http' else 1]}"
+    common = [*data_flags(data), f"--protocol={protocol}", f"--url={url}", "--batch_size=100", "--max_samples=200",
+              f"--tls_ca_file={cert}", "--wait_s=10"]
+    result = script("evaluate_accuracy.py", *common, f"--auth_token_file={token_file}")
+    assert result.returncode == 0 and f"served dlrm over {protocol}: auc" in result.stdout, result.stderr[-2000:]
+    refused = script("evaluate_accuracy.py", *common)
+    assert refused.returncode == 2 and "error: " in refused.stderr, refused.stderr[-2000:]
 
 
 def test_safety_flag_errors_are_one_line(tmp_path):
