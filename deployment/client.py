@@ -27,16 +27,22 @@ def error_line(error: Exception) -> str:
 
 
 class ServingClient:
-    """One connection to `model` on the server at `url` (default localhost and the protocol's port)."""
+    """One connection to `model` on the server at `url` (default localhost and the protocol's port);
+    over TLS when `ca_file` (a PEM file of the certificates to trust) is given, each call carrying
+    the bearer `token` when one is given (serve.py's --tls_cert_file, --auth_token_file)."""
 
-    def __init__(self, protocol: str = "http", url: str = "", model: str = "dlrm"):
+    def __init__(self, protocol: str = "http", url: str = "", model: str = "dlrm", token: str = "",
+                 ca_file: str = ""):
         if protocol == "http":
             import tritonclient.http as api
+            tls = dict(ssl=True, ssl_options={"ca_certs": ca_file}) if ca_file else {}
         else:
             import tritonclient.grpc as api
+            tls = dict(ssl=True, root_certificates=ca_file) if ca_file else {}
         self.api, self.protocol, self.model = api, protocol, model
         self.url = url or f"localhost:{DEFAULT_PORTS[protocol]}"
-        self.client = api.InferenceServerClient(self.url)
+        self.client = api.InferenceServerClient(self.url, **tls)
+        self.headers = {"authorization": f"Bearer {token}"} if token else None
 
     def wait_ready(self, timeout_s: float = 60.0):
         """Returns once the model is ready; raises ServingError after `timeout_s`."""
@@ -44,7 +50,7 @@ class ServingClient:
         deadline, why = time.monotonic() + timeout_s, ""
         while time.monotonic() < deadline:
             try:
-                if self.client.is_model_ready(self.model):
+                if self.client.is_model_ready(self.model, headers=self.headers):
                     return
                 why = f"model {self.model!r} is not ready"
             except (InferenceServerException, ConnectionError, OSError) as e:
@@ -54,13 +60,13 @@ class ServingClient:
 
     def input_shapes(self) -> dict:
         """The served model's inputs: name -> dims (without the batch dimension)."""
-        metadata = self.client.get_model_metadata(self.model)
+        metadata = self.client.get_model_metadata(self.model, headers=self.headers)
         inputs = metadata["inputs"] if isinstance(metadata, dict) else [
             {"name": i.name, "shape": list(i.shape)} for i in metadata.inputs]
         return {i["name"]: [int(d) for d in i["shape"]][1:] for i in inputs}
 
     def max_batch_size(self) -> int:
-        config = self.client.get_model_config(self.model)
+        config = self.client.get_model_config(self.model, headers=self.headers)
         return int(config["max_batch_size"] if isinstance(config, dict) else config.config.max_batch_size)
 
     def check_batch_size(self, size: int, flag: str):
@@ -76,11 +82,23 @@ class ServingClient:
             tensor = self.api.InferInput(name, list(value.shape), dtype)
             tensor.set_data_from_numpy(value)
             tensors.append(tensor)
-        result = self.client.infer(self.model, tensors, outputs=[self.api.InferRequestedOutput(o) for o in outputs])
+        result = self.client.infer(self.model, tensors, outputs=[self.api.InferRequestedOutput(o) for o in outputs],
+                                   headers=self.headers)
         return {o: result.as_numpy(o) for o in outputs}
 
     def close(self):
         self.client.close()
+
+
+def read_token(path: str) -> str:
+    """The bearer token in the file `path` ('' for no path); ConfigError naming the file if unreadable."""
+    if not path:
+        return ""
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError as e:
+        raise ConfigError(f"--auth_token_file={path}: cannot read it ({e.strerror})")
 
 
 def free_ports(n: int) -> list:

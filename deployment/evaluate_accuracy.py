@@ -20,6 +20,10 @@ from utils.errors import ConfigError  # noqa: E402
 flags.DEFINE_enum("protocol", "http", ["http", "grpc"], "how to talk to the server")
 flags.DEFINE_string("url", "", "host:port of the server (default localhost:8000 for http, :8001 for grpc)")
 flags.DEFINE_string("model_name", "dlrm", "the served model's name")
+flags.DEFINE_string("auth_token_file", "", "a file holding the bearer token the server asks for (serve.py's "
+                    "--auth_token_file)")
+flags.DEFINE_string("tls_ca_file", "", "connect over TLS, trusting the certificates in this PEM file (serve.py's "
+                    "--tls_cert_file, or the CA that signed it)")
 flags.DEFINE_integer("batch_size", 8192, "samples per request (at most the model's max_batch_size)")
 flags.DEFINE_integer("max_samples", 0, "evaluate only the first this many samples (0: all)")
 flags.DEFINE_float("wait_s", 60.0, "how long to wait for the server and the model to be ready")
@@ -54,11 +58,12 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     from tritonclient.utils import InferenceServerException
-    from deployment.client import ServingClient, ServingError, error_line, open_eval_data
+    from deployment.client import ServingClient, ServingError, error_line, open_eval_data, read_token
     try:
+        token = read_token(FLAGS.auth_token_file)
         dataset, rows = open_eval_data(FLAGS)
         rows = min(rows, FLAGS.max_samples) if FLAGS.max_samples > 0 else rows
-        client = ServingClient(FLAGS.protocol, FLAGS.url, FLAGS.model_name)
+        client = ServingClient(FLAGS.protocol, FLAGS.url, FLAGS.model_name, token, FLAGS.tls_ca_file)
         client.wait_ready(FLAGS.wait_s)
         metrics = evaluate(client, dataset, rows, FLAGS.batch_size)
     except (ConfigError, ServingError) as e:   # ConfigError: the data flags, the dataset's files

@@ -21,6 +21,10 @@ from utils.errors import ConfigError  # noqa: E402
 flags.DEFINE_enum("protocol", "http", ["http", "grpc"], "how to talk to the server")
 flags.DEFINE_string("url", "", "host:port of the server (default localhost:8000 for http, :8001 for grpc)")
 flags.DEFINE_string("model_name", "dlrm", "the served model's name")
+flags.DEFINE_string("auth_token_file", "", "a file holding the bearer token the server asks for (serve.py's "
+                    "--auth_token_file)")
+flags.DEFINE_string("tls_ca_file", "", "connect over TLS, trusting the certificates in this PEM file (serve.py's "
+                    "--tls_cert_file, or the CA that signed it)")
 flags.DEFINE_list("batch_sizes", ["1", "64", "1024"], "samples per request; each size is measured in turn")
 flags.DEFINE_integer("concurrency", 1, "clients sending requests at the same time")
 flags.DEFINE_integer("requests", 200, "timed requests per batch size (all clients together)")
@@ -85,7 +89,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     from tritonclient.utils import InferenceServerException
-    from deployment.client import ServingClient, ServingError, error_line, open_eval_data
+    from deployment.client import ServingClient, ServingError, error_line, open_eval_data, read_token
     from run.config import parse_int_list
     try:
         sizes = parse_int_list("batch_sizes", FLAGS.batch_sizes)
@@ -93,9 +97,10 @@ def main(argv):
                             ("pool_batches", FLAGS.pool_batches)] + [("batch_sizes", s) for s in sizes]:
             if value < 1:
                 raise ConfigError(f"--{name} must be positive, got {value}")
+        token = read_token(FLAGS.auth_token_file)
         dataset, rows = open_eval_data(FLAGS)
         def connect():
-            return ServingClient(FLAGS.protocol, FLAGS.url, FLAGS.model_name)
+            return ServingClient(FLAGS.protocol, FLAGS.url, FLAGS.model_name, token, FLAGS.tls_ca_file)
 
         probe = connect()
         probe.wait_ready(FLAGS.wait_s)

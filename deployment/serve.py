@@ -15,6 +15,14 @@ dtypes and shapes, the model checks ids; a bad request gets an error response an
 keeps serving. An extra output, model_version [B, 1] int64, gives the served version's step to
 clients that ask for it.
 
+The server listens on 127.0.0.1 unless --address says otherwise (--address=0.0.0.0: every
+interface). Before exposing it, read docs/deployment.md's "What the server trusts": the native
+frontend takes TLS (--tls_cert_file, --tls_key_file), a bearer token (--auth_token_file) and bounds
+on requests (--max_request_mb, --max_header_kb, --max_connections, --read_timeout_s):
+
+    python deployment/serve.py --model_repository=runs/demo/model_repository --address=0.0.0.0 \
+        --tls_cert_file=server.crt --tls_key_file=server.key --auth_token_file=token.txt
+
 Prometheus metrics are served at GET /metrics on --metrics_port: with the native frontend
 deployment/serving/metrics.py's (requests by protocol and status, samples, a latency histogram,
 the served version's step and the lookup tiers' counts), with --frontend=triton Triton's own.
@@ -54,6 +62,7 @@ from deployment.repository_format import (CATEGORICAL, LOGITS, NUMERICAL, PREDIC
                                           RepositoryError, categorical_width, read_export_info)
 from deployment.serving.backend import MODEL_VERSION, Backend  # noqa: E402
 from deployment.serving.errors import BadRequest  # noqa: E402
+from deployment.serving.guarded_http import Safeguards  # noqa: E402
 from deployment.serving.live import Model, Updater  # noqa: E402
 from deployment.serving.tiers import POLICIES, TierConfig  # noqa: E402
 from deployment.serving.monolithic import MonolithicModel  # noqa: E402
@@ -66,7 +75,21 @@ flags.DEFINE_string("model_name", None, "the name to serve the model under (defa
 flags.DEFINE_enum("frontend", "native", ["native", "triton"], "native: this process answers HTTP and gRPC "
                   "itself (deployment/serving/native.py); triton: pytriton's Triton server, its Python backend handing "
                   "each request to this process")
-flags.DEFINE_string("address", "0.0.0.0", "address the HTTP, gRPC and metrics endpoints listen on")
+flags.DEFINE_string("address", "127.0.0.1", "address the HTTP, gRPC and metrics endpoints listen on (127.0.0.1: "
+                    "this machine only; 0.0.0.0: every interface, see docs/deployment.md's 'What the server trusts')")
+flags.DEFINE_string("tls_cert_file", None, "native: a PEM certificate (chain): HTTP, gRPC and metrics over TLS; with "
+                    "--tls_key_file")
+flags.DEFINE_string("tls_key_file", None, "native: the PEM private key of --tls_cert_file")
+flags.DEFINE_string("auth_token_file", None, "native: a file holding a bearer token that every request but health "
+                    "(live, ready) must carry: HTTP 'Authorization: Bearer <token>', gRPC 'authorization' metadata; "
+                    "/metrics too")
+flags.DEFINE_float("max_request_mb", 64, "native: largest request body, MiB, after decompression (HTTP; gRPC: "
+                   "message)")
+flags.DEFINE_integer("max_header_kb", 64, "native: largest request line and headers, KiB (gRPC: metadata)")
+flags.DEFINE_integer("max_connections", 64, "native: most connections at once per HTTP port (over it: 503), gRPC "
+                     "calls in flight (over it: RESOURCE_EXHAUSTED)")
+flags.DEFINE_float("read_timeout_s", 30.0, "native: a connection whose request is not received whole in this many "
+                   "seconds is dropped (gRPC: an idle connection)")
 flags.DEFINE_integer("http_port", 8000, "HTTP/REST port")
 flags.DEFINE_integer("grpc_port", 8001, "gRPC port")
 flags.DEFINE_integer("metrics_port", 8002, "Prometheus metrics port, GET /metrics (native: requests, latency, "
@@ -103,7 +126,7 @@ class ServerSettings:
     """How `serve` serves a repository: serve.py's flags, checked (settings_from_flags)."""
     model_name: Optional[str] = None           # default: the repository's
     frontend: str = "native"                   # native or triton
-    address: str = "0.0.0.0"
+    address: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
@@ -112,6 +135,7 @@ class ServerSettings:
     updates: Optional[str] = None              # a directory polled for new versions (tables form)
     poll_seconds: float = 1.0
     tiers: Optional[TierConfig] = None         # the lookup tiers; None: the tables whole in memory
+    safeguards: Safeguards = Safeguards()      # the native frontend's TLS, token and bounds
 
     @property
     def ports(self) -> Dict[str, int]:
@@ -135,7 +159,45 @@ def settings_from_flags() -> ServerSettings:
         raise ServeError("--poll_seconds: no effect without --updates")
     return ServerSettings(FLAGS.model_name, FLAGS.frontend, FLAGS.address, FLAGS.http_port, FLAGS.grpc_port,
                           FLAGS.metrics_port, FLAGS.max_batch_size, FLAGS.max_queue_delay_us, FLAGS.updates,
-                          FLAGS.poll_seconds, tier_config_from_flags())
+                          FLAGS.poll_seconds, tier_config_from_flags(), safeguards_from_flags())
+
+
+SAFEGUARD_FLAGS = ("tls_cert_file", "tls_key_file", "auth_token_file", "max_request_mb", "max_header_kb",
+                   "max_connections", "read_timeout_s")
+
+
+def safeguards_from_flags() -> Safeguards:
+    """The native frontend's TLS, token and bounds the flags ask for (guarded_http.Safeguards)."""
+    if FLAGS.frontend == "triton":
+        given = [f"--{name}" for name in SAFEGUARD_FLAGS if FLAGS[name].present]
+        if given:
+            raise ServeError(f"{', '.join(given)}: only with --frontend=native (Triton's frontend has no such "
+                             "settings here; see docs/deployment.md's 'What the server trusts')")
+        return Safeguards()
+    for name in ("max_request_mb", "max_header_kb", "max_connections", "read_timeout_s"):
+        if not FLAGS[name].value > 0:
+            raise ServeError(f"--{name} must be positive, got {FLAGS[name].value:g}")
+    if bool(FLAGS.tls_cert_file) != bool(FLAGS.tls_key_file):
+        raise ServeError("--tls_cert_file and --tls_key_file go together: give both or neither")
+    token = None
+    if FLAGS.auth_token_file:
+        try:
+            with open(FLAGS.auth_token_file) as f:
+                token = f.read().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ServeError(f"--auth_token_file={FLAGS.auth_token_file}: cannot read it "
+                             f"({getattr(e, 'strerror', None) or e})")
+        if not token or not all(33 <= ord(c) < 127 for c in token):
+            raise ServeError(f"--auth_token_file={FLAGS.auth_token_file}: the token must be one word of printable "
+                             "ASCII characters")
+    safeguards = Safeguards(token, FLAGS.tls_cert_file, FLAGS.tls_key_file, int(FLAGS.max_request_mb * (1 << 20)),
+                            FLAGS.max_header_kb << 10, FLAGS.max_connections, FLAGS.read_timeout_s)
+    try:
+        safeguards.ssl_context()
+    except (OSError, ValueError) as e:   # ssl.SSLError is an OSError
+        raise ServeError(f"--tls_cert_file={FLAGS.tls_cert_file}, --tls_key_file={FLAGS.tls_key_file}: cannot "
+                         f"load them ({getattr(e, 'strerror', None) or e})")
+    return safeguards
 
 
 def tier_config_from_flags() -> Optional[TierConfig]:
@@ -233,16 +295,18 @@ def serve(repository: str, settings: ServerSettings):
     if settings.frontend == "native":
         stats = lambda: dict(model.stats(), model={"version_step": model.version.step})  # noqa: E731
         frontend = native_serving(served_model, settings.address, settings.http_port, settings.grpc_port,
-                                  metrics_port=settings.metrics_port, stats=stats)
+                                  metrics_port=settings.metrics_port, stats=stats, safeguards=settings.safeguards)
     else:
         delay = settings.max_queue_delay_us
         frontend = triton_serving(served_model, settings, exported["max_queue_delay_us"] if delay is None else delay)
     with frontend as run:
         for stop in (signal.SIGTERM, signal.SIGINT):   # SIGINT too: a background job starts with it ignored
             signal.signal(stop, _interrupt)
+        guards = settings.safeguards
         log(f"serving {served_model.name} ({served}) of {info['checkpoint']} on http {settings.address}:"
             f"{settings.http_port}, grpc {settings.address}:{settings.grpc_port}, metrics {settings.address}:"
-            f"{settings.metrics_port} ({settings.frontend} frontend)")
+            f"{settings.metrics_port} ({settings.frontend} frontend{', TLS' if guards.tls_cert_file else ''}"
+            f"{', bearer token' if guards.token else ''})")
         if updater:
             updater.start()
         try:
@@ -272,7 +336,8 @@ def triton_serving(model: ServedModel, settings: ServerSettings, max_queue_delay
                          batcher=DynamicBatcher(max_queue_delay_microseconds=max_queue_delay_us))
     triton_config = TritonConfig(http_address=settings.address, http_port=settings.http_port,
                                  grpc_address=settings.address, grpc_port=settings.grpc_port,
-                                 metrics_port=settings.metrics_port, exit_timeout_secs=5)
+                                 metrics_address=settings.address, metrics_port=settings.metrics_port,
+                                 exit_timeout_secs=5)
     use_stub_environment()
     tensors = lambda specs: [Tensor(name=t.name, dtype=t.dtype, shape=t.dims) for t in specs]  # noqa: E731
     with Triton(config=triton_config) as triton:

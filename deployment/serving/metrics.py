@@ -1,10 +1,13 @@
 """Prometheus metrics of the native serving frontend (native.py), served as text
-(exposition format 0.0.4) at GET /metrics on their own port.
+(exposition format 0.0.4) at GET /metrics on their own port, as guarded_http.py guards (TLS and
+the bearer token when given).
 
 Every metric is named dlrm_* and labelled with the served model's name:
 
 - dlrm_inference_requests_total{protocol, status}: inference requests answered, status success,
-  refused (a bad request: INVALID_ARGUMENT, NOT_FOUND) or failed (the model's error: INTERNAL);
+  refused (a bad request: INVALID_ARGUMENT, NOT_FOUND; and any request or connection refused
+  before it reached the model: malformed, too large, without the token, over the connection
+  cap) or failed (the model's error: INTERNAL);
 - dlrm_inference_samples_total: the batch sizes of the successful requests, summed;
 - dlrm_inference_request_duration_seconds{protocol}: a histogram of the time the successful
   requests took in ServedModel.run (checks, decoding, the model);
@@ -13,10 +16,10 @@ Every metric is named dlrm_* and labelled with the served model's name:
   their counters restart from 0 (as after a restart, which Prometheus' rate() allows for).
 """
 import bisect
-import http.server
 import threading
-from contextlib import contextmanager
 from typing import Callable, Optional
+
+from deployment.serving.guarded_http import GuardedHandler, Safeguards, http_serving
 
 BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)   # seconds; +Inf after them
 PROTOCOLS = ("http", "grpc")
@@ -100,37 +103,16 @@ class Metrics:
                        [("", "", int(stats[part][key]))])
         return "\n".join(lines) + "\n"
 
-    def serving(self, address: str, port: int):
+    def serving(self, address: str, port: int, safeguards: Safeguards = Safeguards()):
         """A context: GET /metrics on `port` of `address` answers `render()` while it runs."""
-        return http_serving(type("Handler", (_Handler,), {"metrics": self}), address, port, "metrics")
+        return http_serving(type("Handler", (_Handler,), {"metrics": self}), address, port, "metrics", safeguards)
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
+class _Handler(GuardedHandler):
     metrics: Metrics = None
-
-    def log_message(self, *args):   # no line per scrape
-        pass
 
     def do_GET(self):
         if self.path.split("?", 1)[0] != "/metrics":
-            return self.send_error(404)
-        body = self.metrics.render().encode()
-        self.send_response(200)
-        self.send_header("Content-Type", CONTENT_TYPE)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+            return self.refuse(404, "Not Found")
+        self.reply(200, self.metrics.render().encode(), {"Content-Type": CONTENT_TYPE})
 
-
-@contextmanager
-def http_serving(handler, address: str, port: int, name: str):
-    """Serves `handler` (an http.server.BaseHTTPRequestHandler class) on `port` of `address`, each
-    connection on its own thread, while the block runs."""
-    server = http.server.ThreadingHTTPServer((address, port), handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
-    try:
-        yield
-    finally:
-        server.shutdown()
-        server.server_close()

@@ -15,10 +15,16 @@ requests are not batched together (the model releases Python's lock while it com
 Each inference request is counted once (metrics.py: by protocol and status, with the
 time the successful ones took in `ServedModel.run`), served as Prometheus metrics on a port of
 their own when `serving` is given one.
+
+Both protocols keep `guarded_http.Safeguards` (docs/deployment.md, "What the server trusts"): TLS
+and a bearer token when given (health, live and ready, open without it), bounds on a request's
+body after decompression (gzip and deflate are decompressed as a stream, stopped at the bound:
+413 / RESOURCE_EXHAUSTED), on its headers and on connections or calls in flight, and a read
+timeout. Every malformed request gets an error status (never a closed connection without one),
+counted as refused; an unexpected error answers 500 / INTERNAL, counted as failed. Values of
+integer inputs sent as JSON must be integers in the input's range (1.7, "1" or 2**64 refused).
 """
 import dataclasses
-import gzip
-import http.server
 import json
 import re
 import time
@@ -30,10 +36,14 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from deployment.serving.errors import BadRequest
-from deployment.serving.metrics import Metrics, http_serving
+from deployment.serving.guarded_http import GuardedHandler, Safeguards, http_serving
+from deployment.serving.metrics import Metrics
 
-HTTP_STATUS = {"INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "INTERNAL": 500}
-OUTCOME = {"INVALID_ARGUMENT": "refused", "NOT_FOUND": "refused", "INTERNAL": "failed"}   # metrics' status
+HTTP_STATUS = {"INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "RESOURCE_EXHAUSTED": 413, "INTERNAL": 500}
+OUTCOME = {"INVALID_ARGUMENT": "refused", "NOT_FOUND": "refused", "RESOURCE_EXHAUSTED": "refused",
+           "INTERNAL": "failed"}   # metrics' status
+ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}   # Content-Encoding -> zlib's wbits
+OPEN_GRPC = ("/inference.GRPCInferenceService/ServerLive", "/inference.GRPCInferenceService/ServerReady")
 DATATYPES = {"BOOL": np.bool_, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
              "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64, "FP16": np.float16,
              "FP32": np.float32, "FP64": np.float64}
@@ -46,11 +56,20 @@ VERSION = "1"
 
 
 class RequestError(Exception):
-    """A refused request: `code` is a gRPC status name (INVALID_ARGUMENT, NOT_FOUND, INTERNAL)."""
+    """A refused request: `code` is a gRPC status name (a key of HTTP_STATUS)."""
 
     def __init__(self, message: str, code: str = "INVALID_ARGUMENT"):
         super().__init__(message)
         self.code = code
+
+    @classmethod
+    def of(cls, e: Exception) -> "RequestError":
+        """`e` itself if a RequestError, else an unexpected error as INTERNAL, in one line: the
+        server goes on, the client gets the line."""
+        if isinstance(e, RequestError):
+            return e
+        lines = [line for line in str(e).splitlines() if line.strip()]
+        return cls(f"{type(e).__name__}: {lines[0] if lines else ''}", "INTERNAL")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,9 +154,8 @@ class ServedModel:
             result = self.infer(*arrays)
         except BadRequest as e:
             raise RequestError(str(e))
-        except Exception as e:   # the server goes on; the client gets one line
-            lines = [line for line in str(e).splitlines() if line.strip()]
-            raise RequestError(f"{type(e).__name__}: {lines[0] if lines else ''}", "INTERNAL")
+        except Exception as e:
+            raise RequestError.of(e)
         return {t.name: result[t.name] for t in self.outputs if requested is None or t.name in requested}
 
 
@@ -150,9 +168,16 @@ def _array(spec: TensorSpec, shape: List[int], data, model: str, prefix: str) ->
                                f"Expected {count * np.dtype(spec.dtype).itemsize}, got {len(data)}")
         return np.frombuffer(data, spec.dtype).reshape(shape)
     try:
-        values = np.asarray(data, spec.dtype).reshape(-1)
-    except (TypeError, ValueError) as e:
-        raise RequestError(f"{prefix}input '{spec.name}' for model '{model}': {e}")
+        values = np.asarray(data).reshape(-1)
+    except (TypeError, ValueError, OverflowError, RecursionError) as e:
+        raise RequestError(f"{prefix}input '{spec.name}' for model '{model}': {type(e).__name__}: {e}")
+    integers = np.issubdtype(spec.dtype, np.integer)
+    kinds = "biu" if integers else "b" if spec.dtype == np.bool_ else "biuf"
+    if values.size and (values.dtype.kind not in kinds or integers and (
+            values.min() < np.iinfo(spec.dtype).min or values.max() > np.iinfo(spec.dtype).max)):
+        what = f"integers in {spec.datatype}'s range" if integers else "booleans" if kinds == "b" else "numbers"
+        raise RequestError(f"{prefix}input '{spec.name}' for model '{model}': values must be {what}")
+    values = values.astype(spec.dtype)
     if values.size != count:
         raise RequestError(f"{prefix}unexpected number of elements for input '{spec.name}' for model '{model}'. "
                            f"Expected {count}, got {values.size}")
@@ -235,9 +260,10 @@ def _grpc_servicer(model: ServedModel, metrics: Metrics):
                           list(getattr(t.contents, GRPC_CONTENTS.get(t.datatype, "bytes_contents"))))
                          for i, t in enumerate(request.inputs)]
                 out = _run(model, metrics, "grpc", given, [o.name for o in request.outputs] or None, request.id)
-            except RequestError as e:
-                metrics.observe("grpc", OUTCOME[e.code])
-                raise
+            except Exception as e:
+                error = RequestError.of(e)
+                metrics.observe("grpc", OUTCOME[error.code])
+                raise error
             specs = {t.name: t for t in model.outputs}
             return service_pb2.ModelInferResponse(
                 model_name=model.name, model_version=VERSION, id=request.id,
@@ -248,34 +274,97 @@ def _grpc_servicer(model: ServedModel, metrics: Metrics):
     return Servicer(), service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server
 
 
+def _grpc_token_check(safeguards: Safeguards, metrics: Metrics):
+    """A gRPC interceptor answering UNAUTHENTICATED (counted as refused) to calls but OPEN_GRPC's
+    whose `authorization` metadata is not `Bearer <token>`."""
+    import grpc
+
+    def deny(request, context):
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token (authorization metadata: "
+                                                       "Bearer <token>)")
+    denied = grpc.unary_unary_rpc_method_handler(deny)
+
+    class TokenCheck(grpc.ServerInterceptor):
+        def intercept_service(self, continuation, details):
+            if details.method in OPEN_GRPC or safeguards.authorized(
+                    dict(details.invocation_metadata or ()).get("authorization")):
+                return continuation(details)
+            metrics.observe("grpc", "refused")
+            return denied
+
+    return TokenCheck()
+
+
+def _decompressed(body: bytes, encoding: Optional[str], limit: int) -> bytes:
+    """`body` decoded as its Content-Encoding says (none, gzip or deflate), as a stream stopped at
+    `limit` bytes: RequestError (RESOURCE_EXHAUSTED) past it, INVALID_ARGUMENT if it is not whole."""
+    if encoding in (None, "", "identity"):
+        return body
+    if encoding not in ENCODINGS:
+        raise RequestError(f"unsupported Content-Encoding {encoding[:40]!r}: gzip, deflate or none")
+    stream = zlib.decompressobj(ENCODINGS[encoding])
+    try:
+        out = stream.decompress(body, limit + 1)
+    except zlib.error as e:
+        raise RequestError(f"malformed {encoding} body: {e}")
+    if len(out) > limit:
+        raise RequestError(f"request body exceeds {limit} bytes once decompressed ({encoding})", "RESOURCE_EXHAUSTED")
+    if not stream.eof or stream.unused_data:
+        raise RequestError(f"malformed {encoding} body: {'truncated' if not stream.eof else 'data after its end'}")
+    return out
+
+
+def _checked_request(request) -> Tuple[dict, list]:
+    """A KServe v2 JSON request with its fields of the right types: (the request with every
+    `parameters` a dict, the requested outputs); RequestError naming the first field that is not."""
+    def check(ok: bool, what: str):
+        if not ok:
+            raise RequestError(f"malformed inference request: {what}")
+
+    def parameters(doc: dict, where: str) -> dict:
+        value = doc.get("parameters")
+        check(isinstance(value, (dict, type(None))), f"{where}'s parameters must be an object")
+        return dict(doc, parameters=value or {})
+
+    check(isinstance(request, dict), "not a JSON object")
+    request = parameters(request, "the request")
+    check(isinstance(request.get("inputs"), list), "'inputs' must be a list")
+    wanted = [] if request.get("outputs") is None else request["outputs"]
+    check(isinstance(wanted, list), "'outputs' must be a list")
+    inputs, outputs = [], []
+    for kind, tensors, out in (("inputs", request["inputs"], inputs), ("outputs", wanted, outputs)):
+        for i, t in enumerate(tensors):
+            check(isinstance(t, dict) and isinstance(t.get("name"), str), f"{kind}[{i}] must be an object with "
+                                                                           "a string 'name'")
+            out.append(parameters(t, f"{kind}[{i}]"))
+    for i, t in enumerate(inputs):
+        check(isinstance(t.get("datatype"), str), f"inputs[{i}] ('{t['name']}') needs a string 'datatype'")
+        shape = t.get("shape")
+        check(isinstance(shape, list) and all(type(d) is int and 0 <= d < 1 << 31 for d in shape),
+              f"inputs[{i}] ('{t['name']}')'s shape must be a list of non-negative integers")
+        n = t["parameters"].get("binary_data_size")
+        check(n is None and "data" in t or type(n) is int and n >= 0,
+              f"inputs[{i}] ('{t['name']}') needs 'data' or a non-negative integer binary_data_size")
+    return dict(request, inputs=inputs), outputs
+
+
 _PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?(/ready|/config|/infer)?$")
 
 
-class _HttpHandler(http.server.BaseHTTPRequestHandler):
+class _HttpHandler(GuardedHandler):
     """KServe v2 over HTTP/1.1 (kept-alive connections); `model` and `metrics` are set on a subclass."""
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True
+    open_paths = ("/v2/health/live", "/v2/health/ready")
     model: ServedModel = None
     metrics: Metrics = None
 
-    def log_message(self, *args):   # no line per request
-        pass
-
-    def _send(self, status: int, body: bytes = b"", headers: Optional[dict] = None):
-        head = [f"HTTP/1.1 {status} {self.responses.get(status, ('',))[0]}", f"Content-Length: {len(body)}",
-                *(f"{k}: {v}" for k, v in (headers or {"Content-Type": "application/json"}).items())]
-        self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)   # one write: no Nagle wait
-
     def _json(self, doc: dict, status: int = 200):
-        self._send(status, json.dumps(doc).encode())
+        self.reply(status, json.dumps(doc).encode())
 
     def _route(self, method: str):
         path = self.path.split("?", 1)[0].rstrip("/")
-        # the body is read whatever happens next: the connection goes on after an error
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0))) if method == "POST" else b""
         try:
-            if method == "GET" and path in ("/v2/health/live", "/v2/health/ready"):
-                return self._send(200)
+            if method == "GET" and path in self.open_paths:
+                return self.reply(200)
             if method == "GET" and path == "/v2":
                 return self._json(SERVER)
             match = _PATH.match(path)
@@ -284,42 +373,44 @@ class _HttpHandler(http.server.BaseHTTPRequestHandler):
             name, version, action = match.groups()
             if name != self.model.name or version not in (None, VERSION):
                 if action == "/ready":
-                    return self._send(400)
+                    return self.reply(400)
                 raise _unknown_model(name)
             if action == "/ready":
-                return self._send(200)
+                return self.reply(200)
             if action == "/config":
                 return self._json(self.model.config())
             if action is None:
                 return self._json(self.model.metadata())
-            self._infer(body)
-        except RequestError as e:
+            self._infer(self.body)
+        except Exception as e:
+            error = RequestError.of(e)
             if method == "POST":   # an inference request, the only POST that gets this far
-                self.metrics.observe("http", OUTCOME[e.code])
-            self._json({"error": str(e)}, HTTP_STATUS[e.code])
+                self.metrics.observe("http", OUTCOME[error.code])
+            self._json({"error": str(error)}, HTTP_STATUS[error.code])
 
     def _infer(self, body: bytes):
+        body = _decompressed(body, self.headers.get("Content-Encoding"), self.server.safeguards.max_request_bytes)
+        header = self.headers.get("Inference-Header-Content-Length")
         try:
-            encoding = self.headers.get("Content-Encoding")
-            body = gzip.decompress(body) if encoding == "gzip" else zlib.decompress(body) if encoding == "deflate" \
-                else body
-            size = int(self.headers.get("Inference-Header-Content-Length") or len(body))
+            size = len(body) if header is None else int(header)
+            if not 0 <= size <= len(body):
+                raise ValueError(f"Inference-Header-Content-Length {size} is not within the body's {len(body)} bytes")
             request = json.loads(body[:size])
-            binary, offset, given = memoryview(body), size, []
-            for t in request["inputs"]:
-                n = (t.get("parameters") or {}).get("binary_data_size")
-                if n is None:
-                    data = t["data"]
-                else:
-                    data, offset = binary[offset:offset + n], offset + n
-                given.append((t["name"], t["datatype"], [int(d) for d in t["shape"]], data))
-        except (ValueError, KeyError, TypeError, OSError, zlib.error) as e:
+        except (ValueError, RecursionError) as e:
             raise RequestError(f"malformed inference request: {type(e).__name__}: {e}")
-        wanted = request.get("outputs") or []
+        request, wanted = _checked_request(request)
+        binary, offset, given = memoryview(body), size, []
+        for t in request["inputs"]:
+            n = t["parameters"].get("binary_data_size")
+            if n is None:
+                data = t["data"]
+            else:
+                data, offset = binary[offset:offset + n], offset + n
+            given.append((t["name"], t["datatype"], t["shape"], data))
         out = _run(self.model, self.metrics, "http", given, [o["name"] for o in wanted] or None,
                    str(request.get("id", "")))
-        default = bool((request.get("parameters") or {}).get("binary_data_output", False))
-        as_binary = {o["name"]: bool((o.get("parameters") or {}).get("binary_data", default)) for o in wanted}
+        default = bool(request["parameters"].get("binary_data_output", False))
+        as_binary = {o["name"]: bool(o["parameters"].get("binary_data", default)) for o in wanted}
         specs = {t.name: t for t in self.model.outputs}
         tensors, blobs = [], []
         for name, value in out.items():
@@ -335,9 +426,9 @@ class _HttpHandler(http.server.BaseHTTPRequestHandler):
             response["id"] = request["id"]
         head = json.dumps(response).encode()
         if not blobs:
-            return self._send(200, head)
-        self._send(200, b"".join([head, *blobs]), {"Content-Type": "application/octet-stream",
-                                                   "Inference-Header-Content-Length": len(head)})
+            return self.reply(200, head)
+        self.reply(200, b"".join([head, *blobs]), {"Content-Type": "application/octet-stream",
+                                                  "Inference-Header-Content-Length": len(head)})
 
     def do_GET(self):
         self._route("GET")
@@ -348,27 +439,38 @@ class _HttpHandler(http.server.BaseHTTPRequestHandler):
 
 @contextmanager
 def serving(model: ServedModel, address: str, http_port: int, grpc_port: int, threads: int = 8,
-            metrics_port: Optional[int] = None, stats: Optional[Callable[[], dict]] = None):
+            metrics_port: Optional[int] = None, stats: Optional[Callable[[], dict]] = None,
+            safeguards: Safeguards = Safeguards()):
     """Serves `model` on HTTP `http_port` and gRPC `grpc_port` of `address` while the block runs, and
     its metrics (metrics.py; `stats` gives the version's step and the lookup tiers'
-    counts) on `metrics_port` unless None; yields a function that blocks until interrupted
-    (KeyboardInterrupt)."""
+    counts) on `metrics_port` unless None, each as `safeguards` say; yields a function that blocks
+    until interrupted (KeyboardInterrupt)."""
     import grpc
     metrics = Metrics(model.name, stats)
     servicer, add = _grpc_servicer(model, metrics)
-    grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads),
-                              options=[("grpc.max_receive_message_length", -1),
-                                       ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 0)])
+    grpc_server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=threads), maximum_concurrent_rpcs=safeguards.max_connections,
+        interceptors=[_grpc_token_check(safeguards, metrics)] if safeguards.token is not None else None,
+        options=[("grpc.max_receive_message_length", safeguards.max_request_bytes),
+                 ("grpc.max_metadata_size", safeguards.max_header_bytes),
+                 ("grpc.max_connection_idle_ms", int(safeguards.read_timeout_s * 1000)),
+                 ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 0)])
     add(servicer, grpc_server)
-    if grpc_server.add_insecure_port(f"{address}:{grpc_port}") == 0:
+    if safeguards.tls_cert_file:
+        with open(safeguards.tls_key_file, "rb") as key, open(safeguards.tls_cert_file, "rb") as cert:
+            credentials = grpc.ssl_server_credentials([(key.read(), cert.read())])
+        bound = grpc_server.add_secure_port(f"{address}:{grpc_port}", credentials)
+    else:
+        bound = grpc_server.add_insecure_port(f"{address}:{grpc_port}")
+    if bound == 0:
         raise OSError(f"cannot listen on {address}:{grpc_port} (gRPC)")
     handler = type("Handler", (_HttpHandler,), {"model": model, "metrics": metrics})
 
     def wait():
         while True:
             time.sleep(3600)
-    with http_serving(handler, address, http_port, "http"), \
-            (metrics.serving(address, metrics_port) if metrics_port is not None else nullcontext()):
+    with http_serving(handler, address, http_port, "http", safeguards, lambda: metrics.observe("http", "refused")), \
+            (metrics.serving(address, metrics_port, safeguards) if metrics_port is not None else nullcontext()):
         grpc_server.start()
         try:
             yield wait

@@ -1,0 +1,326 @@
+"""The native frontend is safe to expose (docs/deployment.md, "What the server trusts"), tried on a
+real deployment/serve.py: it listens on 127.0.0.1 by default; a gzip bomb is refused with the
+server's memory bounded; slow connections are capped and dropped; every malformed request is
+answered with an error status and counted as refused; with a token and TLS, HTTP, gRPC and
+/metrics need the token (health stays open) and speak TLS."""
+import http.client
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import zlib
+
+import numpy as np
+import pytest
+
+from deployment.client import ServingClient, free_ports, request_batches
+from tests.horovod_run import ROOT
+from tests.test_serving import (data_flags, eval_dataset, parse_metrics, port_flags, script, stop_server,  # noqa
+                                trained)
+
+REFUSED = 'dlrm_inference_requests_total{model="dlrm",protocol="%s",status="refused"}'
+LIMIT_MB = 8
+
+
+def start(log, ports, *args):
+    """serve.py with `args` on ports (http, grpc, metrics), --address left at its default."""
+    return subprocess.Popen([sys.executable, "deployment/serve.py", *args, *port_flags(ports)], cwd=ROOT,
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+
+
+def proc_status(pid) -> dict:
+    """/proc/<pid>/status: its VmHWM and VmRSS (KiB) and Threads."""
+    with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return {k: int(fields[k].split()[0]) for k in ("VmHWM", "VmRSS", "Threads")}
+
+
+def refused(port, protocol="http", context=None, token=None) -> float:
+    """The refused count of `protocol` in /metrics on `port`."""
+    connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=30) if context else \
+        http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    connection.request("GET", "/metrics", headers={"Authorization": f"Bearer {token}"} if token else {})
+    response = connection.getresponse()
+    assert response.status == 200
+    return parse_metrics(response.read().decode())[0][REFUSED % protocol]
+
+
+def exchange(port, raw: bytes):
+    """Sends `raw` on a new connection to `port`: (status, body as text) of the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(raw)
+        response = http.client.HTTPResponse(s)
+        response.begin()
+        return response.status, response.read().decode()
+
+
+def post(body: bytes, headers: str = "", length=None) -> bytes:
+    """An inference request's bytes: `body` with Content-Length (`length` if given) and `headers`."""
+    length = len(body) if length is None else length
+    return (f"POST /v2/models/dlrm/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n{headers}\r\n"
+            .encode() + body)
+
+
+def request_json(numerical, categorical) -> dict:
+    return {"inputs": [{"name": "numerical_features", "datatype": "FP32", "shape": list(numerical.shape),
+                        "data": numerical.reshape(-1).tolist()},
+                       {"name": "categorical_features", "datatype": "INT64", "shape": list(categorical.shape),
+                        "data": categorical.reshape(-1).tolist()}]}
+
+
+@pytest.fixture(scope="module")
+def bounded(trained, tmp_path_factory):
+    """(server, ports, log, data): the export served with no --address, an 8 MiB request bound, 16
+    connections and a 2 s read timeout."""
+    _, _, data, repo = trained
+    log = tmp_path_factory.mktemp("bounded") / "server.log"
+    ports = free_ports(3)
+    server = start(log, ports, f"--model_repository={repo}", f"--max_request_mb={LIMIT_MB}", "--max_connections=16",
+                   "--read_timeout_s=2")
+    try:
+        ServingClient("http", f"127.0.0.1:{ports[0]}", "dlrm").wait_ready(120)
+        yield server, ports, log, data
+    finally:
+        stop_server(server, ports, log)
+
+
+def listening(port):
+    """The local addresses (hex, as /proc/net/tcp* write them) of the sockets listening on `port`."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, hex_port = local.split(":")
+                if state == "0A" and int(hex_port, 16) == port:
+                    found.append(address)
+    return found
+
+
+def test_listens_on_loopback_only_by_default(bounded):
+    _, ports, _, _ = bounded
+    for port in ports:
+        # 127.0.0.1 (gRPC's as an IPv6 socket's v4-mapped ::ffff:127.0.0.1), and nothing else
+        assert listening(port) in (["0100007F"], ["0000000000000000FFFF00000100007F"]), (port, listening(port))
+        with socket.socket() as s:   # another address of this machine (the loopback's 127/8)
+            assert s.connect_ex(("127.0.0.2", port)) != 0
+
+
+def test_a_gzip_bomb_is_refused_with_memory_bounded(bounded):
+    """1 GiB of zeros gzipped into ~1 MiB: 413 once 8 MiB are decompressed, the server's peak memory
+    up by far less than that GiB; a good gzip-encoded request is answered."""
+    server, ports, log, data = bounded
+    numerical, categorical, _ = next(request_batches(eval_dataset(data), 4, 4))
+    good = zlib.compressobj(wbits=31)
+    good = good.compress(json.dumps(request_json(numerical, categorical)).encode()) + good.flush()
+    status, body = exchange(ports[0], post(good, "Content-Encoding: gzip\r\n"))
+    assert status == 200 and len(json.loads(body)["outputs"]) == 3, body
+    bomb, chunk = zlib.compressobj(1, wbits=31), bytes(1 << 20)
+    bomb = b"".join(bomb.compress(chunk) for _ in range(1024)) + bomb.flush()
+    assert len(bomb) < 8 << 20
+    before = proc_status(server.pid)
+    count = refused(ports[2])
+    status, body = exchange(ports[0], post(bomb, "Content-Encoding: gzip\r\n"))
+    after = proc_status(server.pid)
+    assert status == 413 and f"exceeds {LIMIT_MB << 20} bytes once decompressed (gzip)" in body, (status, body)
+    assert after["VmHWM"] - before["VmHWM"] < 200 << 10, (before, after)
+    assert refused(ports[2]) == count + 1
+
+
+def test_slow_connections_are_capped_and_dropped(bounded):
+    """100 connections sending half a request head, one more dripping a byte every 0.3 s: at most
+    16 held (threads bounded, the others refused at once), each dropped 2 s after it began."""
+    server, ports, log, data = bounded
+    threads = proc_status(server.pid)["Threads"]
+    count = refused(ports[2])
+    drip = socket.create_connection(("127.0.0.1", ports[0]), timeout=10)
+    stop = threading.Event()
+
+    def dripping():
+        for byte in b"POST /v2/models/dlrm/infer HTTP/1.1\r\nHost: x\r\n" * 10:
+            if stop.wait(0.3):
+                return
+            try:
+                drip.send(bytes([byte]))
+            except OSError:
+                return
+    threading.Thread(target=dripping, daemon=True).start()
+    start_time = time.monotonic()
+    slow = []
+    for _ in range(100):
+        s = socket.create_connection(("127.0.0.1", ports[0]), timeout=10)
+        s.sendall(b"POST /v2/models/dlrm/infer HTTP/1.1\r\nHost: x\r\n")
+        slow.append(s)
+    time.sleep(0.5)
+    held = proc_status(server.pid)["Threads"]
+    assert held <= threads + 16 + 2, (threads, held)
+
+    def closed_by_server(s) -> float:
+        """Seconds after start_time when the server closed `s` (its answer, if any, read)."""
+        try:
+            while s.recv(65536):
+                pass
+        except ConnectionResetError:
+            pass
+        return time.monotonic() - start_time
+    ends = [closed_by_server(s) for s in [drip, *slow]]
+    stop.set()
+    assert max(ends) < 2 + 3, ends   # socket.timeout (10 s) if one were still held
+    assert ends[0] >= 1.5, ends[0]   # the drip went on until its 2 s ran out
+    for s in [drip, *slow]:
+        s.close()
+    assert refused(ports[2]) >= count + 100 - 16
+    numerical, categorical, _ = next(request_batches(eval_dataset(data), 4, 4))
+    client = ServingClient("http", f"127.0.0.1:{ports[0]}", "dlrm")
+    first = client.infer(numerical, categorical)["logits"]
+    time.sleep(2.5)   # its kept-alive connection dropped meanwhile: tritonclient connects again
+    np.testing.assert_array_equal(client.infer(numerical, categorical)["logits"], first)
+    client.close()
+    assert proc_status(server.pid)["Threads"] <= threads + 2
+
+
+def test_malformed_requests_are_answered_and_counted(bounded):
+    """Each gets an error status (none a closed connection), is counted as refused, and leaves no
+    traceback in the server's log; ids must be integers in INT64's range."""
+    from tritonclient.utils import InferenceServerException
+    server, ports, log, data = bounded
+    numerical, categorical, _ = next(request_batches(eval_dataset(data), 1, 1))
+    good = request_json(numerical, categorical)
+
+    def with_ids(value) -> bytes:
+        doc = request_json(numerical, categorical)
+        doc["inputs"][1]["data"][0] = value
+        return post(json.dumps(doc).encode())
+    ids = "input 'categorical_features' for model 'dlrm': values must be integers in INT64's range"
+    cases = [   # (request bytes, status, part of the message)
+        (with_ids(10 ** 30), 400, ids),
+        (with_ids(2 ** 63), 400, ids),
+        (with_ids(1.7), 400, ids),
+        (with_ids("abc"), 400, ids),
+        (post(json.dumps(dict(good, outputs=[1])).encode()), 400, "outputs[0] must be an object"),
+        (post(json.dumps(dict(good, inputs=["abc"])).encode()), 400, "inputs[0] must be an object"),
+        (post(json.dumps(dict(good, parameters=[])).encode()), 400, "the request's parameters must be an object"),
+        (post(json.dumps({"inputs": [dict(good["inputs"][0], shape=[1.0, 3]), good["inputs"][1]]}).encode()), 400,
+         "shape must be a list of non-negative integers"),
+        (post(b"[1]"), 400, "malformed inference request: not a JSON object"),
+        (post(b"[" * 100000), 400, "malformed inference request"),
+        (post(b"{}", length="abc"), 400, "Content-Length must be a non-negative integer, got 'abc'"),
+        (post(b"{}", length=(LIMIT_MB << 20) + 1), 413, f"exceeds {LIMIT_MB << 20} bytes"),
+        (b"POST /v2/models/dlrm/infer HTTP/1.1\r\nHost: x\r\n\r\n", 411, "needs Content-Length"),
+        (b"POST /v2/models/dlrm/infer HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 411,
+         "Transfer-Encoding is not supported"),
+        (post(b"{}", f"Cookie: {'x' * (70 << 10)}\r\n"), 431, "request line and headers exceed 65536 bytes"),
+        (post(b"{}", "Content-Encoding: br\r\n"), 400, "unsupported Content-Encoding 'br'"),
+        (post(zlib.compress(b"{}" * 100)[:-4], "Content-Encoding: deflate\r\n"), 400, "malformed deflate body"),
+    ]
+    count = refused(ports[2])
+    for raw, status, message in cases:
+        answer = exchange(ports[0], raw)
+        assert answer[0] == status and message in answer[1], (raw[:200], answer)
+    assert refused(ports[2]) == count + len(cases)
+    # over gRPC: a message past --max_request_mb, sent as is or gzipped (64 MiB of zeros in ~64 KiB): gRPC
+    # refuses it itself (uncounted)
+    client = ServingClient("grpc", f"127.0.0.1:{ports[1]}", "dlrm")
+    for size, compression in ((3 << 20, None), (16 << 20, "gzip")):
+        tensors = [client.api.InferInput("numerical_features", [1, size], "FP32"),
+                   client.api.InferInput("categorical_features", list(categorical.shape), "INT64")]
+        tensors[0].set_data_from_numpy(np.zeros((1, size), np.float32))
+        tensors[1].set_data_from_numpy(categorical)
+        with pytest.raises(InferenceServerException) as error:
+            client.client.infer("dlrm", tensors, compression_algorithm=compression)
+        assert "RESOURCE_EXHAUSTED" in str(error.value.status()), error.value
+    np.testing.assert_array_equal(client.infer(numerical, categorical)["logits"].shape, (1, 1))
+    client.close()
+    assert "Traceback" not in log.read_text()
+
+
+@pytest.fixture(scope="module")
+def guarded(trained, tmp_path_factory):
+    """(ports, token, TLS context trusting the server, certificate file, data, token file): the export
+    served with --auth_token_file and a self-signed certificate for 127.0.0.1 and localhost."""
+    _, _, data, repo = trained
+    tmp = tmp_path_factory.mktemp("guarded")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(tmp / "key.pem"),
+                    "-out", str(tmp / "cert.pem")], check=True, capture_output=True)
+    token = "s3cret-token"
+    (tmp / "token").write_text(token + "\n")
+    ports, log = free_ports(3), tmp / "server.log"
+    server = start(log, ports, f"--model_repository={repo}", f"--auth_token_file={tmp / 'token'}",
+                   f"--tls_cert_file={tmp / 'cert.pem'}", f"--tls_key_file={tmp / 'key.pem'}")
+    try:
+        ServingClient("http", f"localhost:{ports[0]}", "dlrm", token, str(tmp / "cert.pem")).wait_ready(120)
+        yield (ports, token, ssl.create_default_context(cafile=str(tmp / "cert.pem")), str(tmp / "cert.pem"), data,
+               str(tmp / "token"))
+    finally:
+        stop_server(server, ports, log)
+
+
+def test_the_token_is_required_over_tls(guarded):
+    """HTTPS: health open, metadata, inference and /metrics 401 without the token (or with a wrong
+    one); gRPC over TLS: UNAUTHENTICATED without it, ServerLive open; with it, both answer."""
+    from tritonclient.utils import InferenceServerException
+    ports, token, context, cert, data, _ = guarded
+    numerical, categorical, _ = next(request_batches(eval_dataset(data), 4, 4))
+
+    def get(port, path, headers=None):
+        connection = http.client.HTTPSConnection("localhost", port, context=context, timeout=30)
+        connection.request("GET", path, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, response.read()
+    bearer = {"Authorization": f"Bearer {token}"}
+    counts = [refused(ports[2], protocol, context, token) for protocol in ("http", "grpc")]
+    assert get(ports[0], "/v2/health/live")[0] == get(ports[0], "/v2/health/ready")[0] == 200
+    assert get(ports[0], "/v2/models/dlrm")[0] == get(ports[2], "/metrics")[0] == 401
+    assert get(ports[0], "/v2/models/dlrm", {"Authorization": "Bearer wrong"})[0] == 401
+    assert get(ports[0], "/v2/models/dlrm", bearer)[0] == 200 and get(ports[2], "/metrics", bearer)[0] == 200
+    for protocol, port in (("http", ports[0]), ("grpc", ports[1])):
+        good = ServingClient(protocol, f"localhost:{port}", "dlrm", token, cert).infer(numerical, categorical)
+        assert good["logits"].shape == (4, 1)
+        anonymous = ServingClient(protocol, f"localhost:{port}", "dlrm", "", cert)
+        with pytest.raises(InferenceServerException) as error:
+            anonymous.infer(numerical, categorical)
+        assert ("401" if protocol == "http" else "UNAUTHENTICATED") in str(error.value.status()), error.value
+        assert anonymous.client.is_server_live()
+    # counted: the two GETs of the inference port without the token (/metrics' own refusals are not) and the
+    # inference without it
+    assert [refused(ports[2], p, context, token) for p in ("http", "grpc")] == [counts[0] + 3, counts[1] + 1]
+    with pytest.raises(ssl.SSLError):   # a client that does not trust the self-signed certificate
+        http.client.HTTPSConnection("localhost", ports[0], context=ssl.create_default_context(),
+                                    timeout=30).request("GET", "/v2/health/live")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_evaluate_accuracy_with_tls_and_the_token(guarded, protocol):
+    ports, _, _, cert, data, token_file = guarded
+    url = f"localhost:{ports[0 if protocol == 'http' else 1]}"
+    common = [*data_flags(data), f"--protocol={protocol}", f"--url={url}", "--batch_size=100", "--max_samples=200",
+              f"--tls_ca_file={cert}", "--wait_s=10"]
+    result = script("evaluate_accuracy.py", *common, f"--auth_token_file={token_file}")
+    assert result.returncode == 0 and f"served dlrm over {protocol}: auc" in result.stdout, result.stderr[-2000:]
+    refused = script("evaluate_accuracy.py", *common)
+    assert refused.returncode == 2 and "error: " in refused.stderr, refused.stderr[-2000:]
+
+
+def test_safety_flag_errors_are_one_line(tmp_path):
+    (tmp_path / "empty").write_text("\n")
+    for args, message in (
+            (["--tls_cert_file=cert.pem"], "error: --tls_cert_file and --tls_key_file go together: give both or "
+                                           "neither"),
+            ([f"--tls_cert_file={tmp_path / 'no.pem'}", f"--tls_key_file={tmp_path / 'no.key'}"],
+             f"error: --tls_cert_file={tmp_path / 'no.pem'}, --tls_key_file={tmp_path / 'no.key'}: cannot load them "
+             "(No such file or directory)"),
+            ([f"--auth_token_file={tmp_path / 'empty'}"],
+             f"error: --auth_token_file={tmp_path / 'empty'}: the token must be one word of printable ASCII "
+             "characters"),
+            (["--max_request_mb=0"], "error: --max_request_mb must be positive, got 0"),
+            (["--frontend=triton", "--auth_token_file=t", "--read_timeout_s=3"],
+             "error: --auth_token_file, --read_timeout_s: only with --frontend=native (Triton's frontend has no such "
+             "settings here; see docs/deployment.md's 'What the server trusts')")):
+        result = script("serve.py", f"--model_repository={tmp_path}", *args)
+        assert result.returncode == 2 and result.stderr.strip().splitlines() == [message], result.stderr
