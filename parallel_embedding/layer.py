@@ -159,7 +159,7 @@ class DistributedEmbedding(tf.Module):
     `updated_at` [rows, 1] int32 beside the table (one per row range: column slices share their
     first slice's; tables on disk: in host memory, set when a training batch is staged), saved
     with the optimizer state as tensor `<table>/updated_at`; an export compares it with an earlier
-    export's step to write only the rows updated since (deployment/delta.py).
+    export's step to write only the rows updated since (deployment/exporter/deltas.py).
     """
 
     def __init__(self, plan: Plan, collectives, seed, data_parallel_input: bool = False,

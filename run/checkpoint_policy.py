@@ -13,7 +13,7 @@ class CheckpointPolicy:
     """Saves the checkpoints of `parts` (a run.assembly.Assembly) into --save_checkpoint_path.
 
     lineage: the runs that trained this model, each from the step it started at
-    (deployment/delta.py reads it): [{"run": run id, "from_step": global step}, ...], this run
+    (deployment/exporter/deltas.py reads it): [{"run": run id, "from_step": global step}, ...], this run
     last. saved: (global step, path) of this run's newest checkpoint, or None."""
 
     def __init__(self, parts: Assembly):
