@@ -139,7 +139,7 @@ class Run:
         signature = self.model_config.signature(optimizer=None if weights_only else cfg.optimizer)
         checkpoint.restore(ckpt, self.trainer.checkpoint_entries(weights_only), signature,
                            self.trainer.checkpoint_names(weights_only), extra_ok=weights_only,
-                           optional=self.trainer.optional_names())
+                           optional=self.trainer.optional_names(), verify=not cfg.skip_checkpoint_checksums)
         self.start_step = int(self.trainer.step.numpy())
         if not weights_only:   # the same model, trained on by this run
             self.lineage = saved.get("lineage", [{"run": "", "from_step": 0}]) + [
@@ -151,8 +151,10 @@ class Run:
             "continue": f"; continuing on this run's data with the optimizer state, learning-rate schedule "
                         f"{'restarted' if restart else 'continued'}",
             "weights": "; its weights only, with a fresh optimizer from step 0"}[mode]
+        unverified = "--skip_checkpoint_checksums" if cfg.skip_checkpoint_checksums else \
+            "written without checksums" if not checkpoint.checksummed(manifest) else ""
         self.log.print(f"restored {ckpt} at step {manifest['step']} (written at {manifest['world_size']} "
-                       f"rank(s)){what}")
+                       f"rank(s){f'; not verified: {unverified}' if unverified else ''}){what}")
 
     def _eval_data(self):
         from dataloading.batches import eval_batches, prefetched

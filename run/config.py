@@ -94,6 +94,7 @@ class RunConfig:
     auc_thresholds: Optional[int] = None
     keep_checkpoints: int = 2
     keep_best_checkpoint: bool = False
+    skip_checkpoint_checksums: bool = False
     restore_mode: str = "resume"
     restore_lr_schedule: str = "restart"
     dataset: Optional["DatasetShape"] = None   # derived: the synthetic flags' or the feature spec's
@@ -164,6 +165,7 @@ _APPLIES_ONLY = {
     **dict.fromkeys(("embedding_trainable", "profiler_start_step"), _TRAIN),
     "profiled_rank": (lambda c: c.profiler_start_step is not None, "--profiler_start_step"),
     "restore_mode": _RESTORING,
+    "skip_checkpoint_checksums": (lambda c: bool(c.restore_checkpoint_path), "--restore_checkpoint_path"),
     "restore_lr_schedule": _CONTINUING,
     **dict.fromkeys(("embedding_store_path", "embedding_cache_policy"),
                     (lambda c: c.embedding_memory_budget_gb is not None, "--embedding_memory_budget_gb")),
