@@ -230,11 +230,11 @@ def _write_pieces(tmp: str, entries: Sequence[Entry], rank: int):
     _write_json(os.path.join(tmp, f"rank-{rank}.json"), pieces)
 
 
-def _unless_out_of_space(step, *args):
-    """(step(*args), None), or (None, (errno name, path)) if it ran out of space (ENOSPC, EDQUOT);
+def _unless_out_of_space(write, *args):
+    """(write(*args), None), or (None, (errno name, path)) if it ran out of space (ENOSPC, EDQUOT);
     other errors propagate."""
     try:
-        return step(*args), None
+        return write(*args), None
     except OSError as e:
         if e.errno not in OUT_OF_SPACE:
             raise
