@@ -4,7 +4,8 @@ Every checkpointed tensor has a logical name and full shape (an embedding table 
 optimizer slots are one tensor each, however they are sharded). Each rank writes the pieces it
 owns; nothing is gathered onto one rank. Layout of a checkpoint root:
 
-    ROOT/ckpt-<step>/manifest.json     step, write sequence, model signature, world size, tensor -> pieces
+    ROOT/ckpt-<step>/manifest.json     step, write sequence, model signature, world size, tensor -> pieces,
+                                       piece file -> CRC-32 (CHECKSUMS)
     ROOT/ckpt-<step>/<tensor>.r<a>-<b>.c<c>-<d>.npy    rows a:b, columns c:d of the tensor
     ROOT/latest                        name of the newest complete checkpoint
     ROOT/best                          name and evaluation AUC of the best one (--keep_best_checkpoint)
@@ -22,13 +23,13 @@ reads any 2-D tensor of a checkpoint so (deployment's table files), `gather_rows
 (deployment's deltas).
 
 Every piece's CRC-32 (zlib's, of its whole file; no faster CRC-32C is at hand: docs/benchmarks.md)
-is computed as it is written and recorded in the manifest (CHECKSUMS: piece file -> CRC). Every
-reader verifies the pieces it reads (a piece whole, once) before using them, unless told not to
-(`verify=False`); a mismatch is a CheckpointError naming the file and the tensor. A checkpoint
-written before checksums were recorded is read unverified (`checksummed`). A save that runs out of
-space (ENOSPC, EDQUOT) on any rank removes its temporary directory and raises, on every rank, a
-StoreError naming ROOT, the checkpoint's size and the space free when the save began; the earlier
-checkpoints and `latest` stay as they were.
+is computed as it is written and recorded in the manifest. Every reader verifies the pieces it
+reads (a piece whole, once) before using them, unless told not to (`verify=False`); a mismatch is
+a CheckpointError naming the file and the tensor. A checkpoint written before checksums were
+recorded is read unverified (`checksummed`). A save that runs out of space (ENOSPC, EDQUOT) on any
+rank removes its partial files and raises, on every rank, a StoreError naming ROOT, the bytes its
+pieces take and the bytes free when the save began; the earlier checkpoints and `latest` stay as
+they were.
 """
 import contextlib
 import dataclasses
