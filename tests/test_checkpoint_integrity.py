@@ -251,7 +251,8 @@ def fill(disk, leave):
 def pieces_bytes(root):
     """The bytes of the pieces of the checkpoint ROOT/latest names."""
     manifest = checkpoint.read_manifest(root)
-    return sum(os.path.getsize(os.path.join(manifest["path"], f)) for f in manifest[checkpoint.CHECKSUMS])
+    return sum(os.path.getsize(os.path.join(manifest["path"], p["file"]))
+               for t in manifest["tensors"].values() for p in t["pieces"])
 
 
 def assert_left_as_it_was(root, name, before):
