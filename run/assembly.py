@@ -128,7 +128,7 @@ class Assembly:
         signature = self.model_config.signature(optimizer=None if weights_only else cfg.training.optimizer)
         checkpoint.restore(path, self.trainer.checkpoint_entries(weights_only), signature,
                            self.trainer.checkpoint_names(weights_only), extra_ok=weights_only,
-                           optional=self.trainer.optional_names())
+                           optional=self.trainer.optional_names(), verify=not ck.skip_checkpoint_checksums)
         self.start_step = int(self.trainer.step.numpy())
         restart = mode == "continue" and ck.restore_lr_schedule == "restart"
         self.trainer.schedule_origin.assign(self.start_step if restart else saved.get("schedule_origin", 0))
@@ -137,6 +137,8 @@ class Assembly:
             "continue": f"; continuing on this run's data with the optimizer state, learning-rate schedule "
                         f"{'restarted' if restart else 'continued'}",
             "weights": "; its weights only, with a fresh optimizer from step 0"}[mode]
+        unverified = "--skip_checkpoint_checksums" if ck.skip_checkpoint_checksums else \
+            "written without checksums" if not checkpoint.checksummed(manifest) else ""
         self.log.print(f"restored {path} at step {manifest['step']} (written at {manifest['world_size']} "
-                       f"rank(s)){what}")
+                       f"rank(s){f'; not verified: {unverified}' if unverified else ''}){what}")
         return None if weights_only else saved

@@ -127,6 +127,7 @@ class CheckpointSettings:
     checkpoint_every_n_steps: int
     keep_checkpoints: int = 2
     keep_best_checkpoint: bool = False
+    skip_checkpoint_checksums: bool = False
     restore_mode: str = "resume"
     restore_lr_schedule: str = "restart"
 
@@ -238,6 +239,7 @@ _APPLIES_ONLY = {
     **dict.fromkeys(("embedding_trainable", "profiler_start_step"), _TRAIN),
     "profiled_rank": (lambda c: c.runtime.profiler_start_step is not None, "--profiler_start_step"),
     "restore_mode": _RESTORING,
+    "skip_checkpoint_checksums": (lambda c: bool(c.checkpoints.restore_checkpoint_path), "--restore_checkpoint_path"),
     "restore_lr_schedule": _CONTINUING,
     **dict.fromkeys(("embedding_store_path", "embedding_cache_policy"),
                     (lambda c: c.storage.embedding_memory_budget_gb is not None, "--embedding_memory_budget_gb")),

@@ -4,7 +4,8 @@ Every checkpointed tensor has a logical name and full shape (an embedding table 
 optimizer slots are one tensor each, however they are sharded). Each rank writes the pieces it
 owns; nothing is gathered onto one rank. Layout of a checkpoint root:
 
-    ROOT/ckpt-<step>/manifest.json     step, write sequence, model signature, world size, tensor -> pieces
+    ROOT/ckpt-<step>/manifest.json     step, write sequence, model signature, world size, tensor -> pieces,
+                                       piece file -> CRC-32 (CHECKSUMS)
     ROOT/ckpt-<step>/<tensor>.r<a>-<b>.c<c>-<d>.npy    rows a:b, columns c:d of the tensor
     ROOT/latest                        name of the newest complete checkpoint
     ROOT/best                          name and evaluation AUC of the best one (--keep_best_checkpoint)
@@ -20,22 +21,38 @@ shared file system). A streamed entry (its variable a `RowSource`: a table in a 
 than memory) is saved and restored BLOCK_BYTES at a time, never whole in memory; `read_blocks`
 reads any 2-D tensor of a checkpoint so (deployment's table files), `gather_rows` some of its rows
 (deployment's deltas).
+
+Every piece's CRC-32 (zlib's, of its whole file; no faster CRC-32C is at hand: docs/benchmarks.md)
+is computed as it is written and recorded in the manifest. Every reader verifies the pieces it
+reads (a piece whole, once) before using them, unless told not to (`verify=False`); a mismatch is
+a CheckpointError naming the file and the tensor. A checkpoint written before checksums were
+recorded is read unverified (`checksummed`). A save that runs out of space (ENOSPC, EDQUOT) on any
+rank removes its partial files and raises, on every rank, a StoreError naming ROOT, the bytes its
+pieces take and the bytes free when the save began; the earlier checkpoints and `latest` stay as
+they were.
 """
+import contextlib
 import dataclasses
+import errno
+import io
 import json
+import mmap
 import os
 import shutil
+import zlib
 from typing import Dict, Iterator, List, Optional, Protocol, Sequence, Set, Tuple
 
 import numpy as np
 
-from utils.errors import CheckpointError
+from utils.errors import CheckpointError, StoreError
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
 BEST = "best"
 KEEP = 2
 BLOCK_BYTES = 64 << 20   # the most a streamed entry's block of rows holds (it holds at least one row)
+CHECKSUMS = "crc32"   # the manifest's key of {piece file: zlib.crc32 of the file}
+OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 class RowSource(Protocol):
@@ -100,15 +117,26 @@ def _fsync_dir(path):
         os.close(fd)
 
 
+@contextlib.contextmanager
+def _writing(path):
+    """`path` opened for writing bytes, synced when the block ends; an OSError names the path."""
+    try:
+        with open(path, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        e.filename = e.filename or path
+        raise
+
+
 def _write_json(path, value):
     _write_text(path, json.dumps(value, indent=1))
 
 
 def _write_text(path, text):
-    with open(path, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    with _writing(path) as f:
+        f.write(text.encode())
 
 
 def _piece_file(entry: Entry) -> str:
@@ -116,11 +144,45 @@ def _piece_file(entry: Entry) -> str:
     return f"{entry.name.replace('/', '.')}.r{a}-{b}.c{c}-{d}.npy"
 
 
+def _piece_shape(entry: Entry) -> tuple:
+    """The shape of the entry's piece: its region's (a tensor of fewer than 2 dimensions whole)."""
+    if len(entry.variable.shape) < 2:
+        return tuple(entry.variable.shape)
+    (a, b), (c, d) = entry.region
+    return b - a, d - c
+
+
+def _header(shape: tuple, dtype: np.dtype) -> bytes:
+    """The .npy header np.save writes for a C-ordered array of `shape` and `dtype`."""
+    f = io.BytesIO()
+    np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+                                             "shape": tuple(shape)})
+    return f.getvalue()
+
+
+def _piece_bytes(entry: Entry) -> int:
+    """The size of the entry's .npy file."""
+    shape = _piece_shape(entry)
+    dtype = np.dtype(getattr(entry.variable.dtype, "as_numpy_dtype", entry.variable.dtype))
+    return len(_header(shape, dtype)) + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+
+
 def _blocks(rows: int, cols: int, *dtypes) -> Iterator[Tuple[int, int]]:
     """[start, stop) cutting `rows` rows of `cols` columns into blocks of at most BLOCK_BYTES in
     each of `dtypes` (at least one row each)."""
     step = max(1, BLOCK_BYTES // max(1, cols * max(np.dtype(t).itemsize for t in dtypes)))
     return ((start, min(rows, start + step)) for start in range(0, rows, step))
+
+
+class _Checksummed:
+    """A binary file to write to that keeps the CRC-32 of what was written (`crc`)."""
+
+    def __init__(self, file):
+        self.file, self.crc = file, 0
+
+    def write(self, data) -> int:
+        self.crc = zlib.crc32(data, self.crc)
+        return self.file.write(data)
 
 
 def _save_variable(f, entry: Entry) -> np.dtype:
@@ -138,8 +200,7 @@ def _save_streamed(f, entry: Entry) -> np.dtype:
     source = entry.variable
     rows, cols = source.shape
     dtype = np.dtype(source.dtype)
-    np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(dtype),
-                                             "fortran_order": False, "shape": (rows, cols)})
+    f.write(_header((rows, cols), dtype))
     for start, stop in _blocks(rows, cols, dtype):
         block = np.ascontiguousarray(source.read_rows(start, stop), dtype)
         if block.shape != (stop - start, cols):
@@ -149,52 +210,113 @@ def _save_streamed(f, entry: Entry) -> np.dtype:
     return dtype
 
 
+def _start(root: str, tmp: str):
+    os.makedirs(root, exist_ok=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+
+
+def _write_pieces(tmp: str, entries: Sequence[Entry], rank: int):
+    """Writes the entries' pieces into `tmp` and their list, rank-<rank>.json (tensor, shape,
+    dtype, file, rows, cols, CHECKSUMS: the file's CRC-32)."""
+    pieces = []
+    for e in entries:
+        file = _piece_file(e)
+        with _writing(os.path.join(tmp, file)) as f:
+            checksummed = _Checksummed(f)
+            dtype = (_save_streamed if e.streamed else _save_variable)(checksummed, e)
+        (a, b), (c, d) = e.region
+        pieces.append({"tensor": e.name, "shape": list(e.shape), "dtype": dtype.name,
+                       "file": file, "rows": [a, b], "cols": [c, d], CHECKSUMS: checksummed.crc})
+    _write_json(os.path.join(tmp, f"rank-{rank}.json"), pieces)
+
+
+def _unless_out_of_space(write, *args):
+    """(write(*args), None), or (None, (errno name, path)) if it ran out of space (ENOSPC, EDQUOT);
+    other errors propagate."""
+    try:
+        return write(*args), None
+    except OSError as e:
+        if e.errno not in OUT_OF_SPACE:
+            raise
+        return None, (errno.errorcode[e.errno], e.filename)
+
+
+def _free_bytes(path: str) -> int:
+    """The bytes this user may still write on the file system of `path` (or of its nearest
+    existing parent)."""
+    path = os.path.abspath(path)
+    while not os.path.isdir(path):
+        path = os.path.dirname(path)
+    s = os.statvfs(path)
+    return s.f_bavail * s.f_frsize
+
+
 def save(root: str, entries: Sequence[Entry], step: int, signature: dict, comm, state: dict = None,
          keep: int = KEEP) -> str:
     """Writes a new checkpoint of `step` (every rank its pieces), points ROOT/latest at it and
-    keeps the `keep` newest writes (see _prune); returns its path."""
+    keeps the `keep` newest writes (see _prune); returns its path. When any rank runs out of space,
+    the ranks agree, the partial checkpoint is removed and every rank raises the same StoreError."""
     tmp = os.path.join(root, f".tmp-ckpt-{step}")
+    mine = [e for e in entries if comm.rank == 0 or not e.replicated]
+    free, failure = 0, None
     if comm.rank == 0:
-        os.makedirs(root, exist_ok=True)
+        free = _free_bytes(root)
+        failure = _unless_out_of_space(_start, root, tmp)[1]
+    # (bytes of this rank's pieces, bytes free when the save began (rank 0), failure): also the start barrier
+    plans = comm.allgather_object((sum(map(_piece_bytes, mine)), free, failure), f"checkpoint_{step}_start")
+    failures = [plan[2] for plan in plans]
+    if not any(failures):
+        failure = _unless_out_of_space(_write_pieces, tmp, mine, comm.rank)[1]
+        failures = comm.allgather_object(failure, f"checkpoint_{step}_written")
+    if not any(failures):
+        final = None
+        if comm.rank == 0:
+            final, failure = _unless_out_of_space(_commit, root, tmp, step, signature, state, comm.size, keep)
+        final, failure = comm.broadcast_object((final, failure), f"checkpoint_{step}_done")
+        if failure is None:
+            return final
+        failures = [failure]
+    if comm.rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-    comm.barrier(f"checkpoint_{step}_start")
-    pieces = []
-    for e in entries:
-        if e.replicated and comm.rank != 0:
-            continue
-        file = _piece_file(e)
-        with open(os.path.join(tmp, file), "wb") as f:
-            dtype = (_save_streamed if e.streamed else _save_variable)(f, e)
-            f.flush()
-            os.fsync(f.fileno())
-        (a, b), (c, d) = e.region
-        pieces.append({"tensor": e.name, "shape": list(e.shape), "dtype": dtype.name,
-                       "file": file, "rows": [a, b], "cols": [c, d]})
-    _write_json(os.path.join(tmp, f"rank-{comm.rank}.json"), pieces)
-    comm.barrier(f"checkpoint_{step}_written")
-    final = _commit(root, tmp, step, signature, state, comm.size, keep) if comm.rank == 0 else None
-    return comm.broadcast_object(final, f"checkpoint_{step}_done")
+        if os.path.exists(os.path.join(root, LATEST + ".tmp")):
+            os.remove(os.path.join(root, LATEST + ".tmp"))
+    comm.barrier(f"checkpoint_{step}_removed")   # no rank ends the run before the partial checkpoint is gone
+    rank = next(r for r, f in enumerate(failures) if f)
+    code, path = failures[rank]
+    where = f"{code}{f' on rank {rank}' if comm.size > 1 else ''} writing {os.path.relpath(path, root)}"
+    total, free, latest = sum(plan[0] for plan in plans), plans[0][1], _pointed(root, LATEST)
+    raise StoreError(f"{root}: out of space ({where}) saving the checkpoint of step {step}: its pieces take "
+                     f"{total:,} bytes ({total / 2 ** 20:.1f} MiB), {free:,} ({free / 2 ** 20:.1f} MiB) were free "
+                     f"when the save began; its partial files are removed, "
+                     f"{f'{LATEST} still names {latest}' if latest else 'no earlier checkpoint'}")
 
 
 def _commit(root, tmp, step, signature, state, world_size, keep) -> str:
-    tensors = {}
+    tensors, checksums = {}, {}
     for r in range(world_size):
         rank_file = os.path.join(tmp, f"rank-{r}.json")
         with open(rank_file) as f:
             for p in json.load(f):
                 t = tensors.setdefault(p["tensor"], {"shape": p["shape"], "dtype": p["dtype"], "pieces": []})
                 t["pieces"].append({k: p[k] for k in ("file", "rows", "cols")})
+                checksums[p["file"]] = p[CHECKSUMS]
         os.remove(rank_file)
     sequence = 1 + max((seq for seq, _, _ in _written(root)), default=0)
     name = f"ckpt-{step}"
     if os.path.exists(os.path.join(root, name)):
         name = f"ckpt-{step}-{sequence}"
     manifest = {"step": int(step), "sequence": sequence, "signature": signature, "state": state or {},
-                "world_size": world_size, "tensors": dict(sorted(tensors.items()))}
+                "world_size": world_size, "tensors": dict(sorted(tensors.items())),
+                CHECKSUMS: dict(sorted(checksums.items()))}
     _write_json(os.path.join(tmp, MANIFEST), manifest)
     os.rename(tmp, os.path.join(root, name))
-    _point(root, LATEST, name + "\n")
+    try:
+        _point(root, LATEST, name + "\n")
+    except OSError as e:
+        if e.errno in OUT_OF_SPACE:   # `latest` still names the previous checkpoint: this one goes
+            _remove(root, name)
+        raise
     _prune(root, keep)
     return os.path.join(root, name)
 
@@ -229,16 +351,20 @@ def _pointed(root, pointer) -> Optional[str]:
 
 def _prune(root, keep):
     """Removes all but the `keep` newest checkpoint writes of ROOT, except those `latest` and
-    `best` name, and what interrupted saves and removals left behind. A checkpoint is renamed
-    before its files go, so a half-removed one never looks complete."""
+    `best` name, and what interrupted saves and removals left behind."""
     for d in os.listdir(root):
         if d.startswith((".old-ckpt-", ".tmp-ckpt-")):
             shutil.rmtree(os.path.join(root, d), ignore_errors=True)
     named = {_pointed(root, LATEST), _pointed(root, BEST)}
     for _, _, d in sorted(_written(root), reverse=True)[keep:]:
         if d not in named:
-            os.rename(os.path.join(root, d), os.path.join(root, f".old-{d}"))
-            shutil.rmtree(os.path.join(root, f".old-{d}"))
+            _remove(root, d)
+
+
+def _remove(root, name):
+    """Removes the checkpoint ROOT/<name>, renamed first so that a half-removed one never looks complete."""
+    os.rename(os.path.join(root, name), os.path.join(root, f".old-{name}"))
+    shutil.rmtree(os.path.join(root, f".old-{name}"))
 
 
 def mark_best(root: str, path: str, auc: float, keep: int = KEEP):
@@ -283,20 +409,54 @@ def read_manifest(path: str) -> dict:
     return manifest
 
 
-def read_tensor(path: str, name: str) -> np.ndarray:
-    """One whole logical tensor of a checkpoint, assembled from its pieces."""
+def checksummed(manifest: dict) -> bool:
+    """Whether the checkpoint of `manifest` records its pieces' checksums (written since they are)."""
+    return CHECKSUMS in manifest
+
+
+def _file_crc(path: str) -> int:
+    """The CRC-32 of the file at `path`, read memory-mapped (no copy out of the page cache)."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m, memoryview(m) as view:
+        return zlib.crc32(view)
+
+
+def _verify(manifest: dict, name: str, pieces: Sequence[dict]):
+    """Raises unless every one of `pieces` (of tensor `name`) has the CRC-32 the manifest records
+    for its file; a checkpoint written without checksums is not verified."""
+    if not checksummed(manifest):
+        return
+    for p in pieces:
+        file = os.path.join(manifest["path"], p["file"])
+        recorded = manifest[CHECKSUMS].get(p["file"])
+        if recorded is None:
+            raise CheckpointError(f"{file}: the manifest records no checksum for this piece of tensor {name}")
+        try:
+            crc = _file_crc(file)
+        except (OSError, ValueError) as e:   # ValueError: an empty file
+            raise CheckpointError(f"{file}: cannot read tensor {name}: {e}")
+        if crc != recorded:
+            raise CheckpointError(f"{file}: tensor {name} changed on disk since it was written (CRC-32 {crc:08x}, "
+                                  f"the manifest records {recorded:08x})")
+
+
+def read_tensor(path: str, name: str, verify: bool = True) -> np.ndarray:
+    """One whole logical tensor of a checkpoint, assembled from its pieces (their checksums
+    verified unless `verify` is False)."""
     manifest = read_manifest(path)
     t = manifest["tensors"][name]
     entry = Entry(name, np.empty(t["shape"], t["dtype"]), tuple(t["shape"]))
     _check_coverage(manifest["path"], entry, t)
+    if verify:
+        _verify(manifest, name, t["pieces"])
     return _read_region(manifest["path"], entry, t)
 
 
-def read_blocks(path_or_manifest, name: str, dtype=None) -> Iterator[Tuple[int, np.ndarray]]:
+def read_blocks(path_or_manifest, name: str, dtype=None, verify: bool = True) -> Iterator[Tuple[int, np.ndarray]]:
     """The 2-D tensor `name` [rows, cols] of a checkpoint (its path, or a manifest from
     read_manifest) a block of rows at a time, never whole in memory: (start, rows [start, start + n)
     as [n, cols] of `dtype`, default the tensor's), each block at most BLOCK_BYTES (at least one row)
-    in both dtypes, read from the pieces it overlaps (memory-mapped)."""
+    in both dtypes, read from the pieces it overlaps (memory-mapped). Every piece's checksum is
+    verified before the first block, unless `verify` is False."""
     manifest = path_or_manifest if isinstance(path_or_manifest, dict) else read_manifest(path_or_manifest)
     ckpt, tensor = manifest["path"], manifest["tensors"].get(name)
     if tensor is None or len(tensor["shape"]) != 2:
@@ -306,14 +466,17 @@ def read_blocks(path_or_manifest, name: str, dtype=None) -> Iterator[Tuple[int, 
     entry = Entry(name, np.broadcast_to(np.zeros((), tensor["dtype"]), (rows, cols)), (rows, cols))
     _check_pieces(ckpt, name, tensor)
     _check_coverage(ckpt, entry, tensor)
+    if verify:
+        _verify(manifest, name, tensor["pieces"])
     for start, stop in _blocks(rows, cols, tensor["dtype"], dtype):
         yield start, _read_region(ckpt, entry, tensor, (start, stop)).astype(dtype, copy=False)
 
 
-def gather_rows(manifest: dict, name: str, ids: np.ndarray, dtype=None) -> np.ndarray:
+def gather_rows(manifest: dict, name: str, ids: np.ndarray, dtype=None, verify: bool = True) -> np.ndarray:
     """Rows `ids` ([n] ascending) of the 2-D tensor `name` of a checkpoint (its manifest, from
     read_manifest) as [n, cols] of `dtype` (default the tensor's), read from the pieces that hold
-    them (memory-mapped): only those rows are read."""
+    them (memory-mapped). Each such piece's checksum is verified first (the piece read whole)
+    unless `verify` is False; then only those rows are read."""
     ckpt, tensor = manifest["path"], manifest["tensors"].get(name)
     if tensor is None or len(tensor["shape"]) != 2:
         raise CheckpointError(f"{ckpt}: no 2-D tensor {name}")
@@ -326,6 +489,8 @@ def gather_rows(manifest: dict, name: str, ids: np.ndarray, dtype=None) -> np.nd
         (pa, pb), (pc, pd) = p["rows"], p["cols"]
         lo, hi = np.searchsorted(ids, [pa, pb])
         if lo < hi:
+            if verify:
+                _verify(manifest, name, [p])
             values = np.load(os.path.join(ckpt, p["file"]), mmap_mode="r")
             out[lo:hi, pc:pd] = values[ids[lo:hi] - pa]
     return out
@@ -376,6 +541,13 @@ def _restore_streamed(ckpt: str, entry: Entry, tensor: dict):
         source.write_rows(start, block.astype(source.dtype, copy=False))
 
 
+def _pieces_read(entry: Entry, tensor: dict) -> List[dict]:
+    """The pieces of `tensor` that reading the entry's region reads."""
+    if len(tensor["shape"]) < 2:
+        return tensor["pieces"][:1]
+    return [p for p, _, _ in _overlaps(tensor, *entry.region)]
+
+
 def _check_pieces(ckpt: str, name: str, tensor: dict):
     for p in tensor["pieces"]:
         file = os.path.join(ckpt, p["file"])
@@ -391,12 +563,13 @@ def _check_pieces(ckpt: str, name: str, tensor: dict):
 
 
 def restore(path: str, entries: Sequence[Entry], signature: dict, expected: Set[str], extra_ok: bool = False,
-            optional: Set[str] = frozenset()) -> dict:
+            optional: Set[str] = frozenset(), verify: bool = True) -> dict:
     """Loads this rank's variables from the checkpoint at `path` and returns its manifest.
 
     Everything is checked before any variable changes: the signature, the tensor names against
-    `expected` (every logical tensor of the model), shapes, every piece file this rank reads, and
-    that the pieces cover each entry's region. Streamed entries are written a block at a time.
+    `expected` (every logical tensor of the model), shapes, every piece file this rank reads (and
+    its checksum, unless `verify` is False), and that the pieces cover each entry's region.
+    Streamed entries are written a block at a time.
     `extra_ok`: tensors beyond `expected` are left unread (a model without its optimizer state).
     `optional`: tensors that either side may lack (a variable the checkpoint lacks keeps its value).
     """
@@ -412,6 +585,7 @@ def restore(path: str, entries: Sequence[Entry], signature: dict, expected: Set[
         raise CheckpointError(f"{ckpt}: tensors differ from this model's "
                               f"(missing {missing[:3]}, unexpected {extra[:3]})")
     entries = [e for e in entries if e.name in tensors]
+    read = {}   # file -> (tensor, piece) of every piece this rank reads
     for e in entries:
         t = tensors[e.name]
         if tuple(t["shape"]) != tuple(e.shape):
@@ -419,6 +593,10 @@ def restore(path: str, entries: Sequence[Entry], signature: dict, expected: Set[
                                   f"the model expects {tuple(e.shape)}")
         _check_pieces(ckpt, e.name, t)
         _check_coverage(ckpt, e, t)
+        read.update({p["file"]: (e.name, p) for p in _pieces_read(e, t)})
+    if verify:
+        for name, p in read.values():
+            _verify(manifest, name, [p])
     for e in entries:
         if e.streamed:
             _restore_streamed(ckpt, e, tensors[e.name])

@@ -38,6 +38,7 @@ DEFAULTS.update(loss_scale=None, embedding_trainable=True, embedding_zeros_initi
                 tfdata_debug=False, inter_op_parallelism=None, intra_op_parallelism=None)
 DEFAULTS.update(run_eagerly=False, auc_thresholds=None)
 DEFAULTS.update(embedding_memory_budget_gb=None, embedding_store_path=None, embedding_cache_policy="lru")
+DEFAULTS.update(skip_checkpoint_checksums=False)
 
 FOUR_CARDS = ["10", "20", "30", "40"]
 
@@ -313,6 +314,7 @@ NOT_APPLYING.update({
     "profiled_rank": [(dict(), 0)],
     "embedding_store_path": [(dict(), "/tmp/store"), (dict(embedding_memory_budget_gb=None), "/tmp/store")],
     "embedding_cache_policy": [(dict(), "lfu"), (dict(embedding_memory_budget_gb=None), "lru")],
+    "skip_checkpoint_checksums": [(dict(), True), (dict(mode="inference"), True)],
 })
 NOT_APPLYING_CASES = [(name, setting, value) for name, cases in NOT_APPLYING.items() for setting, value in cases]
 
@@ -367,6 +369,8 @@ def test_every_flag_set_where_it_does_not_apply_is_named_in_one_line():
     ("restore_lr_schedule", dict(restore_checkpoint_path="/t", restore_mode="continue")),
     ("embedding_store_path", dict(embedding_memory_budget_gb=2.5)),
     ("embedding_cache_policy", dict(embedding_memory_budget_gb=2.5)),
+    ("skip_checkpoint_checksums", dict(restore_checkpoint_path="/t")),
+    ("skip_checkpoint_checksums", dict(mode="eval", restore_checkpoint_path="/t")),
 ])
 def test_flag_set_where_it_applies_is_accepted(name, setting):
     value = {"beta1": 0.5, "beta2": 0.99, "num_cross_layers": 2, "cross_layer_projection_dim": 16, "epochs": 2,
@@ -376,7 +380,7 @@ def test_flag_set_where_it_applies_is_accepted(name, setting):
              "valid_batch_size": 4096, "synthetic_eval_rows": 4096, "shuffle_batch_order": False,
              "train_last_partial_batch": True, "auc_thresholds": 8000, "restore_mode": "weights",
              "restore_lr_schedule": "continue", "embedding_store_path": "/tmp/store",
-             "embedding_cache_policy": "lfu"}[name]
+             "embedding_cache_policy": "lfu", "skip_checkpoint_checksums": True}[name]
     cfg = build(**dict(setting, **{name: value}))
     expected = [int(x) for x in value] if isinstance(value, list) else value
     assert cfg.value(name) == expected

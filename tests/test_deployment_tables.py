@@ -48,6 +48,12 @@ class ThreadRank:
         self.barrier(name)
         return self._group["value"]
 
+    def allgather_object(self, obj, name):
+        self.barrier(name)   # every rank has read the previous gather
+        self._group[self.rank] = obj
+        self.barrier(name)
+        return [self._group[r] for r in range(self.size)]
+
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):

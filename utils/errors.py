@@ -22,5 +22,6 @@ class NonFiniteError(RuntimeError):
 
 
 class StoreError(RuntimeError):
-    """The embedding store failed during a run (a file deleted, a cache too small for the batches
-    in flight); the message is one line naming the path or feature."""
+    """The embedding store or the checkpoint root failed during a run (a file deleted, a cache too
+    small for the batches in flight, no space left for a checkpoint); the message is one line naming
+    the path or feature."""

@@ -1,0 +1,389 @@
+"""Checkpoint integrity: the manifest records every piece's CRC-32 and every reader verifies the
+pieces it reads, so a changed byte is one error line naming the file and the tensor (at restore,
+and when deployment/deploy.py exports), unless verification is skipped; checkpoints written before
+checksums restore. A save that runs out of space (a small tmpfs, and ENOSPC injected at the write)
+is one error line naming the root and the bytes, leaves no partial checkpoint and keeps the earlier
+ones and `latest`: at one rank in process and at two Gloo ranks through dlrm.py."""
+import errno
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import main
+from parallel_embedding.collectives import SingleProcess
+from storage import checkpoint
+from storage.checkpoint import Entry
+from tests.configs import tiny_config
+from tests.horovod_run import ROOT, Ranks, horovodrun
+from tests.test_multirank_cli import DATA, MODEL, PLACEMENT
+from utils.errors import CheckpointError, StoreError
+
+TABLE, KERNEL, BIAS, SLOT = "embedding/table_1", "top_mlp/dense_0/kernel", "top_mlp/dense_0/bias", \
+    "bottom_mlp/dense_1/kernel/m"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """ROOT of a tiny model's checkpoint after 10 steps (ckpt-10)."""
+    root = str(tmp_path_factory.mktemp("trained") / "ck")
+    main.run(tiny_config(save_checkpoint_path=root, max_steps=10))
+    return root
+
+
+def copy(root, to):
+    shutil.copytree(root, to)
+    return str(to)
+
+
+def piece_path(root, name, k=0):
+    manifest = checkpoint.read_manifest(root)
+    return os.path.join(manifest["path"], manifest["tensors"][name]["pieces"][k]["file"])
+
+
+def flip(path):
+    """Flips the lowest bit of the first value of the .npy at `path` (float32: the least
+    significant bit of its mantissa, so the value stays finite)."""
+    offset = np.load(path, mmap_mode="r").offset
+    data = bytearray(open(path, "rb").read())
+    data[offset] ^= 1
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def mismatch(path, name, root):
+    """The error line a changed piece gives."""
+    recorded = checkpoint.read_manifest(root)[checkpoint.CHECKSUMS][os.path.basename(path)]
+    crc = zlib.crc32(open(path, "rb").read())
+    return (f"{path}: tensor {name} changed on disk since it was written (CRC-32 {crc:08x}, the manifest records "
+            f"{recorded:08x})")
+
+
+def error_lines(out):
+    """The `error:` lines of a command's stderr (TensorFlow's own log lines aside), having checked
+    that it ends with them and holds no traceback."""
+    lines = out.stderr.strip().splitlines()
+    errors = [line for line in lines if "error: " in line]
+    assert "Traceback" not in out.stderr and lines[-len(errors):] == errors, out.stderr[-3000:]
+    return errors
+
+
+def all_tensors(root):
+    return {n: checkpoint.read_tensor(root, n) for n in checkpoint.read_manifest(root)["tensors"]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Checksums
+
+def test_the_manifest_records_every_piece_files_crc32(trained):
+    manifest = checkpoint.read_manifest(trained)
+    files = {p["file"] for t in manifest["tensors"].values() for p in t["pieces"]}
+    assert checkpoint.checksummed(manifest) and set(manifest[checkpoint.CHECKSUMS]) == files
+    for file in files:
+        with open(os.path.join(manifest["path"], file), "rb") as f:
+            assert manifest[checkpoint.CHECKSUMS][file] == zlib.crc32(f.read()), file
+
+
+@pytest.mark.parametrize("name", [TABLE, KERNEL, BIAS, SLOT])
+def test_a_changed_byte_fails_the_restore_in_one_line_naming_file_and_tensor(trained, tmp_path, name, capsys):
+    root = copy(trained, tmp_path / "ck")
+    path = piece_path(root, name)
+    flip(path)
+    with pytest.raises(CheckpointError) as info:
+        main.run(tiny_config(mode="eval", restore_checkpoint_path=root))
+    assert str(info.value) == mismatch(path, name, root)
+    # Skipping verification restores the changed value (one element differs) and evaluates.
+    changed, saved = checkpoint.read_tensor(root, name, verify=False), checkpoint.read_tensor(trained, name)
+    assert np.sum(changed != saved) == 1
+    capsys.readouterr()
+    result = main.run(tiny_config(mode="eval", restore_checkpoint_path=root, skip_checkpoint_checksums=True))
+    assert result["samples"] == 1000
+    assert "(written at 1 rank(s); not verified: --skip_checkpoint_checksums)" in capsys.readouterr().out
+
+
+def test_a_changed_byte_is_one_error_line_on_the_command_line(trained, tmp_path):
+    root = copy(trained, tmp_path / "ck")
+    path = piece_path(root, TABLE)
+    flip(path)
+    model = ["--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1", "--dataset_type=synthetic",
+             "--synthetic_cardinalities=20,50,7,30", "--synthetic_num_numerical=3", "--synthetic_eval_rows=1000",
+             "--valid_batch_size=500", "--optimizer=adam", "--mode=eval", f"--restore_checkpoint_path={root}"]
+    out = subprocess.run([sys.executable, "dlrm.py", *model], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert out.returncode == 2 and error_lines(out) == [f"error: {mismatch(path, TABLE, root)}"], out.stderr[-3000:]
+    skipped = subprocess.run([sys.executable, "dlrm.py", *model, "--skip_checkpoint_checksums"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300,
+                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert skipped.returncode == 0 and "not verified: --skip_checkpoint_checksums" in skipped.stdout, skipped.stderr
+
+
+def deploy(*args):
+    return subprocess.run([sys.executable, "deployment/deploy.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+
+
+@pytest.mark.parametrize("forms,name", [("monolithic", TABLE), ("tables", TABLE), ("tables", KERNEL)])
+def test_deploy_of_a_changed_checkpoint_is_one_error_line(trained, tmp_path, forms, name):
+    """The exporter's readers: whole tables (monolithic), tables a block at a time (tables form),
+    the dense model's variables (restored)."""
+    root = copy(trained, tmp_path / "ck")
+    path = piece_path(root, name)
+    flip(path)
+    out = deploy(f"--checkpoint={root}", f"--output={tmp_path / 'repo'}", f"--forms={forms}")
+    assert out.returncode == 2 and error_lines(out) == [f"error: {mismatch(path, name, root)}"], out.stderr[-3000:]
+    assert not os.path.exists(tmp_path / "repo")
+
+
+SIGNATURE = {"model": "integrity-test"}
+
+
+@pytest.fixture
+def two_pieces(tmp_path):
+    """A checkpoint of tensor "t" [10, 4] in two pieces (rows 0:5 and 5:10), the second changed:
+    (its path, the saved tensor, the second piece's path)."""
+    array = np.random.default_rng(0).normal(size=(10, 4)).astype(np.float32)
+    path = checkpoint.save(str(tmp_path / "ck"), [Entry("t", tf.Variable(array[:5]), (10, 4)),
+                                                  Entry("t", tf.Variable(array[5:]), (10, 4), 5)],
+                           1, SIGNATURE, SingleProcess())
+    changed = piece_path(path, "t", 1)
+    flip(changed)
+    return path, array, changed
+
+
+def test_each_reader_verifies_the_pieces_it_reads(two_pieces):
+    path, array, changed = two_pieces
+    line = mismatch(changed, "t", path)
+    manifest = checkpoint.read_manifest(path)
+    with pytest.raises(CheckpointError) as info:
+        checkpoint.read_tensor(path, "t")
+    assert str(info.value) == line
+    with pytest.raises(CheckpointError) as info:
+        next(checkpoint.read_blocks(path, "t"))
+    assert str(info.value) == line
+    with pytest.raises(CheckpointError) as info:
+        checkpoint.gather_rows(manifest, "t", np.array([1, 7]))
+    assert str(info.value) == line
+    # Rows of the intact piece only: it alone is read and verified.
+    np.testing.assert_array_equal(checkpoint.gather_rows(manifest, "t", np.array([1, 4])), array[[1, 4]])
+    # Not verified: the changed value is read.
+    expected = array.copy()
+    expected[5, 0] = np.frombuffer((array[5, 0].view(np.uint32) ^ 1).tobytes(), np.float32)[0]
+    np.testing.assert_array_equal(checkpoint.read_tensor(path, "t", verify=False), expected)
+    np.testing.assert_array_equal(np.concatenate([b for _, b in checkpoint.read_blocks(path, "t", verify=False)]),
+                                  expected)
+    np.testing.assert_array_equal(checkpoint.gather_rows(manifest, "t", np.array([1, 5]), verify=False),
+                                  expected[[1, 5]])
+
+
+def test_restore_verifies_the_pieces_this_rank_reads_before_any_change(two_pieces):
+    path, array, changed = two_pieces
+    first, overlapping = tf.Variable(np.zeros((5, 4), np.float32)), tf.Variable(np.zeros((5, 4), np.float32))
+    checkpoint.restore(path, [Entry("t", first, (10, 4))], SIGNATURE, {"t"})   # rows 0:5: the intact piece
+    np.testing.assert_array_equal(first.numpy(), array[:5])
+    first.assign(np.zeros((5, 4), np.float32))
+    with pytest.raises(CheckpointError) as info:   # rows 0:5 and 3:8 (this one reads the changed piece)
+        checkpoint.restore(path, [Entry("t", first, (10, 4)), Entry("t", overlapping, (10, 4), 3)], SIGNATURE, {"t"})
+    assert str(info.value) == mismatch(changed, "t", path)
+    assert not first.numpy().any() and not overlapping.numpy().any()
+
+
+def test_a_checkpoint_without_checksums_restores_unverified(trained, tmp_path, capsys):
+    """A checkpoint written before checksums were recorded (its manifest without them) restores,
+    the restore line saying once that it was not verified; its readers read it."""
+    root = copy(trained, tmp_path / "ck")
+    manifest_file = os.path.join(checkpoint.resolve(root), checkpoint.MANIFEST)
+    with open(manifest_file) as f:
+        manifest = json.load(f)
+    del manifest[checkpoint.CHECKSUMS]
+    with open(manifest_file, "w") as f:
+        json.dump(manifest, f)
+    assert not checkpoint.checksummed(checkpoint.read_manifest(root))
+    capsys.readouterr()
+    assert main.run(tiny_config(mode="eval", restore_checkpoint_path=root))["samples"] == 1000
+    out = capsys.readouterr().out
+    assert out.count("not verified") == 1 and "(written at 1 rank(s); not verified: written without checksums)" in out
+    for name, value in all_tensors(trained).items():
+        np.testing.assert_array_equal(checkpoint.read_tensor(root, name), value, err_msg=name)
+    # Resumed training writes a checkpoint with checksums.
+    main.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=root, max_steps=12))
+    assert checkpoint.checksummed(checkpoint.read_manifest(root))
+
+
+# ---------------------------------------------------------------------------------------------
+# A full disk
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """An 8 MiB tmpfs mounted at tmp_path/disk; skipped where mounting one is refused."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if shutil.which("mount") is None:
+        pytest.skip("no mount command here to mount a tmpfs (the injected ENOSPC tests stand in)")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"mounting a tmpfs was refused ({mounted.stderr.strip()}); the injected ENOSPC tests stand in")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def free_bytes(path):
+    s = os.statvfs(path)
+    return s.f_bavail * s.f_frsize
+
+
+def fill(disk, leave):
+    """Writes a ballast file into `disk` so that about `leave` bytes stay free; returns the bytes free."""
+    with open(os.path.join(disk, "ballast"), "wb") as f:
+        f.write(bytes(free_bytes(disk) - leave))
+    return free_bytes(disk)
+
+
+def pieces_bytes(root):
+    """The bytes of the pieces of the checkpoint ROOT/latest names."""
+    manifest = checkpoint.read_manifest(root)
+    return sum(os.path.getsize(os.path.join(manifest["path"], p["file"]))
+               for t in manifest["tensors"].values() for p in t["pieces"])
+
+
+def assert_left_as_it_was(root, name, before):
+    """ROOT holds the checkpoint `name` alone, `latest` names it, its tensors are `before`."""
+    assert sorted(os.listdir(root)) == [name, "latest"]
+    assert open(os.path.join(root, "latest")).read().strip() == name
+    after = all_tensors(root)
+    assert set(after) == set(before)
+    for n in before:
+        np.testing.assert_array_equal(after[n], before[n], err_msg=n)
+
+
+def no_space_line(root, step, size, free=None, rank=None, written=None):
+    """A regular expression of the error line of a save of `step` whose pieces take `size` bytes
+    out of space (`free` bytes free, any when None) on `rank` (None: one rank) writing `written`
+    (a regular expression of the path in ROOT; default a piece of the checkpoint)."""
+    on_rank = "" if rank is None else f" on rank {rank}"
+    written = written or rf"\.tmp-ckpt-{step}/[^/ ]+\.npy"
+    free = r"[\d,]+ \([\d.]+ MiB\)" if free is None else rf"{free:,} \({free / 2 ** 20:.1f} MiB\)"
+    return (rf"{re.escape(root)}: out of space \(ENOSPC{on_rank} writing {written}\) saving the checkpoint of step "
+            rf"{step}: its pieces take {size:,} bytes \({size / 2 ** 20:.1f} MiB\), {free} were free when the save "
+            rf"began; its partial files are removed, latest still names ckpt-\d+")
+
+
+def test_a_full_disk_at_one_rank(small_disk):
+    root = str(small_disk / "ck")
+    main.run(tiny_config(save_checkpoint_path=root, max_steps=10))
+    before, size = all_tensors(root), pieces_bytes(root)
+    free = fill(small_disk, leave=16 * 4096)   # 16 pages: less than the pieces need (a page each at least)
+    with pytest.raises(StoreError) as info:
+        main.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=root))
+    assert re.fullmatch(no_space_line(root, 40, size, free), str(info.value)), str(info.value)
+    assert_left_as_it_was(root, "ckpt-10", before)
+    os.remove(small_disk / "ballast")   # space again: the same run saves
+    assert main.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=root))["steps"] == 40
+    assert open(os.path.join(root, "latest")).read().strip() == "ckpt-40"
+
+
+def no_space(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+@pytest.mark.parametrize("at", ["piece", "manifest", "latest"])
+def test_enospc_injected_at_the_write(trained, tmp_path, monkeypatch, at):
+    """ENOSPC raised by the write of the fourth piece, of the manifest, or of the new `latest`
+    (after the checkpoint was moved into place): no trace of the save is left."""
+    root = copy(trained, tmp_path / "ck")
+    before, size = all_tensors(root), pieces_bytes(root)
+    if at == "piece":
+        calls, save = [], np.save
+
+        def failing_save(f, array):
+            calls.append(1)
+            if len(calls) == 4:
+                no_space()
+            save(f, array)
+        monkeypatch.setattr(checkpoint.np, "save", failing_save)
+        written = None
+    else:
+        write_text, file = checkpoint._write_text, {"manifest": "manifest.json", "latest": "latest.tmp"}[at]
+        written = {"manifest": r"\.tmp-ckpt-40/manifest\.json", "latest": r"latest\.tmp"}[at]
+
+        def failing_write(path, text):
+            if os.path.basename(path) == file:
+                with checkpoint._writing(path) as f:   # a part written, then the disk is full
+                    f.write(text[:5].encode())
+                    no_space()
+            write_text(path, text)
+        monkeypatch.setattr(checkpoint, "_write_text", failing_write)
+    with pytest.raises(StoreError) as info:
+        main.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=root))
+    monkeypatch.undo()
+    assert re.fullmatch(no_space_line(root, 40, size, written=written), str(info.value)), str(info.value)
+    assert_left_as_it_was(root, "ckpt-10", before)
+
+
+@pytest.fixture(scope="module")
+def two_ranks_trained(tmp_path_factory):
+    """ROOT of a checkpoint written by dlrm.py at 2 Gloo ranks after 6 of 12 steps (ckpt-6)."""
+    root = tmp_path_factory.mktemp("two_ranks") / "ck"
+    out = horovodrun(2, ["dlrm.py", *MODEL, *DATA, *PLACEMENT, "--max_steps=6", f"--save_checkpoint_path={root}"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    return str(root)
+
+
+def resumed_at_two_ranks(root, log_dir, before=()):
+    """dlrm.py at 2 Gloo ranks (each its own process: horovodrun would add its own traceback to a
+    failure) resuming ROOT's checkpoint and saving into ROOT (`before`: Python's arguments before
+    the script): their exit codes and outputs."""
+    ranks = Ranks(2, [*before, "dlrm.py", *MODEL, *DATA, *PLACEMENT, f"--save_checkpoint_path={root}",
+                      f"--restore_checkpoint_path={root}"], str(log_dir))
+    try:
+        return [p.wait(timeout=600) for p in ranks.processes], [ranks.output(r) for r in range(2)]
+    finally:
+        ranks.close()
+
+
+def assert_failed_at_two_ranks(codes, outputs, pattern):
+    """Every rank exited 1 with the same one error line, which matches `pattern`."""
+    errors = [[line for line in out.splitlines() if line.startswith("error: ")] for out in outputs]
+    assert codes == [1, 1] and not any("Traceback" in out for out in outputs), [out[-3000:] for out in outputs]
+    assert [len(e) for e in errors] == [1, 1] and errors[0] == errors[1], errors
+    assert re.fullmatch(pattern, errors[0][0][len("error: "):]), errors[0][0]
+
+
+def test_a_full_disk_at_two_ranks(two_ranks_trained, small_disk):
+    root = copy(two_ranks_trained, small_disk / "ck")
+    before, size = all_tensors(root), pieces_bytes(root)
+    free = fill(small_disk, leave=16 * 4096)
+    codes, outputs = resumed_at_two_ranks(root, small_disk.parent)
+    assert_failed_at_two_ranks(codes, outputs, no_space_line(root, 12, size, free, rank="[01]"))
+    assert_left_as_it_was(root, "ckpt-6", before)
+
+
+# Every piece rank 1 writes finds the disk full (numpy.save raises ENOSPC); rank 0 writes its own.
+ENOSPC_ON_RANK_1 = """
+import errno, os, runpy, sys
+import numpy as np
+if os.environ["HOROVOD_RANK"] == "1":
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    np.save = no_space
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_enospc_on_one_of_two_ranks(two_ranks_trained, tmp_path):
+    """Rank 1 alone runs out of space: both ranks agree, and end with the same line."""
+    root = copy(two_ranks_trained, tmp_path / "ck")
+    before, size = all_tensors(root), pieces_bytes(root)
+    codes, outputs = resumed_at_two_ranks(root, tmp_path, before=["-c", ENOSPC_ON_RANK_1])
+    assert_failed_at_two_ranks(codes, outputs, no_space_line(root, 12, size, rank=1))
+    assert_left_as_it_was(root, "ckpt-6", before)
