@@ -163,20 +163,14 @@ def _written_whole(out: str, write, need: int):
     try:
         info = write(tmp)
     except BaseException as e:
-        written = _bytes_under(tmp)
         shutil.rmtree(tmp, ignore_errors=True)
         if not _no_space(e):
             raise
-        needed = f"about {need:,}" if need > written else f"more than {written:,}"
-        raise ExportError(f"{out}: no space left on device: it needs {needed} bytes, {free:,} were free in {parent} "
-                          "(the partial copy removed; "
+        needed = f"about {need:,} bytes, {free:,} were free" if need > free else f"more than the {free:,} bytes free"
+        raise ExportError(f"{out}: no space left on device: it needs {needed} in {parent} (the partial copy removed; "
                           f"{'the existing one unchanged' if os.path.exists(out) else 'nothing written'})") from None
     move_into_place(tmp, out, old)
     return info
-
-
-def _bytes_under(directory: str) -> int:
-    return sum(os.path.getsize(os.path.join(root, n)) for root, _, names in os.walk(directory) for n in names)
 
 
 def _no_space(error: BaseException) -> bool:
