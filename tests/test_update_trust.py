@@ -14,7 +14,7 @@ import pytest
 
 from deployment.client import ServingClient, free_ports
 from deployment.exporter.repository import ExportError, write_delta_repository
-from deployment.repository_format import DELTA_INFO, file_crc32, file_entries
+from deployment.repository_format import DELTA_INFO, RepositoryError, file_crc32, file_entries, read_delta
 from deployment.serving.live import Model, Updater, check_export
 from deployment.serving.lookup_tiers import TierConfig
 from tests import test_live_serving as live_tests
@@ -154,6 +154,34 @@ def test_serve_refuses_full_exports_and_nan_deltas_unless_allowed(exports, tmp_p
                 "only with --updates_allow_full_exports",
                 f"refused update {updates / 'nan'}: {updates / 'nan' / 'table_1.rows.npy'}: 1 of "
                 f"{len(np.load(updates / 'nan' / 'table_1.rows.npy'))} rows hold NaN or infinite values"]
+
+
+def test_a_deltas_graph_is_never_loaded_and_a_store_it_updated_passes_the_start_up_check(exports, tmp_path):
+    """The delta's saved_model.pb replaced by garbage (checksums recomputed): applied through the
+    tiers all the same (only its variables are read), the kept dense model is the export's graph
+    with the delta's variables, and a restart serves step 16; the export's files check, but the
+    table files the delta rewrote."""
+    repo = str(shutil.copytree(exports[8], tmp_path / "repo"))
+    delta = make_delta(exports[8], exports[16], str(tmp_path / "d16"))
+    graph = os.path.join(delta, "dlrm_dense", "1", "model.savedmodel", "saved_model.pb")
+    open(graph, "wb").write(b"not a graph")
+    resigned(delta)
+    model = Model(repo, TierConfig(800))
+    model.apply_delta(read_delta(delta))
+    model.close()
+    kept = os.path.join(repo, "dlrm_tables", "dense-16")
+    assert open(os.path.join(kept, "saved_model.pb"), "rb").read() == open(os.path.join(
+        repo, "dlrm_dense", "1", "model.savedmodel", "saved_model.pb"), "rb").read()
+    numerical, categorical = requests(32, seed=11)
+    restarted = Model(repo, TierConfig(800))
+    np.testing.assert_array_equal(restarted.infer(numerical, categorical)["logits"],
+                                  Model(exports[16]).infer(numerical, categorical)["logits"])
+    restarted.close()
+    check_export(repo)   # table files rewritten by the delta: not checked; the rest as listed
+    with open(os.path.join(repo, "dlrm_tables", "tables.json"), "a") as f:
+        f.write(" ")
+    with pytest.raises(RepositoryError, match=f"^{repo}/dlrm_tables/tables.json: 1[0-9]+ bytes, export.json says "):
+        check_export(repo)
 
 
 def flipped(repo, tmp_path, name, file):
