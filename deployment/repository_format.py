@@ -230,12 +230,12 @@ def check_files(directory: str, manifest: str, entries: List[dict], error: type,
 
 def check_update_files(directory: str, manifest: str, entries: List[dict], error: type):
     """check_files for an update from an updates folder, and more: no symbolic link anywhere in
-    `directory` (itself included), and no file there that `entries` does not list."""
+    `directory`, and no file there that `entries` does not list."""
     listed = {entry["file"] for entry in entries}
     for root, dirs, names in os.walk(directory):
-        for name in [root] * (root == directory) + [os.path.join(root, n) for n in dirs + names]:
-            if os.path.islink(name):
-                raise error(f"{name}: a symbolic link (an update holds regular files only)")
+        for name in dirs + names:
+            if os.path.islink(os.path.join(root, name)):
+                raise error(f"{os.path.join(root, name)}: a symbolic link (an update holds regular files only)")
         for name in names:
             relative = os.path.relpath(os.path.join(root, name), directory).replace(os.sep, "/")
             if relative != manifest and relative not in listed:

@@ -203,7 +203,8 @@ def test_a_changed_export_file_is_refused_at_start_up_unless_skipped(exports, tm
         result = script("serve.py", f"--model_repository={repo}", "--address=127.0.0.1",
                         *[f"--{n}_port={p}" for n, p in zip(("http", "grpc", "metrics"), free_ports(3))])
         assert result.returncode == 2 and result.stderr.strip().splitlines()[-1:] == [
-            f"error: {repo / file}: CRC-32 differs from export.json's (a corrupt or partial file)"], result.stderr[-2000:]
+            f"error: {repo / file}: CRC-32 differs from export.json's (a corrupt or partial file)"], \
+            result.stderr[-2000:]
     check_export(exports[8])   # the original is as listed
     ports, log = free_ports(3), tmp_path / "skipping.log"
     server = start_server(log, ports, f"--model_repository={repo}", "--skip_checksums")
@@ -280,6 +281,7 @@ def test_an_export_onto_a_full_device_is_one_line_and_keeps_the_old_one(exports,
     with pytest.raises(ExportError) as e:
         write_delta_repository(checkpoints[16], str(small_device / "d16"), exports[8])
     assert re.fullmatch(rf"{re.escape(str(small_device / 'd16'))}: no space left on device: it needs (about [0-9,]+ "
-                        rf"bytes, [0-9,]+ were free|more than the [0-9,]+ bytes free) in {re.escape(str(small_device))} "
-                        r"\(the partial copy removed; nothing written\)", str(e.value)), str(e.value)
+                        r"bytes, [0-9,]+ were free|more than the [0-9,]+ bytes free) in "
+                        rf"{re.escape(str(small_device))} \(the partial copy removed; nothing written\)",
+                        str(e.value)), str(e.value)
     assert sorted(os.listdir(small_device)) == ["filler", "repo"]

@@ -405,7 +405,8 @@ def check_export(repository: str):
     entries, skip = export_files(repository, info), []
     if info.get("table_files") and Version.from_json(store_state(repository)["holds"]) != export_version(repository):
         directory = info["table_files"]["directory"]
-        skip = [e["file"] for e in entries if e["file"].startswith(f"{directory}/table_") and e["file"].endswith(".npy")]
+        skip = [e["file"] for e in entries
+                if e["file"].startswith(f"{directory}/table_") and e["file"].endswith(".npy")]
     check_files(repository, EXPORT_INFO, entries, RepositoryError, skip)
 
 
