@@ -16,8 +16,8 @@ the checkpoint, does not have. The repository is written under a temporary name 
 error) and renamed into place; an existing OUT is replaced only when asked, after the new one is
 complete. A full device: one line naming OUT and the bytes needed, the temporary copy removed.
 """
-import errno
 import dataclasses
+import errno
 import json
 import os
 import shutil
