@@ -236,7 +236,9 @@ def test_serve_refuses_updates_without_the_tables_form_in_one_line(exports, tmp_
     for args, message in (([f"--updates={tmp_path}"], f"error: --updates: {mono} has no table files to update "
                            "(exported with --forms=monolithic): export with --forms including tables"),
                           ([f"--updates={tmp_path}", "--poll_seconds=0"],
-                           "error: --poll_seconds must be positive, got 0")):
+                           "error: --poll_seconds must be positive, got 0"),
+                          (["--updates_allow_full_exports"],
+                           "error: --updates_allow_full_exports: no effect without --updates")):
         result = script("serve.py", f"--model_repository={mono}", "--address=127.0.0.1", *ports, *args)
         assert result.returncode == 2 and result.stderr.strip().splitlines()[-1:] == [message], result.stderr[-2000:]
 
