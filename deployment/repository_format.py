@@ -11,14 +11,16 @@ ensemble's sparse model maps categorical_features to `embeddings` [B, sum of the
 dims] (feature order), which its dense model takes with numerical_features.
 
 Files. A full export (deployment/exporter/repository.py) is a directory holding export.json
-(EXPORT_INFO: its name, forms, version, signature, serving layout, settings); its tables form
+(EXPORT_INFO: its name, forms, version, signature, serving layout, settings, and `files`: every
+other file of the export, SavedModels' included, with its size and CRC-32); its tables form
 holds `<name>_tables/` with one .npy file per table and tables.json (TABLES_INFO,
 deployment/exporter/table_files.py). A delta (deployment/exporter/deltas.py writes it) names
 the version it applies to (its base) and the one it makes:
 
     DIR/delta.json                      written last (its presence means the delta is complete):
                                         format, version, name, base, new, signature, per table its
-                                        files, row count, width and CRC-32 of each file
+                                        files, row count, width and CRC-32 of each file, and `files`:
+                                        every other file of the delta with its size and CRC-32
     DIR/<name>_dense/1/model.savedmodel the new dense SavedModel (numerical_features, embeddings
                                         -> predictions, logits), as in a full export
     DIR/table_<f>.ids.npy               feature f's updated ids [n] int64, ascending, unique
@@ -27,6 +29,12 @@ the version it applies to (its base) and the one it makes:
 Applying a delta to version `base` of a model: for every table listed, row ids[i] becomes
 rows[i]; every other row keeps its value; the dense model is replaced whole. Tables without
 updated rows are not listed.
+
+A manifest's `files` ([{"file": path relative to the directory, '/'-separated, "bytes", "crc32"}],
+sorted; file_entries writes it) is what a reader checks the directory against (check_files):
+paths inside the directory only, each file of the size and CRC-32 listed; for an update taken
+from an updates folder (check_update_files) also no file besides those listed and no symbolic
+link anywhere.
 
 A model version is the checkpoint it was exported from, named by the training run that wrote it
 and its global step (`Version`); a full export records its version in export.json.
@@ -54,10 +62,11 @@ TABLES_VERSION = 1
 TABLE_DTYPE = np.dtype(np.float32)     # the table files' rows
 DELTA_INFO = "delta.json"              # a delta's
 DELTA_FORMAT = "dlrm-delta"
-DELTA_VERSION = 1
+DELTA_VERSION = 2                      # 2: delta.json lists every file (`files`)
 ROWS_DTYPE = np.dtype("<f4")           # a delta's rows
 IDS_DTYPE = np.dtype("<i8")            # and their ids
 REPOSITORY = "a model repository written by deployment/deploy.py"
+FILES = "files"                        # a manifest's list of the directory's other files
 _CRC_BLOCK = 16 << 20
 
 
@@ -143,6 +152,24 @@ def read_export_info(repository: str) -> dict:
     return read_json(os.path.join(repository, EXPORT_INFO), REPOSITORY, RepositoryError)
 
 
+def _entries(info: dict) -> List[dict]:
+    """A manifest's `files`; KeyError, TypeError or ValueError where garbled."""
+    return [{"file": e["file"], "bytes": int(e["bytes"]), "crc32": int(e["crc32"])} for e in info[FILES]]
+
+
+def export_files(repository: str, info: dict) -> List[dict]:
+    """The files (a manifest's `files`) that the full export `repository`'s export.json (content
+    `info`) lists; RepositoryError if it lists none (written before deploy.py listed them) or
+    garbles them."""
+    if FILES not in info:
+        raise RepositoryError(f"{os.path.join(repository, EXPORT_INFO)}: lists no files with checksums (written by "
+                              "an older deploy.py): export it again")
+    try:
+        return _entries(info)
+    except (KeyError, TypeError, ValueError) as e:
+        raise RepositoryError(f"{os.path.join(repository, EXPORT_INFO)}: garbles its files ({e})")
+
+
 def export_version(repository: str) -> Version:
     """The version a full export (a model repository) holds; run "" if its export.json predates
     versions."""
@@ -157,6 +184,63 @@ def file_crc32(path: str) -> int:
         while block := f.read(_CRC_BLOCK):
             crc = zlib.crc32(block, crc)
     return crc
+
+
+def file_entries(directory: str, manifest: str) -> List[dict]:
+    """Every file under `directory` but its manifest (named `manifest`), as a manifest's `files`
+    lists them: [{"file": relative path, '/'-separated, "bytes", "crc32"}], sorted by path."""
+    out = []
+    for root, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(root, name)
+            relative = os.path.relpath(path, directory).replace(os.sep, "/")
+            if relative != manifest:
+                out.append({"file": relative, "bytes": os.path.getsize(path), "crc32": file_crc32(path)})
+    return sorted(out, key=lambda e: e["file"])
+
+
+def inside(directory: str, relative, manifest: str, error: type) -> str:
+    """The path of `relative` (a manifest's entry) in `directory`; raises `error` for anything but
+    a relative path below it (absolute, `..`, empty parts)."""
+    parts = relative.split("/") if isinstance(relative, str) and "\\" not in relative else [""]
+    if any(p in ("", ".", "..") for p in parts):   # "/x" (absolute) has an empty part
+        raise error(f"{os.path.join(directory, manifest)}: names {relative!r}, not a relative path inside "
+                    f"{directory}")
+    return os.path.join(directory, *parts)
+
+
+def check_files(directory: str, manifest: str, entries: List[dict], error: type, skip: Sequence[str] = ()):
+    """Every file `entries` (a manifest's `files`) lists but those in `skip`: a regular file inside
+    `directory` (no symbolic link on the way) of the size and CRC-32 listed; else `error`, one line
+    naming the file."""
+    real = os.path.realpath(directory)
+    for entry in entries:
+        path = inside(directory, entry["file"], manifest, error)
+        if entry["file"] in skip:
+            continue
+        if os.path.realpath(path) != os.path.join(real, *entry["file"].split("/")):
+            raise error(f"{path}: a symbolic link, or below one ({manifest} lists regular files only)")
+        actual = os.path.getsize(path) if os.path.isfile(path) else None
+        if actual != entry["bytes"]:
+            raise error(f"{path}: {'missing' if actual is None else f'{actual} bytes'}, {manifest} says "
+                        f"{entry['bytes']} bytes")
+        if file_crc32(path) != entry["crc32"]:
+            raise error(f"{path}: CRC-32 differs from {manifest}'s (a corrupt or partial file)")
+
+
+def check_update_files(directory: str, manifest: str, entries: List[dict], error: type):
+    """check_files for an update from an updates folder, and more: no symbolic link anywhere in
+    `directory`, and no file there that `entries` does not list."""
+    listed = {entry["file"] for entry in entries}
+    for root, dirs, names in os.walk(directory):
+        for name in dirs + names:
+            if os.path.islink(os.path.join(root, name)):
+                raise error(f"{os.path.join(root, name)}: a symbolic link (an update holds regular files only)")
+        for name in names:
+            relative = os.path.relpath(os.path.join(root, name), directory).replace(os.sep, "/")
+            if relative != manifest and relative not in listed:
+                raise error(f"{os.path.join(root, name)}: not listed in {manifest}")
+    check_files(directory, manifest, entries, error)
 
 
 @dataclasses.dataclass
@@ -195,7 +279,7 @@ class Delta:
 
     def rows(self, feature: int) -> Tuple[np.ndarray, np.ndarray]:
         """Feature's updated (ids [n] int64, rows [n, D] float32), checked: CRC-32 of both files,
-        shapes and dtypes, ids ascending, unique and inside the table."""
+        shapes and dtypes, rows finite, ids ascending, unique and inside the table."""
         t = self.table(feature)
         arrays = []
         for key, dtype, shape in (("ids", IDS_DTYPE, (t["count"],)), ("rows", ROWS_DTYPE, (t["count"], t["dim"]))):
@@ -206,6 +290,10 @@ class Delta:
             if value.dtype != dtype or value.shape != shape:
                 raise DeltaError(f"{path}: {value.dtype}{list(value.shape)}, {DELTA_INFO} says {dtype}{list(shape)}")
             arrays.append(value)
+        finite = np.isfinite(arrays[1]).all(1) if arrays[1].size else np.ones(len(arrays[1]), bool)
+        if not finite.all():
+            raise DeltaError(f"{os.path.join(self.directory, t['rows']['file'])}: {int((~finite).sum())} of "
+                             f"{len(finite)} rows hold NaN or infinite values")
         ids = arrays[0]
         if ids.size and (ids[0] < 0 or ids[-1] >= t["table_rows"] or np.any(ids[1:] <= ids[:-1])):
             raise DeltaError(f"{os.path.join(self.directory, t['ids']['file'])}: ids must be ascending, unique and "
@@ -214,23 +302,23 @@ class Delta:
 
 
 def read_delta(directory: str) -> Delta:
-    """The delta in `directory`, its delta.json checked (format, version, every file present with
-    the size it records); the rows are checked as they are read (Delta.rows)."""
+    """The delta in `directory`, its delta.json checked (format, version; check_update_files: its
+    files, and nothing else, there as listed; the tables' files and the dense model among them);
+    the rows are checked as they are read (Delta.rows)."""
     info = read_json(os.path.join(directory, DELTA_INFO), "a delta written by deployment/deploy.py", DeltaError)
     if info.get("format") != DELTA_FORMAT or info.get("version") != DELTA_VERSION:
         raise DeltaError(f"{directory}: {DELTA_INFO} is format {info.get('format')!r} version "
                          f"{info.get('version')!r}, not {DELTA_FORMAT!r} version {DELTA_VERSION}")
     try:
-        files = [t[key] for t in info["tables"] for key in ("ids", "rows")]
+        entries = _entries(info)
+        named = [t[key]["file"] for t in info["tables"] for key in ("ids", "rows")] + [info["dense_model"]]
         Version.from_json(info["base"]), Version.from_json(info["new"])
-        checks = [(os.path.join(directory, f["file"]), f["bytes"]) for f in files]
     except (KeyError, TypeError, ValueError) as e:
         raise DeltaError(f"{directory}: {DELTA_INFO} lacks or garbles {e}")
-    if not os.path.isdir(os.path.join(directory, info.get("dense_model", ""))):
-        raise DeltaError(f"{directory}: no dense model {info.get('dense_model')!r}")
-    for path, size in checks:
-        actual = os.path.getsize(path) if os.path.isfile(path) else None
-        if actual != size:
-            raise DeltaError(f"{path}: {'missing' if actual is None else f'{actual} bytes'}, "
-                             f"{DELTA_INFO} says {size} bytes")
+    check_update_files(directory, DELTA_INFO, entries, DeltaError)
+    listed = {e["file"] for e in entries}
+    for name in named:
+        inside(directory, name, DELTA_INFO, DeltaError)
+        if name not in listed and not any(f.startswith(f"{name}/") for f in listed):
+            raise DeltaError(f"{os.path.join(directory, DELTA_INFO)}: names {name!r}, not a file of the delta")
     return Delta(directory, info)

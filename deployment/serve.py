@@ -63,7 +63,7 @@ from deployment.repository_format import (CATEGORICAL, LOGITS, NUMERICAL, PREDIC
 from deployment.serving.backend import MODEL_VERSION, Backend  # noqa: E402
 from deployment.serving.errors import BadRequest  # noqa: E402
 from deployment.serving.guarded_http import Safeguards  # noqa: E402
-from deployment.serving.live import Model, Updater  # noqa: E402
+from deployment.serving.live import Model, Updater, check_export  # noqa: E402
 from deployment.serving.tiers import POLICIES, TierConfig  # noqa: E402
 from deployment.serving.monolithic import MonolithicModel  # noqa: E402
 from deployment.serving.native import ServedModel, TensorSpec, serving as native_serving  # noqa: E402
@@ -99,6 +99,11 @@ flags.DEFINE_integer("max_batch_size", None, "largest batch a request (or a dyna
 flags.DEFINE_string("updates", None, "a directory to poll for new versions to serve (deltas and full exports, "
                     "one per subdirectory); needs a repository with the tables form")
 flags.DEFINE_float("poll_seconds", 1.0, "how often --updates is polled, seconds")
+flags.DEFINE_bool("updates_allow_full_exports", False, "with --updates: take full exports dropped there too (their "
+                  "SavedModel runs in the server: whoever can write the folder can run code as the server); "
+                  "without it they are refused and only deltas are taken")
+flags.DEFINE_bool("skip_checksums", False, "start without checking every file of the repository against the "
+                  "CRC-32 its export.json lists (faster start-up of a large repository)")
 flags.DEFINE_integer("max_queue_delay_us", None, "dynamic batching: longest wait for more requests, "
                      "microseconds (default: the repository's config.pbtxt)")
 flags.DEFINE_float("embedding_cache_mb", None, "serve the tables form through lookup tiers instead of loading the "
@@ -136,6 +141,8 @@ class ServerSettings:
     poll_seconds: float = 1.0
     tiers: Optional[TierConfig] = None         # the lookup tiers; None: the tables whole in memory
     safeguards: Safeguards = Safeguards()      # the native frontend's TLS, token and bounds
+    allow_full_exports: bool = False           # full exports taken from `updates` (their SavedModels run)
+    skip_checksums: bool = False               # the repository's files not checked at start-up
 
     @property
     def ports(self) -> Dict[str, int]:
@@ -155,11 +162,13 @@ def settings_from_flags() -> ServerSettings:
     if FLAGS.frontend == "native" and FLAGS["max_queue_delay_us"].present:
         raise ServeError("--max_queue_delay_us: no effect with --frontend=native (no dynamic batching); it is "
                          "--frontend=triton's")
-    if FLAGS["poll_seconds"].present and not FLAGS.updates:
-        raise ServeError("--poll_seconds: no effect without --updates")
+    for name in ("poll_seconds", "updates_allow_full_exports"):
+        if FLAGS[name].present and not FLAGS.updates:
+            raise ServeError(f"--{name}: no effect without --updates")
     return ServerSettings(FLAGS.model_name, FLAGS.frontend, FLAGS.address, FLAGS.http_port, FLAGS.grpc_port,
                           FLAGS.metrics_port, FLAGS.max_batch_size, FLAGS.max_queue_delay_us, FLAGS.updates,
-                          FLAGS.poll_seconds, tier_config_from_flags(), safeguards_from_flags())
+                          FLAGS.poll_seconds, tier_config_from_flags(), safeguards_from_flags(),
+                          FLAGS.updates_allow_full_exports, FLAGS.skip_checksums)
 
 
 SAFEGUARD_FLAGS = ("tls_cert_file", "tls_key_file", "auth_token_file", "max_request_mb", "max_header_kb",
@@ -269,7 +278,7 @@ def open_backend(repository: str, forms: List[str], settings: ServerSettings) ->
         if not updates:
             return model, served, None
         return (model, f"{served}, updates from {updates} every {settings.poll_seconds:g} s",
-                Updater(model, updates, settings.poll_seconds, log))
+                Updater(model, updates, settings.poll_seconds, log, settings.allow_full_exports))
     if updates or tiers:
         raise ServeError(f"--{'updates' if updates else 'embedding_cache_mb'}: {repository} has no table files "
                          f"to {'update' if updates else 'look up'} (exported with --forms={','.join(forms)}): "
@@ -284,6 +293,8 @@ def open_backend(repository: str, forms: List[str], settings: ServerSettings) ->
 def serve(repository: str, settings: ServerSettings):
     """Serves the model repository `repository` as `settings` say, until interrupted."""
     info = read_export_info(repository)
+    if not settings.skip_checksums:
+        check_export(repository)
     layout, exported = info["layout"], info["settings"]
     model, served, updater = open_backend(repository, info["forms"], settings)
     inputs = [TensorSpec(NUMERICAL, np.float32, (layout["num_numerical"],)),

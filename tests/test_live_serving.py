@@ -192,7 +192,7 @@ def test_the_updater_applies_new_updates_in_order_and_refuses_the_rest(exports, 
     updates = tmp_path / "updates"
     updates.mkdir()
     lines = []
-    updater = Updater(model, str(updates), log=lines.append)
+    updater = Updater(model, str(updates), log=lines.append, allow_full_exports=True)
     make_delta(exports[16], exports[24], str(updates / "b"))   # found with its base: applied after "a"
     make_delta(exports[8], exports[16], str(updates / "a"))
     (updates / "partial").mkdir()                              # being written: left for later
@@ -204,6 +204,8 @@ def test_the_updater_applies_new_updates_in_order_and_refuses_the_rest(exports, 
     assert [re.sub(r"in [0-9.]+ s, -?[0-9.]+ s after", "in T s, T s after", line) for line in lines] == [
         f"refused update {updates / 'broken'}: {updates / 'broken' / 'delta.json'}: unreadable (Expecting property "
         "name enclosed in double quotes: line 1 column 2 (char 1))",
+        f"not yet an update {updates / 'partial'}: no delta.json or export.json (deploy.py writes an update "
+        "elsewhere and renames it in); taken once one appears",
         f"applied update {updates / 'a'} (delta, {changed(8, 16, exports)}): serving step 16 "
         f"(run {RUN}), in T s, T s after its delta.json was written",
         f"refused update {updates / 'stale'}: its base is step 8 (run {RUN}), serving step 16 (run {RUN})",
@@ -211,10 +213,10 @@ def test_the_updater_applies_new_updates_in_order_and_refuses_the_rest(exports, 
         f"(run {RUN}), in T s, T s after its delta.json was written"]
     shutil.copytree(exports[24], updates / "partial" / "repo")   # not a complete update yet
     updater.poll()
-    assert len(lines) == 4
+    assert len(lines) == 5
     shutil.copytree(exports[16], updates / "full16")
     updater.poll()
-    assert model.version.step == 16 and lines[4].startswith(f"applied update {updates / 'full16'} (full export): "
+    assert model.version.step == 16 and lines[5].startswith(f"applied update {updates / 'full16'} (full export): "
                                                             f"serving step 16 (run {RUN}), in ")
     numerical, categorical = requests(50, seed=4)
     np.testing.assert_array_equal(model.infer(numerical, categorical)["logits"],
@@ -234,7 +236,9 @@ def test_serve_refuses_updates_without_the_tables_form_in_one_line(exports, tmp_
     for args, message in (([f"--updates={tmp_path}"], f"error: --updates: {mono} has no table files to update "
                            "(exported with --forms=monolithic): export with --forms including tables"),
                           ([f"--updates={tmp_path}", "--poll_seconds=0"],
-                           "error: --poll_seconds must be positive, got 0")):
+                           "error: --poll_seconds must be positive, got 0"),
+                          (["--updates_allow_full_exports"],
+                           "error: --updates_allow_full_exports: no effect without --updates")):
         result = script("serve.py", f"--model_repository={mono}", "--address=127.0.0.1", *ports, *args)
         assert result.returncode == 2 and result.stderr.strip().splitlines()[-1:] == [message], result.stderr[-2000:]
 
@@ -292,7 +296,8 @@ def test_serve_swaps_versions_while_requests_run(exports, tmp_path):
     updates, log = tmp_path / "updates", tmp_path / "server.log"
     updates.mkdir()
     ports = free_ports(3)
-    server = start_server(log, ports, f"--model_repository={exports[8]}", f"--updates={updates}", "--poll_seconds=0.5")
+    server = start_server(log, ports, f"--model_repository={exports[8]}", f"--updates={updates}", "--poll_seconds=0.5",
+                          "--updates_allow_full_exports")
     load = Load(ports[1])
     ready = tmp_path / "ready"   # updates made here, renamed into the updates directory
     make_delta(exports[8], exports[16], str(ready / "d16"))

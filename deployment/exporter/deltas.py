@@ -7,8 +7,9 @@ from typing import Callable, Iterable, Tuple
 
 import numpy as np
 
-from deployment.repository_format import (DELTA_FORMAT, DELTA_INFO, DELTA_VERSION, IDS_DTYPE, ROWS_DTYPE, Version,
-                                          export_version, file_crc32, read_delta, read_export_info)
+from deployment.repository_format import (DELTA_FORMAT, DELTA_INFO, DELTA_VERSION, FILES, IDS_DTYPE, ROWS_DTYPE,
+                                          Version, export_version, file_crc32, file_entries, read_delta,
+                                          read_export_info)
 from utils.files import write_json
 
 
@@ -70,6 +71,7 @@ def write_delta(directory: str, name: str, base: Version, new: Version, signatur
                        "ids": _save(os.path.join(directory, f"table_{feature}.ids.npy"), ids),
                        "rows": _save(os.path.join(directory, f"table_{feature}.rows.npy"), rows)})
     info = {"format": DELTA_FORMAT, "version": DELTA_VERSION, "name": name, "base": base.to_json(),
-            "new": new.to_json(), "signature": signature, "dense_model": dense, "tables": listed}
+            "new": new.to_json(), "signature": signature, "dense_model": dense, "tables": listed,
+            FILES: file_entries(directory, DELTA_INFO)}
     write_json(os.path.join(directory, DELTA_INFO), info)
     return info

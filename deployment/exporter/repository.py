@@ -5,16 +5,19 @@
     OUT/<name>_ensemble/config.pbtxt, OUT/<name>_ensemble/1/            sparse -> dense
     OUT/<name>_dense/..., OUT/<name>_tables/                            tables: the dense model and one
                                                                         .npy file per table (table_files.py)
-    OUT/export.json         checkpoint, step, signature, serving layout, tables in host memory, table files
+    OUT/export.json         checkpoint, step, signature, serving layout, tables in host memory, table files,
+                            and every other file's size and CRC-32 (repository_format.FILES)
 
 Each model is `tensorflow_savedmodel` with dynamic batching. The monolithic and ensemble forms hold
 every table in memory while exporting, and in their SavedModels: they are refused for tables
 above a limit (default a fraction of this machine's memory), which the tables form, streamed from
 the checkpoint, does not have. The repository is written under a temporary name next to OUT
-(removed on error) and renamed into place; an existing OUT is replaced only when asked, after the
-new one is complete.
+(hidden, `.<OUT>.tmp-export`: a server polling OUT's folder for updates never takes it; removed on
+error) and renamed into place; an existing OUT is replaced only when asked, after the new one is
+complete. A full device: one line naming OUT and the bytes needed, the temporary copy removed.
 """
 import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -25,8 +28,8 @@ import numpy as np
 from deployment.exporter.deltas import base_signature, base_version, checkpoint_version, descends_from, write_delta
 from deployment.exporter.model_layout import serving_layout, table_tensor
 from deployment.exporter.table_files import tables_bytes, write_tables
-from deployment.repository_format import (CATEGORICAL, EMBEDDINGS, EXPORT_INFO, LOGITS, NUMERICAL, PREDICTIONS,
-                                          RepositoryError, ServingLayout)
+from deployment.repository_format import (CATEGORICAL, EMBEDDINGS, EXPORT_INFO, FILES, LOGITS, NUMERICAL,
+                                          PREDICTIONS, RepositoryError, ServingLayout, file_entries)
 from nn.model_config import ModelConfig
 from parallel_embedding import UPDATED_AT
 from storage import checkpoint
@@ -137,7 +140,7 @@ def write_repository(checkpoint_path: str, out: str, name: str = None, settings:
     forms = choose_forms(forms, table_bytes, default_tables_limit() if max_tables_bytes is None else max_tables_bytes)
     name = name or default_name(model)
     return _written_whole(out, lambda tmp: _write_content(manifest, tmp, name, serving_layout(model), settings,
-                                                          host_table_mb, forms))
+                                                          host_table_mb, forms), table_bytes * len(forms))
 
 
 def default_name(model: ModelConfig) -> str:
@@ -149,18 +152,34 @@ def _check_output(out: str, overwrite: bool):
         raise ExportError(f"{out} already exists; pass --overwrite to replace it")
 
 
-def _written_whole(out: str, write):
+def _written_whole(out: str, write, need: int):
     """`write(tmp)`'s result, having written `out` under a temporary name next to it and renamed
-    it into place (removed on error)."""
-    tmp = os.path.join(os.path.dirname(os.path.abspath(out)), f".{os.path.basename(out.rstrip('/'))}.tmp-export")
+    it into place (removed on error). `need`: about the bytes it writes, for the line saying that
+    the device is full (ExportError)."""
+    parent, base = os.path.split(os.path.abspath(out))
+    tmp, old = (os.path.join(parent, f".{base}.{kind}-export") for kind in ("tmp", "old"))
     shutil.rmtree(tmp, ignore_errors=True)
+    free = shutil.disk_usage(parent).free
     try:
         info = write(tmp)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    move_into_place(tmp, out, f"{out.rstrip('/')}.old-export")
+        if not _no_space(e):
+            raise
+        needed = f"about {need:,} bytes, {free:,} were free" if need > free else f"more than the {free:,} bytes free"
+        raise ExportError(f"{out}: no space left on device: it needs {needed} in {parent} (the partial copy removed; "
+                          f"{'the existing one unchanged' if os.path.exists(out) else 'nothing written'})") from None
+    move_into_place(tmp, out, old)
     return info
+
+
+def _no_space(error: BaseException) -> bool:
+    """Whether `error` (or one it was raised from: TensorFlow's wrap the OSError's message) is a full device."""
+    while error is not None:
+        if (isinstance(error, OSError) and error.errno == errno.ENOSPC) or "No space left on device" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def write_delta_repository(checkpoint_path: str, out: str, base_path: str, name: Optional[str] = None,
@@ -184,10 +203,12 @@ def write_delta_repository(checkpoint_path: str, out: str, base_path: str, name:
         raise ExportError(f"{manifest['path']}: written without the rows' updated_at (an older checkpoint): "
                           "export it in full instead")
 
+    updated_ids = [np.concatenate([start + np.flatnonzero(block[:, 0] > base.step)
+                                   for start, block in checkpoint.read_blocks(manifest, updated)]) for updated in names]
+    need = sum(ids.size * (8 + 4 * table.dim) for ids, table in zip(updated_ids, model.tables))   # ids and rows
+
     def tables():
-        for f, (table, updated) in enumerate(zip(model.tables, names)):
-            ids = np.concatenate([start + np.flatnonzero(block[:, 0] > base.step)
-                                  for start, block in checkpoint.read_blocks(manifest, updated)])
+        for f, (table, ids) in enumerate(zip(model.tables, updated_ids)):
             yield f, table.cardinality, ids, checkpoint.gather_rows(manifest, table_tensor(f), ids, np.float32)
 
     def write_dense(path):
@@ -195,7 +216,7 @@ def write_delta_repository(checkpoint_path: str, out: str, base_path: str, name:
         save(serving_modules(manifest, 0, with_tables=False)["dense"], path)
 
     return _written_whole(out, lambda tmp: write_delta(tmp, name or default_name(model), base, new,
-                                                       manifest["signature"], tables(), write_dense))
+                                                       manifest["signature"], tables(), write_dense), need)
 
 
 def _write_content(manifest: dict, tmp: str, name: str, layout: ServingLayout, settings: Settings,
@@ -234,7 +255,7 @@ def _write_content(manifest: dict, tmp: str, name: str, layout: ServingLayout, s
             "layout": dataclasses.asdict(layout), "models": sorted(parts),
             "ensemble": f"{name}_ensemble" if "ensemble" in forms else None,
             "host_tables": [f for f, host in enumerate(lookup.on_host) if host] if lookup else [],
-            "table_files": table_files, "settings": dataclasses.asdict(settings)}
+            "table_files": table_files, "settings": dataclasses.asdict(settings), FILES: file_entries(tmp, EXPORT_INFO)}
     _write_text(os.path.join(tmp, EXPORT_INFO), json.dumps(info, indent=1))
     return info
 

@@ -20,7 +20,12 @@ between requests without a restart:
   through the tiers: new tiers on its store), swapped in; the old tables are closed once the
   requests using them finished.
 
-`Updater` polls a directory for such updates and applies them in order of their new step.
+`Updater` polls a directory for such updates and applies them in order of their new step. It
+takes only what deploy.py writes (deployment/repository_format.py's check_update_files): every
+file listed in the manifest with its size and CRC-32, nothing else, no symbolic link; a delta's
+rows finite. A delta's dense SavedModel is never loaded as a program: only its variables are read
+into the served model's (kept through the tiers: the served graph with the delta's variables). A
+full export's SavedModel is a program that runs in the server: taken only when allowed.
 """
 import dataclasses
 import json
@@ -34,7 +39,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Protocol, Tuple
 import numpy as np
 
 from deployment.repository_format import (DELTA_INFO, EXPORT_INFO, LOGITS, PAD, PREDICTIONS, TABLES_INFO,
-                                          ServingLayout, Version, export_version, read_delta, read_export_info)
+                                          RepositoryError, ServingLayout, Version, check_files, check_update_files,
+                                          export_files, export_version, read_delta, read_export_info)
 from deployment.serving.backend import check_request, with_version
 from deployment.serving.errors import BadRequest, UpdateRefused
 from deployment.serving.tiers import LookupTiers, TierConfig, store_state
@@ -193,10 +199,16 @@ class DenseModel:
 
     def load_weights(self, model_dir: str):
         """Takes the weights of another dense SavedModel of the same model (a delta's): reads its
-        variables only, far less work (and time holding Python's lock) than loading it."""
+        variables only, far less work (and time holding Python's lock) than loading it, and no
+        graph of the delta's runs. Weights not finite: UpdateRefused (this model is then unusable
+        until the next load_weights)."""
         import tensorflow as tf
         path = os.path.join(_saved_model(model_dir), "variables", "variables")
         tf.train.Checkpoint(dense=self._root.dense).read(path).assert_existing_objects_matched()
+        reader = tf.train.load_checkpoint(path)
+        if not all(np.isfinite(reader.get_tensor(name)).all() for name, dtype in
+                   reader.get_variable_to_dtype_map().items() if dtype.is_floating):
+            raise UpdateRefused(f"{path}: its dense model holds NaN or infinite weights")
         self._warm_up()
 
     def __call__(self, numerical: np.ndarray, embeddings: np.ndarray) -> Dict[str, np.ndarray]:
@@ -351,14 +363,18 @@ class Model:
         return sum(len(ids) for ids, _ in overlay.values())
 
     def _keep_dense(self, tables: Tables, delta) -> Optional[str]:
-        """Through the tiers (the table files updated in place): a copy of the delta's dense model
-        in the table directory, `dense-<step>`; its name. None in memory."""
+        """Through the tiers (the table files updated in place): the delta's dense model in the
+        table directory, `dense-<step>`: the served SavedModel with the delta's variables (the
+        delta's own graph is never loaded); its name. None in memory."""
         if not isinstance(tables, LookupTiers):
             return None
         name = f"dense-{delta.new.step}"
         self._prune_dense(tables.store.state.get(KEPT_DENSE))
         tmp = os.path.join(self._repository.directory, f"{name}.tmp")
-        shutil.copytree(_saved_model(delta.dense_model), tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
+        graph = _saved_model(os.path.join(self._repository.path, f"{self.name}_dense"))   # the export's
+        shutil.copytree(graph, tmp, ignore=lambda d, names: ["variables"] if d == graph else [])
+        shutil.copytree(os.path.join(_saved_model(delta.dense_model), "variables"), os.path.join(tmp, "variables"))
         os.replace(tmp, os.path.join(self._repository.directory, name))
         return name
 
@@ -381,16 +397,34 @@ class Model:
         old.close()
 
 
+def check_export(repository: str):
+    """Every file the full export `repository`'s export.json lists is as listed (repository_format.
+    check_files; RepositoryError naming the first that is not), but the table files of a store
+    that deltas updated in place through the lookup tiers (store.json holds a later version)."""
+    info = read_export_info(repository)
+    entries, skip = export_files(repository, info), []
+    if info.get("table_files") and Version.from_json(store_state(repository)["holds"]) != export_version(repository):
+        directory = info["table_files"]["directory"]
+        skip = [e["file"] for e in entries
+                if e["file"].startswith(f"{directory}/table_") and e["file"].endswith(".npy")]
+    check_files(repository, EXPORT_INFO, entries, RepositoryError, skip)
+
+
 class Updater:
     """Applies the updates that appear in `directory` to `model`, polling every `poll_seconds` in a
-    thread: each new subdirectory holding delta.json (a delta) or export.json (a full export), in
-    order of its new step, once; others (being written) are left for later polls. Updates whose
-    new step is not above the step served when it started are skipped (after a restart on a store
-    updated by them). Every update applied, refused or skipped is one line of `log`."""
+    thread: each new subdirectory holding delta.json (a delta) or export.json (a full export, only
+    with `allow_full_exports`: its SavedModel runs in the server), in order of its new step, once.
+    Names starting with '.' (writers' temporary folders) are never looked at; a subdirectory
+    without either file is said once and looked at again on later polls; symbolic links, files and
+    updates not as their manifest lists (repository_format.check_update_files) are refused. Updates
+    whose new step is not above the step served when it started are skipped (after a restart on a
+    store updated by them). Every update applied, refused or skipped is one line of `log`."""
 
-    def __init__(self, model: Model, directory: str, poll_seconds: float = 1.0, log: Callable[[str], None] = print):
+    def __init__(self, model: Model, directory: str, poll_seconds: float = 1.0, log: Callable[[str], None] = print,
+                 allow_full_exports: bool = False):
         self.model, self.directory, self.poll_seconds, self.log = model, directory, poll_seconds, log
-        self._seen = set()
+        self.allow_full_exports = allow_full_exports
+        self._seen, self._unmarked = set(), set()
         self._start = model.version
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="updater", daemon=True)
@@ -412,9 +446,20 @@ class Updater:
         pending = []
         for entry in sorted(os.listdir(self.directory)) if os.path.isdir(self.directory) else []:
             path = os.path.join(self.directory, entry)
+            if entry.startswith(".") or path in self._seen:
+                continue
+            if os.path.islink(path) or not os.path.isdir(path):
+                self._seen.add(path)
+                self._refuse(path, UpdateRefused("a symbolic link (updates are folders written by deploy.py and "
+                                                 "renamed in)" if os.path.islink(path) else "not a folder"))
+                continue
             marker = next((os.path.join(path, m) for m in (DELTA_INFO, EXPORT_INFO)
                            if os.path.isfile(os.path.join(path, m))), None)
-            if path in self._seen or marker is None:
+            if marker is None:
+                if path not in self._unmarked:
+                    self._unmarked.add(path)
+                    self.log(f"not yet an update {path}: no {DELTA_INFO} or {EXPORT_INFO} (deploy.py writes an "
+                             "update elsewhere and renames it in); taken once one appears")
                 continue
             self._seen.add(path)
             try:
@@ -445,6 +490,10 @@ class Updater:
                 rows = self.model.apply_delta(delta)
                 return f"delta, {rows} rows in {len(delta.features)} tables"
             return delta.new.step, path, marker, written, apply_delta
+        if not self.allow_full_exports:
+            raise UpdateRefused("a full export, whose SavedModel would run in the server: taken only with "
+                                "--updates_allow_full_exports")
+        check_update_files(path, EXPORT_INFO, export_files(path, read_export_info(path)), RepositoryError)
         version = export_version(path)
 
         def replace():

@@ -38,6 +38,7 @@ STATS = {
     ("redis", "up"): ("gauge", "1 while Redis answers, 0 while it is unreachable."),
     ("redis", "outages"): ("counter", "Times Redis became unreachable (at start-up included)."),
     ("redis", "fills_dropped"): ("counter", "Requests' rows read from the store not written to Redis: too many waited."),
+    ("redis", "nonfinite"): ("counter", "Values in Redis holding NaN or infinity, not served (read from the store)."),
 }
 
 

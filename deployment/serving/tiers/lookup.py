@@ -206,7 +206,7 @@ class LookupTiers:
             out["redis"] = {"lookups": c["redis_asked"], "hits": c["redis_found"],
                             "hit_rate": c["redis_found"] / c["redis_asked"] if c["redis_asked"] else 1.0,
                             "up": self.redis.up, "outages": self.redis.downs,
-                            "fills_dropped": self.redis.fills_dropped}
+                            "fills_dropped": self.redis.fills_dropped, "nonfinite": self.redis.nonfinite}
         return out
 
     def close(self):

@@ -58,9 +58,9 @@ class RedisTier:
                                             retry=Retry(NoBackoff(), 1))   # a pooled connection a restart broke
         self._set_newer = self._client.register_script(_SET_NEWER)
         self._first_wait = self._wait = config.redis_retry_s
-        self._lock = threading.Lock()
+        self._lock, self._count_lock = threading.Lock(), threading.Lock()
         self.up, self._next_try = False, 0.0
-        self.downs = self.fills_dropped = 0
+        self.downs = self.fills_dropped = self.nonfinite = 0
         if not self._reconnect():
             self.downs = 1
             self._log(f"{url}: Redis unreachable at start-up; answering from the cache and the store, "
@@ -90,8 +90,8 @@ class RedisTier:
 
     def get(self, requests: Sequence[Tuple[list, int]], version: Version) -> Optional[List[Tuple[np.ndarray, np.ndarray]]]:
         """Per request (keys [n], D): (found [n] bool, the rows found [found, D] float32), found =
-        held at `version` (values of other versions or widths are not). One round trip for all;
-        None if Redis is down."""
+        held at `version` and finite (values of other versions or widths are not; values not finite
+        are not, and counted in `nonfinite`). One round trip for all; None if Redis is down."""
         keys = [k for request_keys, _ in requests for k in request_keys]
         replies = self._run(lambda pipe: [pipe.mget(keys[s:s + self._chunk]) for s in self._chunks(len(keys))])
         if replies is None:
@@ -104,9 +104,14 @@ class RedisTier:
             start += len(request_keys)
             found = np.fromiter((v is not None and len(v) == width for v in part), bool, len(part))
             block = np.frombuffer(b"".join(v for v, ok in zip(part, found) if ok), np.uint8).reshape(-1, width)
+            rows = block[:, _TAG_BYTES:].copy().view(np.float32)
             current = (block[:, :_TAG_BYTES] == tag).all(1)
-            found[found] = current
-            out.append((found, block[current, _TAG_BYTES:].copy().view(np.float32)))
+            finite = np.isfinite(rows).all(1)
+            if not finite[current].all():   # a miss: read from the store instead, counted
+                with self._count_lock:
+                    self.nonfinite += int((current & ~finite).sum())
+            found[found] = current & finite
+            out.append((found, rows[current & finite]))
         return out
 
     def set(self, blocks: Sequence[Tuple[int, np.ndarray, np.ndarray]], version: Version):
