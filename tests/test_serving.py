@@ -112,8 +112,9 @@ def test_served_predictions_equal_the_training_time_model(served, protocol):
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_evaluate_accuracy_equals_offline_evaluation(served, protocol, tmp_path):
     cfg, checkpoint, data, ports, _ = served
-    offline = main.run(dataclasses.replace(cfg, mode="eval", restore_checkpoint_path=checkpoint,
-                                           save_checkpoint_path="", valid_batch_size=128))
+    restored = dataclasses.replace(cfg.checkpoints, restore_checkpoint_path=checkpoint, save_checkpoint_path="")
+    offline = main.run(dataclasses.replace(cfg, mode="eval", checkpoints=restored,
+                                           evaluation=dataclasses.replace(cfg.evaluation, valid_batch_size=128)))
     url = f"localhost:{ports[0 if protocol == 'http' else 1]}"
     result = script("evaluate_accuracy.py", *data_flags(data), f"--protocol={protocol}", f"--url={url}",
                     "--batch_size=200", f"--output_json={tmp_path / 'm.json'}")
