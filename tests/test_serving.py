@@ -392,12 +392,13 @@ def test_synthetic_data_flags_open_the_runs_evaluation_data():
     """The clients' synthetic data (from main.py's data flags) is the evaluation data of the run
     those flags describe."""
     from dataloading.open import open_dataset
+    from run.assembly import dataset_request
     cfg = build_config(dict(TINY, synthetic_alpha=0.7, seed=9, synthetic_eval_rows=300))
     flags = types.SimpleNamespace(dataset_type="synthetic", synthetic_cardinalities=TINY["synthetic_cardinalities"],
                                   synthetic_num_numerical=3, synthetic_alpha=0.7, seed=9, synthetic_eval_rows=300,
                                   dataset_path="", feature_spec="", eval_mapping="test")
     dataset, rows = open_eval_data(flags)
-    expected, expected_rows = open_dataset(cfg)
+    expected, expected_rows = open_dataset(dataset_request(cfg))
     assert rows == expected_rows["eval"] == 300
     for x, y in zip(next(request_batches(dataset, rows, rows)), next(request_batches(expected, 300, 300))):
         np.testing.assert_array_equal(x, y)
