@@ -88,8 +88,8 @@ class DataSettings:
 
 @dataclasses.dataclass(frozen=True)
 class ModelSettings:
-    """The model's shape (and its tables' initial values), or a model file (--model, with its
-    hyper-parameters: `hparams` is derived from --model_params and --model_param)."""
+    """The model's shape (and its tables' initial values), or a model file (--model) and its
+    hyper-parameters (--model_params, --model_param: `hparams`)."""
     embedding_dims: List[int]
     bottom_mlp_dims: List[int]
     top_mlp_dims: List[int]
@@ -101,7 +101,11 @@ class ModelSettings:
     model: str = ""
     model_params: str = ""
     model_param: Sequence[str] = ()
-    hparams: Optional[dict] = None
+
+    @property
+    def hparams(self) -> dict:
+        """The model file's hyper-parameters (`model_hparams`)."""
+        return model_hparams(self.model, self.model_params, self.model_param)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,7 +205,7 @@ class RunConfig:
         return getattr(getattr(self, group) if group else self, name)
 
     def flat(self) -> dict:
-        """Every setting by name (the groups' fields side by side, `hparams` among them), `shape` as "dataset"."""
+        """Every setting by name (the groups' fields side by side), `shape` as "dataset"."""
         values = {name: self.value(name) for name in SETTINGS if name != "shape"}
         return dict(values, dataset=dataclasses.asdict(self.data.shape))
 
@@ -519,7 +523,7 @@ def build_config(values: dict, present: Optional[Set[str]] = None, world_size: i
     v["interaction"] = INTERACTION_ALIASES.get(v["interaction"], v["interaction"])
     v["model_param"] = tuple(v.get("model_param") or ())
     if v.get("model"):
-        v["hparams"] = model_hparams(v["model"], v.get("model_params", ""), v["model_param"])
+        model_hparams(v["model"], v.get("model_params", ""), v["model_param"])   # its errors now, before TensorFlow
     v["embedding_dim"] = embedding_widths(v["embedding_dim"])
     hotness = _reference_synthetic(v, present)
     for name in ("embedding_dim", "bottom_mlp_dims", "top_mlp_dims", "synthetic_cardinalities",

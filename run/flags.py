@@ -135,7 +135,7 @@ def set_defaults(**defaults):
 
 def config_from_flags(world_size: int = 1) -> RunConfig:
     """Builds the validated RunConfig from the parsed flags."""
-    names = [name for name in SETTINGS if name not in ("embedding_dims", "shape", "hparams")]
+    names = [name for name in SETTINGS if name not in ("embedding_dims", "shape")]
     names += ["embedding_dim", *REFERENCE_SYNTHETIC]
     values = {n: FLAGS[n].value for n in names}
     present = {n for n in names if FLAGS[n].present}

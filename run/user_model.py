@@ -62,7 +62,7 @@ class UserModel:
 
     def __init__(self, cfg: RunConfig, comm):
         path, training = cfg.model.model, cfg.training
-        self.path, self.comm, self.hparams = path, comm, dict(cfg.model.hparams or {})
+        self.path, self.comm, self.hparams = path, comm, cfg.model.hparams
         self.features = dataset_features(cfg, comm)
         keras.utils.set_random_seed(cfg.seed)
         try:
