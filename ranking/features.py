@@ -47,7 +47,6 @@ class Features:
         self.num_numerical = num_numerical
         self._by_name = {f.name: f for f in self.categorical}
         self._collectives, self._seed, self._placement = collectives, seed, dict(placement or {})
-        self._embeddings = 0
 
     def __iter__(self) -> Iterator[CategoricalFeature]:
         return iter(self.categorical)
@@ -95,11 +94,10 @@ class Features:
     def embedding(self, feature_configs: Sequence[FeatureConfig], name: str = "embedding") -> HybridEmbedding:
         """A HybridEmbedding of `feature_configs` (called with their ids in the same order: a list
         in, a list of [b, D] out) on the run's ranks, placement and seed. A model has one: the
-        project's step and checkpoints take one table optimizer per model."""
-        self._embeddings += 1
-        return HybridEmbedding(list(feature_configs), collectives=self._collectives,
-                               seed=(self._seed, 1000 + 1_000_000 * (self._embeddings - 1)), name=name,
-                               **self._placement)
+        project's step and checkpoints take one table optimizer per model. Its tables start as
+        the built-in models' of the same seed and shapes."""
+        return HybridEmbedding(list(feature_configs), collectives=self._collectives, seed=(self._seed, 1000),
+                               name=name, **self._placement)
 
 
 def hyperparameters(given: dict, **defaults) -> dict:

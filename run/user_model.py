@@ -109,9 +109,9 @@ class UserModel:
             x[f.name] = tf.cast(ids, tf.int64)
         return x if self._input_names is None else {name: x[name] for name in self._input_names}
 
-    def logits(self, numerical, categorical, training: bool = False) -> tf.Tensor:
-        """Logits [b] float32 of this rank's batch."""
-        out = self.keras_model(self.inputs(numerical, categorical), training=training)
+    def logits(self, numerical, categorical) -> tf.Tensor:
+        """Logits [b] float32 of this rank's batch (inference)."""
+        out = self.keras_model(self.inputs(numerical, categorical), training=False)
         return tf.reshape(tf.cast(out, tf.float32), [-1])
 
     def _check_output(self, where: str):
@@ -132,8 +132,7 @@ class UserModel:
     @property
     def parameters(self) -> int:
         """Every rank's table parameters and the Keras weights."""
-        tables = sum(f.table.vocabulary_size * f.table.embedding_dim
-                     for f in {f.table.name: f for f in self.embeddings.layer.features}.values())
+        tables = sum(t.vocabulary_size * t.embedding_dim for t in self.embeddings.layer.tables)
         return tables + int(sum(np.prod(v.shape) for v in self.dense_variables))
 
     def signature(self, optimizer=None) -> dict:
