@@ -1,6 +1,8 @@
-"""Train, evaluate or benchmark a DLRM / DCNv2 model (DLRM defaults; see dlrm.py, dcnv2.py).
+"""Train, evaluate or benchmark a DLRM / DCNv2 model (DLRM defaults; see dlrm.py, dcnv2.py), or
+the model a model file builds (--model=FILE: docs/models.md).
 
     python main.py --mode=train --batch_size=4096 --embedding_dim=16 ...
+    python main.py --model=examples/wide_and_deep.py --model_param dropout=0.2 ...
 """
 import importlib
 import os

@@ -18,6 +18,7 @@ Shapes: `b` local batch (this rank's samples), `B = N b` over N ranks, feature f
 
 Modules: config.py (`TableConfig`, `FeatureConfig` in keras-rs' field names; `planner_tables`),
 embedding.py (`HybridEmbedding`: a Keras layer over parallel_embedding.DistributedEmbedding),
+features.py (`Features`: the dataset's features as `main.py --model=FILE`'s builder gets them),
 layers.py (building blocks: `MLP`, `DotInteraction`, `CrossNetwork`, `FactorizationMachine`),
 model.py (`Model`: keras.Model whose fit runs nn/trainer.py's step: sparse row updates, one
 grouped allreduce, non-finite stop), dist_model_parallel.py (NVIDIA distributed-embeddings'
@@ -27,8 +28,9 @@ dist_model_parallel as dmp`). What works and what remains: docs/models.md.
 from ranking import dist_model_parallel
 from ranking.config import FeatureConfig, TableConfig
 from ranking.embedding import HybridEmbedding
+from ranking.features import CategoricalFeature, Features, hyperparameters
 from ranking.layers import MLP, CrossNetwork, DotInteraction, FactorizationMachine
 from ranking.model import Model
 
-__all__ = ["CrossNetwork", "DotInteraction", "FactorizationMachine", "FeatureConfig", "HybridEmbedding", "MLP", "Model",
-           "TableConfig", "dist_model_parallel"]
+__all__ = ["CategoricalFeature", "CrossNetwork", "DotInteraction", "FactorizationMachine", "FeatureConfig", "Features",
+           "HybridEmbedding", "MLP", "Model", "TableConfig", "dist_model_parallel", "hyperparameters"]

@@ -59,6 +59,9 @@ class _ProjectStep:
         self._per_sample_loss = keras.losses.get(loss)
         self.schedule = learning_rate if callable(learning_rate) else LearningRateSchedule(learning_rate, 0, 0, 0)
         self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        # The update with global index `step` runs at schedule(step - schedule_origin) (a run
+        # continued from a checkpoint may restart the schedule there).
+        self.schedule_origin = tf.Variable(0, dtype=tf.int64, trainable=False, name="schedule_origin")
         self.first_nonfinite_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="first_nonfinite_step")
         for layer in self.embedding_layers:
             layer.embedding.set_optimizer(optimizer, self.global_step, beta_1, beta_2, compiled=not run_eagerly)
@@ -112,8 +115,23 @@ class _ProjectStep:
             else fn(labels[:, None], logits[:, None])
         return tf.reduce_sum(per_sample) / tf.cast(tf.shape(labels)[0] * self.comm.size, tf.float32)
 
+    def learning_rate(self, step) -> tf.Tensor:
+        """The learning rate of the update with 0-based global index `step`."""
+        return self.schedule(step - self.schedule_origin)
+
     def train_step(self, data):
         x, labels, _ = keras.utils.unpack_x_y_sample_weight(data)
+        loss, logits = self.step_on(x, labels)
+        for metric in self.metrics:   # Keras' loss tracker (a running mean) and compile's metrics (local batch)
+            if metric.name == "loss":
+                metric.update_state(loss)
+            else:
+                metric.update_state(labels, logits)
+        return self.get_metrics_result()
+
+    def step_on(self, x, labels):
+        """One training step on this rank's inputs `x` and `labels` [b]: (the global batch's mean
+        loss [], this rank's logits as the model gives them)."""
         dense = self.dense_variables
         with tf.GradientTape() as tape:
             with contextlib.ExitStack() as stack:
@@ -137,7 +155,7 @@ class _ProjectStep:
         reduced = self.comm.allreduce_sum(list(dense_grads) + [loss, gradient_sum(flat_table_grads + dense_grads)],
                                           "dense_grads")
         loss, finite = reduced[len(dense_grads)], tf.math.is_finite(reduced[-1])
-        lr = self.schedule(self.global_step)
+        lr = self.learning_rate(self.global_step)
         for (layer, looked_up, _), gs in zip(calls, table_grads):
             multi_hot = any(f.sample is not None for f in looked_up.shard_ids + looked_up.replicated_ids)
             layer.embedding.apply_gradients(gs, lr, multi_hot)
@@ -146,12 +164,7 @@ class _ProjectStep:
         first = tf.logical_and(tf.logical_not(good), self.first_nonfinite_step == 0)
         self.first_nonfinite_step.assign(tf.where(first, self.global_step + 1, self.first_nonfinite_step))
         self.global_step.assign_add(1)
-        for metric in self.metrics:   # Keras' loss tracker (a running mean) and compile's metrics (local batch)
-            if metric.name == "loss":
-                metric.update_state(loss)
-            else:
-                metric.update_state(labels, logits)
-        return self.get_metrics_result()
+        return loss, logits
 
     def check_finite(self):
         """Raises NonFiniteError naming the first step whose loss or gradients were not finite."""

@@ -15,6 +15,7 @@ from nn.model_config import ModelConfig, table_configs
 from parallel_embedding.optimizers import slot_names
 from run.config import RunConfig
 from run.runtime import embedding_plan, offloading_line
+from run.user_model import UserModel, UserTrainer
 from storage import checkpoint
 from utils.errors import ConfigError
 from utils.logger import RunLogger
@@ -45,8 +46,11 @@ class Assembly:
     parallel_embedding.collectives object):
 
     log: RunLogger (rank 0 writes); dataset, rows: the dataset and its rows per split ("train",
-    "eval"); evaluating: whether there are evaluation rows; model_config, model (RankingModel on the
-    plan of run.runtime.embedding_plan), view (RankInput: this rank's share of a batch), trainer.
+    "eval"); evaluating: whether there are evaluation rows; model_config (its `signature`), model
+    (its `embeddings`), trainer (nn.trainer.Trainer's step, predict and checkpoint interface): the
+    built-in model (ModelConfig, RankingModel on the plan of run.runtime.embedding_plan, Trainer)
+    or a model file's (--model: run.user_model.UserModel as model_config and model, UserTrainer);
+    view (RankInput: this rank's share of a batch).
     Training only: steps_per_epoch, total (the training batches of this data the run trains up to),
     data_definition (dataloading.position). start_step (the trainer's global step at the start) and
     data_start (the first training batch of this data) are 0 until `restore`."""
@@ -54,6 +58,7 @@ class Assembly:
     def __init__(self, cfg: RunConfig, comm):
         self.cfg, self.comm = cfg, comm
         self.log = RunLogger(cfg.runtime.log_path, enabled=comm.rank == 0)
+        user_model = UserModel(cfg, comm) if cfg.model.model else None   # built and checked before any data is read
         self.dataset, self.rows = open_dataset(dataset_request(cfg))
         if cfg.checkpoints.keep_best_checkpoint and not self.rows["eval"]:
             raise ConfigError(f"--keep_best_checkpoint needs an evaluation; --eval_mapping={cfg.data.eval_mapping} "
@@ -66,6 +71,31 @@ class Assembly:
         if not self.evaluating:
             self.log.print(f"the {cfg.data.eval_mapping!r} mapping (--eval_mapping) has no rows: training without "
                            "evaluation")
+        if user_model is None:
+            params = self._builtin_model(cfg, comm)
+        else:
+            self.model = self.model_config = user_model
+            self.trainer = UserTrainer(user_model, run_eagerly=cfg.runtime.run_eagerly)
+            params = user_model.parameters
+            self.log.print(f"model: {cfg.model.model}, {len(user_model.features)} categorical features, "
+                           f"{params:,} parameters, {comm.size} rank{'s' if comm.size > 1 else ''}")
+        emb = self.model.embeddings
+        self.view = RankInput(comm.rank, comm.size, tuple(emb.input_rows(f) for f in range(cfg.data.num_categorical)))
+        self.log.record("params", **cfg.flat(), parameters=params, world_size=comm.size)
+        training = cfg.training
+        if cfg.mode == "train":
+            self.steps_per_epoch = steps_per_epoch(self.rows["train"], training.batch_size, comm.size,
+                                                   training.train_last_partial_batch)
+            self.total = self.steps_per_epoch * training.epochs   # training batches of this data
+            if training.max_steps > 0:
+                self.total = min(self.total, training.max_steps)
+            self.data_definition = position.definition(cfg, self.rows["train"])
+        self.start_step = 0
+        self.data_start = 0
+
+    def _builtin_model(self, cfg: RunConfig, comm) -> int:
+        """Builds the flags' DLRM / DCNv2 (model_config, model, trainer) and prints its plan; returns
+        its parameters."""
         runtime, training = cfg.runtime, cfg.training
         compute_dtype = nn.trainer.amp_dtype() if runtime.amp else tf.float32
         if runtime.loss_scale is not None and compute_dtype != tf.float16:
@@ -79,15 +109,13 @@ class Assembly:
                                   zeros_initializer=cfg.model.embedding_zeros_initializer,
                                   store_path=cfg.storage.embedding_store_path,
                                   cache_policy=cfg.storage.embedding_cache_policy)
-        emb = self.model.embeddings
-        self.view = RankInput(comm.rank, comm.size, tuple(emb.input_rows(f) for f in range(cfg.data.num_categorical)))
         schedule = LearningRateSchedule(training.learning_rate, training.warmup_steps, training.decay_start_step,
                                         training.decay_steps)
         self.trainer = nn.trainer.Trainer(
             self.model, training.optimizer, schedule, training.beta1, training.beta2, xla=runtime.xla,
             loss_scaling=compute_dtype == tf.float16, static_loss_scale=runtime.loss_scale,
             train_tables=training.embedding_trainable, run_eagerly=runtime.run_eagerly)
-        self.log.print(plan.format(slots=len(emb.optimizer.slot_names)))
+        self.log.print(plan.format(slots=len(self.model.embeddings.optimizer.slot_names)))
         if cfg.storage.cpu_offloading_threshold_gb is not None:
             self.log.print(offloading_line(cfg.storage.cpu_offloading_threshold_gb, plan.bytes_on(comm.rank),
                                            comm.rank, on_gpu))
@@ -96,16 +124,7 @@ class Assembly:
         self.log.print(f"model: {cfg.model.interaction} interaction, {cfg.data.num_categorical} tables, "
                        f"{params:,} parameters, compute dtype {compute_dtype.name}, xla {runtime.xla}, "
                        f"{comm.size} rank{'s' if comm.size > 1 else ''}")
-        self.log.record("params", **cfg.flat(), parameters=params, world_size=comm.size)
-        if cfg.mode == "train":
-            self.steps_per_epoch = steps_per_epoch(self.rows["train"], training.batch_size, comm.size,
-                                                   training.train_last_partial_batch)
-            self.total = self.steps_per_epoch * training.epochs   # training batches of this data
-            if training.max_steps > 0:
-                self.total = min(self.total, training.max_steps)
-            self.data_definition = position.definition(cfg, self.rows["train"])
-        self.start_step = 0
-        self.data_start = 0
+        return params
 
     def restore(self) -> Optional[dict]:
         """Loads --restore_checkpoint_path: everything to evaluate or resume, or what --restore_mode

@@ -10,6 +10,8 @@ import json
 import os
 from typing import List, Optional, Sequence, Set
 
+import yaml
+
 from dataloading.feature_spec import FeatureSpec
 from nn.model_config import table_combiners
 from storage.row_cache import POLICIES
@@ -32,10 +34,16 @@ CACHE_POLICIES = POLICIES   # eviction of the disk tier's caches (storage/row_ca
 @dataclasses.dataclass(frozen=True)
 class DatasetShape:
     """What the model needs to know of the data: per categorical feature its cardinality and
-    max_hotness (None: one-hot), and the number of numerical features."""
+    max_hotness (None: one-hot), and the number of numerical features; `names`: the categorical
+    features' names (the feature spec's; synthetic data: cat_0, cat_1, ...)."""
     cardinalities: List[int]
     num_numerical: int
     max_hotness: List[Optional[int]]
+    names: Optional[List[str]] = None
+
+    def __post_init__(self):
+        if self.names is None:
+            object.__setattr__(self, "names", [f"cat_{k}" for k in range(len(self.cardinalities))])
 
 
 # The settings of a run in groups, each field named as its flag (the flag's help is in run/flags.py).
@@ -80,7 +88,8 @@ class DataSettings:
 
 @dataclasses.dataclass(frozen=True)
 class ModelSettings:
-    """The model's shape (and its tables' initial values)."""
+    """The model's shape (and its tables' initial values), or a model file (--model) and its
+    hyper-parameters (--model_params, --model_param: `hparams`)."""
     embedding_dims: List[int]
     bottom_mlp_dims: List[int]
     top_mlp_dims: List[int]
@@ -89,6 +98,14 @@ class ModelSettings:
     cross_layer_projection_dim: int
     multi_hot_combiner: Optional[str] = None
     embedding_zeros_initializer: bool = False
+    model: str = ""
+    model_params: str = ""
+    model_param: Sequence[str] = ()
+
+    @property
+    def hparams(self) -> dict:
+        """The model file's hyper-parameters (`model_hparams`)."""
+        return model_hparams(self.model, self.model_params, self.model_param)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,10 +257,19 @@ _APPLIES_ONLY = {
     "profiled_rank": (lambda c: c.runtime.profiler_start_step is not None, "--profiler_start_step"),
     "restore_mode": _RESTORING,
     "skip_checkpoint_checksums": (lambda c: bool(c.checkpoints.restore_checkpoint_path), "--restore_checkpoint_path"),
+    **dict.fromkeys(("model_params", "model_param"), (lambda c: bool(c.model.model), "--model")),
     "restore_lr_schedule": _CONTINUING,
     **dict.fromkeys(("embedding_store_path", "embedding_cache_policy"),
                     (lambda c: c.storage.embedding_memory_budget_gb is not None, "--embedding_memory_budget_gb")),
 }
+# What a model file (--model) does not take: the built-in models' shape, and what its path does not
+# carry yet (AMP, XLA, frozen or zero-initialised tables, host-memory and disk tiers; its input is
+# always data-parallel). Refused in one line naming every one set.
+_NOT_WITH_MODEL_FILE = ("embedding_dim", "bottom_mlp_dims", "top_mlp_dims", "interaction", "num_cross_layers",
+                        "cross_layer_projection_dim", "multi_hot_combiner", "embedding_zeros_initializer",
+                        "embedding_trainable", "amp", "loss_scale", "xla", "cpu_offloading_threshold_gb",
+                        "embedding_memory_budget_gb", "embedding_store_path", "embedding_cache_policy",
+                        "data_parallel_input")
 # Table placement flags: they only mean something at several ranks.
 _MULTI_RANK_ONLY = ("dist_strategy", "column_slice_threshold", "row_slice_threshold", "data_parallel_threshold",
                     "data_parallel_input")
@@ -454,6 +480,36 @@ def embedding_widths(values: Sequence) -> list:
     return widths
 
 
+def model_hparams(model: str, params_path: str, params: Sequence[str]) -> dict:
+    """A model file's hyper-parameters: the YAML mapping of --model_params, then each
+    --model_param key=value over it (the value read as YAML: 16, 0.5, [64, 32], true, text).
+    Checks that the --model file exists."""
+    if not os.path.isfile(model):
+        raise ConfigError(f"--model={model}: no such file (a Python file defining build_model(features, hparams))")
+    hparams = {}
+    if params_path:
+        try:
+            with open(params_path) as f:
+                hparams = yaml.safe_load(f)
+        except OSError as e:
+            raise ConfigError(f"--model_params={params_path}: cannot read it ({e.strerror})")
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--model_params={params_path}: not valid YAML ({str(e).splitlines()[0]})")
+        if hparams is None:
+            hparams = {}
+        if not isinstance(hparams, dict) or not all(isinstance(k, str) for k in hparams):
+            raise ConfigError(f"--model_params={params_path}: expected a YAML mapping of names to values")
+    for item in params:
+        key, eq, text = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"--model_param={item}: expected name=value")
+        try:
+            hparams[key.strip()] = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise ConfigError(f"--model_param={item}: the value is not valid YAML")
+    return hparams
+
+
 def build_config(values: dict, present: Optional[Set[str]] = None, world_size: int = 1) -> RunConfig:
     """Validates raw flag values and returns a RunConfig.
 
@@ -467,6 +523,9 @@ def build_config(values: dict, present: Optional[Set[str]] = None, world_size: i
          if field.default is not dataclasses.MISSING}
     v.update(values)
     v["interaction"] = INTERACTION_ALIASES.get(v["interaction"], v["interaction"])
+    v["model_param"] = tuple(v.get("model_param") or ())
+    if v.get("model"):
+        model_hparams(v["model"], v.get("model_params", ""), v["model_param"])   # its errors now, before TensorFlow
     v["embedding_dim"] = embedding_widths(v["embedding_dim"])
     hotness = _reference_synthetic(v, present)
     for name in ("embedding_dim", "bottom_mlp_dims", "top_mlp_dims", "synthetic_cardinalities",
@@ -515,7 +574,7 @@ def _spec_shape(v: dict) -> DatasetShape:
         if not tfrecords and v[name] not in spec.source:
             raise ConfigError(f"--{name}={v[name]}: the feature spec has no such mapping "
                               f"(it has {', '.join(spec.source)})")
-    return DatasetShape(spec.cardinalities, len(spec.numerical), spec.max_hotness)
+    return DatasetShape(spec.cardinalities, len(spec.numerical), spec.max_hotness, list(spec.categorical))
 
 
 def _flag(name: str) -> str:
@@ -529,6 +588,11 @@ def _check(c: RunConfig, present: Set[str], world_size: int):
     for name, choices in _CHOICES.items():
         if c.value(name) not in choices:
             raise ConfigError(f"--{name} must be one of {', '.join(choices)}; got {c.value(name)!r}")
+    refused = sorted(present & set(_NOT_WITH_MODEL_FILE)) if c.model.model else []
+    if refused:
+        raise ConfigError(f"--model={c.model.model} does not take {_names(refused)} (the model file sets its own "
+                          f"shape; docs/models.md lists what it does not support yet): remove "
+                          f"{'it' if len(refused) == 1 else 'them'}")
     _check_applies(c, present)
     for names, wrong in _RANGES:
         for name in names:

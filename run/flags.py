@@ -33,6 +33,11 @@ flags.DEFINE_enum("interaction", "dot", list(INTERACTIONS) + list(INTERACTION_AL
                   "(the custom op where it loads, else TensorFlow ops with a warning); dot_custom (or the reference's "
                   "dot_custom_cuda): dot, the custom op or an error; dot_tensorflow: dot on TensorFlow ops, never the "
                   "op; cross: DCNv2 cross network")
+flags.DEFINE_string("model", "", "a Python file defining build_model(features, hparams) -> ranking.Model: trains, "
+                    "evaluates or times that model instead of DLRM/DCNv2 (docs/models.md)")
+flags.DEFINE_string("model_params", "", "with --model: a YAML file of the model's hyper-parameters (a mapping)")
+flags.DEFINE_multi_string("model_param", None, "with --model: one hyper-parameter name=value (the value read as "
+                          "YAML), over --model_params; repeat the flag for several")
 flags.DEFINE_integer("num_cross_layers", 3, "DCNv2 cross layers")
 flags.DEFINE_integer("cross_layer_projection_dim", 512, "DCNv2 low-rank projection width (0: full rank)")
 flags.DEFINE_bool("amp", False, "mixed precision: float16 with loss scaling on GPU, bfloat16 on CPU; tables stay float32")

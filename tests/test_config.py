@@ -39,6 +39,7 @@ DEFAULTS.update(loss_scale=None, embedding_trainable=True, embedding_zeros_initi
 DEFAULTS.update(run_eagerly=False, auc_thresholds=None)
 DEFAULTS.update(embedding_memory_budget_gb=None, embedding_store_path=None, embedding_cache_policy="lru")
 DEFAULTS.update(skip_checkpoint_checksums=False)
+DEFAULTS.update(model="", model_params="", model_param=None)
 
 FOUR_CARDS = ["10", "20", "30", "40"]
 
@@ -315,6 +316,8 @@ NOT_APPLYING.update({
     "embedding_store_path": [(dict(), "/tmp/store"), (dict(embedding_memory_budget_gb=None), "/tmp/store")],
     "embedding_cache_policy": [(dict(), "lfu"), (dict(embedding_memory_budget_gb=None), "lru")],
     "skip_checkpoint_checksums": [(dict(), True), (dict(mode="inference"), True)],
+    "model_params": [(dict(), "/tmp/params.yaml")],
+    "model_param": [(dict(), ("hidden=[8]",))],
 })
 NOT_APPLYING_CASES = [(name, setting, value) for name, cases in NOT_APPLYING.items() for setting, value in cases]
 
@@ -449,3 +452,33 @@ def test_embedding_dim_bad_json_file(tmp_path, content, fragment):
 def test_feature_spec_path(dataset_path, feature_spec, path):
     from run.config import feature_spec_path
     assert feature_spec_path(dataset_path, feature_spec) == path
+
+
+# --------------------------------------------------------------------------------------------
+# --model: the flags it does not take, its hyper-parameters.
+
+MODEL_FILE = os.path.join(ROOT, "examples", "dlrm.py")
+
+
+def test_model_file_refuses_the_flags_it_does_not_take_in_one_line():
+    message = assert_rejected("amp", "does not take", present={"model", "amp", "interaction", "embedding_dim"},
+                              model=MODEL_FILE, amp=True, interaction="cross")
+    assert message == (f"--model={MODEL_FILE} does not take --amp, --embedding_dim and --interaction (the model file "
+                       "sets its own shape; docs/models.md lists what it does not support yet): remove them")
+    assert_rejected("model", "no such file", present={"model"}, model="/nonexistent/model.py")
+    assert build(present={"model", "dist_strategy"}, world_size=2, model=MODEL_FILE).model.model == MODEL_FILE
+
+
+def test_model_hyper_parameters_yaml_then_name_value(tmp_path):
+    params = tmp_path / "p.yaml"
+    params.write_text("hidden: [64, 32]\ndropout: 0.5\n")
+    cfg = build(present={"model", "model_params", "model_param"}, model=MODEL_FILE, model_params=str(params),
+                model_param=["dropout=0", "name=wide", "top=[8, 1]"])
+    assert cfg.model.hparams == {"hidden": [64, 32], "dropout": 0, "name": "wide", "top": [8, 1]}
+    assert_rejected("model_param", "expected name=value", present={"model", "model_param"}, model=MODEL_FILE,
+                    model_param=["hidden"])
+    params.write_text("- 1\n- 2\n")
+    assert_rejected("model_params", "expected a YAML mapping", present={"model", "model_params"}, model=MODEL_FILE,
+                    model_params=str(params))
+    assert_rejected("model_params", "cannot read", present={"model", "model_params"}, model=MODEL_FILE,
+                    model_params=str(tmp_path / "missing.yaml"))

@@ -1,0 +1,120 @@
+"""The dataset's features as a model file sees them (`main.py --model=FILE`: docs/models.md).
+
+Shapes: `b` this rank's samples, F categorical features, n numericals.
+
+    def build_model(features: ranking.Features, hparams: dict) -> ranking.Model:
+        x = features.inputs()         # {"numerical": [b, n] float32, "<feature>": [b] int64 or ragged [b, None]}
+        emb = features.embedding(features.feature_configs(16))([x[f.name] for f in features])   # F x [b, 16]
+        ...
+
+The run makes `Features` from the dataset (the feature spec's categorical features in table order,
+or cat_0.. of the synthetic data) and its own collectives, seed and placement flags, so that the
+embedding `embedding` builds is planned over the run's ranks as the built-in models' is.
+"""
+import dataclasses
+from typing import Dict, Iterator, List, Optional, Sequence
+
+import keras
+
+from ranking.config import FeatureConfig, TableConfig
+from ranking.embedding import HybridEmbedding
+from utils.errors import ConfigError
+
+NUMERICAL = "numerical"   # the input of the n numerical features, [b, n] float32
+
+
+@dataclasses.dataclass(frozen=True)
+class CategoricalFeature:
+    """One categorical feature of the dataset: ids in [0, cardinality); `max_hotness` None for
+    one id per sample, else up to that many (a ragged input)."""
+    name: str
+    cardinality: int
+    max_hotness: Optional[int] = None
+
+    @property
+    def multi_hot(self) -> bool:
+        return self.max_hotness is not None
+
+
+class Features:
+    """The categorical features (iterate, or index by name) and `num_numerical` of the run's
+    dataset, with the run's embedding settings (`collectives`, `seed`, `placement`: the keyword
+    arguments of HybridEmbedding's planner: strategy and thresholds)."""
+
+    def __init__(self, categorical: Sequence[CategoricalFeature], num_numerical: int, *, collectives=None,
+                 seed: int = 0, placement: Optional[dict] = None):
+        self.categorical = list(categorical)
+        self.num_numerical = num_numerical
+        self._by_name = {f.name: f for f in self.categorical}
+        self._collectives, self._seed, self._placement = collectives, seed, dict(placement or {})
+
+    def __iter__(self) -> Iterator[CategoricalFeature]:
+        return iter(self.categorical)
+
+    def __len__(self) -> int:
+        return len(self.categorical)
+
+    def __getitem__(self, name: str) -> CategoricalFeature:
+        if name not in self._by_name:
+            raise ConfigError(f"feature {name!r} is not in the dataset (its features: {self.names_line()})")
+        return self._by_name[name]
+
+    @property
+    def names(self) -> List[str]:
+        return [f.name for f in self.categorical]
+
+    def names_line(self) -> str:
+        names = self.names
+        return ", ".join(names) if len(names) <= 6 else f"{', '.join(names[:3])}, ..., {names[-1]} ({len(names)})"
+
+    def inputs(self) -> Dict[str, keras.KerasTensor]:
+        """keras.Input per input the run feeds: "numerical" [b, n] float32, then per feature its ids
+        ([b] int64, or ragged [b, None] int64 for a multi-hot one), named as the feature."""
+        out = {NUMERICAL: keras.Input((self.num_numerical,), dtype="float32", name=NUMERICAL)}
+        for f in self.categorical:
+            out[f.name] = keras.Input((None,), dtype="int64", ragged=True, name=f.name) if f.multi_hot \
+                else keras.Input((), dtype="int64", name=f.name)
+        return out
+
+    def feature_configs(self, embedding_dim: int, combiner: str = "sum", names: Optional[Sequence[str]] = None,
+                        prefix: str = "") -> List[FeatureConfig]:
+        """One FeatureConfig (and its own table of `cardinality` rows x `embedding_dim`, `combiner`
+        over a multi-hot sample's ids) per feature of `names` (default: all, in order), each named
+        `prefix` + the feature's name (a prefix tells apart two tables of one feature)."""
+        out = []
+        for name in self.names if names is None else names:
+            f = self[name]
+            table = TableConfig(name=prefix + f.name, vocabulary_size=f.cardinality, embedding_dim=embedding_dim,
+                                combiner=combiner)
+            shape = (None, f.max_hotness) if f.multi_hot else (None,)
+            out.append(FeatureConfig(name=prefix + f.name, table=table, input_shape=shape,
+                                     output_shape=(None, embedding_dim)))
+        return out
+
+    def embedding(self, feature_configs: Sequence[FeatureConfig], name: str = "embedding") -> HybridEmbedding:
+        """A HybridEmbedding of `feature_configs` (called with their ids in the same order: a list
+        in, a list of [b, D] out) on the run's ranks, placement and seed. A model has one: the
+        project's step and checkpoints take one table optimizer per model. Its tables start as
+        the built-in models' of the same seed and shapes."""
+        return HybridEmbedding(list(feature_configs), collectives=self._collectives, seed=(self._seed, 1000),
+                               name=name, **self._placement)
+
+
+def hyperparameters(given: dict, **defaults) -> dict:
+    """A model file's hyper-parameters: `defaults` (name=default) updated by `given` (the
+    builder's hparams). A name not in `defaults`, or a value not of its default's type (an int is
+    a float; a list's items are not checked), is a one-line ConfigError naming it."""
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise ConfigError(f"hyper-parameter {unknown[0]!r} is not one of this model's ({', '.join(sorted(defaults))})")
+    out = dict(defaults)
+    for name, value in given.items():
+        kind = type(defaults[name])
+        ok = isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool)
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value, ok = float(value), True
+        if not ok:
+            raise ConfigError(f"hyper-parameter {name!r} must be {kind.__name__} (like {defaults[name]!r}), "
+                              f"got {value!r}")
+        out[name] = value
+    return out

@@ -1,0 +1,182 @@
+"""main.py --model=FILE (run/user_model.py, examples/): every example trains on synthetic data,
+checkpoints, evaluates the checkpoint with --mode=eval (the training run's AUC), and a run stopped
+by --max_steps then resumed equals the uninterrupted run; at 2 Gloo ranks the losses and the AUC
+equal one process on the same global batches; a model file on a feature spec with named, multi-hot
+features; a bad model file or an unsupported flag is one error line, before any data is read."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dataloading.feature_spec import SPEC_FILE, split_binary_spec
+from dataloading.generate_dataset import generate
+from tests.horovod_run import ROOT, horovodrun
+from tests.test_multirank_cli import assert_same_losses, assert_same_run, records, succeeded
+
+DATA = ["--dataset_type=synthetic", "--synthetic_cardinalities=300,50,7,30", "--synthetic_num_numerical=3",
+        "--optimizer=adam", "--learning_rate=0.01", "--seed=7", "--batch_size=96", "--valid_batch_size=300",
+        "--synthetic_rows=1152", "--synthetic_eval_rows=500", "--warmup_steps=2", "--decay_start_step=8",
+        "--decay_steps=4", "--print_freq=1"]
+STEPS = 12
+# Each example at small sizes (dropout off: Keras' masks are not checkpointed and depend on the rank count).
+EXAMPLES = {
+    "wide_and_deep": ["deep_width=4", "hidden=[16,8]", "dropout=0"],
+    "deepfm": ["embedding_dim=4", "hidden=[16,8]"],
+    "movielens_mlp": ["embedding_dim=4", "hidden=[16,8]"],
+    "dlrm": ["embedding_dim=8", "bottom=[16,8]", "top=[16]"],
+    "dcnv2": ["embedding_dim=8", "bottom=[16,8]", "num_cross_layers=2", "projection_dim=4", "top=[16]"],
+}
+# Table 0 of every example (300 rows) row-sliced over the ranks, the 7-row tables replicated.
+PLACEMENT = ["--row_slice_threshold=200", "--data_parallel_threshold=60"]
+
+
+def model_args(name):
+    return [f"--model=examples/{name}.py"] + [f"--model_param={p}" for p in EXAMPLES[name]]
+
+
+def python(*args, script="main.py"):
+    return subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+
+
+def error_line(result):
+    """The run's one error line (it failed with exit status 2, no traceback)."""
+    assert result.returncode == 2, f"{result.stdout[-2000:]}\n{result.stderr[-2000:]}"
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """Per example, its uninterrupted one-process run: (log records, checkpoint root)."""
+    runs = {}
+
+    def run(name):
+        if name not in runs:
+            path = tmp_path_factory.mktemp(name)
+            succeeded(python(*model_args(name), *DATA, f"--save_checkpoint_path={path / 'ckpt'}",
+                             f"--log_path={path / 'log.json'}"))
+            runs[name] = records(path / "log.json"), path / "ckpt"
+        return runs[name]
+    return run
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_example_trains_evaluates_its_checkpoint_and_resumes_exactly(tmp_path, uninterrupted, name):
+    want, ckpt = uninterrupted(name)
+    assert len(want["step"]) == STEPS and all(v > 0 for v in want["step"].values())
+    assert 0.5 < want["eval"]["auc"] <= 1.0
+    # dlrm.py's defaults give way to --model's flags as main.py's do
+    script = "dlrm.py" if name == "dlrm" else "main.py"
+    evaluated = succeeded(python(*model_args(name), *DATA[:4], "--seed=7", "--mode=eval", "--valid_batch_size=300",
+                                 "--synthetic_eval_rows=500", f"--restore_checkpoint_path={ckpt}",
+                                 f"--log_path={tmp_path / 'eval.json'}", script=script))
+    assert f"restored {ckpt}" in evaluated.stdout
+    got = records(tmp_path / "eval.json")["eval"]
+    assert (got["auc"], got["logloss"], got["samples"]) == (want["eval"]["auc"], want["eval"]["logloss"], 500)
+
+    first = tmp_path / "first"
+    succeeded(python(*model_args(name), *DATA, "--max_steps=6", "--checkpoint_every_n_steps=3",
+                     f"--save_checkpoint_path={first}", f"--log_path={tmp_path / 'first.json'}", script=script))
+    assert_same_losses(records(tmp_path / "first.json"), want, range(1, 7))
+    succeeded(python(*model_args(name), *DATA, f"--restore_checkpoint_path={first}",
+                     f"--log_path={tmp_path / 'resumed.json'}", script=script))
+    resumed = records(tmp_path / "resumed.json")
+    assert sorted(resumed["step"]) == list(range(7, STEPS + 1))
+    assert_same_run(resumed, want, range(7, STEPS + 1))
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_example_at_two_ranks_equals_one_process(tmp_path, uninterrupted, name):
+    want, _ = uninterrupted(name)
+    out = succeeded(horovodrun(2, ["main.py", *model_args(name), *DATA, *PLACEMENT,
+                                   f"--log_path={tmp_path / 'two.json'}"]))
+    assert "2 ranks" in out.stdout
+    assert_same_run(records(tmp_path / "two.json"), want, range(1, STEPS + 1))
+
+
+def test_checkpoint_of_two_ranks_resumes_at_one(tmp_path, uninterrupted):
+    want, _ = uninterrupted("wide_and_deep")
+    ckpt = tmp_path / "ckpt"
+    succeeded(horovodrun(2, ["main.py", *model_args("wide_and_deep"), *DATA, *PLACEMENT, "--max_steps=6",
+                             f"--save_checkpoint_path={ckpt}"]))
+    succeeded(python(*model_args("wide_and_deep"), *DATA, f"--restore_checkpoint_path={ckpt}",
+                     f"--log_path={tmp_path / 'one.json'}"))
+    assert_same_run(records(tmp_path / "one.json"), want, range(7, STEPS + 1))
+
+
+def spec_dataset(path, with_data=True):
+    """A feature spec with named features (user, item, multi-hot genres of up to 3), 2 numericals;
+    its files written unless `with_data` is false (a run that reads them then fails)."""
+    spec = split_binary_spec(["age", "hour"], {"user": 60, "item": 40, "genres": 12}, max_hotness={"genres": 3},
+                             numerical_dtype="float32", base_dir=str(path))
+    if with_data:
+        generate(spec, 96 * 8, 300, seed=3, alpha=1.1)
+    else:
+        os.makedirs(path, exist_ok=True)
+        spec.to_yaml(os.path.join(str(path), SPEC_FILE))
+    return str(path)
+
+
+FILE_DATA = ["--dataset_type=split_binary", "--optimizer=adagrad", "--learning_rate=0.05", "--batch_size=96",
+             "--valid_batch_size=100", "--warmup_steps=0", "--decay_steps=0", "--print_freq=4"]
+
+
+def test_movielens_mlp_on_a_feature_spec_with_a_multi_hot_feature(tmp_path):
+    data = spec_dataset(tmp_path / "data")
+    out = succeeded(python(*model_args("movielens_mlp"), *FILE_DATA, f"--dataset_path={data}",
+                           f"--log_path={tmp_path / 'log.json'}"))
+    assert "3 categorical features" in out.stdout
+    got = records(tmp_path / "log.json")
+    assert sorted(got["step"]) == [4, 8] and got["eval"]["samples"] == 300
+
+
+BAD_MODELS = {
+    "no_builder.py": ("import ranking\n\ndef make_model(features, hparams):\n    pass\n",
+                      "defines no function build_model(features, hparams)"),
+    "two_logits.py": ("import keras, ranking\n\ndef build_model(features, hparams):\n"
+                      "    x = features.inputs()\n"
+                      "    e = features.embedding(features.feature_configs(4))([x[f.name] for f in features])\n"
+                      "    h = keras.layers.Concatenate(name='c')(e)\n"
+                      "    return ranking.Model(x, keras.layers.Dense(2, name='out')(h))\n",
+                      "build_model: the model gives (2, 2) for 2 samples; it must give one logit per sample ([b] or [b, 1])"),
+    "unknown_feature.py": ("import keras, ranking\n\ndef build_model(features, hparams):\n"
+                           "    x = features.inputs()\n"
+                           "    e = features.embedding(features.feature_configs(4, names=['user', 'occupation']))(\n"
+                           "        [x['user'], x['item']])\n"
+                           "    return ranking.Model(x, keras.layers.Dense(1, name='out')(e[0]))\n",
+                           "feature 'occupation' is not in the dataset (its features: user, item, genres)"),
+}
+
+
+@pytest.mark.parametrize("file", sorted(BAD_MODELS))
+def test_a_bad_model_file_is_one_line_before_any_data_is_read(tmp_path, file):
+    """The spec's data files do not exist: reading them would fail with another error."""
+    source, message = BAD_MODELS[file]
+    (tmp_path / file).write_text(source)
+    data = spec_dataset(tmp_path / "data", with_data=False)
+    line = error_line(python(f"--model={tmp_path / file}", *FILE_DATA, f"--dataset_path={data}"))
+    assert line == f"error: --model={tmp_path / file}: {message}"
+
+
+def test_unsupported_flags_and_bad_hyper_parameters_are_one_line(tmp_path):
+    line = error_line(python(*model_args("dlrm"), *DATA, "--amp", "--xla", "--embedding_dim=8",
+                             "--embedding_memory_budget_gb=1"))
+    assert line == ("error: --model=examples/dlrm.py does not take --amp, --embedding_dim, "
+                    "--embedding_memory_budget_gb and --xla (the model file sets its own shape; docs/models.md lists "
+                    "what it does not support yet): remove them")
+    assert error_line(python(*DATA, "--model_param=hidden=[8]")) == \
+        "error: --model_param only applies with --model; remove it or change that flag"
+    assert error_line(python(*model_args("deepfm"), *DATA, "--model_param=width=3")) == \
+        "error: --model=examples/deepfm.py: hyper-parameter 'width' is not one of this model's (dropout, embedding_dim, hidden)"
+    assert error_line(python("--model=examples/deepfm.py", *DATA, "--model_param=dropout=high")) == \
+        "error: --model=examples/deepfm.py: hyper-parameter 'dropout' must be float (like 0.0), got 'high'"
+    (tmp_path / "params.yaml").write_text("embedding_dim: 4\nhidden: [8]\n")
+    out = succeeded(python("--model=examples/deepfm.py", f"--model_params={tmp_path / 'params.yaml'}",
+                           "--model_param=hidden=[16]", *DATA, "--max_steps=1",
+                           f"--log_path={tmp_path / 'log.json'}"))
+    assert "model: examples/deepfm.py" in out.stdout
+    assert error_line(python("--model=examples/nope.py", *DATA)) == \
+        "error: --model=examples/nope.py: no such file (a Python file defining build_model(features, hparams))"
