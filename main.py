@@ -9,6 +9,7 @@ import sys
 from absl import app
 
 from run import flags as run_flags
+from run import preemption
 from utils.errors import CheckpointError, ConfigError, NonFiniteError, StoreError
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -27,9 +28,29 @@ def __getattr__(name):
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    F = run_flags.FLAGS
+    if not F.preemption_grace_s > 0:
+        print(f"error: --preemption_grace_s must be > 0 (seconds), got {F.preemption_grace_s}", file=sys.stderr)
+        sys.exit(2)
+    preemption.install(F.preemption_grace_s)   # SIGTERM/SIGINT: one line and exit code 143/130
+    try:
+        _main(F)
+    except preemption.Interrupted as e:
+        if e.announce:
+            print(e.line, file=sys.stderr)
+        sys.exit(e.code)
+    except Exception as e:   # a signal surfacing as TensorFlow's or Horovod's own error
+        signum = preemption.received()
+        if signum is None:
+            raise
+        print(f"stopped by {preemption.signal_name(signum)}: nothing saved ({type(e).__name__} while stopping)",
+              file=sys.stderr)
+        sys.exit(preemption.EXIT_CODES[signum])
+
+
+def _main(F):
     from parallel_embedding.collectives import make_collectives
     from run.runtime import configure_tensorflow
-    F = run_flags.FLAGS
     try:   # before the collectives: their first op starts TensorFlow, and they pick a GPU
         configure_tensorflow(F.cpu, F.inter_op_parallelism, F.intra_op_parallelism, F.tfdata_debug)
     except ConfigError as e:
@@ -48,7 +69,7 @@ def main(argv):
         sys.exit(1)
     except Exception as e:   # a lost rank: one line, not a traceback per collective
         failure = comm.failure(e)
-        if failure is None:
+        if failure is None or preemption.received() is not None:
             raise
         print(f"error: {failure}", file=sys.stderr)
         sys.exit(1)

@@ -1,0 +1,142 @@
+"""Stopping a run cleanly on SIGTERM (what SLURM and Kubernetes send before preemption) and SIGINT.
+
+`install(grace_s)` takes both signals over for the whole process. Outside training's loop a
+signal raises `Interrupted` in the main thread at once (evaluation, inference, export,
+preprocessing: nothing they write is left half-written, see the callers). Inside the loop
+(`defer`) a signal only marks the stop: the loop finishes its step, every rank agrees at the
+step boundary (`requested`: one collective a step), writes a checkpoint and raises `Interrupted`.
+From the first signal on, a second signal, or `grace_s` seconds passing, ends the process at once
+(os._exit) after abandoning the checkpoint being written (`saving`), so the previous checkpoint
+stays the newest. The exit code is 128 + the signal's number (EXIT_CODES), as a shell reports a
+process a signal ended.
+"""
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from typing import Optional
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+EXIT_CODES = {s: 128 + s for s in SIGNALS}   # SIGTERM 143, SIGINT 130
+DEFAULT_GRACE_S = 120.0
+
+
+class Interrupted(BaseException):
+    """The run stopped on `signum`; `line` says so (printed by the entry point when `announce`),
+    `code` is the exit code. A BaseException, as KeyboardInterrupt: raised wherever the signal
+    lands, it must not be taken for an error by `except Exception` (TensorFlow's AutoGraph has one)."""
+
+    def __init__(self, signum: int, line: str, announce: bool = True):
+        super().__init__(line)
+        self.signum, self.line, self.announce, self.code = signum, line, announce, EXIT_CODES[signum]
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+class _State:
+    """The process's preemption state (the signal handlers are process-wide)."""
+    grace_s = DEFAULT_GRACE_S
+    deferring = False
+    signum: Optional[int] = None   # the first signal received
+    since = None                   # its time.monotonic()
+    saving: Optional[str] = None   # the temporary folder of the checkpoint being written
+    timer: Optional[threading.Timer] = None
+    lock = threading.Lock()
+
+
+def install(grace_s: float = DEFAULT_GRACE_S):
+    """Handles SIGTERM and SIGINT from now on (main thread only), with `grace_s` seconds from the
+    first signal for the step and the checkpoint to finish."""
+    _State.grace_s = grace_s
+    for s in SIGNALS:
+        signal.signal(s, _on_signal)
+
+
+def _on_signal(signum, frame):
+    if _State.signum is not None:   # a second signal: stop now
+        _exit_now(signum, f"{signal_name(signum)} again")
+    _State.signum, _State.since = signum, time.monotonic()
+    if not _State.deferring:
+        raise Interrupted(signum, f"stopped by {signal_name(signum)}: nothing saved (outside training's steps)")
+    _start_grace_timer()
+
+
+def _start_grace_timer():
+    with _State.lock:
+        if _State.timer is None:
+            _State.timer = threading.Timer(_State.grace_s, _exit_now,
+                                           (_State.signum, f"the grace period (--preemption_grace_s="
+                                                           f"{_State.grace_s:g}) ran out"))
+            _State.timer.daemon = True
+            _State.timer.start()
+
+
+def _exit_now(signum: int, why: str):
+    """Ends the process at once with signum's exit code, abandoning the checkpoint being written
+    (renamed aside first: if its save renamed it into place meanwhile, that one wins and is whole)."""
+    tmp, what = _State.saving, "nothing was being written"
+    if tmp is not None:
+        aside = f"{tmp}.abandoned-{os.getpid()}"
+        try:
+            os.rename(tmp, aside)
+            shutil.rmtree(aside, ignore_errors=True)
+            what = f"the checkpoint being written ({tmp}) was removed; the previous one is the newest"
+        except OSError:   # already renamed into place (or never created)
+            what = "the checkpoint being written had already been completed or not yet begun"
+    sys.stderr.write(f"stopped at once: {why}; {what}\n")
+    sys.stderr.flush()
+    os._exit(EXIT_CODES.get(signum, 128 + signum))
+
+
+def received() -> Optional[int]:
+    """The first signal this process received, or None."""
+    return _State.signum
+
+
+def defer():
+    """From now on (training's steps) a signal only marks a stop, acted on at the next step
+    boundary (`requested`, `stop`)."""
+    _State.deferring = True
+
+
+def undefer(line: str, announce: bool):
+    """Signals raise Interrupted again; one marked meanwhile and not acted on raises it now, saying
+    `line` after the signal's name."""
+    _State.deferring = False
+    if _State.signum is not None:
+        stop(_State.signum, line, announce)
+
+
+def requested(comm, name: str) -> Optional[int]:
+    """Whether any rank of `comm` has received a signal (one small collective: every rank calls it
+    at the same step); the signal (this rank's, else SIGTERM), or None. A rank that learns of the
+    stop from another starts its own grace period now."""
+    if not comm.any_rank(_State.signum is not None, name):
+        return None
+    if _State.signum is None:
+        _State.signum, _State.since = signal.SIGTERM, time.monotonic()
+        _start_grace_timer()
+    return _State.signum
+
+
+def stop(signum: int, line: str, announce: bool):
+    """Ends the deferred stop: raises Interrupted, saying "stopped by <signal> `line`" (the caller
+    has saved what it had to)."""
+    _State.deferring = False
+    raise Interrupted(signum, f"stopped by {signal_name(signum)} {line}", announce)
+
+
+@contextlib.contextmanager
+def saving(tmp: str):
+    """Marks the checkpoint being written into the temporary folder `tmp` (removed if the process
+    must end before it is complete)."""
+    _State.saving = tmp
+    try:
+        yield
+    finally:
+        _State.saving = None
