@@ -9,7 +9,7 @@ import sys
 from absl import app
 
 from run import flags as run_flags
-from run import preemption
+from utils import preemption
 from utils.errors import CheckpointError, ConfigError, NonFiniteError, StoreError
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -32,20 +32,8 @@ def main(argv):
     if not F.preemption_grace_s > 0:
         print(f"error: --preemption_grace_s must be > 0 (seconds), got {F.preemption_grace_s}", file=sys.stderr)
         sys.exit(2)
-    preemption.install(F.preemption_grace_s)   # SIGTERM/SIGINT: one line and exit code 143/130
-    try:
-        _main(F)
-    except preemption.Interrupted as e:
-        if e.announce:
-            print(e.line, file=sys.stderr)
-        sys.exit(e.code)
-    except Exception as e:   # a signal surfacing as TensorFlow's or Horovod's own error
-        signum = preemption.received()
-        if signum is None:
-            raise
-        print(f"stopped by {preemption.signal_name(signum)}: nothing saved ({type(e).__name__} while stopping)",
-              file=sys.stderr)
-        sys.exit(preemption.EXIT_CODES[signum])
+    # SIGTERM/SIGINT: one line and exit code 143/130; in training after a checkpoint (utils.preemption)
+    preemption.exit_on_signal(lambda: _main(F), "nothing saved (outside training's steps)", F.preemption_grace_s)
 
 
 def _main(F):

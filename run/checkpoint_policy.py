@@ -1,15 +1,15 @@
 """The run's checkpoint policy: when training saves (every --checkpoint_every_n_steps, at the end,
 and a model that beats the best evaluation AUC with --keep_best_checkpoint), how many are kept
 (--keep_checkpoints), the state written with a save (data position, schedule origin, lineage), and
-the save when a signal stops training (run.preemption)."""
+the save when a signal stops training (utils.preemption)."""
 import os
 import uuid
 from typing import Optional
 
 from dataloading import position
-from run import preemption
 from run.assembly import Assembly
 from storage import checkpoint
+from utils import preemption
 
 
 class CheckpointPolicy:
@@ -45,7 +45,7 @@ class CheckpointPolicy:
     def at_end(self, step: int, data_step: int):
         """The end of training's save (with --save_checkpoint_path), before the final evaluation:
         nothing trained is lost if that fails. A signal received since the last step boundary
-        then stops the run (run.preemption.Interrupted) before that evaluation."""
+        then stops the run (utils.preemption.Interrupted) before that evaluation."""
         if self.settings.save_checkpoint_path:
             self.save(step, data_step)
         saved = f"saved checkpoint {self.saved[1]}" if self.saved else "nothing saved (no --save_checkpoint_path)"
@@ -71,7 +71,7 @@ class CheckpointPolicy:
     def preempted(self, signum: int, step: int, data_step: int):
         """Training stops on signal `signum` after global step `step` (every rank calls this at
         the same step): checkpoints it (with --save_checkpoint_path, unless just saved) and raises
-        run.preemption.Interrupted, whose one line (rank 0's) names the signal, step and checkpoint."""
+        utils.preemption.Interrupted, whose one line (rank 0's) names the signal, step and checkpoint."""
         root, rank0 = self.settings.save_checkpoint_path, self.parts.comm.rank == 0
         if not root:
             preemption.stop(signum, f"after step {step}: nothing saved (no --save_checkpoint_path)", rank0)

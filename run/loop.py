@@ -5,11 +5,11 @@ import time
 from dataloading.batches import eval_batches, ids_tensor, prefetched, rank_batch, train_batches
 from nn import evaluator   # its functions read when called (tests replace them)
 from parallel_embedding.collectives import SingleProcess
-from run import preemption
 from run.assembly import Assembly
 from run.checkpoint_policy import CheckpointPolicy
 from run.config import RunConfig
 from run.runtime import StepProfiler
+from utils import preemption
 
 
 def eval_steps(steps_per_epoch: int, evals_per_epoch: int, total_steps: int):
@@ -74,7 +74,7 @@ class Run(Assembly):
         step, losses = self.data_start, []
         t_start = t_last = time.perf_counter()
         timed_from, paused = None, 0.0   # step timing: after the first step (it traces), less evaluations and saves
-        preemption.defer()   # SIGTERM/SIGINT: finish the step, checkpoint, stop (run.preemption)
+        preemption.defer()   # SIGTERM/SIGINT: finish the step, checkpoint, stop (utils.preemption)
         for numerical, categorical, labels, _, _ in batches:
             profiler.before_step(step + offset)
             losses.append(self.trainer.train_step(numerical, categorical, labels))
@@ -100,7 +100,7 @@ class Run(Assembly):
                 self.checkpoints.keep_if_best(step + offset, step, metrics["auc"])
                 t_last += metrics["seconds"]
                 paused += metrics["seconds"]
-            signum = preemption.requested(self.comm, "preemption") if step != total else None
+            signum = preemption.requested(self.comm, step) if step != total else None
             if signum is not None:
                 self.checkpoints.preempted(signum, step + offset, step)
         t_end = time.perf_counter()
