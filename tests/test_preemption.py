@@ -247,3 +247,22 @@ def test_two_ranks_under_horovodrun_sigterm_to_every_rank(tmp_path):
     assert "exit with status code 143" in output or p.returncode == 143, output[-2000:]
     stopped_step(line[line.index(STOPPED):], ckpt)
     assert leftovers(ckpt) == []
+
+
+def test_export_interrupted_stops_with_one_line_and_writes_nothing(tmp_path, uninterrupted):
+    _, ckpt = uninterrupted
+    out = str(tmp_path / "repo")
+    with open(tmp_path / "out", "w") as f:
+        p = subprocess.Popen([sys.executable, "deployment/deploy.py", f"--checkpoint={ckpt}", f"--output={out}"],
+                             cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=_environment(None))
+    deadline = time.monotonic() + 240
+    while not os.path.exists(os.path.join(tmp_path, ".repo.tmp-export")):   # the export under way
+        assert time.monotonic() < deadline and p.poll() is None, read(tmp_path / "out")[-3000:]
+        time.sleep(0.005)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=60) == 143
+    output = read(tmp_path / "out")
+    assert "Traceback" not in output
+    [line] = stop_lines(output)
+    assert line == f"stopped by SIGTERM: the export to {out} unfinished (nothing written there)"
+    assert sorted(os.listdir(tmp_path)) == ["out"]
