@@ -4,9 +4,10 @@ SIGINT; every entry point runs its work through `exit_on_signal`.
 `install` takes both signals over for the whole process. Outside training's steps a signal
 raises `Interrupted` in the main thread at once (evaluation, inference, export, preprocessing:
 what they write goes under a temporary name, removed as the exception passes). Inside the loop
-(`defer`) a signal only marks the stop: the loop finishes its step, every rank agrees at the
-step boundary (`requested`: one small collective every CHECK_EVERY steps), writes a checkpoint and raises `Interrupted`.
-From the first signal on, a second signal, or `grace_s` seconds passing, ends the process at once
+(`defer`) a signal only marks the stop: the loop finishes its step, every rank agrees at a step
+boundary (`requested`: one small collective every CHECK_EVERY steps), writes a checkpoint and
+raises `Interrupted`. From the stop on, a second signal to this process, or `grace_s` seconds
+passing, ends the process at once
 (os._exit) after abandoning the checkpoint being written (`saving`), so the previous checkpoint
 stays the newest. The exit code is 128 + the signal's number (EXIT_CODES), as a shell reports a
 process a signal ended.
@@ -17,7 +18,6 @@ import shutil
 import signal
 import sys
 import threading
-import time
 from typing import Callable, Optional, TypeVar
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -48,7 +48,8 @@ class _State:
     grace_s = DEFAULT_GRACE_S
     unfinished = "nothing saved"
     deferring = False
-    signum: Optional[int] = None   # the first signal received
+    signum: Optional[int] = None   # the signal stopping the run (this process's, or another rank's)
+    signalled = False              # whether this process has received one itself
     saving: Optional[str] = None   # the temporary folder of the checkpoint being written
     timer: Optional[threading.Timer] = None
     lock = threading.Lock()
@@ -83,8 +84,11 @@ def install(grace_s: float = DEFAULT_GRACE_S, unfinished: str = "nothing saved")
 
 
 def _on_signal(signum, frame):
-    if _State.signum is not None:   # a second signal: stop now
-        _exit_now(signum, f"{signal_name(signum)} again")
+    if _State.signalled:   # a second signal: stop now
+        _exit_now(signum, f"a second signal ({signal_name(signum)})")
+    _State.signalled = True
+    if _State.signum is not None:   # already stopping on another rank's signal
+        return
     _State.signum = signum
     if not _State.deferring:
         raise Interrupted(signum, f"stopped by {signal_name(signum)}: {_State.unfinished}")
@@ -119,7 +123,7 @@ def _exit_now(signum: int, why: str):
 
 
 def received() -> Optional[int]:
-    """The first signal this process received, or None."""
+    """The signal stopping the run, or None."""
     return _State.signum
 
 
