@@ -273,3 +273,24 @@ def test_export_interrupted_stops_with_one_line_and_writes_nothing(tmp_path, uni
     [line] = stop_lines(output)
     assert line == f"stopped by SIGTERM: the export to {out} unfinished (nothing written there)"
     assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+def test_preprocessing_interrupted_stops_with_one_line_and_leaves_nothing(tmp_path):
+    from preproc import generate
+    generate.write(generate.generate(100000, seed=3), str(tmp_path / "day.csv"))
+    out = tmp_path / "out"
+    with open(tmp_path / "log", "w") as f:
+        p = subprocess.Popen([sys.executable, "preproc/criteo.py", f"--input={tmp_path / 'day.csv'}",
+                              f"--output={out}"], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                             env=_environment(None))
+    deadline = time.monotonic() + 240
+    while not glob.glob(str(out / ".preproc-tmp-*")):   # the job under way
+        assert time.monotonic() < deadline and p.poll() is None, read(tmp_path / "log")[-3000:]
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=60) == 143
+    output = read(tmp_path / "log")
+    assert "Traceback" not in output
+    [line] = stop_lines(output)
+    assert line.startswith(f"stopped by SIGTERM: preprocessing into {out} unfinished (its temporary files removed)")
+    assert not out.exists()   # the folder it made, emptied, is gone

@@ -69,7 +69,7 @@ def exit_on_signal(body: Callable[[], T], unfinished: str, grace_s: float = DEFA
     except Exception as e:   # e.g. TensorFlow or Horovod reporting the interrupted call
         if _State.signum is None:
             raise
-        print(f"stopped by {signal_name(_State.signum)}: {unfinished} ({type(e).__name__} while stopping)",
+        print(f"stopped by {signal_name(_State.signum)}: {unfinished} (it surfaced as a {type(e).__name__})",
               file=sys.stderr)
         sys.exit(EXIT_CODES[_State.signum])
 
