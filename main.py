@@ -11,6 +11,7 @@ import sys
 from absl import app
 
 from run import flags as run_flags
+from utils import preemption
 from utils.errors import CheckpointError, ConfigError, NonFiniteError, StoreError
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -29,9 +30,17 @@ def __getattr__(name):
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    F = run_flags.FLAGS
+    if not F.preemption_grace_s > 0:
+        print(f"error: --preemption_grace_s must be > 0 (seconds), got {F.preemption_grace_s}", file=sys.stderr)
+        sys.exit(2)
+    # SIGTERM/SIGINT: one line and exit code 143/130; in training after a checkpoint (utils.preemption)
+    preemption.exit_on_signal(lambda: _main(F), "nothing saved (outside training's steps)", F.preemption_grace_s)
+
+
+def _main(F):
     from parallel_embedding.collectives import make_collectives
     from run.runtime import configure_tensorflow
-    F = run_flags.FLAGS
     try:   # before the collectives: their first op starts TensorFlow, and they pick a GPU
         configure_tensorflow(F.cpu, F.inter_op_parallelism, F.intra_op_parallelism, F.tfdata_debug)
     except ConfigError as e:
@@ -50,7 +59,7 @@ def main(argv):
         sys.exit(1)
     except Exception as e:   # a lost rank: one line, not a traceback per collective
         failure = comm.failure(e)
-        if failure is None:
+        if failure is None or preemption.received() is not None:
             raise
         print(f"error: {failure}", file=sys.stderr)
         sys.exit(1)

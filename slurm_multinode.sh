@@ -13,16 +13,23 @@
 #   HOROVODRUN_ARGS="..."     extra horovodrun options, e.g. "--network-interface ib0"
 #   RANKS_PER_NODE=K          override the detected GPUs (or sockets) per node
 #   DRY_RUN=1                 print the horovodrun command and exit (like --dry-run)
+#   RESUME_FROM=DIR           add --restore_checkpoint_path=DIR to the command when DIR holds a
+#                             checkpoint (DIR/latest): a requeued job resumes where it stopped
+#   REQUEUE=1                 requeue the job (scontrol requeue) after a SIGTERM/SIGINT stopped it
 #   HOROVOD_GLOO_TIMEOUT_SECONDS (default 300), HOROVOD_START_TIMEOUT (default 120),
 #   OMP_NUM_THREADS / TF_NUM_INTRAOP_THREADS (CPU-only default: the cores of one socket)
-# The #SBATCH defaults (1 node, whole nodes, 4 hours, log %x-%j.out in the submit directory)
-# yield to the same options on the sbatch command line; --oversubscribe undoes --exclusive.
+# The #SBATCH defaults (1 node, whole nodes, 4 hours, log %x-%j.out in the submit directory,
+# SIGTERM to this script 180 s before the time limit) yield to the same options on the sbatch
+# command line; --oversubscribe undoes --exclusive. A SIGTERM or SIGINT this script receives goes to
+# this node's ranks (not horovodrun, which kills its ranks 5 s after its own signal): the ranks agree
+# on a stop, checkpoint and exit (docs/launchers.md#preemption-and-requeue); the script exits 143 or 130.
 #SBATCH --job-name=dlrm-tf2
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
 #SBATCH --exclusive
 #SBATCH --time=04:00:00
 #SBATCH --output=%x-%j.out
+#SBATCH --signal=B:TERM@180
 set -euo pipefail
 
 die() { echo "error: $*" >&2; exit 2; }
@@ -92,7 +99,11 @@ export HOROVOD_GLOO_TIMEOUT_SECONDS=${HOROVOD_GLOO_TIMEOUT_SECONDS:-300}
 export HOROVOD_START_TIMEOUT=${HOROVOD_START_TIMEOUT:-120}
 
 read -ra EXTRA <<< "${HOROVODRUN_ARGS:-}"
-CMD=("$HOROVODRUN" -np "$NP" -H "$HOSTS" "$CONTROLLER" "${EXTRA[@]}" "$@")
+RESUME=()
+if [ -n "${RESUME_FROM:-}" ] && [ -f "$RESUME_FROM/latest" ]; then
+  RESUME=("--restore_checkpoint_path=$RESUME_FROM")
+fi
+CMD=("$HOROVODRUN" -np "$NP" -H "$HOSTS" "$CONTROLLER" "${EXTRA[@]}" "$@" "${RESUME[@]}")
 
 echo "job ${SLURM_JOB_ID:-?}: ${#NODES[@]} node(s) x $PER_NODE rank(s) (one per $DEVICE) = $NP ranks${OMP_NUM_THREADS:+, $OMP_NUM_THREADS threads each}"
 [ -z "${VENV:-}" ] || echo "VENV: $VENV"
@@ -102,4 +113,35 @@ for arg in "${CMD[@]}"; do   # shell-quoted only where needed, so it can be past
 done
 printf '\n'
 [ "$DRY_RUN" = 1 ] && exit 0
-exec "${CMD[@]}"
+
+"${CMD[@]}" &
+LAUNCHED=$!
+SIGNALLED=""
+# shellcheck disable=SC2329  # descendants and forward run from the traps below
+descendants() { local child; for child in $(pgrep -P "$1"); do echo "$child"; descendants "$child"; done; }
+# shellcheck disable=SC2329
+forward() {   # to this node's ranks: horovodrun's descendants with HOROVOD_RANK in their environment
+  SIGNALLED=$1
+  echo "job ${SLURM_JOB_ID:-?}: SIG$1 received: passed to this node's ranks (they checkpoint and stop)" >&2
+  local pid
+  for pid in $(descendants "$LAUNCHED"); do
+    if tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -q '^HOROVOD_RANK='; then
+      kill -s "$1" "$pid" 2>/dev/null || true
+    fi
+  done
+}
+trap 'forward TERM' TERM
+trap 'forward INT' INT
+while kill -0 "$LAUNCHED" 2>/dev/null; do   # a trapped signal ends a wait early: wait again
+  wait "$LAUNCHED" || true
+done
+STATUS=0
+wait "$LAUNCHED" || STATUS=$?
+if [ -n "$SIGNALLED" ]; then
+  if [ "${REQUEUE:-0}" = 1 ]; then
+    echo "job ${SLURM_JOB_ID:-?}: stopped by SIG$SIGNALLED: requeued (scontrol requeue)" >&2
+    scontrol requeue "${SLURM_JOB_ID:?}"
+  fi
+  exit $((128 + $(kill -l "$SIGNALLED")))
+fi
+exit "$STATUS"

@@ -23,6 +23,7 @@ from absl import app, flags, logging  # noqa: E402
 from deployment.exporter.repository import (MEMORY_FRACTION, ExportError, Settings, default_tables_limit,  # noqa: E402
                                             gib, write_delta_repository, write_repository)
 from deployment.repository_format import RepositoryError  # noqa: E402
+from utils import preemption  # noqa: E402
 from utils.errors import CheckpointError  # noqa: E402
 
 flags.DEFINE_string("checkpoint", None, "checkpoint directory (a ckpt-<step> or the root holding `latest`)")
@@ -61,6 +62,12 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     logging.set_verbosity(logging.WARNING)   # not a line per SavedModel file written
+    # SIGTERM/SIGINT: one line, exit code 143/130; the export is written under a temporary name, removed
+    preemption.exit_on_signal(export, f"the export to {FLAGS.output} unfinished (nothing written there)")
+
+
+def export():
+    """Writes the repository or delta the flags ask for; prints its summary line."""
     try:
         if FLAGS.delta_from:
             given = [f"--{n}" for n in ("forms", "max_tables_in_memory_gb") if FLAGS[n].present]

@@ -15,6 +15,7 @@ from preproc.layout import MAPPINGS
 from preproc.parsing import CATEGORICAL_NAMES
 from preproc.pipeline import Options, run
 from preproc.session import spark_session
+from utils import preemption
 from utils.errors import ConfigError
 
 
@@ -136,7 +137,13 @@ def main(argv=None):
 
 
 def execute(args, make_options) -> int:
-    """Runs the job of `make_options()` (Options) on the Spark of the job flags; prints its summary."""
+    """Runs the job of `make_options()` (Options) on the Spark of the job flags; prints its summary.
+    SIGTERM/SIGINT: one line and exit code 143/130, the job's temporary folder removed."""
+    return preemption.exit_on_signal(lambda: _execute(args, make_options),
+                                     f"preprocessing into {args.output} unfinished (its temporary files removed)")
+
+
+def _execute(args, make_options) -> int:
     try:
         opts = make_options()
         if any("=" not in item for item in args.conf):

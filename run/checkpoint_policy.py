@@ -1,12 +1,15 @@
 """The run's checkpoint policy: when training saves (every --checkpoint_every_n_steps, at the end,
 and a model that beats the best evaluation AUC with --keep_best_checkpoint), how many are kept
-(--keep_checkpoints), and the state written with a save (data position, schedule origin, lineage)."""
+(--keep_checkpoints), the state written with a save (data position, schedule origin, lineage), and
+the save when a signal stops training (utils.preemption)."""
+import os
 import uuid
 from typing import Optional
 
 from dataloading import position
 from run.assembly import Assembly
 from storage import checkpoint
+from utils import preemption
 
 
 class CheckpointPolicy:
@@ -41,21 +44,41 @@ class CheckpointPolicy:
 
     def at_end(self, step: int, data_step: int):
         """The end of training's save (with --save_checkpoint_path), before the final evaluation:
-        nothing trained is lost if that fails."""
+        nothing trained is lost if that fails. A signal received since the last step boundary
+        then stops the run (utils.preemption.Interrupted) before that evaluation."""
         if self.settings.save_checkpoint_path:
             self.save(step, data_step)
+        saved = f"saved checkpoint {self.saved[1]}" if self.saved else "nothing saved (no --save_checkpoint_path)"
+        preemption.undefer(f"after training's last step {step}: {saved}; the final evaluation skipped",
+                           self.parts.comm.rank == 0)
 
-    def save(self, step: int, data_step: int):
-        """Checkpoints global step `step`, having trained the first `data_step` batches of this data."""
-        parts = self.parts
+    def save(self, step: int, data_step: int, announce: bool = True):
+        """Checkpoints global step `step`, having trained the first `data_step` batches of this data;
+        `announce`: print a line naming it."""
+        parts, root = self.parts, self.settings.save_checkpoint_path
         parts.trainer.check_finite()
         state = {"data": position.state(parts.data_definition, data_step, parts.steps_per_epoch),
                  "schedule_origin": int(parts.trainer.schedule_origin.numpy()), "lineage": self.lineage}
-        path = checkpoint.save(self.settings.save_checkpoint_path, parts.trainer.checkpoint_entries(), step,
-                               parts.model_config.signature(parts.cfg.training.optimizer), parts.comm, state,
-                               keep=self.settings.keep_checkpoints)
+        # storage.checkpoint.save's temporary folder: removed if a signal must end the process first
+        with preemption.saving(os.path.join(root, f".tmp-ckpt-{step}")):
+            path = checkpoint.save(root, parts.trainer.checkpoint_entries(), step,
+                                   parts.model_config.signature(parts.cfg.training.optimizer), parts.comm, state,
+                                   keep=self.settings.keep_checkpoints)
         self.saved = (step, path)
-        parts.log.print(f"saved checkpoint {path}")
+        if announce:
+            parts.log.print(f"saved checkpoint {path}")
+
+    def preempted(self, signum: int, step: int, data_step: int):
+        """Training stops on signal `signum` after global step `step` (every rank calls this at
+        the same step): checkpoints it (with --save_checkpoint_path, unless just saved) and raises
+        utils.preemption.Interrupted, whose one line (rank 0's) names the signal, step and checkpoint."""
+        root, rank0 = self.settings.save_checkpoint_path, self.parts.comm.rank == 0
+        if not root:
+            preemption.stop(signum, f"after step {step}: nothing saved (no --save_checkpoint_path)", rank0)
+        if self.saved is None or self.saved[0] != step:
+            self.save(step, data_step, announce=False)
+        preemption.stop(signum, f"after step {step}: saved checkpoint {self.saved[1]} (resume: the same command "
+                                f"with --restore_checkpoint_path={root})", rank0)
 
     def keep_if_best(self, step: int, data_step: int, auc: float):
         """--keep_best_checkpoint: a model whose evaluation AUC beats the one ROOT/best records is

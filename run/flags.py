@@ -57,6 +57,9 @@ flags.DEFINE_enum("restore_lr_schedule", "restart", list(LR_SCHEDULE_RESTORES), 
                   "restart (warmup and decay counted from the restored step) or continue (from step 0 of the "
                   "first run, as if uninterrupted)")
 flags.DEFINE_integer("checkpoint_every_n_steps", 0, "also checkpoint every this many steps (0: only at the end)")
+flags.DEFINE_float("preemption_grace_s", 120.0, "after SIGTERM or SIGINT in training, the seconds the step and its "
+                   "checkpoint may take (every rank stops at the same step); past it, or at a second signal, the "
+                   "run ends at once, the unfinished checkpoint removed (utils/preemption.py)")
 flags.DEFINE_integer("keep_checkpoints", 2, "checkpoints kept in --save_checkpoint_path: the newest writes (and "
                      "the best, with --keep_best_checkpoint)")
 flags.DEFINE_bool("keep_best_checkpoint", False, "also keep the checkpoint with the best evaluation AUC (named by "

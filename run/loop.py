@@ -9,6 +9,7 @@ from run.assembly import Assembly
 from run.checkpoint_policy import CheckpointPolicy
 from run.config import RunConfig
 from run.runtime import StepProfiler
+from utils import preemption
 
 
 def eval_steps(steps_per_epoch: int, evals_per_epoch: int, total_steps: int):
@@ -73,6 +74,7 @@ class Run(Assembly):
         step, losses = self.data_start, []
         t_start = t_last = time.perf_counter()
         timed_from, paused = None, 0.0   # step timing: after the first step (it traces), less evaluations and saves
+        preemption.defer()   # SIGTERM/SIGINT: finish the step, checkpoint, stop (utils.preemption)
         for numerical, categorical, labels, _, _ in batches:
             profiler.before_step(step + offset)
             losses.append(self.trainer.train_step(numerical, categorical, labels))
@@ -98,6 +100,9 @@ class Run(Assembly):
                 self.checkpoints.keep_if_best(step + offset, step, metrics["auc"])
                 t_last += metrics["seconds"]
                 paused += metrics["seconds"]
+            signum = preemption.requested(self.comm, step) if step != total else None
+            if signum is not None:
+                self.checkpoints.preempted(signum, step + offset, step)
         t_end = time.perf_counter()
         train_seconds = t_end - t_start
         timed_steps = step - self.data_start - 1

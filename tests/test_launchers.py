@@ -3,9 +3,11 @@ the linters on it, tools/setup_env.sh and the Dockerfile, and the pins those fil
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -351,3 +353,52 @@ def test_setup_installs_nothing_when_all_are_there(debian):
     assert apt == []
     # It went on to make the virtual environment (which /dev/null/venv cannot be).
     assert out.returncode != 0 and "/dev/null/venv" in out.stderr and "installing" not in out.stdout
+
+
+def test_a_signal_goes_to_this_nodes_ranks_not_horovodrun_and_the_job_requeues(fake, tmp_path):
+    """SLURM's SIGTERM (#SBATCH --signal=B:TERM@...) reaches the script: it passes it to the ranks
+    (processes with HOROVOD_RANK) alone, waits for them, requeues with REQUEUE=1 and exits 143;
+    RESUME_FROM adds --restore_checkpoint_path once a checkpoint is there."""
+    assert re.search(r"^#SBATCH --signal=B:TERM@\d+$", read(SLURM), re.M)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    executable(fake / "scontrol",
+               '#!/bin/sh\nif [ "$1" = requeue ]; then echo "$2" > "$MARKS/requeued"; exit 0; fi\n'
+               '[ "$1 $2" = "show hostnames" ] && echo "$3"\n')
+    # The launcher: records its arguments and any signal sent to it; its one rank records its signal and
+    # exits 143 as a preempted rank does.
+    executable(fake / "horovodrun", '#!/bin/bash\necho "$@" > "$MARKS/args"\n'
+               "trap 'touch \"$MARKS/launcher_signalled\"' TERM\n"
+               f"HOROVOD_RANK=0 {sys.executable} -c '\n"
+               "import os, signal, sys, time\n"
+               "def stop(s, f):\n"
+               "    open(os.environ[\"MARKS\"] + \"/rank_signal\", \"w\").write(str(s)); sys.exit(143)\n"
+               "signal.signal(signal.SIGTERM, stop)\n"
+               "open(os.environ[\"MARKS\"] + \"/ready\", \"w\").close()\n"
+               "while True: time.sleep(0.05)' &\n"
+               'while ! wait; do :; done\nexit 1\n')
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "latest").write_text("ckpt-5\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HOROVOD"))}
+    env.update(PATH=f"{fake}:/usr/bin:/bin", MARKS=str(marks), SLURM_JOB_NODELIST="n1", SLURM_GPUS_ON_NODE="1",
+               SLURM_JOB_ID="77", HOROVODRUN=str(fake / "horovodrun"), REQUEUE="1", RESUME_FROM=str(ckpt))
+    p = subprocess.Popen(["bash", SLURM, "python", "dlrm.py"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):
+            if (marks / "ready").exists():
+                break
+            assert p.poll() is None, p.communicate()
+            time.sleep(0.05)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 143, err
+    assert (marks / "rank_signal").read_text() == str(int(signal.SIGTERM))
+    assert not (marks / "launcher_signalled").exists()
+    assert (marks / "requeued").read_text().strip() == "77"
+    assert (marks / "args").read_text().split()[-1] == f"--restore_checkpoint_path={ckpt}"
+    assert "SIGTERM received: passed to this node's ranks" in err

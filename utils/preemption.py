@@ -1,0 +1,174 @@
+"""Stopping a process cleanly on SIGTERM (what SLURM and Kubernetes send before preemption) and
+SIGINT; every entry point runs its work through `exit_on_signal`.
+
+`install` takes both signals over for the whole process. Outside training's steps a signal
+raises `Interrupted` in the main thread at once (evaluation, inference, export, preprocessing:
+what they write goes under a temporary name, removed as the exception passes). Inside the loop
+(`defer`) a signal only marks the stop: the loop finishes its step, every rank agrees at a step
+boundary (`requested`: one small collective every CHECK_EVERY steps), writes a checkpoint and
+raises `Interrupted`. From the stop on, a second signal to this process, or `grace_s` seconds
+passing, ends the process at once
+(os._exit) after abandoning the checkpoint being written (`saving`), so the previous checkpoint
+stays the newest. The exit code is 128 + the signal's number (EXIT_CODES), as a shell reports a
+process a signal ended.
+"""
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import threading
+from typing import Callable, Optional, TypeVar
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+EXIT_CODES = {s: 128 + s for s in SIGNALS}   # SIGTERM 143, SIGINT 130
+DEFAULT_GRACE_S = 120.0
+T = TypeVar("T")
+# Several ranks agree on a stop every CHECK_EVERY steps (one allreduce of an int32: 2.7 ms at 2
+# Gloo ranks on a loaded 2-core machine, against W1's ~120 ms step; docs/training.md#preemption).
+CHECK_EVERY = 10
+
+
+class Interrupted(BaseException):
+    """The run stopped on `signum`; `line` says so (printed by the entry point when `announce`),
+    `code` is the exit code. A BaseException, as KeyboardInterrupt: raised wherever the signal
+    lands, it must not be taken for an error by `except Exception` (TensorFlow's AutoGraph has one)."""
+
+    def __init__(self, signum: int, line: str, announce: bool = True):
+        super().__init__(line)
+        self.signum, self.line, self.announce, self.code = signum, line, announce, EXIT_CODES[signum]
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+class _State:
+    """The process's preemption state (the signal handlers are process-wide)."""
+    grace_s = DEFAULT_GRACE_S
+    unfinished = "nothing saved"
+    deferring = False
+    signum: Optional[int] = None   # the signal stopping the run (this process's, or another rank's)
+    signalled = False              # whether this process has received one itself
+    saving: Optional[str] = None   # the temporary folder of the checkpoint being written
+    timer: Optional[threading.Timer] = None
+    lock = threading.Lock()
+
+
+def exit_on_signal(body: Callable[[], T], unfinished: str, grace_s: float = DEFAULT_GRACE_S) -> T:
+    """body()'s result, run with SIGTERM and SIGINT handled (`install`): a signal ends the process
+    with one line on stderr ("stopped by SIGTERM: `unfinished`" outside training's steps) and its
+    exit code, also where it surfaces as a library's own error."""
+    install(grace_s, unfinished)
+    try:
+        return body()
+    except Interrupted as e:
+        if e.announce:
+            print(e.line, file=sys.stderr)
+        sys.exit(e.code)
+    except Exception as e:   # e.g. TensorFlow or Horovod reporting the interrupted call
+        if _State.signum is None:
+            raise
+        print(f"stopped by {signal_name(_State.signum)}: {unfinished} (it surfaced as a {type(e).__name__})",
+              file=sys.stderr)
+        sys.exit(EXIT_CODES[_State.signum])
+
+
+def install(grace_s: float = DEFAULT_GRACE_S, unfinished: str = "nothing saved"):
+    """Handles SIGTERM and SIGINT from now on (main thread only), with `grace_s` seconds from the
+    first signal for training's step and checkpoint to finish; `unfinished` ends the line of a
+    signal outside training's steps."""
+    _State.grace_s, _State.unfinished = grace_s, unfinished
+    for s in SIGNALS:
+        signal.signal(s, _on_signal)
+
+
+def _on_signal(signum, frame):
+    if _State.signalled:   # a second signal: stop now
+        _exit_now(signum, f"a second signal ({signal_name(signum)})")
+    _State.signalled = True
+    if _State.signum is not None:   # already stopping on another rank's signal
+        return
+    _State.signum = signum
+    if not _State.deferring:
+        raise Interrupted(signum, f"stopped by {signal_name(signum)}: {_State.unfinished}")
+    _start_grace_timer()
+
+
+def _start_grace_timer():
+    with _State.lock:
+        if _State.timer is None:
+            _State.timer = threading.Timer(_State.grace_s, _exit_now,
+                                           (_State.signum, f"the grace period (--preemption_grace_s="
+                                                           f"{_State.grace_s:g}) ran out"))
+            _State.timer.daemon = True
+            _State.timer.start()
+
+
+def _exit_now(signum: int, why: str):
+    """Ends the process at once with signum's exit code, abandoning the checkpoint being written
+    (renamed aside first: if its save renamed it into place meanwhile, that one wins and is whole)."""
+    tmp, what = _State.saving, "nothing was being written"
+    if tmp is not None:
+        aside = f"{tmp}.abandoned-{os.getpid()}"
+        try:
+            os.rename(tmp, aside)
+            shutil.rmtree(aside, ignore_errors=True)
+            what = f"the checkpoint being written ({tmp}) was removed; the previous one is the newest"
+        except OSError:   # already renamed into place (or never created)
+            what = "the checkpoint being written had already been completed or not yet begun"
+    sys.stderr.write(f"stopped at once: {why}; {what}\n")
+    sys.stderr.flush()
+    os._exit(EXIT_CODES.get(signum, 128 + signum))
+
+
+def received() -> Optional[int]:
+    """The signal stopping the run, or None."""
+    return _State.signum
+
+
+def defer():
+    """From now on (training's steps) a signal only marks a stop, acted on at the next step
+    boundary (`requested`, `stop`)."""
+    _State.deferring = True
+
+
+def undefer(line: str, announce: bool):
+    """Signals raise Interrupted again; one marked meanwhile and not acted on raises it now, saying
+    `line` after the signal's name."""
+    _State.deferring = False
+    if _State.signum is not None:
+        stop(_State.signum, line, announce)
+
+
+def requested(comm, step: int) -> Optional[int]:
+    """Whether any rank of `comm` has received a signal, asked after training batch `step` by
+    every rank (one small collective every CHECK_EVERY steps; every step at one rank, where it
+    costs nothing): the signal (this rank's, else SIGTERM), or None. A rank that learns of the
+    stop from another starts its own grace period now."""
+    if comm.size > 1 and step % CHECK_EVERY:
+        return None
+    if not comm.any_rank(_State.signum is not None, "preemption"):
+        return None
+    if _State.signum is None:
+        _State.signum = signal.SIGTERM
+        _start_grace_timer()
+    return _State.signum
+
+
+def stop(signum: int, line: str, announce: bool):
+    """Ends the deferred stop: raises Interrupted, saying "stopped by <signal> `line`" (the caller
+    has saved what it had to)."""
+    _State.deferring = False
+    raise Interrupted(signum, f"stopped by {signal_name(signum)} {line}", announce)
+
+
+@contextlib.contextmanager
+def saving(tmp: str):
+    """Marks the checkpoint being written into the temporary folder `tmp` (removed if the process
+    must end before it is complete)."""
+    _State.saving = tmp
+    try:
+        yield
+    finally:
+        _State.saving = None
