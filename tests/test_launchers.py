@@ -84,12 +84,14 @@ def uncommented(text):
 
 
 def paths_used(text, tracked, seen):
-    """The tracked paths `text` (a RUN step or a script it runs) names, and those the scripts it
-    names name in turn; `seen` collects the scripts already read."""
+    """The tracked paths `text` (a RUN step or a script it runs) names (a folder as ./DIR or DIR/),
+    and those the scripts it names name in turn; `seen` collects the scripts already read."""
     used = set()
     for token in re.findall(r"[\w./-]+", uncommented(text)):
         path = token[2:] if token.startswith("./") else token
         path = path.rstrip("/")
+        if os.path.isdir(os.path.join(ROOT, path)) and "/" not in token:
+            continue   # a bare word ("run" in a sentence): a folder is named as ./DIR or DIR/
         if path in tracked and path not in seen:
             used.add(path)
             if path.endswith((".sh", ".py")):
