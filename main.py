@@ -4,7 +4,6 @@ the model a model file builds (--model=FILE: docs/models.md).
     python main.py --mode=train --batch_size=4096 --embedding_dim=16 ...
     python main.py --model=examples/wide_and_deep.py --model_param dropout=0.2 ...
 """
-import importlib
 import os
 import sys
 
@@ -15,16 +14,6 @@ from utils import preemption
 from utils.errors import CheckpointError, ConfigError, NonFiniteError, StoreError
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-# The run itself (run/assembly.py, run/loop.py) imports TensorFlow: main.Run, main.run and
-# main.model_config are theirs, imported on first use so that flag errors come first.
-_RUN_NAMES = {"Run": "run.loop", "run": "run.loop", "model_config": "run.assembly"}
-
-
-def __getattr__(name):
-    if name not in _RUN_NAMES:
-        raise AttributeError(f"module 'main' has no attribute {name!r}")
-    return getattr(importlib.import_module(_RUN_NAMES[name]), name)
 
 
 def main(argv):

@@ -3,7 +3,7 @@ model with the same weights (the exported model), without bfloat16's quantised t
 import numpy as np
 import tensorflow as tf
 
-import main
+import run.loop as run_loop
 from nn.lr_schedule import LearningRateSchedule
 from nn.model import RankingModel
 from nn.model_config import ModelConfig, table_configs
@@ -46,8 +46,8 @@ def test_amp_predictions_are_the_float32_forward():
 
 def test_amp_run_evaluates_like_its_checkpoint_in_float32(tmp_path):
     root = str(tmp_path / "ck")
-    trained = main.run(tiny_config(amp=True, save_checkpoint_path=root))
-    evaluated = main.run(tiny_config(mode="eval", restore_checkpoint_path=root))   # float32
+    trained = run_loop.run(tiny_config(amp=True, save_checkpoint_path=root))
+    evaluated = run_loop.run(tiny_config(mode="eval", restore_checkpoint_path=root))   # float32
     assert (trained["auc"], trained["logloss"]) == (evaluated["auc"], evaluated["logloss"])
 
 
@@ -59,11 +59,11 @@ def test_float16_checkpoint_restores_without_amp_and_back(tmp_path, monkeypatch)
     from storage import checkpoint
     fp16, plain = str(tmp_path / "fp16"), str(tmp_path / "plain")
     monkeypatch.setattr(nn.trainer, "amp_dtype", lambda: tf.float16)
-    trained = main.run(tiny_config(amp=True, save_checkpoint_path=fp16, max_steps=10))
+    trained = run_loop.run(tiny_config(amp=True, save_checkpoint_path=fp16, max_steps=10))
     assert set(nn.trainer.LOSS_SCALE_STATE) <= set(checkpoint.read_manifest(fp16)["tensors"])
-    main.run(tiny_config(save_checkpoint_path=plain, max_steps=10))
-    assert main.run(tiny_config(amp=True, restore_checkpoint_path=plain, max_steps=20))["steps"] == 20
+    run_loop.run(tiny_config(save_checkpoint_path=plain, max_steps=10))
+    assert run_loop.run(tiny_config(amp=True, restore_checkpoint_path=plain, max_steps=20))["steps"] == 20
     monkeypatch.undo()
-    evaluated = main.run(tiny_config(mode="eval", restore_checkpoint_path=fp16))
+    evaluated = run_loop.run(tiny_config(mode="eval", restore_checkpoint_path=fp16))
     assert (evaluated["auc"], evaluated["logloss"]) == (trained["auc"], trained["logloss"])
-    assert main.run(tiny_config(restore_checkpoint_path=fp16, max_steps=20))["steps"] == 20
+    assert run_loop.run(tiny_config(restore_checkpoint_path=fp16, max_steps=20))["steps"] == 20

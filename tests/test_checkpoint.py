@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-import main
+import run.loop as run_loop
 from storage import checkpoint
 from tests.configs import tiny_config
 from utils.errors import CheckpointError, ConfigError
@@ -19,10 +19,10 @@ def load_all(root):
 @pytest.mark.parametrize("optimizer", ["adam", "adagrad"])
 def test_resume_equals_uninterrupted(tmp_path, optimizer):
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
-    main.run(tiny_config(optimizer=optimizer, save_checkpoint_path=full))
-    main.run(tiny_config(optimizer=optimizer, save_checkpoint_path=part, max_steps=17))
+    run_loop.run(tiny_config(optimizer=optimizer, save_checkpoint_path=full))
+    run_loop.run(tiny_config(optimizer=optimizer, save_checkpoint_path=part, max_steps=17))
     assert checkpoint.read_manifest(part)["step"] == 17
-    resumed = main.run(tiny_config(optimizer=optimizer, save_checkpoint_path=part, restore_checkpoint_path=part))
+    resumed = run_loop.run(tiny_config(optimizer=optimizer, save_checkpoint_path=part, restore_checkpoint_path=part))
     assert resumed["steps"] == 40
     m_full, v_full = load_all(full)
     m_part, v_part = load_all(part)
@@ -35,14 +35,14 @@ def test_resume_equals_uninterrupted(tmp_path, optimizer):
 
 def test_periodic_checkpoints_keep_two_and_latest(tmp_path):
     root = str(tmp_path / "ck")
-    main.run(tiny_config(save_checkpoint_path=root, checkpoint_every_n_steps=15))
+    run_loop.run(tiny_config(save_checkpoint_path=root, checkpoint_every_n_steps=15))
     assert sorted(d for d in os.listdir(root) if d.startswith("ckpt-")) == ["ckpt-30", "ckpt-40"]
     assert open(os.path.join(root, "latest")).read().strip() == "ckpt-40"
 
 
 def test_crash_mid_save_leaves_previous_checkpoint_usable(tmp_path, monkeypatch):
     root = str(tmp_path / "ck")
-    main.run(tiny_config(save_checkpoint_path=root, max_steps=10))
+    run_loop.run(tiny_config(save_checkpoint_path=root, max_steps=10))
     before = load_all(root)[1]
     calls = []
 
@@ -54,39 +54,39 @@ def test_crash_mid_save_leaves_previous_checkpoint_usable(tmp_path, monkeypatch)
 
     monkeypatch.setattr(checkpoint.np, "save", failing_save)
     with pytest.raises(OSError):
-        main.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=root))
+        run_loop.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=root))
     monkeypatch.undo()
     manifest, after = load_all(root)
     assert manifest["step"] == 10
     for name in before:
         np.testing.assert_array_equal(after[name], before[name])
     # ... and it still restores into a model.
-    result = main.run(tiny_config(mode="eval", restore_checkpoint_path=root))
+    result = run_loop.run(tiny_config(mode="eval", restore_checkpoint_path=root))
     assert result["samples"] == 1000
 
 
 def test_mismatched_checkpoint_is_named(tmp_path):
     root = str(tmp_path / "ck")
-    main.run(tiny_config(save_checkpoint_path=root, max_steps=2))
+    run_loop.run(tiny_config(save_checkpoint_path=root, max_steps=2))
     with pytest.raises(CheckpointError, match="embedding_dim"):
-        main.run(tiny_config(mode="eval", restore_checkpoint_path=root, embedding_dim=["4"], bottom_mlp_dims=["16", "4"]))
+        run_loop.run(tiny_config(mode="eval", restore_checkpoint_path=root, embedding_dim=["4"], bottom_mlp_dims=["16", "4"]))
     with pytest.raises(CheckpointError, match="optimizer=adam.*optimizer=sgd"):
-        main.run(tiny_config(mode="eval", restore_checkpoint_path=root, optimizer="sgd"))
+        run_loop.run(tiny_config(mode="eval", restore_checkpoint_path=root, optimizer="sgd"))
     with pytest.raises(CheckpointError, match="no checkpoint here"):
-        main.run(tiny_config(mode="eval", restore_checkpoint_path=str(tmp_path)))
+        run_loop.run(tiny_config(mode="eval", restore_checkpoint_path=str(tmp_path)))
     manifest = checkpoint.read_manifest(root)
     victim = os.path.join(manifest["path"], manifest["tensors"]["top_mlp/dense_0/kernel"]["pieces"][0]["file"])
     np.save(victim, np.zeros((3, 3), np.float32))
     with pytest.raises(CheckpointError, match=r"top_mlp/dense_0/kernel has shape \(3, 3\), the manifest says"):
-        main.run(tiny_config(mode="eval", restore_checkpoint_path=root))
+        run_loop.run(tiny_config(mode="eval", restore_checkpoint_path=root))
 
 
 def test_resuming_a_finished_run_is_one_error_line(tmp_path):
     root = str(tmp_path / "ck")
-    main.run(tiny_config(save_checkpoint_path=root))
+    run_loop.run(tiny_config(save_checkpoint_path=root))
     before = load_all(root)[1]
     with pytest.raises(ConfigError) as info:
-        main.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=root))
+        run_loop.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=root))
     message = str(info.value)
     assert "--restore_mode=resume" in message and "nothing left to train" in message and "\n" not in message
     assert "has trained 40 of the 40 steps" in message
@@ -96,11 +96,11 @@ def test_resuming_a_finished_run_is_one_error_line(tmp_path):
 
 def test_resume_into_the_next_epoch_equals_the_uninterrupted_run(tmp_path):
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
-    main.run(tiny_config(save_checkpoint_path=full, epochs=2))
-    main.run(tiny_config(save_checkpoint_path=part))
+    run_loop.run(tiny_config(save_checkpoint_path=full, epochs=2))
+    run_loop.run(tiny_config(save_checkpoint_path=part))
     assert checkpoint.read_manifest(part)["state"]["data"] == {
         "definition": checkpoint.read_manifest(full)["state"]["data"]["definition"], "epoch": 1, "offset": 0}
-    assert main.run(tiny_config(save_checkpoint_path=part, restore_checkpoint_path=part, epochs=2))["steps"] == 80
+    assert run_loop.run(tiny_config(save_checkpoint_path=part, restore_checkpoint_path=part, epochs=2))["steps"] == 80
     v_full, v_part = load_all(full)[1], load_all(part)[1]
     for name in v_full:
         np.testing.assert_array_equal(v_part[name], v_full[name], err_msg=name)
@@ -116,9 +116,9 @@ def test_resume_into_the_next_epoch_equals_the_uninterrupted_run(tmp_path):
 ])
 def test_resume_with_other_data_settings_is_refused_naming_the_setting(tmp_path, overrides, setting):
     root = str(tmp_path / "ck")
-    main.run(tiny_config(save_checkpoint_path=root, max_steps=3))
+    run_loop.run(tiny_config(save_checkpoint_path=root, max_steps=3))
     with pytest.raises(ConfigError) as info:
-        main.run(tiny_config(restore_checkpoint_path=root, **overrides))
+        run_loop.run(tiny_config(restore_checkpoint_path=root, **overrides))
     message = str(info.value)
     assert setting in message and "--restore_mode=continue" in message and "\n" not in message, message
 
@@ -140,19 +140,19 @@ def test_continue_training_counts_its_own_data_and_sets_the_schedule(tmp_path, l
     schedule(k - origin); resumed after an interruption, the continued run ends identical."""
     root, full, part = (str(tmp_path / n) for n in ("ck", "full", "part"))
     schedule = dict(decay_steps=60)
-    main.run(tiny_config(save_checkpoint_path=root, **schedule))
+    run_loop.run(tiny_config(save_checkpoint_path=root, **schedule))
     cont = dict(schedule, restore_checkpoint_path=root, restore_mode="continue", restore_lr_schedule=lr_schedule)
     log = str(tmp_path / "log.json")
-    result = main.run(tiny_config(save_checkpoint_path=full, log_path=log, print_freq=1, **cont))
+    result = run_loop.run(tiny_config(save_checkpoint_path=full, log_path=log, print_freq=1, **cont))
     assert result["steps"] == 80 and checkpoint.read_manifest(full)["step"] == 80
     lrs = lr_records(log)
     assert sorted(lrs) == list(range(41, 81))
     for step, lr in lrs.items():
         assert lr == pytest.approx(documented_lr(step - 1 - origin), rel=1e-6), step
     assert checkpoint.read_manifest(full)["state"]["schedule_origin"] == origin
-    main.run(tiny_config(save_checkpoint_path=part, max_steps=15, **cont))
+    run_loop.run(tiny_config(save_checkpoint_path=part, max_steps=15, **cont))
     assert checkpoint.read_manifest(part)["step"] == 55
-    main.run(tiny_config(save_checkpoint_path=part, restore_checkpoint_path=part, **schedule))
+    run_loop.run(tiny_config(save_checkpoint_path=part, restore_checkpoint_path=part, **schedule))
     v_full, v_part = load_all(full)[1], load_all(part)[1]
     for name in v_full:
         np.testing.assert_array_equal(v_part[name], v_full[name], err_msg=name)
@@ -163,9 +163,9 @@ def test_continue_on_the_same_data_equals_the_uninterrupted_unshuffled_run(tmp_p
     one-epoch checkpoint (optimizer state and schedule kept) is the second epoch of a 2-epoch run."""
     root, full = str(tmp_path / "ck"), str(tmp_path / "full")
     flags = dict(shuffle_batch_order=False, decay_steps=60)
-    main.run(tiny_config(save_checkpoint_path=full, epochs=2, **flags))
-    main.run(tiny_config(save_checkpoint_path=root, **flags))
-    main.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=root, restore_mode="continue",
+    run_loop.run(tiny_config(save_checkpoint_path=full, epochs=2, **flags))
+    run_loop.run(tiny_config(save_checkpoint_path=root, **flags))
+    run_loop.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=root, restore_mode="continue",
                          restore_lr_schedule="continue", **flags))
     v_full, v_cont = load_all(full)[1], load_all(root)[1]
     for name in v_full:
@@ -176,14 +176,14 @@ def test_weights_mode_restores_the_weights_with_a_fresh_optimizer(tmp_path):
     """--restore_mode=weights equals a fresh run (here with another optimizer) whose model
     variables were assigned the checkpoint's tensors by hand."""
     root, tuned, ref = (str(tmp_path / n) for n in ("ck", "tuned", "ref"))
-    main.run(tiny_config(save_checkpoint_path=root, max_steps=10))
+    run_loop.run(tiny_config(save_checkpoint_path=root, max_steps=10))
     trained = load_all(root)[1]
-    run = main.Run(tiny_config(restore_checkpoint_path=root, restore_mode="weights", optimizer="adagrad",
+    run = run_loop.Run(tiny_config(restore_checkpoint_path=root, restore_mode="weights", optimizer="adagrad",
                                save_checkpoint_path=tuned))
     assert int(run.trainer.step.numpy()) == 0
     assert run.train()["steps"] == 40
     run.log.close()
-    reference = main.Run(tiny_config(optimizer="adagrad", save_checkpoint_path=ref))
+    reference = run_loop.Run(tiny_config(optimizer="adagrad", save_checkpoint_path=ref))
     emb = reference.model.embeddings
     weights = {v.name.split(":")[0] for v in reference.model.dense_variables} | {emb.table_name(f) for f in range(4)}
     for e in reference.trainer.checkpoint_entries():   # one process: each table is one variable

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import main
+import run.loop as run_loop
 from parallel_embedding.collectives import SingleProcess
 from storage import checkpoint
 from storage.checkpoint import Entry
@@ -34,7 +34,7 @@ TABLE, KERNEL, BIAS, SLOT = "embedding/table_1", "top_mlp/dense_0/kernel", "top_
 def trained(tmp_path_factory):
     """ROOT of a tiny model's checkpoint after 10 steps (ckpt-10)."""
     root = str(tmp_path_factory.mktemp("trained") / "ck")
-    main.run(tiny_config(save_checkpoint_path=root, max_steps=10))
+    run_loop.run(tiny_config(save_checkpoint_path=root, max_steps=10))
     return root
 
 
@@ -97,13 +97,13 @@ def test_a_changed_byte_fails_the_restore_in_one_line_naming_file_and_tensor(tra
     path = piece_path(root, name)
     flip(path)
     with pytest.raises(CheckpointError) as info:
-        main.run(tiny_config(mode="eval", restore_checkpoint_path=root))
+        run_loop.run(tiny_config(mode="eval", restore_checkpoint_path=root))
     assert str(info.value) == mismatch(path, name, root)
     # Skipping verification restores the changed value (one element differs) and evaluates.
     changed, saved = checkpoint.read_tensor(root, name, verify=False), checkpoint.read_tensor(trained, name)
     assert np.sum(changed != saved) == 1
     capsys.readouterr()
-    result = main.run(tiny_config(mode="eval", restore_checkpoint_path=root, skip_checkpoint_checksums=True))
+    result = run_loop.run(tiny_config(mode="eval", restore_checkpoint_path=root, skip_checkpoint_checksums=True))
     assert result["samples"] == 1000
     assert "(written at 1 rank(s); not verified: --skip_checkpoint_checksums)" in capsys.readouterr().out
 
@@ -206,13 +206,13 @@ def test_a_checkpoint_without_checksums_restores_unverified(trained, tmp_path, c
         json.dump(manifest, f)
     assert not checkpoint.checksummed(checkpoint.read_manifest(root))
     capsys.readouterr()
-    assert main.run(tiny_config(mode="eval", restore_checkpoint_path=root))["samples"] == 1000
+    assert run_loop.run(tiny_config(mode="eval", restore_checkpoint_path=root))["samples"] == 1000
     out = capsys.readouterr().out
     assert out.count("not verified") == 1 and "(written at 1 rank(s); not verified: written without checksums)" in out
     for name, value in all_tensors(trained).items():
         np.testing.assert_array_equal(checkpoint.read_tensor(root, name), value, err_msg=name)
     # Resumed training writes a checkpoint with checksums.
-    main.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=root, max_steps=12))
+    run_loop.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=root, max_steps=12))
     assert checkpoint.checksummed(checkpoint.read_manifest(root))
 
 
@@ -279,15 +279,15 @@ def no_space_line(root, step, size, free=None, rank=None, written=None):
 
 def test_a_full_disk_at_one_rank(small_disk):
     root = str(small_disk / "ck")
-    main.run(tiny_config(save_checkpoint_path=root, max_steps=10))
+    run_loop.run(tiny_config(save_checkpoint_path=root, max_steps=10))
     before, size = all_tensors(root), pieces_bytes(root)
     free = fill(small_disk, leave=16 * 4096)   # 16 pages: less than the pieces need (a page each at least)
     with pytest.raises(StoreError) as info:
-        main.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=root))
+        run_loop.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=root))
     assert re.fullmatch(no_space_line(root, 40, size, free), str(info.value)), str(info.value)
     assert_left_as_it_was(root, "ckpt-10", before)
     os.remove(small_disk / "ballast")   # space again: the same run saves
-    assert main.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=root))["steps"] == 40
+    assert run_loop.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=root))["steps"] == 40
     assert open(os.path.join(root, "latest")).read().strip() == "ckpt-40"
 
 
@@ -323,7 +323,7 @@ def test_enospc_injected_at_the_write(trained, tmp_path, monkeypatch, at):
             write_text(path, text)
         monkeypatch.setattr(checkpoint, "_write_text", failing_write)
     with pytest.raises(StoreError) as info:
-        main.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=root))
+        run_loop.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=root))
     monkeypatch.undo()
     assert re.fullmatch(no_space_line(root, 40, size, written=written), str(info.value)), str(info.value)
     assert_left_as_it_was(root, "ckpt-10", before)

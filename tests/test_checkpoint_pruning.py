@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-import main
+import run.loop as run_loop
 import nn.evaluator
 from storage import checkpoint
 from tests.configs import tiny_config
@@ -29,9 +29,9 @@ def test_restoring_an_older_checkpoint_keeps_the_newest_write(tmp_path):
     """Steps 30 and 40 in ROOT, then a run restored from an older checkpoint saves step 20 there:
     the newest write and `latest` survive (pruning by step number deleted it)."""
     root, older = str(tmp_path / "ck"), str(tmp_path / "older")
-    main.run(tiny_config(save_checkpoint_path=root, checkpoint_every_n_steps=15))
-    main.run(tiny_config(save_checkpoint_path=older, max_steps=10))
-    main.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=older, max_steps=20))
+    run_loop.run(tiny_config(save_checkpoint_path=root, checkpoint_every_n_steps=15))
+    run_loop.run(tiny_config(save_checkpoint_path=older, max_steps=10))
+    run_loop.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=older, max_steps=20))
     assert checkpoints(root) == ["ckpt-20", "ckpt-40"]
     assert pointer(root) == "ckpt-20"
     assert checkpoint.read_manifest(root)["step"] == 20
@@ -42,10 +42,10 @@ def test_saving_a_step_already_in_root_is_a_new_write(tmp_path):
     30 again: a new directory beside the old ckpt-30 (nothing renamed over), the three newest
     writes kept, and ROOT (its `latest`) evaluates to the model just trained."""
     root = str(tmp_path / "ck")
-    main.run(tiny_config(save_checkpoint_path=root, checkpoint_every_n_steps=10, keep_checkpoints=3))
+    run_loop.run(tiny_config(save_checkpoint_path=root, checkpoint_every_n_steps=10, keep_checkpoints=3))
     assert checkpoints(root) == ["ckpt-20", "ckpt-30", "ckpt-40"]
     old_30 = checkpoint.read_tensor(os.path.join(root, "ckpt-30"), "top_mlp/dense_0/kernel")
-    again = main.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=os.path.join(root, "ckpt-20"),
+    again = run_loop.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=os.path.join(root, "ckpt-20"),
                                  max_steps=30, learning_rate=0.01, keep_checkpoints=3))
     newest = pointer(root)
     assert newest == "ckpt-30-5" and checkpoints(root) == ["ckpt-30", "ckpt-30-5", "ckpt-40"]
@@ -53,7 +53,7 @@ def test_saving_a_step_already_in_root_is_a_new_write(tmp_path):
     np.testing.assert_array_equal(checkpoint.read_tensor(os.path.join(root, "ckpt-30"), "top_mlp/dense_0/kernel"),
                                   old_30)
     assert not np.array_equal(checkpoint.read_tensor(root, "top_mlp/dense_0/kernel"), old_30)
-    restored = main.run(tiny_config(mode="eval", restore_checkpoint_path=root))
+    restored = run_loop.run(tiny_config(mode="eval", restore_checkpoint_path=root))
     assert (restored["auc"], restored["logloss"]) == (again["auc"], again["logloss"])
 
 
@@ -62,7 +62,7 @@ def test_failed_save_of_a_step_already_in_root_keeps_latest(tmp_path, monkeypatc
     its directory would be moved into place: `latest` still names a complete checkpoint of step
     10, unchanged."""
     root = str(tmp_path / "ck")
-    main.run(tiny_config(save_checkpoint_path=root, max_steps=10))
+    run_loop.run(tiny_config(save_checkpoint_path=root, max_steps=10))
     before = checkpoint.read_tensor(root, "top_mlp/dense_0/kernel")
     rename = os.rename
 
@@ -73,7 +73,7 @@ def test_failed_save_of_a_step_already_in_root_keeps_latest(tmp_path, monkeypatc
 
     monkeypatch.setattr(os, "rename", failing_rename)
     with pytest.raises(OSError):
-        main.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=os.path.join(root, "ckpt-10"),
+        run_loop.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=os.path.join(root, "ckpt-10"),
                              restore_mode="weights", max_steps=10))
     monkeypatch.undo()
     assert checkpoint.read_manifest(root)["step"] == 10
@@ -100,7 +100,7 @@ def test_keep_best_checkpoint(tmp_path, scripted_auc, capsys):
     restores it. A later run into ROOT keeps it until a model beats 0.8."""
     root = str(tmp_path / "ck")
     scripted_auc([0.6, 0.8, 0.7, 0.75])
-    main.run(tiny_config(save_checkpoint_path=root, evals_per_epoch=4, keep_best_checkpoint=True,
+    run_loop.run(tiny_config(save_checkpoint_path=root, evals_per_epoch=4, keep_best_checkpoint=True,
                          keep_checkpoints=1))
     assert re.findall(r"saved checkpoint \S+/(ckpt-\d+)", capsys.readouterr().out) == ["ckpt-10", "ckpt-20",
                                                                                         "ckpt-40"]
@@ -109,11 +109,11 @@ def test_keep_best_checkpoint(tmp_path, scripted_auc, capsys):
     assert checkpoint.best_auc(root) == 0.8
     assert checkpoint.read_manifest(os.path.join(root, "best"))["step"] == 20
     scripted_auc([0.5])
-    main.run(tiny_config(mode="eval", restore_checkpoint_path=os.path.join(root, "best")))
+    run_loop.run(tiny_config(mode="eval", restore_checkpoint_path=os.path.join(root, "best")))
     assert f"restored {root}/ckpt-20 at step 20" in capsys.readouterr().out
 
     scripted_auc([0.79, 0.81])   # resumed from step 20: evaluations at 30 and 40
-    main.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=os.path.join(root, "best"),
+    run_loop.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=os.path.join(root, "best"),
                          evals_per_epoch=4, keep_best_checkpoint=True, keep_checkpoints=1))
     assert pointer(root, "best") == "ckpt-40-4" and checkpoint.best_auc(root) == 0.81
     assert checkpoints(root) == ["ckpt-40-4"]
@@ -127,7 +127,7 @@ def test_keep_best_checkpoint_without_evaluation_rows_is_refused(tmp_path):
     cfg = tiny_config(dataset_type="split_binary", dataset_path=str(tmp_path / "data"),
                       save_checkpoint_path=str(tmp_path / "ck"), keep_best_checkpoint=True)
     with pytest.raises(ConfigError, match="--keep_best_checkpoint needs an evaluation; --eval_mapping=test has no"):
-        main.run(cfg)
+        run_loop.run(cfg)
     assert not os.path.exists(tmp_path / "ck")
 
 

@@ -1,5 +1,5 @@
 """End to end: the entry points (subprocesses), and every flag's effect on a run (in process,
-through run.config.build_config + main.run on tiny models)."""
+through run.config.build_config + run_loop.run on tiny models)."""
 import json
 import os
 import re
@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-import main
+import run.loop as run_loop
 from utils import logger as run_logger
 from tests.configs import TINY as TINY_BASE, make_config
 from utils.errors import CheckpointError
@@ -33,7 +33,7 @@ def config(**overrides):
 
 
 def train(**overrides):
-    return main.run(config(**overrides))
+    return run_loop.run(config(**overrides))
 
 
 def read_log(path):
@@ -60,7 +60,7 @@ def out(capsys):
 def build_model(out, **overrides):
     """Builds (only) the run for `overrides`; returns the printed parameter count and model line."""
     out.readouterr()
-    r = main.Run(config(**overrides))
+    r = run_loop.Run(config(**overrides))
     r.log.close()
     text = out.readouterr().out
     return parameters(text), model_line(text)
@@ -251,7 +251,7 @@ def test_checkpoint_every_n_steps_saves_each_time(tmp_path, out):
 
 def test_eval_of_restored_checkpoint_matches_end_of_training(trained, out):
     result, ck = trained
-    metrics = main.run(config(mode="eval", restore_checkpoint_path=ck))
+    metrics = run_loop.run(config(mode="eval", restore_checkpoint_path=ck))
     assert re.search(r"restored \S+ckpt-12 at step 12", out.readouterr().out)
     assert metrics["samples"] == 500
     assert metrics["auc"] == result["auc"] and metrics["logloss"] == result["logloss"]
@@ -259,9 +259,9 @@ def test_eval_of_restored_checkpoint_matches_end_of_training(trained, out):
 
 def test_restore_a_checkpoint_directory_itself(trained):
     _, ck = trained
-    metrics = main.run(config(mode="eval", restore_checkpoint_path=os.path.join(ck, "ckpt-10")))
+    metrics = run_loop.run(config(mode="eval", restore_checkpoint_path=os.path.join(ck, "ckpt-10")))
     assert metrics["samples"] == 500
-    at_12 = main.run(config(mode="eval", restore_checkpoint_path=ck))
+    at_12 = run_loop.run(config(mode="eval", restore_checkpoint_path=ck))
     assert metrics["logloss"] != at_12["logloss"]
 
 
@@ -284,7 +284,7 @@ def test_resume_training_from_checkpoint_matches_uninterrupted(trained):
 def test_restore_with_different_model_fails_naming_the_setting(trained, overrides, setting):
     _, ck = trained
     with pytest.raises(CheckpointError) as info:
-        main.run(config(mode="eval", restore_checkpoint_path=ck, **overrides))
+        run_loop.run(config(mode="eval", restore_checkpoint_path=ck, **overrides))
     message = str(info.value)
     assert f"written with {setting}=" in message and f"this run has {setting}=" in message, message
     assert "\n" not in message
@@ -292,7 +292,7 @@ def test_restore_with_different_model_fails_naming_the_setting(trained, override
 
 def test_restore_missing_checkpoint_fails(tmp_path):
     with pytest.raises(CheckpointError, match="no checkpoint here"):
-        main.run(config(mode="eval", restore_checkpoint_path=str(tmp_path)))
+        run_loop.run(config(mode="eval", restore_checkpoint_path=str(tmp_path)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -301,7 +301,7 @@ def test_restore_missing_checkpoint_fails(tmp_path):
 def test_valid_batch_size_does_not_change_the_metrics(trained):
     result, ck = trained
     for valid_batch_size in (64, 333, 1000):   # 333 does not divide the 500 samples
-        metrics = main.run(config(mode="eval", restore_checkpoint_path=ck, valid_batch_size=valid_batch_size))
+        metrics = run_loop.run(config(mode="eval", restore_checkpoint_path=ck, valid_batch_size=valid_batch_size))
         assert metrics["samples"] == 500
         assert metrics["auc"] == pytest.approx(result["auc"], abs=1e-12)
         assert metrics["logloss"] == pytest.approx(result["logloss"], rel=1e-6)
@@ -309,7 +309,7 @@ def test_valid_batch_size_does_not_change_the_metrics(trained):
 
 def test_synthetic_eval_rows(trained):
     result, ck = trained
-    metrics = main.run(config(mode="eval", restore_checkpoint_path=ck, synthetic_eval_rows=777))
+    metrics = run_loop.run(config(mode="eval", restore_checkpoint_path=ck, synthetic_eval_rows=777))
     assert metrics["samples"] == 777
     assert metrics["auc"] != result["auc"]
 
@@ -417,7 +417,7 @@ def test_xla(out):
     # What only XLA does: the run's train step holds the MLPs' matmuls in XLA-compiled functions.
     from tests.compiled import xla_compiled_ops
     for xla in (True, False):
-        r = main.Run(config(xla=xla))
+        r = run_loop.Run(config(xla=xla))
         r.log.close()
         numerical, categorical, labels, _, _ = next(iter(r._eval_data()))
         assert ("MatMul" in xla_compiled_ops(r.trainer.train_step, numerical, categorical, labels)) == xla
@@ -427,7 +427,7 @@ def test_run_eagerly(out):
     """--run_eagerly: the step's Python runs at every step, eagerly (once, while tracing, without)."""
     import tensorflow as tf
     for run_eagerly, calls in ((True, [True] * 3), (False, [False])):
-        r = main.Run(config(run_eagerly=run_eagerly, max_steps=3, evals_per_epoch=0))
+        r = run_loop.Run(config(run_eagerly=run_eagerly, max_steps=3, evals_per_epoch=0))
         seen, forward = [], r.model.predict_from_embeddings
 
         def recorded(*args, training=False, **options):
@@ -444,7 +444,7 @@ def test_run_eagerly(out):
                                                 ("dot", "the op")])
 def test_reference_interaction_names(out, interaction, kernel):
     """dot_tensorflow never uses the custom op (same model as dot); dot_custom_cuda is dot_custom."""
-    r = main.Run(config(interaction=interaction))
+    r = run_loop.Run(config(interaction=interaction))
     r.log.close()
     assert (r.model.interaction._op is None) == (kernel == "TensorFlow ops")
     assert parameters(out.readouterr().out) == TINY_PARAMS
@@ -455,7 +455,7 @@ def test_auc_thresholds(out, tmp_path):
     """--auc_thresholds: the reference's approximate AUC of the evaluated predictions beside the exact one."""
     from tests.test_metrics import direct_thresholded_auc
     from utils.metrics import roc_auc
-    r = main.Run(config(auc_thresholds=50, max_steps=2, log_path=str(tmp_path / "log.json")))
+    r = run_loop.Run(config(auc_thresholds=50, max_steps=2, log_path=str(tmp_path / "log.json")))
     result = r.train()
     r.log.close()
     logits, labels = [], []
@@ -490,7 +490,7 @@ def test_inference(monkeypatch, tmp_path):
 
     monkeypatch.setattr(nn.evaluator, "measure_latency", counting)
     log = tmp_path / "log.json"
-    results = main.run(config(mode="inference", inference_batch_sizes=["1", "16", "33"], inference_steps=7,
+    results = run_loop.run(config(mode="inference", inference_batch_sizes=["1", "16", "33"], inference_steps=7,
                               log_path=str(log)))
     assert [r["batch_size"] for r in results] == [1, 16, 33]
     for r in results:
@@ -502,7 +502,7 @@ def test_inference(monkeypatch, tmp_path):
 
 def test_inference_from_checkpoint(trained, out):
     _, ck = trained
-    results = main.run(config(mode="inference", restore_checkpoint_path=ck, inference_batch_sizes=["4"]))
+    results = run_loop.run(config(mode="inference", restore_checkpoint_path=ck, inference_batch_sizes=["4"]))
     assert [r["batch_size"] for r in results] == [4]
     assert re.search(r"restored \S+ckpt-12 at step 12", out.readouterr().out)
 

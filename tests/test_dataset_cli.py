@@ -1,4 +1,4 @@
-"""Training and evaluation on split-binary files through the command line (main.run in process,
+"""Training and evaluation on split-binary files through the command line (run_loop.run in process,
 dlrm.py and one horovodrun -np 2 as subprocesses)."""
 import json
 import os
@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-import main
+import run.loop as run_loop
 from dataloading.feature_spec import SPEC_FILE, split_binary_spec
 from dataloading.generate_dataset import generate, synthetic_columns
 from dataloading.synthetic import SyntheticDataset
@@ -64,46 +64,46 @@ def file_config(path, **overrides):
 
 def test_files_train_exactly_like_the_synthetic_data_they_hold(one_hot):
     """generate_dataset.py with float32 numericals materialises SyntheticDataset: same run."""
-    synthetic = main.run(build_config(dict(TINY, warmup_steps=3, decay_start_step=6, decay_steps=6,
+    synthetic = run_loop.run(build_config(dict(TINY, warmup_steps=3, decay_start_step=6, decay_steps=6,
                                            synthetic_rows=ROWS, synthetic_eval_rows=EVAL_ROWS), present=set()))
-    files = main.run(file_config(one_hot))
+    files = run_loop.run(file_config(one_hot))
     assert files["steps"] == synthetic["steps"] == 12 and files["samples"] == synthetic["samples"] == EVAL_ROWS
     assert files["auc"] == synthetic["auc"] and files["logloss"] == synthetic["logloss"]
     assert "oracle_auc" not in files
 
 
 def test_batch_order_flags(one_hot):
-    base = main.run(file_config(one_hot))
-    unshuffled = main.run(file_config(one_hot, shuffle_batch_order=False))
+    base = run_loop.run(file_config(one_hot))
+    unshuffled = run_loop.run(file_config(one_hot, shuffle_batch_order=False))
     assert unshuffled["logloss"] != base["logloss"]
-    assert main.run(file_config(one_hot, shuffle_batch_order=False))["logloss"] == unshuffled["logloss"]
-    partial = main.run(file_config(one_hot, batch_size=100, train_last_partial_batch=True))
-    assert partial["steps"] == 16 and main.run(file_config(one_hot, batch_size=100))["steps"] == 15
+    assert run_loop.run(file_config(one_hot, shuffle_batch_order=False))["logloss"] == unshuffled["logloss"]
+    partial = run_loop.run(file_config(one_hot, batch_size=100, train_last_partial_batch=True))
+    assert partial["steps"] == 16 and run_loop.run(file_config(one_hot, batch_size=100))["steps"] == 15
 
 
 def test_eval_mapping_and_last_partial_batch(one_hot):
     for valid_batch_size in (500, 128, 333):
-        assert main.run(file_config(one_hot, max_steps=2, valid_batch_size=valid_batch_size))["samples"] == 500
+        assert run_loop.run(file_config(one_hot, max_steps=2, valid_batch_size=valid_batch_size))["samples"] == 500
     with pytest.raises(ConfigError, match="--eval_mapping=validation: the feature spec has no such mapping"):
         file_config(one_hot, eval_mapping="validation")
-    trained = main.run(file_config(one_hot, max_steps=2, train_mapping="test", eval_mapping="train"))
+    trained = run_loop.run(file_config(one_hot, max_steps=2, train_mapping="test", eval_mapping="train"))
     assert trained["samples"] == ROWS
 
 
 def test_checkpoint_refuses_another_dataset(one_hot, multi_hot, tmp_path):
     ck = str(tmp_path / "ck")
-    main.run(file_config(one_hot, max_steps=2, save_checkpoint_path=ck))
-    assert main.run(file_config(one_hot, mode="eval", restore_checkpoint_path=ck))["samples"] == EVAL_ROWS
+    run_loop.run(file_config(one_hot, max_steps=2, save_checkpoint_path=ck))
+    assert run_loop.run(file_config(one_hot, mode="eval", restore_checkpoint_path=ck))["samples"] == EVAL_ROWS
     with pytest.raises(CheckpointError, match=r"written with max_hotness=\[None, None, None, None\], this run has "
                                               r"max_hotness=\[3, None, None, 2\]"):
-        main.run(file_config(multi_hot, mode="eval", restore_checkpoint_path=ck))
+        run_loop.run(file_config(multi_hot, mode="eval", restore_checkpoint_path=ck))
 
 
 def test_empty_eval_mapping_trains_saves_and_says_no_evaluation(tmp_path, capsys):
     """A 0-row test mapping (preproc.criteo --test_fraction=0 on a new day): training runs without
     evaluation and says so at start-up; evaluating or timing it is refused in one line."""
     empty, ck = write_dataset(tmp_path / "data", eval_rows=0), str(tmp_path / "ck")
-    result = main.run(file_config(empty, save_checkpoint_path=ck))
+    result = run_loop.run(file_config(empty, save_checkpoint_path=ck))
     lines = capsys.readouterr().out.splitlines()
     assert "the 'test' mapping (--eval_mapping) has no rows: training without evaluation" in lines
     assert not any(line.startswith("eval at") for line in lines)
@@ -111,7 +111,7 @@ def test_empty_eval_mapping_trains_saves_and_says_no_evaluation(tmp_path, capsys
     assert checkpoint.read_manifest(ck)["step"] == 12
     for mode, verb in (("eval", "evaluate"), ("inference", "time")):
         with pytest.raises(ConfigError, match=f"^--eval_mapping=test: the mapping has no rows; nothing to {verb}$"):
-            main.run(file_config(empty, mode=mode, restore_checkpoint_path=ck))
+            run_loop.run(file_config(empty, mode=mode, restore_checkpoint_path=ck))
 
 
 def test_final_checkpoint_is_written_before_the_final_evaluation(one_hot, tmp_path, monkeypatch):
@@ -123,7 +123,7 @@ def test_final_checkpoint_is_written_before_the_final_evaluation(one_hot, tmp_pa
     ck = str(tmp_path / "ck")
     monkeypatch.setattr(nn.evaluator, "evaluate", failing)
     with pytest.raises(RuntimeError, match="evaluation failed"):
-        main.run(file_config(one_hot, save_checkpoint_path=ck, evals_per_epoch=0))
+        run_loop.run(file_config(one_hot, save_checkpoint_path=ck, evals_per_epoch=0))
     assert checkpoint.read_manifest(ck)["step"] == 12
 
 
@@ -133,15 +133,15 @@ def test_continue_on_new_data_equals_one_run_over_both_days(one_hot, tmp_path):
     days = write_days(tmp_path / "days")
     flags = dict(shuffle_batch_order=False, decay_steps=30)
     ck, ref = str(tmp_path / "ck"), str(tmp_path / "ref")
-    both = main.run(file_config(days, train_mapping="both", save_checkpoint_path=ref, **flags))
-    main.run(file_config(days, train_mapping="day1", save_checkpoint_path=ck, **flags))
+    both = run_loop.run(file_config(days, train_mapping="both", save_checkpoint_path=ref, **flags))
+    run_loop.run(file_config(days, train_mapping="day1", save_checkpoint_path=ck, **flags))
     with pytest.raises(ConfigError, match="resume: .* was trained with train_mapping=day1, this run has "
                                           "train_mapping=day2; .* --restore_mode=continue"):
-        main.run(file_config(days, train_mapping="day2", restore_checkpoint_path=ck, **flags))
+        run_loop.run(file_config(days, train_mapping="day2", restore_checkpoint_path=ck, **flags))
     with pytest.raises(ConfigError, match=f"trained with feature_spec={os.path.realpath(days)}/{SPEC_FILE}, this run "
                                           f"has feature_spec={os.path.realpath(one_hot)}/{SPEC_FILE}"):
-        main.run(file_config(one_hot, restore_checkpoint_path=ck, **flags))
-    day2 = main.run(file_config(days, train_mapping="day2", restore_checkpoint_path=ck, save_checkpoint_path=ck,
+        run_loop.run(file_config(one_hot, restore_checkpoint_path=ck, **flags))
+    day2 = run_loop.run(file_config(days, train_mapping="day2", restore_checkpoint_path=ck, save_checkpoint_path=ck,
                                 restore_mode="continue", restore_lr_schedule="continue", **flags))
     assert day2["steps"] == both["steps"] == 24 and day2["auc"] == both["auc"]
     manifest = checkpoint.read_manifest(ck)
@@ -153,10 +153,10 @@ def test_continue_on_new_data_equals_one_run_over_both_days(one_hot, tmp_path):
 
 
 def test_multi_hot_combiner_changes_training(multi_hot, one_hot):
-    summed = main.run(file_config(multi_hot))
+    summed = run_loop.run(file_config(multi_hot))
     assert summed["steps"] == 12 and np.isfinite(summed["logloss"])
-    assert main.run(file_config(multi_hot, multi_hot_combiner="sum"))["logloss"] == summed["logloss"]
-    assert main.run(file_config(multi_hot, multi_hot_combiner="mean"))["logloss"] != summed["logloss"]
+    assert run_loop.run(file_config(multi_hot, multi_hot_combiner="sum"))["logloss"] == summed["logloss"]
+    assert run_loop.run(file_config(multi_hot, multi_hot_combiner="mean"))["logloss"] != summed["logloss"]
     with pytest.raises(ConfigError, match="--multi_hot_combiner only applies to multi-hot features"):
         file_config(one_hot, multi_hot_combiner="mean")
 
@@ -174,7 +174,7 @@ def test_feature_spec_is_a_name_in_the_dataset_directory_or_an_absolute_path(one
     (tmp_path / SPEC_FILE).write_text("not: a spec\n")   # decoys in the current directory
     (tmp_path / "other.yaml").write_text("not: a spec\n")
     assert file_config(one_hot, feature_spec=SPEC_FILE).data.cardinalities == CARDS
-    result = main.run(file_config(one_hot, feature_spec="other.yaml", eval_mapping="holdout", max_steps=2))
+    result = run_loop.run(file_config(one_hot, feature_spec="other.yaml", eval_mapping="holdout", max_steps=2))
     assert result["steps"] == 2 and result["samples"] == EVAL_ROWS
     assert file_config(one_hot, feature_spec=os.path.join(one_hot, "other.yaml"), eval_mapping="holdout")
     with pytest.raises(ConfigError, match=f"cannot read the feature spec {one_hot}/missing.yaml"):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import main
+import run.loop as run_loop
 from deployment.exporter.repository import ExportError, write_delta_repository, write_repository
 from deployment.repository_format import export_version, read_delta
 from storage import checkpoint
@@ -26,7 +26,7 @@ def train(tmp_path, name, steps, restore="", mode="continue", seed=5, **flags):
     cfg = tiny_config(synthetic_cardinalities=CARDS, save_checkpoint_path=str(tmp_path / name), max_steps=steps,
                       evals_per_epoch=0, seed=seed, restore_checkpoint_path=restore,
                       **({"restore_mode": mode} if restore else {}), **flags)
-    main.run(cfg)
+    run_loop.run(cfg)
     return str(tmp_path / name)
 
 
@@ -114,7 +114,7 @@ def test_deltas_that_do_not_apply_are_refused(days):
     assert not any(p.name.startswith(("backwards", "branch_delta", "weights_delta", ".")) for p in tmp.iterdir())
     other = tiny_config(synthetic_cardinalities=["3000", "5000", "7", "401"], save_checkpoint_path=str(tmp / "other"),
                         max_steps=2, evals_per_epoch=0)
-    main.run(other)
+    run_loop.run(other)
     with pytest.raises(ExportError, match="another model"):
         write_delta_repository(str(tmp / "other"), str(tmp / "other_delta"), repos[0])
     result = subprocess.run([sys.executable, "deployment/deploy.py", f"--checkpoint={ckpts[0]}",

@@ -13,7 +13,7 @@ import tensorflow as tf
 from google.protobuf import text_format
 from tensorflow.core.protobuf import saved_model_pb2
 
-import main
+import run.loop as run_loop
 from dataloading.batches import RankInput, eval_batches
 from deployment.repository_format import PAD, ServingLayout, categorical_matrix
 from tests.configs import TINY, tiny_config
@@ -45,7 +45,7 @@ def deploy(*args):
 def reference(cfg, checkpoint, rows):
     """The training-time model restored from `checkpoint`: (eval batch of `rows` rows, its logits)."""
     restored = dataclasses.replace(cfg.checkpoints, restore_checkpoint_path=checkpoint, save_checkpoint_path="")
-    r = main.Run(dataclasses.replace(cfg, mode="eval", checkpoints=restored))
+    r = run_loop.Run(dataclasses.replace(cfg, mode="eval", checkpoints=restored))
     batch = next(eval_batches(r.dataset, RankInput.single_process(cfg.data.num_categorical), rows=rows, batch_size=rows))
     categorical = [c if h is None else tf.RaggedTensor.from_row_splits(c.values, c.row_splits)
                    for c, h in zip(batch["categorical"], cfg.data.max_hotness)]
@@ -85,7 +85,7 @@ def check_round_trip(cfg, checkpoint, tmp_path, rows=300):
 
 def test_dlrm_export_round_trip(tmp_path):
     cfg = tiny_config(save_checkpoint_path=str(tmp_path / "ckpt"), max_steps=10)
-    main.run(cfg)
+    run_loop.run(cfg)
     info, layout = check_round_trip(cfg, str(tmp_path / "ckpt"), tmp_path)
     assert info["models"] == ["m", "m_dense", "m_sparse"] and info["step"] == 10
     assert info["host_tables"] == [0, 1, 3] and layout.categorical_width == 4   # bytes 640, 1600, 224, 960
@@ -145,7 +145,7 @@ def test_out_of_range_ids_fail_naming_the_feature(tmp_path):
     from deployment.exporter.saved_models import serving_modules
     from storage.checkpoint import read_manifest
     cfg = tiny_config(save_checkpoint_path=str(tmp_path / "ckpt"), max_steps=2)
-    main.run(cfg)
+    run_loop.run(cfg)
     manifest = read_manifest(str(tmp_path / "ckpt"))
     serve = serving_modules(manifest, 1 << 30)["monolithic"].serve
     numerical = tf.zeros([2, 3])
@@ -162,7 +162,7 @@ def test_deploy_errors_are_one_line(tmp_path):
     (tmp_path / "repo").mkdir()
     (tmp_path / "repo" / "keep").write_text("x")
     cfg = tiny_config(save_checkpoint_path=str(tmp_path / "ckpt"), max_steps=2)
-    main.run(cfg)
+    run_loop.run(cfg)
     exists = deploy(f"--checkpoint={tmp_path / 'ckpt'}", f"--output={tmp_path / 'repo'}")
     assert exists.returncode == 2 and exists.stderr.strip().splitlines() == [
         f"error: {tmp_path / 'repo'} already exists; pass --overwrite to replace it"]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import main
+import run.loop as run_loop
 import nn.interaction as interaction
 from nn.interaction import DotInteraction, dot_interaction_width
 from tests.configs import tiny_config
@@ -176,7 +176,7 @@ def test_training_uses_the_op_and_matches_tensorflow():
     cfg = tiny_config(max_steps=6, evals_per_epoch=0)
     runs = []
     for kernel in ("auto", "tf"):
-        r = main.Run(cfg)
+        r = run_loop.Run(cfg)
         if kernel == "tf":
             r.model.interaction._op = None
         assert (r.model.interaction._op is dot_based_interact) == (kernel == "auto")
@@ -193,13 +193,13 @@ def test_fallback_warns_once_and_trains(op_missing, capsys):
     assert err.count("warning:") == 1 and len(err.strip().splitlines()) == 1
     assert "dot interaction op cannot load" in err and "TensorFlow implementation" in err
     assert all(layer._op is None for layer in layers)
-    result = main.run(tiny_config(max_steps=10, evals_per_epoch=0, learning_rate=0.01))
+    result = run_loop.run(tiny_config(max_steps=10, evals_per_epoch=0, learning_rate=0.01))
     assert np.isfinite(result["logloss"]) and result["steps"] == 10
 
 
 def test_dot_custom_without_the_library_is_a_config_error(op_missing):
     with pytest.raises(ConfigError, match="--interaction=dot_custom: the dot interaction op cannot load"):
-        main.run(tiny_config(interaction="dot_custom", max_steps=2))
+        run_loop.run(tiny_config(interaction="dot_custom", max_steps=2))
 
 
 def test_dot_custom_cli_error_line(tmp_path):
@@ -276,9 +276,9 @@ def test_dot_custom_with_xla_is_a_config_error():
 
 def test_checkpoints_move_between_dot_and_dot_custom(tmp_path):
     ckpt = str(tmp_path / "ckpt")
-    trained = main.run(tiny_config(interaction="dot_custom", max_steps=4, evals_per_epoch=0,
+    trained = run_loop.run(tiny_config(interaction="dot_custom", max_steps=4, evals_per_epoch=0,
                                    save_checkpoint_path=ckpt))
-    evaluated = main.run(tiny_config(mode="eval", interaction="dot", restore_checkpoint_path=ckpt))
+    evaluated = run_loop.run(tiny_config(mode="eval", interaction="dot", restore_checkpoint_path=ckpt))
     assert evaluated["auc"] == pytest.approx(trained["auc"], abs=1e-6)
 
 
@@ -299,7 +299,7 @@ def test_saved_model_serves_without_the_op(tmp_path):
     """The model trained with the op, exported by deployment/ (the monolithic SavedModel), runs
     in a process that cannot load the op library."""
     from deployment.exporter.repository import write_repository
-    r = main.Run(tiny_config(save_checkpoint_path=str(tmp_path / "ckpt")))
+    r = run_loop.Run(tiny_config(save_checkpoint_path=str(tmp_path / "ckpt")))
     r.train()   # trained with the op
     assert r.model.interaction._op is dot_based_interact
     write_repository(str(tmp_path / "ckpt"), str(tmp_path / "repo"), "dlrm", forms=("monolithic",))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import main
+import run.loop as run_loop
 from deployment.client import ServingClient, free_ports
 from deployment.exporter.deltas import write_delta
 from deployment.exporter.repository import write_repository
@@ -40,7 +40,7 @@ def exports(tmp_path_factory):
                             save_checkpoint_path=str(tmp / "ckpt")),
                        present={"dataset_type", "dataset_path", "epochs", "max_steps", "save_checkpoint_path",
                                 "checkpoint_every_n_steps", "keep_checkpoints", "multi_hot_combiner"})
-    main.run(cfg)
+    run_loop.run(cfg)
     checkpoints = {int(re.match(r"ckpt-(\d+)", d).group(1)): str(tmp / "ckpt" / d)
                    for d in os.listdir(tmp / "ckpt") if d.startswith("ckpt-")}
     assert sorted(checkpoints) == list(STEPS)

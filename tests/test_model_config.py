@@ -1,5 +1,5 @@
 """ModelConfig and the checkpoint signature made of it: manifests written before it existed read."""
-import main
+import run.assembly as run_assembly
 from nn.model_config import ModelConfig, TableConfig
 from tests.configs import tiny_config
 
@@ -17,7 +17,7 @@ def test_runs_write_the_signature_they_wrote_before():
                                ({"interaction": "dot_tensorflow"}, DOT),
                                ({"interaction": "cross", "optimizer": "sgd"}, CROSS)):
         cfg = tiny_config(**overrides)
-        assert main.model_config(cfg).signature(cfg.training.optimizer) == written, overrides
+        assert run_assembly.model_config(cfg).signature(cfg.training.optimizer) == written, overrides
 
 
 def test_old_signatures_read_back_unchanged():

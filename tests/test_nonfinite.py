@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import main
+import run.loop as run_loop
 from dataloading.batches import epoch_order
 from dataloading.feature_spec import SPEC_FILE, FeatureSpec
 from dataloading.split_binary import SplitBinaryDataset
@@ -47,7 +47,7 @@ def test_a_nan_numerical_stops_training_at_its_batch_naming_file_and_row(clean, 
     root = str(tmp_path / "ckpt")
     cfg = file_config(path, save_checkpoint_path=root, checkpoint_every_n_steps=2)
     with pytest.raises(DatasetError) as info:
-        main.run(cfg)
+        run_loop.run(cfg)
     assert str(info.value) == f"{path}/train/numerical.bin: feature 'n1', row 700: numerical values must be finite, got nan"
     bad_step = int(np.flatnonzero(epoch_order(cfg.seed, 0, ROWS // BATCH) == 700 // BATCH)[0])   # steps before it
     assert bad_step >= 2   # (seed 5: 5) so that there is a checkpoint to keep

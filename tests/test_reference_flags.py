@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-import main
+import run.loop as run_loop
 from tests.test_cli import SCRIPT_ARGS, TINY, TINY_STEPS, config, read_log, run_script, train
 from run.config import build_config
 from utils.errors import ConfigError
@@ -37,20 +37,20 @@ def test_bad_values_are_refused_naming_the_flag(overrides, world_size, message):
 def test_loss_scale_on_the_cpu_is_refused():
     """--amp on the CPU computes in bfloat16, which has float32's range: no loss scaling."""
     with pytest.raises(ConfigError, match="--loss_scale applies to float16 AMP.*bfloat16"):
-        main.Run(config(amp=True, loss_scale=256.0))
+        run_loop.Run(config(amp=True, loss_scale=256.0))
 
 
 def test_loss_scale_is_the_static_float16_scale(monkeypatch):
     import tensorflow as tf
     import nn.trainer
     monkeypatch.setattr(nn.trainer, "amp_dtype", lambda: tf.float16)   # as on a GPU
-    r = main.Run(config(amp=True, loss_scale=256.0, max_steps=4))
+    r = run_loop.Run(config(amp=True, loss_scale=256.0, max_steps=4))
     assert r.trainer.loss_scale.static == 256.0
     result = r.train()
     r.log.close()
     assert result["steps"] == 4 and np.isfinite(result["logloss"])
     assert float(r.trainer.loss_scale.value.numpy()) == 256.0
-    dynamic = main.Run(config(amp=True, max_steps=4))
+    dynamic = run_loop.Run(config(amp=True, max_steps=4))
     assert dynamic.trainer.loss_scale.static is None
     dynamic.log.close()
 
@@ -59,7 +59,7 @@ def test_loss_scale_is_the_static_float16_scale(monkeypatch):
 # --embedding_trainable, --embedding_zeros_initializer
 
 def test_embedding_trainable_false_freezes_the_tables_only():
-    r = main.Run(config(embedding_trainable=False))
+    r = run_loop.Run(config(embedding_trainable=False))
     tables = [v.numpy().copy() for v in r.model.table_variables]
     dense = [v.numpy().copy() for v in r.model.dense_variables]
     result = r.train()
@@ -74,7 +74,7 @@ def test_embedding_trainable_false_freezes_the_tables_only():
 
 
 def test_embedding_zeros_initializer():
-    zeros, default = main.Run(config(embedding_zeros_initializer=True)), main.Run(config())
+    zeros, default = run_loop.Run(config(embedding_zeros_initializer=True)), run_loop.Run(config())
     for r in (zeros, default):
         r.log.close()
     assert all(not np.any(v.numpy()) for v in zeros.model.table_variables)

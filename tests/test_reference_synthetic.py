@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-import main
+import run.loop as run_loop
 from dataloading.feature_spec import SPEC_FILE, FeatureSpec, split_binary_spec
 from dataloading.generate_dataset import generate
 from dataloading.split_binary import RaggedIds, SplitBinaryDataset
@@ -85,9 +85,9 @@ def multi_hot_files(tmp_path_factory):
 
 
 def test_synthetic_hotness_trains_exactly_like_the_multi_hot_files(multi_hot_files):
-    synthetic = main.run(config(synthetic_dataset_hotness=["3", "1", "1", "2"], synthetic_dataset_train_batches=12,
+    synthetic = run_loop.run(config(synthetic_dataset_hotness=["3", "1", "1", "2"], synthetic_dataset_train_batches=12,
                                 synthetic_dataset_valid_batches=1))
-    files = main.run(build_config(dict(TINY, **SCHEDULE, dataset_type="split_binary", dataset_path=multi_hot_files),
+    files = run_loop.run(build_config(dict(TINY, **SCHEDULE, dataset_type="split_binary", dataset_path=multi_hot_files),
                                   present={"dataset_type", "dataset_path"}))
     assert synthetic["steps"] == files["steps"] == 12 and synthetic["samples"] == files["samples"] == 500
     assert synthetic["auc"] == files["auc"] and synthetic["logloss"] == files["logloss"]

@@ -18,7 +18,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-import main
+import run.loop as run_loop
 from deployment.client import ServingClient, error_line, free_ports, open_eval_data, request_batches
 from tests.configs import TINY
 from tests.horovod_run import ROOT
@@ -65,7 +65,7 @@ def trained(tmp_path_factory):
     cfg = build_config(dict(TINY, dataset_type="split_binary", dataset_path=data, max_steps=8,
                             save_checkpoint_path=str(tmp / "ckpt")),
                        present={"dataset_type", "dataset_path", "max_steps", "save_checkpoint_path"})
-    main.run(cfg)
+    run_loop.run(cfg)
     exported = script("deploy.py", f"--checkpoint={tmp / 'ckpt'}", f"--output={tmp / 'repo'}", "--forms=monolithic",
                       f"--max_batch_size={MAX_BATCH}", "--instance_kind=cpu")
     assert exported.returncode == 0, exported.stderr[-3000:]
@@ -113,7 +113,7 @@ def test_served_predictions_equal_the_training_time_model(served, protocol):
 def test_evaluate_accuracy_equals_offline_evaluation(served, protocol, tmp_path):
     cfg, checkpoint, data, ports, _ = served
     restored = dataclasses.replace(cfg.checkpoints, restore_checkpoint_path=checkpoint, save_checkpoint_path="")
-    offline = main.run(dataclasses.replace(cfg, mode="eval", checkpoints=restored,
+    offline = run_loop.run(dataclasses.replace(cfg, mode="eval", checkpoints=restored,
                                            evaluation=dataclasses.replace(cfg.evaluation, valid_batch_size=128)))
     url = f"localhost:{ports[0 if protocol == 'http' else 1]}"
     result = script("evaluate_accuracy.py", *data_flags(data), f"--protocol={protocol}", f"--url={url}",

@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 import yaml
 
-import main
+import run.loop as run_loop
 from dataloading.batches import RankInput, eval_batches, train_batches
 from dataloading.feature_spec import SPEC_FILE, FeatureSpec, split_binary_spec
 from dataloading.split_binary import RaggedIds, SplitBinaryDataset
@@ -272,7 +272,7 @@ def tfr_config(path, **overrides):
 
 def test_training_on_tfrecords_equals_training_on_split_binary_and_tf_raw(both):
     binary, tfr = both
-    runs = {t: main.run(tfr_config(p, dataset_type=t))
+    runs = {t: run_loop.run(tfr_config(p, dataset_type=t))
             for t, p in (("split_binary", binary), ("tf_raw", binary), ("split_tfrecords", tfr))}
     assert tfr_config(binary, dataset_type="tf_raw").data.dataset_type == "split_binary"
     assert runs["split_tfrecords"]["steps"] == 10 and runs["split_tfrecords"]["samples"] == 300

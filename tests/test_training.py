@@ -1,7 +1,7 @@
 """A planted-signal run learns: AUC lift over 0.5 reaches 90% of the ground-truth oracle's."""
 import pytest
 
-import main
+import run.loop as run_loop
 from tests.configs import tiny_config
 
 PLANTED = dict(synthetic_cardinalities=["10", "20", "50", "100", "20", "50", "10", "5"], synthetic_num_numerical=13,
@@ -14,7 +14,7 @@ PLANTED = dict(synthetic_cardinalities=["10", "20", "50", "100", "20", "50", "10
 @pytest.mark.parametrize("interaction", ["dot", "cross"])
 def test_planted_signal_reaches_most_of_the_oracle_lift(interaction):
     extra = dict(interaction=interaction, num_cross_layers=2, cross_layer_projection_dim=0) if interaction == "cross" else {}
-    result = main.run(tiny_config(**PLANTED, **extra))
+    result = run_loop.run(tiny_config(**PLANTED, **extra))
     assert result["steps"] == 400 and result["samples"] == 20000
     assert result["oracle_auc"] > 0.78
     assert result["auc"] - 0.5 >= 0.9 * (result["oracle_auc"] - 0.5), result
