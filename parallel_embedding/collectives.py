@@ -55,7 +55,7 @@ class SingleProcess:
 
     def failure(self, error: BaseException) -> Optional[str]:
         """One line describing `error` if it is a failed collective (another rank died, hung or
-        became unreachable), else None."""
+        became unreachable), else None; it names the lost rank first where that can be known."""
         return None
 
 
@@ -117,23 +117,33 @@ class HorovodCollectives(SingleProcess):
         lines = [line.strip() for line in text.splitlines() if line.strip()] or [type(error).__name__]
         why = reason.group(1) if reason else next((line.split(". ")[0] for line in lines if "Horovod" in line),
                                                   lines[0])
-        host = socket.gethostname()
-        dead = [f"rank {r} (process {pid} on this host) has exited" for r, (h, pid) in enumerate(self._processes)
-                if h == host and r != self.rank and _process_gone(pid)]
-        return (f"rank {self.rank} of {self.size}: {where} failed ({why}): " + (", ".join(dead) or
-                "another rank died, hung or became unreachable ("
-                "HOROVOD_GLOO_TIMEOUT_SECONDS bounds the wait)"))
+        return f"{self._lost_ranks()}; rank {self.rank} saw {where} fail ({why})"
+
+    def _lost_ranks(self) -> str:
+        """Which rank was lost: this host's other ranks whose process has exited or is stopped; else,
+        at 2 ranks, the other one (the only peer there is); else an unnamed peer rank."""
+        host, lost = socket.gethostname(), []
+        for r, (h, pid) in enumerate(self._processes):
+            state = _process_state(pid) if h == host and r != self.rank else None
+            if state:
+                lost.append(f"rank {r} of {self.size} {state} (process {pid} on this host)")
+        if lost:
+            return ", ".join(lost)
+        peer = f"rank {1 - self.rank} of 2" if self.size == 2 else "a peer rank"
+        return f"{peer} died, hung or became unreachable (HOROVOD_GLOO_TIMEOUT_SECONDS bounds the wait)"
 
 
-def _process_gone(pid: int) -> bool:
-    """True when process `pid` of this host has exited (a zombie counts as exited)."""
+def _process_state(pid: int) -> Optional[str]:
+    """'has exited' (a zombie counts as exited) or 'is stopped' (SIGSTOP, a debugger) for process
+    `pid` of this host, else None (running, or no procfs to tell)."""
     if not os.path.isdir("/proc/self"):
-        return False   # no procfs: cannot tell
+        return None
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+            state = f.read().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
-        return True
+        return "has exited"
+    return {"Z": "has exited", "X": "has exited", "T": "is stopped", "t": "is stopped"}.get(state)
 
 
 def use_one_gpu(local_rank: int):
