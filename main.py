@@ -12,6 +12,7 @@ from absl import app
 from run import flags as run_flags
 from utils import preemption
 from utils.errors import CheckpointError, ConfigError, NonFiniteError, StoreError
+from utils.tensorflow_startup import import_tensorflow
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -28,6 +29,7 @@ def main(argv):
 
 
 def _main(F):
+    import_tensorflow()   # first, so that its start-up lines honour TF_CPP_MIN_LOG_LEVEL
     from parallel_embedding.collectives import make_collectives
     from run.runtime import configure_tensorflow
     try:   # before the collectives: their first op starts TensorFlow, and they pick a GPU

@@ -138,6 +138,32 @@ def test_entry_point_trains_with_its_model_defaults(script, line, params, last_l
     assert re.search(r"eval at step 4: auc 0\.\d+", proc.stdout), proc.stdout
 
 
+TF_START_UP_LINES = ("oneDNN custom operations are on", "Could not find cuda drivers",
+                     "All log messages before absl::InitializeLog()")
+
+
+@pytest.mark.parametrize("level", ["0", "3"])
+def test_tensorflow_start_up_lines_at_most_once_and_none_at_a_level_above_0(level):
+    """TensorFlow's two libraries each logged them, through absl, which ignores the level."""
+    proc = subprocess.run([sys.executable, "dlrm.py", "--mode=train", *SCRIPT_ARGS], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL=level))
+    assert proc.returncode == 0, proc.stderr
+    for text in TF_START_UP_LINES:
+        assert proc.stderr.count(text) <= (1 if level == "0" else 0), proc.stderr
+
+
+def test_tensorflow_start_up_filter_keeps_errors_and_other_lines():
+    from utils.tensorflow_startup import keep
+    info = "I0000 00:00:1795710367.056414   27486 port.cc:153] oneDNN custom operations are on."
+    warning = "W0000 00:00:1795710367.056414   27486 x.cc:1] a warning"
+    error = "E0000 00:00:1795710367.056414   27486 cuda_platform.cc:52] failed call to cuInit"
+    seen = set()
+    assert [keep(line, 1, seen) for line in (info, warning, error, error, "Traceback (most recent call last):")] == [
+        False, True, True, False, True]
+    assert [keep(line, 3, set()) for line in (info, warning, error)] == [False, False, True]
+    assert [keep(line, 0, seen) for line in (info, info.replace("367.05", "368.25"))] == [True, False]
+
+
 # --------------------------------------------------------------------------------------------
 # Logging and stdout.
 
