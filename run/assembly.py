@@ -20,6 +20,11 @@ from storage import checkpoint
 from utils.errors import ConfigError
 from utils.logger import RunLogger
 
+# Why a dataset's cardinalities differ from a checkpoint's: its vocabularies were built afresh.
+VOCABULARY_HINT = ("the data's vocabularies differ from the checkpoint's: preprocess new data with "
+                   "--vocab_from=<the earlier dataset> (docs/continuous_training.md, "
+                   "'The same ids every day')")
+
 
 def model_config(cfg: RunConfig) -> ModelConfig:
     """The model `cfg` describes."""
@@ -147,7 +152,8 @@ class Assembly:
         signature = self.model_config.signature(optimizer=None if weights_only else cfg.training.optimizer)
         checkpoint.restore(path, self.trainer.checkpoint_entries(weights_only), signature,
                            self.trainer.checkpoint_names(weights_only), extra_ok=weights_only,
-                           optional=self.trainer.optional_names(), verify=not ck.skip_checkpoint_checksums)
+                           optional=self.trainer.optional_names(), verify=not ck.skip_checkpoint_checksums,
+                           hints={} if cfg.data.dataset_type == "synthetic" else {"cardinalities": VOCABULARY_HINT})
         self.start_step = int(self.trainer.step.numpy())
         restart = mode == "continue" and ck.restore_lr_schedule == "restart"
         self.trainer.schedule_origin.assign(self.start_step if restart else saved.get("schedule_origin", 0))
