@@ -99,14 +99,14 @@ def train_batches(dataset, view: RankInput, *, rows: int, batch_size: int, seed:
         yield batch
 
 
-def eval_batches(dataset, view: RankInput, *, rows: int, batch_size: int) -> Iterator[dict]:
-    """Every evaluation sample in order, in batches of `batch_size`; the last one is padded to a
-    multiple of N, and "valid" counts this rank's real rows."""
+def eval_batches(dataset, view: RankInput, *, rows: int, batch_size: int, split: str = "eval") -> Iterator[dict]:
+    """Every sample of `split` (default the evaluation rows) in order, in batches of `batch_size`;
+    the last one is padded to a multiple of N, and "valid" counts this rank's real rows."""
     for start in range(0, rows, batch_size):
         size = min(batch_size, rows - start)
         padded = -(-size // view.size) * view.size
         b = padded // view.size
-        batch = rank_batch(dataset, "eval", start, padded, view, end=rows)
+        batch = rank_batch(dataset, split, start, padded, view, end=rows)
         batch["valid"] = min(max(size - view.rank * b, 0), b)
         yield batch
 

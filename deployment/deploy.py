@@ -43,6 +43,8 @@ flags.DEFINE_float("host_table_mb", 4096.0, "embedding tables larger than this (
                    "and gathered on the CPU; the others go with the model's instances")
 flags.DEFINE_string("delta_from", None, "write a delta against this earlier export (a model repository or a delta "
                     "written by deploy.py) instead of a full export: the rows updated since it, and the dense model")
+flags.DEFINE_bool("skip_checkpoint_checksums", False, "export without verifying the checksums of the checkpoint's "
+                  "pieces (faster; a piece changed on disk then goes unnoticed)")
 flags.DEFINE_bool("overwrite", False, "replace an existing --output (once the new repository is complete)")
 flags.mark_flags_as_required(["checkpoint", "output"])
 FLAGS = flags.FLAGS
@@ -76,18 +78,23 @@ def export():
                                   "model)")
             start = time.perf_counter()
             info = write_delta_repository(FLAGS.checkpoint, FLAGS.output, FLAGS.delta_from, FLAGS.model_name,
-                                          FLAGS.overwrite)
-            print(delta_summary(info, FLAGS.output, time.perf_counter() - start))
+                                          FLAGS.overwrite, verify=not FLAGS.skip_checkpoint_checksums)
+            print(delta_summary(info, FLAGS.output, time.perf_counter() - start) + unverified())
             return
         settings = settings_from_flags()
         limit = default_tables_limit() if FLAGS.max_tables_in_memory_gb is None else \
             int(FLAGS.max_tables_in_memory_gb * 2 ** 30)
         info = write_repository(FLAGS.checkpoint, FLAGS.output, FLAGS.model_name, settings, FLAGS.host_table_mb,
-                                FLAGS.forms, FLAGS.overwrite, limit)
+                                FLAGS.forms, FLAGS.overwrite, limit, verify=not FLAGS.skip_checkpoint_checksums)
     except (RepositoryError, CheckpointError) as e:   # ExportError and DeltaError among them
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    print(summary(info, FLAGS.output, chosen=FLAGS.forms is None, limit=limit))
+    print(summary(info, FLAGS.output, chosen=FLAGS.forms is None, limit=limit) + unverified())
+
+
+def unverified() -> str:
+    """What the summary line adds when the checkpoint's checksums were not verified."""
+    return "; checkpoint not verified: --skip_checkpoint_checksums" if FLAGS.skip_checkpoint_checksums else ""
 
 
 def delta_summary(info: dict, out: str, seconds: float) -> str:

@@ -20,6 +20,11 @@ from storage import checkpoint
 from utils.errors import ConfigError
 from utils.logger import RunLogger
 
+# Why a dataset's cardinalities differ from a checkpoint's: its vocabularies were built afresh.
+VOCABULARY_HINT = ("the data's vocabularies differ from the checkpoint's: preprocess new data with "
+                   "--vocab_from=<the earlier dataset> (docs/continuous_training.md, "
+                   "'The same ids every day')")
+
 
 def model_config(cfg: RunConfig) -> ModelConfig:
     """The model `cfg` describes."""
@@ -33,9 +38,13 @@ def model_config(cfg: RunConfig) -> ModelConfig:
 
 
 def dataset_request(cfg: RunConfig) -> types.SimpleNamespace:
-    """What dataloading.open.open_dataset reads, flat (as deployment/client.py gives it too)."""
+    """What dataloading.open.open_dataset reads, flat (as deployment/client.py gives it too); the
+    "validation" mapping is asked for with --keep_best_checkpoint (it chooses the best on it)."""
     data = cfg.data
-    return types.SimpleNamespace(mode=cfg.mode, seed=cfg.seed, batch_size=cfg.training.batch_size, **{
+    validation = "validation" if cfg.checkpoints.keep_best_checkpoint and \
+        "validation" not in (data.train_mapping, data.eval_mapping) else ""
+    return types.SimpleNamespace(mode=cfg.mode, seed=cfg.seed, batch_size=cfg.training.batch_size,
+                                 validation_mapping=validation, **{
         name: getattr(data, name) for name in ("dataset_type", "cardinalities", "num_numerical", "max_hotness",
                                                "synthetic_alpha", "synthetic_rows", "synthetic_eval_rows",
                                                "train_mapping", "eval_mapping", "feature_spec_path")})
@@ -46,11 +55,13 @@ class Assembly:
     parallel_embedding.collectives object):
 
     log: RunLogger (rank 0 writes); dataset, rows: the dataset and its rows per split ("train",
-    "eval"); evaluating: whether there are evaluation rows; model_config (its `signature`), model
-    (its `embeddings`), trainer (nn.trainer.Trainer's step, predict and checkpoint interface): the
-    built-in model (ModelConfig, RankingModel on the plan of run.runtime.embedding_plan, Trainer)
-    or a model file's (--model: run.user_model.UserModel as model_config and model, UserTrainer);
-    view (RankInput: this rank's share of a batch).
+    "eval", and "validation" with --keep_best_checkpoint where the data has that mapping);
+    evaluating: whether there are evaluation rows; best_split: the split whose AUC
+    --keep_best_checkpoint chooses by ("validation" where it has rows, else "eval");
+    model_config (its `signature`), model (its `embeddings`), trainer (nn.trainer.Trainer's step,
+    predict and checkpoint interface): the built-in model (ModelConfig, RankingModel on the plan of
+    run.runtime.embedding_plan, Trainer) or a model file's (--model: run.user_model.UserModel as
+    model_config and model, UserTrainer); view (RankInput: this rank's share of a batch).
     Training only: steps_per_epoch, total (the training batches of this data the run trains up to),
     data_definition (dataloading.position). start_step (the trainer's global step at the start) and
     data_start (the first training batch of this data) are 0 until `restore`."""
@@ -68,6 +79,7 @@ class Assembly:
             self.log.print(f"validated every value of {cfg.data.feature_spec_path} "
                            f"({', '.join(f'{s} {n:,} rows' for s, n in self.rows.items())})")
         self.evaluating = self.rows["eval"] > 0   # only a training run gets this far without eval rows
+        self.best_split = "validation" if self.rows.get("validation") else "eval"
         if not self.evaluating:
             self.log.print(f"the {cfg.data.eval_mapping!r} mapping (--eval_mapping) has no rows: training without "
                            "evaluation")
@@ -147,7 +159,8 @@ class Assembly:
         signature = self.model_config.signature(optimizer=None if weights_only else cfg.training.optimizer)
         checkpoint.restore(path, self.trainer.checkpoint_entries(weights_only), signature,
                            self.trainer.checkpoint_names(weights_only), extra_ok=weights_only,
-                           optional=self.trainer.optional_names(), verify=not ck.skip_checkpoint_checksums)
+                           optional=self.trainer.optional_names(), verify=not ck.skip_checkpoint_checksums,
+                           hints={} if cfg.data.dataset_type == "synthetic" else {"cardinalities": VOCABULARY_HINT})
         self.start_step = int(self.trainer.step.numpy())
         restart = mode == "continue" and ck.restore_lr_schedule == "restart"
         self.trainer.schedule_origin.assign(self.start_step if restart else saved.get("schedule_origin", 0))

@@ -80,9 +80,10 @@ class CheckpointPolicy:
         preemption.stop(signum, f"after step {step}: saved checkpoint {self.saved[1]} (resume: the same command "
                                 f"with --restore_checkpoint_path={root})", rank0)
 
-    def keep_if_best(self, step: int, data_step: int, auc: float):
-        """--keep_best_checkpoint: a model whose evaluation AUC beats the one ROOT/best records is
-        checkpointed (unless it just was) and ROOT/best names it."""
+    def keep_if_best(self, step: int, data_step: int, auc: float, split: str = "eval"):
+        """--keep_best_checkpoint: a model whose AUC on `split` (the evaluation rows, or
+        "validation") beats the one ROOT/best records is checkpointed (unless it just was) and
+        ROOT/best names it."""
         if not self.settings.keep_best_checkpoint or not auc > self.best_auc:
             return
         if self.saved is None or self.saved[0] != step:
@@ -90,4 +91,5 @@ class CheckpointPolicy:
         if self.parts.comm.rank == 0:
             checkpoint.mark_best(self.settings.save_checkpoint_path, self.saved[1], auc, self.settings.keep_checkpoints)
         self.best_auc = auc
-        self.parts.log.print(f"best checkpoint: {self.saved[1]} (auc {auc:.5f})")
+        on = "" if split == "eval" else f"{split} "
+        self.parts.log.print(f"best checkpoint: {self.saved[1]} ({on}auc {auc:.5f})")

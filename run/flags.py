@@ -63,7 +63,8 @@ flags.DEFINE_float("preemption_grace_s", 120.0, "after SIGTERM or SIGINT in trai
 flags.DEFINE_integer("keep_checkpoints", 2, "checkpoints kept in --save_checkpoint_path: the newest writes (and "
                      "the best, with --keep_best_checkpoint)")
 flags.DEFINE_bool("keep_best_checkpoint", False, "also keep the checkpoint with the best evaluation AUC (named by "
-                  "<save_checkpoint_path>/best); a model that beats it is checkpointed when evaluated")
+                  "<save_checkpoint_path>/best); a model that beats it is checkpointed when evaluated; chosen on "
+                  "the feature spec's validation mapping where it has one (evaluated after each evaluation)")
 flags.DEFINE_string("train_mapping", "train", "the feature spec's source_spec mapping to train on")
 flags.DEFINE_bool("validate_dataset", False, "scan every value of the dataset's files before training "
                   "(ids in range, finite numericals, 0/1 labels, offsets); sizes are always checked")

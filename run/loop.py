@@ -35,26 +35,37 @@ class Run(Assembly):
             self.checkpoints.restored(self.restore(), self.start_step)
         self.trainer.broadcast_replicated()
 
-    def _eval_data(self):
+    def _eval_data(self, split: str):
         d, evaluation = self.dataset, self.cfg.evaluation
-        return prefetched(eval_batches(d, self.view, rows=self.rows["eval"], batch_size=evaluation.valid_batch_size),
-                          d, synchronous=self.cfg.runtime.tfdata_debug)
+        return prefetched(eval_batches(d, self.view, rows=self.rows[split], batch_size=evaluation.valid_batch_size,
+                                       split=split), d, synchronous=self.cfg.runtime.tfdata_debug)
 
-    def evaluate(self, step: int) -> dict:
-        """Evaluates the model (after global step `step`) on the evaluation rows; returns its metrics."""
+    def evaluate(self, step: int, split: str = "eval") -> dict:
+        """Evaluates the model (after global step `step`) on the rows of `split` (default the
+        evaluation rows; "validation"); returns its metrics, printed and logged as that split's."""
         self.trainer.check_finite()
         t0 = time.perf_counter()
-        batches = self.model.embeddings.staged(self._eval_data(), training=False)
+        batches = self.model.embeddings.staged(self._eval_data(split), training=False)
         thresholds = self.cfg.evaluation.auc_thresholds
         metrics = evaluator.evaluate(self.trainer.predict, batches, self.comm, oracle=self.dataset.has_oracle,
                            auc_thresholds=thresholds)
         metrics["seconds"] = time.perf_counter() - t0
         keys = ("auc", "logloss", "oracle_auc") if self.dataset.has_oracle else ("auc", "logloss")
         keys += ("auc_thresholded",) if thresholds else ()
-        self.log.print(f"eval at step {step}: {evaluator.format_metrics(metrics, keys)} | "
+        self.log.print(f"{split} at step {step}: {evaluator.format_metrics(metrics, keys)} | "
                        f"{metrics['samples']:,} samples in {metrics['seconds']:.1f} s")
-        self.log.record("eval", step, **metrics)
+        self.log.record(split, step, **metrics)
         return metrics
+
+    def _keep_if_best(self, step: int, data_step: int, metrics: dict) -> float:
+        """--keep_best_checkpoint after the evaluation of `metrics` (global step `step`, batch
+        `data_step` of this data): chooses by the AUC of `best_split` (the validation rows,
+        evaluated here, where the data has them); returns the seconds that validation took."""
+        if not self.cfg.checkpoints.keep_best_checkpoint:
+            return 0.0
+        chosen_on = self.evaluate(step, "validation") if self.best_split == "validation" else metrics
+        self.checkpoints.keep_if_best(step, data_step, chosen_on["auc"], self.best_split)
+        return chosen_on["seconds"] if chosen_on is not metrics else 0.0
 
     def train(self) -> dict:
         """Trains from the start (or the restored position) to `total`, evaluating --evals_per_epoch
@@ -97,9 +108,9 @@ class Run(Assembly):
                 paused += time.perf_counter() - t0
             if step in evals and step != total:
                 metrics = self.evaluate(step + offset)
-                self.checkpoints.keep_if_best(step + offset, step, metrics["auc"])
-                t_last += metrics["seconds"]
-                paused += metrics["seconds"]
+                seconds = metrics["seconds"] + self._keep_if_best(step + offset, step, metrics)
+                t_last += seconds
+                paused += seconds
             signum = preemption.requested(self.comm, step) if step != total else None
             if signum is not None:
                 self.checkpoints.preempted(signum, step + offset, step)
@@ -110,7 +121,7 @@ class Run(Assembly):
         self.checkpoints.at_end(step + offset, step)
         metrics = self.evaluate(step + offset) if self.evaluating else {}
         if metrics:
-            self.checkpoints.keep_if_best(step + offset, step, metrics["auc"])
+            train_seconds += self._keep_if_best(step + offset, step, metrics)
         train_seconds += metrics.get("seconds", 0.0)
         result = dict(metrics, steps=step + offset, train_seconds=train_seconds,
                       samples_per_s=(step - self.data_start) * training.batch_size / max(train_seconds, 1e-9))

@@ -563,7 +563,7 @@ def _check_pieces(ckpt: str, name: str, tensor: dict):
 
 
 def restore(path: str, entries: Sequence[Entry], signature: dict, expected: Set[str], extra_ok: bool = False,
-            optional: Set[str] = frozenset(), verify: bool = True) -> dict:
+            optional: Set[str] = frozenset(), verify: bool = True, hints: Dict[str, str] = None) -> dict:
     """Loads this rank's variables from the checkpoint at `path` and returns its manifest.
 
     Everything is checked before any variable changes: the signature, the tensor names against
@@ -572,13 +572,15 @@ def restore(path: str, entries: Sequence[Entry], signature: dict, expected: Set[
     Streamed entries are written a block at a time.
     `extra_ok`: tensors beyond `expected` are left unread (a model without its optimizer state).
     `optional`: tensors that either side may lack (a variable the checkpoint lacks keeps its value).
+    `hints`: signature key -> why it may differ, appended to that key's mismatch line.
     """
     manifest = read_manifest(path)
     ckpt = manifest["path"]
     for key, value in signature.items():
         if manifest["signature"].get(key) != value:
+            hint = (hints or {}).get(key)
             raise CheckpointError(f"{ckpt}: written with {key}={manifest['signature'].get(key)}, "
-                                  f"this run has {key}={value}")
+                                  f"this run has {key}={value}{f'; {hint}' if hint else ''}")
     tensors: Dict[str, dict] = manifest["tensors"]
     missing, extra = sorted(expected - set(tensors) - optional), sorted(set(tensors) - expected - optional)
     if missing or (extra and not extra_ok):

@@ -141,6 +141,21 @@ def test_deploy_of_a_changed_checkpoint_is_one_error_line(trained, tmp_path, for
     assert not os.path.exists(tmp_path / "repo")
 
 
+@pytest.mark.parametrize("forms,name", [("monolithic", TABLE), ("tables", TABLE), ("tables", KERNEL)])
+def test_deploy_skip_checkpoint_checksums_exports_a_changed_checkpoint(trained, tmp_path, forms, name):
+    root = copy(trained, tmp_path / "ck")
+    flip(piece_path(root, name))
+    out = deploy(f"--checkpoint={root}", f"--output={tmp_path / 'repo'}", f"--forms={forms}",
+                 "--skip_checkpoint_checksums")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1].endswith("; checkpoint not verified: --skip_checkpoint_checksums")
+    assert os.path.exists(tmp_path / "repo" / "export.json")
+    if forms == "tables" and name == TABLE:   # the changed value exported as it is now on disk
+        exported = np.load(tmp_path / "repo" / "dlrm_tables" / "table_1.npy")
+        assert exported[0, 0] == checkpoint.read_tensor(root, TABLE, verify=False)[0, 0]
+        assert exported[0, 0] != checkpoint.read_tensor(trained, TABLE)[0, 0]
+
+
 SIGNATURE = {"model": "integrity-test"}
 
 

@@ -1,5 +1,6 @@
 """Checkpoint pruning by write order (--keep_checkpoints), the best checkpoint by evaluation AUC
 (--keep_best_checkpoint, ROOT/best), and saves of a step already in ROOT that never lose `latest`."""
+import json
 import os
 import re
 import subprocess
@@ -117,6 +118,55 @@ def test_keep_best_checkpoint(tmp_path, scripted_auc, capsys):
                          evals_per_epoch=4, keep_best_checkpoint=True, keep_checkpoints=1))
     assert pointer(root, "best") == "ckpt-40-4" and checkpoint.best_auc(root) == 0.81
     assert checkpoints(root) == ["ckpt-40-4"]
+
+
+def test_keep_best_checkpoint_chooses_on_the_validation_mapping(tmp_path, scripted_auc, capsys):
+    """Data with train, validation and test mappings, evaluations at steps 2, 4, 6, 8: each
+    evaluation of the test rows (AUCs 0.9, 0.6, 0.6, 0.6) is followed by one of the validation
+    rows (0.5, 0.8, 0.7, 0.75), printed and logged as such; the best checkpoint is step 4's, the
+    best on validation (step 2's is the best on test)."""
+    from dataloading.feature_spec import split_binary_spec
+    from dataloading.generate_dataset import generate
+    spec = split_binary_spec(["n0"], {"c0": 20}, mappings=("train", "validation", "test"),
+                             base_dir=str(tmp_path / "data"))
+    generate(spec, 8 * 128, 300, seed=1, alpha=1.0)
+    root, log = str(tmp_path / "ck"), str(tmp_path / "log.json")
+    scripted_auc([0.9, 0.5, 0.6, 0.8, 0.6, 0.7, 0.6, 0.75])
+    run_loop.run(tiny_config(dataset_type="split_binary", dataset_path=str(tmp_path / "data"),
+                             save_checkpoint_path=root,
+                             evals_per_epoch=4, keep_best_checkpoint=True, log_path=log))
+    out = capsys.readouterr().out
+    aucs = [("0.90000", "0.50000"), ("0.60000", "0.80000"), ("0.60000", "0.70000"), ("0.60000", "0.75000")]
+    assert re.findall(r"^(eval|validation) at step (\d+): auc ([\d.]+)", out, re.M) == [
+        (split, str(step), auc) for step, pair in zip((2, 4, 6, 8), aucs)
+        for split, auc in zip(("eval", "validation"), pair)], out
+    assert f"best checkpoint: {root}/ckpt-4 (validation auc 0.80000)" in out
+    assert pointer(root, "best") == "ckpt-4" and checkpoint.best_auc(root) == 0.8
+    logged = [json.loads(line) for line in open(log)]
+    assert [(e["kind"], e["step"], e["samples"]) for e in logged if e["kind"] in ("eval", "validation")] == [
+        (split, step, 300) for step in (2, 4, 6, 8) for split in ("eval", "validation")]
+    by_step = {}
+    for e in logged:
+        if e["kind"] in ("eval", "validation"):
+            by_step.setdefault(e["step"], {})[e["kind"]] = e["logloss"]
+    assert all(losses["eval"] != losses["validation"] for losses in by_step.values())   # other rows
+
+
+def test_keep_best_checkpoint_with_the_validation_mapping_as_eval_mapping(tmp_path, scripted_auc, capsys):
+    """--eval_mapping=validation: the evaluations are on validation, once each, as today."""
+    from dataloading.feature_spec import split_binary_spec
+    from dataloading.generate_dataset import generate
+    spec = split_binary_spec(["n0"], {"c0": 20}, mappings=("train", "validation", "test"),
+                             base_dir=str(tmp_path / "data"))
+    generate(spec, 8 * 128, 300, seed=1, alpha=1.0)
+    root = str(tmp_path / "ck")
+    scripted_auc([0.5, 0.8, 0.7, 0.75])
+    run_loop.run(tiny_config(dataset_type="split_binary", dataset_path=str(tmp_path / "data"),
+                             save_checkpoint_path=root,
+                             evals_per_epoch=4, keep_best_checkpoint=True, eval_mapping="validation"))
+    out = capsys.readouterr().out
+    assert "validation at step" not in out and out.count("eval at step") == 4
+    assert pointer(root, "best") == "ckpt-4" and f"best checkpoint: {root}/ckpt-4 (auc 0.80000)" in out
 
 
 def test_keep_best_checkpoint_without_evaluation_rows_is_refused(tmp_path):

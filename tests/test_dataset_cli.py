@@ -24,9 +24,9 @@ CARDS = [20, 50, 7, 30]
 ROWS, EVAL_ROWS, BATCH = 128 * 12, 500, 128
 
 
-def write_dataset(path, max_hotness=None, numerical_dtype="float32", eval_rows=EVAL_ROWS):
+def write_dataset(path, max_hotness=None, numerical_dtype="float32", eval_rows=EVAL_ROWS, cards=CARDS):
     """TINY's synthetic data (seed 5) as files: train 12 batches, test 500 rows."""
-    spec = split_binary_spec([f"n{k}" for k in range(3)], {f"c{k}": c for k, c in enumerate(CARDS)},
+    spec = split_binary_spec([f"n{k}" for k in range(3)], {f"c{k}": c for k, c in enumerate(cards)},
                              max_hotness=max_hotness, numerical_dtype=numerical_dtype, base_dir=str(path))
     generate(spec, ROWS, eval_rows, seed=TINY["seed"], alpha=TINY["synthetic_alpha"])
     return str(path)
@@ -97,6 +97,18 @@ def test_checkpoint_refuses_another_dataset(one_hot, multi_hot, tmp_path):
     with pytest.raises(CheckpointError, match=r"written with max_hotness=\[None, None, None, None\], this run has "
                                               r"max_hotness=\[3, None, None, 2\]"):
         run_loop.run(file_config(multi_hot, mode="eval", restore_checkpoint_path=ck))
+
+
+def test_checkpoint_of_other_vocabularies_says_why_in_one_line(one_hot, tmp_path):
+    """Data preprocessed without --vocab_from has other cardinalities: the refusal names the cause."""
+    ck, other = str(tmp_path / "ck"), write_dataset(tmp_path / "other", cards=[12, 41, 7, 30])
+    run_loop.run(file_config(one_hot, max_steps=2, save_checkpoint_path=ck))
+    with pytest.raises(CheckpointError) as info:
+        run_loop.run(file_config(other, mode="eval", restore_checkpoint_path=ck))
+    message = str(info.value)
+    assert "written with cardinalities=[20, 50, 7, 30], this run has cardinalities=[12, 41, 7, 30]; the data's " \
+           "vocabularies differ from the checkpoint's: preprocess new data with --vocab_from=" in message, message
+    assert "docs/continuous_training.md" in message and "\n" not in message
 
 
 def test_empty_eval_mapping_trains_saves_and_says_no_evaluation(tmp_path, capsys):

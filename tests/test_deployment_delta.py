@@ -5,6 +5,7 @@ checkpoint exactly; a delta holds exactly the rows updated since its base; delta
 apply are refused in one line."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -15,8 +16,11 @@ import tensorflow as tf
 import run.loop as run_loop
 from deployment.exporter.repository import ExportError, write_delta_repository, write_repository
 from deployment.repository_format import export_version, read_delta
+from parallel_embedding import UPDATED_AT
 from storage import checkpoint
+from utils.errors import CheckpointError
 from tests.configs import tiny_config
+from tests.test_checkpoint_integrity import flip, piece_path
 from tests.horovod_run import ROOT, horovodrun
 
 CARDS = ["3000", "5000", "7", "400"]   # large enough that a few steps leave most rows untouched
@@ -122,6 +126,21 @@ def test_deltas_that_do_not_apply_are_refused(days):
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
         "error: --forms: no effect with --delta_from (a delta holds rows and the dense model)"]
+
+
+@pytest.mark.parametrize("name", [f"embedding/table_1/{UPDATED_AT}", "embedding/table_1", "top_mlp/dense_0/kernel"])
+def test_a_delta_of_a_changed_checkpoint_is_refused_unless_verification_is_skipped(days, tmp_path, name):
+    """Each reader of a delta (rows' updated_at, the updated rows, the dense model) verifies the
+    pieces it reads; verify=False (deploy.py --skip_checkpoint_checksums) writes the delta."""
+    tmp, ckpts, repos = days
+    root = str(tmp_path / "day1")
+    shutil.copytree(ckpts[1], root)
+    flip(piece_path(root, name))
+    with pytest.raises(CheckpointError, match=f"tensor {name} changed on disk since it was written"):
+        write_delta_repository(root, str(tmp_path / "refused"), repos[0], "m")
+    assert not os.path.exists(tmp_path / "refused")
+    info = write_delta_repository(root, str(tmp_path / "delta"), repos[0], "m", verify=False)
+    assert info["new"]["step"] == 14 and read_delta(str(tmp_path / "delta")).new.step == 14
 
 
 def test_a_delta_from_a_run_at_two_ranks(days, tmp_path):

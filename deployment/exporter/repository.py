@@ -128,11 +128,12 @@ def choose_forms(forms: Optional[Sequence[str]], table_bytes: int, limit: int) -
 
 def write_repository(checkpoint_path: str, out: str, name: str = None, settings: Settings = Settings(),
                      host_table_mb: float = 4096.0, forms: Optional[Sequence[str]] = None, overwrite: bool = False,
-                     max_tables_bytes: Optional[int] = None) -> dict:
+                     max_tables_bytes: Optional[int] = None, verify: bool = True) -> dict:
     """Exports the checkpoint at `checkpoint_path` into the model repository `out` under model
     name `name` (default dlrm, or dcnv2 for a cross-interaction model); returns its export.json
     content. Tables above `host_table_mb` MiB are served from host memory. `forms`: see
-    choose_forms; `max_tables_bytes`: its limit (default default_tables_limit())."""
+    choose_forms; `max_tables_bytes`: its limit (default default_tables_limit()). `verify`: check
+    the checksums of the checkpoint's pieces (storage.checkpoint)."""
     _check_output(out, overwrite)
     manifest = read_manifest(checkpoint_path)
     model = ModelConfig.from_signature(manifest["signature"])
@@ -140,7 +141,7 @@ def write_repository(checkpoint_path: str, out: str, name: str = None, settings:
     forms = choose_forms(forms, table_bytes, default_tables_limit() if max_tables_bytes is None else max_tables_bytes)
     name = name or default_name(model)
     return _written_whole(out, lambda tmp: _write_content(manifest, tmp, name, serving_layout(model), settings,
-                                                          host_table_mb, forms), table_bytes * len(forms))
+                                                          host_table_mb, forms, verify), table_bytes * len(forms))
 
 
 def default_name(model: ModelConfig) -> str:
@@ -183,11 +184,12 @@ def _no_space(error: BaseException) -> bool:
 
 
 def write_delta_repository(checkpoint_path: str, out: str, base_path: str, name: Optional[str] = None,
-                           overwrite: bool = False) -> dict:
+                           overwrite: bool = False, verify: bool = True) -> dict:
     """Writes into `out` the delta (deployment/repository_format.py) that turns the version exported at
     `base_path` (a model repository or a delta) into the checkpoint at `checkpoint_path`: the rows
     each table updated since the base's step and the whole dense model; returns its delta.json
-    content. The checkpoint must descend from the base (same model, trained on from it)."""
+    content. The checkpoint must descend from the base (same model, trained on from it). `verify`:
+    check the checksums of the checkpoint's pieces read."""
     _check_output(out, overwrite)
     manifest = read_manifest(checkpoint_path)
     model = ModelConfig.from_signature(manifest["signature"])
@@ -204,27 +206,28 @@ def write_delta_repository(checkpoint_path: str, out: str, base_path: str, name:
                           "export it in full instead")
 
     updated_ids = [np.concatenate([start + np.flatnonzero(block[:, 0] > base.step)
-                                   for start, block in checkpoint.read_blocks(manifest, updated)]) for updated in names]
+                                   for start, block in checkpoint.read_blocks(manifest, updated, verify=verify)])
+                   for updated in names]
     need = sum(ids.size * (8 + 4 * table.dim) for ids, table in zip(updated_ids, model.tables))   # ids and rows
 
     def tables():
         for f, (table, ids) in enumerate(zip(model.tables, updated_ids)):
-            yield f, table.cardinality, ids, checkpoint.gather_rows(manifest, table_tensor(f), ids, np.float32)
+            yield f, table.cardinality, ids, checkpoint.gather_rows(manifest, table_tensor(f), ids, np.float32, verify)
 
     def write_dense(path):
         from deployment.exporter.saved_models import save, serving_modules   # TensorFlow: after the checks
-        save(serving_modules(manifest, 0, with_tables=False)["dense"], path)
+        save(serving_modules(manifest, 0, with_tables=False, verify=verify)["dense"], path)
 
     return _written_whole(out, lambda tmp: write_delta(tmp, name or default_name(model), base, new,
                                                        manifest["signature"], tables(), write_dense), need)
 
 
 def _write_content(manifest: dict, tmp: str, name: str, layout: ServingLayout, settings: Settings,
-                   host_table_mb: float, forms: Sequence[str]) -> dict:
+                   host_table_mb: float, forms: Sequence[str], verify: bool) -> dict:
     """Writes the repository's content into the new directory `tmp`; returns its export.json content."""
     from deployment.exporter.saved_models import save, serving_modules   # TensorFlow: after the checks
     in_memory = any(f in IN_MEMORY_FORMS for f in forms)
-    modules = serving_modules(manifest, int(host_table_mb * 2 ** 20), with_tables=in_memory)
+    modules = serving_modules(manifest, int(host_table_mb * 2 ** 20), with_tables=in_memory, verify=verify)
     lookup = modules["sparse"].lookup if in_memory else None
     host_tables = [t for t, host in zip(lookup.tables, lookup.on_host) if host] if lookup else []
     parts = {}
@@ -246,7 +249,7 @@ def _write_content(manifest: dict, tmp: str, name: str, layout: ServingLayout, s
     table_files = None
     if "tables" in forms:
         directory = f"{name}_tables"
-        files = write_tables(manifest, os.path.join(tmp, directory), f"{name}_dense")
+        files = write_tables(manifest, os.path.join(tmp, directory), f"{name}_dense", verify)
         table_files = {"directory": directory, "tables": len(files["tables"]), "bytes": sum(
             os.path.getsize(os.path.join(tmp, directory, t["file"])) for t in files["tables"])}
     info = {"name": name, "forms": list(forms), "checkpoint": manifest["path"], "step": manifest["step"],

@@ -75,10 +75,12 @@ class Dense(tf.Module):
         self.arch = DenseArch(config)
         self._dims = config.embedding_dims
 
-    def restore(self, manifest: dict):
-        """Reads the dense weights (only) of the checkpoint whose manifest is given."""
+    def restore(self, manifest: dict, verify: bool = True):
+        """Reads the dense weights (only) of the checkpoint whose manifest is given (their checksums
+        verified unless `verify` is False)."""
         named = {v.name.split(":")[0]: v for v in self.arch.dense_variables}
-        checkpoint.restore(manifest["path"], checkpoint.replicated_entries(named), {}, set(named), extra_ok=True)
+        checkpoint.restore(manifest["path"], checkpoint.replicated_entries(named), {}, set(named), extra_ok=True,
+                           verify=verify)
 
     def __call__(self, numerical: tf.Tensor, embeddings: tf.Tensor) -> tf.Tensor:
         return self.arch(numerical, tf.split(embeddings, self._dims, axis=1))
@@ -98,14 +100,15 @@ class _Serving(tf.Module):
         self.serve = tf.function(serve, input_signature=list(specs))
 
 
-def serving_modules(manifest: dict, host_bytes: int, with_tables: bool = True) -> dict:
+def serving_modules(manifest: dict, host_bytes: int, with_tables: bool = True, verify: bool = True) -> dict:
     """The root module of each SavedModel of the checkpoint whose manifest (storage.checkpoint.
     read_manifest) is given: "dense", and with `with_tables` "monolithic" and "sparse" (they hold
-    every table, read whole; tables above `host_bytes` bytes in host memory)."""
+    every table, read whole; tables above `host_bytes` bytes in host memory). `verify`: check the
+    checksums of the pieces read."""
     config = ModelConfig.from_signature(manifest["signature"])
     layout = serving_layout(config)
     dense = Dense(config)
-    dense.restore(manifest)
+    dense.restore(manifest, verify)
     numerical = tf.TensorSpec([None, layout.num_numerical], tf.float32, name=NUMERICAL)
     categorical = tf.TensorSpec([None, layout.categorical_width], tf.int64, name=CATEGORICAL)
     embeddings = tf.TensorSpec([None, sum(layout.embedding_dims)], tf.float32, name=EMBEDDINGS)
@@ -116,7 +119,7 @@ def serving_modules(manifest: dict, host_bytes: int, with_tables: bool = True) -
     modules = {"dense": _Serving("dense", dense_part, [numerical, embeddings], dense=dense)}
     if not with_tables:
         return modules
-    tables = (checkpoint.read_tensor(manifest["path"], table_tensor(f)) for f in range(len(config.tables)))
+    tables = (checkpoint.read_tensor(manifest["path"], table_tensor(f), verify) for f in range(len(config.tables)))
     lookup = Lookup(tables, layout, config.combiners, host_bytes)
 
     def monolithic(numerical_features, categorical_features):

@@ -27,17 +27,18 @@ def tables_bytes(model: ModelConfig) -> int:
     return sum(t.cardinality * t.dim for t in model.tables) * TABLE_DTYPE.itemsize
 
 
-def write_tables(manifest: dict, directory: str, dense_model: str) -> dict:
+def write_tables(manifest: dict, directory: str, dense_model: str, verify: bool = True) -> dict:
     """Writes the table files of the checkpoint whose manifest (storage.checkpoint.read_manifest) is
     given into the new directory `directory`, then tables.json, and returns its content.
-    `dense_model`: the name of the SavedModel that takes the tables' rows (as `embeddings`)."""
+    `dense_model`: the name of the SavedModel that takes the tables' rows (as `embeddings`);
+    `verify`: check the checksums of the checkpoint's pieces."""
     model = ModelConfig.from_signature(manifest["signature"])
     layout = serving_layout(model)
     os.makedirs(directory)
     tables, offset = [], 0
     for f, (table, columns) in enumerate(zip(model.tables, layout.columns)):
         file = f"table_{f}.npy"
-        _write_npy(os.path.join(directory, file), manifest, table_tensor(f), (table.cardinality, table.dim))
+        _write_npy(os.path.join(directory, file), manifest, table_tensor(f), (table.cardinality, table.dim), verify)
         tables.append({"feature": f, "file": file, "rows": table.cardinality, "dim": table.dim,
                        "dtype": TABLE_DTYPE.name, "max_hotness": table.max_hotness, "combiner": table.combiner,
                        "categorical_columns": list(columns), "embedding_columns": [offset, offset + table.dim]})
@@ -49,7 +50,7 @@ def write_tables(manifest: dict, directory: str, dense_model: str) -> dict:
     return info
 
 
-def _write_npy(path: str, manifest: dict, name: str, shape: Tuple[int, int]):
+def _write_npy(path: str, manifest: dict, name: str, shape: Tuple[int, int], verify: bool):
     """Writes tensor `name` [rows, cols] of a checkpoint as a float32 .npy file (the bytes np.save
     writes), a block of rows at a time."""
     saved = tuple(manifest["tensors"].get(name, {}).get("shape", ()))
@@ -58,7 +59,7 @@ def _write_npy(path: str, manifest: dict, name: str, shape: Tuple[int, int]):
     with open(path, "wb") as f:
         np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(TABLE_DTYPE),
                                                  "fortran_order": False, "shape": shape})
-        for _, block in checkpoint.read_blocks(manifest, name, TABLE_DTYPE):
+        for _, block in checkpoint.read_blocks(manifest, name, TABLE_DTYPE, verify):
             f.write(block.data)
         f.flush()
         os.fsync(f.fileno())
