@@ -35,7 +35,7 @@ class Run(Assembly):
             self.checkpoints.restored(self.restore(), self.start_step)
         self.trainer.broadcast_replicated()
 
-    def _eval_data(self, split: str):
+    def _eval_data(self, split: str = "eval"):
         d, evaluation = self.dataset, self.cfg.evaluation
         return prefetched(eval_batches(d, self.view, rows=self.rows[split], batch_size=evaluation.valid_batch_size,
                                        split=split), d, synchronous=self.cfg.runtime.tfdata_debug)
