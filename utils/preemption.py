@@ -53,6 +53,19 @@ class _State:
     saving: Optional[str] = None   # the temporary folder of the checkpoint being written
     timer: Optional[threading.Timer] = None
     lock = threading.Lock()
+    stderr = None   # the real sys.stderr, once a signal stopped the work outside training's steps
+
+
+def _real_stderr():
+    return _State.stderr or sys.stderr
+
+
+def _silence_libraries():
+    """From a stop outside training's steps on, what libraries write to sys.stderr about the call
+    the signal interrupted is dropped (TensorFlow's SavedModel writer prints the traceback of the
+    exception it caught before raising its own): the entry point's one line says what happened."""
+    if _State.stderr is None:
+        _State.stderr, sys.stderr = sys.stderr, open(os.devnull, "w")
 
 
 def exit_on_signal(body: Callable[[], T], unfinished: str, grace_s: float = DEFAULT_GRACE_S) -> T:
@@ -64,13 +77,12 @@ def exit_on_signal(body: Callable[[], T], unfinished: str, grace_s: float = DEFA
         return body()
     except Interrupted as e:
         if e.announce:
-            print(e.line, file=sys.stderr)
+            print(e.line, file=_real_stderr())
         sys.exit(e.code)
-    except Exception as e:   # e.g. TensorFlow or Horovod reporting the interrupted call
+    except Exception:   # e.g. TensorFlow or Horovod reporting the interrupted call
         if _State.signum is None:
             raise
-        print(f"stopped by {signal_name(_State.signum)}: {unfinished} (it surfaced as a {type(e).__name__})",
-              file=sys.stderr)
+        print(f"stopped by {signal_name(_State.signum)}: {unfinished}", file=_real_stderr())
         sys.exit(EXIT_CODES[_State.signum])
 
 
@@ -91,6 +103,7 @@ def _on_signal(signum, frame):
         return
     _State.signum = signum
     if not _State.deferring:
+        _silence_libraries()
         raise Interrupted(signum, f"stopped by {signal_name(signum)}: {_State.unfinished}")
     _start_grace_timer()
 
@@ -117,8 +130,8 @@ def _exit_now(signum: int, why: str):
             what = f"the checkpoint being written ({tmp}) was removed; the previous one is the newest"
         except OSError:   # already renamed into place (or never created)
             what = "the checkpoint being written had already been completed or not yet begun"
-    sys.stderr.write(f"stopped at once: {why}; {what}\n")
-    sys.stderr.flush()
+    _real_stderr().write(f"stopped at once: {why}; {what}\n")
+    _real_stderr().flush()
     os._exit(EXIT_CODES.get(signum, 128 + signum))
 
 
