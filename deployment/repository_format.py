@@ -41,12 +41,11 @@ and its global step (`Version`); a full export records its version in export.jso
 """
 import dataclasses
 import os
-import zlib
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from utils.files import read_json
+from utils.files import file_crc32, read_json
 
 NUMERICAL = "numerical_features"
 CATEGORICAL = "categorical_features"
@@ -67,7 +66,6 @@ ROWS_DTYPE = np.dtype("<f4")           # a delta's rows
 IDS_DTYPE = np.dtype("<i8")            # and their ids
 REPOSITORY = "a model repository written by deployment/deploy.py"
 FILES = "files"                        # a manifest's list of the directory's other files
-_CRC_BLOCK = 16 << 20
 
 
 class RepositoryError(ValueError):
@@ -175,15 +173,6 @@ def export_version(repository: str) -> Version:
     versions."""
     info = read_export_info(repository)
     return Version.from_json(info.get("version") or {"run": "", "step": info["step"]})
-
-
-def file_crc32(path: str) -> int:
-    """CRC-32 of the file at `path`, read a block at a time."""
-    crc = 0
-    with open(path, "rb") as f:
-        while block := f.read(_CRC_BLOCK):
-            crc = zlib.crc32(block, crc)
-    return crc
 
 
 def file_entries(directory: str, manifest: str) -> List[dict]:

@@ -2,7 +2,6 @@
 and a model that beats the best evaluation AUC with --keep_best_checkpoint), how many are kept
 (--keep_checkpoints), the state written with a save (data position, schedule origin, lineage), and
 the save when a signal stops training (utils.preemption)."""
-import os
 import uuid
 from typing import Optional
 
@@ -59,8 +58,8 @@ class CheckpointPolicy:
         parts.trainer.check_finite()
         state = {"data": position.state(parts.data_definition, data_step, parts.steps_per_epoch),
                  "schedule_origin": int(parts.trainer.schedule_origin.numpy()), "lineage": self.lineage}
-        # storage.checkpoint.save's temporary folder: removed if a signal must end the process first
-        with preemption.saving(os.path.join(root, f".tmp-ckpt-{step}")):
+        # save's temporary folder: removed if a signal must end the process first
+        with preemption.saving(checkpoint.temporary_path(root, step)):
             path = checkpoint.save(root, parts.trainer.checkpoint_entries(), step,
                                    parts.model_config.signature(parts.cfg.training.optimizer), parts.comm, state,
                                    keep=self.settings.keep_checkpoints)

@@ -36,7 +36,6 @@ import dataclasses
 import errno
 import io
 import json
-import mmap
 import os
 import shutil
 import zlib
@@ -45,6 +44,7 @@ from typing import Dict, Iterator, List, Optional, Protocol, Sequence, Set, Tupl
 import numpy as np
 
 from utils.errors import CheckpointError, StoreError
+from utils.files import file_crc32
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
@@ -252,12 +252,17 @@ def _free_bytes(path: str) -> int:
     return s.f_bavail * s.f_frsize
 
 
+def temporary_path(root: str, step: int) -> str:
+    """Where `save` writes the checkpoint of `step` before renaming it into place."""
+    return os.path.join(root, f".tmp-ckpt-{step}")
+
+
 def save(root: str, entries: Sequence[Entry], step: int, signature: dict, comm, state: dict = None,
          keep: int = KEEP) -> str:
     """Writes a new checkpoint of `step` (every rank its pieces), points ROOT/latest at it and
     keeps the `keep` newest writes (see _prune); returns its path. When any rank runs out of space,
     the ranks agree, the partial checkpoint is removed and every rank raises the same StoreError."""
-    tmp = os.path.join(root, f".tmp-ckpt-{step}")
+    tmp = temporary_path(root, step)
     mine = [e for e in entries if comm.rank == 0 or not e.replicated]
     free, failure = 0, None
     if comm.rank == 0:
@@ -414,12 +419,6 @@ def checksummed(manifest: dict) -> bool:
     return CHECKSUMS in manifest
 
 
-def _file_crc(path: str) -> int:
-    """The CRC-32 of the file at `path`, read memory-mapped (no copy out of the page cache)."""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m, memoryview(m) as view:
-        return zlib.crc32(view)
-
-
 def _verify(manifest: dict, name: str, pieces: Sequence[dict]):
     """Raises unless every one of `pieces` (of tensor `name`) has the CRC-32 the manifest records
     for its file; a checkpoint written without checksums is not verified."""
@@ -431,7 +430,7 @@ def _verify(manifest: dict, name: str, pieces: Sequence[dict]):
         if recorded is None:
             raise CheckpointError(f"{file}: the manifest records no checksum for this piece of tensor {name}")
         try:
-            crc = _file_crc(file)
+            crc = file_crc32(file)
         except (OSError, ValueError) as e:   # ValueError: an empty file
             raise CheckpointError(f"{file}: cannot read tensor {name}: {e}")
         if crc != recorded:

@@ -1,7 +1,9 @@
 """File-system steps shared by the writers of checkpoints, model repositories and deltas."""
 import json
+import mmap
 import os
 import shutil
+import zlib
 
 
 def move_into_place(tmp: str, final: str, old: str):
@@ -37,3 +39,12 @@ def read_json(path: str, what: str, error: type):
         raise error(f"{os.path.dirname(path) or '.'}: not {what} (no {os.path.basename(path)})")
     except (OSError, ValueError) as e:
         raise error(f"{path}: unreadable ({e})")
+
+
+def file_crc32(path: str) -> int:
+    """zlib's CRC-32 of the file at `path`, read memory-mapped (no copy out of the page cache)."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return 0
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m, memoryview(m) as view:
+            return zlib.crc32(view)
