@@ -40,6 +40,7 @@ WORKDIR /workspace/dlrm
 COPY requirements.txt ./
 COPY tools/ tools/
 COPY tensorflow-dot-based-interact/ tensorflow-dot-based-interact/
+COPY tensorflow-id-map/ tensorflow-id-map/
 # The GPU generations the CUDA code (Horovod's and the interaction op's) is compiled for: machine
 # code for each (Volta to Hopper), and PTX of the last, which newer GPUs' drivers compile
 # (the op's setup.py CUDA_CAPABILITIES; a CUDA 13 nvcc leaves Volta out).
@@ -54,6 +55,7 @@ RUN ldconfig /usr/local/cuda/lib64/stubs \
     && grep -q '\[X\] TensorFlow' /tmp/check-build.txt && grep -q '\[X\] NCCL' /tmp/check-build.txt \
     && python3 -c 'import dot_based_interact as d; from tensorflow.python.framework import kernels; d.load(); \
                    assert any(k.device_type == "GPU" for k in kernels.get_registered_kernels_for_op("DotBasedInteract").kernel)' \
+    && python3 -c 'import id_map; id_map.load()' \
     && rm -rf /tmp/wheels /tmp/check-build.txt \
     && ldconfig
 

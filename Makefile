@@ -9,7 +9,8 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 setup: $(VENV)/.ready
 
 OP_SOURCES := $(wildcard tensorflow-dot-based-interact/setup.py tensorflow-dot-based-interact/src/* \
-  tensorflow-dot-based-interact/dot_based_interact/*.py)
+  tensorflow-dot-based-interact/dot_based_interact/*.py tensorflow-id-map/setup.py tensorflow-id-map/src/* \
+  tensorflow-id-map/id_map/*.py)
 
 $(VENV)/.ready: requirements.txt pyproject.toml tools/setup_env.sh $(OP_SOURCES)
 	bash tools/setup_env.sh $(VENV)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates the project's virtual environment: pinned requirements, then Horovod 0.28.1 (Gloo,
 # TensorFlow; MPI too where an MPI compiler is found; NCCL with HOROVOD_GPU_OPERATIONS=NCCL)
-# built from its sdist, the interaction op, and the project itself (editable, pyproject.toml). The built wheel is cached outside the checkout, keyed by the TensorFlow
+# built from its sdist, the interaction op, the id map op, and the project itself (editable, pyproject.toml). The built wheel is cached outside the checkout, keyed by the TensorFlow
 # version and the build's options, so later set-ups (and fresh clones) skip the ~5 minute build.
 #   usage: tools/setup_env.sh [VENV_DIR]   a virtual environment (default .venv)
 #          tools/setup_env.sh --system     $PYTHON's own site-packages (the Docker image, which
@@ -115,6 +115,8 @@ if ! "$STUB_ENV/bin/python" -c "import numpy, zmq" 2>/dev/null; then
 fi
 # The dot-interaction op library (tensorflow-dot-based-interact/), compiled against this TensorFlow.
 $PIP install --no-build-isolation --no-deps --force-reinstall ./tensorflow-dot-based-interact
+# The id map op library of dynamic tables (tensorflow-id-map/), compiled against this TensorFlow.
+$PIP install --no-build-isolation --no-deps --force-reinstall ./tensorflow-id-map
 # The project, editable: every module importable and every script runnable from any directory.
 if [ "${1:-}" != --system ]; then $PIP install --no-deps -e .; fi
 "$PY" -c "import tensorflow as tf, horovod.tensorflow as hvd; print('environment ready: tensorflow', tf.__version__, '/ horovod', hvd.__version__ if hasattr(hvd, '__version__') else '$HOROVOD_VERSION')"
