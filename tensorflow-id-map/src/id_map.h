@@ -31,10 +31,14 @@
 // then first way), whose sightings are lost. Memory: 24 bytes a slot.
 #pragma once
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -55,6 +59,32 @@ inline uint64_t PowerOfTwoAtLeast(uint64_t n) {
   while (p < n) p <<= 1;
   return p;
 }
+
+// An array of n T, each `value`, in transparent huge pages where the system gives them on request
+// (the bucket and row arrays are read at random: 4 KiB pages would miss the TLB on nearly every id).
+template <typename T>
+class HugeArray {
+ public:
+  HugeArray(size_t n, const T& value) : n_(n) {
+    constexpr size_t kHuge = size_t{2} << 20;
+    const size_t bytes = std::max<size_t>((n * sizeof(T) + kHuge - 1) / kHuge * kHuge, kHuge);
+    data_.reset(static_cast<T*>(std::aligned_alloc(kHuge, bytes)));
+    if (data_ == nullptr) throw std::bad_alloc();
+    madvise(data_.get(), bytes, MADV_HUGEPAGE);
+    std::fill(data_.get(), data_.get() + n, value);
+  }
+  T& operator[](size_t i) { return data_[i]; }
+  const T& operator[](size_t i) const { return data_[i]; }
+  T* begin() { return data_.get(); }
+  T* end() { return data_.get() + n_; }
+
+ private:
+  struct Free {
+    void operator()(T* p) const { std::free(p); }
+  };
+  size_t n_;
+  std::unique_ptr<T[], Free> data_;
+};
 
 // parallel_for(n, fn): calls fn(begin, end) over a partition of [0, n), possibly on many threads.
 using ParallelFor = std::function<void(int64_t, const std::function<void(int64_t, int64_t)>&)>;
@@ -98,6 +128,7 @@ class IdMap {
                       int64_t* evicted, const ParallelFor& parallel_for) {
     Find(ids, n, rows, parallel_for);
     for (int64_t i = 0; i < n; ++i) {
+      if (i + kAhead < n && rows[i + kAhead] >= 0) __builtin_prefetch(&rows_[rows[i + kAhead]]);
       codes[i] = kHit;
       evicted[i] = 0;
       if (rows[i] >= 0 && rows_[rows[i]].last_used != step) Touch(rows[i], step);
@@ -192,6 +223,7 @@ class IdMap {
 
  private:
   static constexpr int kWays = 4;
+  static constexpr int64_t kAhead = 16;   // loops prefetch the bucket (row) of the id this far ahead
   struct Bucket { int64_t id; int64_t row; };
   struct Entry { int64_t count, seq; int32_t row; };
   struct Later {   // heap order: the smallest (count, seq) on top
@@ -213,7 +245,6 @@ class IdMap {
   }
 
   void FindRange(const int64_t* ids, int64_t begin, int64_t end, int32_t* rows) const {
-    constexpr int64_t kAhead = 16;   // prefetch the buckets of the ids this far ahead
     for (int64_t i = begin; i < std::min(end, begin + kAhead); ++i)
       __builtin_prefetch(&buckets_[Mix(ids[i]) & mask_]);
     for (int64_t i = begin; i < end; ++i) {
@@ -369,8 +400,8 @@ class IdMap {
   const Policy policy_;
   const int64_t ttl_;
   const uint64_t mask_;
-  std::vector<Bucket> buckets_;
-  std::vector<Row> rows_;
+  HugeArray<Bucket> buckets_;
+  HugeArray<Row> rows_;
   std::vector<int32_t> free_;   // free rows, the smallest last
   std::deque<Entry> order_;     // LRU, TTL: a FIFO by seq; LFU: a heap (Later)
   std::vector<Entry> deferred_;

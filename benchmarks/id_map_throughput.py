@@ -1,0 +1,132 @@
+"""The id map of dynamic tables (tensorflow-id-map) alone: find-or-insert of W1-shaped batches
+against tf.lookup.experimental.DenseHashTable in the same process, one JSON line each:
+
+    python benchmarks/id_map_throughput.py [--threads 1] [--rounds 5] [--steps 10] [--warmup 20] [--zipf 1.1]
+    python benchmarks/id_map_throughput.py --checkpoint DIR     also: checkpoint bytes against the live rows' bytes
+
+A W1 batch: 4096 samples x 26 tables (workloads.yaml's dlrm-kaggle cardinalities) = 106,496 raw
+64-bit ids, each table's ids drawn Zipf(--zipf) over its cardinality and mixed to 64 bits. One map
+per table, capacity = its cardinality (LRU, admission at the first sighting). DenseHashTable's
+find-or-insert is what it takes: lookup, the missing ids made unique and inserted with fresh
+rows, lookup again. Both run in one tf.function over the 26 tables, `--warmup` batches first,
+then `rounds` rounds of `steps` batches each, the two alternating, so that load from other
+processes hits both alike. Reported: ids/s over the whole batch (median and best round) and per
+thread (--threads, TensorFlow's intra- and inter-op threads: 1 measures one core), the load average.
+
+`--checkpoint DIR`: a dynamic table (D = 16, SGD, capacity the largest W1 table's) after the
+warm-up batches saves its checkpoint entries (parallel_embedding.dynamic_table) under DIR; reported:
+the checkpoint's bytes on disk against the live rows' own bytes (ids, rows, updated_at, the
+eviction state) and against ids and rows alone.
+"""
+import argparse
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKLOADS = os.path.join(os.path.dirname(ROOT), "shared", "bench", "workloads.yaml")
+BATCH = 4096
+
+
+def w1_cardinalities(path):
+    with open(path) as f:
+        return yaml.safe_load(f)["workloads"]["dlrm-kaggle"]["cardinalities"]
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, elementwise (uint64)."""
+    x = x.astype(np.uint64)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def zipf_ranks(rng, n, size, s):
+    """`size` ranks in [0, n), P(rank) ~ (rank + 1)^-s (continuous inverse CDF, s != 1)."""
+    u = rng.random(size)
+    a = 1.0 - s
+    return np.minimum(np.floor(((n ** a - 1.0) * u + 1.0) ** (1.0 / a)) - 1, n - 1).astype(np.int64)
+
+
+def w1_batches(cardinalities, count, s, seed):
+    """`count` batches: per table [BATCH] int64 raw ids."""
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        yield [mix64(zipf_ranks(rng, n, BATCH, s) + (t << 40)).view(np.int64) for t, n in enumerate(cardinalities)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--zipf", type=float, default=1.1)
+    ap.add_argument("--workloads", default=WORKLOADS, help="workloads.yaml (W1's cardinalities)")
+    ap.add_argument("--checkpoint", help="also measure a dynamic table's checkpoint, written under this folder")
+    args = ap.parse_args()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+    import id_map
+
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    cards = w1_cardinalities(args.workloads)
+    maps = [id_map.IdMap(f"table_{t}", n) for t, n in enumerate(cards)]
+    dense = [tf.lookup.experimental.DenseHashTable(tf.int64, tf.int64, default_value=-1, empty_key=-2 ** 63,
+                                                   deleted_key=-2 ** 63 + 1) for _ in cards]
+    counters = [tf.Variable(0, dtype=tf.int64) for _ in cards]
+
+    @tf.function
+    def map_step(ids, step):
+        return [m.find_or_insert(i, step)[0] for m, i in zip(maps, ids)]
+
+    @tf.function
+    def dense_step(ids):
+        out = []
+        for table, counter, i in zip(dense, counters, ids):
+            missing, _ = tf.unique(tf.boolean_mask(i, tf.reshape(table.lookup(i), [-1]) < 0))
+            n = tf.size(missing, out_type=tf.int64)
+            table.insert(missing, counter + tf.range(n))
+            counter.assign_add(n)
+            out.append(table.lookup(i))
+        return out
+
+    batches = [[tf.constant(t) for t in b] for b in w1_batches(cards, args.warmup + args.rounds * args.steps,
+                                                                args.zipf, 0)]
+    step = 0
+    for b in batches[:args.warmup]:
+        step += 1
+        map_step(b, tf.constant(step, tf.int64))
+        dense_step(b)
+    times = {"id_map": [], "dense_hash_table": []}
+    for r in range(args.rounds):
+        chunk = batches[args.warmup + r * args.steps: args.warmup + (r + 1) * args.steps]
+        steps = [tf.constant(step + i + 1, tf.int64) for i in range(len(chunk))]
+        step += len(chunk)
+        first, second = (("id_map", "dense_hash_table") if r % 2 == 0 else ("dense_hash_table", "id_map"))
+        for name in (first, second):
+            start = time.perf_counter()
+            for i, b in enumerate(chunk):
+                out = map_step(b, steps[i]) if name == "id_map" else dense_step(b)
+            out[-1].numpy()
+            times[name].append((time.perf_counter() - start) / len(chunk))
+    ids = BATCH * len(cards)
+    result = {"batch_ids": ids, "tables": len(cards), "zipf": args.zipf, "threads": args.threads,
+              "live_rows": sum(m.stats()["live"] for m in maps), "load_average": os.getloadavg()[0]}
+    for name, t in times.items():
+        result[name] = {"ms_per_batch_median": round(1e3 * statistics.median(t), 2),
+                        "ms_per_batch_best": round(1e3 * min(t), 2),
+                        "M_ids_per_s_median": round(ids / statistics.median(t) / 1e6, 2),
+                        "M_ids_per_s_best": round(ids / min(t) / 1e6, 2),
+                        "M_ids_per_s_per_thread_median": round(ids / statistics.median(t) / 1e6 / args.threads, 2)}
+    result["speedup_median"] = round(statistics.median(times["dense_hash_table"]) / statistics.median(times["id_map"]), 2)
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
