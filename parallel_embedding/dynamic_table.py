@@ -1,0 +1,157 @@
+"""A dynamic embedding table: raw 64-bit ids in, no vocabulary, admission and eviction (issue 29,
+one process). Its state: an id map (id_map.IdMap: raw id -> row), the rows [capacity, D], their
+optimizer slots [capacity, D] and updated_at [capacity, 1] int32.
+
+    table = DynamicTable(name, capacity, dim, seed, admit_after=1, policy="lru", ttl=0,
+                         candidate_slots=0, optimizer="sgd", zeros_initializer=False)
+    rows, emb = table.lookup(ids, step, training)   ids [n] int64 raw -> rows [n] int32 (-1: no row),
+                                        emb [n, D]; an id without a row (refused: not yet admitted,
+                                        or no row to reuse under ttl; unknown, not training) reads
+                                        zeros. Training: new rows, and their slots and updated_at,
+                                        are re-initialised before they are read
+    table.apply_gradients(rows, grads, lr, step)    grads [n, D] of emb: only rows >= 0 (and
+                                        their slots) change; their updated_at becomes step + 1
+    table.counts()                      {live, capacity, candidates, admitted, evicted, refused}
+    entries = table.checkpoint_entries()    storage.checkpoint entries of the live rows only (a
+                                        snapshot, taken now): tensors `<name>` [L, D], `<name>/<slot>`
+                                        [L, D], `<name>/updated_at` [L, 1] int32, `<name>/ids` [L, 1]
+                                        int64 (in eviction order), `<name>/counts` (lfu) or
+                                        `<name>/last_used` (ttl) [L, 1] int32, `<name>/candidates`
+                                        [M, 3] int64 (id, sightings, last seen), `<name>/totals` [1, 3]
+                                        int64, `<name>/iterations` [1, 1] int64 (the optimizer's updates)
+    table.checkpoint_names()            those tensors' names
+    table.restore(path)                 the table from a checkpoint (storage.checkpoint.read_tensor):
+                                        its live ids take rows 0..L-1 in eviction order
+
+Rows are re-initialised as a static table's: U(-sqrt(1/capacity), sqrt(1/capacity)) (zeros with
+`zeros_initializer`), the values drawn from a stateless seed folded with the step; slots take
+the optimizer's initial value, updated_at 0. Policies, admission and what a step is: id_map's
+docstring. A batch with more distinct ids to admit than rows fails with one line naming the table.
+LRU needs only the eviction order: it checkpoints no counters.
+"""
+import math
+from typing import Dict, List, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+import id_map
+from parallel_embedding import UPDATED_AT
+from parallel_embedding.optimizers import make_optimizer
+from storage import checkpoint
+from storage.checkpoint import Entry
+
+IDS, TOTALS, CANDIDATES, ITERATIONS = "ids", "totals", "candidates", "iterations"
+ORDER_KEY = {"lru": None, "lfu": "counts", "ttl": "last_used"}   # the per-row state a policy needs
+
+
+class _Snapshot:
+    """A numpy array as a checkpoint entry's variable (storage.checkpoint saves `numpy()`)."""
+
+    def __init__(self, value: np.ndarray):
+        self.value, self.shape, self.dtype = value, value.shape, value.dtype
+
+    def numpy(self) -> np.ndarray:
+        return self.value
+
+
+class DynamicTable(tf.Module):
+    """See the module's docstring."""
+
+    def __init__(self, name: str, capacity: int, dim: int, seed: Sequence[int], admit_after: int = 1,
+                 policy: str = "lru", ttl: int = 0, candidate_slots: int = 0, optimizer: str = "sgd",
+                 zeros_initializer: bool = False):
+        super().__init__(name=name)
+        self.table, self.capacity, self.dim, self.policy = name, capacity, dim, policy
+        self.map = id_map.IdMap(name, capacity, admit_after, policy, ttl, candidate_slots)
+        self._seed = tf.constant(seed, tf.int64)
+        self._limit = 0.0 if zeros_initializer else math.sqrt(1.0 / capacity)
+        self.variable = tf.Variable(self._initial_rows(tf.constant(0, tf.int64), capacity), name=name)
+        self.updated_at = tf.Variable(tf.zeros([capacity, 1], tf.int32), trainable=False, name=f"{name}/{UPDATED_AT}")
+        self.optimizer = make_optimizer(optimizer, [self.variable], f"{name}_optimizer")
+        self.slots: Dict[str, tf.Variable] = self.optimizer.slots[self.variable.ref()]
+
+    def _initial_rows(self, step, n) -> tf.Tensor:
+        seed = tf.random.experimental.stateless_fold_in(self._seed, step)
+        return tf.random.stateless_uniform([n, self.dim], seed=seed, minval=-self._limit, maxval=self._limit)
+
+    def lookup(self, ids, step, training: bool):
+        """ids [n] int64, step [] int64 -> rows [n] int32 (-1: none), embeddings [n, D]."""
+        ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
+        if training:
+            try:
+                rows, codes, _ = self.map.find_or_insert(ids, step)
+            except tf.errors.InvalidArgumentError as e:   # eagerly: the op's line alone
+                raise ValueError(e.message.split("}} ")[-1].split(" [Op:")[0]) from None
+            new = (codes == id_map.ADMITTED) | (codes == id_map.EVICTED)
+            self._reset(tf.boolean_mask(rows, new), tf.boolean_mask(self._initial_rows(step, tf.size(ids)), new))
+        else:
+            rows = self.map.find(ids)
+        found = rows >= 0
+        emb = tf.gather(self.variable, tf.maximum(rows, 0)) * tf.cast(found, self.variable.dtype)[:, None]
+        return rows, emb
+
+    def _reset(self, rows, values):
+        """New rows [k] take `values` [k, D], their slots the initial value, updated_at 0."""
+        self.variable.scatter_update(tf.IndexedSlices(values, rows))
+        for slot, var in self.slots.items():
+            var.scatter_update(tf.IndexedSlices(self.optimizer._slot_init(slot, values), rows))
+        self.updated_at.scatter_update(tf.IndexedSlices(tf.zeros_like(rows)[:, None], rows))
+
+    def apply_gradients(self, rows, grads, lr, step):
+        """rows [n] int32 from lookup, grads [n, D]: the rows >= 0 take the optimizer's update."""
+        found = rows >= 0
+        kept = tf.boolean_mask(rows, found)
+        self.optimizer.apply([(tf.IndexedSlices(tf.boolean_mask(grads, found), kept), self.variable)], lr)
+        self.updated_at.scatter_update(
+            tf.IndexedSlices(tf.fill([tf.size(kept), 1], tf.cast(step, tf.int32) + 1), kept))
+
+    def counts(self) -> Dict[str, int]:
+        return self.map.stats()
+
+    def checkpoint_names(self) -> List[str]:
+        extra = [ORDER_KEY[self.policy]] if ORDER_KEY[self.policy] else []
+        return [self.table] + [f"{self.table}/{k}" for k in list(self.slots) + [UPDATED_AT, IDS] + extra +
+                               [CANDIDATES, TOTALS, ITERATIONS]]
+
+    def checkpoint_entries(self) -> List[Entry]:
+        state = {k: v.numpy() for k, v in self.map.export().items()}
+        rows = state["rows"]
+        column = {IDS: state["ids"][:, None], UPDATED_AT: tf.gather(self.updated_at, rows).numpy(),
+                  CANDIDATES: np.stack([state["candidate_ids"], state["candidate_sightings"],
+                                        state["candidate_last_seen"]], axis=1),
+                  TOTALS: state["totals"][None, :], ITERATIONS: self.optimizer.iterations.numpy().reshape(1, 1)}
+        if ORDER_KEY[self.policy]:
+            column[ORDER_KEY[self.policy]] = state[ORDER_KEY[self.policy]].astype(np.int32)[:, None]
+        column.update({slot: tf.gather(var, rows).numpy() for slot, var in self.slots.items()})
+        values = {self.table: tf.gather(self.variable, rows).numpy()}
+        values.update({f"{self.table}/{k}": v for k, v in column.items()})
+        return [Entry(name, _Snapshot(values[name]), values[name].shape) for name in self.checkpoint_names()]
+
+    def restore(self, path: str):
+        """Replaces the table's state with its checkpoint's at `path` (a checkpoint folder or root)."""
+        names = self.checkpoint_names()
+        tensors = checkpoint.read_manifest(path)["tensors"]
+        missing = [n for n in names if n not in tensors]
+        if missing:
+            raise ValueError(f"dynamic table {self.table}: {checkpoint.resolve(path)} lacks {missing[0]} "
+                             f"(a static table's checkpoint, or another eviction policy's)")
+        read = {n: checkpoint.read_tensor(path, n) for n in names}
+        ids = read[f"{self.table}/{IDS}"][:, 0]
+        live = len(ids)
+        if live > self.capacity:
+            raise ValueError(f"dynamic table {self.table}: its checkpoint holds {live} live rows, the capacity is "
+                             f"{self.capacity}")
+        key = ORDER_KEY[self.policy]
+        per_row = read[f"{self.table}/{key}"][:, 0].astype(np.int64) if key else None
+        cands = read[f"{self.table}/{CANDIDATES}"]
+        self.map.restore({"ids": ids, "rows": np.arange(live, dtype=np.int32),
+                          "counts": per_row if key == "counts" else np.ones(live, np.int64),
+                          "last_used": per_row if key == "last_used" else np.full(live, -1, np.int64),
+                          "candidate_ids": cands[:, 0], "candidate_sightings": cands[:, 1],
+                          "candidate_last_seen": cands[:, 2], "totals": read[f"{self.table}/{TOTALS}"][0]})
+        self.variable[:live].assign(read[self.table])
+        for slot, var in self.slots.items():
+            var[:live].assign(read[f"{self.table}/{slot}"])
+        self.updated_at[:live].assign(read[f"{self.table}/{UPDATED_AT}"])
+        self.optimizer.iterations.assign(read[f"{self.table}/{ITERATIONS}"][0, 0])
