@@ -11,23 +11,28 @@ find-or-insert is what it takes: lookup, the missing ids made unique and inserte
 rows, lookup again. Both run in one tf.function over the 26 tables, `--warmup` batches first,
 then `rounds` rounds of `steps` batches each, the two alternating, so that load from other
 processes hits both alike. Reported: ids/s over the whole batch (median and best round) and per
-thread (--threads, TensorFlow's intra- and inter-op threads: 1 measures one core), the load average.
+thread (--threads, TensorFlow's intra- and inter-op threads: 1 measures one core), the load
+average, and `call_floor`: the same tf.function call with only tf.identity of the 26 id tensors
+inside (the part of both figures that is TensorFlow's call, not the lookups).
 
 `--checkpoint DIR`: a dynamic table (D = 16, SGD, capacity the largest W1 table's) after the
-warm-up batches saves its checkpoint entries (parallel_embedding.dynamic_table) under DIR; reported:
-the checkpoint's bytes on disk against the live rows' own bytes (ids, rows, updated_at, the
-eviction state) and against ids and rows alone.
+warm-up and timed batches (that table's ids) saves its checkpoint entries
+(parallel_embedding.dynamic_table) under DIR; reported: the checkpoint's bytes on disk (manifest
+included) against the live rows' payload (ids int64, rows, updated_at int32) and against ids and
+rows alone, and the bytes DenseHashTable's export (what its checkpoint saves) of that table holds.
 """
 import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 import numpy as np
 import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)   # this checkout's modules, not an installed copy's
 WORKLOADS = os.path.join(os.path.dirname(ROOT), "shared", "bench", "workloads.yaml")
 BATCH = 4096
 
@@ -96,6 +101,10 @@ def main():
             out.append(table.lookup(i))
         return out
 
+    @tf.function
+    def floor_step(ids):   # the same call with nothing inside: the tf.function's own cost
+        return [tf.identity(i) for i in ids]
+
     batches = [[tf.constant(t) for t in b] for b in w1_batches(cards, args.warmup + args.rounds * args.steps,
                                                                 args.zipf, 0)]
     step = 0
@@ -103,16 +112,17 @@ def main():
         step += 1
         map_step(b, tf.constant(step, tf.int64))
         dense_step(b)
-    times = {"id_map": [], "dense_hash_table": []}
+    times = {"id_map": [], "dense_hash_table": [], "call_floor": []}
     for r in range(args.rounds):
         chunk = batches[args.warmup + r * args.steps: args.warmup + (r + 1) * args.steps]
         steps = [tf.constant(step + i + 1, tf.int64) for i in range(len(chunk))]
         step += len(chunk)
-        first, second = (("id_map", "dense_hash_table") if r % 2 == 0 else ("dense_hash_table", "id_map"))
-        for name in (first, second):
+        order = ("id_map", "dense_hash_table", "call_floor")
+        for name in order if r % 2 == 0 else order[::-1]:
             start = time.perf_counter()
             for i, b in enumerate(chunk):
-                out = map_step(b, steps[i]) if name == "id_map" else dense_step(b)
+                out = (map_step(b, steps[i]) if name == "id_map" else dense_step(b) if name == "dense_hash_table"
+                       else floor_step(b))
             out[-1].numpy()
             times[name].append((time.perf_counter() - start) / len(chunk))
     ids = BATCH * len(cards)
@@ -126,6 +136,39 @@ def main():
                         "M_ids_per_s_per_thread_median": round(ids / statistics.median(t) / 1e6 / args.threads, 2)}
     result["speedup_median"] = round(statistics.median(times["dense_hash_table"]) / statistics.median(times["id_map"]), 2)
     print(json.dumps(result), flush=True)
+    if args.checkpoint:
+        largest = int(np.argmax(cards))
+        dense_export = [int(np.prod(t.shape)) * t.dtype.size for t in dense[largest].export()]
+        dense_export = (sum(dense_export), int(dense[largest].size()) * 16)   # its bucket array, its live pairs
+        del maps, dense, map_step, dense_step
+        print(json.dumps(checkpoint_bytes(args.checkpoint, cards[largest], [b[largest] for b in batches],
+                                          dense_export)), flush=True)
+
+
+def checkpoint_bytes(root, capacity, batches, dense_export_bytes, dim=16):
+    """A dynamic table (`capacity` rows of `dim`, SGD) trained on `batches` ([BATCH] ids each),
+    checkpointed under `root`: its bytes on disk against the live rows' own bytes; beside them
+    `dense_export_bytes`: (DenseHashTable's export, its live (key, value) pairs) in bytes."""
+    import tensorflow as tf
+    from parallel_embedding.collectives import SingleProcess
+    from parallel_embedding.dynamic_table import DynamicTable
+    from storage import checkpoint
+
+    table = DynamicTable("table", capacity, dim, seed=(0, 0))
+    for step, ids in enumerate(batches, start=1):
+        rows, emb = table.lookup(ids, tf.constant(step, tf.int64), training=True)
+        table.apply_gradients(rows, tf.ones_like(emb), tf.constant(0.01), step)
+    path = checkpoint.save(root, table.checkpoint_entries(), len(batches), {}, SingleProcess())
+    on_disk = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+    live = table.counts()["live"]
+    ids_and_rows = live * (8 + 4 * dim)
+    payload = ids_and_rows + live * 4   # + updated_at
+    return {"capacity": capacity, "dim": dim, "live_rows": live, "checkpoint_bytes": on_disk,
+            "live_payload_bytes": payload, "ratio_to_payload": round(on_disk / payload, 3),
+            "ratio_to_ids_and_rows": round(on_disk / ids_and_rows, 3),
+            "dense_hash_table_export_bytes": dense_export_bytes[0],
+            "dense_hash_table_export_ratio_to_its_live_pairs": round(dense_export_bytes[0] / dense_export_bytes[1], 3),
+            "path": path}
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ Tables on disk (a plan with tiers, plan_tables(..., tiers=planner.TierOptions(..
 Modules: planner.py (`plan_tables`, with `TierOptions` the tiers too: pure Python), collectives.py
 (the one seam to Horovod), layer.py (`DistributedEmbedding`), tiered.py (`DiskTier`: the disk tier,
 its caches storage/row_cache.py's), optimizers.py (SGD, Adagrad, Adam: lazy sparse row updates,
-and the dense form, which the trainer uses for the MLPs).
+and the dense form, which the trainer uses for the MLPs), dynamic_table.py (`DynamicTable`: raw
+64-bit ids, admission and eviction over the id map op, one process; not yet used by the layer).
 """
 UPDATED_AT = "updated_at"   # tensor `<table>/updated_at` [rows, 1] int32: the step that last updated each row
