@@ -57,7 +57,8 @@ class LossScale(tf.Module):
                                         tf.zeros_like(self.good_steps)))
 
 
-def _scale_grad(grad, factor):
+def scale_gradient(grad, factor):
+    """`grad` (a tensor or IndexedSlices) times `factor`."""
     if isinstance(grad, tf.IndexedSlices):
         return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
     return grad * factor
@@ -197,7 +198,7 @@ class Trainer(tf.Module):
             self._apply(grads, lr, multi_hot)
             good = tf.logical_and(finite, tf.math.is_finite(loss))
         else:   # an overflowing step is skipped, not an error
-            grads = [_scale_grad(g, 1.0 / self.loss_scale.value) for g in grads]
+            grads = [scale_gradient(g, 1.0 / self.loss_scale.value) for g in grads]
             tf.cond(finite, lambda: self._apply(grads, lr, multi_hot), lambda: tf.no_op())
             self.loss_scale.update(finite)
             good = tf.math.is_finite(loss)

@@ -14,9 +14,18 @@ the loss and the sum of all gradients (non-finite check) travel in one grouped a
 dense weights are updated by the dense form of the same optimizer (parallel_embedding/optimizers.py).
 The loss is this rank's share of the global batch's mean: the compiled loss' per-sample values
 summed and divided by B = N b, so that summed over the N ranks it is one process' loss on B.
+
+AMP is Keras' mixed precision: a model built under `keras.mixed_precision.set_global_policy(
+"mixed_bfloat16")` (or "mixed_float16") computes its Keras layers in that dtype, with float32
+weights; the tables and the looked-up rows stay float32 and the loss is computed on float32
+logits. A model computing in float16 anywhere scales its loss (nn.trainer.LossScale: dynamic, or
+static with `compile(loss_scale=...)`); a step whose scaled gradients are not finite is skipped
+and the scale halved, as the built-in trainer does. `compile(jit_compile=True)` XLA-compiles a
+functional model's dense part (`dense_part`: forward and backward, the loss), as the built-in
+trainer's --xla; the lookups, exchanges, allreduce and updates run outside it.
 """
 import contextlib
-from typing import List, Set, Union
+from typing import Dict, List, Optional, Set, Union
 
 import keras
 import tensorflow as tf
@@ -24,7 +33,7 @@ from keras.src.models.functional import Functional
 from keras.src.models.model import functional_init_arguments
 
 from nn.lr_schedule import LearningRateSchedule
-from nn.trainer import gradient_sum
+from nn.trainer import LOSS_SCALE_STATE, LossScale, gradient_sum, scale_gradient
 from parallel_embedding.optimizers import make_optimizer
 from storage.checkpoint import Entry, replicated_entries
 from ranking.config import TABLE_OPTIMIZERS
@@ -37,11 +46,19 @@ class _ProjectStep:
 
     def compile(self, optimizer: str = "sgd", learning_rate: Union[float, LearningRateSchedule] = 0.01,
                 loss="binary_crossentropy_from_logits", beta_1: float = 0.9, beta_2: float = 0.999, metrics=None,
-                run_eagerly: bool = False):
+                run_eagerly: bool = False, jit_compile: bool = False, auto_scale_loss: bool = True,
+                loss_scale: Optional[float] = None, loss_weights: Optional[Dict[str, float]] = None):
         """`optimizer`: "sgd", "adagrad" or "adam" (lazy sparse updates for the tables, the
         dense form for the Keras weights), at `learning_rate` (a float, or an
         nn.lr_schedule.LearningRateSchedule of the global step); `loss`: a Keras loss on
-        (labels, logits), or the default, binary cross-entropy on logits; `metrics` as Keras'."""
+        (labels, logits), or the default, binary cross-entropy on logits; `metrics` as Keras'.
+        A model with several heads (a dict of outputs, each [b] or [b, 1]; its labels a dict of
+        [b] by head) takes `loss` for every head or a dict by head, `loss_weights` a dict by head
+        (default 1.0), and `metrics` as Keras' (a dict by head: "<head>_<metric>" in the logs); a
+        subclassed one names its heads in the `loss` dict.
+        `jit_compile`: XLA-compile the dense part (a functional model). A model computing in
+        float16 scales its loss: dynamically with `auto_scale_loss` (Keras' name), at the static
+        `loss_scale` when given."""
         if optimizer not in TABLE_OPTIMIZERS:
             raise ConfigError(f"compile: optimizer must be one of {', '.join(TABLE_OPTIMIZERS)}, got {optimizer!r}")
         self.embedding_layers = [l for l in self._flatten_layers() if isinstance(l, HybridEmbedding)]
@@ -54,23 +71,60 @@ class _ProjectStep:
         self.comm = self.embedding_layers[0].collectives
         if any(l.collectives is not self.comm for l in self.embedding_layers):
             raise ConfigError(f"model {self.name!r}: its HybridEmbedding layers use different collectives")
-        if loss == "binary_crossentropy_from_logits":
-            loss = keras.losses.BinaryCrossentropy(from_logits=True)
-        self._per_sample_loss = keras.losses.get(loss)
+        self._heads = self._head_names(loss, loss_weights)
+        losses = loss if isinstance(loss, dict) else dict.fromkeys(self._heads or [None], loss)
+        self._per_sample_loss = {head: _per_sample_loss(fn) for head, fn in losses.items()}
+        self._loss_weights = {head: float((loss_weights or {}).get(head, 1.0)) for head in losses}
+        # Each head's share of the loss, a running mean over the epoch as Keras' loss ("<head>_loss").
+        self.head_loss_trackers = {h: keras.metrics.Mean(name=f"{h}_loss") for h in self._heads or []}
         self.schedule = learning_rate if callable(learning_rate) else LearningRateSchedule(learning_rate, 0, 0, 0)
         self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         # The update with global index `step` runs at schedule(step - schedule_origin) (a run
         # continued from a checkpoint may restart the schedule there).
         self.schedule_origin = tf.Variable(0, dtype=tf.int64, trainable=False, name="schedule_origin")
         self.first_nonfinite_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="first_nonfinite_step")
+        dtypes = sorted({l.compute_dtype for l in self._flatten_layers()})
+        if loss_scale is not None and "float16" not in dtypes:
+            raise ConfigError(f"compile: loss_scale applies to a model computing in float16 (built under Keras' "
+                              f"'mixed_float16' policy); model {self.name!r} computes in {', '.join(dtypes)}")
+        self.loss_scale = LossScale(static=loss_scale) if "float16" in dtypes and (auto_scale_loss or loss_scale) \
+            else None
+        self._xla = _DenseSplit(self) if jit_compile else None
         for layer in self.embedding_layers:
             layer.embedding.set_optimizer(optimizer, self.global_step, beta_1, beta_2, compiled=not run_eagerly)
         self.dense_optimizer = make_optimizer(optimizer, self.dense_variables, "dense_optimizer", beta_1, beta_2)
         # Keras initialises each rank's weights at random: start every rank from rank 0's.
         self.comm.broadcast_variables([v.value for v in self.weights])
         # Keras' own optimizer is not used (the step above updates every variable).
-        super().compile(optimizer=keras.optimizers.SGD(0.0), loss=loss, metrics=metrics, run_eagerly=run_eagerly,
-                        jit_compile=False)
+        super().compile(optimizer=keras.optimizers.SGD(0.0), loss=losses if self._heads else loss, metrics=metrics,
+                        run_eagerly=run_eagerly, jit_compile=False)
+
+    def _head_names(self, loss, loss_weights) -> Optional[List[str]]:
+        """The model's heads (None: one output): a functional model's output dict's keys, else
+        the `loss` dict's; checked against `loss` and `loss_weights` (one-line ConfigErrors)."""
+        outputs = getattr(self, "_outputs_struct", None)
+        if isinstance(outputs, dict):
+            heads = sorted(outputs)
+            for head in heads:
+                shape = tuple(outputs[head].shape)
+                if shape not in ((None,), (None, 1)):
+                    layer = outputs[head]._keras_history.operation.name
+                    raise ConfigError(f"compile: head {head!r} (layer {layer!r}) gives shape {shape}; a head gives "
+                                      f"one logit per sample ([b] or [b, 1])")
+        elif outputs is not None and isinstance(loss, dict):
+            raise ConfigError(f"compile: loss is a dict by head ({', '.join(sorted(loss))}); model {self.name!r} "
+                              f"gives one output")
+        else:
+            heads = sorted(loss) if isinstance(loss, dict) else None
+        for what, given in (("loss", loss), ("loss_weights", loss_weights)):
+            if isinstance(given, dict) and heads is not None and sorted(given) != heads \
+                    and not (what == "loss_weights" and set(given) <= set(heads)):
+                raise ConfigError(f"compile: {what} names heads {', '.join(sorted(given))}; model {self.name!r} has "
+                                  f"the heads {', '.join(heads)}")
+        if loss_weights is not None and heads is None:
+            raise ConfigError(f"compile: loss_weights applies to a model with several heads; model {self.name!r} "
+                              f"gives one output")
+        return heads
 
     @property
     def dense_variables(self) -> List[tf.Variable]:
@@ -83,7 +137,8 @@ class _ProjectStep:
         any M): every HybridEmbedding's tables ("<layer>_tables/table_<t>" [rows_t, D_t], t in
         order of first use) and, unless `weights_only`, their optimizer slots, updated_at and
         update counter; then, replicated, the Keras weights by path ("top_0/kernel") and, unless
-        `weights_only`, the dense optimizer's slots and counter and "global_step". After compile.
+        `weights_only`, the dense optimizer's slots and counter, "global_step" and, scaling the
+        loss, its state (nn.trainer.LOSS_SCALE_STATE: optional in a checkpoint). After compile.
         Name the layers: a Keras auto-name ("dense_3") depends on the layers made before it in
         the process."""
         entries = [e for layer in self.embedding_layers for e in layer.embedding.checkpoint_entries(weights_only)]
@@ -91,6 +146,8 @@ class _ProjectStep:
         if not weights_only:
             named.update(self.dense_optimizer.variables_by_name())
             named["global_step"] = self.global_step
+            if self.loss_scale is not None:
+                named.update(zip(LOSS_SCALE_STATE, (self.loss_scale.scale, self.loss_scale.good_steps)))
         entries += replicated_entries(named)
         replicated = [e.name for e in entries if e.replicated]
         sharded = {e.name for e in entries if not e.replicated}
@@ -104,13 +161,28 @@ class _ProjectStep:
         names = set().union(*(l.embedding.checkpoint_names(weights_only) for l in self.embedding_layers))
         return names | {e.name for e in self.checkpoint_entries(weights_only) if e.replicated}
 
-    def _loss_share(self, labels, logits) -> tf.Tensor:
-        """This rank's share of the global batch's mean loss (float32 [])."""
+    def _loss_share(self, labels, outputs):
+        """This rank's share of the global batch's mean loss (float32 []): the weighted sum of the
+        heads' (one output: its own); and each head's share ({head: []}; empty for one output)."""
+        if isinstance(outputs, dict) and self._heads is None:
+            raise ConfigError(f"model {self.name!r} gives heads {', '.join(sorted(outputs))}; compile's loss is "
+                              f"for one output: give it as a dict by head")
+        if self._heads is None:
+            return self._head_share(self._per_sample_loss[None], labels, outputs), {}
+        if not isinstance(labels, dict) or sorted(labels) != self._heads:
+            given = ", ".join(sorted(labels)) if isinstance(labels, dict) else "one tensor"
+            raise ConfigError(f"model {self.name!r}: its labels must be a dict by head ({', '.join(self._heads)}), "
+                              f"got {given}")
+        shares = {h: self._head_share(self._per_sample_loss[h], labels[h], outputs[h]) for h in self._heads}
+        return tf.add_n([self._loss_weights[h] * shares[h] for h in self._heads]), shares
+
+    def _head_share(self, fn, labels, logits) -> tf.Tensor:
+        """One output's share: `fn`'s per-sample losses on (labels [b], logits [b] or [b, 1]),
+        summed, divided by the global batch B = N b."""
         logits = tf.cast(logits, tf.float32)
         if logits.shape.rank == 2:
             logits = tf.squeeze(logits, axis=1)
         labels = tf.cast(tf.reshape(labels, [-1]), tf.float32)
-        fn = self._per_sample_loss
         per_sample = fn.call(labels[:, None], logits[:, None]) if isinstance(fn, keras.losses.Loss) \
             else fn(labels[:, None], logits[:, None])
         return tf.reduce_sum(per_sample) / tf.cast(tf.shape(labels)[0] * self.comm.size, tf.float32)
@@ -121,23 +193,33 @@ class _ProjectStep:
 
     def train_step(self, data):
         x, labels, _ = keras.utils.unpack_x_y_sample_weight(data)
-        loss, logits = self.step_on(x, labels)
-        for metric in self.metrics:   # Keras' loss tracker (a running mean) and compile's metrics (local batch)
+        loss, head_losses, logits = self.step_on(x, labels)
+        heads = {id(m): h for h, m in self.head_loss_trackers.items()}
+        # Keras' loss tracker (a running mean), the heads', compile's metrics (local batch)
+        for metric in self.metrics:
             if metric.name == "loss":
                 metric.update_state(loss)
+            elif id(metric) in heads:
+                metric.update_state(head_losses[heads[id(metric)]])
             else:
                 metric.update_state(labels, logits)
         return self.get_metrics_result()
 
     def step_on(self, x, labels):
-        """One training step on this rank's inputs `x` and `labels` [b]: (the global batch's mean
-        loss [], this rank's logits as the model gives them)."""
+        """One training step on this rank's inputs `x` and `labels` ([b]; several heads: a dict of
+        [b] by head): (the global batch's mean loss [], its heads' ({head: []}; empty for one
+        output), this rank's logits as the model gives them, float32)."""
         dense = self.dense_variables
         with tf.GradientTape() as tape:
             with contextlib.ExitStack() as stack:
                 records = [stack.enter_context(l.recording(tape)) for l in self.embedding_layers]
-                logits = self(x, training=True)
-            loss = self._loss_share(labels, logits)
+                if self._xla is None:
+                    logits = self(x, training=True)
+                else:   # the lookups and exchanges only; the dense part below
+                    embedded = self._xla.embeddings(x, training=True)
+            if self._xla is None:
+                loss, head_losses = self._loss_share(labels, logits)
+                scaled = loss if self.loss_scale is None else loss * self.loss_scale.value
         calls = []
         for layer, rec in zip(self.embedding_layers, records):
             if len(rec.calls) != 1:
@@ -145,26 +227,59 @@ class _ProjectStep:
                                   f"a HybridEmbedding is called once per step")
             calls.append((layer,) + rec.calls[0])
         sources = [r for _, _, rows in calls for r in rows]
-        grads = tape.gradient(loss, sources + dense)
+        if self._xla is None:
+            grads = tape.gradient(scaled, sources + dense)
+            row_grads, dense_grads = grads[:len(sources)], grads[len(sources):]
+        else:
+            loss, head_losses, logits, embedded_grads, dense_grads = self._xla.forward_backward(
+                self._xla.dense_inputs(x, embedded), labels)
+            row_grads = tape.gradient(embedded, sources, output_gradients=embedded_grads)
         table_grads, i = [], 0
         for layer, looked_up, rows in calls:
-            table_grads.append(layer.gradients(looked_up, grads[i:i + len(rows)]))
+            table_grads.append(layer.gradients(looked_up, row_grads[i:i + len(rows)]))
             i += len(rows)
-        dense_grads = grads[len(sources):]
         flat_table_grads = [g for gs in table_grads for g in gs]
-        reduced = self.comm.allreduce_sum(list(dense_grads) + [loss, gradient_sum(flat_table_grads + dense_grads)],
-                                          "dense_grads")
-        loss, finite = reduced[len(dense_grads)], tf.math.is_finite(reduced[-1])
+        # Every rank must agree on a non-finite step (to skip it under loss scaling, else to stop).
+        heads = sorted(head_losses)
+        reduced = self.comm.allreduce_sum(list(dense_grads) + [loss] + [head_losses[h] for h in heads]
+                                          + [gradient_sum(flat_table_grads + dense_grads)], "dense_grads")
+        n = len(dense_grads)
+        loss, finite = reduced[n], tf.math.is_finite(reduced[-1])
+        head_losses = dict(zip(heads, reduced[n + 1:-1]))
+        dense_grads = reduced[:n]
         lr = self.learning_rate(self.global_step)
-        for (layer, looked_up, _), gs in zip(calls, table_grads):
-            multi_hot = any(f.sample is not None for f in looked_up.shard_ids + looked_up.replicated_ids)
-            layer.embedding.apply_gradients(gs, lr, multi_hot)
-        self.dense_optimizer.apply(zip(reduced[:len(dense_grads)], dense), lr)
-        good = tf.logical_and(finite, tf.math.is_finite(loss))
+        if self.loss_scale is None:
+            self._apply(calls, table_grads, dense_grads, lr)
+            good = tf.logical_and(finite, tf.math.is_finite(loss))
+        else:   # an overflowing step is skipped, not an error
+            unscale = 1.0 / self.loss_scale.value
+            table_grads = [[scale_gradient(g, unscale) for g in gs] for gs in table_grads]
+            dense_grads = [scale_gradient(g, unscale) for g in dense_grads]
+            tf.cond(finite, lambda: self._apply(calls, table_grads, dense_grads, lr), tf.no_op)
+            self.loss_scale.update(finite)
+            good = tf.math.is_finite(loss)
         first = tf.logical_and(tf.logical_not(good), self.first_nonfinite_step == 0)
         self.first_nonfinite_step.assign(tf.where(first, self.global_step + 1, self.first_nonfinite_step))
         self.global_step.assign_add(1)
-        return loss, logits
+        return loss, head_losses, keras.tree.map_structure(lambda t: tf.cast(t, tf.float32), logits)
+
+    def _apply(self, calls, table_grads, dense_grads, lr):
+        """The updates of one step: every layer's tables (sparse), then the Keras weights."""
+        for (layer, looked_up, _), gs in zip(calls, table_grads):
+            multi_hot = any(f.sample is not None for f in looked_up.shard_ids + looked_up.replicated_ids)
+            layer.embedding.apply_gradients(gs, lr, multi_hot)
+        self.dense_optimizer.apply(zip(dense_grads, self.dense_variables), lr)
+        return tf.no_op()
+
+    def inference(self, x):
+        """The model's outputs on this rank's inputs `x` for evaluation, float32 and computed in
+        float32 (an AMP model's too: those of its float32 form with the same weights, as the
+        built-in path evaluates); the dense part XLA-compiled under `compile(jit_compile=True)`."""
+        if self._xla is not None:
+            return self._xla.forward(self._xla.dense_inputs(x, self._xla.embeddings(x, training=False)))
+        with _computing_in_float32(self):
+            outputs = self(x, training=False)
+        return keras.tree.map_structure(lambda t: tf.cast(t, tf.float32), outputs)
 
     def check_finite(self):
         """Raises NonFiniteError naming the first step whose loss or gradients were not finite."""
@@ -181,9 +296,10 @@ class Model(_ProjectStep, keras.Model):
     """A keras.Model whose `fit` (and `train_on_batch`) runs the project's step over its
     `HybridEmbedding` layers (at least one, each called once a step; all on the same
     collectives); `evaluate` and `predict` are Keras' own, on this rank's batch. Outputs: logits
-    [b] or [b, 1] (one head). Subclass it (with `call`), or call it as `Model(inputs, outputs)`, which
-    returns a `FunctionalModel` (Keras' own route for that, which rewrites the subclass's bases
-    in place, would turn every later subclass of Model functional)."""
+    [b] or [b, 1], or a dict of them by head (see `compile`). Subclass it (with `call`), or call
+    it as `Model(inputs, outputs)`, which returns a `FunctionalModel` (Keras' own route for that,
+    which rewrites the subclass's bases in place, would turn every later subclass of Model
+    functional)."""
 
     def __new__(cls, *args, **kwargs):
         if cls is Model and functional_init_arguments(args, kwargs):
@@ -205,6 +321,90 @@ class FunctionalModel(_ProjectStep, Functional):
         inputs = [t for t in self.inputs if id(t) not in consumed]
         inputs += [t for l in layers for t in keras.tree.flatten(l.output)]
         return keras.Model(inputs, self.outputs, name=f"{self.name}_dense")
+
+
+def _per_sample_loss(loss):
+    """A Keras loss (its `call` gives per-sample values); "binary_crossentropy_from_logits": the default."""
+    if loss == "binary_crossentropy_from_logits":
+        loss = keras.losses.BinaryCrossentropy(from_logits=True)
+    return keras.losses.get(loss)
+
+
+@contextlib.contextmanager
+def _computing_in_float32(*models: keras.Model):
+    """Within: every layer of `models` computes in float32 (Keras' dtype policy "float32"; an
+    AMP model's weights are float32 already); its own policies after."""
+    layers = list({id(l): l for m in models for l in m._flatten_layers()}.values())
+    policies = [l.dtype_policy for l in layers]
+    try:
+        for layer in layers:
+            layer.dtype_policy = "float32"
+        yield
+    finally:
+        for layer, policy in zip(layers, policies):
+            layer.dtype_policy = policy
+
+
+class _DenseSplit:
+    """A functional `model` cut at its embeddings for XLA: its HybridEmbedding layers called on
+    their inputs outside XLA (`embeddings`), then its dense part (FunctionalModel.dense_part),
+    forward and backward, in one XLA-compiled function (`forward_backward`, `forward`). Built by
+    compile; a one-line ConfigError for a subclassed model or an embedding not fed the model's inputs."""
+
+    def __init__(self, model):
+        if not isinstance(model, FunctionalModel):
+            raise ConfigError(f"compile: jit_compile (XLA) compiles a functional model's dense part "
+                              f"(Model(inputs, outputs)); model {model.name!r} is subclassed")
+        self.model = model
+        position = {id(t): i for i, t in enumerate(model.inputs)}
+        for layer in model.embedding_layers:
+            fed = keras.tree.flatten(layer.input)
+            if not all(id(t) in position for t in fed):
+                raise ConfigError(f"compile: jit_compile needs layer {layer.name!r} fed the model's inputs, "
+                                  f"not tensors computed from them")
+        self.dense = model.dense_part()
+        n_other = len(self.dense.inputs) - sum(len(keras.tree.flatten(l.output)) for l in model.embedding_layers)
+        self._position = position
+        self._other = [position[id(t)] for t in self.dense.inputs[:n_other]]
+        self.forward_backward = tf.function(self._forward_backward, jit_compile=True)
+        self.forward = tf.function(self._forward, jit_compile=True)
+
+    def embeddings(self, x, training: bool) -> List[tf.Tensor]:
+        """Every HybridEmbedding layer called on its inputs from `x`: their outputs, flattened
+        (the dense part's last inputs)."""
+        flat = keras.tree.flatten(x)
+        out = [layer(keras.tree.map_structure(lambda t: flat[self._position[id(t)]], layer.input),
+                     training=training) for layer in self.model.embedding_layers]
+        return keras.tree.flatten(out)
+
+    def dense_inputs(self, x, embedded) -> list:
+        """The dense part's inputs: the model's other inputs from `x`, then `embedded`."""
+        flat = keras.tree.flatten(x)
+        return [flat[i] for i in self._other] + list(embedded)
+
+    def _outputs(self, inputs, training: bool):
+        """The dense part's outputs in the model's output structure (a dict by head: as the model's)."""
+        flat = keras.tree.flatten(self.dense(inputs, training=training))
+        return keras.tree.pack_sequence_as(self.model._outputs_struct, flat)
+
+    def _forward_backward(self, inputs, labels):
+        """The dense part on `inputs` (dense_inputs): (loss share [], the heads' shares, outputs,
+        the scaled loss' gradients w.r.t. the embeddings and the Keras weights)."""
+        model, dense = self.model, self.model.dense_variables
+        embedded = inputs[len(self._other):]
+        with tf.GradientTape() as tape:
+            tape.watch(embedded)
+            outputs = self._outputs(inputs, training=True)
+            loss, head_losses = model._loss_share(labels, outputs)
+            scaled = loss if model.loss_scale is None else loss * model.loss_scale.value
+        grads = tape.gradient(scaled, list(embedded) + dense)
+        return loss, head_losses, outputs, grads[:len(embedded)], grads[len(embedded):]
+
+    def _forward(self, inputs):
+        """The dense part's float32 outputs on `inputs` (dense_inputs), computed in float32."""
+        with _computing_in_float32(self.model, self.dense):
+            outputs = self._outputs(inputs, training=False)
+        return keras.tree.map_structure(lambda t: tf.cast(t, tf.float32), outputs)
 
 
 class _StopOnNonFinite(keras.callbacks.Callback):

@@ -14,6 +14,7 @@ from nn.model import RankingModel
 from nn.model_config import ModelConfig, table_configs
 from parallel_embedding.optimizers import slot_names
 from run.config import RunConfig
+import run.runtime
 from run.runtime import embedding_plan, offloading_line
 from run.user_model import UserModel, UserTrainer
 from storage import checkpoint
@@ -90,7 +91,8 @@ class Assembly:
             self.trainer = UserTrainer(user_model, run_eagerly=cfg.runtime.run_eagerly)
             params = user_model.parameters
             self.log.print(f"model: {cfg.model.model}, {len(user_model.features)} categorical features, "
-                           f"{params:,} parameters, {comm.size} rank{'s' if comm.size > 1 else ''}")
+                           f"{params:,} parameters, compute dtype {user_model.compute_dtype.name}, "
+                           f"xla {cfg.runtime.xla}, {comm.size} rank{'s' if comm.size > 1 else ''}")
         emb = self.model.embeddings
         self.view = RankInput(comm.rank, comm.size, tuple(emb.input_rows(f) for f in range(cfg.data.num_categorical)))
         self.log.record("params", **cfg.flat(), parameters=params, world_size=comm.size)
@@ -109,10 +111,7 @@ class Assembly:
         """Builds the flags' DLRM / DCNv2 (model_config, model, trainer) and prints its plan; returns
         its parameters."""
         runtime, training = cfg.runtime, cfg.training
-        compute_dtype = nn.trainer.amp_dtype() if runtime.amp else tf.float32
-        if runtime.loss_scale is not None and compute_dtype != tf.float16:
-            raise ConfigError(f"--loss_scale applies to float16 AMP (--amp on a GPU); this run computes in "
-                              f"{compute_dtype.name}, which needs no loss scaling")
+        compute_dtype = run.runtime.compute_dtype(cfg)
         on_gpu = bool(tf.config.list_physical_devices("GPU"))
         plan = embedding_plan(cfg, comm.size, len(slot_names(training.optimizer)), on_gpu)
         self.model_config = model_config(cfg)

@@ -263,11 +263,11 @@ _APPLIES_ONLY = {
                     (lambda c: c.storage.embedding_memory_budget_gb is not None, "--embedding_memory_budget_gb")),
 }
 # What a model file (--model) does not take: the built-in models' shape, and what its path does not
-# carry yet (AMP, XLA, frozen or zero-initialised tables, host-memory and disk tiers; its input is
+# carry yet (frozen or zero-initialised tables, host-memory and disk tiers; its input is
 # always data-parallel). Refused in one line naming every one set.
 _NOT_WITH_MODEL_FILE = ("embedding_dim", "bottom_mlp_dims", "top_mlp_dims", "interaction", "num_cross_layers",
                         "cross_layer_projection_dim", "multi_hot_combiner", "embedding_zeros_initializer",
-                        "embedding_trainable", "amp", "loss_scale", "xla", "cpu_offloading_threshold_gb",
+                        "embedding_trainable", "cpu_offloading_threshold_gb",
                         "embedding_memory_budget_gb", "embedding_store_path", "embedding_cache_policy",
                         "data_parallel_input")
 # Table placement flags: they only mean something at several ranks.

@@ -1,7 +1,7 @@
 """TensorFlow's process-wide settings, the run's profiler and its tables' plan (placement and storage
 tiers): the reference's --cpu, --inter_op_parallelism, --intra_op_parallelism, --tfdata_debug,
---profiler_start_step/--profiled_rank and --cpu_offloading_threshold_gb, and the placement flags and
---embedding_memory_budget_gb."""
+--profiler_start_step/--profiled_rank and --cpu_offloading_threshold_gb, the placement flags and
+--embedding_memory_budget_gb, and the compute dtype of --amp and --loss_scale."""
 import os
 from typing import Optional
 
@@ -11,6 +11,18 @@ from utils.errors import ConfigError
 from utils.logger import tensorboard_dir
 
 PROFILED_STEPS = 100   # as the reference
+
+
+def compute_dtype(cfg: RunConfig):
+    """The dense part's compute dtype: float32, or under --amp nn.trainer.amp_dtype() (float16 on
+    a GPU, bfloat16 on the CPU). --loss_scale without float16 is a ConfigError."""
+    import nn.trainer   # its amp_dtype read when called (tests pose as a GPU)
+    import tensorflow as tf
+    dtype = nn.trainer.amp_dtype() if cfg.runtime.amp else tf.float32
+    if cfg.runtime.loss_scale is not None and dtype != tf.float16:
+        raise ConfigError(f"--loss_scale applies to float16 AMP (--amp on a GPU); this run computes in "
+                          f"{dtype.name}, which needs no loss scaling")
+    return dtype
 
 
 def configure_tensorflow(cpu: bool = False, inter_op: Optional[int] = None, intra_op: Optional[int] = None,

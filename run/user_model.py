@@ -8,6 +8,8 @@ The contract (docs/models.md): FILE defines `build_model(features, hparams) -> r
 `features` a ranking.Features, `hparams` a dict (--model_params, --model_param). The model takes
 a dict: "numerical" [b, n] float32 and, per feature it names, ids [b] int64 (multi-hot: ragged
 [b, None] int64); it gives one logit per sample ([b] or [b, 1]). Shapes: b this rank's samples.
+Under --amp the builder runs under Keras' mixed-precision policy of the run's compute dtype
+(run.runtime.compute_dtype); --xla and --loss_scale go to the model's compile.
 """
 import importlib.util
 import os
@@ -18,10 +20,12 @@ import numpy as np
 import tensorflow as tf
 
 from nn.lr_schedule import LearningRateSchedule
+from nn.trainer import LOSS_SCALE_STATE
 from ranking import CategoricalFeature, Features, HybridEmbedding, Model
 from ranking.features import NUMERICAL
 from ranking.model import FunctionalModel
 from run.config import RunConfig
+from run.runtime import compute_dtype
 from storage.checkpoint import Entry
 from utils.errors import ConfigError
 
@@ -55,20 +59,27 @@ class UserModel:
     identity and there are no store figures), `dense_variables`, `parameters`, `signature`.
 
     Built on every rank of `comm` from `cfg` (the same seed on every rank; compile gives every
-    rank rank 0's Keras weights). Checks, before any data is read, each a one-line ConfigError:
-    the builder exists and returns a ranking.Model with one HybridEmbedding on the run's ranks,
-    its inputs are "numerical" and the dataset's features, and a forward of two samples gives one
-    logit per sample."""
+    rank rank 0's Keras weights), under --amp with Keras' policy "mixed_<compute_dtype>"
+    (`compute_dtype`). Checks, before any data is read, each a one-line ConfigError: the builder
+    exists and returns a ranking.Model with one HybridEmbedding on the run's ranks, its inputs are
+    "numerical" and the dataset's features, and a forward of two samples gives one logit per
+    sample (one head)."""
 
     def __init__(self, cfg: RunConfig, comm):
         path, training = cfg.model.model, cfg.training
         self.path, self.comm, self.hparams = path, comm, cfg.model.hparams
         self.features = dataset_features(cfg, comm)
+        self.compute_dtype = compute_dtype(cfg)
         keras.utils.set_random_seed(cfg.seed)
+        policy = keras.mixed_precision.global_policy()
+        if self.compute_dtype != tf.float32:
+            keras.mixed_precision.set_global_policy(f"mixed_{self.compute_dtype.name}")
         try:
             model = load_builder(path)(self.features, dict(self.hparams))
         except ConfigError as e:   # the builder's own (a hyper-parameter, a feature): named with the file
             raise ConfigError(f"--model={path}: {e}") from None
+        finally:
+            keras.mixed_precision.set_global_policy(policy)
         where = f"--model={path}: {BUILDER}"   # the model it built is wrong
         if not isinstance(model, (Model, FunctionalModel)):
             raise ConfigError(f"{where} returned {type(model).__name__}, not a ranking.Model")
@@ -84,8 +95,12 @@ class UserModel:
         self.embeddings = _Tables(layers[0])
         schedule = LearningRateSchedule(training.learning_rate, training.warmup_steps, training.decay_start_step,
                                         training.decay_steps)
-        model.compile(optimizer=training.optimizer, learning_rate=schedule, beta_1=training.beta1,
-                      beta_2=training.beta2, run_eagerly=cfg.runtime.run_eagerly)
+        try:   # --xla of a subclassed model, for one
+            model.compile(optimizer=training.optimizer, learning_rate=schedule, beta_1=training.beta1,
+                          beta_2=training.beta2, run_eagerly=cfg.runtime.run_eagerly, jit_compile=cfg.runtime.xla,
+                          loss_scale=cfg.runtime.loss_scale)
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
         model.checkpoint_entries()   # a tensor named twice: refused now, not at the first save
         self._check_output(where)
 
@@ -110,16 +125,19 @@ class UserModel:
         return x if self._input_names is None else {name: x[name] for name in self._input_names}
 
     def logits(self, numerical, categorical) -> tf.Tensor:
-        """Logits [b] float32 of this rank's batch (inference)."""
-        out = self.keras_model(self.inputs(numerical, categorical), training=False)
-        return tf.reshape(tf.cast(out, tf.float32), [-1])
+        """Logits [b] float32 of this rank's batch (inference; computed in float32 under --amp,
+        the dense part XLA-compiled under --xla: ranking.Model.inference)."""
+        return tf.reshape(self.keras_model.inference(self.inputs(numerical, categorical)), [-1])
 
     def _check_output(self, where: str):
-        """A forward of two samples of id 0 on every rank must give 2 logits: one per sample."""
+        """A forward of two samples of id 0 on every rank must give 2 logits: one per sample (one head)."""
         numerical = tf.zeros([2, self.features.num_numerical], tf.float32)
         categorical = [tf.RaggedTensor.from_row_lengths(tf.zeros([2], tf.int64), [1, 1]) if f.multi_hot
                        else tf.zeros([2], tf.int64) for f in self.features]
         out = self.keras_model(self.inputs(numerical, categorical), training=False)
+        if isinstance(out, dict):
+            raise ConfigError(f"{where}: the model has heads {', '.join(sorted(out))}; main.py's data carry one "
+                              f"label: train a model with several heads with ranking.Model.fit (docs/models.md)")
         shape = tuple(out.shape) if hasattr(out, "shape") else None
         if shape not in ((2,), (2, 1)):
             raise ConfigError(f"{where}: the model gives {shape if shape else type(out).__name__} for 2 samples; "
@@ -182,7 +200,7 @@ class UserTrainer:
         self.predict = model.logits if run_eagerly else tf.function(model.logits, reduce_retracing=True)
 
     def _train_step(self, numerical, categorical, labels):
-        loss, _ = self.keras_model.step_on(self.model.inputs(numerical, categorical), labels)
+        loss, _, _ = self.keras_model.step_on(self.model.inputs(numerical, categorical), labels)
         return loss
 
     def learning_rate(self, step) -> tf.Tensor:
@@ -198,8 +216,9 @@ class UserTrainer:
         return self.keras_model.checkpoint_names(weights_only)
 
     def optional_names(self) -> Set[str]:
-        """Tensors a checkpoint may lack: none."""
-        return set()
+        """Tensors a checkpoint may lack: float16 loss scaling's state (a run with or without it
+        restores the other's checkpoints, as the built-in path's)."""
+        return set(LOSS_SCALE_STATE)
 
     def broadcast_replicated(self):
         """Sets every rank's replicated state (Keras weights, replicated tables, slots, counters) to rank 0's."""

@@ -4,8 +4,10 @@ Each rank trains on its b samples of every global batch (data-parallel input, th
 feature ragged) with train_on_batch; checks the global loss at every step, then its dense
 weights and every table shard against the matching region of the one-process tables; then
 saves a checkpoint under argv[1] and restores it into a fresh one-process model, whose every
-tensor (tables, slots, weights, counters) must equal the reference's. Prints
-RESULT with the worst difference; exits non-zero on a mismatch."""
+tensor (tables, slots, weights, counters) must equal the reference's. With argv[2] "two_label":
+the model has two heads ("click": the data's label, "rating": numerical 0 above 0), a loss
+weight each, and each head's loss is checked too. Prints RESULT with the worst difference;
+exits non-zero on a mismatch."""
 import json
 import sys
 
@@ -22,6 +24,7 @@ from tests.multi_hot import multi_hot_ids
 CARDS, DIMS, COMBINERS, HOTNESS = [40, 60, 20], [8, 4, 6], ["sum", "mean", "mean"], [1, 3, 2]
 PLAN = dict(row_slice_threshold=300, column_slice_threshold=200, data_parallel_threshold=150)
 B, STEPS, TOLERANCE = 32, 4, 1e-5
+TWO_LABEL = sys.argv[2:] == ["two_label"]
 
 
 def build(comm):
@@ -33,9 +36,14 @@ def build(comm):
                 for f, (c, d, k, h) in enumerate(zip(CARDS, DIMS, COMBINERS, HOTNESS))]
     embedded = HybridEmbedding(features, collectives=comm, seed=(7, 1000), **PLAN)(ids)
     x = keras.layers.Concatenate()([keras.layers.Dense(4, activation="relu", name="bottom")(numerical)] + embedded)
-    x = keras.layers.Dense(1, name="logit")(keras.layers.Dense(16, activation="relu", name="top")(x))
-    model = Model([numerical] + ids, x)
-    model.compile(optimizer="adagrad", learning_rate=0.1)
+    x = keras.layers.Dense(16, activation="relu", name="top")(x)
+    if not TWO_LABEL:
+        model = Model([numerical] + ids, keras.layers.Dense(1, name="logit")(x))
+        model.compile(optimizer="adagrad", learning_rate=0.1)
+        return model
+    model = Model([numerical] + ids, {"click": keras.layers.Dense(1, name="click")(x),
+                                      "rating": keras.layers.Dense(1, name="rating")(x)})
+    model.compile(optimizer="adagrad", learning_rate=0.1, loss_weights={"click": 1.0, "rating": 0.5})
     return model
 
 
@@ -46,7 +54,10 @@ def batch(data, step, start, n):
     for f, h in enumerate(HOTNESS):
         if h > 1:
             ids[f] = tf.cast(multi_hot_ids(CARDS[f], h, f, step * B + start, n), tf.int32)
-    return (tf.constant(whole["numerical"][start:start + n]),) + tuple(ids), tf.constant(whole["labels"][start:start + n])
+    labels = tf.constant(whole["labels"][start:start + n])
+    if TWO_LABEL:
+        labels = {"click": labels, "rating": tf.constant(whole["numerical"][start:start + n, 0] > 0, tf.float32)}
+    return (tf.constant(whole["numerical"][start:start + n]),) + tuple(ids), labels
 
 
 def main():
@@ -64,9 +75,10 @@ def main():
         worst = max(worst, err)
 
     for step in range(STEPS):
-        loss = dist.train_on_batch(*batch(data, step, comm.rank * b, b), return_dict=True)["loss"]
-        ref_loss = ref.train_on_batch(*batch(data, step, 0, B), return_dict=True)["loss"]
-        check(f"step {step} loss", loss, ref_loss)
+        logs = dist.train_on_batch(*batch(data, step, comm.rank * b, b), return_dict=True)
+        ref_logs = ref.train_on_batch(*batch(data, step, 0, B), return_dict=True)
+        for name in ("loss", "click_loss", "rating_loss") if TWO_LABEL else ("loss",):
+            check(f"step {step} {name}", logs[name], ref_logs[name])
     for got, want in zip(dist.dense_variables, ref.dense_variables):
         check(got.name, got.numpy(), want.numpy())
     emb = dist.get_layer("hybrid_embedding").embedding

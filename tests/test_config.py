@@ -461,10 +461,14 @@ MODEL_FILE = os.path.join(ROOT, "examples", "dlrm.py")
 
 
 def test_model_file_refuses_the_flags_it_does_not_take_in_one_line():
-    message = assert_rejected("amp", "does not take", present={"model", "amp", "interaction", "embedding_dim"},
-                              model=MODEL_FILE, amp=True, interaction="cross")
-    assert message == (f"--model={MODEL_FILE} does not take --amp, --embedding_dim and --interaction (the model file "
-                       "sets its own shape; docs/models.md lists what it does not support yet): remove them")
+    message = assert_rejected("num_cross_layers", "does not take",
+                              present={"model", "num_cross_layers", "interaction", "embedding_dim"},
+                              model=MODEL_FILE, num_cross_layers=2, interaction="cross")
+    assert message == (f"--model={MODEL_FILE} does not take --embedding_dim, --interaction and --num_cross_layers (the "
+                       "model file sets its own shape; docs/models.md lists what it does not support yet): remove them")
+    # AMP and XLA: the model file's compile takes them (tests/test_ranking_precision.py)
+    cfg = build(present={"model", "amp", "loss_scale", "xla"}, model=MODEL_FILE, amp=True, loss_scale=8.0, xla=True)
+    assert (cfg.runtime.amp, cfg.runtime.loss_scale, cfg.runtime.xla) == (True, 8.0, True)
     assert_rejected("model", "no such file", present={"model"}, model="/nonexistent/model.py")
     assert build(present={"model", "dist_strategy"}, world_size=2, model=MODEL_FILE).model.model == MODEL_FILE
 

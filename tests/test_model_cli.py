@@ -142,6 +142,14 @@ BAD_MODELS = {
                       "    h = keras.layers.Concatenate(name='c')(e)\n"
                       "    return ranking.Model(x, keras.layers.Dense(2, name='out')(h))\n",
                       "build_model: the model gives (2, 2) for 2 samples; it must give one logit per sample ([b] or [b, 1])"),
+    "two_heads.py": ("import keras, ranking\n\ndef build_model(features, hparams):\n"
+                     "    x = features.inputs()\n"
+                     "    e = features.embedding(features.feature_configs(4))([x[f.name] for f in features])\n"
+                     "    h = keras.layers.Concatenate(name='c')(e)\n"
+                     "    return ranking.Model(x, {'click': keras.layers.Dense(1, name='click')(h),\n"
+                     "                             'rating': keras.layers.Dense(1, name='rating')(h)})\n",
+                     "build_model: the model has heads click, rating; main.py's data carry one label: train a model "
+                     "with several heads with ranking.Model.fit (docs/models.md)"),
     "unknown_feature.py": ("import keras, ranking\n\ndef build_model(features, hparams):\n"
                            "    x = features.inputs()\n"
                            "    e = features.embedding(features.feature_configs(4, names=['user', 'occupation']))(\n"
@@ -162,11 +170,11 @@ def test_a_bad_model_file_is_one_line_before_any_data_is_read(tmp_path, file):
 
 
 def test_unsupported_flags_and_bad_hyper_parameters_are_one_line(tmp_path):
-    line = error_line(python(*model_args("dlrm"), *DATA, "--amp", "--xla", "--embedding_dim=8",
+    line = error_line(python(*model_args("dlrm"), *DATA, "--interaction=cross", "--embedding_dim=8",
                              "--embedding_memory_budget_gb=1"))
-    assert line == ("error: --model=examples/dlrm.py does not take --amp, --embedding_dim, "
-                    "--embedding_memory_budget_gb and --xla (the model file sets its own shape; docs/models.md lists "
-                    "what it does not support yet): remove them")
+    assert line == ("error: --model=examples/dlrm.py does not take --embedding_dim, --embedding_memory_budget_gb "
+                    "and --interaction (the model file sets its own shape; docs/models.md lists what it does not "
+                    "support yet): remove them")
     assert error_line(python(*DATA, "--model_param=hidden=[8]")) == \
         "error: --model_param only applies with --model; remove it or change that flag"
     assert error_line(python(*model_args("deepfm"), *DATA, "--model_param=width=3")) == \

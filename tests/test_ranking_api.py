@@ -223,10 +223,11 @@ def test_configuration_errors_name_what_is_wrong():
         model.compile(optimizer="adam")
 
 
-def test_two_gloo_ranks_equal_one_process(tmp_path):
+@pytest.mark.parametrize("heads", ["one_label", "two_label"])
+def test_two_gloo_ranks_equal_one_process(tmp_path, heads):
     """tests/ranking_multirank_worker.py: row, column and replicated tables, one-hot and ragged
-    multi-hot; its checkpoint restores into one process."""
-    out = horovodrun(2, ["tests/ranking_multirank_worker.py", str(tmp_path)])
+    multi-hot, one head or two (each head's loss); its checkpoint restores into one process."""
+    out = horovodrun(2, ["tests/ranking_multirank_worker.py", str(tmp_path), heads])
     assert out.returncode == 0, f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
     results = json.loads(next(l for l in out.stdout.splitlines() if "RESULT " in l).split("RESULT ", 1)[1])
     assert [r["rank"] for r in results] == [0, 1]

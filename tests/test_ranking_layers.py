@@ -159,11 +159,13 @@ def dlrm_batches():
     return out
 
 
-def todays_dlrm(optimizer):
+def todays_dlrm(optimizer, compute_dtype=tf.float32, **trainer_options):
+    """Today's RankingModel(seed=3) + Trainer (computing in `compute_dtype`: the built-in --amp)."""
     tables = tuple(NNTable(cardinality=c, dim=DIM, combiner="mean" if h > 1 else "sum",
                            max_hotness=h if h > 1 else None) for c, h in zip(CARDS, HOTNESS))
     config = ModelConfig(tables=tables, num_numerical=3, bottom_mlp_dims=BOTTOM, top_mlp_dims=TOP, interaction="dot")
-    return Trainer(RankingModel(config, seed=3), optimizer, LearningRateSchedule(0.1, 0, 0, 0))
+    return Trainer(RankingModel(config, seed=3, compute_dtype=compute_dtype), optimizer,
+                   LearningRateSchedule(0.1, 0, 0, 0), **trainer_options)
 
 
 def api_dlrm():
