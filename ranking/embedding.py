@@ -9,8 +9,8 @@ Shapes: `b` local batch (this rank's samples), `B = N b`, feature f of width D_f
 The tables are a `parallel_embedding.DistributedEmbedding` placed by one `plan_tables` call over
 the ranks of `collectives` (default: one process). Every rank feeds its own b samples of every
 feature (data-parallel input); the embedding exchanges ids and rows with the all-to-alls of
-today's plan. Features sharing a table are looked up together, their ids concatenated (one
-process only: see `HybridEmbedding`).
+today's plan. Features sharing a table are looked up together, their ids concatenated (the
+embedding's `inputs_per_table`: one lookup, exchange and update per table at any N).
 
 The tables are not Keras weights: `model.trainable_variables` holds only the dense layers', so
 Keras (or any dense optimizer) never touches them; `table_variables` lists this rank's, and
@@ -50,8 +50,8 @@ class HybridEmbedding(keras.layers.Layer):
     Tables are planned by `plan_tables(rows, dims, N, strategy, column_slice_threshold,
     row_slice_threshold, data_parallel_threshold)` over the N ranks of `collectives`, initialised
     from `seed` (two ints; the same seed gives the same tables at any N, and as
-    `DistributedEmbedding(..., seed=seed)` of the same shapes). Features sharing a table need
-    N = 1 (their ids are concatenated; the exchange of today's plan carries one input per table).
+    `DistributedEmbedding(..., seed=seed)` of the same shapes). The k features of a table share
+    its lookup: their ids concatenated, [k b], its rows [k b, D] split back per feature.
     """
 
     def __init__(self, features: Union[Mapping[str, FeatureConfig], Sequence[FeatureConfig]], *,
@@ -70,10 +70,6 @@ class HybridEmbedding(keras.layers.Layer):
             raise ConfigError("HybridEmbedding: no features given")
         self.tables, self.table_of = planner_tables(self.features)
         comm = collectives or ONE_PROCESS
-        shared = [t.name for i, t in enumerate(self.tables) if self.table_of.count(i) > 1]
-        if shared and comm.size > 1:
-            raise ConfigError(f"table {shared[0]!r}: features sharing a table run on one process only "
-                              f"(world size {comm.size})")
         zeros = {t.initializer == "zeros" for t in self.tables}
         if len(zeros) > 1:
             raise ConfigError(f"table {next(t.name for t in self.tables if t.initializer == 'zeros')!r}: "
@@ -89,6 +85,8 @@ class HybridEmbedding(keras.layers.Layer):
         self.embedding = DistributedEmbedding(plan, comm, seed=tuple(seed), data_parallel_input=comm.size > 1,
                                               combiners=[t.combiner for t in self.tables],
                                               zeros_initializer=zeros == {True}, make_variable=self._table_variable,
+                                              inputs_per_table=[self.table_of.count(t)
+                                                                for t in range(len(self.tables))],
                                               name=f"{name}_tables")
         # The rows of features sharing a table travel as one input: one-hot ones become ragged
         # rows of one id when another feature of their table is multi-hot.

@@ -93,8 +93,8 @@ class Features:
 
     def embedding(self, feature_configs: Sequence[FeatureConfig], name: str = "embedding") -> HybridEmbedding:
         """A HybridEmbedding of `feature_configs` (called with their ids in the same order: a list
-        in, a list of [b, D] out) on the run's ranks, placement and seed. A model has one: the
-        project's step and checkpoints take one table optimizer per model. Its tables start as
+        in, a list of [b, D] out) on the run's ranks, placement and seed. A model may have several,
+        each of its own `name` (its tables' checkpoint names start with it). Its tables start as
         the built-in models' of the same seed and shapes."""
         return HybridEmbedding(list(feature_configs), collectives=self._collectives, seed=(self._seed, 1000),
                                name=name, **self._placement)

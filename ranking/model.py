@@ -47,6 +47,11 @@ class _ProjectStep:
         self.embedding_layers = [l for l in self._flatten_layers() if isinstance(l, HybridEmbedding)]
         if not self.embedding_layers:
             raise ConfigError(f"model {self.name!r}: no HybridEmbedding layer (build the model before compile)")
+        names = [l.name for l in self.embedding_layers]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:   # their tables would be one checkpoint tensor
+            raise ConfigError(f"model {self.name!r}: two HybridEmbedding layers are named {twice[0]!r}; name "
+                              f"each its own (its tables' checkpoint names start with it)")
         for layer in self.embedding_layers:
             if layer.table_optimizer not in (None, optimizer):
                 raise ConfigError(f"layer {layer.name!r}: its tables name optimizer {layer.table_optimizer!r}, "
@@ -63,8 +68,10 @@ class _ProjectStep:
         # continued from a checkpoint may restart the schedule there).
         self.schedule_origin = tf.Variable(0, dtype=tf.int64, trainable=False, name="schedule_origin")
         self.first_nonfinite_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="first_nonfinite_step")
-        for layer in self.embedding_layers:
-            layer.embedding.set_optimizer(optimizer, self.global_step, beta_1, beta_2, compiled=not run_eagerly)
+        for layer in self.embedding_layers:   # one layer: the counter's name as nn/trainer.py's
+            scope = "table_optimizer" if len(self.embedding_layers) == 1 else f"{layer.name}_table_optimizer"
+            layer.embedding.set_optimizer(optimizer, self.global_step, beta_1, beta_2, compiled=not run_eagerly,
+                                          scope=scope)
         self.dense_optimizer = make_optimizer(optimizer, self.dense_variables, "dense_optimizer", beta_1, beta_2)
         # Keras initialises each rank's weights at random: start every rank from rank 0's.
         self.comm.broadcast_variables([v.value for v in self.weights])
@@ -82,8 +89,10 @@ class _ProjectStep:
         """This rank's variables as storage.checkpoint entries (written at N ranks, restored at
         any M): every HybridEmbedding's tables ("<layer>_tables/table_<t>" [rows_t, D_t], t in
         order of first use) and, unless `weights_only`, their optimizer slots, updated_at and
-        update counter; then, replicated, the Keras weights by path ("top_0/kernel") and, unless
-        `weights_only`, the dense optimizer's slots and counter and "global_step". After compile.
+        update counter ("table_optimizer/iterations"; with several layers
+        "<layer>_table_optimizer/iterations" each); then, replicated, the Keras weights by path
+        ("top_0/kernel") and, unless `weights_only`, the dense optimizer's slots and counter and
+        "global_step". After compile.
         Name the layers: a Keras auto-name ("dense_3") depends on the layers made before it in
         the process."""
         entries = [e for layer in self.embedding_layers for e in layer.embedding.checkpoint_entries(weights_only)]
@@ -95,7 +104,7 @@ class _ProjectStep:
         replicated = [e.name for e in entries if e.replicated]
         sharded = {e.name for e in entries if not e.replicated}
         clash = sorted({n for n in replicated if replicated.count(n) > 1 or n in sharded})
-        if clash:   # e.g. two HybridEmbedding layers' table optimizer counters
+        if clash:   # e.g. a Keras weight's path that is also a table's name
             raise ConfigError(f"model {self.name!r}: checkpoint tensor {clash[0]!r} is named twice")
         return entries
 

@@ -56,7 +56,7 @@ class UserModel:
 
     Built on every rank of `comm` from `cfg` (the same seed on every rank; compile gives every
     rank rank 0's Keras weights). Checks, before any data is read, each a one-line ConfigError:
-    the builder exists and returns a ranking.Model with one HybridEmbedding on the run's ranks,
+    the builder exists and returns a ranking.Model with HybridEmbedding layers on the run's ranks,
     its inputs are "numerical" and the dataset's features, and a forward of two samples gives one
     logit per sample."""
 
@@ -73,15 +73,16 @@ class UserModel:
         if not isinstance(model, (Model, FunctionalModel)):
             raise ConfigError(f"{where} returned {type(model).__name__}, not a ranking.Model")
         layers = [l for l in model._flatten_layers() if isinstance(l, HybridEmbedding)]
-        if len(layers) != 1:
-            raise ConfigError(f"{where}: the model has {len(layers)} HybridEmbedding layers; it needs exactly one "
-                              f"(features.embedding(...): one table optimizer and one checkpoint per model)")
-        if layers[0].collectives is not comm:
-            raise ConfigError(f"{where}: layer {layers[0].name!r} is not on the run's ranks; build it with "
+        if not layers:
+            raise ConfigError(f"{where}: the model has no HybridEmbedding layer; build one with "
                               "features.embedding(...)")
+        for layer in layers:
+            if layer.collectives is not comm:
+                raise ConfigError(f"{where}: layer {layer.name!r} is not on the run's ranks; build it with "
+                                  "features.embedding(...)")
         self._input_names = self._check_inputs(model, where)
         self.keras_model = model
-        self.embeddings = _Tables(layers[0])
+        self.embeddings = _Tables(layers)
         schedule = LearningRateSchedule(training.learning_rate, training.warmup_steps, training.decay_start_step,
                                         training.decay_steps)
         model.compile(optimizer=training.optimizer, learning_rate=schedule, beta_1=training.beta1,
@@ -132,7 +133,7 @@ class UserModel:
     @property
     def parameters(self) -> int:
         """Every rank's table parameters and the Keras weights."""
-        tables = sum(t.vocabulary_size * t.embedding_dim for t in self.embeddings.layer.tables)
+        tables = sum(t.vocabulary_size * t.embedding_dim for layer in self.embeddings.layers for t in layer.tables)
         return tables + int(sum(np.prod(v.shape) for v in self.dense_variables))
 
     def signature(self, optimizer=None) -> dict:
@@ -148,11 +149,12 @@ class UserModel:
 
 
 class _Tables:
-    """The loop's view of a model file's embedding (nn.model.RankingModel.embeddings' staged,
-    store_stats, close): its tables are in memory (--embedding_memory_budget_gb is refused)."""
+    """The loop's view of a model file's embeddings, its HybridEmbedding `layers`
+    (nn.model.RankingModel.embeddings' input_rows, staged, store_stats, close): their tables are
+    in memory (--embedding_memory_budget_gb is refused)."""
 
-    def __init__(self, layer: HybridEmbedding):
-        self.layer = layer
+    def __init__(self, layers: List[HybridEmbedding]):
+        self.layers = layers
 
     def input_rows(self, feature: int) -> str:
         """Every rank reads every feature of its own b samples (data-parallel input)."""

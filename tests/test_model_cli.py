@@ -180,3 +180,37 @@ def test_unsupported_flags_and_bad_hyper_parameters_are_one_line(tmp_path):
     assert "model: examples/deepfm.py" in out.stdout
     assert error_line(python("--model=examples/nope.py", *DATA)) == \
         "error: --model=examples/nope.py: no such file (a Python file defining build_model(features, hparams))"
+
+
+# Two HybridEmbedding layers: "wide" (a width-1 table per feature) and "deep", whose table "shared"
+# features 0 and 3 both read (at 2 ranks, PLACEMENT row-slices it).
+TWO_LAYERS = '''import keras, ranking
+
+def build_model(features, hparams):
+    x = features.inputs()
+    n = features.names
+    wide = features.embedding(features.feature_configs(1, prefix="wide_"), name="wide")([x[f] for f in n])
+    shared = ranking.TableConfig(name="shared", vocabulary_size=features[n[0]].cardinality, embedding_dim=4,
+                                 combiner="sum")
+    deep = [ranking.FeatureConfig(name=f, table=shared, input_shape=(None,), output_shape=(None, 4))
+            for f in (n[0], n[3])] + features.feature_configs(4, names=n[1:3])
+    emb = features.embedding(deep, name="deep")([x[n[0]], x[n[3]], x[n[1]], x[n[2]]])
+    h = keras.layers.Concatenate(name="deep_input")(emb + [x["numerical"]])
+    h = keras.layers.Dense(8, activation="relu", name="hidden")(h)
+    return ranking.Model(x, keras.layers.Add(name="logit")(wide + [keras.layers.Dense(1, name="deep_logit")(h)]))
+'''
+
+
+def test_two_embedding_layers_and_a_shared_table(tmp_path):
+    """Trains, checkpoints and resumes exactly; at 2 ranks equals one process."""
+    (tmp_path / "two_layers.py").write_text(TWO_LAYERS)
+    args = [f"--model={tmp_path / 'two_layers.py'}", *DATA]
+    succeeded(python(*args, f"--log_path={tmp_path / 'one.json'}"))
+    want = records(tmp_path / "one.json")
+    assert len(want["step"]) == STEPS
+    succeeded(python(*args, "--max_steps=6", f"--save_checkpoint_path={tmp_path / 'first'}"))
+    succeeded(python(*args, f"--restore_checkpoint_path={tmp_path / 'first'}",
+                     f"--log_path={tmp_path / 'resumed.json'}"))
+    assert_same_run(records(tmp_path / "resumed.json"), want, range(7, STEPS + 1))
+    succeeded(horovodrun(2, ["main.py", *args, *PLACEMENT, f"--log_path={tmp_path / 'two.json'}"]))
+    assert_same_run(records(tmp_path / "two.json"), want, range(1, STEPS + 1))
