@@ -25,7 +25,7 @@ from keras.src.models.model import functional_init_arguments
 
 from nn.lr_schedule import LearningRateSchedule
 from nn.trainer import gradient_sum
-from parallel_embedding.optimizers import make_optimizer
+from parallel_embedding.optimizers import make_optimizer, slot_names
 from storage.checkpoint import Entry, replicated_entries
 from ranking.config import TABLE_OPTIMIZERS
 from ranking.embedding import HybridEmbedding
@@ -56,6 +56,9 @@ class _ProjectStep:
             if layer.table_optimizer not in (None, optimizer):
                 raise ConfigError(f"layer {layer.name!r}: its tables name optimizer {layer.table_optimizer!r}, "
                                   f"compile names {optimizer!r}")
+            if layer.storage and layer.storage.slots != len(slot_names(optimizer)):
+                raise ConfigError(f"layer {layer.name!r}: its storage counts {layer.storage.slots} optimizer slots "
+                                  f"per parameter, compile's {optimizer!r} has {len(slot_names(optimizer))}")
         self.comm = self.embedding_layers[0].collectives
         if any(l.collectives is not self.comm for l in self.embedding_layers):
             raise ConfigError(f"model {self.name!r}: its HybridEmbedding layers use different collectives")

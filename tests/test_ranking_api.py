@@ -14,7 +14,7 @@ from nn.model import RankingModel
 from nn.model_config import ModelConfig, TableConfig as NNTable
 from nn.trainer import Trainer
 from parallel_embedding.collectives import SingleProcess
-from ranking import FeatureConfig, HybridEmbedding, Model, TableConfig
+from ranking import FeatureConfig, HybridEmbedding, Model, TableConfig, TableStorage
 from storage import checkpoint
 from tests.horovod_run import horovodrun
 from tests.multi_hot import multi_hot_ids
@@ -329,3 +329,15 @@ class _SameNames(Model):
 def test_two_embedding_layers_of_one_name_are_refused():
     with pytest.raises(ConfigError, match="model 'same_names': two HybridEmbedding layers are named 'side'"):
         _SameNames().compile(optimizer="sgd")
+
+
+def test_storage_counts_compiles_optimizer_slots():
+    """TableStorage's budget counts the optimizer's slots: compile with another optimizer is one line."""
+    t = TableConfig(name="t", vocabulary_size=10, embedding_dim=4)
+    inp = keras.Input((), dtype="int32")
+    layer = HybridEmbedding([FeatureConfig("a", t, (None,), (None, 4))], storage=TableStorage(10 ** 6, 4, slots=2),
+                            name="stored")
+    model = Model(inp, keras.layers.Dense(1)(layer([inp])[0]))
+    with pytest.raises(ConfigError, match="layer 'stored': its storage counts 2 optimizer slots per parameter, "
+                                          "compile's 'adagrad' has 1"):
+        model.compile(optimizer="adagrad")
