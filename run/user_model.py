@@ -117,8 +117,7 @@ class UserModel:
     def _staging(self, layers: List[HybridEmbedding], where: str):
         """With tables on disk: per input of the one HybridEmbedding, the index of the dataset's
         feature it reads (the run stages those ids), else None."""
-        tiered = [l for l in layers if l.embedding.tiered]
-        if not tiered:
+        if not any(l.embedding.tiered for l in layers):
             return None
         if len(layers) > 1:
             raise ConfigError(f"--embedding_memory_budget_gb puts tables on disk, which takes a model of one "
