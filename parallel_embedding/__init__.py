@@ -9,10 +9,13 @@ table f [rows_f, D_f]; `emb = DistributedEmbedding(plan_tables(...), collectives
 Lookup and gradient hand-off (the train step):
     looked_up = emb.lookup(ids, training)          F id tensors ([B], [b] or ragged; emb.input_rows(f))
     features = emb.exchange(looked_up, b)          -> F x [b, D_f]; emb(ids, b) does both
+                                                   (a table read by m inputs, inputs_per_table:
+                                                   their ids concatenated, rows [m b, D_f])
     grads = emb.gradients(looked_up, feature_grads)     F x [b, D_f] -> IndexedSlices, one per variable
 Optimizer update of the rows:
-    emb.set_optimizer("sgd" | "adagrad" | "adam", step, beta1, beta2)   once; step: the global step
-                                                   counter (int64 variable); emb.optimizer.slot_names
+    emb.set_optimizer("sgd" | "adagrad" | "adam", step, beta1, beta2, compiled, scope)   once; step:
+                                                   the global step counter (int64 variable);
+                                                   emb.optimizer.slot_names
     emb.apply_gradients(grads, lr, multi_hot)      only the rows in grads (and their slots) change;
                                                    their updated_at becomes step + 1
 Checkpoint entries (storage.checkpoint saves every rank's pieces, restores at any world size):
@@ -20,7 +23,8 @@ Checkpoint entries (storage.checkpoint saves every rank's pieces, restores at an
                                            [rows_f, D_f] and "embedding/table_<f>/<slot>", of
                                            "embedding/table_<f>/updated_at" [rows_f, 1] int32 (the
                                            step that last updated each row, 0: never) and of
-                                           "table_optimizer/iterations" []
+                                           "<scope>/iterations" [] (default
+                                           "table_optimizer/iterations")
     emb.checkpoint_names(weights_only)     every such tensor name, on any rank
     emb.variables_by_name()                this rank's variables and slots, by variable name
 Tables on disk (a plan with tiers, plan_tables(..., tiers=planner.TierOptions(...)); tiered.py):

@@ -16,6 +16,11 @@ the table gradients are IndexedSlices applied by the owner (replicated tables: t
 of all ranks, gathered) with `apply_gradients`, the optimizer of `set_optimizer`. With data-parallel input each rank starts from ids of its own b rows
 of every feature; one all-to-all of ids gives each shard's owner the global batch first.
 
+Features sharing a table (`inputs_per_table` m_f > 1) give it the ids of its m_f inputs
+concatenated input by input: [m_f b] locally, [m_f B] globally (each input's B rows in global
+order); rows come back the same way, [m_f b, D_f], and the table is looked up, exchanged and
+updated once.
+
 Multi-hot features take a `tf.RaggedTensor` of ids ([rows, None]) instead of a vector; a row's
 embedding is the sum (combiner "sum") or mean ("mean") of its ids' rows, zeros for an empty
 row, and each id's row gets the row's gradient (divided by the row's length for "mean").
@@ -147,6 +152,8 @@ class DistributedEmbedding(tf.Module):
     a shard of it, [b] if it is replicated, and ignored otherwise (pass an empty tensor);
     `input_rows(f)` says which. Data-parallel input: every feature [b]. A multi-hot feature is
     a ragged [B, None] or [b, None] instead, combined by `combiners[f]` ("sum" or "mean").
+    `inputs_per_table[f]` = m_f > 1 (default 1): table f is read by m_f inputs, its ids theirs
+    concatenated input by input ([m_f B] or [m_f b]), its output [m_f b, D_f] likewise.
     Tables start as `shard_initial_value`, or zeros with `zeros_initializer`; each table variable
     is `make_variable(initial value, name=...)` (a tf.Variable; ranking's distributed-embeddings
     front door makes them Keras weights).
@@ -154,6 +161,9 @@ class DistributedEmbedding(tf.Module):
     Shards the plan puts on disk (`plan.tier(rank, f)`, see tiered.py) keep their rows and slots
     in files under `store_path` and a cache of the tier's `cache_rows` rows in their variables,
     victims chosen by `cache_policy`; their ids must pass through `staged` before the lookup.
+
+    Its collective operations are named after `name` (`<name>_rows`, ...): two embeddings of one
+    model need different names.
 
     Changed rows: every table records per row the global step that last updated it (0: never),
     `updated_at` [rows, 1] int32 beside the table (one per row range: column slices share their
@@ -165,13 +175,17 @@ class DistributedEmbedding(tf.Module):
     def __init__(self, plan: Plan, collectives, seed, data_parallel_input: bool = False,
                  combiners: Optional[Sequence[str]] = None, zeros_initializer: bool = False,
                  store_path: Optional[str] = None, cache_policy: str = "lru", make_variable=tf.Variable,
-                 name="embedding"):
+                 inputs_per_table: Optional[Sequence[int]] = None, name="embedding"):
         super().__init__(name=name)
         self.plan, self.comm = plan, collectives
         self.data_parallel_input = data_parallel_input
         self.combiners = list(combiners or ["sum"] * len(plan.tables))
         if len(self.combiners) != len(plan.tables) or set(self.combiners) - {"sum", "mean"}:
             raise ValueError(f"combiners: one of 'sum', 'mean' per table ({len(plan.tables)}), got {combiners}")
+        self.inputs_per_table = list(inputs_per_table or [1] * len(plan.tables))
+        if len(self.inputs_per_table) != len(plan.tables) or min(self.inputs_per_table) < 1:
+            raise ValueError(f"inputs_per_table: a positive count per table ({len(plan.tables)}), "
+                             f"got {inputs_per_table}")
         self.rank, self.size = collectives.rank, collectives.size
         self.shards = plan.shards_on(self.rank)
         self.replicated = plan.replicated
@@ -216,15 +230,15 @@ class DistributedEmbedding(tf.Module):
         self.updated_at += [tf.Variable(tf.zeros([s.num_rows, 1], tf.int32), trainable=False,
                                         name=f"{self.table_name(s.feature)}/{UPDATED_AT}") for s in whole]
         self.global_features = plan.features_on(self.rank)
-        # Static layout of the exchange: widths W_i of every rank's shards, and for every feature the
-        # (column offset in the received [b, sum W_i] block, shard) pairs that make it up.
-        self._widths = [sum(s.width for s in plan.shards_on(r)) for r in range(self.size)]
+        # Static layout of the exchange: W_i, the floats rank i sends per local sample (its shards'
+        # widths, each times its table's inputs); rank i's block holds its shards in order, shard s
+        # as [m_f b, w_s]; for every feature, the (index in every rank's shards, shard) pairs that make it up.
+        m = self.inputs_per_table
+        self._widths = [sum(m[s.feature] * s.width for s in plan.shards_on(r)) for r in range(self.size)]
+        self._all_shards = [s for r in range(self.size) for s in plan.shards_on(r)]
         pieces = {f: [] for f in range(len(tables))}
-        offset = 0
-        for r in range(self.size):
-            for s in plan.shards_on(r):
-                pieces[s.feature].append((offset, s))
-                offset += s.width
+        for k, s in enumerate(self._all_shards):
+            pieces[s.feature].append((k, s))
         # Column slices may sit on any ranks: join them in column order.
         self._pieces = {f: sorted(p, key=lambda piece: piece[1].col_start) for f, p in pieces.items()}
         self._features_of = [plan.features_on(r) for r in range(self.size)]
@@ -321,35 +335,44 @@ class DistributedEmbedding(tf.Module):
         the same (source rank, feature, row) order, are `by_feature` transposed back:
         [1 2 2 0 | 0 1 1 2] -> rows 0..7 = [p] [q r] [t u] [] | [] [s] [v] [w x]. `order` picks
         each feature's rows, [0 1 4 5] for f1 and [2 3 6 7] for f2:
-        f1 = [p] [q r] [] [s], f2 = [t u] [] [v] [w x]."""
+        f1 = [p] [q r] [] [s], f2 = [t u] [] [v] [w x].
+        A table of m inputs (`inputs_per_table`) counts as m features here, its ids [m b] the
+        m inputs' b rows each; it gets their B rows each, concatenated input by input."""
         ragged = [isinstance(i, tf.RaggedTensor) for i in ids]
         flat_ids = [i.values if r else i for i, r in zip(ids, ragged)]
         dtype = tf.int64 if any(i.dtype == tf.int64 for i in flat_ids) else tf.int32
-        n, b, mine = self.size, num_samples(ids[0]), len(self.global_features)
+        m, n = self.inputs_per_table, self.size
+        b = num_samples(ids[0]) // m[0]
+        inputs = [f for f in self.global_features for _ in range(m[f])]   # this rank's tables' inputs
+        first = {f: inputs.index(f) for f in self.global_features}
         send = [tf.cast(ids[f].row_lengths() if ragged[f] else ids[f], dtype)
                 for r in range(n) for f in self._features_of[r]]
-        counts = tf.stack([b * len(self._features_of[r]) for r in range(n)])
-        received = self.comm.alltoall(tf.concat(send, 0) if send else tf.zeros([0], dtype), counts, "embedding_ids")
-        by_feature = tf.reshape(tf.transpose(tf.reshape(received, [n, mine, b]), [1, 0, 2]), [mine, -1])
-        checks = [_assert_size(received, n * mine * b, "ids")]
+        counts = tf.stack([b * sum(m[f] for f in self._features_of[r]) for r in range(n)])
+        received = self.comm.alltoall(tf.concat(send, 0) if send else tf.zeros([0], dtype), counts,
+                                      f"{self.name}_ids")
+        by_input = tf.reshape(tf.transpose(tf.reshape(received, [n, len(inputs), b]), [1, 0, 2]), [len(inputs), -1])
+        checks = [_assert_size(received, n * len(inputs) * b, "ids")]
         out = list(ids)
-        for k, f in enumerate(self.global_features):
-            out[f] = by_feature[k]
+        for f in self.global_features:
+            out[f] = tf.reshape(by_input[first[f]:first[f] + m[f]], [-1])
         if any(ragged):
-            multi = [k for k, f in enumerate(self.global_features) if ragged[f]]
+            multi = [k for k, f in enumerate(inputs) if ragged[f]]
             values = [[tf.cast(flat_ids[f], dtype) for f in self._features_of[r] if ragged[f]] for r in range(n)]
             received = self.comm.alltoall(
                 tf.concat(sum(values, []), 0) if any(values) else tf.zeros([0], dtype),
-                tf.stack([tf.add_n([tf.size(v) for v in vs]) if vs else 0 for vs in values]), "embedding_multi_hot_ids")
-            expected = tf.reduce_sum(tf.gather(by_feature, multi)) if multi else 0
+                tf.stack([tf.add_n([tf.size(v) for v in vs]) if vs else 0 for vs in values]),
+                f"{self.name}_multi_hot_ids")
+            expected = tf.reduce_sum(tf.gather(by_input, multi)) if multi else 0
             checks.append(_assert_size(received, expected, "multi-hot ids"))
-            if multi:   # received in (source rank, feature, row) order; rebuild each feature's B rows
-                lengths = tf.reshape(tf.gather(by_feature, multi), [len(multi), n, b])
+            if multi:   # received in (source rank, input, row) order; rebuild each input's B rows
+                lengths = tf.reshape(tf.gather(by_input, multi), [len(multi), n, b])
                 rows = tf.RaggedTensor.from_row_lengths(received, tf.reshape(tf.transpose(lengths, [1, 0, 2]), [-1]))
                 order = tf.reshape(tf.transpose(tf.reshape(tf.range(n * len(multi) * b), [n, len(multi), b]),
                                                 [1, 0, 2]), [len(multi), -1])
-                for j, k in enumerate(multi):
-                    out[self.global_features[k]] = tf.gather(rows, order[j])
+                for f in self.global_features:
+                    if ragged[f]:
+                        j = multi.index(first[f])
+                        out[f] = tf.gather(rows, tf.reshape(order[j:j + m[f]], [-1]))
         return out, [c for c in checks if c is not None]
 
     def exchange(self, looked_up: LookedUp, local_batch) -> List[tf.Tensor]:
@@ -363,16 +386,22 @@ class DistributedEmbedding(tf.Module):
             return out
         if not any(self._widths):
             return out
-        b = local_batch
-        send = tf.reshape(tf.concat(looked_up.shard_rows, axis=1), [-1]) if self.shards else tf.zeros([0])
-        received = self.comm.alltoall(send, tf.fill([self.size], b * self._widths[self.rank]), "embedding_rows")
-        blocks = tf.split(received, tf.stack([b * w for w in self._widths]), num=self.size)
-        joined = tf.concat([tf.reshape(x, [b, w]) for x, w in zip(blocks, self._widths)], axis=1)
-        for f, pieces in self._pieces.items():
-            if pieces:
-                parts = [joined[:, o:o + s.width] for o, s in pieces]
+        b, m = local_batch, self.inputs_per_table
+        # Each shard's [m B, w] rows (input, rank, row) -> [N, m b w]: rank r's m x b rows in a row.
+        send = [self._by_rank(rows, m[s.feature]) for s, rows in zip(self.shards, looked_up.shard_rows)]
+        send = tf.reshape(tf.concat(send, axis=1), [-1]) if send else tf.zeros([0])
+        received = self.comm.alltoall(send, tf.fill([self.size], b * self._widths[self.rank]), f"{self.name}_rows")
+        pieces = tf.split(received, tf.stack([b * m[s.feature] * s.width for s in self._all_shards]),
+                          num=len(self._all_shards))
+        for f, parts in self._pieces.items():
+            if parts:
+                parts = [tf.reshape(pieces[k], [-1, s.width]) for k, s in parts]
                 out[f] = tf.add_n(parts) if self.plan.tables[f].kind == "row" else tf.concat(parts, axis=1)
         return out
+
+    def _by_rank(self, rows: tf.Tensor, m: int) -> tf.Tensor:
+        """[m B, w] rows in (input, rank, row) order -> [N, m b w] in (rank, input, row) order."""
+        return tf.reshape(tf.transpose(tf.reshape(rows, [m, self.size, -1]), [1, 0, 2]), [self.size, -1])
 
     # Backward ----------------------------------------------------------------------------------
 
@@ -385,8 +414,8 @@ class DistributedEmbedding(tf.Module):
         for f, flat, var in zip(self.replicated, looked_up.replicated_ids, self.replicated_variables):
             g, ids = spread(feature_grads[f], flat), flat.ids
             if self.size > 1:   # every rank applies the whole batch's rows
-                g = self.comm.allgather(g, f"embedding_replicated_{f}_grad")
-                ids = self.comm.allgather(ids, f"embedding_replicated_{f}_ids")
+                g = self.comm.allgather(g, f"{self.name}_replicated_{f}_grad")
+                ids = self.comm.allgather(ids, f"{self.name}_replicated_{f}_ids")
             grads.append(tf.IndexedSlices(g, ids, tf.shape(var, out_type=ids.dtype)))
         return grads
 
@@ -396,27 +425,30 @@ class DistributedEmbedding(tf.Module):
             return [feature_grads[s.feature] for s in self.shards]
         if not any(self._widths):
             return []
-        b = tf.shape(feature_grads[0])[0]
-        send = [tf.reshape(tf.concat([feature_grads[s.feature][:, s.col_start:s.col_end]
-                                      for s in self.plan.shards_on(r)], axis=1), [-1])
-                for r in range(self.size) if self._widths[r]]
-        send = tf.concat(send, axis=0) if send else tf.zeros([0])
-        received = self.comm.alltoall(send, tf.stack([b * w for w in self._widths]), "embedding_grads")
+        m = self.inputs_per_table
+        b = tf.shape(feature_grads[0])[0] // m[0]
+        send = [tf.reshape(feature_grads[s.feature][:, s.col_start:s.col_end], [-1]) for s in self._all_shards]
+        received = self.comm.alltoall(tf.concat(send, axis=0), tf.stack([b * w for w in self._widths]),
+                                      f"{self.name}_grads")
         if not self.shards:
             return []
-        rows = tf.reshape(received, [-1, self._widths[self.rank]])    # [B, W_r], global row order
-        return tf.split(rows, [s.width for s in self.shards], axis=1)
+        blocks = tf.split(tf.reshape(received, [self.size, -1]),   # per rank: my shards' [m b, w] in a row
+                          tf.stack([b * m[s.feature] * s.width for s in self.shards]), num=len(self.shards), axis=1)
+        # [N, m b w] (rank, input, row) -> [m B, w] (input, rank, row)
+        return [tf.reshape(tf.transpose(tf.reshape(x, [self.size, m[s.feature], -1]), [1, 0, 2]), [-1, s.width])
+                for x, s in zip(blocks, self.shards)]
 
     # Optimizer and checkpoints ---------------------------------------------------------------
 
     def set_optimizer(self, name: str, step: tf.Variable, beta1: float = 0.9, beta2: float = 0.999,
-                      compiled: bool = True):
+                      compiled: bool = True, scope: str = "table_optimizer"):
         """Creates the table optimizer ("sgd", "adagrad" or "adam", lazy: see optimizers.py) whose
         slots, shaped as `variables_in_order`, `apply_gradients` updates. `step`: the global step
         counter (int64 [], the trainer's, incremented after each update): an update records step + 1
-        as its rows' updated_at. `compiled` false: the update runs op by op (debugging)."""
+        as its rows' updated_at. `compiled` false: the update runs op by op (debugging). `scope`:
+        the optimizer's name (its update counter is tensor `<scope>/iterations`)."""
         self._step = step
-        self.optimizer = make_optimizer(name, self.variables_in_order, "table_optimizer", beta1, beta2)
+        self.optimizer = make_optimizer(name, self.variables_in_order, scope, beta1, beta2)
         if self.tiered:
             self._open_store()
 

@@ -17,7 +17,8 @@ Shapes: `b` local batch (this rank's samples), `B = N b` over N ranks, feature f
     model.fit(tf.data.Dataset.from_tensor_slices((ids_values, labels)).batch(b))    # labels [b]
 
 Modules: config.py (`TableConfig`, `FeatureConfig` in keras-rs' field names; `planner_tables`),
-embedding.py (`HybridEmbedding`: a Keras layer over parallel_embedding.DistributedEmbedding),
+embedding.py (`HybridEmbedding`: a Keras layer over parallel_embedding.DistributedEmbedding;
+`TableStorage`: tables on disk),
 features.py (`Features`: the dataset's features as `main.py --model=FILE`'s builder gets them),
 layers.py (building blocks: `MLP`, `DotInteraction`, `CrossNetwork`, `FactorizationMachine`),
 model.py (`Model`: keras.Model whose fit runs nn/trainer.py's step: sparse row updates, one
@@ -27,10 +28,11 @@ dist_model_parallel as dmp`). What works and what remains: docs/models.md.
 """
 from ranking import dist_model_parallel
 from ranking.config import FeatureConfig, TableConfig
-from ranking.embedding import HybridEmbedding
+from ranking.embedding import HybridEmbedding, TableStorage
 from ranking.features import CategoricalFeature, Features, hyperparameters
 from ranking.layers import MLP, CrossNetwork, DotInteraction, FactorizationMachine
 from ranking.model import Model
 
 __all__ = ["CategoricalFeature", "CrossNetwork", "DotInteraction", "FactorizationMachine", "FeatureConfig", "Features",
-           "HybridEmbedding", "MLP", "Model", "TableConfig", "dist_model_parallel", "hyperparameters"]
+           "HybridEmbedding", "MLP", "Model", "TableConfig", "TableStorage", "dist_model_parallel",
+           "hyperparameters"]

@@ -88,6 +88,11 @@ class FeatureConfig:
     def multi_hot(self) -> bool:
         return len(self.input_shape) == 2 and self.input_shape[1] > 1
 
+    @property
+    def ids_per_sample(self) -> int:
+        """The most ids a sample has: k of input_shape (batch, k), else 1."""
+        return self.input_shape[1] if len(self.input_shape) == 2 else 1
+
 
 def planner_tables(features: Sequence[FeatureConfig]) -> Tuple[List[TableConfig], List[int]]:
     """The distinct tables of `features` in order of first use, and per feature its table's index.

@@ -63,7 +63,7 @@ class DistributedEmbedding(HybridEmbedding):
     strategy, column_slice_threshold, row_slice_threshold, data_parallel_threshold: the planner's
     (parallel_embedding/planner.py; the same rules and names). dp_input=False (each rank feeding
     the global batch of the tables distributed-embeddings placed on it) runs at one process only,
-    where it is the same input; `input_table_map` with a shared table also; `gpu_embedding_size`
+    where it is the same input; `gpu_embedding_size`
     (offloading tables to host memory) is refused. Tables start from the project's initializer
     with `seed` (the same values at any N), not the layers' initializers: `set_weights` sets them.
     `collectives`: default `default_collectives()`.

@@ -9,8 +9,13 @@ Shapes: `b` local batch (this rank's samples), `B = N b`, feature f of width D_f
 The tables are a `parallel_embedding.DistributedEmbedding` placed by one `plan_tables` call over
 the ranks of `collectives` (default: one process). Every rank feeds its own b samples of every
 feature (data-parallel input); the embedding exchanges ids and rows with the all-to-alls of
-today's plan. Features sharing a table are looked up together, their ids concatenated (one
-process only: see `HybridEmbedding`).
+today's plan. Features sharing a table are looked up together, their ids concatenated (the
+embedding's `inputs_per_table`: one lookup, exchange and update per table at any N).
+
+With `storage` (a `TableStorage`), the planner puts the tables that exceed a memory budget on
+disk (parallel_embedding/tiered.py); their ids must then be staged before each step: the run
+(run/user_model.py) stages each batch's `table_ids` and hands the step the cache slots through
+`given_table_ids`.
 
 The tables are not Keras weights: `model.trainable_variables` holds only the dense layers', so
 Keras (or any dense optimizer) never touches them; `table_variables` lists this rank's, and
@@ -19,6 +24,7 @@ During that step the layer records what it looked up (`recording`): the step dif
 loss with respect to the looked-up rows, not the tables, as nn/trainer.py does.
 """
 import contextlib
+import dataclasses
 from typing import List, Mapping, Optional, Sequence, Union
 
 import keras
@@ -27,12 +33,26 @@ import tensorflow as tf
 
 from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.layer import DistributedEmbedding, LookedUp, num_samples
-from parallel_embedding.planner import plan_tables
+from parallel_embedding.planner import TierOptions, plan_tables
 from ranking.config import FeatureConfig, planner_tables
 from utils.errors import ConfigError
 
 
 ONE_PROCESS = SingleProcess()   # the default collectives, shared so that a model's layers agree
+
+
+@dataclasses.dataclass(frozen=True)
+class TableStorage:
+    """Tables larger than memory: the planner keeps a rank's embedding state (tables and `slots`
+    optimizer slots per parameter: 0 SGD, 1 Adagrad, 2 Adam) within `budget_bytes` and puts the
+    largest tables on disk, in files under `store_path`, each with a cache of rows for the ids of
+    twice `batch_rows` samples (the batches in flight), victims chosen by `cache_policy`
+    ("lru" or "lfu")."""
+    budget_bytes: int
+    batch_rows: int
+    slots: int
+    store_path: Optional[str] = None
+    cache_policy: str = "lru"
 
 
 class Recorded:
@@ -48,16 +68,18 @@ class HybridEmbedding(keras.layers.Layer):
     """Features (`FeatureConfig`s: a dict by name or a list) -> one [b, D_f] float32 per feature.
 
     Tables are planned by `plan_tables(rows, dims, N, strategy, column_slice_threshold,
-    row_slice_threshold, data_parallel_threshold)` over the N ranks of `collectives`, initialised
+    row_slice_threshold, data_parallel_threshold, tiers)` over the N ranks of `collectives` (tiers:
+    `storage`'s, None for every table in memory), initialised
     from `seed` (two ints; the same seed gives the same tables at any N, and as
-    `DistributedEmbedding(..., seed=seed)` of the same shapes). Features sharing a table need
-    N = 1 (their ids are concatenated; the exchange of today's plan carries one input per table).
+    `DistributedEmbedding(..., seed=seed)` of the same shapes). The k features of a table share
+    its lookup: their ids concatenated, [k b], its rows [k b, D] split back per feature.
     """
 
     def __init__(self, features: Union[Mapping[str, FeatureConfig], Sequence[FeatureConfig]], *,
                  collectives=None, seed=(0, 1000), strategy: str = "memory_balanced",
                  column_slice_threshold: Optional[int] = None, row_slice_threshold: Optional[int] = None,
-                 data_parallel_threshold: Optional[int] = None, name: str = "hybrid_embedding", **kwargs):
+                 data_parallel_threshold: Optional[int] = None, storage: Optional[TableStorage] = None,
+                 name: str = "hybrid_embedding", **kwargs):
         super().__init__(name=name, **kwargs)
         if isinstance(features, Mapping):
             for key, f in features.items():
@@ -70,10 +92,6 @@ class HybridEmbedding(keras.layers.Layer):
             raise ConfigError("HybridEmbedding: no features given")
         self.tables, self.table_of = planner_tables(self.features)
         comm = collectives or ONE_PROCESS
-        shared = [t.name for i, t in enumerate(self.tables) if self.table_of.count(i) > 1]
-        if shared and comm.size > 1:
-            raise ConfigError(f"table {shared[0]!r}: features sharing a table run on one process only "
-                              f"(world size {comm.size})")
         zeros = {t.initializer == "zeros" for t in self.tables}
         if len(zeros) > 1:
             raise ConfigError(f"table {next(t.name for t in self.tables if t.initializer == 'zeros')!r}: "
@@ -83,18 +101,27 @@ class HybridEmbedding(keras.layers.Layer):
             raise ConfigError(f"tables name different optimizers {sorted(optimizers)}: one sparse optimizer "
                               f"updates every table")
         self.table_optimizer = next(iter(optimizers), None)
+        self.storage = storage
+        tiers = None if storage is None else TierOptions(storage.slots, storage.budget_bytes, [
+            2 * storage.batch_rows * sum(f.ids_per_sample for f, i in zip(self.features, self.table_of) if i == t)
+            for t in range(len(self.tables))])
         plan = plan_tables([t.vocabulary_size for t in self.tables], [t.embedding_dim for t in self.tables],
                            comm.size, strategy, column_slice_threshold, row_slice_threshold,
-                           data_parallel_threshold)
+                           data_parallel_threshold, tiers=tiers)
         self.embedding = DistributedEmbedding(plan, comm, seed=tuple(seed), data_parallel_input=comm.size > 1,
                                               combiners=[t.combiner for t in self.tables],
                                               zeros_initializer=zeros == {True}, make_variable=self._table_variable,
+                                              store_path=storage and storage.store_path,
+                                              cache_policy=storage.cache_policy if storage else "lru",
+                                              inputs_per_table=[self.table_of.count(t)
+                                                                for t in range(len(self.tables))],
                                               name=f"{name}_tables")
         # The rows of features sharing a table travel as one input: one-hot ones become ragged
         # rows of one id when another feature of their table is multi-hot.
         self._ragged_table = [any(f.multi_hot for f, t in zip(self.features, self.table_of) if t == i)
                               for i in range(len(self.tables))]
         self._recorded: Optional[Recorded] = None
+        self._given_ids: Optional[list] = None
 
     def _table_variable(self, initial_value: tf.Tensor, name: str) -> tf.Variable:
         """One table variable (or shard) of the embedding: here a tf.Variable, no Keras weight."""
@@ -127,6 +154,27 @@ class HybridEmbedding(keras.layers.Layer):
         finally:
             self._recorded = None
 
+    def call_inputs(self) -> list:
+        """The KerasTensors of the layer's (first) call in a functional model, in feature order."""
+        node = self._inbound_nodes[0]
+        inputs = node.arguments.args[0] if node.arguments.args else node.arguments.kwargs["inputs"]
+        return [inputs[f.name] for f in self.features] if self._dict_input else list(inputs)
+
+    def table_ids(self, ids: Sequence) -> List[Union[tf.Tensor, tf.RaggedTensor]]:
+        """Ids in feature order -> per table, its features' ids concatenated in feature order
+        ([k_t b] or ragged [k_t b, None]): what the embedding looks up (and its `staged` stages)."""
+        return self._table_ids(self._normalized(ids))
+
+    @contextlib.contextmanager
+    def given_table_ids(self, table_ids: Sequence):
+        """Within: calls look up `table_ids` (`table_ids`' output, e.g. staged into cache slots)
+        instead of their inputs' ids; the inputs still give the batch size."""
+        self._given_ids = list(table_ids)
+        try:
+            yield
+        finally:
+            self._given_ids = None
+
     def _feature_ids(self, inputs) -> List[Union[tf.Tensor, tf.RaggedTensor]]:
         """The inputs in feature order: one-hot [b], multi-hot ragged [b, None] (int32 or int64)."""
         if self._dict_input:
@@ -136,6 +184,10 @@ class HybridEmbedding(keras.layers.Layer):
             inputs = [inputs[f.name] for f in self.features]
         elif len(inputs) != len(self.features):
             raise ConfigError(f"layer {self.name!r}: {len(inputs)} inputs for {len(self.features)} features")
+        return self._normalized(inputs)
+
+    def _normalized(self, inputs: Sequence) -> List[Union[tf.Tensor, tf.RaggedTensor]]:
+        """Ids in feature order -> one-hot [b], multi-hot ragged [b, None]."""
         ids = []
         for f, x in zip(self.features, inputs):
             if not f.multi_hot:
@@ -163,7 +215,7 @@ class HybridEmbedding(keras.layers.Layer):
     def call(self, inputs, training=None):
         ids = self._feature_ids(inputs)
         b = num_samples(ids[0])
-        table_ids = self._table_ids(ids)
+        table_ids = self._table_ids(ids) if self._given_ids is None else self._given_ids
         if self._recorded is None:
             rows = self._table_rows(table_ids, b, training)
         else:

@@ -17,7 +17,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 import keras
 
 from ranking.config import FeatureConfig, TableConfig
-from ranking.embedding import HybridEmbedding
+from ranking.embedding import HybridEmbedding, TableStorage
 from utils.errors import ConfigError
 
 NUMERICAL = "numerical"   # the input of the n numerical features, [b, n] float32
@@ -39,14 +39,16 @@ class CategoricalFeature:
 class Features:
     """The categorical features (iterate, or index by name) and `num_numerical` of the run's
     dataset, with the run's embedding settings (`collectives`, `seed`, `placement`: the keyword
-    arguments of HybridEmbedding's planner: strategy and thresholds)."""
+    arguments of HybridEmbedding's planner: strategy and thresholds; `storage`: tables on disk,
+    None for all in memory)."""
 
     def __init__(self, categorical: Sequence[CategoricalFeature], num_numerical: int, *, collectives=None,
-                 seed: int = 0, placement: Optional[dict] = None):
+                 seed: int = 0, placement: Optional[dict] = None, storage: Optional[TableStorage] = None):
         self.categorical = list(categorical)
         self.num_numerical = num_numerical
         self._by_name = {f.name: f for f in self.categorical}
         self._collectives, self._seed, self._placement = collectives, seed, dict(placement or {})
+        self._storage = storage
 
     def __iter__(self) -> Iterator[CategoricalFeature]:
         return iter(self.categorical)
@@ -93,11 +95,11 @@ class Features:
 
     def embedding(self, feature_configs: Sequence[FeatureConfig], name: str = "embedding") -> HybridEmbedding:
         """A HybridEmbedding of `feature_configs` (called with their ids in the same order: a list
-        in, a list of [b, D] out) on the run's ranks, placement and seed. A model has one: the
-        project's step and checkpoints take one table optimizer per model. Its tables start as
+        in, a list of [b, D] out) on the run's ranks, placement, storage and seed. A model may have several,
+        each of its own `name` (its tables' checkpoint names start with it). Its tables start as
         the built-in models' of the same seed and shapes."""
         return HybridEmbedding(list(feature_configs), collectives=self._collectives, seed=(self._seed, 1000),
-                               name=name, **self._placement)
+                               storage=self._storage, name=name, **self._placement)
 
 
 def hyperparameters(given: dict, **defaults) -> dict:

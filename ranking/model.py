@@ -34,7 +34,7 @@ from keras.src.models.model import functional_init_arguments
 
 from nn.lr_schedule import LearningRateSchedule
 from nn.trainer import LOSS_SCALE_STATE, LossScale, gradient_sum, scale_gradient
-from parallel_embedding.optimizers import make_optimizer
+from parallel_embedding.optimizers import make_optimizer, slot_names
 from storage.checkpoint import Entry, replicated_entries
 from ranking.config import TABLE_OPTIMIZERS
 from ranking.embedding import HybridEmbedding
@@ -64,10 +64,18 @@ class _ProjectStep:
         self.embedding_layers = [l for l in self._flatten_layers() if isinstance(l, HybridEmbedding)]
         if not self.embedding_layers:
             raise ConfigError(f"model {self.name!r}: no HybridEmbedding layer (build the model before compile)")
+        names = [l.name for l in self.embedding_layers]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:   # their tables would be one checkpoint tensor
+            raise ConfigError(f"model {self.name!r}: two HybridEmbedding layers are named {twice[0]!r}; name "
+                              f"each its own (its tables' checkpoint names start with it)")
         for layer in self.embedding_layers:
             if layer.table_optimizer not in (None, optimizer):
                 raise ConfigError(f"layer {layer.name!r}: its tables name optimizer {layer.table_optimizer!r}, "
                                   f"compile names {optimizer!r}")
+            if layer.storage and layer.storage.slots != len(slot_names(optimizer)):
+                raise ConfigError(f"layer {layer.name!r}: its storage counts {layer.storage.slots} optimizer slots "
+                                  f"per parameter, compile's {optimizer!r} has {len(slot_names(optimizer))}")
         self.comm = self.embedding_layers[0].collectives
         if any(l.collectives is not self.comm for l in self.embedding_layers):
             raise ConfigError(f"model {self.name!r}: its HybridEmbedding layers use different collectives")
@@ -90,8 +98,10 @@ class _ProjectStep:
         self.loss_scale = LossScale(static=loss_scale) if "float16" in dtypes and (auto_scale_loss or loss_scale) \
             else None
         self._xla = _DenseSplit(self) if jit_compile else None
-        for layer in self.embedding_layers:
-            layer.embedding.set_optimizer(optimizer, self.global_step, beta_1, beta_2, compiled=not run_eagerly)
+        for layer in self.embedding_layers:   # one layer: the counter's name as nn/trainer.py's
+            scope = "table_optimizer" if len(self.embedding_layers) == 1 else f"{layer.name}_table_optimizer"
+            layer.embedding.set_optimizer(optimizer, self.global_step, beta_1, beta_2, compiled=not run_eagerly,
+                                          scope=scope)
         self.dense_optimizer = make_optimizer(optimizer, self.dense_variables, "dense_optimizer", beta_1, beta_2)
         # Keras initialises each rank's weights at random: start every rank from rank 0's.
         self.comm.broadcast_variables([v.value for v in self.weights])
@@ -136,9 +146,11 @@ class _ProjectStep:
         """This rank's variables as storage.checkpoint entries (written at N ranks, restored at
         any M): every HybridEmbedding's tables ("<layer>_tables/table_<t>" [rows_t, D_t], t in
         order of first use) and, unless `weights_only`, their optimizer slots, updated_at and
-        update counter; then, replicated, the Keras weights by path ("top_0/kernel") and, unless
-        `weights_only`, the dense optimizer's slots and counter, "global_step" and, scaling the
-        loss, its state (nn.trainer.LOSS_SCALE_STATE: optional in a checkpoint). After compile.
+        update counter ("table_optimizer/iterations"; with several layers
+        "<layer>_table_optimizer/iterations" each); then, replicated, the Keras weights by path
+        ("top_0/kernel") and, unless `weights_only`, the dense optimizer's slots and counter,
+        "global_step" and, scaling the loss, its state (nn.trainer.LOSS_SCALE_STATE: optional in a
+        checkpoint). After compile.
         Name the layers: a Keras auto-name ("dense_3") depends on the layers made before it in
         the process."""
         entries = [e for layer in self.embedding_layers for e in layer.embedding.checkpoint_entries(weights_only)]
@@ -152,7 +164,7 @@ class _ProjectStep:
         replicated = [e.name for e in entries if e.replicated]
         sharded = {e.name for e in entries if not e.replicated}
         clash = sorted({n for n in replicated if replicated.count(n) > 1 or n in sharded})
-        if clash:   # e.g. two HybridEmbedding layers' table optimizer counters
+        if clash:   # e.g. a Keras weight's path that is also a table's name
             raise ConfigError(f"model {self.name!r}: checkpoint tensor {clash[0]!r} is named twice")
         return entries
 

@@ -90,6 +90,12 @@ class Assembly:
             self.model = self.model_config = user_model
             self.trainer = UserTrainer(user_model, run_eagerly=cfg.runtime.run_eagerly)
             params = user_model.parameters
+            for layer in user_model.embeddings.layers:
+                if layer.storage:   # which tables the budget puts on disk
+                    emb = layer.embedding
+                    self.log.print(f"layer {layer.name!r}, tables " + ", ".join(
+                        f"{t} {c.name}" for t, c in enumerate(layer.tables)) + ":\n" +
+                        emb.plan.format(slots=len(emb.optimizer.slot_names)))
             self.log.print(f"model: {cfg.model.model}, {len(user_model.features)} categorical features, "
                            f"{params:,} parameters, compute dtype {user_model.compute_dtype.name}, "
                            f"xla {cfg.runtime.xla}, {comm.size} rank{'s' if comm.size > 1 else ''}")

@@ -77,12 +77,18 @@ def tier_options(cfg: RunConfig, slots: int, on_gpu: bool) -> TierOptions:
     --cpu_offloading_threshold_gb puts the largest tables left in memory in host memory."""
     budget = cfg.storage.embedding_memory_budget_gb
     threshold = cfg.storage.cpu_offloading_threshold_gb
-    batch, valid_batch = cfg.training.batch_size, cfg.evaluation.valid_batch_size
-    rows = {"train": batch + valid_batch, "eval": valid_batch,
-            "inference": max(cfg.evaluation.inference_batch_sizes)}[cfg.mode]
+    rows = batch_rows(cfg)
     return TierOptions(slots, None if budget is None else max(1, int(budget * 2 ** 30)),
                        [2 * rows * (hotness or 1) for hotness in cfg.data.max_hotness],
                        threshold * 2 ** 30 if threshold is not None and on_gpu else None)
+
+
+def batch_rows(cfg: RunConfig) -> int:
+    """The samples whose ids a disk tier's caches hold at once, before doubling for the batch
+    staged ahead: in training a training and an evaluation batch, else the largest batch."""
+    batch, valid_batch = cfg.training.batch_size, cfg.evaluation.valid_batch_size
+    return {"train": batch + valid_batch, "eval": valid_batch,
+            "inference": max(cfg.evaluation.inference_batch_sizes)}[cfg.mode]
 
 
 def offloading_line(threshold_gb: int, table_bytes: int, rank: int, on_gpu: bool) -> str:

@@ -11,6 +11,7 @@ a dict: "numerical" [b, n] float32 and, per feature it names, ids [b] int64 (mul
 Under --amp the builder runs under Keras' mixed-precision policy of the run's compute dtype
 (run.runtime.compute_dtype); --xla and --loss_scale go to the model's compile.
 """
+import contextlib
 import importlib.util
 import os
 from typing import List, Set
@@ -21,11 +22,13 @@ import tensorflow as tf
 
 from nn.lr_schedule import LearningRateSchedule
 from nn.trainer import LOSS_SCALE_STATE
-from ranking import CategoricalFeature, Features, HybridEmbedding, Model
+from parallel_embedding.optimizers import slot_names
+from parallel_embedding.planner import BudgetError
+from ranking import CategoricalFeature, Features, HybridEmbedding, Model, TableStorage
 from ranking.features import NUMERICAL
 from ranking.model import FunctionalModel
 from run.config import RunConfig
-from run.runtime import compute_dtype
+from run.runtime import batch_rows, compute_dtype
 from storage.checkpoint import Entry
 from utils.errors import ConfigError
 
@@ -45,12 +48,17 @@ def load_builder(path: str):
 
 
 def dataset_features(cfg: RunConfig, comm) -> Features:
-    """The run's dataset as a model file's builder sees it, on the run's ranks, seed and placement."""
-    shape, p = cfg.data.shape, cfg.parallelism
+    """The run's dataset as a model file's builder sees it, on the run's ranks, seed, placement and
+    storage (--embedding_memory_budget_gb: tables on disk)."""
+    shape, p, s = cfg.data.shape, cfg.parallelism, cfg.storage
     placement = dict(strategy=p.dist_strategy, column_slice_threshold=p.column_slice_threshold,
                      row_slice_threshold=p.row_slice_threshold, data_parallel_threshold=p.data_parallel_threshold)
+    storage = None if s.embedding_memory_budget_gb is None else TableStorage(
+        max(1, int(s.embedding_memory_budget_gb * 2 ** 30)), batch_rows(cfg), len(slot_names(cfg.training.optimizer)),
+        s.embedding_store_path, s.embedding_cache_policy)
     categorical = [CategoricalFeature(n, c, h) for n, c, h in zip(shape.names, shape.cardinalities, shape.max_hotness)]
-    return Features(categorical, shape.num_numerical, collectives=comm, seed=cfg.seed, placement=placement)
+    return Features(categorical, shape.num_numerical, collectives=comm, seed=cfg.seed, placement=placement,
+                    storage=storage)
 
 
 class UserModel:
@@ -61,8 +69,8 @@ class UserModel:
     Built on every rank of `comm` from `cfg` (the same seed on every rank; compile gives every
     rank rank 0's Keras weights), under --amp with Keras' policy "mixed_<compute_dtype>"
     (`compute_dtype`). Checks, before any data is read, each a one-line ConfigError: the builder
-    exists and returns a ranking.Model with one HybridEmbedding on the run's ranks, its inputs are
-    "numerical" and the dataset's features, and a forward of two samples gives one logit per
+    exists and returns a ranking.Model with HybridEmbedding layers on the run's ranks, its inputs
+    are "numerical" and the dataset's features, and a forward of two samples gives one logit per
     sample (one head)."""
 
     def __init__(self, cfg: RunConfig, comm):
@@ -78,21 +86,24 @@ class UserModel:
             model = load_builder(path)(self.features, dict(self.hparams))
         except ConfigError as e:   # the builder's own (a hyper-parameter, a feature): named with the file
             raise ConfigError(f"--model={path}: {e}") from None
+        except BudgetError as e:
+            raise ConfigError(f"--embedding_memory_budget_gb={cfg.storage.embedding_memory_budget_gb}: {e}") from None
         finally:
             keras.mixed_precision.set_global_policy(policy)
         where = f"--model={path}: {BUILDER}"   # the model it built is wrong
         if not isinstance(model, (Model, FunctionalModel)):
             raise ConfigError(f"{where} returned {type(model).__name__}, not a ranking.Model")
         layers = [l for l in model._flatten_layers() if isinstance(l, HybridEmbedding)]
-        if len(layers) != 1:
-            raise ConfigError(f"{where}: the model has {len(layers)} HybridEmbedding layers; it needs exactly one "
-                              f"(features.embedding(...): one table optimizer and one checkpoint per model)")
-        if layers[0].collectives is not comm:
-            raise ConfigError(f"{where}: layer {layers[0].name!r} is not on the run's ranks; build it with "
+        if not layers:
+            raise ConfigError(f"{where}: the model has no HybridEmbedding layer; build one with "
                               "features.embedding(...)")
+        for layer in layers:
+            if layer.collectives is not comm:
+                raise ConfigError(f"{where}: layer {layer.name!r} is not on the run's ranks; build it with "
+                                  "features.embedding(...)")
         self._input_names = self._check_inputs(model, where)
         self.keras_model = model
-        self.embeddings = _Tables(layers[0])
+        self.embeddings = _Tables(layers, self._staging(layers, where))
         schedule = LearningRateSchedule(training.learning_rate, training.warmup_steps, training.decay_start_step,
                                         training.decay_steps)
         try:   # --xla of a subclassed model, for one
@@ -117,17 +128,51 @@ class UserModel:
                 self.features[name]   # a feature the dataset lacks: one line naming it
         return list(struct)
 
+    def _staging(self, layers: List[HybridEmbedding], where: str):
+        """With tables on disk: per input of the one HybridEmbedding, the index of the dataset's
+        feature it reads (the run stages those ids), else None."""
+        if not any(l.embedding.tiered for l in layers):
+            return None
+        if len(layers) > 1:
+            raise ConfigError(f"--embedding_memory_budget_gb puts tables on disk, which takes a model of one "
+                              f"HybridEmbedding layer; {where} made {len(layers)}")
+        layer, names = layers[0], {}
+        if self._input_names is not None:   # a functional model: its inputs by name
+            names = {id(t): name for name, t in self.keras_model._inputs_struct.items()}
+        index = {f.name: i for i, f in enumerate(self.features)}
+        staging = []
+        for f, t in zip(layer.features, layer.call_inputs() if names else [None] * len(layer.features)):
+            if names.get(id(t)) not in index:
+                raise ConfigError(f"--embedding_memory_budget_gb puts tables on disk, whose ids the run stages from "
+                                  f"the data: feature {f.name!r} of layer {layer.name!r} must take one of "
+                                  f"{where}'s inputs (features.inputs()) as it is")
+            staging.append(index[names[id(t)]])
+        return staging
+
     def inputs(self, numerical, categorical) -> dict:
-        """The model's input dict from a batch of the run (numerical [b, n], F ids in feature order)."""
+        """The model's input dict from a batch of the run (numerical [b, n], F ids in feature order;
+        with tables on disk then the staged ids of the embedding's tables, which `given` hands it)."""
         x = {NUMERICAL: numerical}
         for f, ids in zip(self.features, categorical):
             x[f.name] = tf.cast(ids, tf.int64)
         return x if self._input_names is None else {name: x[name] for name in self._input_names}
 
+    @contextlib.contextmanager
+    def given(self, categorical):
+        """Within: the embedding looks up the staged table ids after the F features' of
+        `categorical` (a batch of the run), if it has them."""
+        staged = categorical[len(self.features):]
+        if not staged:
+            yield
+            return
+        with self.embeddings.layers[0].given_table_ids(staged):
+            yield
+
     def logits(self, numerical, categorical) -> tf.Tensor:
         """Logits [b] float32 of this rank's batch (inference; computed in float32 under --amp,
         the dense part XLA-compiled under --xla: ranking.Model.inference)."""
-        return tf.reshape(self.keras_model.inference(self.inputs(numerical, categorical)), [-1])
+        with self.given(categorical):
+            return tf.reshape(self.keras_model.inference(self.inputs(numerical, categorical)), [-1])
 
     def _check_output(self, where: str):
         """A forward of two samples of id 0 on every rank must give 2 logits: one per sample (one head)."""
@@ -150,7 +195,7 @@ class UserModel:
     @property
     def parameters(self) -> int:
         """Every rank's table parameters and the Keras weights."""
-        tables = sum(t.vocabulary_size * t.embedding_dim for t in self.embeddings.layer.tables)
+        tables = sum(t.vocabulary_size * t.embedding_dim for layer in self.embeddings.layers for t in layer.tables)
         return tables + int(sum(np.prod(v.shape) for v in self.dense_variables))
 
     def signature(self, optimizer=None) -> dict:
@@ -166,24 +211,39 @@ class UserModel:
 
 
 class _Tables:
-    """The loop's view of a model file's embedding (nn.model.RankingModel.embeddings' staged,
-    store_stats, close): its tables are in memory (--embedding_memory_budget_gb is refused)."""
+    """The loop's view of a model file's embeddings, its HybridEmbedding `layers`
+    (nn.model.RankingModel.embeddings' input_rows, staged, store_stats, close). `staging`: None
+    (every table in memory), or, with tables on disk (one layer), per input of the layer the
+    index of the dataset's feature it reads."""
 
-    def __init__(self, layer: HybridEmbedding):
-        self.layer = layer
+    def __init__(self, layers: List[HybridEmbedding], staging=None):
+        self.layers, self._staging = layers, staging
 
     def input_rows(self, feature: int) -> str:
         """Every rank reads every feature of its own b samples (data-parallel input)."""
         return "local"
 
     def staged(self, elements, training: bool):
-        return elements
+        """Elements (numerical, F ids, ...) -> (numerical, F ids + the layer's T table ids as cache
+        slots, ...), staged one element ahead (DistributedEmbedding.staged); without tables on
+        disk, `elements` itself."""
+        if self._staging is None:
+            return elements
+        layer = self.layers[0]
+
+        def with_table_ids():
+            for e in elements:
+                ids = layer.table_ids([tf.cast(e[1][i], tf.int64) for i in self._staging])
+                yield (e[0], tuple(ids), tuple(e[1])) + tuple(e[2:])
+        return ((e[0], e[2] + e[1]) + tuple(e[3:]) for e in layer.embedding.staged(with_table_ids(), training))
 
     def store_stats(self) -> dict:
-        return {}
+        """The disk tier's figures since the last call ({} without one)."""
+        return self.layers[0].embedding.store_stats() if self._staging is not None else {}
 
     def close(self):
-        pass
+        for layer in self.layers:
+            layer.embedding.close()
 
 
 class UserTrainer:
@@ -200,7 +260,8 @@ class UserTrainer:
         self.predict = model.logits if run_eagerly else tf.function(model.logits, reduce_retracing=True)
 
     def _train_step(self, numerical, categorical, labels):
-        loss, _, _ = self.keras_model.step_on(self.model.inputs(numerical, categorical), labels)
+        with self.model.given(categorical):
+            loss, _, _ = self.keras_model.step_on(self.model.inputs(numerical, categorical), labels)
         return loss
 
     def learning_rate(self, step) -> tf.Tensor:

@@ -6,7 +6,8 @@ Run under `horovodrun -np N` (tests/test_ranking_dmp.py): for SGD, Adagrad and A
 trains the dmp model on its b = B / N samples of each global batch while the reference trains
 on the whole batch B (same initial weights, same Keras optimizer); checks the global loss (the
 mean of the ranks' losses) at every step, then the dense weights and the whole tables
-(`get_weights`). Prints RESULT with the worst difference; exits non-zero on a mismatch."""
+(`get_weights`); then Adagrad with tables shared by inputs (`input_table_map`). Prints RESULT
+with the worst difference; exits non-zero on a mismatch."""
 import json
 
 import keras
@@ -18,6 +19,7 @@ from ranking import dist_model_parallel as dmp
 TABLES = [(40, 8), (60, 4), (20, 6)]   # (rows, width): at 2 ranks row-sliced, column-sliced, replicated
 PLAN = dict(row_slice_threshold=300, column_slice_threshold=200, data_parallel_threshold=150)
 B, STEPS, TOLERANCE = 32, 4, 1e-5
+SHARED = [0, 1, 2, 0, 1, 2]   # input -> table: every table read by two inputs
 OPTIMIZERS = {"sgd": lambda: keras.optimizers.SGD(0.5), "adagrad": lambda: keras.optimizers.Adagrad(0.2),
               "adam": lambda: keras.optimizers.Adam(0.05)}
 
@@ -103,10 +105,13 @@ def main():
             raise AssertionError(f"rank {comm.rank}: {what}: max abs difference {err:.3g} > {TOLERANCE}")
         worst = max(worst, err)
 
-    for name, make in OPTIMIZERS.items():
-        dist, ref = pair(**PLAN)
-        dist_opt, ref_opt = make(), make()
-        for step, (x, labels) in enumerate(batches()):
+    runs = [(name, None) for name in OPTIMIZERS] + [("adagrad", SHARED)]
+    for name, table_map in runs:
+        dist, ref = pair(table_map, **PLAN)
+        dist_opt, ref_opt = OPTIMIZERS[name](), OPTIMIZERS[name]()
+        if table_map:
+            name = f"{name} shared"
+        for step, (x, labels) in enumerate(batches(STEPS, table_map)):
             loss = train_step(dist, dist_opt, *local(x, labels, comm.rank, comm.size), step == 0, True)
             loss = comm.allreduce_sum([loss], f"loss_{name}_{step}")[0] / comm.size
             check(f"{name} step {step} loss", loss, train_step(ref, ref_opt, x, labels, step == 0, False))

@@ -4,10 +4,13 @@ Each rank trains on its b samples of every global batch (data-parallel input, th
 feature ragged) with train_on_batch; checks the global loss at every step, then its dense
 weights and every table shard against the matching region of the one-process tables; then
 saves a checkpoint under argv[1] and restores it into a fresh one-process model, whose every
-tensor (tables, slots, weights, counters) must equal the reference's. With argv[2] "two_label":
-the model has two heads ("click": the data's label, "rating": numerical 0 above 0), a loss
-weight each, and each head's loss is checked too. Prints RESULT with the worst difference;
-exits non-zero on a mismatch."""
+tensor (tables, slots, weights, counters) must equal the reference's. Prints RESULT with the
+worst difference; exits non-zero on a mismatch.
+
+argv[2] "shared" (default "separate"): six features over the three tables, two a table (one-hot
+and multi-hot features sharing one, a one-hot pair sharing the row-sliced one). argv[3]
+"two_label" (default "one_label"): the model has two heads ("click": the data's label, "rating":
+numerical 0 above 0), a loss weight each, and each head's loss is checked too."""
 import json
 import sys
 
@@ -21,19 +24,22 @@ from parallel_embedding.collectives import SingleProcess, make_collectives
 from ranking import FeatureConfig, HybridEmbedding, Model, TableConfig
 from tests.multi_hot import multi_hot_ids
 
-CARDS, DIMS, COMBINERS, HOTNESS = [40, 60, 20], [8, 4, 6], ["sum", "mean", "mean"], [1, 3, 2]
+CARDS, DIMS, COMBINERS = [40, 60, 20], [8, 4, 6], ["sum", "mean", "mean"]   # tables
+FEATURES = {"separate": [(0, 1), (1, 3), (2, 2)],   # (table, max hotness) per feature
+            "shared": [(0, 1), (1, 3), (2, 2), (0, 1), (1, 1), (2, 3)]}
+TABLE_OF, HOTNESS = zip(*FEATURES[sys.argv[2] if len(sys.argv) > 2 else "separate"])
 PLAN = dict(row_slice_threshold=300, column_slice_threshold=200, data_parallel_threshold=150)
 B, STEPS, TOLERANCE = 32, 4, 1e-5
-TWO_LABEL = sys.argv[2:] == ["two_label"]
+TWO_LABEL = sys.argv[3:] == ["two_label"]
 
 
 def build(comm):
     numerical = keras.Input((3,), name="numerical")
     ids = [keras.Input((None,), dtype="int32", ragged=True, name=f"f{f}") if h > 1 else
            keras.Input((), dtype="int32", name=f"f{f}") for f, h in enumerate(HOTNESS)]
-    features = [FeatureConfig(f"f{f}", TableConfig(f"t{f}", c, d, combiner=k),
-                              (None, h) if h > 1 else (None,), (None, d))
-                for f, (c, d, k, h) in enumerate(zip(CARDS, DIMS, COMBINERS, HOTNESS))]
+    tables = [TableConfig(f"t{t}", c, d, combiner=k) for t, (c, d, k) in enumerate(zip(CARDS, DIMS, COMBINERS))]
+    features = [FeatureConfig(f"f{f}", tables[t], (None, h) if h > 1 else (None,), (None, DIMS[t]))
+                for f, (t, h) in enumerate(zip(TABLE_OF, HOTNESS))]
     embedded = HybridEmbedding(features, collectives=comm, seed=(7, 1000), **PLAN)(ids)
     x = keras.layers.Concatenate()([keras.layers.Dense(4, activation="relu", name="bottom")(numerical)] + embedded)
     x = keras.layers.Dense(16, activation="relu", name="top")(x)
@@ -53,7 +59,7 @@ def batch(data, step, start, n):
     ids = [tf.constant(c[start:start + n]) for c in whole["categorical"]]
     for f, h in enumerate(HOTNESS):
         if h > 1:
-            ids[f] = tf.cast(multi_hot_ids(CARDS[f], h, f, step * B + start, n), tf.int32)
+            ids[f] = tf.cast(multi_hot_ids(CARDS[TABLE_OF[f]], h, f, step * B + start, n), tf.int32)
     labels = tf.constant(whole["labels"][start:start + n])
     if TWO_LABEL:
         labels = {"click": labels, "rating": tf.constant(whole["numerical"][start:start + n, 0] > 0, tf.float32)}
@@ -64,7 +70,7 @@ def main():
     comm = make_collectives()
     dist, ref = build(comm), build(SingleProcess())
     ref.set_weights(dist.get_weights())   # rank 0's (compile broadcasts them); the tables start equal by their seed
-    data = SyntheticDataset(CARDS, 3, alpha=1.05, seed=7)
+    data = SyntheticDataset([CARDS[t] for t in TABLE_OF], 3, alpha=1.05, seed=7)
     b, worst = B // comm.size, 0.0
 
     def check(what, got, want):

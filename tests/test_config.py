@@ -473,6 +473,14 @@ def test_model_file_refuses_the_flags_it_does_not_take_in_one_line():
     assert build(present={"model", "dist_strategy"}, world_size=2, model=MODEL_FILE).model.model == MODEL_FILE
 
 
+def test_model_file_takes_tables_on_disk_at_one_rank():
+    tiers = dict(embedding_memory_budget_gb=0.001, embedding_store_path="/tmp/store", embedding_cache_policy="lfu")
+    cfg = build(present={"model"} | set(tiers), model=MODEL_FILE, **tiers)
+    assert (cfg.storage.embedding_memory_budget_gb, cfg.storage.embedding_cache_policy) == (0.001, "lfu")
+    assert_rejected("embedding_memory_budget_gb", "with --model runs on one rank (got 2)",
+                    present={"model"} | set(tiers), world_size=2, model=MODEL_FILE, **tiers)
+
+
 def test_model_hyper_parameters_yaml_then_name_value(tmp_path):
     params = tmp_path / "p.yaml"
     params.write_text("hidden: [64, 32]\ndropout: 0.5\n")

@@ -13,6 +13,7 @@ from dataloading.feature_spec import SPEC_FILE, split_binary_spec
 from dataloading.generate_dataset import generate
 from tests.horovod_run import ROOT, horovodrun
 from tests.test_multirank_cli import assert_same_losses, assert_same_run, records, succeeded
+from tests.test_tiered_cli import assert_same_checkpoint, disk_units, log_records, tiered
 
 DATA = ["--dataset_type=synthetic", "--synthetic_cardinalities=300,50,7,30", "--synthetic_num_numerical=3",
         "--optimizer=adam", "--learning_rate=0.01", "--seed=7", "--batch_size=96", "--valid_batch_size=300",
@@ -171,8 +172,8 @@ def test_a_bad_model_file_is_one_line_before_any_data_is_read(tmp_path, file):
 
 def test_unsupported_flags_and_bad_hyper_parameters_are_one_line(tmp_path):
     line = error_line(python(*model_args("dlrm"), *DATA, "--interaction=cross", "--embedding_dim=8",
-                             "--embedding_memory_budget_gb=1"))
-    assert line == ("error: --model=examples/dlrm.py does not take --embedding_dim, --embedding_memory_budget_gb "
+                             "--cpu_offloading_threshold_gb=1"))
+    assert line == ("error: --model=examples/dlrm.py does not take --cpu_offloading_threshold_gb, --embedding_dim "
                     "and --interaction (the model file sets its own shape; docs/models.md lists what it does not "
                     "support yet): remove them")
     assert error_line(python(*DATA, "--model_param=hidden=[8]")) == \
@@ -188,3 +189,77 @@ def test_unsupported_flags_and_bad_hyper_parameters_are_one_line(tmp_path):
     assert "model: examples/deepfm.py" in out.stdout
     assert error_line(python("--model=examples/nope.py", *DATA)) == \
         "error: --model=examples/nope.py: no such file (a Python file defining build_model(features, hparams))"
+
+
+# Two HybridEmbedding layers: "wide" (a width-1 table per feature) and "deep", whose table "shared"
+# features 0 and 3 both read (at 2 ranks, PLACEMENT row-slices it).
+TWO_LAYERS = '''import keras, ranking
+
+def build_model(features, hparams):
+    x = features.inputs()
+    n = features.names
+    wide = features.embedding(features.feature_configs(1, prefix="wide_"), name="wide")([x[f] for f in n])
+    shared = ranking.TableConfig(name="shared", vocabulary_size=features[n[0]].cardinality, embedding_dim=4,
+                                 combiner="sum")
+    deep = [ranking.FeatureConfig(name=f, table=shared, input_shape=(None,), output_shape=(None, 4))
+            for f in (n[0], n[3])] + features.feature_configs(4, names=n[1:3])
+    emb = features.embedding(deep, name="deep")([x[n[0]], x[n[3]], x[n[1]], x[n[2]]])
+    h = keras.layers.Concatenate(name="deep_input")(emb + [x["numerical"]])
+    h = keras.layers.Dense(8, activation="relu", name="hidden")(h)
+    return ranking.Model(x, keras.layers.Add(name="logit")(wide + [keras.layers.Dense(1, name="deep_logit")(h)]))
+'''
+
+
+def test_two_embedding_layers_and_a_shared_table(tmp_path):
+    """Trains, checkpoints and resumes exactly; at 2 ranks equals one process."""
+    (tmp_path / "two_layers.py").write_text(TWO_LAYERS)
+    args = [f"--model={tmp_path / 'two_layers.py'}", *DATA]
+    succeeded(python(*args, f"--log_path={tmp_path / 'one.json'}"))
+    want = records(tmp_path / "one.json")
+    assert len(want["step"]) == STEPS
+    succeeded(python(*args, "--max_steps=6", f"--save_checkpoint_path={tmp_path / 'first'}"))
+    succeeded(python(*args, f"--restore_checkpoint_path={tmp_path / 'first'}",
+                     f"--log_path={tmp_path / 'resumed.json'}"))
+    assert_same_run(records(tmp_path / "resumed.json"), want, range(7, STEPS + 1))
+    succeeded(horovodrun(2, ["main.py", *args, *PLACEMENT, f"--log_path={tmp_path / 'two.json'}"]))
+    assert_same_run(records(tmp_path / "two.json"), want, range(1, STEPS + 1))
+
+
+# tests/test_tiered_cli.py's sizes: at --embedding_memory_budget_gb=0.0001 (tiered()) DeepFM's tables of
+# features 0 and 2 (3,000 and 2,000 rows, width 1 and 4) go to disk.
+TIER_DATA = ["--dataset_type=synthetic", "--synthetic_cardinalities=3000,40,2000,7", "--synthetic_num_numerical=3",
+             "--optimizer=adam", "--seed=3", "--learning_rate=0.01", "--batch_size=64", "--valid_batch_size=64",
+             "--synthetic_rows=1536", "--synthetic_eval_rows=500", "--warmup_steps=2", "--decay_start_step=16",
+             "--decay_steps=8", "--print_freq=4", "--evals_per_epoch=2"]
+
+
+def test_tables_on_disk_equal_memory_and_checkpoints_move_between_tiers(tmp_path):
+    """DeepFM (every feature read by two tables) with tables on disk writes the in-memory run's
+    checkpoints bit for bit and evaluates alike; a checkpoint written on disk resumes in memory,
+    one written in memory resumes on disk, both to the in-memory run's last checkpoint."""
+    def train(out, *flags):
+        return succeeded(python(*model_args("deepfm"), *TIER_DATA, *flags, f"--save_checkpoint_path={out / 'ckpt'}",
+                                f"--log_path={out / 'log.json'}")).stdout
+
+    memory, disk, store = tmp_path / "memory", tmp_path / "disk", tmp_path / "store"
+    memory_out = train(memory, "--checkpoint_every_n_steps=12")
+    disk_out = train(disk, *tiered(store), "--checkpoint_every_n_steps=12")
+    assert set(disk_units(disk_out)) == {(0, 0), (0, 2), (0, 4), (0, 6)} and "cache hits" in disk_out, disk_out
+    assert "cache hits" not in memory_out
+    for step in (12, 24):
+        assert_same_checkpoint(disk / "ckpt" / f"ckpt-{step}", memory / "ckpt" / f"ckpt-{step}")
+    evals = [[(r["step"], r["auc"], r["logloss"]) for r in log_records(out / "log.json") if r["kind"] == "eval"]
+             for out in (memory, disk)]
+    assert evals[0] == evals[1] and [e[0] for e in evals[1]] == [12, 24], evals
+    assert os.listdir(store) == []
+    train(tmp_path / "from_disk", f"--restore_checkpoint_path={disk / 'ckpt' / 'ckpt-12'}")
+    train(tmp_path / "to_disk", *tiered(store), f"--restore_checkpoint_path={memory / 'ckpt' / 'ckpt-12'}")
+    for resumed in ("from_disk", "to_disk"):
+        assert_same_checkpoint(tmp_path / resumed / "ckpt", memory / "ckpt" / "ckpt-24")
+
+
+def test_tables_on_disk_take_a_model_of_one_embedding_layer(tmp_path):
+    (tmp_path / "two_layers.py").write_text(TWO_LAYERS)
+    line = error_line(python(f"--model={tmp_path / 'two_layers.py'}", *TIER_DATA, *tiered(tmp_path / "store")))
+    assert line == (f"error: --embedding_memory_budget_gb puts tables on disk, which takes a model of one "
+                    f"HybridEmbedding layer; --model={tmp_path / 'two_layers.py'}: build_model made 2")

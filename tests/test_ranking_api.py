@@ -2,7 +2,6 @@
 fit through ranking.Model's step, equals today's RankingModel + Trainer on the same batches;
 the configuration's errors; Keras' variable tracking; a subclassed model with Keras' layers."""
 import json
-import types
 
 import keras
 import numpy as np
@@ -15,7 +14,7 @@ from nn.model import RankingModel
 from nn.model_config import ModelConfig, TableConfig as NNTable
 from nn.trainer import Trainer
 from parallel_embedding.collectives import SingleProcess
-from ranking import FeatureConfig, HybridEmbedding, Model, TableConfig
+from ranking import FeatureConfig, HybridEmbedding, Model, TableConfig, TableStorage
 from storage import checkpoint
 from tests.horovod_run import horovodrun
 from tests.multi_hot import multi_hot_ids
@@ -212,10 +211,6 @@ def test_configuration_errors_name_what_is_wrong():
     layer = HybridEmbedding({"a": FeatureConfig("a", t, (None,), (None, 4))})
     with pytest.raises(ConfigError, match="feature 'a': missing"):
         layer({"b": tf.constant([1])})
-    two_ranks = types.SimpleNamespace(size=2, rank=0)
-    with pytest.raises(ConfigError, match="table 't': features sharing a table run on one process only"):
-        HybridEmbedding([FeatureConfig("a", t, (None,), (None, 4)), FeatureConfig("b", t, (None,), (None, 4))],
-                        collectives=two_ranks)
     sgd = TableConfig(name="s", vocabulary_size=10, embedding_dim=4, optimizer="sgd")
     inp = keras.Input((), dtype="int32")
     model = Model(inp, keras.layers.Dense(1)(HybridEmbedding([FeatureConfig("a", sgd, (None,), (None, 4))])([inp])[0]))
@@ -223,11 +218,13 @@ def test_configuration_errors_name_what_is_wrong():
         model.compile(optimizer="adam")
 
 
-@pytest.mark.parametrize("heads", ["one_label", "two_label"])
-def test_two_gloo_ranks_equal_one_process(tmp_path, heads):
+@pytest.mark.parametrize("features, heads", [("separate", "one_label"), ("shared", "one_label"),
+                                            ("separate", "two_label")])
+def test_two_gloo_ranks_equal_one_process(tmp_path, features, heads):
     """tests/ranking_multirank_worker.py: row, column and replicated tables, one-hot and ragged
-    multi-hot, one head or two (each head's loss); its checkpoint restores into one process."""
-    out = horovodrun(2, ["tests/ranking_multirank_worker.py", str(tmp_path), heads])
+    multi-hot, each read by one feature or shared by two, one head or two (each head's loss); its
+    checkpoint restores into one process."""
+    out = horovodrun(2, ["tests/ranking_multirank_worker.py", str(tmp_path), features, heads])
     assert out.returncode == 0, f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
     results = json.loads(next(l for l in out.stdout.splitlines() if "RESULT " in l).split("RESULT ", 1)[1])
     assert [r["rank"] for r in results] == [0, 1]
@@ -254,6 +251,7 @@ def test_checkpoint_restores_and_training_continues(tmp_path):
     got = {e.name: e.variable.numpy() for e in resumed.checkpoint_entries()}
     want = {e.name: e.variable.numpy() for e in run.checkpoint_entries()}
     assert got.keys() == want.keys() and "global_step" in got and "top_1/kernel/m" in got
+    assert "table_optimizer/iterations" in got   # one layer: the name nn/trainer.py's checkpoints have
     assert "hybrid_embedding_tables/table_2/v" in got
     for name in want:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
@@ -274,16 +272,74 @@ def test_dense_part_exports_and_serves_the_models_logits(tmp_path):
     np.testing.assert_array_equal(served.numpy(), model((n,) + tuple(ids)).numpy())
 
 
-def test_two_embedding_layers_train_but_one_checkpoint_name_clashes():
+def two_layer_model():
+    """Two HybridEmbedding layers: "user_side" (a one-hot and a ragged multi-hot feature sharing
+    table t) and "item_side" (its own table t, feature b), multiplied into a logit."""
     t = TableConfig(name="t", vocabulary_size=10, embedding_dim=4, combiner="sum")
     a, b = keras.Input((), dtype="int32", name="a"), keras.Input((), dtype="int32", name="b")
-    ea = HybridEmbedding([FeatureConfig("a", t, (None,), (None, 4))], name="user_side")([a])[0]
+    c = keras.Input((None,), dtype="int32", ragged=True, name="c")
+    ea, ec = HybridEmbedding([FeatureConfig("a", t, (None,), (None, 4)), FeatureConfig("c", t, (None, 3), (None, 4))],
+                             name="user_side")([a, c])
     eb = HybridEmbedding([FeatureConfig("b", t, (None,), (None, 4))], name="item_side", seed=(0, 7))([b])[0]
-    model = Model([a, b], keras.layers.Dense(1, name="logit")(keras.layers.Multiply()([ea, eb])))
-    model.compile(optimizer="sgd", learning_rate=0.5)
-    before = [v.numpy().copy() for l in model.embedding_layers for v in l.table_variables]
-    model.train_on_batch((np.array([1, 2], np.int32), np.array([3, 4], np.int32)), np.array([1.0, 0.0], np.float32))
-    after = [v.numpy() for l in model.embedding_layers for v in l.table_variables]
-    assert all(not np.array_equal(x[1:5], y[1:5]) for x, y in zip(before, after))
-    with pytest.raises(ConfigError, match="checkpoint tensor 'table_optimizer/iterations' is named twice"):
-        model.checkpoint_entries()
+    user = keras.layers.Add(name="user")([ea, ec])
+    return Model([a, b, c], keras.layers.Dense(1, name="logit")(keras.layers.Multiply()([user, eb])))
+
+
+def test_two_embedding_layers_train_checkpoint_and_restore(tmp_path):
+    """Each layer's tables and table optimizer have their own checkpoint names; restored after two
+    steps into a fresh model, the next steps' losses and every tensor equal the uninterrupted model's."""
+    rng = np.random.default_rng(3)
+    data = [((rng.integers(0, 10, 6).astype(np.int32), rng.integers(0, 10, 6).astype(np.int32),
+              tf.ragged.constant([[1, 2], [], [3, 4, 5], [9], [0, 0], [7]], tf.int32)),
+             rng.integers(0, 2, 6).astype(np.float32)) for _ in range(4)]
+    run, resumed = two_layer_model(), two_layer_model()
+    for m in (run, resumed):
+        m.compile(optimizer="adam", learning_rate=0.1)
+    before = [v.numpy().copy() for l in run.embedding_layers for v in l.table_variables]
+    for x, labels in data[:2]:
+        run.train_on_batch(x, labels)
+    after = [v.numpy() for l in run.embedding_layers for v in l.table_variables]
+    assert all(not np.array_equal(x, y) for x, y in zip(before, after))
+    path = checkpoint.save(str(tmp_path), run.checkpoint_entries(), 2, {}, SingleProcess())
+    names = run.checkpoint_names()
+    assert names == set(checkpoint.read_manifest(path)["tensors"])
+    assert {"user_side_tables/table_0/m", "item_side_tables/table_0/m", "user_side_table_optimizer/iterations",
+            "item_side_table_optimizer/iterations"} <= names and "table_optimizer/iterations" not in names
+    checkpoint.restore(path, resumed.checkpoint_entries(), {}, resumed.checkpoint_names())
+    for x, labels in data[2:]:
+        want = run.train_on_batch(x, labels, return_dict=True)["loss"]
+        assert resumed.train_on_batch(x, labels, return_dict=True)["loss"] == want
+    got = {e.name: e.variable.numpy() for e in resumed.checkpoint_entries()}
+    for e in run.checkpoint_entries():
+        np.testing.assert_array_equal(got[e.name], e.variable.numpy(), err_msg=e.name)
+
+
+class _SameNames(Model):
+    """Two HybridEmbedding layers named alike (a functional model refuses that itself)."""
+
+    def __init__(self):
+        super().__init__(name="same_names")
+        t = TableConfig(name="t", vocabulary_size=10, embedding_dim=4)
+        self.user = HybridEmbedding([FeatureConfig("a", t, (None,), (None, 4))], name="side")
+        self.item = HybridEmbedding([FeatureConfig("b", t, (None,), (None, 4))], name="side")
+        self.logit = keras.layers.Dense(1)
+
+    def call(self, x):
+        return self.logit(self.user([x[0]])[0] * self.item([x[1]])[0])
+
+
+def test_two_embedding_layers_of_one_name_are_refused():
+    with pytest.raises(ConfigError, match="model 'same_names': two HybridEmbedding layers are named 'side'"):
+        _SameNames().compile(optimizer="sgd")
+
+
+def test_storage_counts_compiles_optimizer_slots():
+    """TableStorage's budget counts the optimizer's slots: compile with another optimizer is one line."""
+    t = TableConfig(name="t", vocabulary_size=10, embedding_dim=4)
+    inp = keras.Input((), dtype="int32")
+    layer = HybridEmbedding([FeatureConfig("a", t, (None,), (None, 4))], storage=TableStorage(10 ** 6, 4, slots=2),
+                            name="stored")
+    model = Model(inp, keras.layers.Dense(1)(layer([inp])[0]))
+    with pytest.raises(ConfigError, match="layer 'stored': its storage counts 2 optimizer slots per parameter, "
+                                          "compile's 'adagrad' has 1"):
+        model.compile(optimizer="adagrad")
