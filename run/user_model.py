@@ -9,7 +9,6 @@ The contract (docs/models.md): FILE defines `build_model(features, hparams) -> r
 a dict: "numerical" [b, n] float32 and, per feature it names, ids [b] int64 (multi-hot: ragged
 [b, None] int64); it gives one logit per sample ([b] or [b, 1]). Shapes: b this rank's samples.
 """
-import importlib.util
 import os
 from typing import List, Set
 
@@ -19,25 +18,11 @@ import tensorflow as tf
 
 from nn.lr_schedule import LearningRateSchedule
 from ranking import CategoricalFeature, Features, HybridEmbedding, Model
-from ranking.features import NUMERICAL
+from ranking.features import BUILDER, NUMERICAL, load_builder
 from ranking.model import FunctionalModel
 from run.config import RunConfig
 from storage.checkpoint import Entry
 from utils.errors import ConfigError
-
-BUILDER = "build_model"
-
-
-def load_builder(path: str):
-    """`build_model` of the Python file at `path` (ConfigError when it has none)."""
-    name = "user_model_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    builder = getattr(module, BUILDER, None)
-    if not callable(builder):
-        raise ConfigError(f"defines no function {BUILDER}(features, hparams)")
-    return builder
 
 
 def dataset_features(cfg: RunConfig, comm) -> Features:
@@ -137,9 +122,10 @@ class UserModel:
 
     def signature(self, optimizer=None) -> dict:
         """What a checkpoint must share with this model (its manifest's "signature"): the model
-        file's name, its hyper-parameters, the dataset's shape and, when given, the optimizer."""
+        file's name, its hyper-parameters, the dataset's features (names) and shape and, when
+        given, the optimizer."""
         shape = self.features
-        signature = {"model": os.path.basename(self.path), "hparams": self.hparams,
+        signature = {"model": os.path.basename(self.path), "hparams": self.hparams, "features": shape.names,
                      "cardinalities": [f.cardinality for f in shape], "num_numerical": shape.num_numerical,
                      "max_hotness": [f.max_hotness for f in shape]}
         if optimizer is not None:
