@@ -34,7 +34,7 @@ class KerasDense(tf.Module):
 
 def model_file_export(manifest: dict, model_file) -> ExportedModel:
     """The ExportedModel of a model file's checkpoint (manifest) built by `model_file` (the file the
-    signature names, checked by model_layout.exported_model); RepositoryError, one line, for a
+    signature names, checked by repository.exported_model); RepositoryError, one line, for a
     model that does not build as the checkpoint has it."""
     signature, where = manifest["signature"], manifest["path"]
     names = signature.get("features") or [f"cat_{i}" for i in range(len(signature["cardinalities"]))]

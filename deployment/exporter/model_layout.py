@@ -3,12 +3,12 @@
 its lookups (per lookup: the categorical feature it reads, its table, its combiner) and the
 dense part's builder. Two kinds of checkpoint: the built-in models' (dlrm.py, dcnv2.py: the
 signature is an nn.model_config.ModelConfig's; lookup f = feature f = table f) and a model
-file's (main.py --model=FILE: deployment/exporter/model_file.py builds FILE's model)."""
+file's (main.py --model=FILE: deployment/exporter/model_file.py builds FILE's model);
+repository.exported_model reads either."""
 import dataclasses
-import os
 from typing import Callable, List, Optional
 
-from deployment.repository_format import TABLE_DTYPE, RepositoryError, ServingLayout
+from deployment.repository_format import TABLE_DTYPE, ServingLayout
 from nn.model_config import ModelConfig
 
 
@@ -34,12 +34,13 @@ class ExportedModel:
     """A checkpoint's model as the exporter serves it: requests by `layout` (its embedding_dims per
     lookup), `tables`, `lookups` (embeddings [B, sum of the lookups' widths], in lookup order),
     `name` (the default model name), and `dense(verify)`: the dense part as a tf.Module with the
-    checkpoint's weights (numerical [B, n], embeddings -> logits [B]); TensorFlow: called last."""
+    checkpoint's weights (numerical [B, n], embeddings -> logits [B]; TensorFlow: called last), None
+    for a built-in model (saved_models.Dense, built from the signature)."""
     layout: ServingLayout
     tables: List[Table]
     lookups: List[Lookup]
     name: str
-    dense: Callable[[bool], object]
+    dense: Optional[Callable[[bool], object]]
 
     @property
     def per_feature(self) -> bool:
@@ -65,39 +66,15 @@ def same_model(a: dict, b: dict) -> bool:
     return ModelConfig.from_signature(a) == ModelConfig.from_signature(b)
 
 
-def exported_model(manifest: dict, model_file: Optional[str] = None) -> ExportedModel:
-    """The model of the checkpoint whose manifest (storage.checkpoint.read_manifest) is given; a
-    model file's needs the file (`model_file`: model_file.py's checks)."""
-    signature, where = manifest["signature"], manifest["path"]
-    if is_model_file(signature):
-        if model_file is None:
-            raise RepositoryError(f"{where}: a checkpoint of model file {signature['model']}: pass it as --model=FILE")
-        if os.path.basename(model_file) != signature["model"]:
-            raise RepositoryError(f"--model={model_file}: {where} was written by model file {signature['model']}")
-        if not os.path.isfile(model_file):
-            raise RepositoryError(f"--model={model_file}: not a file")
-        from deployment.exporter.model_file import model_file_export   # TensorFlow, Keras: after the checks
-        return model_file_export(manifest, model_file)
-    if model_file is not None:
-        raise RepositoryError(f"--model={model_file}: {where} is a built-in model's checkpoint (dlrm.py or "
-                          "dcnv2.py), not a model file's: drop --model")
-    return built_in_export(manifest)
-
-
 def built_in_export(manifest: dict) -> ExportedModel:
+    """The ExportedModel of a built-in model's checkpoint (its dense part: saved_models.Dense)."""
     config = ModelConfig.from_signature(manifest["signature"])
     layout = ServingLayout(config.cardinalities, [t.max_hotness for t in config.tables], config.embedding_dims,
                            config.num_numerical)
     tables = [Table(table_tensor(f), t.cardinality, t.dim) for f, t in enumerate(config.tables)]
     lookups = [Lookup(f, f, t.combiner) for f, t in enumerate(config.tables)]
 
-    def dense(verify: bool):
-        from deployment.exporter.saved_models import Dense   # TensorFlow: after the checks
-        module = Dense(config)
-        module.restore(manifest, verify)
-        return module
-
-    return ExportedModel(layout, tables, lookups, "dcnv2" if config.interaction == "cross" else "dlrm", dense)
+    return ExportedModel(layout, tables, lookups, "dcnv2" if config.interaction == "cross" else "dlrm", None)
 
 
 def table_tensor(feature: int) -> str:

@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from deployment.exporter.deltas import base_signature, base_version, checkpoint_version, descends_from, write_delta
-from deployment.exporter.model_layout import ExportedModel, exported_model, same_model
+from deployment.exporter.model_layout import ExportedModel, built_in_export, is_model_file, same_model
 from deployment.exporter.table_files import write_tables
 from deployment.repository_format import (CATEGORICAL, EMBEDDINGS, EXPORT_INFO, FILES, LOGITS, NUMERICAL,
                                           PREDICTIONS, RepositoryError, ServingLayout, file_entries)
@@ -100,6 +100,26 @@ def _write_text(path: str, text: str):
         f.write(text)
 
 
+def exported_model(manifest: dict, model_file: Optional[str] = None) -> ExportedModel:
+    """The model of the checkpoint whose manifest (storage.checkpoint.read_manifest) is given; a
+    model file's needs `model_file`, the file its signature names (ExportError, one line, before
+    TensorFlow is imported, otherwise), and a built-in model's none."""
+    signature, where = manifest["signature"], manifest["path"]
+    if is_model_file(signature):
+        if model_file is None:
+            raise ExportError(f"{where}: a checkpoint of model file {signature['model']}: pass it as --model=FILE")
+        if os.path.basename(model_file) != signature["model"]:
+            raise ExportError(f"--model={model_file}: {where} was written by model file {signature['model']}")
+        if not os.path.isfile(model_file):
+            raise ExportError(f"--model={model_file}: not a file")
+        from deployment.exporter.model_file import model_file_export   # TensorFlow, Keras: after the checks
+        return model_file_export(manifest, model_file)
+    if model_file is not None:
+        raise ExportError(f"--model={model_file}: {where} is a built-in model's checkpoint (dlrm.py or "
+                          "dcnv2.py), not a model file's: drop --model")
+    return built_in_export(manifest)
+
+
 def default_tables_limit() -> int:
     """Bytes: MEMORY_FRACTION of this machine's physical memory."""
     return int(MEMORY_FRACTION * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
@@ -135,7 +155,7 @@ def write_repository(checkpoint_path: str, out: str, name: str = None, settings:
     from host memory. `forms`: see choose_forms; `max_tables_bytes`: its limit (default
     default_tables_limit()). `verify`: check the checksums of the checkpoint's pieces
     (storage.checkpoint). `model_file`: the model file of a checkpoint written by main.py
-    --model=FILE (model_layout.exported_model)."""
+    --model=FILE (exported_model)."""
     _check_output(out, overwrite)
     manifest = read_manifest(checkpoint_path)
     model = exported_model(manifest, model_file)

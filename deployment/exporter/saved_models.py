@@ -113,7 +113,11 @@ def serving_modules(manifest: dict, host_bytes: int, with_tables: bool = True, v
     manifest)."""
     model = model or built_in_export(manifest)
     layout = model.layout
-    dense = model.dense(verify)
+    if model.dense is None:
+        dense = Dense(ModelConfig.from_signature(manifest["signature"]))
+        dense.restore(manifest, verify)
+    else:
+        dense = model.dense(verify)
     numerical = tf.TensorSpec([None, layout.num_numerical], tf.float32, name=NUMERICAL)
     categorical = tf.TensorSpec([None, layout.categorical_width], tf.int64, name=CATEGORICAL)
     embeddings = tf.TensorSpec([None, sum(layout.embedding_dims)], tf.float32, name=EMBEDDINGS)
