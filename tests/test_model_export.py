@@ -9,6 +9,7 @@ given out of order), export and serve equal predictions; the refusals are one li
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -19,11 +20,13 @@ import pytest
 
 from dataloading.batches import RankInput, eval_batches
 from deployment.client import ServingClient, free_ports
-from deployment.repository_format import ServingLayout, categorical_matrix
+from deployment.repository_format import ServingLayout, categorical_matrix, read_delta
 from deployment.serving.live import Model
+from deployment.serving.tiers import TierConfig
 from run.config import build_config
 from tests.configs import TINY
 from tests.horovod_run import ROOT
+from tests.redis_server import RedisServer
 from tests.test_deployment_export import deploy, reference, served
 from tests.test_serving import start_server, stop_server
 
@@ -160,6 +163,53 @@ def test_model_file_refusals_are_one_line(days, tmp_path):
     assert not os.path.exists(tmp_path / "repo")
 
 
+@pytest.mark.parametrize("frontend", ["native", "triton"])
+def test_served_by_each_frontend(days, frontend, tmp_path):
+    """serve.py (the export's tables form, its choice) answers as the trained model predicts, through
+    either frontend (the SavedModels' own predictions: check_served)."""
+    tmp = days["tmp"]
+    batch, logits = reference(run_config(days["path"], days["params"]), str(tmp / "ckpt0"), 300)
+    _, layout = layout_of(str(tmp / "repo0"))
+    categorical = categorical_matrix(batch["categorical"], layout.max_hotness)
+    log, ports = tmp_path / "server.log", free_ports(3)
+    server = start_server(log, ports, f"--model_repository={tmp / 'repo0'}", f"--frontend={frontend}")
+    try:
+        client = ServingClient("grpc", f"localhost:{ports[1]}", "m")
+        client.wait_ready(120)
+        out = client.infer(np.asarray(batch["numerical"]), categorical, ("logits",))
+        client.close()
+    finally:
+        stop_server(server, ports, log)
+    np.testing.assert_allclose(out["logits"][:, 0], logits, rtol=1e-5, atol=1e-5)
+    assert "serving m (tables form, step 10 " in log.read_text()
+
+
+def test_lookup_tiers_with_redis_serve_and_take_the_delta(days, tmp_path):
+    """The tables form through the lookup tiers (a cache of a fraction of the tables, Redis):
+    exactly the in-memory model's responses, before and after day 1's delta, which they take."""
+    tmp = days["tmp"]
+    repo = shutil.copytree(tmp / "repo0", tmp_path / "repo0")   # the tiers write deltas into its table files
+    batch, categorical, _ = check_served(days["path"], days["params"], str(tmp / "ckpt0"), str(tmp / "repo0"),
+                                        tmp_path)
+    numerical = np.asarray(batch["numerical"])
+    redis = RedisServer(str(tmp_path)).start()
+    try:
+        model = Model(str(repo), tiers=TierConfig(cache_bytes=2048, redis_url=redis.url), log=lambda line: None)
+        for step, reference_repo in ((10, tmp / "repo0"), (20, tmp / "repo1")):
+            if step == 20:
+                assert model.apply_delta(read_delta(str(tmp / "delta1"))) > 0
+            for _ in range(2):   # cold, then from the cache and Redis
+                got = model.infer(numerical, categorical)
+                want = Model(str(reference_repo)).infer(numerical, categorical)
+                np.testing.assert_array_equal(got["logits"], want["logits"])
+                assert set(got["model_version"][:, 0].tolist()) == {step}
+        stats = model.stats()
+        assert stats["redis"]["up"] and stats["store"]["rows_read"] > 0
+        model.close()
+    finally:
+        redis.stop()
+
+
 class Load(threading.Thread):
     """A gRPC client sending `batches` in turn until stopped: per response (request index,
     model_version, logits), and the errors."""
@@ -209,7 +259,8 @@ def test_second_day_delta_applied_live_under_requests(days, tmp_path):
         while len(load.responses) < 30:
             assert time.monotonic() < deadline, "requests before the update"
             time.sleep(0.05)
-        os.rename(tmp / "delta1", updates / "delta1")   # moved whole: the server never sees it half-written
+        shutil.copytree(tmp / "delta1", tmp_path / "delta1")
+        os.rename(tmp_path / "delta1", updates / "delta1")   # moved whole: the server never sees it half-written
         while not any(v == {20} for _, v, _ in load.responses[-5:]):
             assert time.monotonic() < deadline + 60, log.read_text()[-3000:]
             time.sleep(0.05)

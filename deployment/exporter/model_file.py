@@ -42,7 +42,6 @@ def model_file_export(manifest: dict, model_file) -> ExportedModel:
                          zip(names, signature["cardinalities"], signature["max_hotness"])], signature["num_numerical"])
     try:
         model = load_builder(model_file)(features, dict(signature["hparams"]))
-        model.compile(optimizer=signature.get("optimizer", "sgd"))
     except ConfigError as e:
         raise RepositoryError(f"--model={model_file}: {e}") from None
     layer = next(l for l in model._flatten_layers() if isinstance(l, HybridEmbedding))

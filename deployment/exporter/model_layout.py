@@ -73,7 +73,6 @@ def built_in_export(manifest: dict) -> ExportedModel:
                            config.num_numerical)
     tables = [Table(table_tensor(f), t.cardinality, t.dim) for f, t in enumerate(config.tables)]
     lookups = [Lookup(f, f, t.combiner) for f, t in enumerate(config.tables)]
-
     return ExportedModel(layout, tables, lookups, "dcnv2" if config.interaction == "cross" else "dlrm", None)
 
 
