@@ -32,7 +32,8 @@ flags.DEFINE_string("checkpoint", None, "checkpoint directory (a ckpt-<step> or 
 flags.DEFINE_string("output", None, "model repository directory to write")
 flags.DEFINE_string("model_name", None, "Triton model name (default: dlrm or dcnv2, from the checkpoint's model, or "
                     "the model file's name)")
-flags.DEFINE_string("model", None, "the model file (main.py --model=FILE) of a checkpoint written by a model file's run")
+flags.DEFINE_string("model", None, "the model file (main.py --model=FILE) that wrote the checkpoint, for a model "
+                    "file's checkpoint (its dense part is that file's model)")
 flags.DEFINE_list("forms", None, "what to export: monolithic (one SavedModel), ensemble (sparse + dense), tables "
                   "(the dense SavedModel and one .npy file per table, streamed from the checkpoint); default "
                   "monolithic,ensemble, or tables when the tables exceed --max_tables_in_memory_gb")

@@ -6,7 +6,6 @@ from the checkpoint, exported as a delta, is applied by a running server under c
 requests, none failing, after which it answers as the second day's full export. DeepFM, and a
 model file with a table shared by a one-hot and a multi-hot feature (mean combiners, features
 given out of order), export and serve equal predictions; the refusals are one line."""
-import dataclasses
 import json
 import os
 import shutil
@@ -18,7 +17,6 @@ import time
 import numpy as np
 import pytest
 
-from dataloading.batches import RankInput, eval_batches
 from deployment.client import ServingClient, free_ports
 from deployment.repository_format import ServingLayout, categorical_matrix, read_delta
 from deployment.serving.live import Model
@@ -157,7 +155,8 @@ def test_model_file_refusals_are_one_line(days, tmp_path):
             ([], f"error: {ckpt}/ckpt-10: a checkpoint of model file wide_and_deep.py: pass it as --model=FILE"),
             (["--model=examples/deepfm.py"],
              f"error: --model=examples/deepfm.py: {ckpt}/ckpt-10 was written by model file wide_and_deep.py"),
-            ([f"--model={tmp_path / 'wide_and_deep.py'}"], f"error: --model={tmp_path / 'wide_and_deep.py'}: not a file")):
+            ([f"--model={tmp_path / 'wide_and_deep.py'}"],
+             f"error: --model={tmp_path / 'wide_and_deep.py'}: not a file")):
         result = deploy(f"--checkpoint={ckpt}", f"--output={tmp_path / 'repo'}", *args)
         assert result.returncode == 2 and result.stderr.strip().splitlines() == [message], result.stderr[-2000:]
     assert not os.path.exists(tmp_path / "repo")
@@ -279,4 +278,5 @@ def test_second_day_delta_applied_live_under_requests(days, tmp_path):
     _, logits1 = reference(run_config(days["path"], days["params"]), str(tmp / "ckpt1"), 300)
     np.testing.assert_allclose(np.concatenate([e[:, 0] for e in expected[20]]),
                                np.concatenate([logits1[k::3] for k in range(3)]), rtol=1e-5, atol=1e-5)
-    assert any(line.startswith(f"applied update {updates / 'delta1'} (delta, ") for line in log.read_text().splitlines())
+    lines = log.read_text().splitlines()
+    assert any(line.startswith(f"applied update {updates / 'delta1'} (delta, ") for line in lines)
