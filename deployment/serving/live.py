@@ -236,18 +236,18 @@ class Model:
         self._standby = DenseModel(self._repository.dense_dir, self.layout)
         self._retired: List[Snapshot] = []   # swapped out, maybe still in use
         # Per categorical column [W]: the lowest id allowed (padding in multi-hot features), past the
-        # highest (the fewest rows of the tables its lookups read), its feature (the tables of later
-        # versions are the same)
-        tables, lookups = self._repository.tables, self._repository.lookups
-        width = max(x["categorical_columns"][1] for x in lookups)
-        low, feature_of = np.zeros(width, np.int64), np.zeros(width, np.int64)
-        high = np.full(width, np.iinfo(np.int64).max, np.int64)
+        # highest (the fewest rows of the tables its lookups read; a feature no lookup reads: any
+        # id), its feature (the tables of later versions are the same)
+        tables, lookups, width = self._repository.tables, self._repository.lookups, self.layout.categorical_width
+        low, high = np.full(width, np.iinfo(np.int64).min), np.full(width, np.iinfo(np.int64).max)
+        feature_of = np.zeros(width, np.int64)
+        self._cardinalities: Dict[int, int] = {}   # per feature read, the rows it may address
         for x in lookups:
-            columns = slice(*x["categorical_columns"])
+            columns, rows = slice(*x["categorical_columns"]), tables[x["table"]]["rows"]
             low[columns], feature_of[columns] = PAD if x["max_hotness"] is not None else 0, x["feature"]
-            high[columns] = np.minimum(high[columns], tables[x["table"]]["rows"])
+            high[columns] = np.minimum(high[columns], rows)
+            self._cardinalities[x["feature"]] = min(rows, self._cardinalities.get(x["feature"], rows))
         self._bounds = low, high, feature_of
-        self._cardinalities = {x["feature"]: tables[x["table"]]["rows"] for x in lookups}
         self._lock = threading.Condition()
 
     @property
