@@ -2,7 +2,9 @@
 
     python deployment/deploy.py --checkpoint=runs/demo/checkpoints --output=runs/demo/model_repository
 
-The checkpoint's manifest holds the model's shape, so no model flags are needed. Writes the
+The checkpoint's manifest holds the model's shape, so no model flags are needed; a checkpoint of
+main.py --model=FILE needs FILE again (--model=FILE: its dense part is FILE's model, with the
+hyper-parameters of the checkpoint's signature). Writes the
 monolithic SavedModel, the ensemble (sparse + dense SavedModels) and their config.pbtxt files, or,
 for tables larger than --max_tables_in_memory_gb, the dense SavedModel and the tables as .npy
 files (see deployment/exporter/repository.py and docs/deployment.md). With --delta_from, writes
@@ -28,7 +30,10 @@ from utils.errors import CheckpointError  # noqa: E402
 
 flags.DEFINE_string("checkpoint", None, "checkpoint directory (a ckpt-<step> or the root holding `latest`)")
 flags.DEFINE_string("output", None, "model repository directory to write")
-flags.DEFINE_string("model_name", None, "Triton model name (default: dlrm or dcnv2, from the checkpoint's model)")
+flags.DEFINE_string("model_name", None, "Triton model name (default: dlrm or dcnv2, from the checkpoint's model, or "
+                    "the model file's name)")
+flags.DEFINE_string("model", None, "the model file (main.py --model=FILE) that wrote the checkpoint, for a model "
+                    "file's checkpoint (its dense part is that file's model)")
 flags.DEFINE_list("forms", None, "what to export: monolithic (one SavedModel), ensemble (sparse + dense), tables "
                   "(the dense SavedModel and one .npy file per table, streamed from the checkpoint); default "
                   "monolithic,ensemble, or tables when the tables exceed --max_tables_in_memory_gb")
@@ -78,14 +83,16 @@ def export():
                                   "model)")
             start = time.perf_counter()
             info = write_delta_repository(FLAGS.checkpoint, FLAGS.output, FLAGS.delta_from, FLAGS.model_name,
-                                          FLAGS.overwrite, verify=not FLAGS.skip_checkpoint_checksums)
+                                          FLAGS.overwrite, verify=not FLAGS.skip_checkpoint_checksums,
+                                          model_file=FLAGS.model)
             print(delta_summary(info, FLAGS.output, time.perf_counter() - start) + unverified())
             return
         settings = settings_from_flags()
         limit = default_tables_limit() if FLAGS.max_tables_in_memory_gb is None else \
             int(FLAGS.max_tables_in_memory_gb * 2 ** 30)
         info = write_repository(FLAGS.checkpoint, FLAGS.output, FLAGS.model_name, settings, FLAGS.host_table_mb,
-                                FLAGS.forms, FLAGS.overwrite, limit, verify=not FLAGS.skip_checkpoint_checksums)
+                                FLAGS.forms, FLAGS.overwrite, limit, verify=not FLAGS.skip_checkpoint_checksums,
+                                model_file=FLAGS.model)
     except (RepositoryError, CheckpointError) as e:   # ExportError and DeltaError among them
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

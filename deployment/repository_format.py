@@ -7,8 +7,9 @@ Tensors. Requests carry two tensors (Triton's batch dimension first):
     categorical_features  [B, W] int64: one column per one-hot feature, max_hotness columns per
                           multi-hot feature holding its ids, padded with -1 (PAD) in any slot
 and get back `predictions` [B, 1] (click probability) and `logits` [B, 1], both float32. The
-ensemble's sparse model maps categorical_features to `embeddings` [B, sum of the features'
-dims] (feature order), which its dense model takes with numerical_features.
+ensemble's sparse model maps categorical_features to `embeddings` [B, sum of the lookups' widths]
+(lookup order; the built-in models: one lookup per feature, in feature order), which its dense
+model takes with numerical_features.
 
 Files. A full export (deployment/exporter/repository.py) is a directory holding export.json
 (EXPORT_INFO: its name, forms, version, signature, serving layout, settings, and `files`: every
@@ -23,8 +24,11 @@ the version it applies to (its base) and the one it makes:
                                         every other file of the delta with its size and CRC-32
     DIR/<name>_dense/1/model.savedmodel the new dense SavedModel (numerical_features, embeddings
                                         -> predictions, logits), as in a full export
-    DIR/table_<f>.ids.npy               feature f's updated ids [n] int64, ascending, unique
-    DIR/table_<f>.rows.npy              their rows [n, D_f] float32 (.npy format 1.0, row-major)
+    DIR/table_<t>.ids.npy               table t's updated ids [n] int64, ascending, unique
+    DIR/table_<t>.rows.npy              their rows [n, D_t] float32 (.npy format 1.0, row-major)
+
+delta.json names each table by its index, `table` (deltas of built-in models, whose table t is
+feature t's, say `feature`; older ones say only that).
 
 Applying a delta to version `base` of a model: for every table listed, row ids[i] becomes
 rows[i]; every other row keeps its value; the dense model is replaced whole. Tables without
@@ -80,12 +84,15 @@ class DeltaError(RepositoryError):
 @dataclasses.dataclass(frozen=True)
 class ServingLayout:
     """What a client must know to build requests for a model (export.json's "layout"): per
-    categorical feature its cardinality, max_hotness (None: one-hot) and embedding width, and the
-    number of numerical features."""
+    categorical feature its cardinality and max_hotness (None: one-hot), the number of numerical
+    features, and per lookup (a table's rows for one feature's ids, a slice of `embeddings`) its
+    embedding width and the feature it reads (`lookup_features`; None: lookup f reads feature f,
+    the built-in models' one table per feature)."""
     cardinalities: List[int]
     max_hotness: List[Optional[int]]
     embedding_dims: List[int]
     num_numerical: int
+    lookup_features: Optional[List[int]] = None
 
     @property
     def columns(self) -> List[Tuple[int, int]]:
@@ -261,15 +268,16 @@ class Delta:
 
     @property
     def features(self) -> List[int]:
-        return [t["feature"] for t in self.info["tables"]]
+        """The indices of the tables it updates."""
+        return [_table_index(t) for t in self.info["tables"]]
 
-    def table(self, feature: int) -> dict:
-        return next(t for t in self.info["tables"] if t["feature"] == feature)
+    def table(self, index: int) -> dict:
+        return next(t for t in self.info["tables"] if _table_index(t) == index)
 
-    def rows(self, feature: int) -> Tuple[np.ndarray, np.ndarray]:
-        """Feature's updated (ids [n] int64, rows [n, D] float32), checked: CRC-32 of both files,
-        shapes and dtypes, rows finite, ids ascending, unique and inside the table."""
-        t = self.table(feature)
+    def rows(self, index: int) -> Tuple[np.ndarray, np.ndarray]:
+        """Table `index`'s updated (ids [n] int64, rows [n, D] float32), checked: CRC-32 of both
+        files, shapes and dtypes, rows finite, ids ascending, unique and inside the table."""
+        t = self.table(index)
         arrays = []
         for key, dtype, shape in (("ids", IDS_DTYPE, (t["count"],)), ("rows", ROWS_DTYPE, (t["count"], t["dim"]))):
             path = os.path.join(self.directory, t[key]["file"])
@@ -288,6 +296,20 @@ class Delta:
             raise DeltaError(f"{os.path.join(self.directory, t['ids']['file'])}: ids must be ascending, unique and "
                              f"in [0, {t['table_rows']})")
         return ids, arrays[1]
+
+
+def _table_index(entry: dict) -> int:
+    """A delta.json table's index (`table`; older deltas: `feature`, the built-in models' table)."""
+    return entry["table"] if "table" in entry else entry["feature"]
+
+
+def table_lookups(tables_info: dict) -> List[dict]:
+    """tables.json's lookups: per lookup its feature, table (index), max_hotness, combiner,
+    categorical_columns and embedding_columns; without `lookups` (the built-in models' export),
+    table t is the one lookup of feature t and its entry says so."""
+    if "lookups" in tables_info:
+        return tables_info["lookups"]
+    return [dict(t, table=i) for i, t in enumerate(tables_info["tables"])]
 
 
 def read_delta(directory: str) -> Delta:

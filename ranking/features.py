@@ -12,6 +12,8 @@ or cat_0.. of the synthetic data) and its own collectives, seed and placement fl
 embedding `embedding` builds is planned over the run's ranks as the built-in models' is.
 """
 import dataclasses
+import importlib.util
+import os
 from typing import Dict, Iterator, List, Optional, Sequence
 
 import keras
@@ -21,6 +23,7 @@ from ranking.embedding import HybridEmbedding, TableStorage
 from utils.errors import ConfigError
 
 NUMERICAL = "numerical"   # the input of the n numerical features, [b, n] float32
+BUILDER = "build_model"   # a model file's function: (Features, hparams dict) -> ranking.Model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,3 +123,15 @@ def hyperparameters(given: dict, **defaults) -> dict:
                               f"got {value!r}")
         out[name] = value
     return out
+
+
+def load_builder(path: str):
+    """`build_model` of the Python file at `path` (ConfigError when it has none)."""
+    name = "user_model_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    builder = getattr(module, BUILDER, None)
+    if not callable(builder):
+        raise ConfigError(f"defines no function {BUILDER}(features, hparams)")
+    return builder

@@ -12,7 +12,6 @@ Under --amp the builder runs under Keras' mixed-precision policy of the run's co
 (run.runtime.compute_dtype); --xla and --loss_scale go to the model's compile.
 """
 import contextlib
-import importlib.util
 import os
 from typing import List, Set
 
@@ -25,26 +24,12 @@ from nn.trainer import LOSS_SCALE_STATE
 from parallel_embedding.optimizers import slot_names
 from parallel_embedding.planner import BudgetError
 from ranking import CategoricalFeature, Features, HybridEmbedding, Model, TableStorage
-from ranking.features import NUMERICAL
+from ranking.features import BUILDER, NUMERICAL, load_builder
 from ranking.model import FunctionalModel
 from run.config import RunConfig
 from run.runtime import batch_rows, compute_dtype
 from storage.checkpoint import Entry
 from utils.errors import ConfigError
-
-BUILDER = "build_model"
-
-
-def load_builder(path: str):
-    """`build_model` of the Python file at `path` (ConfigError when it has none)."""
-    name = "user_model_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    builder = getattr(module, BUILDER, None)
-    if not callable(builder):
-        raise ConfigError(f"defines no function {BUILDER}(features, hparams)")
-    return builder
 
 
 def dataset_features(cfg: RunConfig, comm) -> Features:
@@ -200,9 +185,10 @@ class UserModel:
 
     def signature(self, optimizer=None) -> dict:
         """What a checkpoint must share with this model (its manifest's "signature"): the model
-        file's name, its hyper-parameters, the dataset's shape and, when given, the optimizer."""
+        file's name, its hyper-parameters, the dataset's features (names) and shape and, when
+        given, the optimizer."""
         shape = self.features
-        signature = {"model": os.path.basename(self.path), "hparams": self.hparams,
+        signature = {"model": os.path.basename(self.path), "hparams": self.hparams, "features": shape.names,
                      "cardinalities": [f.cardinality for f in shape], "num_numerical": shape.num_numerical,
                      "max_hotness": [f.max_hotness for f in shape]}
         if optimizer is not None:

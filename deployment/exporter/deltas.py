@@ -54,22 +54,23 @@ def _save(path: str, value: np.ndarray) -> dict:
 
 def write_delta(directory: str, name: str, base: Version, new: Version, signature: dict,
                 tables: Iterable[Tuple[int, int, np.ndarray, np.ndarray]],
-                write_dense: Callable[[str], None]) -> dict:
+                write_dense: Callable[[str], None], per_feature: bool = True) -> dict:
     """Writes a delta into the new directory `directory` and returns its delta.json content.
-    `tables`: (feature, table rows, updated ids [n] int64 ascending, their rows [n, D] float32);
-    `write_dense(path)` writes the dense SavedModel at `path`."""
+    `tables`: (table index, table rows, updated ids [n] int64 ascending, their rows [n, D] float32);
+    `write_dense(path)` writes the dense SavedModel at `path`; `per_feature`: table t is feature
+    t's (the built-in models), named `feature` too."""
     os.makedirs(directory)
     dense = os.path.join(f"{name}_dense", "1", "model.savedmodel")
     write_dense(os.path.join(directory, dense))
     listed = []
-    for feature, table_rows, ids, rows in tables:
+    for t, table_rows, ids, rows in tables:
         ids, rows = np.ascontiguousarray(ids, IDS_DTYPE), np.ascontiguousarray(rows, ROWS_DTYPE)
         if not ids.size:
             continue
-        listed.append({"feature": feature, "count": int(ids.size), "dim": int(rows.shape[1]),
-                       "table_rows": int(table_rows),
-                       "ids": _save(os.path.join(directory, f"table_{feature}.ids.npy"), ids),
-                       "rows": _save(os.path.join(directory, f"table_{feature}.rows.npy"), rows)})
+        listed.append({"table": t, **({"feature": t} if per_feature else {}), "count": int(ids.size),
+                       "dim": int(rows.shape[1]), "table_rows": int(table_rows),
+                       "ids": _save(os.path.join(directory, f"table_{t}.ids.npy"), ids),
+                       "rows": _save(os.path.join(directory, f"table_{t}.rows.npy"), rows)})
     info = {"format": DELTA_FORMAT, "version": DELTA_VERSION, "name": name, "base": base.to_json(),
             "new": new.to_json(), "signature": signature, "dense_model": dense, "tables": listed,
             FILES: file_entries(directory, DELTA_INFO)}

@@ -26,11 +26,10 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from deployment.exporter.deltas import base_signature, base_version, checkpoint_version, descends_from, write_delta
-from deployment.exporter.model_layout import serving_layout, table_tensor
-from deployment.exporter.table_files import tables_bytes, write_tables
+from deployment.exporter.model_layout import ExportedModel, built_in_export, is_model_file, same_model
+from deployment.exporter.table_files import write_tables
 from deployment.repository_format import (CATEGORICAL, EMBEDDINGS, EXPORT_INFO, FILES, LOGITS, NUMERICAL,
                                           PREDICTIONS, RepositoryError, ServingLayout, file_entries)
-from nn.model_config import ModelConfig
 from parallel_embedding import UPDATED_AT
 from storage import checkpoint
 from storage.checkpoint import read_manifest
@@ -101,6 +100,26 @@ def _write_text(path: str, text: str):
         f.write(text)
 
 
+def exported_model(manifest: dict, model_file: Optional[str] = None) -> ExportedModel:
+    """The model of the checkpoint whose manifest (storage.checkpoint.read_manifest) is given; a
+    model file's needs `model_file`, the file its signature names (ExportError, one line, before
+    TensorFlow is imported, otherwise), and a built-in model's none."""
+    signature, where = manifest["signature"], manifest["path"]
+    if is_model_file(signature):
+        if model_file is None:
+            raise ExportError(f"{where}: a checkpoint of model file {signature['model']}: pass it as --model=FILE")
+        if os.path.basename(model_file) != signature["model"]:
+            raise ExportError(f"--model={model_file}: {where} was written by model file {signature['model']}")
+        if not os.path.isfile(model_file):
+            raise ExportError(f"--model={model_file}: not a file")
+        from deployment.exporter.model_file import model_file_export   # TensorFlow, Keras: after the checks
+        return model_file_export(manifest, model_file)
+    if model_file is not None:
+        raise ExportError(f"--model={model_file}: {where} is a built-in model's checkpoint (dlrm.py or "
+                          "dcnv2.py), not a model file's: drop --model")
+    return built_in_export(manifest)
+
+
 def default_tables_limit() -> int:
     """Bytes: MEMORY_FRACTION of this machine's physical memory."""
     return int(MEMORY_FRACTION * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
@@ -128,24 +147,23 @@ def choose_forms(forms: Optional[Sequence[str]], table_bytes: int, limit: int) -
 
 def write_repository(checkpoint_path: str, out: str, name: str = None, settings: Settings = Settings(),
                      host_table_mb: float = 4096.0, forms: Optional[Sequence[str]] = None, overwrite: bool = False,
-                     max_tables_bytes: Optional[int] = None, verify: bool = True) -> dict:
+                     max_tables_bytes: Optional[int] = None, verify: bool = True,
+                     model_file: Optional[str] = None) -> dict:
     """Exports the checkpoint at `checkpoint_path` into the model repository `out` under model
-    name `name` (default dlrm, or dcnv2 for a cross-interaction model); returns its export.json
-    content. Tables above `host_table_mb` MiB are served from host memory. `forms`: see
-    choose_forms; `max_tables_bytes`: its limit (default default_tables_limit()). `verify`: check
-    the checksums of the checkpoint's pieces (storage.checkpoint)."""
+    name `name` (default dlrm, or dcnv2 for a cross-interaction model, or a model file's name
+    without .py); returns its export.json content. Tables above `host_table_mb` MiB are served
+    from host memory. `forms`: see choose_forms; `max_tables_bytes`: its limit (default
+    default_tables_limit()). `verify`: check the checksums of the checkpoint's pieces
+    (storage.checkpoint). `model_file`: the model file of a checkpoint written by main.py
+    --model=FILE (exported_model)."""
     _check_output(out, overwrite)
     manifest = read_manifest(checkpoint_path)
-    model = ModelConfig.from_signature(manifest["signature"])
-    table_bytes = tables_bytes(model)
+    model = exported_model(manifest, model_file)
+    table_bytes = model.table_bytes
     forms = choose_forms(forms, table_bytes, default_tables_limit() if max_tables_bytes is None else max_tables_bytes)
-    name = name or default_name(model)
-    return _written_whole(out, lambda tmp: _write_content(manifest, tmp, name, serving_layout(model), settings,
-                                                          host_table_mb, forms, verify), table_bytes * len(forms))
-
-
-def default_name(model: ModelConfig) -> str:
-    return "dcnv2" if model.interaction == "cross" else "dlrm"
+    name = name or model.name
+    return _written_whole(out, lambda tmp: _write_content(manifest, model, tmp, name, settings, host_table_mb, forms,
+                                                          verify), table_bytes * len(forms))
 
 
 def _check_output(out: str, overwrite: bool):
@@ -184,23 +202,23 @@ def _no_space(error: BaseException) -> bool:
 
 
 def write_delta_repository(checkpoint_path: str, out: str, base_path: str, name: Optional[str] = None,
-                           overwrite: bool = False, verify: bool = True) -> dict:
+                           overwrite: bool = False, verify: bool = True, model_file: Optional[str] = None) -> dict:
     """Writes into `out` the delta (deployment/repository_format.py) that turns the version exported at
     `base_path` (a model repository or a delta) into the checkpoint at `checkpoint_path`: the rows
     each table updated since the base's step and the whole dense model; returns its delta.json
     content. The checkpoint must descend from the base (same model, trained on from it). `verify`:
-    check the checksums of the checkpoint's pieces read."""
+    check the checksums of the checkpoint's pieces read; `model_file`: as write_repository's."""
     _check_output(out, overwrite)
     manifest = read_manifest(checkpoint_path)
-    model = ModelConfig.from_signature(manifest["signature"])
+    model = exported_model(manifest, model_file)
     base = base_version(base_path)
-    if ModelConfig.from_signature(base_signature(base_path)) != model:
+    if not same_model(base_signature(base_path), manifest["signature"]):
         raise ExportError(f"{base_path}: another model than {manifest['path']}'s (its signature differs)")
     new = checkpoint_version(manifest)
     if not descends_from(manifest, base):
         raise ExportError(f"{manifest['path']} ({new}) was not trained on from {base_path} ({base}): "
                           "export it in full instead")
-    names = [f"{table_tensor(f)}/{UPDATED_AT}" for f in range(len(model.tables))]
+    names = [f"{t.tensor}/{UPDATED_AT}" for t in model.tables]
     if any(n not in manifest["tensors"] for n in names):
         raise ExportError(f"{manifest['path']}: written without the rows' updated_at (an older checkpoint): "
                           "export it in full instead")
@@ -211,23 +229,24 @@ def write_delta_repository(checkpoint_path: str, out: str, base_path: str, name:
     need = sum(ids.size * (8 + 4 * table.dim) for ids, table in zip(updated_ids, model.tables))   # ids and rows
 
     def tables():
-        for f, (table, ids) in enumerate(zip(model.tables, updated_ids)):
-            yield f, table.cardinality, ids, checkpoint.gather_rows(manifest, table_tensor(f), ids, np.float32, verify)
+        for t, (table, ids) in enumerate(zip(model.tables, updated_ids)):
+            yield t, table.rows, ids, checkpoint.gather_rows(manifest, table.tensor, ids, np.float32, verify)
 
     def write_dense(path):
         from deployment.exporter.saved_models import save, serving_modules   # TensorFlow: after the checks
-        save(serving_modules(manifest, 0, with_tables=False, verify=verify)["dense"], path)
+        save(serving_modules(manifest, 0, with_tables=False, verify=verify, model=model)["dense"], path)
 
-    return _written_whole(out, lambda tmp: write_delta(tmp, name or default_name(model), base, new,
-                                                       manifest["signature"], tables(), write_dense), need)
+    return _written_whole(out, lambda tmp: write_delta(tmp, name or model.name, base, new, manifest["signature"],
+                                                       tables(), write_dense, model.per_feature), need)
 
 
-def _write_content(manifest: dict, tmp: str, name: str, layout: ServingLayout, settings: Settings,
+def _write_content(manifest: dict, model: ExportedModel, tmp: str, name: str, settings: Settings,
                    host_table_mb: float, forms: Sequence[str], verify: bool) -> dict:
     """Writes the repository's content into the new directory `tmp`; returns its export.json content."""
     from deployment.exporter.saved_models import save, serving_modules   # TensorFlow: after the checks
+    layout = model.layout
     in_memory = any(f in IN_MEMORY_FORMS for f in forms)
-    modules = serving_modules(manifest, int(host_table_mb * 2 ** 20), with_tables=in_memory, verify=verify)
+    modules = serving_modules(manifest, int(host_table_mb * 2 ** 20), in_memory, verify, model)
     lookup = modules["sparse"].lookup if in_memory else None
     host_tables = [t for t, host in zip(lookup.tables, lookup.on_host) if host] if lookup else []
     parts = {}
@@ -249,16 +268,23 @@ def _write_content(manifest: dict, tmp: str, name: str, layout: ServingLayout, s
     table_files = None
     if "tables" in forms:
         directory = f"{name}_tables"
-        files = write_tables(manifest, os.path.join(tmp, directory), f"{name}_dense", verify)
+        files = write_tables(manifest, model, os.path.join(tmp, directory), f"{name}_dense", verify)
         table_files = {"directory": directory, "tables": len(files["tables"]), "bytes": sum(
             os.path.getsize(os.path.join(tmp, directory, t["file"])) for t in files["tables"])}
     info = {"name": name, "forms": list(forms), "checkpoint": manifest["path"], "step": manifest["step"],
             "version": checkpoint_version(manifest).to_json(),
             "written_at_ranks": manifest["world_size"], "signature": manifest["signature"],
-            "layout": dataclasses.asdict(layout), "models": sorted(parts),
+            "layout": _layout_json(layout), "models": sorted(parts),
             "ensemble": f"{name}_ensemble" if "ensemble" in forms else None,
             "host_tables": [f for f, host in enumerate(lookup.on_host) if host] if lookup else [],
             "table_files": table_files, "settings": dataclasses.asdict(settings), FILES: file_entries(tmp, EXPORT_INFO)}
     _write_text(os.path.join(tmp, EXPORT_INFO), json.dumps(info, indent=1))
     return info
 
+
+def _layout_json(layout: ServingLayout) -> dict:
+    """export.json's "layout": without `lookup_features` for the built-in models (one lookup per feature)."""
+    out = dataclasses.asdict(layout)
+    if out["lookup_features"] is None:
+        del out["lookup_features"]
+    return out

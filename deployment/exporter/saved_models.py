@@ -1,11 +1,12 @@
 """A checkpoint (written at any number of ranks) -> SavedModels that serve it.
 
-The dense part (`Dense`) is built from the model's signature in the checkpoint's manifest and
-reads only the dense weights; the tables (`Lookup`) are read whole from the checkpoint, only for
-the SavedModels that hold them (never the optimizer state). Three SavedModels (tensor names:
+The dense part (`Dense` for the built-in models, built from the model's signature in the
+checkpoint's manifest; model_file.KerasDense for a model file's) reads only the dense weights;
+the tables (`Lookup`) are read whole from the checkpoint, only for the SavedModels that hold
+them (never the optimizer state). Three SavedModels (tensor names:
 deployment/repository_format.py):
     monolithic   numerical_features, categorical_features -> predictions, logits
-    sparse       categorical_features -> embeddings (the lookup; tables larger than a threshold
+    sparse       categorical_features -> embeddings (the lookups; tables larger than a threshold
                  are placed in host memory, their gathers run on the CPU)
     dense        numerical_features, embeddings -> predictions, logits
 The monolithic model is the sparse and dense modules in one graph, so the three agree by
@@ -14,14 +15,14 @@ feature) and computes in float32, whatever precision trained the model.
 """
 import contextlib
 import dataclasses
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from deployment.exporter.model_layout import serving_layout, table_tensor
-from deployment.repository_format import CATEGORICAL, EMBEDDINGS, LOGITS, NUMERICAL, PAD, PREDICTIONS, ServingLayout
+from deployment.exporter.model_layout import ExportedModel, built_in_export
+from deployment.repository_format import CATEGORICAL, EMBEDDINGS, LOGITS, NUMERICAL, PAD, PREDICTIONS
 from nn.model import DenseArch
 from nn.model_config import ModelConfig
 from parallel_embedding.layer import check_ids, combine, flatten_ids
@@ -31,35 +32,38 @@ HOST = "/device:CPU:0"
 
 
 class Lookup(tf.Module):
-    """categorical_features [B, W] int64 -> embeddings [B, sum D_f] float32.
+    """categorical_features [B, W] int64 -> embeddings [B, sum D_l] float32: per lookup l of
+    `model` (model_layout.ExportedModel) its feature's ids in its table, combined by its combiner.
 
-    `tables`: [rows_f, D_f] float32 per feature, taken one at a time (a generator keeps one in
+    `tables`: [rows_t, D_t] float32 per table, taken one at a time (a generator keeps one in
     memory beside the variables). Tables of more than `host_bytes` bytes are created on, and
     gathered from, host memory.
     """
 
-    def __init__(self, tables: Iterable[np.ndarray], layout: ServingLayout, combiners: Sequence[str],
-                 host_bytes: int):
+    def __init__(self, tables: Iterable[np.ndarray], model: ExportedModel, host_bytes: int):
         super().__init__(name="sparse")
-        self.layout, self.combiners = layout, list(combiners)
+        self.layout, self._lookups = model.layout, list(model.lookups)
         self.on_host, self.tables = [], []
-        for f, table in enumerate(tables):
+        for t, table in enumerate(tables):
             self.on_host.append(table.nbytes > host_bytes)
             with tf.device(HOST) if self.on_host[-1] else contextlib.nullcontext():
-                self.tables.append(tf.Variable(table, trainable=False, name=f"table_{f}"))
+                self.tables.append(tf.Variable(table, trainable=False, name=f"table_{t}"))
 
     def __call__(self, categorical: tf.Tensor) -> tf.Tensor:
         flat = []
-        for f, (start, end) in enumerate(self.layout.columns):
+        for lookup in self._lookups:
+            start, end = self.layout.columns[lookup.feature]
             ids = categorical[:, start:end]
-            ids = ids[:, 0] if self.layout.max_hotness[f] is None else tf.ragged.boolean_mask(ids, ids != PAD)
-            flat.append(flatten_ids(ids, self.combiners[f]))
-        features = range(len(flat))
+            ids = ids[:, 0] if self.layout.max_hotness[lookup.feature] is None else \
+                tf.ragged.boolean_mask(ids, ids != PAD)
+            flat.append(flatten_ids(ids, lookup.combiner))
+        features = [x.feature for x in self._lookups]
+        rows_of = [int(self.tables[x.table].shape[0]) for x in self._lookups]
         rows = []
-        with tf.control_dependencies(check_ids(features, [x.ids for x in flat], self.layout.cardinalities)):
-            for table, x, host in zip(self.tables, flat, self.on_host):
-                with tf.device(HOST) if host else contextlib.nullcontext():
-                    rows.append(combine(tf.gather(table, x.ids), x))
+        with tf.control_dependencies(check_ids(features, [x.ids for x in flat], rows_of)):
+            for lookup, x in zip(self._lookups, flat):
+                with tf.device(HOST) if self.on_host[lookup.table] else contextlib.nullcontext():
+                    rows.append(combine(tf.gather(self.tables[lookup.table], x.ids), x))
         return tf.concat(rows, axis=1)
 
 
@@ -100,15 +104,20 @@ class _Serving(tf.Module):
         self.serve = tf.function(serve, input_signature=list(specs))
 
 
-def serving_modules(manifest: dict, host_bytes: int, with_tables: bool = True, verify: bool = True) -> dict:
+def serving_modules(manifest: dict, host_bytes: int, with_tables: bool = True, verify: bool = True,
+                    model: Optional[ExportedModel] = None) -> dict:
     """The root module of each SavedModel of the checkpoint whose manifest (storage.checkpoint.
     read_manifest) is given: "dense", and with `with_tables` "monolithic" and "sparse" (they hold
     every table, read whole; tables above `host_bytes` bytes in host memory). `verify`: check the
-    checksums of the pieces read."""
-    config = ModelConfig.from_signature(manifest["signature"])
-    layout = serving_layout(config)
-    dense = Dense(config)
-    dense.restore(manifest, verify)
+    checksums of the pieces read; `model`: its model (default: a built-in model's, from the
+    manifest)."""
+    model = model or built_in_export(manifest)
+    layout = model.layout
+    if model.dense is None:
+        dense = Dense(ModelConfig.from_signature(manifest["signature"]))
+        dense.restore(manifest, verify)
+    else:
+        dense = model.dense(verify)
     numerical = tf.TensorSpec([None, layout.num_numerical], tf.float32, name=NUMERICAL)
     categorical = tf.TensorSpec([None, layout.categorical_width], tf.int64, name=CATEGORICAL)
     embeddings = tf.TensorSpec([None, sum(layout.embedding_dims)], tf.float32, name=EMBEDDINGS)
@@ -119,8 +128,8 @@ def serving_modules(manifest: dict, host_bytes: int, with_tables: bool = True, v
     modules = {"dense": _Serving("dense", dense_part, [numerical, embeddings], dense=dense)}
     if not with_tables:
         return modules
-    tables = (checkpoint.read_tensor(manifest["path"], table_tensor(f), verify) for f in range(len(config.tables)))
-    lookup = Lookup(tables, layout, config.combiners, host_bytes)
+    tables = (checkpoint.read_tensor(manifest["path"], t.tensor, verify) for t in model.tables)
+    lookup = Lookup(tables, model, host_bytes)
 
     def monolithic(numerical_features, categorical_features):
         return _outputs(dense(numerical_features, lookup(categorical_features)))

@@ -3,48 +3,52 @@
 saying what they hold, for a parameter server (or any process) that does the lookups in front of
 the dense SavedModel (file names and format: deployment/repository_format.py). No TensorFlow.
 
-    <dir>/table_<f>.npy   feature f's table [rows_f, D_f] float32, .npy format 1.0, row-major:
-                          an id is a row number
-    <dir>/tables.json     written last (atomically): checkpoint, step, per table its file, shape,
-                          hotness and combiner, and the dense model's name and inputs
+    <dir>/table_<t>.npy   table t [rows_t, D_t] float32, .npy format 1.0, row-major: an id is a
+                          row number
+    <dir>/tables.json     written last (atomically): checkpoint, step, per table its file and
+                          shape, per lookup (a feature's ids in a table, a slice of embeddings)
+                          its feature, table, hotness, combiner and columns, and the dense model's
+                          name and inputs. The built-in models (lookup f = feature f = table f)
+                          have no `lookups`: table f's entry holds lookup f's keys
+                          (repository_format.table_lookups reads either).
 """
 import os
 from typing import Tuple
 
 import numpy as np
 
-from deployment.exporter.model_layout import serving_layout, table_tensor
+from deployment.exporter.model_layout import ExportedModel
 from deployment.repository_format import (EMBEDDINGS, NUMERICAL, PAD, TABLE_DTYPE, TABLES_FORMAT, TABLES_INFO,
                                           TABLES_VERSION)
-from nn.model_config import ModelConfig
 from storage import checkpoint
 from utils.errors import CheckpointError
 from utils.files import write_json
 
 
-def tables_bytes(model: ModelConfig) -> int:
-    """The bytes of a model's tables as served (float32)."""
-    return sum(t.cardinality * t.dim for t in model.tables) * TABLE_DTYPE.itemsize
-
-
-def write_tables(manifest: dict, directory: str, dense_model: str, verify: bool = True) -> dict:
-    """Writes the table files of the checkpoint whose manifest (storage.checkpoint.read_manifest) is
-    given into the new directory `directory`, then tables.json, and returns its content.
-    `dense_model`: the name of the SavedModel that takes the tables' rows (as `embeddings`);
-    `verify`: check the checksums of the checkpoint's pieces."""
-    model = ModelConfig.from_signature(manifest["signature"])
-    layout = serving_layout(model)
+def write_tables(manifest: dict, model: ExportedModel, directory: str, dense_model: str, verify: bool = True) -> dict:
+    """Writes the table files of the checkpoint whose manifest (storage.checkpoint.read_manifest)
+    and model are given into the new directory `directory`, then tables.json, and returns its
+    content. `dense_model`: the name of the SavedModel that takes the lookups' rows (as
+    `embeddings`); `verify`: check the checksums of the checkpoint's pieces."""
+    layout = model.layout
     os.makedirs(directory)
-    tables, offset = [], 0
-    for f, (table, columns) in enumerate(zip(model.tables, layout.columns)):
-        file = f"table_{f}.npy"
-        _write_npy(os.path.join(directory, file), manifest, table_tensor(f), (table.cardinality, table.dim), verify)
-        tables.append({"feature": f, "file": file, "rows": table.cardinality, "dim": table.dim,
-                       "dtype": TABLE_DTYPE.name, "max_hotness": table.max_hotness, "combiner": table.combiner,
-                       "categorical_columns": list(columns), "embedding_columns": [offset, offset + table.dim]})
-        offset += table.dim
+    tables, lookups, offset = [], [], 0
+    for t, table in enumerate(model.tables):
+        file = f"table_{t}.npy"
+        _write_npy(os.path.join(directory, file), manifest, table.tensor, (table.rows, table.dim), verify)
+        tables.append({"table": t, "file": file, "rows": table.rows, "dim": table.dim, "dtype": TABLE_DTYPE.name})
+    for lookup, dim in zip(model.lookups, layout.embedding_dims):
+        lookups.append({"feature": lookup.feature, "table": lookup.table,
+                        "max_hotness": layout.max_hotness[lookup.feature], "combiner": lookup.combiner,
+                        "categorical_columns": list(layout.columns[lookup.feature]),
+                        "embedding_columns": [offset, offset + dim]})
+        offset += dim
+    if model.per_feature:   # table f's entry is lookup f's
+        tables = [{"feature": t.pop("table"), **t, **{k: v for k, v in x.items() if k not in ("feature", "table")}}
+                  for t, x in zip(tables, lookups)]
     info = {"format": TABLES_FORMAT, "version": TABLES_VERSION, "checkpoint": manifest["path"],
             "step": manifest["step"], "pad_id": PAD, "tables": tables,
+            **({} if model.per_feature else {"lookups": lookups}),
             "dense_model": {"name": dense_model, "inputs": {NUMERICAL: [layout.num_numerical], EMBEDDINGS: [offset]}}}
     write_json(os.path.join(directory, TABLES_INFO), info)
     return info

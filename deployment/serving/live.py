@@ -40,7 +40,7 @@ import numpy as np
 
 from deployment.repository_format import (DELTA_INFO, EXPORT_INFO, LOGITS, PAD, PREDICTIONS, TABLES_INFO,
                                           RepositoryError, ServingLayout, Version, check_files, check_update_files,
-                                          export_files, export_version, read_delta, read_export_info)
+                                          export_files, export_version, read_delta, read_export_info, table_lookups)
 from deployment.serving.backend import check_request, with_version
 from deployment.serving.errors import BadRequest, UpdateRefused
 from deployment.serving.tiers import LookupTiers, TierConfig, store_state
@@ -120,14 +120,16 @@ class Snapshot:
 
 @dataclasses.dataclass(frozen=True)
 class _Repository:
-    """What a tables-form repository serves: its name, layout, table directory, per table
-    tables.json's entry, the version its table files hold and that version's dense model (the
-    export's, or after deltas applied through the tiers the one kept in the table directory)."""
+    """What a tables-form repository serves: its name, layout, table directory, per table and per
+    lookup tables.json's entry (repository_format.table_lookups), the version its table files hold
+    and that version's dense model (the export's, or after deltas applied through the tiers the
+    one kept in the table directory)."""
     path: str
     name: str
     layout: ServingLayout
     directory: str
     tables: List[dict]
+    lookups: List[dict]
     signature: dict
     version: Version
     dense_dir: str
@@ -143,7 +145,7 @@ class _Repository:
         state = store_state(path)
         directory = os.path.join(path, info["table_files"]["directory"])
         with open(os.path.join(directory, TABLES_INFO)) as f:
-            tables = json.load(f)["tables"]
+            tables_info = json.load(f)
         version, exported = Version.from_json(state["holds"]), export_version(path)
         dense_dir = os.path.join(path, f"{info['name']}_dense")
         if version != exported:
@@ -153,12 +155,12 @@ class _Repository:
                                  f"but not its dense model {kept or '(none recorded)'}: export {version} again "
                                  "with deploy.py and serve that")
             dense_dir = os.path.join(directory, kept)
-        return cls(path, info["name"], ServingLayout(**info["layout"]), directory, tables,
-                   model_signature(info["signature"]), version, dense_dir)
+        return cls(path, info["name"], ServingLayout(**info["layout"]), directory, tables_info["tables"],
+                   table_lookups(tables_info), model_signature(info["signature"]), version, dense_dir)
 
     def served_as(self, other: "_Repository") -> bool:
-        """Whether this export is of the model `other` is of (signature, tables)."""
-        return (self.signature, self.tables) == (other.signature, other.tables)
+        """Whether this export is of the model `other` is of (signature, tables, lookups)."""
+        return (self.signature, self.tables, self.lookups) == (other.signature, other.tables, other.lookups)
 
     def snapshot(self, tiers: Optional[TierConfig], log: Callable[[str], None]) -> Snapshot:
         """Loads the dense model, and the tables: whole into memory, or through tiers `tiers`."""
@@ -234,12 +236,17 @@ class Model:
         self._standby = DenseModel(self._repository.dense_dir, self.layout)
         self._retired: List[Snapshot] = []   # swapped out, maybe still in use
         # Per categorical column [W]: the lowest id allowed (padding in multi-hot features), past the
-        # highest, its feature (the tables of later versions are the same)
-        tables = self._repository.tables
-        low, high, feature_of = (np.zeros(max(t["categorical_columns"][1] for t in tables), np.int64) for _ in range(3))
-        for f, t in enumerate(tables):
-            columns = slice(*t["categorical_columns"])
-            low[columns], high[columns], feature_of[columns] = PAD if t["max_hotness"] is not None else 0, t["rows"], f
+        # highest (the fewest rows of the tables its lookups read; a feature no lookup reads: any
+        # id), its feature (the tables of later versions are the same)
+        tables, lookups, width = self._repository.tables, self._repository.lookups, self.layout.categorical_width
+        low, high = np.full(width, np.iinfo(np.int64).min), np.full(width, np.iinfo(np.int64).max)
+        feature_of = np.zeros(width, np.int64)
+        self._cardinalities: Dict[int, int] = {}   # per feature read, the rows it may address
+        for x in lookups:
+            columns, rows = slice(*x["categorical_columns"]), tables[x["table"]]["rows"]
+            low[columns], feature_of[columns] = PAD if x["max_hotness"] is not None else 0, x["feature"]
+            high[columns] = np.minimum(high[columns], rows)
+            self._cardinalities[x["feature"]] = min(rows, self._cardinalities.get(x["feature"], rows))
         self._bounds = low, high, feature_of
         self._lock = threading.Condition()
 
@@ -287,23 +294,31 @@ class Model:
         return with_version(out, snapshot.version, len(numerical))
 
     def embeddings(self, snapshot: Snapshot, categorical: np.ndarray) -> np.ndarray:
-        """categorical_features [B, W] int64 -> embeddings [B, sum D_f] float32, as docs/deployment.md
-        says: per feature its columns' ids without padding, their rows combined by sum or mean."""
+        """categorical_features [B, W] int64 -> embeddings [B, sum D_l] float32, as docs/deployment.md
+        says: per lookup its feature's columns' ids without padding, their rows in its table
+        combined by sum or mean."""
         self._check(categorical)
-        tables = self._repository.tables
-        ids = [categorical[:, slice(*t["categorical_columns"])] for t in tables]
-        found = snapshot.lookup({f: x[:, 0] if t["max_hotness"] is None else np.where(x != PAD, x, 0)
-                                 for f, (t, x) in enumerate(zip(tables, ids))})
-        out = np.empty((len(categorical), sum(t["dim"] for t in tables)), np.float32)
-        for f, (t, x) in enumerate(zip(tables, ids)):
-            a, b = t["embedding_columns"]
-            if t["max_hotness"] is None:
-                out[:, a:b] = found[f]
+        lookups = self._repository.lookups
+        ids = [categorical[:, slice(*x["categorical_columns"])] for x in lookups]
+        parts = [(x["table"], i[:, 0] if x["max_hotness"] is None else np.where(i != PAD, i, 0))
+                 for x, i in zip(lookups, ids)]   # per lookup (its table, its ids [B] or [B, h])
+        per_table: Dict[int, list] = {}
+        for t, part in parts:
+            per_table.setdefault(t, []).append(part.reshape(-1))
+        found = snapshot.lookup({t: flat[0] if len(flat) == 1 else np.concatenate(flat)
+                                 for t, flat in per_table.items()})
+        taken = {t: 0 for t in per_table}   # rows of found[t] handed out
+        out = np.empty((len(categorical), lookups[-1]["embedding_columns"][1]), np.float32)
+        for x, i, (t, part) in zip(lookups, ids, parts):
+            rows = found[t][taken[t]:taken[t] + part.size].reshape(part.shape + (-1,))
+            taken[t] += part.size
+            a, b = x["embedding_columns"]
+            if x["max_hotness"] is None:
+                out[:, a:b] = rows
                 continue
-            present = x != PAD
-            rows = found[f]   # [B, h, D]
+            present = i != PAD   # rows: [B, h, D]
             weights = present.astype(np.float32)
-            if t["combiner"] == "mean":
+            if x["combiner"] == "mean":
                 weights *= (np.float32(1) / np.maximum(present.sum(1), 1).astype(np.float32))[:, None]
             out[:, a:b] = (rows * weights[:, :, None]).sum(1)
         return out
@@ -315,7 +330,7 @@ class Model:
         if outside.any():
             bad = sorted(set(feature_of[outside].tolist()))
             raise BadRequest(f"embedding ids out of range [0, cardinality) in features (0-based): {bad} "
-                             f"(cardinalities {[t['rows'] for t in self._repository.tables]})")
+                             f"(cardinalities {[self._cardinalities[f] for f in sorted(self._cardinalities)]})")
 
     def _swap(self, snapshot: Snapshot):
         with self._lock:
@@ -340,10 +355,10 @@ class Model:
         overlay = {}
         for f in delta.features:
             if not 0 <= f < len(tables.shapes):
-                raise UpdateRefused(f"it updates feature {f}, the model has {len(tables.shapes)}")
+                raise UpdateRefused(f"it updates table {f}, the model has {len(tables.shapes)}")
             ids, rows = delta.rows(f)
             if ids.size and (rows.shape != (len(ids), tables.shapes[f][1]) or ids[-1] >= tables.shapes[f][0]):
-                raise UpdateRefused(f"feature {f}: rows {list(rows.shape)} for ids up to {ids[-1]}, its table is "
+                raise UpdateRefused(f"table {f}: rows {list(rows.shape)} for ids up to {ids[-1]}, it is "
                                     f"{list(tables.shapes[f])}")
             overlay[f] = (ids, rows)
         dense = self._standby

@@ -1,0 +1,93 @@
+"""A model file's checkpoint (main.py --model=FILE) as the exporter serves it: FILE's model
+rebuilt on one process from the checkpoint's signature (its features, hyper-parameters), its
+HybridEmbedding layers' tables and lookups read off the built layers, and the dense part
+(ranking FunctionalModel.dense_part) with the checkpoint's Keras weights. Shapes: B requests,
+n numericals, L lookups of widths D_l."""
+import os
+
+import keras
+import tensorflow as tf
+
+from deployment.exporter.model_layout import ExportedModel, Lookup, Table
+from deployment.repository_format import RepositoryError, ServingLayout
+from ranking import CategoricalFeature, Features, HybridEmbedding
+from ranking.features import NUMERICAL, load_builder
+from ranking.model import FunctionalModel
+from storage import checkpoint
+from utils.errors import ConfigError
+
+
+class KerasDense(tf.Module):
+    """numerical_features [B, n], embeddings [B, sum D_l] -> logits [B] float32: a model file's
+    dense part (a keras.Model taking the numericals, if the model does, then one [B, D_l] per
+    lookup)."""
+
+    def __init__(self, dense_part: keras.Model, widths, takes_numerical: bool):
+        super().__init__(name="dense")
+        self.model, self._widths, self._takes_numerical = dense_part, list(widths), takes_numerical
+
+    def __call__(self, numerical: tf.Tensor, embeddings: tf.Tensor) -> tf.Tensor:
+        rows = tf.split(embeddings, self._widths, axis=1)
+        out = self.model(([numerical] if self._takes_numerical else []) + rows, training=False)
+        return tf.reshape(tf.cast(out, tf.float32), [-1])
+
+
+def model_file_export(manifest: dict, model_file) -> ExportedModel:
+    """The ExportedModel of a model file's checkpoint (manifest) built by `model_file` (the file the
+    signature names, checked by repository.exported_model); RepositoryError, one line, for a
+    model that does not build as the checkpoint has it."""
+    signature, where = manifest["signature"], manifest["path"]
+    names = signature.get("features") or [f"cat_{i}" for i in range(len(signature["cardinalities"]))]
+    features = Features([CategoricalFeature(n, c, h) for n, c, h in
+                         zip(names, signature["cardinalities"], signature["max_hotness"])], signature["num_numerical"])
+    try:
+        model = load_builder(model_file)(features, dict(signature["hparams"]))
+    except ConfigError as e:
+        raise RepositoryError(f"--model={model_file}: {e}") from None
+    layers = [l for l in model._flatten_layers() if isinstance(l, HybridEmbedding)]
+    tables, lookups, widths = [], [], []
+    for layer in layers:   # the order dense_part takes their outputs in; tables numbered across layers
+        first = len(tables)
+        tables += [Table(layer.embedding.table_name(t), c.vocabulary_size, c.embedding_dim)
+                   for t, c in enumerate(layer.tables)]
+        more, more_widths = _lookups(model, layer, features, model_file, first)
+        lookups, widths = lookups + more, widths + more_widths
+    for t in tables:
+        saved = tuple(manifest["tensors"].get(t.tensor, {}).get("shape", ()))
+        if saved != (t.rows, t.dim):
+            raise RepositoryError(f"--model={model_file}: table {t.tensor} is {saved or 'missing'} in {where}, the "
+                                  f"model builds it {(t.rows, t.dim)}")
+    inputs = model._inputs_struct
+    layout = ServingLayout(signature["cardinalities"], signature["max_hotness"], widths, signature["num_numerical"],
+                           [x.feature for x in lookups])
+
+    def dense(verify: bool) -> KerasDense:
+        named = {w.path: w.value for w in model.weights}
+        checkpoint.restore(manifest["path"], checkpoint.replicated_entries(named), {}, set(named), extra_ok=True,
+                           verify=verify)
+        return KerasDense(model.dense_part(), widths, NUMERICAL in inputs)
+
+    return ExportedModel(layout, tables, lookups, os.path.splitext(signature["model"])[0], dense)
+
+
+def _lookups(model, layer: HybridEmbedding, features: Features, model_file: str, first_table: int):
+    """Per output of `layer` in the order the dense part takes them (keras.tree.flatten's: the
+    features' order, or by name for a dict): its Lookup (the dataset feature whose input feeds it,
+    the table numbered from `first_table`) and width."""
+    if not isinstance(model, FunctionalModel) or not isinstance(model._inputs_struct, dict):
+        raise RepositoryError(f"--model={model_file}: export needs a functional model with a dict of inputs")
+    input_feature = {id(t): features.names.index(name) for name, t in model._inputs_struct.items() if name != NUMERICAL}
+    given = layer._inbound_nodes[0].arguments.args[0]   # the ids the layer was called with, as given
+    sources = [given[f.name] for f in layer.features] if isinstance(given, dict) else list(given)
+    order = range(len(layer.features))
+    if isinstance(given, dict):
+        order = sorted(order, key=lambda i: layer.features[i].name)
+    lookups, widths = [], []
+    for i in order:
+        f, table = layer.features[i], layer.tables[layer.table_of[i]]
+        if id(sources[i]) not in input_feature:
+            raise RepositoryError(f"--model={model_file}: feature {f.name!r} of layer {layer.name!r} is not fed one "
+                                  "of the model's inputs as it is (the export looks up the requests' ids)")
+        lookups.append(Lookup(input_feature[id(sources[i])], first_table + layer.table_of[i], table.combiner))
+        widths.append(table.embedding_dim)
+    return lookups, widths
