@@ -7,7 +7,7 @@ workloads specify) on an in-memory pool of synthetic batches, as the yardstick d
     python benchmarks/train_throughput.py --compare      # also runs the yardstick's modes, prints ratios
     python benchmarks/train_throughput.py --scaling      # W1: 2 ranks x 1 thread against 1 rank x 2 threads
     python benchmarks/train_throughput.py --workload dlrm-kaggle --checks 1   # + the cost of the safety checks
-    python benchmarks/train_throughput.py --workload dlrm-kaggle --api 1 --rounds 6   # the API's model against the built-in
+    python benchmarks/train_throughput.py --workload dlrm-kaggle --api 1 --timed 5 --rounds 60   # API vs built-in
 
 Workload, FLOP accounting and batch pool come from the shared yardstick module, so both sides
 measure the same thing. With `--ranks N` the step runs hybrid-parallel on N Gloo ranks of this
@@ -33,6 +33,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)   # this checkout's modules, not an installed copy's
 DEFAULT_BENCH = os.path.join(os.path.dirname(ROOT), "shared", "bench")
 WORKLOADS = ("dlrm-kaggle", "dlrm-large", "dcnv2-nvidia")
 YARDSTICK_MODES = (("graph", []), ("xla", ["--jit", "1"]), ("onednn", ["--onednn", "1"]),
@@ -84,7 +85,7 @@ def measure(args):
     batch = int(w["batch_size"])
     pool = batch_pool(w, comm, [model.embeddings.input_rows(f) for f in range(len(cards))])
     if args.api:
-        return against_api(args, w, comm, trainer.train_step, pool, warmup, timed)
+        return against_api(args, w, comm, trainer.train_step, pool, warmup, timed, model.dense_variables)
     times = timed_steps(trainer.train_step, pool, warmup, timed)
     sps = batch * len(times) / sum(times)
     onednn = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default")
@@ -157,29 +158,37 @@ def api_trainer(args, w, comm):
     return UserTrainer(UserModel(run_flags.config_from_flags(comm.size), comm))
 
 
-def against_api(args, w, comm, builtin_step, builtin_pool, warmup: int, timed: int) -> dict:
+def against_api(args, w, comm, builtin_step, builtin_pool, warmup: int, timed: int, builtin_dense) -> dict:
     """`args.rounds` rounds of `timed` steps of the built-in model then of the API's (each after
     its `warmup` steps, once), on the same global batches. Ratios are API / built-in speed: of
     the median steps, and per round (its median, quartiles and range: the noise; short rounds
-    see the same load on both sides)."""
+    see the same load on both sides), and of the median CPU seconds per step (this process' threads,
+    which other processes inflate less than wall time). `dense_parameters`: each model's dense
+    weights (the same shapes)."""
     api = api_trainer(args, w, comm)
     pool = batch_pool(w, comm, ["local"] * len(w["cardinalities"]))   # data-parallel input (one rank: the same)
     sides = {"builtin": (builtin_step, builtin_pool), "api": (api.train_step, pool)}
     for step, batches in sides.values():
         timed_steps(step, batches, warmup, 0)
-    times = {side: [] for side in sides}
+    times, cpu = {side: [] for side in sides}, {side: [] for side in sides}
     for r in range(args.rounds):
         for side, (step, batches) in sides.items():
+            c0 = time.process_time()
             times[side].append(timed_steps(step, batches, 0, timed, start=r * timed))
+            cpu[side].append((time.process_time() - c0) / timed)
     batch = int(w["batch_size"])
     steps = {side: sum(rounds, []) for side, rounds in times.items()}
     ratios = sorted(sum(times["builtin"][r]) / sum(times["api"][r]) for r in range(args.rounds))
     quartiles = statistics.quantiles(ratios, n=4)[::2] if len(ratios) > 1 else ratios * 2
     return {"impl": "api-vs-builtin", "workload": args.workload, "threads": args.threads, "batch": batch,
             "rounds": args.rounds, "timed_steps_per_round": timed,
+            "dense_parameters": {side: sum(int(v.shape.num_elements()) for v in dense) for side, dense in
+                                 (("builtin", builtin_dense), ("api", api.model.dense_variables))},
             **{f"{side}_samples_per_s": round(batch * len(t) / sum(t), 1) for side, t in steps.items()},
             **{f"{side}_step_ms_median": round(1000 * statistics.median(t), 2) for side, t in steps.items()},
+            **{f"{side}_cpu_ms_per_step_median": round(1000 * statistics.median(c), 2) for side, c in cpu.items()},
             "ratio_of_medians": round(statistics.median(steps["builtin"]) / statistics.median(steps["api"]), 3),
+            "cpu_ratio_of_medians": round(statistics.median(cpu["builtin"]) / statistics.median(cpu["api"]), 3),
             "round_ratio_median": round(statistics.median(ratios), 3),
             "round_ratio_quartiles": [round(q, 3) for q in quartiles],
             "round_ratio_range": [round(ratios[0], 3), round(ratios[-1], 3)],
