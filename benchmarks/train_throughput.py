@@ -138,7 +138,7 @@ def timed_steps(step, pool, warmup: int, timed: int, start: int = 0) -> list:
     return times
 
 
-def api_trainer(args, w, comm):
+def api_trainer(w, comm):
     """The workload's model written with the API (examples/dlrm.py or examples/dcnv2.py at the
     workload's shapes) as `main.py --model=FILE` builds, compiles and steps it: the run's
     configuration from main.py's flags, run/user_model.py's UserModel and UserTrainer."""
@@ -165,7 +165,7 @@ def against_api(args, w, comm, builtin_step, builtin_pool, warmup: int, timed: i
     see the same load on both sides), and of the median CPU seconds per step (this process' threads,
     which other processes inflate less than wall time). `dense_parameters`: each model's dense
     weights (the same shapes)."""
-    api = api_trainer(args, w, comm)
+    api = api_trainer(w, comm)
     pool = batch_pool(w, comm, ["local"] * len(w["cardinalities"]))   # data-parallel input (one rank: the same)
     sides = {"builtin": (builtin_step, builtin_pool), "api": (api.train_step, pool)}
     for step, batches in sides.values():
