@@ -7,6 +7,7 @@ workloads specify) on an in-memory pool of synthetic batches, as the yardstick d
     python benchmarks/train_throughput.py --compare      # also runs the yardstick's modes, prints ratios
     python benchmarks/train_throughput.py --scaling      # W1: 2 ranks x 1 thread against 1 rank x 2 threads
     python benchmarks/train_throughput.py --workload dlrm-kaggle --checks 1   # + the cost of the safety checks
+    python benchmarks/train_throughput.py --workload dlrm-kaggle --api 1 --timed 5 --rounds 60   # API vs built-in
 
 Workload, FLOP accounting and batch pool come from the shared yardstick module, so both sides
 measure the same thing. With `--ranks N` the step runs hybrid-parallel on N Gloo ranks of this
@@ -14,7 +15,11 @@ machine (`horovodrun`, tables placed by the default plan, model-parallel input: 
 holds only the ids its tables need); samples/s counts the global batch. `--checks 1` also times,
 per step, the loader's per-batch value checks (the pool written as split-binary files and read
 back by the real loader with and without them) and the train step's non-finite-gradients flag
-(the same reduction over gradient-shaped tensors), as fractions of the step.
+(the same reduction over gradient-shaped tensors), as fractions of the step. `--api 1` builds, in
+the same process, the workload written with the Keras API (examples/dlrm.py or examples/dcnv2.py,
+built from the workload's features and shapes as `main.py --model=FILE` builds it, its step as the
+run drives it) beside the built-in model, and times `--rounds` rounds of `timed` steps of each,
+alternated (built-in, API, built-in, API, ...), so that both see the same load.
 """
 import argparse
 import importlib.util
@@ -28,6 +33,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)   # this checkout's modules, not an installed copy's
 DEFAULT_BENCH = os.path.join(os.path.dirname(ROOT), "shared", "bench")
 WORKLOADS = ("dlrm-kaggle", "dlrm-large", "dcnv2-nvidia")
 YARDSTICK_MODES = (("graph", []), ("xla", ["--jit", "1"]), ("onednn", ["--onednn", "1"]),
@@ -48,7 +54,6 @@ def measure(args):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.onednn is not None:
         os.environ["TF_ENABLE_ONEDNN_OPTS"] = str(args.onednn)
-    import numpy as np
     import tensorflow as tf
     from nn.lr_schedule import LearningRateSchedule
     from nn.model import RankingModel
@@ -77,26 +82,11 @@ def measure(args):
                          collectives=comm)
     trainer = Trainer(model, w["optimizer"]["name"], LearningRateSchedule(w["optimizer"]["lr"], 0, 0, 0),
                       xla=bool(args.xla), loss_scaling=bool(args.amp) and amp_dtype() == tf.float16)
-    rng = np.random.default_rng(w["seed"])
     batch = int(w["batch_size"])
-    b, scopes = batch // comm.size, [model.embeddings.input_rows(f) for f in range(len(cards))]
-    mine = slice(comm.rank * b, (comm.rank + 1) * b)
-    card = np.asarray(cards, dtype=np.int64)
-    pool = []
-    for _ in range(int(w["pool_batches"])):   # every rank draws the same global batches, keeps its part
-        ids = np.minimum((rng.random((batch, len(card))) * card).astype(np.int64), card - 1).astype(np.int32)
-        numerical = rng.standard_normal((batch, w["num_dense"]), dtype=np.float32)
-        labels = rng.integers(0, 2, size=batch).astype(np.float32)
-        pool.append((tf.constant(numerical[mine]),
-                     [tf.constant(ids[:, f] if s == "global" else ids[mine, f] if s == "local" else ids[:0, f])
-                      for f, s in enumerate(scopes)],
-                     tf.constant(labels[mine])))
-    times = []
-    for i in range(warmup + timed):
-        t0 = time.perf_counter()
-        float(trainer.train_step(*pool[i % len(pool)]))
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
+    pool = batch_pool(w, comm, [model.embeddings.input_rows(f) for f in range(len(cards))])
+    if args.api:
+        return against_api(args, w, comm, trainer.train_step, pool, warmup, timed, model.dense_variables)
+    times = timed_steps(trainer.train_step, pool, warmup, timed)
     sps = batch * len(times) / sum(times)
     onednn = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default")
     dense_elements = sum(int(v.shape.num_elements()) for v in model.dense_variables)
@@ -111,6 +101,98 @@ def measure(args):
             "tensorflow": tf.__version__,
             **(check_costs(w, [(n.numpy(), [i.numpy() for i in ids], y.numpy()) for n, ids, y in pool], times)
                if args.checks else {})}
+
+
+def batch_pool(w, comm, scopes) -> list:
+    """The workload's `pool_batches` batches (numerical [b, n], F ids [b] int32, labels [b]) as this
+    rank's tensors: every rank draws the same global batches and keeps its part, a feature's ids
+    by its scope ("global": the global batch's, "local": this rank's b, else none)."""
+    import numpy as np
+    import tensorflow as tf
+    rng = np.random.default_rng(w["seed"])
+    batch = int(w["batch_size"])
+    b = batch // comm.size
+    mine = slice(comm.rank * b, (comm.rank + 1) * b)
+    card = np.asarray(w["cardinalities"], dtype=np.int64)
+    pool = []
+    for _ in range(int(w["pool_batches"])):
+        ids = np.minimum((rng.random((batch, len(card))) * card).astype(np.int64), card - 1).astype(np.int32)
+        numerical = rng.standard_normal((batch, w["num_dense"]), dtype=np.float32)
+        labels = rng.integers(0, 2, size=batch).astype(np.float32)
+        pool.append((tf.constant(numerical[mine]),
+                     [tf.constant(ids[:, f] if s == "global" else ids[mine, f] if s == "local" else ids[:0, f])
+                      for f, s in enumerate(scopes)],
+                     tf.constant(labels[mine])))
+    return pool
+
+
+def timed_steps(step, pool, warmup: int, timed: int, start: int = 0) -> list:
+    """Seconds of each of `timed` steps on the pool's batches (from batch `start`, cycling) after
+    `warmup` untimed ones; a step ends when its loss reaches the host."""
+    times = []
+    for i in range(warmup + timed):
+        t0 = time.perf_counter()
+        float(step(*pool[(start + i) % len(pool)]))
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def api_trainer(w, comm):
+    """The workload's model written with the API (examples/dlrm.py or examples/dcnv2.py at the
+    workload's shapes) as `main.py --model=FILE` builds, compiles and steps it: the run's
+    configuration from main.py's flags, run/user_model.py's UserModel and UserTrainer."""
+    from run import flags as run_flags
+    from run.user_model import UserModel, UserTrainer
+    example = "dcnv2" if w["model"] == "dcnv2" else "dlrm"
+    params = {"embedding_dim": w["embedding_dim"], "bottom": list(w["bottom_mlp"]), "top": list(w["top_mlp"][:-1])}
+    if example == "dcnv2":
+        params.update(num_cross_layers=w["cross_layers"], projection_dim=w["cross_projection_dim"])
+    argv = ["main.py", f"--model={os.path.join(ROOT, 'examples', example + '.py')}",
+            *[f"--model_param={k}={json.dumps(v)}" for k, v in params.items()],
+            "--dataset_type=synthetic", f"--synthetic_cardinalities={','.join(map(str, w['cardinalities']))}",
+            f"--synthetic_num_numerical={w['num_dense']}", f"--batch_size={w['batch_size']}",
+            f"--optimizer={w['optimizer']['name']}", f"--learning_rate={w['optimizer']['lr']}",
+            "--warmup_steps=0", "--decay_steps=0", f"--seed={w['seed']}"]
+    run_flags.FLAGS(argv)
+    return UserTrainer(UserModel(run_flags.config_from_flags(comm.size), comm))
+
+
+def against_api(args, w, comm, builtin_step, builtin_pool, warmup: int, timed: int, builtin_dense) -> dict:
+    """`args.rounds` rounds of `timed` steps of the built-in model then of the API's (each after
+    its `warmup` steps, once), on the same global batches. Ratios are API / built-in speed: of
+    the median steps, and per round (its median, quartiles and range: the noise; short rounds
+    see the same load on both sides), and of the median CPU seconds per step (this process' threads,
+    which other processes inflate less than wall time). `dense_parameters`: each model's dense
+    weights (the same shapes)."""
+    api = api_trainer(w, comm)
+    pool = batch_pool(w, comm, ["local"] * len(w["cardinalities"]))   # data-parallel input (one rank: the same)
+    sides = {"builtin": (builtin_step, builtin_pool), "api": (api.train_step, pool)}
+    for step, batches in sides.values():
+        timed_steps(step, batches, warmup, 0)
+    times, cpu = {side: [] for side in sides}, {side: [] for side in sides}
+    for r in range(args.rounds):
+        for side, (step, batches) in sides.items():
+            c0 = time.process_time()
+            times[side].append(timed_steps(step, batches, 0, timed, start=r * timed))
+            cpu[side].append((time.process_time() - c0) / timed)
+    batch = int(w["batch_size"])
+    steps = {side: sum(rounds, []) for side, rounds in times.items()}
+    ratios = sorted(sum(times["builtin"][r]) / sum(times["api"][r]) for r in range(args.rounds))
+    quartiles = statistics.quantiles(ratios, n=4)[::2] if len(ratios) > 1 else ratios * 2
+    return {"impl": "api-vs-builtin", "workload": args.workload, "threads": args.threads, "batch": batch,
+            "rounds": args.rounds, "timed_steps_per_round": timed,
+            "dense_parameters": {side: sum(int(v.shape.num_elements()) for v in dense) for side, dense in
+                                 (("builtin", builtin_dense), ("api", api.model.dense_variables))},
+            **{f"{side}_samples_per_s": round(batch * len(t) / sum(t), 1) for side, t in steps.items()},
+            **{f"{side}_step_ms_median": round(1000 * statistics.median(t), 2) for side, t in steps.items()},
+            **{f"{side}_cpu_ms_per_step_median": round(1000 * statistics.median(c), 2) for side, c in cpu.items()},
+            "ratio_of_medians": round(statistics.median(steps["builtin"]) / statistics.median(steps["api"]), 3),
+            "cpu_ratio_of_medians": round(statistics.median(cpu["builtin"]) / statistics.median(cpu["api"]), 3),
+            "round_ratio_median": round(statistics.median(ratios), 3),
+            "round_ratio_quartiles": [round(q, 3) for q in quartiles],
+            "round_ratio_range": [round(ratios[0], 3), round(ratios[-1], 3)],
+            "load_average_1min": round(os.getloadavg()[0], 2)}
 
 
 def check_costs(w, pool, times, rounds: int = 7) -> dict:
@@ -237,7 +319,9 @@ def main():
     ap.add_argument("--scaling", action="store_true", help="2 ranks x 1 thread against 1 rank x 2 threads (W1 "
                     "unless --workload)")
     ap.add_argument("--ranks", type=int, default=1, help="run --workload on this many Gloo ranks (horovodrun)")
-    ap.add_argument("--rounds", type=int, default=3, help="--scaling: alternating rounds")
+    ap.add_argument("--rounds", type=int, default=3, help="--scaling, --api: alternating rounds")
+    ap.add_argument("--api", type=int, choices=[0, 1], default=0, help="also build the workload written with the API "
+                    "(examples/dlrm.py, examples/dcnv2.py, as main.py --model=FILE runs it) and time both, alternated")
     ap.add_argument("--xla", type=int, choices=[0, 1], default=0)
     ap.add_argument("--amp", type=int, choices=[0, 1], default=0, help="mixed precision (bfloat16 on CPU)")
     ap.add_argument("--onednn", type=int, choices=[0, 1], default=None, help="TF_ENABLE_ONEDNN_OPTS (default: TF's choice)")
@@ -250,6 +334,8 @@ def main():
     ap.add_argument("--timed", type=int)
     ap.add_argument("--bench_dir", default=DEFAULT_BENCH, help="folder holding workloads.yaml and yardstick/")
     args = ap.parse_args()
+    if args.api and (args.xla or args.amp or args.ranks > 1 or args.compare or args.scaling or not args.workload):
+        ap.error("--api 1 times one --workload on one rank, without --xla, --amp, --compare, --scaling")
     if args.compare:
         args.workloads = [args.workload] if args.workload else list(WORKLOADS)
         compare(args)

@@ -65,3 +65,16 @@ def test_checks_adds_the_safety_checks_costs(tmp_path):
     assert record["loader_batch_ms"] > 0 and record["grad_check_ms"] > 0
     assert record["grad_check_pct_of_step"] == pytest.approx(100 * record["grad_check_ms"] / record["step_ms_median"],
                                                              rel=0.02)
+
+
+@pytest.mark.skipif(not os.path.isfile(YARDSTICK), reason="../shared/bench is not beside this checkout")
+@pytest.mark.parametrize("workload", ["dlrm-kaggle", "dcnv2-nvidia"])
+def test_api_times_the_example_model_against_the_built_in_one(tmp_path, workload):
+    record, = run_benchmark(tmp_path, ["--workload", workload, "--api", "1", "--rounds", "3"])
+    assert record["impl"] == "api-vs-builtin" and record["rounds"] == 3 and record["timed_steps_per_round"] == 2
+    # the same shapes: DLRM 13-16-8 and 16-16-1 over 8 + 6 pairs padded to 16 (649); DCNv2 with its cross layers
+    params = record["dense_parameters"]
+    assert params["api"] == params["builtin"] and (workload != "dlrm-kaggle" or params["api"] == 649)
+    assert record["api_samples_per_s"] > 0 and record["builtin_samples_per_s"] > 0
+    low, high = record["round_ratio_range"]
+    assert low <= record["round_ratio_median"] <= high

@@ -1,8 +1,10 @@
 """main.py --model=FILE (run/user_model.py, examples/): every example trains on synthetic data,
 checkpoints, evaluates the checkpoint with --mode=eval (the training run's AUC), and a run stopped
-by --max_steps then resumed equals the uninterrupted run; at 2 Gloo ranks the losses and the AUC
-equal one process on the same global batches; a model file on a feature spec with named, multi-hot
-features; a bad model file or an unsupported flag is one error line, before any data is read."""
+by --max_steps then resumed equals the uninterrupted run; at 1 and 2 Gloo ranks the losses and the
+AUC equal one process on the same global batches, and a checkpoint written at one rank count
+resumes at the other (1 -> 2, 2 -> 1) as the one process goes on; a model file on a feature spec
+with named, multi-hot features; a bad model file or an unsupported flag is one error line, before
+any data is read."""
 import os
 import subprocess
 import sys
@@ -89,23 +91,25 @@ def test_example_trains_evaluates_its_checkpoint_and_resumes_exactly(tmp_path, u
     assert_same_run(resumed, want, range(7, STEPS + 1))
 
 
+@pytest.mark.parametrize("ranks", [1, 2])
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
-def test_example_at_two_ranks_equals_one_process(tmp_path, uninterrupted, name):
+def test_example_at_one_and_two_gloo_ranks_equals_one_process_and_its_checkpoint_restores_at_the_other(
+        tmp_path, uninterrupted, name, ranks):
+    """Losses and AUC at `ranks` Gloo ranks equal one process'; its checkpoint after step 6 resumed
+    at the other rank count (1 -> 2 ranks, 2 -> one process) continues as the one process."""
     want, _ = uninterrupted(name)
-    out = succeeded(horovodrun(2, ["main.py", *model_args(name), *DATA, *PLACEMENT,
-                                   f"--log_path={tmp_path / 'two.json'}"]))
-    assert "2 ranks" in out.stdout
-    assert_same_run(records(tmp_path / "two.json"), want, range(1, STEPS + 1))
-
-
-def test_checkpoint_of_two_ranks_resumes_at_one(tmp_path, uninterrupted):
-    want, _ = uninterrupted("wide_and_deep")
     ckpt = tmp_path / "ckpt"
-    succeeded(horovodrun(2, ["main.py", *model_args("wide_and_deep"), *DATA, *PLACEMENT, "--max_steps=6",
-                             f"--save_checkpoint_path={ckpt}"]))
-    succeeded(python(*model_args("wide_and_deep"), *DATA, f"--restore_checkpoint_path={ckpt}",
-                     f"--log_path={tmp_path / 'one.json'}"))
-    assert_same_run(records(tmp_path / "one.json"), want, range(7, STEPS + 1))
+    placement = PLACEMENT if ranks == 2 else []   # placement flags are refused at one rank
+    out = succeeded(horovodrun(ranks, ["main.py", *model_args(name), *DATA, *placement, "--checkpoint_every_n_steps=6",
+                                       f"--save_checkpoint_path={ckpt}", f"--log_path={tmp_path / 'run.json'}"]))
+    assert f"{ranks} rank{'s' if ranks > 1 else ''}" in out.stdout
+    assert_same_run(records(tmp_path / "run.json"), want, range(1, STEPS + 1))
+    resume = [*model_args(name), *DATA, f"--restore_checkpoint_path={ckpt / 'ckpt-6'}",
+              f"--log_path={tmp_path / 'resumed.json'}"]
+    succeeded(horovodrun(2, ["main.py", *resume, *PLACEMENT]) if ranks == 1 else python(*resume))
+    resumed = records(tmp_path / "resumed.json")
+    assert sorted(resumed["step"]) == list(range(7, STEPS + 1))
+    assert_same_run(resumed, want, range(7, STEPS + 1))
 
 
 def spec_dataset(path, with_data=True):

@@ -1,7 +1,7 @@
 """ranking.dist_model_parallel (distributed-embeddings' front door): a script written for
 distributed-embeddings trains, with only its import changed, as the plain Keras model with the
-same weights and Keras optimizer: at one process (eager and in a tf.function) and at two Gloo
-ranks on the same global batches (tests/ranking_dmp_worker.py); tables are Keras weights with
+same weights and Keras optimizer: at one process (eager and in a tf.function) and at one and two
+Gloo ranks on the same global batches (tests/ranking_dmp_worker.py); tables are Keras weights with
 IndexedSlices gradients, updated sparsely by SGD and Adagrad; the unsupported options are one line."""
 import json
 import types
@@ -107,12 +107,13 @@ def test_unsupported_options_are_one_line():
         dmp.broadcast_variables(layer.weights, root_rank=1)
 
 
-def test_two_gloo_ranks_equal_one_process():
-    """SGD, Adagrad, Adam over row-sliced, column-sliced and replicated tables; Adagrad with
-    every table shared by two inputs."""
-    out = horovodrun(2, ["tests/ranking_dmp_worker.py"])
+@pytest.mark.parametrize("ranks,kinds", [(1, ["whole"]), (2, ["column", "replicated", "row"])])
+def test_gloo_ranks_equal_one_process(ranks, kinds):
+    """SGD, Adagrad, Adam; at 2 ranks over row-sliced, column-sliced and replicated tables; Adagrad
+    with every table shared by two inputs."""
+    out = horovodrun(ranks, ["tests/ranking_dmp_worker.py"])
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     line = next(l for l in out.stdout.splitlines() if "RESULT" in l)
     results = json.loads(line.split("RESULT", 1)[1])
-    assert [r["rank"] for r in results] == [0, 1]
-    assert all(r["kinds"] == ["column", "replicated", "row"] and r["max_error"] <= 1e-5 for r in results)
+    assert [r["rank"] for r in results] == list(range(ranks))
+    assert all(r["kinds"] == kinds and r["max_error"] <= 1e-5 for r in results)
