@@ -52,6 +52,25 @@ def build_model(features, hparams):
         emb + [x["numerical"]]))
     return ranking.Model(x, keras.layers.Dense(1, name="logit")(h), name="shared_mean")
 """
+# Two HybridEmbedding layers: "wide" (a width-1 table per feature) and "deep" (cat_0 and the
+# multi-hot cat_3 sharing one table): the export numbers the tables across the layers.
+TWO_LAYERS = """
+import keras, ranking
+
+def build_model(features, hparams):
+    x = features.inputs()
+    n = features.names
+    wide = features.embedding(features.feature_configs(1, prefix="wide_"), name="wide")([x[f] for f in n])
+    shared = ranking.TableConfig(name="shared", vocabulary_size=300, embedding_dim=4, combiner="sum")
+    deep = [ranking.FeatureConfig(name=f, table=shared, input_shape=(None, features[f].max_hotness or 1),
+                                  output_shape=(None, 4)) for f in ("cat_0", "cat_3")]
+    emb = features.embedding(deep + features.feature_configs(3, names=["cat_1", "cat_2"]), name="deep")(
+        [x["cat_0"], x["cat_3"], x["cat_1"], x["cat_2"]])
+    h = keras.layers.Dense(8, activation="relu", name="hidden")(keras.layers.Concatenate(name="deep_input")(
+        emb + [x["numerical"]]))
+    return ranking.Model(x, keras.layers.Add(name="logit")(wide + [keras.layers.Dense(1, name="deep_logit")(h)]))
+"""
+MODEL_FILES = {"shared_mean": SHARED, "two_layers": TWO_LAYERS}
 
 
 def python(*args, script="main.py"):
@@ -130,11 +149,11 @@ def test_wide_and_deep_exports_and_serves_what_it_predicts(days, tmp_path):
     check_served(days["path"], days["params"], str(days["tmp"] / "ckpt0"), repo, tmp_path)
 
 
-@pytest.mark.parametrize("name", ["deepfm", "shared_mean"])
+@pytest.mark.parametrize("name", ["deepfm", "shared_mean", "two_layers"])
 def test_other_model_files_export_and_serve_what_they_predict(name, tmp_path):
-    if name == "shared_mean":
-        path, params = str(tmp_path / "shared_mean.py"), []
-        (tmp_path / "shared_mean.py").write_text(SHARED)
+    if name in MODEL_FILES:
+        path, params = str(tmp_path / f"{name}.py"), []
+        (tmp_path / f"{name}.py").write_text(MODEL_FILES[name])
     else:
         path, params = f"examples/{name}.py", PARAMS[name]
     train(path, params, tmp_path / "ckpt", "--seed=7")
@@ -146,6 +165,9 @@ def test_other_model_files_export_and_serve_what_they_predict(name, tmp_path):
     if name == "shared_mean":   # cat_3 and cat_0 in the shared table 0 (its 4.7 KB in host memory)
         assert layout.lookup_features == [3, 0, 1, 2] and layout.embedding_dims == [4, 4, 3, 2]
         assert info["host_tables"] == [0]
+    if name == "two_layers":   # wide: tables 0-3 of width 1; deep: the shared table 4, then cat_1's and cat_2's
+        assert layout.lookup_features == [0, 1, 2, 3, 0, 3, 1, 2]
+        assert layout.embedding_dims == [1] * 4 + [4, 4, 3, 3]
     check_served(path, params, str(tmp_path / "ckpt"), str(tmp_path / "repo"), tmp_path)
 
 
