@@ -16,6 +16,7 @@ from absl import app, flags  # noqa: E402
 
 from run import data_flags  # noqa: E402,F401 (the data flags of main.py)
 from utils.errors import ConfigError  # noqa: E402
+from utils.tensorflow_startup import import_tensorflow  # noqa: E402
 
 flags.DEFINE_enum("protocol", "http", ["http", "grpc"], "how to talk to the server")
 flags.DEFINE_string("url", "", "host:port of the server (default localhost:8000 for http, :8001 for grpc)")
@@ -57,6 +58,7 @@ def evaluate(client, dataset, rows: int, batch_size: int) -> dict:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    import_tensorflow()   # before the data pipeline loads it, so that its start-up lines honour TF_CPP_MIN_LOG_LEVEL
     from tritonclient.utils import InferenceServerException
     from deployment.client import ServingClient, ServingError, error_line, open_eval_data, read_token
     try:

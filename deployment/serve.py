@@ -68,6 +68,7 @@ from deployment.serving.tiers import POLICIES, TierConfig  # noqa: E402
 from deployment.serving.monolithic import MonolithicModel  # noqa: E402
 from deployment.serving.native import ServedModel, TensorSpec, serving as native_serving  # noqa: E402
 from utils.errors import CheckpointError, ConfigError, StoreError  # noqa: E402
+from utils.tensorflow_startup import import_tensorflow  # noqa: E402
 
 flags.DEFINE_string("model_repository", None, "a model repository written by deployment/deploy.py")
 flags.DEFINE_string("checkpoint", None, "a checkpoint to export (to a temporary repository) and serve, instead")
@@ -376,6 +377,7 @@ def main(argv):
             raise ServeError("give one of --model_repository and --checkpoint")
         settings = settings_from_flags()
         check_ports(settings)
+        import_tensorflow()   # before the models load it, so that its start-up lines honour TF_CPP_MIN_LOG_LEVEL
         if FLAGS.model_repository:
             serve_until_stopped(FLAGS.model_repository, settings)
             return
