@@ -29,7 +29,7 @@ a CheckpointError naming the file and the tensor. A checkpoint written before ch
 recorded is read unverified (`checksummed`). A save that runs out of space (ENOSPC, EDQUOT) on any
 rank removes its partial files and raises, on every rank, a StoreError naming ROOT, the bytes its
 pieces take and the bytes free when the save began; the earlier checkpoints and `latest` stay as
-they were.
+they were. So does marking the best checkpoint (`mark_best`): `best` stays as it was.
 """
 import contextlib
 import dataclasses
@@ -372,10 +372,28 @@ def _remove(root, name):
     shutil.rmtree(os.path.join(root, f".old-{name}"))
 
 
-def mark_best(root: str, path: str, auc: float, keep: int = KEEP):
-    """Points ROOT/best at the checkpoint `path`, whose evaluation AUC is `auc`, then prunes."""
-    _point(root, BEST, f"{os.path.basename(path)}\nauc={auc!r}\n")
-    _prune(root, keep)
+def mark_best(root: str, path: str, auc: float, comm, keep: int = KEEP):
+    """Points ROOT/best at the checkpoint `path`, whose evaluation AUC is `auc`, then prunes (rank
+    0; every rank returns once it is done). Out of space, ROOT/best is left as it was, its partial
+    file removed, and every rank raises the same StoreError naming ROOT and the bytes."""
+    name = os.path.basename(path)
+    text, failure = f"{name}\nauc={auc!r}\n", None
+    if comm.rank == 0:
+        free = _free_bytes(root)
+        failure = _unless_out_of_space(_point, root, BEST, text)[1]
+        if failure is None:
+            _prune(root, keep)
+        else:
+            if os.path.exists(os.path.join(root, BEST + ".tmp")):
+                os.remove(os.path.join(root, BEST + ".tmp"))
+            failure = (*failure, free, _pointed(root, BEST))
+    failure = comm.broadcast_object(failure, f"best_{name}")
+    if failure:
+        code, written, free, best = failure
+        raise StoreError(f"{root}: out of space ({code} writing {os.path.relpath(written, root)}) marking {name} the "
+                         f"best checkpoint (auc {auc:.5f}): {BEST} takes {len(text)} bytes, {free:,} were free; its "
+                         f"partial file is removed, {name} is saved, "
+                         f"{f'{BEST} still names {best}' if best else f'no {BEST} was written before'}")
 
 
 def best_auc(root: str) -> float:
