@@ -223,20 +223,96 @@ def test_malformed_requests_are_answered_and_counted(bounded):
         answer = exchange(ports[0], raw)
         assert answer[0] == status and message in answer[1], (raw[:200], answer)
     assert refused(ports[2]) == count + len(cases)
-    # over gRPC: a message past --max_request_mb, sent as is or gzipped (64 MiB of zeros in ~64 KiB): gRPC
-    # refuses it itself (uncounted)
+    # over gRPC: a message past --max_request_mb, sent as is or gzipped (64 MiB of zeros in ~64 KiB), and
+    # metadata past --max_header_kb: gRPC refuses them itself (counted all the same)
+    count = refused(ports[2], "grpc")
     client = ServingClient("grpc", f"127.0.0.1:{ports[1]}", "dlrm")
-    for size, compression in ((3 << 20, None), (16 << 20, "gzip")):
+    for size, compression, headers in ((3 << 20, None, None), (16 << 20, "gzip", None),
+                                       (1, None, {"x-padding": "x" * (256 << 10)})):
         tensors = [client.api.InferInput("numerical_features", [1, size], "FP32"),
                    client.api.InferInput("categorical_features", list(categorical.shape), "INT64")]
         tensors[0].set_data_from_numpy(np.zeros((1, size), np.float32))
         tensors[1].set_data_from_numpy(categorical)
         with pytest.raises(InferenceServerException) as error:
-            client.client.infer("dlrm", tensors, compression_algorithm=compression)
+            client.client.infer("dlrm", tensors, compression_algorithm=compression, headers=headers)
         assert "RESOURCE_EXHAUSTED" in str(error.value.status()), error.value
     np.testing.assert_array_equal(client.infer(numerical, categorical)["logits"].shape, (1, 1))
     client.close()
+    assert refused(ports[2], "grpc") == count + 3
     assert "Traceback" not in log.read_text()
+
+
+def grpc_method(port, name, streaming=False):
+    """ModelInfer of the server's GRPCInferenceService on `port`, unary or stream-unary (the same on
+    the wire), taking and giving bytes."""
+    import grpc
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    return (channel.stream_unary if streaming else channel.unary_unary)(f"/inference.GRPCInferenceService/{name}")
+
+
+def test_malformed_grpc_messages_are_answered_and_counted(bounded):
+    """Bytes that are not a ModelInferRequest, and a call that ends without a message: INVALID_ARGUMENT
+    (gRPC alone answered INTERNAL), counted as refused."""
+    import grpc
+    from tritonclient.grpc import service_pb2
+    _, ports, log, _ = bounded
+    count = refused(ports[2], "grpc")
+    for call, message in ((lambda: grpc_method(ports[1], "ModelInfer")(b"\xff\xff\xff\xff"),
+                           "malformed request: DecodeError: Error parsing message"),
+                          (lambda: grpc_method(ports[1], "ModelInfer", streaming=True)(iter(())),
+                           "malformed request: ValueError: no request message")):
+        with pytest.raises(grpc.RpcError) as error:
+            call()
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in error.value.details(), \
+            error.value
+    live = grpc_method(ports[1], "ServerLive")(service_pb2.ServerLiveRequest().SerializeToString())
+    assert service_pb2.ServerLiveResponse.FromString(live).live
+    assert refused(ports[2], "grpc") == count + 2
+    assert "Traceback" not in log.read_text()
+
+
+def test_grpc_calls_in_flight_are_capped_and_counted(trained, tmp_path):
+    """--max_connections=4: 4 calls whose message waits hold the cap (the frontend's 8 threads run
+    them); a call more is refused at once with RESOURCE_EXHAUSTED and counted (gRPC's own cap
+    counted none); the 4, once sent, are answered."""
+    import grpc
+    from tritonclient.grpc import service_pb2
+    _, _, data, repo = trained
+    numerical, categorical, _ = next(request_batches(eval_dataset(data), 2, 2))
+    request = service_pb2.ModelInferRequest(model_name="dlrm", inputs=[
+        service_pb2.ModelInferRequest.InferInputTensor(name="numerical_features", datatype="FP32",
+                                                       shape=list(numerical.shape)),
+        service_pb2.ModelInferRequest.InferInputTensor(name="categorical_features", datatype="INT64",
+                                                       shape=list(categorical.shape))],
+        raw_input_contents=[numerical.astype(np.float32).tobytes(), categorical.astype(np.int64).tobytes()])
+    go = threading.Event()
+
+    def held_message():
+        go.wait(120)
+        yield request.SerializeToString()
+    ports, log = free_ports(3), tmp_path / "server.log"
+    server = start(log, ports, f"--model_repository={repo}", "--max_connections=4")
+    try:
+        ServingClient("http", f"127.0.0.1:{ports[0]}", "dlrm").wait_ready(120)
+        count = refused(ports[2], "grpc")
+        infer, live = grpc_method(ports[1], "ModelInfer", streaming=True), grpc_method(ports[1], "ServerLive")
+        held = [infer.future(held_message()) for _ in range(4)]
+        while True:   # a call more is answered (a thread is free) until the 4 are in
+            try:
+                live(service_pb2.ServerLiveRequest().SerializeToString(), timeout=30)
+            except grpc.RpcError as error:
+                assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and \
+                    error.details() == "more than 4 calls in flight", error
+                break
+            time.sleep(0.05)
+        assert refused(ports[2], "grpc") == count + 1
+        go.set()
+        for call in held:
+            assert service_pb2.ModelInferResponse.FromString(call.result(timeout=60)).outputs
+        assert refused(ports[2], "grpc") == count + 1
+    finally:
+        go.set()
+        stop_server(server, ports, log)
 
 
 @pytest.fixture(scope="module")
