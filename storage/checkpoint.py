@@ -38,13 +38,12 @@ import io
 import json
 import os
 import shutil
-import zlib
 from typing import Dict, Iterator, List, Optional, Protocol, Sequence, Set, Tuple
 
 import numpy as np
 
 from utils.errors import CheckpointError, StoreError
-from utils.files import file_crc32
+from utils.files import Checksummed, file_crc32
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
@@ -174,17 +173,6 @@ def _blocks(rows: int, cols: int, *dtypes) -> Iterator[Tuple[int, int]]:
     return ((start, min(rows, start + step)) for start in range(0, rows, step))
 
 
-class _Checksummed:
-    """A binary file to write to that keeps the CRC-32 of what was written (`crc`)."""
-
-    def __init__(self, file):
-        self.file, self.crc = file, 0
-
-    def write(self, data) -> int:
-        self.crc = zlib.crc32(data, self.crc)
-        return self.file.write(data)
-
-
 def _save_variable(f, entry: Entry) -> np.dtype:
     """Writes the .npy of a (not streamed) entry's rows; returns their dtype."""
     value = entry.variable.numpy()
@@ -223,7 +211,7 @@ def _write_pieces(tmp: str, entries: Sequence[Entry], rank: int):
     for e in entries:
         file = _piece_file(e)
         with _writing(os.path.join(tmp, file)) as f:
-            checksummed = _Checksummed(f)
+            checksummed = Checksummed(f)
             dtype = (_save_streamed if e.streamed else _save_variable)(checksummed, e)
         (a, b), (c, d) = e.region
         pieces.append({"tensor": e.name, "shape": list(e.shape), "dtype": dtype.name,

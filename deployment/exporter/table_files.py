@@ -9,7 +9,7 @@ the dense SavedModel (file names and format: deployment/repository_format.py). N
                           hotness and combiner, and the dense model's name and inputs
 """
 import os
-from typing import Tuple
+from typing import Dict, Tuple
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from deployment.repository_format import (EMBEDDINGS, NUMERICAL, PAD, TABLE_DTYP
 from nn.model_config import ModelConfig
 from storage import checkpoint
 from utils.errors import CheckpointError
-from utils.files import write_json
+from utils.files import Checksummed, write_json
 
 
 def tables_bytes(model: ModelConfig) -> int:
@@ -27,18 +27,19 @@ def tables_bytes(model: ModelConfig) -> int:
     return sum(t.cardinality * t.dim for t in model.tables) * TABLE_DTYPE.itemsize
 
 
-def write_tables(manifest: dict, directory: str, dense_model: str, verify: bool = True) -> dict:
+def write_tables(manifest: dict, directory: str, dense_model: str, verify: bool = True) -> Tuple[dict, Dict[str, int]]:
     """Writes the table files of the checkpoint whose manifest (storage.checkpoint.read_manifest) is
-    given into the new directory `directory`, then tables.json, and returns its content.
-    `dense_model`: the name of the SavedModel that takes the tables' rows (as `embeddings`);
-    `verify`: check the checksums of the checkpoint's pieces."""
+    given into the new directory `directory`, then tables.json; returns its content and {table
+    file: its CRC-32, computed as it was written}. `dense_model`: the name of the SavedModel that
+    takes the tables' rows (as `embeddings`); `verify`: check the checksums of the checkpoint's pieces."""
     model = ModelConfig.from_signature(manifest["signature"])
     layout = serving_layout(model)
     os.makedirs(directory)
-    tables, offset = [], 0
+    tables, offset, checksums = [], 0, {}
     for f, (table, columns) in enumerate(zip(model.tables, layout.columns)):
         file = f"table_{f}.npy"
-        _write_npy(os.path.join(directory, file), manifest, table_tensor(f), (table.cardinality, table.dim), verify)
+        checksums[file] = _write_npy(os.path.join(directory, file), manifest, table_tensor(f),
+                                     (table.cardinality, table.dim), verify)
         tables.append({"feature": f, "file": file, "rows": table.cardinality, "dim": table.dim,
                        "dtype": TABLE_DTYPE.name, "max_hotness": table.max_hotness, "combiner": table.combiner,
                        "categorical_columns": list(columns), "embedding_columns": [offset, offset + table.dim]})
@@ -47,20 +48,22 @@ def write_tables(manifest: dict, directory: str, dense_model: str, verify: bool 
             "step": manifest["step"], "pad_id": PAD, "tables": tables,
             "dense_model": {"name": dense_model, "inputs": {NUMERICAL: [layout.num_numerical], EMBEDDINGS: [offset]}}}
     write_json(os.path.join(directory, TABLES_INFO), info)
-    return info
+    return info, checksums
 
 
-def _write_npy(path: str, manifest: dict, name: str, shape: Tuple[int, int], verify: bool):
+def _write_npy(path: str, manifest: dict, name: str, shape: Tuple[int, int], verify: bool) -> int:
     """Writes tensor `name` [rows, cols] of a checkpoint as a float32 .npy file (the bytes np.save
-    writes), a block of rows at a time."""
+    writes), a block of rows at a time; returns the file's CRC-32."""
     saved = tuple(manifest["tensors"].get(name, {}).get("shape", ()))
     if saved != shape:
         raise CheckpointError(f"{manifest['path']}: tensor {name} has shape {saved}, its signature says {shape}")
     with open(path, "wb") as f:
-        np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(TABLE_DTYPE),
-                                                 "fortran_order": False, "shape": shape})
+        checksummed = Checksummed(f)
+        np.lib.format.write_array_header_1_0(checksummed, {"descr": np.lib.format.dtype_to_descr(TABLE_DTYPE),
+                                                           "fortran_order": False, "shape": shape})
         for _, block in checkpoint.read_blocks(manifest, name, TABLE_DTYPE, verify):
-            f.write(block.data)
+            checksummed.write(block.data)
         f.flush()
         os.fsync(f.fileno())
+    return checksummed.crc
 
