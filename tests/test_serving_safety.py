@@ -296,20 +296,29 @@ def test_grpc_calls_in_flight_are_capped_and_counted(trained, tmp_path):
         ServingClient("http", f"127.0.0.1:{ports[0]}", "dlrm").wait_ready(120)
         count = refused(ports[2], "grpc")
         infer, live = grpc_method(ports[1], "ModelInfer", streaming=True), grpc_method(ports[1], "ServerLive")
-        held = [infer.future(held_message()) for _ in range(4)]
+        held, again = [infer.future(held_message()) for _ in range(4)], 0
+        deadline = time.monotonic() + 120
+
+        def in_flight_refused(error) -> bool:
+            return error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and \
+                error.details() == "more than 4 calls in flight"
         while True:   # a call more is answered (a thread is free) until the 4 are in
+            for k, call in enumerate(held):   # one that came while the call more was in flight was refused
+                if call.done():
+                    assert in_flight_refused(call), call.exception()
+                    held[k], again = infer.future(held_message()), again + 1
             try:
                 live(service_pb2.ServerLiveRequest().SerializeToString(), timeout=30)
             except grpc.RpcError as error:
-                assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and \
-                    error.details() == "more than 4 calls in flight", error
+                assert in_flight_refused(error), error
                 break
+            assert time.monotonic() < deadline, "the 4 calls were not taken in"
             time.sleep(0.05)
-        assert refused(ports[2], "grpc") == count + 1
+        assert refused(ports[2], "grpc") == count + 1 + again
         go.set()
         for call in held:
             assert service_pb2.ModelInferResponse.FromString(call.result(timeout=60)).outputs
-        assert refused(ports[2], "grpc") == count + 1
+        assert refused(ports[2], "grpc") == count + 1 + again
     finally:
         go.set()
         stop_server(server, ports, log)
