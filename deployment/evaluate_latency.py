@@ -26,6 +26,9 @@ flags.DEFINE_string("auth_token_file", "", "a file holding the bearer token the 
                     "--auth_token_file)")
 flags.DEFINE_string("tls_ca_file", "", "connect over TLS, trusting the certificates in this PEM file (serve.py's "
                     "--tls_cert_file, or the CA that signed it)")
+flags.DEFINE_string("tls_client_cert_file", "", "with --tls_ca_file: present this PEM client certificate (to a "
+                    "server with --tls_client_ca_file)")
+flags.DEFINE_string("tls_client_key_file", "", "the PEM private key of --tls_client_cert_file")
 flags.DEFINE_list("batch_sizes", ["1", "64", "1024"], "samples per request; each size is measured in turn")
 flags.DEFINE_integer("concurrency", 1, "clients sending requests at the same time")
 flags.DEFINE_integer("requests", 200, "timed requests per batch size (all clients together)")
@@ -102,7 +105,8 @@ def main(argv):
         token = read_token(FLAGS.auth_token_file)
         dataset, rows = open_eval_data(FLAGS)
         def connect():
-            return ServingClient(FLAGS.protocol, FLAGS.url, FLAGS.model_name, token, FLAGS.tls_ca_file)
+            return ServingClient(FLAGS.protocol, FLAGS.url, FLAGS.model_name, token, FLAGS.tls_ca_file,
+                                 FLAGS.tls_client_cert_file, FLAGS.tls_client_key_file)
 
         probe = connect()
         probe.wait_ready(FLAGS.wait_s)

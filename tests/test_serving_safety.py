@@ -392,6 +392,66 @@ def test_evaluate_accuracy_with_tls_and_the_token(guarded, protocol):
     assert refused.returncode == 2 and "error: " in refused.stderr, refused.stderr[-2000:]
 
 
+def test_mutual_tls_asks_every_client_for_a_certificate_the_ca_signed(trained, tmp_path):
+    """--tls_client_ca_file: HTTPS, gRPC over TLS and /metrics answer a client that presents a
+    certificate the CA signed; one presenting none, or one the CA did not sign, fails; and
+    evaluate_accuracy.py with --tls_client_cert_file evaluates."""
+    from tritonclient.utils import InferenceServerException
+    _, _, data, repo = trained
+    pem = {name: str(tmp_path / f"{name}.pem") for name in ("server", "server_key", "ca", "ca_key", "client",
+                                                             "client_key", "stranger", "stranger_key")}
+
+    def openssl(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+    def self_signed(name, subject, *extra):
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", subject, *extra, "-keyout",
+                pem[f"{name}_key"], "-out", pem[name])
+    self_signed("server", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1")
+    self_signed("ca", "/CN=clients' CA")
+    self_signed("stranger", "/CN=stranger")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=client", "-keyout", pem["client_key"], "-out",
+            str(tmp_path / "client.csr"))
+    openssl("x509", "-req", "-in", str(tmp_path / "client.csr"), "-CA", pem["ca"], "-CAkey", pem["ca_key"],
+            "-CAcreateserial", "-days", "1", "-out", pem["client"])
+    ports, log = free_ports(3), tmp_path / "server.log"
+    server = start(log, ports, f"--model_repository={repo}", f"--tls_cert_file={pem['server']}",
+                   f"--tls_key_file={pem['server_key']}", f"--tls_client_ca_file={pem['ca']}")
+    try:
+        ServingClient("http", f"localhost:{ports[0]}", "dlrm", "", pem["server"], pem["client"],
+                      pem["client_key"]).wait_ready(120)
+        numerical, categorical, _ = next(request_batches(eval_dataset(data), 4, 4))
+
+        def get(port, path, who):
+            context = ssl.create_default_context(cafile=pem["server"])
+            if who:
+                context.load_cert_chain(pem[who], pem[f"{who}_key"])
+            connection = http.client.HTTPSConnection("localhost", port, context=context, timeout=30)
+            connection.request("GET", path)
+            return connection.getresponse().status
+        assert get(ports[0], "/v2/health/live", "client") == get(ports[2], "/metrics", "client") == 200
+        for who in (None, "stranger"):
+            for port, path in ((ports[0], "/v2/health/live"), (ports[2], "/metrics")):
+                with pytest.raises(OSError):   # ssl.SSLError or the connection reset: no answer
+                    get(port, path, who)
+        for protocol, port in (("http", ports[0]), ("grpc", ports[1])):
+            url = f"localhost:{port}"
+            good = ServingClient(protocol, url, "dlrm", "", pem["server"], pem["client"], pem["client_key"])
+            assert good.infer(numerical, categorical)["logits"].shape == (4, 1)
+            for who in (None, "stranger"):
+                certificate = (pem[who], pem[f"{who}_key"]) if who else ()
+                with pytest.raises((InferenceServerException, OSError)):
+                    ServingClient(protocol, url, "dlrm", "", pem["server"], *certificate).infer(numerical, categorical)
+        common = [*data_flags(data), "--protocol=grpc", f"--url=localhost:{ports[1]}", "--batch_size=100",
+                  "--max_samples=200", f"--tls_ca_file={pem['server']}", "--wait_s=10"]
+        result = script("evaluate_accuracy.py", *common, f"--tls_client_cert_file={pem['client']}",
+                        f"--tls_client_key_file={pem['client_key']}")
+        assert result.returncode == 0 and "served dlrm over grpc: auc" in result.stdout, result.stderr[-2000:]
+        assert "Traceback" not in log.read_text()
+    finally:
+        stop_server(server, ports, log)
+
+
 def test_safety_flag_errors_are_one_line(tmp_path):
     (tmp_path / "empty").write_text("\n")
     for args, message in (
@@ -404,6 +464,8 @@ def test_safety_flag_errors_are_one_line(tmp_path):
              f"error: --auth_token_file={tmp_path / 'empty'}: the token must be one word of printable ASCII "
              "characters"),
             (["--max_request_mb=0"], "error: --max_request_mb must be positive, got 0"),
+            (["--tls_client_ca_file=ca.pem"], "error: --tls_client_ca_file: only with --tls_cert_file and "
+                                             "--tls_key_file (clients are asked for a certificate over TLS)"),
             (["--frontend=triton", "--auth_token_file=t", "--read_timeout_s=3"],
              "error: --auth_token_file, --read_timeout_s: only with --frontend=native (Triton's frontend has no such "
              "settings here; see docs/deployment.md's 'What the server trusts')")):

@@ -323,8 +323,8 @@ def _grpc_guard(safeguards: Safeguards, metrics: Metrics):
                     request = _Malformed(ValueError("no request message"))
                 if isinstance(request, _Malformed):
                     metrics.observe("grpc", "refused")
-                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {type(request.error).__name__}: "
-                                                                    f"{request.error}")
+                    error = request.error
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {type(error).__name__}: {error}")
                 return behavior(request, context)
             finally:
                 with lock:
@@ -514,7 +514,13 @@ def serving(model: ServedModel, address: str, http_port: int, grpc_port: int, th
     add(servicer, grpc_server)
     if safeguards.tls_cert_file:
         with open(safeguards.tls_key_file, "rb") as key, open(safeguards.tls_cert_file, "rb") as cert:
-            credentials = grpc.ssl_server_credentials([(key.read(), cert.read())])
+            pair = (key.read(), cert.read())
+        clients = None
+        if safeguards.tls_client_ca_file:
+            with open(safeguards.tls_client_ca_file, "rb") as ca:
+                clients = ca.read()
+        credentials = grpc.ssl_server_credentials([pair], root_certificates=clients,
+                                                  require_client_auth=clients is not None)
         bound = grpc_server.add_secure_port(f"{address}:{grpc_port}", credentials)
     else:
         bound = grpc_server.add_insecure_port(f"{address}:{grpc_port}")
