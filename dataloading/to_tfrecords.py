@@ -18,11 +18,15 @@ import sys
 from typing import Iterable
 
 import numpy as np
-import tensorflow as tf
 
-from dataloading.feature_spec import SPEC_FILE, FeatureSpec
-from dataloading.split_binary import RaggedIds, SplitBinaryDataset
-from utils.errors import DatasetError
+from utils.tensorflow_startup import import_tensorflow
+
+import_tensorflow()   # a script too: TensorFlow's start-up lines then honour TF_CPP_MIN_LOG_LEVEL
+import tensorflow as tf  # noqa: E402
+
+from dataloading.feature_spec import SPEC_FILE, FeatureSpec  # noqa: E402
+from dataloading.split_binary import RaggedIds, SplitBinaryDataset  # noqa: E402
+from utils.errors import DatasetError  # noqa: E402
 
 
 class _DirectoryWriter:

@@ -28,17 +28,24 @@ def error_line(error: Exception) -> str:
 
 class ServingClient:
     """One connection to `model` on the server at `url` (default localhost and the protocol's port);
-    over TLS when `ca_file` (a PEM file of the certificates to trust) is given, each call carrying
-    the bearer `token` when one is given (serve.py's --tls_cert_file, --auth_token_file)."""
+    over TLS when `ca_file` (a PEM file of the certificates to trust) is given, presenting the
+    client certificate `cert_file` (PEM, its key `key_file`) when given, each call carrying the
+    bearer `token` when one is given (serve.py's --tls_cert_file, --tls_client_ca_file,
+    --auth_token_file)."""
 
     def __init__(self, protocol: str = "http", url: str = "", model: str = "dlrm", token: str = "",
-                 ca_file: str = ""):
+                 ca_file: str = "", cert_file: str = "", key_file: str = ""):
+        if (cert_file or key_file) and not (cert_file and key_file and ca_file):
+            raise ConfigError("a client certificate (--tls_client_cert_file) goes with its key "
+                              "(--tls_client_key_file) and TLS (--tls_ca_file)")
         if protocol == "http":
             import tritonclient.http as api
-            tls = dict(ssl=True, ssl_options={"ca_certs": ca_file}) if ca_file else {}
+            mine = {"certfile": cert_file, "keyfile": key_file} if cert_file else {}
+            tls = dict(ssl=True, ssl_options={"ca_certs": ca_file, **mine}) if ca_file else {}
         else:
             import tritonclient.grpc as api
-            tls = dict(ssl=True, root_certificates=ca_file) if ca_file else {}
+            mine = {"private_key": key_file, "certificate_chain": cert_file} if cert_file else {}
+            tls = dict(ssl=True, root_certificates=ca_file, **mine) if ca_file else {}
         self.api, self.protocol, self.model = api, protocol, model
         self.url = url or f"localhost:{DEFAULT_PORTS[protocol]}"
         self.client = api.InferenceServerClient(self.url, **tls)

@@ -27,6 +27,7 @@ from deployment.exporter.repository import (MEMORY_FRACTION, ExportError, Settin
 from deployment.repository_format import RepositoryError  # noqa: E402
 from utils import preemption  # noqa: E402
 from utils.errors import CheckpointError  # noqa: E402
+from utils.tensorflow_startup import import_tensorflow  # noqa: E402
 
 flags.DEFINE_string("checkpoint", None, "checkpoint directory (a ckpt-<step> or the root holding `latest`)")
 flags.DEFINE_string("output", None, "model repository directory to write")
@@ -75,6 +76,7 @@ def main(argv):
 
 def export():
     """Writes the repository or delta the flags ask for; prints its summary line."""
+    import_tensorflow()   # before the exporter loads it, so that its start-up lines honour TF_CPP_MIN_LOG_LEVEL
     try:
         if FLAGS.delta_from:
             given = [f"--{n}" for n in ("forms", "max_tables_in_memory_gb") if FLAGS[n].present]

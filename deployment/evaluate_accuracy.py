@@ -16,6 +16,7 @@ from absl import app, flags  # noqa: E402
 
 from run import data_flags  # noqa: E402,F401 (the data flags of main.py)
 from utils.errors import ConfigError  # noqa: E402
+from utils.tensorflow_startup import import_tensorflow  # noqa: E402
 
 flags.DEFINE_enum("protocol", "http", ["http", "grpc"], "how to talk to the server")
 flags.DEFINE_string("url", "", "host:port of the server (default localhost:8000 for http, :8001 for grpc)")
@@ -24,6 +25,9 @@ flags.DEFINE_string("auth_token_file", "", "a file holding the bearer token the 
                     "--auth_token_file)")
 flags.DEFINE_string("tls_ca_file", "", "connect over TLS, trusting the certificates in this PEM file (serve.py's "
                     "--tls_cert_file, or the CA that signed it)")
+flags.DEFINE_string("tls_client_cert_file", "", "with --tls_ca_file: present this PEM client certificate (to a "
+                    "server with --tls_client_ca_file)")
+flags.DEFINE_string("tls_client_key_file", "", "the PEM private key of --tls_client_cert_file")
 flags.DEFINE_integer("batch_size", 8192, "samples per request (at most the model's max_batch_size)")
 flags.DEFINE_integer("max_samples", 0, "evaluate only the first this many samples (0: all)")
 flags.DEFINE_float("wait_s", 60.0, "how long to wait for the server and the model to be ready")
@@ -57,13 +61,15 @@ def evaluate(client, dataset, rows: int, batch_size: int) -> dict:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    import_tensorflow()   # before the data pipeline loads it, so that its start-up lines honour TF_CPP_MIN_LOG_LEVEL
     from tritonclient.utils import InferenceServerException
     from deployment.client import ServingClient, ServingError, error_line, open_eval_data, read_token
     try:
         token = read_token(FLAGS.auth_token_file)
         dataset, rows = open_eval_data(FLAGS)
         rows = min(rows, FLAGS.max_samples) if FLAGS.max_samples > 0 else rows
-        client = ServingClient(FLAGS.protocol, FLAGS.url, FLAGS.model_name, token, FLAGS.tls_ca_file)
+        client = ServingClient(FLAGS.protocol, FLAGS.url, FLAGS.model_name, token, FLAGS.tls_ca_file,
+                               FLAGS.tls_client_cert_file, FLAGS.tls_client_key_file)
         client.wait_ready(FLAGS.wait_s)
         metrics = evaluate(client, dataset, rows, FLAGS.batch_size)
     except (ConfigError, ServingError) as e:   # ConfigError: the data flags, the dataset's files

@@ -17,6 +17,7 @@ from absl import app, flags  # noqa: E402
 
 from run import data_flags  # noqa: E402,F401 (the data flags of main.py)
 from utils.errors import ConfigError  # noqa: E402
+from utils.tensorflow_startup import import_tensorflow  # noqa: E402
 
 flags.DEFINE_enum("protocol", "http", ["http", "grpc"], "how to talk to the server")
 flags.DEFINE_string("url", "", "host:port of the server (default localhost:8000 for http, :8001 for grpc)")
@@ -25,6 +26,9 @@ flags.DEFINE_string("auth_token_file", "", "a file holding the bearer token the 
                     "--auth_token_file)")
 flags.DEFINE_string("tls_ca_file", "", "connect over TLS, trusting the certificates in this PEM file (serve.py's "
                     "--tls_cert_file, or the CA that signed it)")
+flags.DEFINE_string("tls_client_cert_file", "", "with --tls_ca_file: present this PEM client certificate (to a "
+                    "server with --tls_client_ca_file)")
+flags.DEFINE_string("tls_client_key_file", "", "the PEM private key of --tls_client_cert_file")
 flags.DEFINE_list("batch_sizes", ["1", "64", "1024"], "samples per request; each size is measured in turn")
 flags.DEFINE_integer("concurrency", 1, "clients sending requests at the same time")
 flags.DEFINE_integer("requests", 200, "timed requests per batch size (all clients together)")
@@ -88,6 +92,7 @@ def load(connect, concurrency: int, pool, requests: int, warmup: int) -> dict:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    import_tensorflow()   # before the data pipeline loads it, so that its start-up lines honour TF_CPP_MIN_LOG_LEVEL
     from tritonclient.utils import InferenceServerException
     from deployment.client import ServingClient, ServingError, error_line, open_eval_data, read_token
     from run.config import parse_int_list
@@ -100,7 +105,8 @@ def main(argv):
         token = read_token(FLAGS.auth_token_file)
         dataset, rows = open_eval_data(FLAGS)
         def connect():
-            return ServingClient(FLAGS.protocol, FLAGS.url, FLAGS.model_name, token, FLAGS.tls_ca_file)
+            return ServingClient(FLAGS.protocol, FLAGS.url, FLAGS.model_name, token, FLAGS.tls_ca_file,
+                                 FLAGS.tls_client_cert_file, FLAGS.tls_client_key_file)
 
         probe = connect()
         probe.wait_ready(FLAGS.wait_s)

@@ -45,7 +45,7 @@ and its global step (`Version`); a full export records its version in export.jso
 """
 import dataclasses
 import os
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -182,16 +182,19 @@ def export_version(repository: str) -> Version:
     return Version.from_json(info.get("version") or {"run": "", "step": info["step"]})
 
 
-def file_entries(directory: str, manifest: str) -> List[dict]:
+def file_entries(directory: str, manifest: str, written: Optional[Dict[str, int]] = None) -> List[dict]:
     """Every file under `directory` but its manifest (named `manifest`), as a manifest's `files`
-    lists them: [{"file": relative path, '/'-separated, "bytes", "crc32"}], sorted by path."""
-    out = []
+    lists them: [{"file": relative path, '/'-separated, "bytes", "crc32"}], sorted by path.
+    `written`: {relative path: CRC-32} of files checksummed as they were written (utils.files.
+    Checksummed), not read again; the others are read."""
+    out, written = [], written or {}
     for root, _, names in os.walk(directory):
         for name in names:
             path = os.path.join(root, name)
             relative = os.path.relpath(path, directory).replace(os.sep, "/")
             if relative != manifest:
-                out.append({"file": relative, "bytes": os.path.getsize(path), "crc32": file_crc32(path)})
+                crc = written[relative] if relative in written else file_crc32(path)
+                out.append({"file": relative, "bytes": os.path.getsize(path), "crc32": crc})
     return sorted(out, key=lambda e: e["file"])
 
 

@@ -17,8 +17,9 @@ clients that ask for it.
 
 The server listens on 127.0.0.1 unless --address says otherwise (--address=0.0.0.0: every
 interface). Before exposing it, read docs/deployment.md's "What the server trusts": the native
-frontend takes TLS (--tls_cert_file, --tls_key_file), a bearer token (--auth_token_file) and bounds
-on requests (--max_request_mb, --max_header_kb, --max_connections, --read_timeout_s):
+frontend takes TLS (--tls_cert_file, --tls_key_file; client certificates with --tls_client_ca_file),
+a bearer token (--auth_token_file) and bounds on requests (--max_request_mb, --max_header_kb,
+--max_connections, --read_timeout_s):
 
     python deployment/serve.py --model_repository=runs/demo/model_repository --address=0.0.0.0 \
         --tls_cert_file=server.crt --tls_key_file=server.key --auth_token_file=token.txt
@@ -68,6 +69,7 @@ from deployment.serving.tiers import POLICIES, TierConfig  # noqa: E402
 from deployment.serving.monolithic import MonolithicModel  # noqa: E402
 from deployment.serving.native import ServedModel, TensorSpec, serving as native_serving  # noqa: E402
 from utils.errors import CheckpointError, ConfigError, StoreError  # noqa: E402
+from utils.tensorflow_startup import import_tensorflow  # noqa: E402
 
 flags.DEFINE_string("model_repository", None, "a model repository written by deployment/deploy.py")
 flags.DEFINE_string("checkpoint", None, "a checkpoint to export (to a temporary repository) and serve, instead")
@@ -80,6 +82,8 @@ flags.DEFINE_string("address", "127.0.0.1", "address the HTTP, gRPC and metrics 
 flags.DEFINE_string("tls_cert_file", None, "native: a PEM certificate (chain): HTTP, gRPC and metrics over TLS; with "
                     "--tls_key_file")
 flags.DEFINE_string("tls_key_file", None, "native: the PEM private key of --tls_cert_file")
+flags.DEFINE_string("tls_client_ca_file", None, "native, with --tls_cert_file: PEM CA certificate(s); every client "
+                    "(HTTP, gRPC, metrics) must present a certificate one of them signed (mutual TLS)")
 flags.DEFINE_string("auth_token_file", None, "native: a file holding a bearer token that every request but health "
                     "(live, ready) must carry: HTTP 'Authorization: Bearer <token>', gRPC 'authorization' metadata; "
                     "/metrics too")
@@ -171,8 +175,8 @@ def settings_from_flags() -> ServerSettings:
                           FLAGS.updates_allow_full_exports, FLAGS.skip_checksums)
 
 
-SAFEGUARD_FLAGS = ("tls_cert_file", "tls_key_file", "auth_token_file", "max_request_mb", "max_header_kb",
-                   "max_connections", "read_timeout_s")
+SAFEGUARD_FLAGS = ("tls_cert_file", "tls_key_file", "tls_client_ca_file", "auth_token_file", "max_request_mb",
+                   "max_header_kb", "max_connections", "read_timeout_s")
 
 
 def safeguards_from_flags() -> Safeguards:
@@ -188,6 +192,9 @@ def safeguards_from_flags() -> Safeguards:
             raise ServeError(f"--{name} must be positive, got {FLAGS[name].value:g}")
     if bool(FLAGS.tls_cert_file) != bool(FLAGS.tls_key_file):
         raise ServeError("--tls_cert_file and --tls_key_file go together: give both or neither")
+    if FLAGS.tls_client_ca_file and not FLAGS.tls_cert_file:
+        raise ServeError("--tls_client_ca_file: only with --tls_cert_file and --tls_key_file (clients are asked for "
+                         "a certificate over TLS)")
     token = None
     if FLAGS.auth_token_file:
         try:
@@ -200,12 +207,14 @@ def safeguards_from_flags() -> Safeguards:
             raise ServeError(f"--auth_token_file={FLAGS.auth_token_file}: the token must be one word of printable "
                              "ASCII characters")
     safeguards = Safeguards(token, FLAGS.tls_cert_file, FLAGS.tls_key_file, int(FLAGS.max_request_mb * (1 << 20)),
-                            FLAGS.max_header_kb << 10, FLAGS.max_connections, FLAGS.read_timeout_s)
+                            FLAGS.max_header_kb << 10, FLAGS.max_connections, FLAGS.read_timeout_s,
+                            FLAGS.tls_client_ca_file)
     try:
         safeguards.ssl_context()
     except (OSError, ValueError) as e:   # ssl.SSLError is an OSError
-        raise ServeError(f"--tls_cert_file={FLAGS.tls_cert_file}, --tls_key_file={FLAGS.tls_key_file}: cannot "
-                         f"load them ({getattr(e, 'strerror', None) or e})")
+        files = [f"--{n}={FLAGS[n].value}" for n in ("tls_cert_file", "tls_key_file", "tls_client_ca_file")
+                 if FLAGS[n].value]
+        raise ServeError(f"{', '.join(files)}: cannot load them ({getattr(e, 'strerror', None) or e})")
     return safeguards
 
 
@@ -376,6 +385,7 @@ def main(argv):
             raise ServeError("give one of --model_repository and --checkpoint")
         settings = settings_from_flags()
         check_ports(settings)
+        import_tensorflow()   # before the models load it, so that its start-up lines honour TF_CPP_MIN_LOG_LEVEL
         if FLAGS.model_repository:
             serve_until_stopped(FLAGS.model_repository, settings)
             return

@@ -87,8 +87,8 @@ class CheckpointPolicy:
             return
         if self.saved is None or self.saved[0] != step:
             self.save(step, data_step)
-        if self.parts.comm.rank == 0:
-            checkpoint.mark_best(self.settings.save_checkpoint_path, self.saved[1], auc, self.settings.keep_checkpoints)
+        checkpoint.mark_best(self.settings.save_checkpoint_path, self.saved[1], auc, self.parts.comm,
+                             self.settings.keep_checkpoints)
         self.best_auc = auc
         on = "" if split == "eval" else f"{split} "
         self.parts.log.print(f"best checkpoint: {self.saved[1]} ({on}auc {auc:.5f})")

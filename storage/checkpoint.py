@@ -29,7 +29,7 @@ a CheckpointError naming the file and the tensor. A checkpoint written before ch
 recorded is read unverified (`checksummed`). A save that runs out of space (ENOSPC, EDQUOT) on any
 rank removes its partial files and raises, on every rank, a StoreError naming ROOT, the bytes its
 pieces take and the bytes free when the save began; the earlier checkpoints and `latest` stay as
-they were.
+they were. So does marking the best checkpoint (`mark_best`): `best` stays as it was.
 """
 import contextlib
 import dataclasses
@@ -38,13 +38,12 @@ import io
 import json
 import os
 import shutil
-import zlib
 from typing import Dict, Iterator, List, Optional, Protocol, Sequence, Set, Tuple
 
 import numpy as np
 
 from utils.errors import CheckpointError, StoreError
-from utils.files import file_crc32
+from utils.files import Checksummed, file_crc32
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
@@ -174,17 +173,6 @@ def _blocks(rows: int, cols: int, *dtypes) -> Iterator[Tuple[int, int]]:
     return ((start, min(rows, start + step)) for start in range(0, rows, step))
 
 
-class _Checksummed:
-    """A binary file to write to that keeps the CRC-32 of what was written (`crc`)."""
-
-    def __init__(self, file):
-        self.file, self.crc = file, 0
-
-    def write(self, data) -> int:
-        self.crc = zlib.crc32(data, self.crc)
-        return self.file.write(data)
-
-
 def _save_variable(f, entry: Entry) -> np.dtype:
     """Writes the .npy of a (not streamed) entry's rows; returns their dtype."""
     value = entry.variable.numpy()
@@ -223,7 +211,7 @@ def _write_pieces(tmp: str, entries: Sequence[Entry], rank: int):
     for e in entries:
         file = _piece_file(e)
         with _writing(os.path.join(tmp, file)) as f:
-            checksummed = _Checksummed(f)
+            checksummed = Checksummed(f)
             dtype = (_save_streamed if e.streamed else _save_variable)(checksummed, e)
         (a, b), (c, d) = e.region
         pieces.append({"tensor": e.name, "shape": list(e.shape), "dtype": dtype.name,
@@ -372,10 +360,28 @@ def _remove(root, name):
     shutil.rmtree(os.path.join(root, f".old-{name}"))
 
 
-def mark_best(root: str, path: str, auc: float, keep: int = KEEP):
-    """Points ROOT/best at the checkpoint `path`, whose evaluation AUC is `auc`, then prunes."""
-    _point(root, BEST, f"{os.path.basename(path)}\nauc={auc!r}\n")
-    _prune(root, keep)
+def mark_best(root: str, path: str, auc: float, comm, keep: int = KEEP):
+    """Points ROOT/best at the checkpoint `path`, whose evaluation AUC is `auc`, then prunes (rank
+    0; every rank returns once it is done). Out of space, ROOT/best is left as it was, its partial
+    file removed, and every rank raises the same StoreError naming ROOT and the bytes."""
+    name = os.path.basename(path)
+    text, failure = f"{name}\nauc={auc!r}\n", None
+    if comm.rank == 0:
+        free = _free_bytes(root)
+        failure = _unless_out_of_space(_point, root, BEST, text)[1]
+        if failure is None:
+            _prune(root, keep)
+        else:
+            if os.path.exists(os.path.join(root, BEST + ".tmp")):
+                os.remove(os.path.join(root, BEST + ".tmp"))
+            failure = (*failure, free, _pointed(root, BEST))
+    failure = comm.broadcast_object(failure, f"best_{name}")
+    if failure:
+        code, written, free, best = failure
+        raise StoreError(f"{root}: out of space ({code} writing {os.path.relpath(written, root)}) marking {name} the "
+                         f"best checkpoint (auc {auc:.5f}): {BEST} takes {len(text)} bytes, {free:,} were free; its "
+                         f"partial file is removed, {name} is saved, "
+                         f"{f'{BEST} still names {best}' if best else f'no {BEST} was written before'}")
 
 
 def best_auc(root: str) -> float:

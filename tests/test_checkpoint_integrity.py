@@ -3,7 +3,8 @@ pieces it reads, so a changed byte is one error line naming the file and the ten
 and when deployment/deploy.py exports), unless verification is skipped; checkpoints written before
 checksums restore. A save that runs out of space (a small tmpfs, and ENOSPC injected at the write)
 is one error line naming the root and the bytes, leaves no partial checkpoint and keeps the earlier
-ones and `latest`: at one rank in process and at two Gloo ranks through dlrm.py."""
+ones and `latest`: at one rank in process and at two Gloo ranks through dlrm.py. So does marking
+the best checkpoint (--keep_best_checkpoint) on a full disk, `best` kept."""
 import errno
 import json
 import os
@@ -23,6 +24,7 @@ from storage import checkpoint
 from storage.checkpoint import Entry
 from tests.configs import tiny_config
 from tests.horovod_run import ROOT, Ranks, horovodrun
+from tests.test_checkpoint_pruning import scripted_auc  # noqa: F401 (a fixture)
 from tests.test_multirank_cli import DATA, MODEL, PLACEMENT
 from utils.errors import CheckpointError, StoreError
 
@@ -310,6 +312,13 @@ def no_space(*args, **kwargs):
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
+def written_in_part(path, text):
+    """Writes a part of `text` to `path` (through checkpoint._writing), then finds the disk full."""
+    with checkpoint._writing(path) as f:
+        f.write(text[:5].encode())
+        no_space()
+
+
 @pytest.mark.parametrize("at", ["piece", "manifest", "latest"])
 def test_enospc_injected_at_the_write(trained, tmp_path, monkeypatch, at):
     """ENOSPC raised by the write of the fourth piece, of the manifest, or of the new `latest`
@@ -331,17 +340,83 @@ def test_enospc_injected_at_the_write(trained, tmp_path, monkeypatch, at):
         written = {"manifest": r"\.tmp-ckpt-40/manifest\.json", "latest": r"latest\.tmp"}[at]
 
         def failing_write(path, text):
-            if os.path.basename(path) == file:
-                with checkpoint._writing(path) as f:   # a part written, then the disk is full
-                    f.write(text[:5].encode())
-                    no_space()
-            write_text(path, text)
+            (written_in_part if os.path.basename(path) == file else write_text)(path, text)
         monkeypatch.setattr(checkpoint, "_write_text", failing_write)
     with pytest.raises(StoreError) as info:
         run_loop.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=root))
     monkeypatch.undo()
     assert re.fullmatch(no_space_line(root, 40, size, written=written), str(info.value)), str(info.value)
     assert_left_as_it_was(root, "ckpt-10", before)
+
+
+def best_on_a_full_disk(root, scripted_auc, fill_disk):  # noqa: F811 (the fixture's value)
+    """--keep_best_checkpoint, evaluations at steps 10 and 20 with AUCs 0.6 and 0.8; `fill_disk()`
+    runs once ckpt-20 is saved, before `best` may name it. Checks the one line (ROOT, the file, the
+    bytes) and that nothing saved is lost: ckpt-20 saved whole, `latest` naming it, `best` still
+    ckpt-10, no partial file."""
+    mark_best = checkpoint.mark_best
+
+    def filling(root_, path, *args):
+        if os.path.basename(path) == "ckpt-20":
+            fill_disk()
+        return mark_best(root_, path, *args)
+    scripted_auc([0.6, 0.8, 0.7, 0.75])
+    checkpoint.mark_best = filling
+    try:
+        with pytest.raises(StoreError) as info:
+            run_loop.run(tiny_config(save_checkpoint_path=root, evals_per_epoch=4, keep_best_checkpoint=True))
+    finally:
+        checkpoint.mark_best = mark_best
+    text = "ckpt-20\nauc=0.8\n"
+    assert re.fullmatch(rf"{re.escape(root)}: out of space \(ENOSPC writing best\.tmp\) marking ckpt-20 the best "
+                        rf"checkpoint \(auc 0\.80000\): best takes {len(text)} bytes, [\d,]+ were free; its partial "
+                        rf"file is removed, ckpt-20 is saved, best still names ckpt-10", str(info.value)), str(info.value)
+    assert sorted(os.listdir(root)) == ["best", "ckpt-10", "ckpt-20", "latest"]
+    assert open(os.path.join(root, "latest")).read() == "ckpt-20\n"
+    assert open(os.path.join(root, "best")).read() == "ckpt-10\nauc=0.6\n"
+    assert checkpoint.read_manifest(root)["step"] == 20
+    all_tensors(root)   # every piece read, verified against its checksum
+
+
+def test_marking_the_best_checkpoint_on_a_full_disk(small_disk, scripted_auc):  # noqa: F811
+    root = str(small_disk / "ck")
+    best_on_a_full_disk(root, scripted_auc, lambda: fill(small_disk, leave=0))
+    assert free_bytes(small_disk) == 0
+
+
+def test_enospc_injected_marking_the_best_checkpoint(tmp_path, scripted_auc, monkeypatch):  # noqa: F811
+    """ENOSPC raised by the write of best.tmp, a part written."""
+    write_text = checkpoint._write_text
+
+    def failing_write(path, text):
+        (written_in_part if os.path.basename(path) == "best.tmp" else write_text)(path, text)
+    best_on_a_full_disk(str(tmp_path / "ck"), scripted_auc,
+                        lambda: monkeypatch.setattr(checkpoint, "_write_text", failing_write))
+
+
+def test_marking_the_best_checkpoint_out_of_space_fails_alike_on_every_rank(trained, tmp_path, monkeypatch):
+    """Rank 0 writes `best`; rank 1 raises the same line, from what rank 0 broadcasts."""
+    root = copy(trained, tmp_path / "ck")
+    sent = []
+
+    class Rank:
+        def __init__(self, rank):
+            self.rank = rank
+
+        def broadcast_object(self, obj, name):
+            if self.rank == 0:
+                sent.append((obj, name))
+                return obj
+            assert name == sent[0][1]
+            return sent[0][0]
+    monkeypatch.setattr(checkpoint, "_write_text", written_in_part)
+    lines = []
+    for rank in (0, 1):
+        with pytest.raises(StoreError) as info:
+            checkpoint.mark_best(root, os.path.join(root, "ckpt-10"), 0.7, Rank(rank))
+        lines.append(str(info.value))
+    assert lines[0] == lines[1] and lines[0].endswith("ckpt-10 is saved, no best was written before"), lines
+    assert sorted(os.listdir(root)) == ["ckpt-10", "latest"]
 
 
 @pytest.fixture(scope="module")

@@ -152,6 +152,25 @@ def test_tensorflow_start_up_lines_at_most_once_and_none_at_a_level_above_0(leve
         assert proc.stderr.count(text) <= (1 if level == "0" else 0), proc.stderr
 
 
+@pytest.mark.parametrize("args,starts_tensorflow", [
+    (["deployment/serve.py", "--model_repository=MISSING"], True),
+    (["deployment/deploy.py", "--checkpoint=MISSING", "--output=OUT"], True),
+    (["deployment/evaluate_accuracy.py", "--dataset_type=split_binary", "--dataset_path=MISSING"], True),
+    (["deployment/evaluate_latency.py", "--dataset_type=split_binary", "--dataset_path=MISSING"], True),
+    (["dataloading/to_tfrecords.py", "--dataset_path=MISSING", "--output=OUT"], True),
+    (["preproc/criteo.py", "--input=MISSING", "--output=OUT"], False),   # Spark and pyarrow only
+], ids=lambda a: a[0] if isinstance(a, list) else None)
+def test_other_entry_points_print_tensorflow_start_up_lines_at_most_once(args, starts_tensorflow, tmp_path):
+    """Each starts TensorFlow (or not) and stops at the missing path with one error line; at level 0,
+    where the start-up lines pass, each shows once."""
+    args = [a.replace("MISSING", str(tmp_path / "missing")).replace("OUT", str(tmp_path / "out")) for a in args]
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0"))
+    assert proc.returncode == 2 and proc.stderr.splitlines()[-1].startswith("error: "), proc.stderr
+    counts = [proc.stderr.count(text) for text in TF_START_UP_LINES]
+    assert max(counts) <= 1 and (sum(counts) > 0) == starts_tensorflow, proc.stderr
+
+
 def test_tensorflow_start_up_filter_keeps_errors_and_other_lines():
     from utils.tensorflow_startup import keep
     info = "I0000 00:00:1795710367.056414   27486 port.cc:153] oneDNN custom operations are on."

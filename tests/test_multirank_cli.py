@@ -5,6 +5,7 @@ error line within a bounded time, leaving the last checkpoint usable; a global b
 not divide over the ranks is refused."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -110,7 +111,9 @@ def wait_for(condition, seconds, what):
 def test_lost_rank_ends_the_run_and_keeps_the_last_checkpoint(tmp_path, fault):
     """Rank 1 is killed (its connections close) or stopped (it stays connected but silent, so
     the other side waits for Gloo's timeout, 5 s here); rank 0 must exit on its own with one
-    error line, and the last checkpoint must restore."""
+    error line, and the last checkpoint must restore. That a stopped rank is found by the
+    timeout is read from Gloo's own line, not from the time rank 0 took after the signal: rank
+    0 may have been waiting for rank 1 (slow on a loaded machine) before it was stopped."""
     ckpt = tmp_path / "ckpt"
     ranks = Ranks(2, ["dlrm.py", *MODEL, *DATA, "--synthetic_rows=9600000", "--checkpoint_every_n_steps=10",
                       f"--save_checkpoint_path={ckpt}"], str(tmp_path), env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "5"})
@@ -119,12 +122,10 @@ def test_lost_rank_ends_the_run_and_keeps_the_last_checkpoint(tmp_path, fault):
                  "the first checkpoint")
         victim = ranks.processes[1]
         victim.send_signal(signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
-        start = time.monotonic()
         try:
             code = ranks.processes[0].wait(timeout=60)
         except subprocess.TimeoutExpired:
             pytest.fail(f"rank 0 still running 60 s after rank 1 was {fault}:\n{ranks.output(0)[-2000:]}")
-        elapsed = time.monotonic() - start
         output = ranks.output(0)
     finally:
         ranks.close()
@@ -134,8 +135,8 @@ def test_lost_rank_ends_the_run_and_keeps_the_last_checkpoint(tmp_path, fault):
     assert len(errors) == 1 and errors[0].startswith(
         f"error: rank 1 of 2 {state} (process {victim.pid} on this host); rank 0 saw the collective "), output[-3000:]
     assert "Traceback" not in output
-    if fault == "hung":
-        assert elapsed >= 4, (elapsed, errors)   # Gloo's timeout, 5 s
+    if fault == "hung":   # Gloo's timeout, 5 s: its line (Horovod's background loop logs it)
+        assert re.search(r"Timed out waiting 5000ms for (recv|send) operation", output), output[-3000:]
 
     evaluated = succeeded(one_process("dlrm.py", *MODEL, "--mode=eval", "--synthetic_eval_rows=500",
                                       f"--restore_checkpoint_path={ckpt}"))

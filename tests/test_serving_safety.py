@@ -223,20 +223,105 @@ def test_malformed_requests_are_answered_and_counted(bounded):
         answer = exchange(ports[0], raw)
         assert answer[0] == status and message in answer[1], (raw[:200], answer)
     assert refused(ports[2]) == count + len(cases)
-    # over gRPC: a message past --max_request_mb, sent as is or gzipped (64 MiB of zeros in ~64 KiB): gRPC
-    # refuses it itself (uncounted)
+    # over gRPC: a message past --max_request_mb, sent as is or gzipped (64 MiB of zeros in ~64 KiB), and
+    # metadata past --max_header_kb: gRPC refuses them itself (counted all the same)
+    count = refused(ports[2], "grpc")
     client = ServingClient("grpc", f"127.0.0.1:{ports[1]}", "dlrm")
-    for size, compression in ((3 << 20, None), (16 << 20, "gzip")):
+    for size, compression, headers in ((3 << 20, None, None), (16 << 20, "gzip", None),
+                                       (1, None, {"x-padding": "x" * (256 << 10)})):
         tensors = [client.api.InferInput("numerical_features", [1, size], "FP32"),
                    client.api.InferInput("categorical_features", list(categorical.shape), "INT64")]
         tensors[0].set_data_from_numpy(np.zeros((1, size), np.float32))
         tensors[1].set_data_from_numpy(categorical)
         with pytest.raises(InferenceServerException) as error:
-            client.client.infer("dlrm", tensors, compression_algorithm=compression)
+            client.client.infer("dlrm", tensors, compression_algorithm=compression, headers=headers)
         assert "RESOURCE_EXHAUSTED" in str(error.value.status()), error.value
     np.testing.assert_array_equal(client.infer(numerical, categorical)["logits"].shape, (1, 1))
     client.close()
+    assert refused(ports[2], "grpc") == count + 3
     assert "Traceback" not in log.read_text()
+
+
+def grpc_method(port, name, streaming=False):
+    """ModelInfer of the server's GRPCInferenceService on `port`, unary or stream-unary (the same on
+    the wire), taking and giving bytes."""
+    import grpc
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    return (channel.stream_unary if streaming else channel.unary_unary)(f"/inference.GRPCInferenceService/{name}")
+
+
+def test_malformed_grpc_messages_are_answered_and_counted(bounded):
+    """Bytes that are not a ModelInferRequest, and a call that ends without a message: INVALID_ARGUMENT
+    (gRPC alone answered INTERNAL), counted as refused."""
+    import grpc
+    from tritonclient.grpc import service_pb2
+    _, ports, log, _ = bounded
+    count = refused(ports[2], "grpc")
+    for call, message in ((lambda: grpc_method(ports[1], "ModelInfer")(b"\xff\xff\xff\xff"),
+                           "malformed request: DecodeError: Error parsing message"),
+                          (lambda: grpc_method(ports[1], "ModelInfer", streaming=True)(iter(())),
+                           "malformed request: ValueError: no request message")):
+        with pytest.raises(grpc.RpcError) as error:
+            call()
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in error.value.details(), \
+            error.value
+    live = grpc_method(ports[1], "ServerLive")(service_pb2.ServerLiveRequest().SerializeToString())
+    assert service_pb2.ServerLiveResponse.FromString(live).live
+    assert refused(ports[2], "grpc") == count + 2
+    assert "Traceback" not in log.read_text()
+
+
+def test_grpc_calls_in_flight_are_capped_and_counted(trained, tmp_path):
+    """--max_connections=4: 4 calls whose message waits hold the cap (the frontend's 8 threads run
+    them); a call more is refused at once with RESOURCE_EXHAUSTED and counted (gRPC's own cap
+    counted none); the 4, once sent, are answered."""
+    import grpc
+    from tritonclient.grpc import service_pb2
+    _, _, data, repo = trained
+    numerical, categorical, _ = next(request_batches(eval_dataset(data), 2, 2))
+    request = service_pb2.ModelInferRequest(model_name="dlrm", inputs=[
+        service_pb2.ModelInferRequest.InferInputTensor(name="numerical_features", datatype="FP32",
+                                                       shape=list(numerical.shape)),
+        service_pb2.ModelInferRequest.InferInputTensor(name="categorical_features", datatype="INT64",
+                                                       shape=list(categorical.shape))],
+        raw_input_contents=[numerical.astype(np.float32).tobytes(), categorical.astype(np.int64).tobytes()])
+    go = threading.Event()
+
+    def held_message():
+        go.wait(120)
+        yield request.SerializeToString()
+    ports, log = free_ports(3), tmp_path / "server.log"
+    server = start(log, ports, f"--model_repository={repo}", "--max_connections=4")
+    try:
+        ServingClient("http", f"127.0.0.1:{ports[0]}", "dlrm").wait_ready(120)
+        count = refused(ports[2], "grpc")
+        infer, live = grpc_method(ports[1], "ModelInfer", streaming=True), grpc_method(ports[1], "ServerLive")
+        held, again = [infer.future(held_message()) for _ in range(4)], 0
+        deadline = time.monotonic() + 120
+
+        def in_flight_refused(error) -> bool:
+            return error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and \
+                error.details() == "more than 4 calls in flight"
+        while True:   # a call more is answered (a thread is free) until the 4 are in
+            for k, call in enumerate(held):   # one that came while the call more was in flight was refused
+                if call.done():
+                    assert in_flight_refused(call), call.exception()
+                    held[k], again = infer.future(held_message()), again + 1
+            try:
+                live(service_pb2.ServerLiveRequest().SerializeToString(), timeout=30)
+            except grpc.RpcError as error:
+                assert in_flight_refused(error), error
+                break
+            assert time.monotonic() < deadline, "the 4 calls were not taken in"
+            time.sleep(0.05)
+        assert refused(ports[2], "grpc") == count + 1 + again
+        go.set()
+        for call in held:
+            assert service_pb2.ModelInferResponse.FromString(call.result(timeout=60)).outputs
+        assert refused(ports[2], "grpc") == count + 1 + again
+    finally:
+        go.set()
+        stop_server(server, ports, log)
 
 
 @pytest.fixture(scope="module")
@@ -307,6 +392,66 @@ def test_evaluate_accuracy_with_tls_and_the_token(guarded, protocol):
     assert refused.returncode == 2 and "error: " in refused.stderr, refused.stderr[-2000:]
 
 
+def test_mutual_tls_asks_every_client_for_a_certificate_the_ca_signed(trained, tmp_path):
+    """--tls_client_ca_file: HTTPS, gRPC over TLS and /metrics answer a client that presents a
+    certificate the CA signed; one presenting none, or one the CA did not sign, fails; and
+    evaluate_accuracy.py with --tls_client_cert_file evaluates."""
+    from tritonclient.utils import InferenceServerException
+    _, _, data, repo = trained
+    pem = {name: str(tmp_path / f"{name}.pem") for name in ("server", "server_key", "ca", "ca_key", "client",
+                                                             "client_key", "stranger", "stranger_key")}
+
+    def openssl(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+    def self_signed(name, subject, *extra):
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", subject, *extra, "-keyout",
+                pem[f"{name}_key"], "-out", pem[name])
+    self_signed("server", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1")
+    self_signed("ca", "/CN=clients' CA")
+    self_signed("stranger", "/CN=stranger")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=client", "-keyout", pem["client_key"], "-out",
+            str(tmp_path / "client.csr"))
+    openssl("x509", "-req", "-in", str(tmp_path / "client.csr"), "-CA", pem["ca"], "-CAkey", pem["ca_key"],
+            "-CAcreateserial", "-days", "1", "-out", pem["client"])
+    ports, log = free_ports(3), tmp_path / "server.log"
+    server = start(log, ports, f"--model_repository={repo}", f"--tls_cert_file={pem['server']}",
+                   f"--tls_key_file={pem['server_key']}", f"--tls_client_ca_file={pem['ca']}")
+    try:
+        ServingClient("http", f"localhost:{ports[0]}", "dlrm", "", pem["server"], pem["client"],
+                      pem["client_key"]).wait_ready(120)
+        numerical, categorical, _ = next(request_batches(eval_dataset(data), 4, 4))
+
+        def get(port, path, who):
+            context = ssl.create_default_context(cafile=pem["server"])
+            if who:
+                context.load_cert_chain(pem[who], pem[f"{who}_key"])
+            connection = http.client.HTTPSConnection("localhost", port, context=context, timeout=30)
+            connection.request("GET", path)
+            return connection.getresponse().status
+        assert get(ports[0], "/v2/health/live", "client") == get(ports[2], "/metrics", "client") == 200
+        for who in (None, "stranger"):
+            for port, path in ((ports[0], "/v2/health/live"), (ports[2], "/metrics")):
+                with pytest.raises(OSError):   # ssl.SSLError or the connection reset: no answer
+                    get(port, path, who)
+        for protocol, port in (("http", ports[0]), ("grpc", ports[1])):
+            url = f"localhost:{port}"
+            good = ServingClient(protocol, url, "dlrm", "", pem["server"], pem["client"], pem["client_key"])
+            assert good.infer(numerical, categorical)["logits"].shape == (4, 1)
+            for who in (None, "stranger"):
+                certificate = (pem[who], pem[f"{who}_key"]) if who else ()
+                with pytest.raises((InferenceServerException, OSError)):
+                    ServingClient(protocol, url, "dlrm", "", pem["server"], *certificate).infer(numerical, categorical)
+        common = [*data_flags(data), "--protocol=grpc", f"--url=localhost:{ports[1]}", "--batch_size=100",
+                  "--max_samples=200", f"--tls_ca_file={pem['server']}", "--wait_s=10"]
+        result = script("evaluate_accuracy.py", *common, f"--tls_client_cert_file={pem['client']}",
+                        f"--tls_client_key_file={pem['client_key']}")
+        assert result.returncode == 0 and "served dlrm over grpc: auc" in result.stdout, result.stderr[-2000:]
+        assert "Traceback" not in log.read_text()
+    finally:
+        stop_server(server, ports, log)
+
+
 def test_safety_flag_errors_are_one_line(tmp_path):
     (tmp_path / "empty").write_text("\n")
     for args, message in (
@@ -319,6 +464,8 @@ def test_safety_flag_errors_are_one_line(tmp_path):
              f"error: --auth_token_file={tmp_path / 'empty'}: the token must be one word of printable ASCII "
              "characters"),
             (["--max_request_mb=0"], "error: --max_request_mb must be positive, got 0"),
+            (["--tls_client_ca_file=ca.pem"], "error: --tls_client_ca_file: only with --tls_cert_file and "
+                                             "--tls_key_file (clients are asked for a certificate over TLS)"),
             (["--frontend=triton", "--auth_token_file=t", "--read_timeout_s=3"],
              "error: --auth_token_file, --read_timeout_s: only with --frontend=native (Triton's frontend has no such "
              "settings here; see docs/deployment.md's 'What the server trusts')")):

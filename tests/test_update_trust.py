@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from deployment.client import ServingClient, free_ports
-from deployment.exporter.repository import ExportError, write_delta_repository
+from deployment.exporter.repository import ExportError, write_delta_repository, write_repository
 from deployment.repository_format import DELTA_INFO, RepositoryError, file_crc32, file_entries, read_delta
 from deployment.serving.live import Model, Updater, check_export
 from deployment.serving.tiers import TierConfig
@@ -215,6 +215,26 @@ def test_a_changed_export_file_is_refused_at_start_up_unless_skipped(exports, tm
         assert client.infer(numerical, categorical, ("model_version",))["model_version"].tolist() == [[8]] * 16
     finally:
         stop_server(server, ports, log)
+
+
+def test_the_exporter_checksums_table_and_delta_files_as_it_writes_them(exports, tmp_path, monkeypatch):
+    """An export's table files and a delta's ids and rows get their CRC-32 as they are written, not
+    read back (the SavedModels' files, which TensorFlow writes, are, and the small text files);
+    each listed CRC-32 is the file's."""
+    import deployment.repository_format as repository_format
+    crc32, read = repository_format.file_crc32, []
+    monkeypatch.setattr(repository_format, "file_crc32", lambda path: read.append(path) or crc32(path))
+    checkpoint_path = read_info(exports[16])["checkpoint"]
+    write_repository(checkpoint_path, str(tmp_path / "repo"), forms=["tables"])
+    write_delta_repository(checkpoint_path, str(tmp_path / "d16"), exports[8])
+    monkeypatch.undo()
+    assert not [path for path in read if path.endswith(".npy")], read
+    assert any("/dlrm_dense/1/model.savedmodel/" in path for path in read), read
+    for directory, manifest in ((tmp_path / "repo", "export.json"), (tmp_path / "d16", DELTA_INFO)):
+        listed = json.loads((directory / manifest).read_text())["files"]
+        assert listed == file_entries(str(directory), manifest)   # every file read now
+        assert sum(e["file"].endswith(".npy") for e in listed) == (4 if manifest == "export.json" else 8), listed
+    check_export(str(tmp_path / "repo"))
 
 
 def test_a_nan_value_in_redis_is_not_served(exports, tmp_path):

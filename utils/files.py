@@ -41,6 +41,18 @@ def read_json(path: str, what: str, error: type):
         raise error(f"{path}: unreadable ({e})")
 
 
+class Checksummed:
+    """A binary file to write to that keeps the CRC-32 of what was written (`crc`): a file's
+    checksum without reading it back."""
+
+    def __init__(self, file):
+        self.file, self.crc = file, 0
+
+    def write(self, data) -> int:
+        self.crc = zlib.crc32(data, self.crc)
+        return self.file.write(data)
+
+
 def file_crc32(path: str) -> int:
     """zlib's CRC-32 of the file at `path`, read memory-mapped (no copy out of the page cache)."""
     with open(path, "rb") as f:

@@ -8,9 +8,8 @@ from typing import Callable, Iterable, Tuple
 import numpy as np
 
 from deployment.repository_format import (DELTA_FORMAT, DELTA_INFO, DELTA_VERSION, FILES, IDS_DTYPE, ROWS_DTYPE,
-                                          Version, export_version, file_crc32, file_entries, read_delta,
-                                          read_export_info)
-from utils.files import write_json
+                                          Version, export_version, file_entries, read_delta, read_export_info)
+from utils.files import Checksummed, write_json
 
 
 def checkpoint_version(manifest: dict) -> Version:
@@ -45,11 +44,13 @@ def base_signature(path: str) -> dict:
 
 
 def _save(path: str, value: np.ndarray) -> dict:
+    """Writes `value` as the .npy `path`; returns its entry in delta.json (CRC-32 computed as written)."""
     with open(path, "wb") as f:
-        np.save(f, value)
+        checksummed = Checksummed(f)
+        np.save(checksummed, value)
         f.flush()
         os.fsync(f.fileno())
-    return {"file": os.path.basename(path), "bytes": os.path.getsize(path), "crc32": file_crc32(path)}
+    return {"file": os.path.basename(path), "bytes": os.path.getsize(path), "crc32": checksummed.crc}
 
 
 def write_delta(directory: str, name: str, base: Version, new: Version, signature: dict,
@@ -71,8 +72,9 @@ def write_delta(directory: str, name: str, base: Version, new: Version, signatur
                        "dim": int(rows.shape[1]), "table_rows": int(table_rows),
                        "ids": _save(os.path.join(directory, f"table_{t}.ids.npy"), ids),
                        "rows": _save(os.path.join(directory, f"table_{t}.rows.npy"), rows)})
+    written = {t[k]["file"]: t[k]["crc32"] for t in listed for k in ("ids", "rows")}
     info = {"format": DELTA_FORMAT, "version": DELTA_VERSION, "name": name, "base": base.to_json(),
             "new": new.to_json(), "signature": signature, "dense_model": dense, "tables": listed,
-            FILES: file_entries(directory, DELTA_INFO)}
+            FILES: file_entries(directory, DELTA_INFO, written)}
     write_json(os.path.join(directory, DELTA_INFO), info)
     return info

@@ -265,10 +265,11 @@ def _write_content(manifest: dict, model: ExportedModel, tmp: str, name: str, se
              host_tables if part != "dense" else ())
         _write_text(os.path.join(tmp, model_name, "config.pbtxt"),
                     model_config(model_name, inputs, outputs, layout, settings))
-    table_files = None
+    table_files, written = None, {}
     if "tables" in forms:
         directory = f"{name}_tables"
-        files = write_tables(manifest, model, os.path.join(tmp, directory), f"{name}_dense", verify)
+        files, checksums = write_tables(manifest, model, os.path.join(tmp, directory), f"{name}_dense", verify)
+        written = {f"{directory}/{file}": crc for file, crc in checksums.items()}
         table_files = {"directory": directory, "tables": len(files["tables"]), "bytes": sum(
             os.path.getsize(os.path.join(tmp, directory, t["file"])) for t in files["tables"])}
     info = {"name": name, "forms": list(forms), "checkpoint": manifest["path"], "step": manifest["step"],
@@ -277,7 +278,8 @@ def _write_content(manifest: dict, model: ExportedModel, tmp: str, name: str, se
             "layout": _layout_json(layout), "models": sorted(parts),
             "ensemble": f"{name}_ensemble" if "ensemble" in forms else None,
             "host_tables": [f for f, host in enumerate(lookup.on_host) if host] if lookup else [],
-            "table_files": table_files, "settings": dataclasses.asdict(settings), FILES: file_entries(tmp, EXPORT_INFO)}
+            "table_files": table_files, "settings": dataclasses.asdict(settings),
+            FILES: file_entries(tmp, EXPORT_INFO, written)}   # the SavedModels (TensorFlow's writer) read back
     _write_text(os.path.join(tmp, EXPORT_INFO), json.dumps(info, indent=1))
     return info
 

@@ -13,7 +13,7 @@ the dense SavedModel (file names and format: deployment/repository_format.py). N
                           (repository_format.table_lookups reads either).
 """
 import os
-from typing import Tuple
+from typing import Dict, Tuple
 
 import numpy as np
 
@@ -22,20 +22,23 @@ from deployment.repository_format import (EMBEDDINGS, NUMERICAL, PAD, TABLE_DTYP
                                           TABLES_VERSION)
 from storage import checkpoint
 from utils.errors import CheckpointError
-from utils.files import write_json
+from utils.files import Checksummed, write_json
 
 
-def write_tables(manifest: dict, model: ExportedModel, directory: str, dense_model: str, verify: bool = True) -> dict:
+def write_tables(manifest: dict, model: ExportedModel, directory: str, dense_model: str,
+                 verify: bool = True) -> Tuple[dict, Dict[str, int]]:
     """Writes the table files of the checkpoint whose manifest (storage.checkpoint.read_manifest)
-    and model are given into the new directory `directory`, then tables.json, and returns its
-    content. `dense_model`: the name of the SavedModel that takes the lookups' rows (as
-    `embeddings`); `verify`: check the checksums of the checkpoint's pieces."""
+    and model are given into the new directory `directory`, then tables.json; returns its content
+    and {table file: its CRC-32, computed as it was written}. `dense_model`: the name of the
+    SavedModel that takes the lookups' rows (as `embeddings`); `verify`: check the checksums of
+    the checkpoint's pieces."""
     layout = model.layout
     os.makedirs(directory)
-    tables, lookups, offset = [], [], 0
+    tables, lookups, offset, checksums = [], [], 0, {}
     for t, table in enumerate(model.tables):
         file = f"table_{t}.npy"
-        _write_npy(os.path.join(directory, file), manifest, table.tensor, (table.rows, table.dim), verify)
+        checksums[file] = _write_npy(os.path.join(directory, file), manifest, table.tensor, (table.rows, table.dim),
+                                     verify)
         tables.append({"table": t, "file": file, "rows": table.rows, "dim": table.dim, "dtype": TABLE_DTYPE.name})
     for lookup, dim in zip(model.lookups, layout.embedding_dims):
         lookups.append({"feature": lookup.feature, "table": lookup.table,
@@ -51,20 +54,22 @@ def write_tables(manifest: dict, model: ExportedModel, directory: str, dense_mod
             **({} if model.per_feature else {"lookups": lookups}),
             "dense_model": {"name": dense_model, "inputs": {NUMERICAL: [layout.num_numerical], EMBEDDINGS: [offset]}}}
     write_json(os.path.join(directory, TABLES_INFO), info)
-    return info
+    return info, checksums
 
 
-def _write_npy(path: str, manifest: dict, name: str, shape: Tuple[int, int], verify: bool):
+def _write_npy(path: str, manifest: dict, name: str, shape: Tuple[int, int], verify: bool) -> int:
     """Writes tensor `name` [rows, cols] of a checkpoint as a float32 .npy file (the bytes np.save
-    writes), a block of rows at a time."""
+    writes), a block of rows at a time; returns the file's CRC-32."""
     saved = tuple(manifest["tensors"].get(name, {}).get("shape", ()))
     if saved != shape:
         raise CheckpointError(f"{manifest['path']}: tensor {name} has shape {saved}, its signature says {shape}")
     with open(path, "wb") as f:
-        np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(TABLE_DTYPE),
-                                                 "fortran_order": False, "shape": shape})
+        checksummed = Checksummed(f)
+        np.lib.format.write_array_header_1_0(checksummed, {"descr": np.lib.format.dtype_to_descr(TABLE_DTYPE),
+                                                           "fortran_order": False, "shape": shape})
         for _, block in checkpoint.read_blocks(manifest, name, TABLE_DTYPE, verify):
-            f.write(block.data)
+            checksummed.write(block.data)
         f.flush()
         os.fsync(f.fileno())
+    return checksummed.crc
 

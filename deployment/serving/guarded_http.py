@@ -33,6 +33,8 @@ class Safeguards:
     max_header_bytes: int = 64 << 10       # a request's line and headers (gRPC: its metadata)
     max_connections: int = 64              # per HTTP endpoint: connections; gRPC: calls in flight
     read_timeout_s: float = 30.0           # a request not received whole by then: connection dropped
+    tls_client_ca_file: Optional[str] = None   # PEM CA certificate(s): with TLS, every client must present a
+    #                                            certificate one of them signed (mutual TLS); None: none asked
 
     def ssl_context(self) -> Optional[ssl.SSLContext]:
         """The server's TLS context (None without TLS); ssl.SSLError or OSError for files it cannot load."""
@@ -41,6 +43,9 @@ class Safeguards:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        if self.tls_client_ca_file:
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(cafile=self.tls_client_ca_file)
         return context
 
     def authorized(self, authorization: Optional[str]) -> bool:

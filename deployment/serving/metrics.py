@@ -7,7 +7,8 @@ Every metric is named dlrm_* and labelled with the served model's name:
 - dlrm_inference_requests_total{protocol, status}: inference requests answered, status success,
   refused (a bad request: INVALID_ARGUMENT, NOT_FOUND; and any request or connection refused
   before it reached the model: malformed, too large, without the token, over the connection
-  cap) or failed (the model's error: INTERNAL);
+  cap; gRPC: any call cancelled before its message arrived, as gRPC cancels one too large) or
+  failed (the model's error: INTERNAL);
 - dlrm_inference_samples_total: the batch sizes of the successful requests, summed;
 - dlrm_inference_request_duration_seconds{protocol}: a histogram of the time the successful
   requests took in ServedModel.run (checks, decoding, the model);

@@ -27,6 +27,7 @@ integer inputs sent as JSON must be integers in the input's range (1.7, "1" or 2
 import dataclasses
 import json
 import re
+import threading
 import time
 import zlib
 from concurrent import futures
@@ -274,25 +275,81 @@ def _grpc_servicer(model: ServedModel, metrics: Metrics):
     return Servicer(), service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server
 
 
-def _grpc_token_check(safeguards: Safeguards, metrics: Metrics):
-    """A gRPC interceptor answering UNAUTHENTICATED (counted as refused) to calls but OPEN_GRPC's
-    whose `authorization` metadata is not `Bearer <token>`."""
+class _Malformed:
+    """What _grpc_guard's deserializer gives for a message that does not parse."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+
+def _grpc_guard(safeguards: Safeguards, metrics: Metrics):
+    """A gRPC interceptor keeping `safeguards` in front of every method, each of its refusals and
+    gRPC's own counted as refused in `metrics`: a call but OPEN_GRPC's whose `authorization`
+    metadata is not `Bearer <token>` (with a token) gets UNAUTHENTICATED; one over max_connections
+    calls in flight RESOURCE_EXHAUSTED; a message that does not parse INVALID_ARGUMENT; one gRPC
+    cancels before its message arrives (a message over max_request_bytes or metadata over
+    max_header_bytes: gRPC answers RESOURCE_EXHAUSTED; or the client gave up) is counted too. Each
+    method runs as a stream-unary one (the same on the wire), so that it runs even when its message
+    never arrives. Refusals run on a thread of their own, not waiting for the calls in flight."""
     import grpc
+    lock, in_flight = threading.Lock(), [0]
+    refusals = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpc-refusals")
 
-    def deny(request, context):
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token (authorization metadata: "
-                                                       "Bearer <token>)")
-    denied = grpc.unary_unary_rpc_method_handler(deny)
+    def refusal(code: str, message: str):
+        metrics.observe("grpc", "refused")
 
-    class TokenCheck(grpc.ServerInterceptor):
+        def refuse(requests, context):   # unread
+            context.abort(grpc.StatusCode[code], message)
+        refuse.experimental_thread_pool = refusals   # grpc's: the pool this method runs on
+        return grpc.stream_unary_rpc_method_handler(refuse)
+
+    def parsing(deserialize):
+        def parse(data: bytes):
+            try:
+                return deserialize(data) if deserialize else data
+            except Exception as e:   # protobuf's DecodeError, among others
+                return _Malformed(e)
+        return parse
+
+    def guarded(behavior):
+        def call(requests, context):
+            try:
+                try:
+                    request = next(requests)
+                except grpc.RpcError:   # cancelled: gRPC has answered the client (or the client left)
+                    metrics.observe("grpc", "refused")
+                    raise
+                except StopIteration:
+                    request = _Malformed(ValueError("no request message"))
+                if isinstance(request, _Malformed):
+                    metrics.observe("grpc", "refused")
+                    error = request.error
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {type(error).__name__}: {error}")
+                return behavior(request, context)
+            finally:
+                with lock:
+                    in_flight[0] -= 1
+        return call
+
+    class Guard(grpc.ServerInterceptor):
         def intercept_service(self, continuation, details):
-            if details.method in OPEN_GRPC or safeguards.authorized(
+            if details.method not in OPEN_GRPC and not safeguards.authorized(
                     dict(details.invocation_metadata or ()).get("authorization")):
-                return continuation(details)
-            metrics.observe("grpc", "refused")
-            return denied
+                return refusal("UNAUTHENTICATED", "missing or wrong bearer token (authorization metadata: Bearer "
+                                                  "<token>)")
+            handler = continuation(details)
+            if handler is None or handler.unary_unary is None:   # an unknown method: UNIMPLEMENTED
+                return handler
+            with lock:
+                full = in_flight[0] >= safeguards.max_connections
+                in_flight[0] += not full
+            if full:
+                return refusal("RESOURCE_EXHAUSTED", f"more than {safeguards.max_connections} calls in flight")
+            return grpc.stream_unary_rpc_method_handler(guarded(handler.unary_unary),
+                                                        parsing(handler.request_deserializer),
+                                                        handler.response_serializer)
 
-    return TokenCheck()
+    return Guard()
 
 
 def _decompressed(body: bytes, encoding: Optional[str], limit: int) -> bytes:
@@ -449,8 +506,7 @@ def serving(model: ServedModel, address: str, http_port: int, grpc_port: int, th
     metrics = Metrics(model.name, stats)
     servicer, add = _grpc_servicer(model, metrics)
     grpc_server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=threads), maximum_concurrent_rpcs=safeguards.max_connections,
-        interceptors=[_grpc_token_check(safeguards, metrics)] if safeguards.token is not None else None,
+        futures.ThreadPoolExecutor(max_workers=threads), interceptors=[_grpc_guard(safeguards, metrics)],
         options=[("grpc.max_receive_message_length", safeguards.max_request_bytes),
                  ("grpc.max_metadata_size", safeguards.max_header_bytes),
                  ("grpc.max_connection_idle_ms", int(safeguards.read_timeout_s * 1000)),
@@ -458,7 +514,13 @@ def serving(model: ServedModel, address: str, http_port: int, grpc_port: int, th
     add(servicer, grpc_server)
     if safeguards.tls_cert_file:
         with open(safeguards.tls_key_file, "rb") as key, open(safeguards.tls_cert_file, "rb") as cert:
-            credentials = grpc.ssl_server_credentials([(key.read(), cert.read())])
+            pair = (key.read(), cert.read())
+        clients = None
+        if safeguards.tls_client_ca_file:
+            with open(safeguards.tls_client_ca_file, "rb") as ca:
+                clients = ca.read()
+        credentials = grpc.ssl_server_credentials([pair], root_certificates=clients,
+                                                  require_client_auth=clients is not None)
         bound = grpc_server.add_secure_port(f"{address}:{grpc_port}", credentials)
     else:
         bound = grpc_server.add_insecure_port(f"{address}:{grpc_port}")
