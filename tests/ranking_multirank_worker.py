@@ -27,10 +27,11 @@ from tests.multi_hot import multi_hot_ids
 CARDS, DIMS, COMBINERS = [40, 60, 20], [8, 4, 6], ["sum", "mean", "mean"]   # tables
 FEATURES = {"separate": [(0, 1), (1, 3), (2, 2)],   # (table, max hotness) per feature
             "shared": [(0, 1), (1, 3), (2, 2), (0, 1), (1, 1), (2, 3)]}
-TABLE_OF, HOTNESS = zip(*FEATURES[sys.argv[2] if len(sys.argv) > 2 else "separate"])
+ARGS = sys.argv[2:] if __name__ == "__main__" else []   # pytest imports this file for its doctests
+TABLE_OF, HOTNESS = zip(*FEATURES[ARGS[0] if ARGS else "separate"])
 PLAN = dict(row_slice_threshold=300, column_slice_threshold=200, data_parallel_threshold=150)
 B, STEPS, TOLERANCE = 32, 4, 1e-5
-TWO_LABEL = sys.argv[3:] == ["two_label"]
+TWO_LABEL = ARGS[1:] == ["two_label"]
 
 
 def build(comm):
