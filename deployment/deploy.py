@@ -76,13 +76,14 @@ def main(argv):
 
 def export():
     """Writes the repository or delta the flags ask for; prints its summary line."""
+    given = [f"--{n}" for n in ("forms", "max_tables_in_memory_gb") if FLAGS[n].present]
+    if FLAGS.delta_from and given:   # before TensorFlow starts
+        print(f"error: {', '.join(given)}: no effect with --delta_from (a delta holds rows and the dense model)",
+              file=sys.stderr)
+        sys.exit(2)
     import_tensorflow()   # before the exporter loads it, so that its start-up lines honour TF_CPP_MIN_LOG_LEVEL
     try:
         if FLAGS.delta_from:
-            given = [f"--{n}" for n in ("forms", "max_tables_in_memory_gb") if FLAGS[n].present]
-            if given:
-                raise ExportError(f"{', '.join(given)}: no effect with --delta_from (a delta holds rows and the dense "
-                                  "model)")
             start = time.perf_counter()
             info = write_delta_repository(FLAGS.checkpoint, FLAGS.output, FLAGS.delta_from, FLAGS.model_name,
                                           FLAGS.overwrite, verify=not FLAGS.skip_checkpoint_checksums,
