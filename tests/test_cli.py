@@ -169,6 +169,8 @@ def test_other_entry_points_print_tensorflow_start_up_lines_at_most_once(args, s
     assert proc.returncode == 2 and proc.stderr.splitlines()[-1].startswith("error: "), proc.stderr
     counts = [proc.stderr.count(text) for text in TF_START_UP_LINES]
     assert max(counts) <= 1 and (sum(counts) > 0) == starts_tensorflow, proc.stderr
+    if "Could not find cuda drivers" in proc.stderr:   # then cuInit's failure says nothing more
+        assert "failed call to cuInit" not in proc.stderr, proc.stderr
 
 
 def test_tensorflow_start_up_filter_keeps_errors_and_other_lines():
@@ -181,6 +183,11 @@ def test_tensorflow_start_up_filter_keeps_errors_and_other_lines():
         False, True, True, False, True]
     assert [keep(line, 3, set()) for line in (info, warning, error)] == [False, False, True]
     assert [keep(line, 0, seen) for line in (info, info.replace("367.05", "368.25"))] == [True, False]
+    no_driver = ("I0000 00:00:1795710367.056414   27486 cudart_stub.cc:31] Could not find cuda drivers on your "
+                 "machine, GPU will not be used.")
+    for level, passed in ((2, [False, False]), (0, [True, False])):   # no driver: cuInit's failure says no more
+        seen = set()
+        assert [keep(line, level, seen) for line in (no_driver, error)] == passed
 
 
 # --------------------------------------------------------------------------------------------

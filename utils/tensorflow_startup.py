@@ -5,7 +5,10 @@ load and before absl::InitializeLog, "oneDNN custom operations are on" and "Coul
 drivers" through absl, which ignores TF_CPP_MIN_LOG_LEVEL: every start printed them twice, at any
 level. `import_tensorflow` passes what the process writes to stderr during the import through
 `keep`: absl-format INFO and WARNING lines below the level are dropped, a repeated line once, the
-absl banner only at level 0; ERROR and FATAL lines and everything else pass, as they come.
+absl banner only at level 0; ERROR and FATAL lines and everything else pass, as they come, but
+one: "failed call to cuInit" after "Could not find cuda drivers" (no CUDA driver on the machine:
+the device enumeration that TensorFlow's import registers with absl's app.run fails, saying
+nothing more). Where a driver is found, its failure passes.
 """
 import os
 import re
@@ -14,6 +17,7 @@ import threading
 
 _ABSL_LINE = re.compile(r"([IWEF])\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] (.*)")
 _ABSL_BANNER = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+_NO_DRIVER, _CUINIT_FAILED = "Could not find cuda drivers", "failed call to cuInit"
 
 
 def keep(line: str, level: int, seen: set) -> bool:
@@ -25,6 +29,10 @@ def keep(line: str, level: int, seen: set) -> bool:
     if not absl:
         return True
     severity, message = absl.groups()
+    if message.startswith(_NO_DRIVER):
+        seen.add(_NO_DRIVER)
+    if message.startswith(_CUINIT_FAILED) and _NO_DRIVER in seen:
+        return False
     if severity in "IW" and "IW".index(severity) < level:
         return False
     return _note(message, seen)
