@@ -165,9 +165,11 @@ def test_other_model_files_export_and_serve_what_they_predict(name, tmp_path):
     if name == "shared_mean":   # cat_3 and cat_0 in the shared table 0 (its 4.7 KB in host memory)
         assert layout.lookup_features == [3, 0, 1, 2] and layout.embedding_dims == [4, 4, 3, 2]
         assert info["host_tables"] == [0]
-    if name == "two_layers":   # wide: tables 0-3 of width 1; deep: the shared table 4, then cat_1's and cat_2's
-        assert layout.lookup_features == [0, 1, 2, 3, 0, 3, 1, 2]
-        assert layout.embedding_dims == [1] * 4 + [4, 4, 3, 3]
+    if name == "two_layers":   # wide: a width-1 table per feature; deep: cat_0 and cat_3 in one table, cat_1's, cat_2's
+        assert sorted(zip(layout.lookup_features, layout.embedding_dims)) == sorted(
+            [(0, 1), (1, 1), (2, 1), (3, 1), (0, 4), (3, 4), (1, 3), (2, 3)])   # the layers in dense_part's order
+        with open(tmp_path / "repo" / "m_tables" / "tables.json") as f:
+            assert sorted(t["dim"] for t in json.load(f)["tables"]) == [1, 1, 1, 1, 3, 3, 4]   # 7 tables over 2 layers
     check_served(path, params, str(tmp_path / "ckpt"), str(tmp_path / "repo"), tmp_path)
 
 
