@@ -112,9 +112,12 @@ class HorovodCollectives(SingleProcess):
             return None
         # Gloo's own reason (peer closed the connection, a receive timed out) when it is there.
         reason = re.search(r"gloo/[\w/.]+:\d+\] ([^\n]+)", text)
-        node = re.search(r"\{\{node (\w+)\}\}", text)
+        # The op: a graph node's name, or an eager call's ("{{function_node __wrapped__<op>_device_...}}").
+        node = re.search(r"\{\{node (\w+)\}\}", text) or \
+            re.search(r"\{\{function_node __wrapped__(\w+?)_device_", text)
         where = f"the collective {node.group(1)!r}" if node else "a collective operation"
-        lines = [line.strip() for line in text.splitlines() if line.strip()] or [type(error).__name__]
+        lines = [re.sub(r"\{\{[^}]*\}\}\s*", "", line).strip() for line in text.splitlines()]
+        lines = [line for line in lines if line] or [type(error).__name__]
         why = reason.group(1) if reason else next((line.split(". ")[0] for line in lines if "Horovod" in line),
                                                   lines[0])
         return f"{self._lost_ranks()}; rank {self.rank} saw {where} fail ({why})"

@@ -155,3 +155,6 @@ def test_a_lost_rank_on_another_host_is_named_only_when_it_is_the_only_peer(size
                                              "one of the ranks or an attempt to allreduce ..."))
     assert line == (f"{lost} died, hung or became unreachable (HOROVOD_GLOO_TIMEOUT_SECONDS bounds the wait); "
                     "rank 0 saw a collective operation fail (Horovod has been shut down)")
+    eager = comm.failure(HorovodInternalError("{{function_node __wrapped__HorovodAllgather_device_/job:localhost/"
+                                              "replica:0/task:0/device:CPU:0}} Horovod has been shut down. This was"))
+    assert eager.endswith("rank 0 saw the collective 'HorovodAllgather' fail (Horovod has been shut down)")
