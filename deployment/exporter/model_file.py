@@ -77,10 +77,9 @@ def _lookups(model, layer: HybridEmbedding, features: Features, model_file: str,
     if not isinstance(model, FunctionalModel) or not isinstance(model._inputs_struct, dict):
         raise RepositoryError(f"--model={model_file}: export needs a functional model with a dict of inputs")
     input_feature = {id(t): features.names.index(name) for name, t in model._inputs_struct.items() if name != NUMERICAL}
-    given = layer._inbound_nodes[0].arguments.args[0]   # the ids the layer was called with, as given
-    sources = [given[f.name] for f in layer.features] if isinstance(given, dict) else list(given)
+    sources = layer.call_inputs()   # the ids the layer was called with, in feature order
     order = range(len(layer.features))
-    if isinstance(given, dict):
+    if isinstance(layer.output, dict):   # the dense part takes a dict's outputs by name
         order = sorted(order, key=lambda i: layer.features[i].name)
     lookups, widths = [], []
     for i in order:
