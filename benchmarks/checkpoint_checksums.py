@@ -30,6 +30,7 @@ sys.path.insert(0, ROOT)   # this checkout's modules, not an installed copy's
 
 from benchmarks.tiered_store import W1_CARDINALITIES  # noqa: E402
 from utils import files  # noqa: E402 (its Checksummed computes the pieces' CRC-32 as they are written)
+from utils.tensorflow_startup import import_tensorflow  # noqa: E402
 
 DIM = 16
 NO_CRC = types.SimpleNamespace(crc32=lambda data, crc=0: 0)
@@ -47,6 +48,7 @@ def checkpoint_module(path):
 
 def w1_entries(checkpoint):
     import numpy as np
+    import_tensorflow()   # its start-up lines once, held to TF_CPP_MIN_LOG_LEVEL
     import tensorflow as tf
     rng = np.random.default_rng(0)
     entries = []

@@ -33,6 +33,8 @@ import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)   # this checkout's modules, not an installed copy's
+from utils.tensorflow_startup import import_tensorflow  # noqa: E402
+
 WORKLOADS = os.path.join(os.path.dirname(ROOT), "shared", "bench", "workloads.yaml")
 BATCH = 4096
 
@@ -75,6 +77,7 @@ def main():
     ap.add_argument("--checkpoint", help="also measure a dynamic table's checkpoint, written under this folder")
     args = ap.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import_tensorflow()   # its start-up lines once, held to TF_CPP_MIN_LOG_LEVEL
     import tensorflow as tf
     import id_map
 
@@ -149,6 +152,7 @@ def checkpoint_bytes(root, capacity, batches, dense_export_bytes, dim=16):
     """A dynamic table (`capacity` rows of `dim`, SGD) trained on `batches` ([BATCH] ids each),
     checkpointed under `root`: its bytes on disk against the live rows' own bytes; beside them
     `dense_export_bytes`: (DenseHashTable's export, its live (key, value) pairs) in bytes."""
+    import_tensorflow()   # its start-up lines once, held to TF_CPP_MIN_LOG_LEVEL
     import tensorflow as tf
     from parallel_embedding.collectives import SingleProcess
     from parallel_embedding.dynamic_table import DynamicTable

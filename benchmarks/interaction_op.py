@@ -21,6 +21,8 @@ import os
 import statistics
 import time
 
+from utils.tensorflow_startup import import_tensorflow
+
 SHAPES = ["4096,27,16", "4096,27,128", "8192,27,16", "8192,27,128"]   # W1 and W2: B, F+1, D
 
 
@@ -34,6 +36,7 @@ def main():
     ap.add_argument("--steps", type=int, default=100, help="--workloads: paired steps")
     args = ap.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import_tensorflow()   # its start-up lines once, held to TF_CPP_MIN_LOG_LEVEL
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
@@ -47,6 +50,7 @@ def main():
 def train_step_pairs(workload, steps, threads):
     """One JSON line: `steps` pairs of train steps of `workload`, with and without the op."""
     import numpy as np
+    import_tensorflow()   # its start-up lines once, held to TF_CPP_MIN_LOG_LEVEL
     import tensorflow as tf
     from benchmarks.train_throughput import DEFAULT_BENCH, yardstick_module
     from nn.lr_schedule import LearningRateSchedule
@@ -95,6 +99,7 @@ def train_step_pairs(workload, steps, threads):
 def interaction_shapes(args):
     """One JSON line per shape: the interaction's forward+backward, op against the TF pair."""
     import numpy as np
+    import_tensorflow()   # its start-up lines once, held to TF_CPP_MIN_LOG_LEVEL
     import tensorflow as tf
     from nn.interaction import DotInteraction
 

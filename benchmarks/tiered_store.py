@@ -24,6 +24,8 @@ import subprocess
 import sys
 import time
 
+from utils.tensorflow_startup import import_tensorflow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 W1_CARDINALITIES = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27, 14992,
                     5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
@@ -116,6 +118,7 @@ def train(args):
 def pipeline(args):
     """Samples/s of one rank's input pipeline (split-binary reader, tf.data prefetch, and with tables
     on disk the staging), no train step, over the last 30% of --steps batches (caches full)."""
+    import_tensorflow()   # its start-up lines once, held to TF_CPP_MIN_LOG_LEVEL
     import tensorflow as tf
     from dataloading.batches import RankInput, prefetched, train_batches
     from dataloading.feature_spec import FeatureSpec

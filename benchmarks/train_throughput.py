@@ -34,6 +34,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)   # this checkout's modules, not an installed copy's
+from utils.tensorflow_startup import import_tensorflow  # noqa: E402
 DEFAULT_BENCH = os.path.join(os.path.dirname(ROOT), "shared", "bench")
 WORKLOADS = ("dlrm-kaggle", "dlrm-large", "dcnv2-nvidia")
 YARDSTICK_MODES = (("graph", []), ("xla", ["--jit", "1"]), ("onednn", ["--onednn", "1"]),
@@ -54,6 +55,7 @@ def measure(args):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.onednn is not None:
         os.environ["TF_ENABLE_ONEDNN_OPTS"] = str(args.onednn)
+    import_tensorflow()   # its start-up lines once, held to TF_CPP_MIN_LOG_LEVEL
     import tensorflow as tf
     from nn.lr_schedule import LearningRateSchedule
     from nn.model import RankingModel
@@ -108,6 +110,7 @@ def batch_pool(w, comm, scopes) -> list:
     rank's tensors: every rank draws the same global batches and keeps its part, a feature's ids
     by its scope ("global": the global batch's, "local": this rank's b, else none)."""
     import numpy as np
+    import_tensorflow()   # its start-up lines once, held to TF_CPP_MIN_LOG_LEVEL
     import tensorflow as tf
     rng = np.random.default_rng(w["seed"])
     batch = int(w["batch_size"])
@@ -203,6 +206,7 @@ def check_costs(w, pool, times, rounds: int = 7) -> dict:
     both also as % of the median step."""
     import tempfile
     import numpy as np
+    import_tensorflow()   # its start-up lines once, held to TF_CPP_MIN_LOG_LEVEL
     import tensorflow as tf
     from dataloading.batches import RankInput, rank_batch
     from dataloading.feature_spec import split_binary_spec

@@ -173,6 +173,18 @@ def test_other_entry_points_print_tensorflow_start_up_lines_at_most_once(args, s
         assert "failed call to cuInit" not in proc.stderr, proc.stderr
 
 
+def test_benchmarks_print_tensorflow_start_up_lines_at_most_once():
+    """A benchmark that starts TensorFlow itself (no absl app.run): each line once, and no cuInit failure
+    after "Could not find cuda drivers" (its device enumeration runs inside the filter)."""
+    proc = subprocess.run([sys.executable, "benchmarks/interaction_op.py", "--shapes", "8,2,8", "--rounds", "1",
+                           "--calls", "1"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0"))
+    assert proc.returncode == 0 and json.loads(proc.stdout.splitlines()[-1])["batch"] == 8, proc.stderr
+    assert max(proc.stderr.count(text) for text in TF_START_UP_LINES) == 1, proc.stderr
+    if "Could not find cuda drivers" in proc.stderr:
+        assert "failed call to cuInit" not in proc.stderr, proc.stderr
+
+
 def test_tensorflow_start_up_filter_keeps_errors_and_other_lines():
     from utils.tensorflow_startup import keep
     info = "I0000 00:00:1795710367.056414   27486 port.cc:153] oneDNN custom operations are on."

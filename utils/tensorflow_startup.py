@@ -7,8 +7,9 @@ level. `import_tensorflow` passes what the process writes to stderr during the i
 `keep`: absl-format INFO and WARNING lines below the level are dropped, a repeated line once, the
 absl banner only at level 0; ERROR and FATAL lines and everything else pass, as they come, but
 one: "failed call to cuInit" after "Could not find cuda drivers" (no CUDA driver on the machine:
-the device enumeration that TensorFlow's import registers with absl's app.run fails, saying
-nothing more). Where a driver is found, its failure passes.
+the first device enumeration fails, saying nothing more; it runs inside the filter, at the import
+under absl's app.run, where TensorFlow registers it, and by `import_tensorflow` itself elsewhere).
+Where a driver is found, its failure passes.
 """
 import os
 import re
@@ -70,7 +71,8 @@ def import_tensorflow():
     forwarder = threading.Thread(target=forward, daemon=True)
     forwarder.start()
     try:
-        import tensorflow  # noqa: F401
+        import tensorflow
+        tensorflow.config.list_physical_devices("GPU")   # the first enumeration: its cuInit line, if any
     finally:
         sys.stderr.flush()
         os.dup2(saved, 2)   # closes the pipe's last write end: the forwarder reads to its end
