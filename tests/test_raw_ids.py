@@ -121,6 +121,10 @@ def files(root, mapping="train"):
     return {name: (root / mapping / name).read_bytes() for name in sorted(os.listdir(root / mapping))}
 
 
+def ragged(ids):
+    return [ids.values[a:b].tolist() for a, b in zip(ids.row_splits[:-1], ids.row_splits[1:])]
+
+
 def test_raw_ids_of_a_small_csv(spark, tmp_path):
     (tmp_path / "log.csv").write_text("\n".join([HEADER] + LINES) + "\n", encoding="utf-8")
     spec_path = write_spec(tmp_path)
@@ -156,6 +160,16 @@ def test_raw_ids_of_a_small_csv(spark, tmp_path):
     changed = {n for n in off if raw_files[n] != off[n]}
     assert set(raw_files) == set(off) and changed == {"user.part00000.bin", "site.part00000.bin",
                                                       "color.part00000.bin", "tags.part00000.bin"}
+    # shuffled rows go through Spark's sort as records: the same ids, in the rows' new order
+    run_raw(spark, spec_path, tmp_path / "shuffled", "--raw_id_columns=" + ",".join(RAW), "--shuffle")
+    shuffled = SplitBinaryDataset(FeatureSpec.from_yaml(str(tmp_path / "shuffled" / SPEC_FILE)),
+                                  {"train": "train"}).batch("train", 0, 6)
+    order = [batch["numerical"][:, 0].tolist().index(v) for v in shuffled["numerical"][:, 0].tolist()]
+    assert sorted(order) == list(range(6)) and order != list(range(6))
+    for k in (0, 1, 2, 4):
+        assert shuffled["categorical"][k].tolist() == batch["categorical"][k][order].tolist()
+    assert ragged(shuffled["categorical"][3]) == [ragged(tags)[i] for i in order]
+
     off_spec = FeatureSpec.from_yaml(str(tmp_path / "off" / SPEC_FILE))
     assert off_spec.raw_id_features == [] and off_spec.features["other"] == spec.features["other"]
     assert SplitBinaryDataset(off_spec, {"train": "train"}).id_dtype == np.int32
