@@ -70,6 +70,10 @@ def run(spark, opts: Options, log=print) -> dict:
     _ship_code(sc)
     source = opts.source or CriteoSource()
     schema = source.schema
+    counted_before = [f for f in schema.raw_ids if opts.vocab_from and os.path.exists(vocab.path(opts.vocab_from, f))]
+    if counted_before:
+        raise DatasetError(f"--raw_id_columns: {counted_before[0]} has a vocabulary in --vocab_from {opts.vocab_from} "
+                           "(a feature keeps its ids day after day: raw ids need a new first dataset)")
     paths = input_files(opts.inputs)
     splits = source.plan(paths, opts.split_bytes)
     block_bytes = opts.block_bytes     # (the task closures must not capture pipeline objects)

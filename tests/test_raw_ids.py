@@ -197,6 +197,19 @@ def test_criteo_raw_ids_of_a_generated_log(spark, tmp_path):
         n for n in os.listdir(tmp_path / "off" / "vocab") if n not in ("cat_0.npy", "cat_2.npy"))
 
 
+def test_a_vocabulary_does_not_become_raw_ids_day_after_day(spark, tmp_path):
+    (tmp_path / "log.csv").write_text("\n".join([HEADER] + LINES) + "\n", encoding="utf-8")
+    spec_path = write_spec(tmp_path)
+    run_raw(spark, spec_path, tmp_path / "d0", "--raw_id_columns=site")
+    run_raw(spark, spec_path, tmp_path / "d1", "--raw_id_columns=site", "--vocab_from", str(tmp_path / "d0"))
+    with pytest.raises(DatasetError, match=r"^--raw_id_columns: user has a vocabulary in --vocab_from .*/d0 \(a "
+                                           r"feature keeps its ids day after day: raw ids need a new first dataset\)$"):
+        run_raw(spark, spec_path, tmp_path / "d2", "--raw_id_columns=site,user", "--vocab_from", str(tmp_path / "d0"))
+    assert not (tmp_path / "d2").exists()
+    spec = FeatureSpec.from_yaml(str(tmp_path / "d1" / SPEC_FILE))
+    assert spec.raw_id_features == ["site"] and spec.metadata["vocabularies"]["mode"] == "grown"
+
+
 @pytest.mark.parametrize("flags,message", [
     (["--raw_id_columns=user,sight"], "--raw_id_columns: 'sight' is not a categorical feature "
                                       "(user, site, color, tags, other, or all)"),
