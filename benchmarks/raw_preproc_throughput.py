@@ -6,7 +6,9 @@ the same transform that must write the same bytes.
 
 The log: a 0/1 label, 3 numerical columns (log transform), 20 string categorical columns
 (Zipf-like values `v123`, threshold 3) and 2 list columns (0..5 values joined by '|'); split by
-fraction 0.05/0.05. Prints JSON lines and deletes its files.
+fraction 0.05/0.05. Each run also times the same job with raw ids for every categorical column
+(`--raw_id_columns=all`: 64-bit keys, no counting, no vocabulary; its label and numerical files
+must equal the vocabulary run's). Prints JSON lines and deletes its files.
 """
 import argparse
 import json
@@ -48,11 +50,12 @@ def generate(path: str, rows: int, seed: int = 0):
             df.to_csv(f, header=start == 0, index=False, float_format="%.0f")
 
 
-def spec(path: str) -> dict:
+def spec(path: str, threshold: int = 3) -> dict:
+    """The raw spec of the log (threshold 0 for the raw-id run: raw ids have no vocabulary)."""
     return {"inputs": {"paths": [path]}, "label": "label",
             "numerical": [f"n{k}" for k in range(NUMBERS)],
-            "categorical": [{"column": f"s{k}", "threshold": 3} for k in range(STRINGS)] +
-                           [{"column": f"l{k}", "delimiter": "|", "max_hotness": MAX_HOTNESS, "threshold": 3}
+            "categorical": [{"column": f"s{k}", "threshold": threshold} for k in range(STRINGS)] +
+                           [{"column": f"l{k}", "delimiter": "|", "max_hotness": MAX_HOTNESS, "threshold": threshold}
                             for k in range(LISTS)],
             "split": {"test": 0.05, "validation": 0.05}}
 
@@ -99,11 +102,12 @@ def pandas_preprocess(path: str, out: str, rows: int):
                 values[lo:hi].tofile(target)
 
 
-def same_files(spark_out: str, pandas_out: str) -> int:
-    """Raises if a file pandas wrote differs from the job's; returns how many were compared."""
+def same_files(spark_out: str, pandas_out: str, names=None) -> int:
+    """Raises if a file pandas (or another run) wrote differs from the job's (`names`: only those
+    files); returns how many were compared."""
     compared = 0
     for mapping in ("train", "test", "validation"):
-        for name in sorted(os.listdir(os.path.join(pandas_out, mapping))):
+        for name in names or sorted(os.listdir(os.path.join(pandas_out, mapping))):
             with open(os.path.join(pandas_out, mapping, name), "rb") as a, \
                     open(os.path.join(spark_out, mapping, name), "rb") as b:
                 if a.read() != b.read():
@@ -125,9 +129,10 @@ def main():
         generate(log, args.rows)
         print(json.dumps({"generated_rows": args.rows, "bytes": os.path.getsize(log),
                           "seconds": round(time.time() - start, 1)}), flush=True)
-        spec_path = os.path.join(root, "raw.yaml")
-        with open(spec_path, "w") as f:
-            yaml.safe_dump(spec(log), f)
+        spec_path, raw_ids_path = os.path.join(root, "raw.yaml"), os.path.join(root, "raw_ids.yaml")
+        for path, threshold in ((spec_path, 3), (raw_ids_path, 0)):
+            with open(path, "w") as f:
+                yaml.safe_dump(spec(log, threshold), f)
         start = time.time()
         spark = spark_session(f"local[{args.cores}]", {"spark.sql.shuffle.partitions": str(args.cores)})
         session = time.time() - start
@@ -141,6 +146,17 @@ def main():
                               "seconds": round(seconds, 2), "rows_per_s": round(args.rows / seconds),
                               "session_start_s": round(session, 1) if k == 0 else 0.0,
                               "written": summary["rows"], "load_average": os.getloadavg()[0]}), flush=True)
+            raw_out = os.path.join(root, f"raw_ids{k}")
+            opts = raw.options(raw.parser().parse_args(["--spec", raw_ids_path, "--output", raw_out, "--split_mb", "64",
+                                                        "--raw_id_columns=all"]))
+            start = time.time()
+            run(spark, opts, log=lambda m: None)
+            seconds = time.time() - start
+            files = same_files(raw_out, out, ["label.part00000.bin", "numerical.part00000.bin"])
+            print(json.dumps({"engine": f"spark local[{args.cores}], raw ids (--raw_id_columns=all)", "run": k,
+                              "rows": args.rows, "seconds": round(seconds, 2), "rows_per_s": round(args.rows / seconds),
+                              "same_bytes_files": files, "load_average": os.getloadavg()[0]}), flush=True)
+            shutil.rmtree(raw_out)
             start = time.time()
             pandas_preprocess(log, os.path.join(root, "pandas"), args.rows)
             seconds = time.time() - start

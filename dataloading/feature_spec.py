@@ -2,7 +2,8 @@
 
     feature_spec:   name -> {dtype, cardinality (categorical), max_hotness (multi-hot categorical),
                     hotness (the reference's name: > 1 is max_hotness, 1 one-hot), alpha (the power-law
-                    exponent of --synthetic_dataset_use_feature_spec's ids)}
+                    exponent of --synthetic_dataset_use_feature_spec's ids), raw_ids (categorical:
+                    true for raw 64-bit ids, int64, with no cardinality)}
     channel_spec:   categorical: [names] (table order), numerical: [names], label: [one name]
     source_spec:    mapping name (train, test, ...) -> list of chunks
                     {type: split_binary, features: [names], files: [paths], offsets: [paths]}
@@ -16,6 +17,11 @@ int64 offsets into it (row i is ids[offsets[i]:offsets[i + 1]], empty rows allow
 `type: csv` (the input of dataloading/transcode.py) hold comma-separated columns instead (a
 multi-hot feature's field: its ids joined by a delimiter, with no offsets files), and their
 cardinalities may be `auto`.
+
+A raw-id feature (`raw_ids: true`, written by `preproc --raw_id_columns`) holds 64-bit keys of
+the log's values instead of ids in [0, cardinality): dtype int64, no cardinality (None in
+`cardinalities`), every int64 value in its domain; only a dynamic table (whose capacity is the
+run's setting) can take it.
 
 Loading validates everything and raises `DatasetError` with one line naming the spec, the key
 and the feature or file. `split_binary_spec` builds the standard layout for writers.
@@ -36,6 +42,7 @@ ID_DTYPES = ("int8", "int16", "int32", "int64")
 NUMERICAL_DTYPES = ("float16", "float32")
 LABEL_DTYPES = ("bool",)
 OFFSETS_DTYPE = np.dtype(np.int64)
+RAW_ID_DTYPE = "int64"
 AUTO = "auto"
 SPEC_FILE = "feature_spec.yaml"
 
@@ -55,6 +62,7 @@ class Feature:
     max_hotness: Optional[int] = None           # set: multi-hot (values + offsets files)
     hotness: Optional[int] = None               # the reference's key; parsing sets max_hotness from it
     alpha: Optional[float] = None               # the reference's key: synthetic ids' power-law exponent
+    raw_ids: Optional[bool] = None              # categorical: true: raw 64-bit ids (int64, no cardinality)
 
     @property
     def multi_hot(self) -> bool:
@@ -134,6 +142,11 @@ class FeatureSpec:
         return [self.features[f].cardinality for f in self.categorical]
 
     @property
+    def raw_id_features(self) -> List[str]:
+        """The categorical features holding raw 64-bit ids (`raw_ids: true`), in table order."""
+        return [f for f in self.categorical if self.features[f].raw_ids]
+
+    @property
     def max_hotness(self) -> List[Optional[int]]:
         """Per categorical feature: its max_hotness, None for one-hot features."""
         return [self.features[f].max_hotness for f in self.categorical]
@@ -144,7 +157,7 @@ class FeatureSpec:
         if f.dtype:
             return np.dtype(f.dtype)
         if feature in self.channels[CATEGORICAL]:
-            return np.dtype(id_dtype(f.cardinality))
+            return np.dtype(RAW_ID_DTYPE if f.raw_ids else id_dtype(f.cardinality))
         return np.dtype("float16" if feature in self.channels[NUMERICAL] else "bool")
 
     def mapping(self, name: str) -> List[Chunk]:
@@ -156,15 +169,17 @@ class FeatureSpec:
         return os.path.join(self.base_dir, file)
 
 
-def split_binary_spec(numerical: Sequence[str], categorical: Dict[str, int], label: str = "label",
+def split_binary_spec(numerical: Sequence[str], categorical: Dict[str, Optional[int]], label: str = "label",
                       mappings: Sequence[str] = ("train", "test"), max_hotness: Dict[str, int] = None,
                       numerical_dtype: str = "float16", base_dir: str = ".") -> FeatureSpec:
     """The standard split-binary layout: per mapping M, M/numerical.bin (all numerical features,
     one chunk; none without numerical features), M/label.bin, and M/<feature>.bin per categorical feature (plus
-    M/<feature>.offsets.bin for the multi-hot ones); ids in the smallest dtype that holds them."""
+    M/<feature>.offsets.bin for the multi-hot ones); ids in the smallest dtype that holds them. A
+    categorical feature of cardinality None holds raw ids (int64, `raw_ids: true`)."""
     max_hotness = max_hotness or {}
     features = {n: Feature(numerical_dtype) for n in numerical}
-    features.update({c: Feature(id_dtype(card), card, max_hotness.get(c)) for c, card in categorical.items()})
+    features.update({c: Feature(RAW_ID_DTYPE, raw_ids=True, max_hotness=max_hotness.get(c)) if card is None else
+                     Feature(id_dtype(card), card, max_hotness.get(c)) for c, card in categorical.items()})
     features[label] = Feature("bool")
     source = {}
     for m in mappings:
@@ -181,7 +196,7 @@ def split_binary_spec(numerical: Sequence[str], categorical: Dict[str, int], lab
 def in_domain(spec: FeatureSpec, feature: str, values: np.ndarray) -> bool:
     """Whether every value of `feature` is in its domain (as check_values, without locating the
     first bad one): the loader's per-batch test, min/max for ids."""
-    if not values.size:
+    if not values.size or spec.features[feature].raw_ids:
         return True
     if feature in spec.channels[CATEGORICAL]:
         return bool(values.min() >= 0 and values.max() < spec.features[feature].cardinality)
@@ -191,7 +206,10 @@ def in_domain(spec: FeatureSpec, feature: str, values: np.ndarray) -> bool:
 
 
 def violations(spec: FeatureSpec, feature: str, values: np.ndarray):
-    """(mask of the `values` of `feature` outside its domain, the rule they break)."""
+    """(mask of the `values` of `feature` outside its domain, the rule they break; raw ids: any
+    int64)."""
+    if spec.features[feature].raw_ids:
+        return np.zeros(values.shape, bool), "raw ids are int64"
     if feature in spec.channels[CATEGORICAL]:
         return (values < 0) | (values >= spec.features[feature].cardinality), \
             f"ids must be in [0, {spec.features[feature].cardinality})"
@@ -240,10 +258,10 @@ def _parse(raw, base_dir, where) -> FeatureSpec:
         key = f"feature_spec.{name}"
         if not isinstance(entry, dict):
             _fail(where, key, f"must be a mapping, got {entry!r}")
-        extra = set(entry) - {"dtype", "cardinality", "max_hotness", "hotness", "alpha"}
+        extra = set(entry) - {"dtype", "cardinality", "max_hotness", "hotness", "alpha", "raw_ids"}
         if extra:
             _fail(where, f"{key}.{sorted(extra)[0]}", "unknown key (expected dtype, cardinality, max_hotness, "
-                                                      "hotness, alpha)")
+                                                      "hotness, alpha, raw_ids)")
         features[str(name)] = _parse_feature(entry, where, key)
     channels = raw["channel_spec"]
     if set(channels) != set(CHANNELS):
@@ -262,7 +280,9 @@ def _parse(raw, base_dir, where) -> FeatureSpec:
 def _parse_feature(entry: dict, where, key) -> Feature:
     """A feature entry; the reference's `hotness` h > 1 becomes max_hotness h (h = 1: one-hot)."""
     f = Feature(entry.get("dtype"), entry.get("cardinality"), entry.get("max_hotness"), entry.get("hotness"),
-                entry.get("alpha"))
+                entry.get("alpha"), entry.get("raw_ids"))
+    if f.raw_ids is not None and not isinstance(f.raw_ids, bool):
+        _fail(where, f"{key}.raw_ids", f"must be true or false, got {f.raw_ids!r}")
     if f.hotness is not None:
         if not _positive_int(f.hotness):
             _fail(where, f"{key}.hotness", f"must be a positive integer, got {f.hotness!r}")
@@ -315,18 +335,35 @@ def _validate_feature(f: Feature, channel, dtypes, chunk_type, where, key):
     if f.dtype is not None and f.dtype not in dtypes:
         _fail(where, f"{key}.dtype", f"{f.dtype!r} is not allowed for a {channel} feature (one of {', '.join(dtypes)})")
     if channel != CATEGORICAL:
-        for attr in ("cardinality", "max_hotness", "hotness", "alpha"):
+        for attr in ("cardinality", "max_hotness", "hotness", "alpha", "raw_ids"):
             if getattr(f, attr) is not None:
-                _fail(where, f"{key}.{attr}", f"only categorical features have a {attr}")
+                _fail(where, f"{key}.{attr}", f"only categorical features have {attr}")
+        return
+    if f.max_hotness is not None and not _positive_int(f.max_hotness):
+        _fail(where, f"{key}.max_hotness", f"must be a positive integer, got {f.max_hotness!r}")
+    if f.raw_ids:
+        _validate_raw_ids(f, chunk_type, where, key)
         return
     if not (_positive_int(f.cardinality) or (f.cardinality == AUTO and chunk_type == CSV)):
         allowed = "a positive integer" + (" or auto" if chunk_type == CSV else "")
         _fail(where, f"{key}.cardinality", f"must be {allowed}, got {f.cardinality!r}")
-    if f.max_hotness is not None and not _positive_int(f.max_hotness):
-        _fail(where, f"{key}.max_hotness", f"must be a positive integer, got {f.max_hotness!r}")
     if f.dtype is not None and f.cardinality != AUTO and f.cardinality - 1 > np.iinfo(f.dtype).max:
         _fail(where, f"{key}.dtype", f"{f.dtype} cannot hold ids up to cardinality {f.cardinality} - 1 "
                                      f"(use {id_dtype(f.cardinality)})")
+
+
+def _validate_raw_ids(f: Feature, chunk_type, where, key):
+    """A raw-id feature: int64, no cardinality, no synthetic alpha, not in csv chunks."""
+    if f.cardinality is not None:
+        _fail(where, f"{key}.cardinality", "a raw-id feature (raw_ids: true) has none: its ids are 64-bit keys, and "
+                                           "its dynamic table's capacity is the run's setting")
+    if f.dtype is not None and f.dtype != RAW_ID_DTYPE:
+        _fail(where, f"{key}.dtype", f"raw ids are {RAW_ID_DTYPE}, got {f.dtype!r}")
+    if f.alpha is not None:
+        _fail(where, f"{key}.alpha", "a raw-id feature has no synthetic ids to shape")
+    if chunk_type == CSV:
+        _fail(where, f"{key}.raw_ids", "csv chunks take ids in [0, cardinality); raw ids come from "
+                                       "preproc --raw_id_columns")
 
 
 def _validate_mapping(spec: FeatureSpec, mapping, chunks, chunk_type, where):

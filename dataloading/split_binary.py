@@ -7,6 +7,8 @@ checks (files exist, sizes are whole records, all chunks of a mapping have the s
 offsets files start at 0 and end at their ids' count); `validate` scans every value. Every
 batch read is checked (ids in [0, cardinality) before the cast to the model's id dtype, finite
 numericals, 0/1 labels), naming the file, feature and row of a bad value as `validate` does.
+The ids come as int32, or int64 for all features when a cardinality needs it or a feature holds
+raw 64-bit ids (`raw_ids: true`, int64 on disk, every value in its domain).
 """
 import os
 from typing import Dict, List, NamedTuple, Optional, Sequence
@@ -102,7 +104,9 @@ class SplitBinaryDataset:
         self.cardinalities = spec.cardinalities
         self.max_hotness = spec.max_hotness
         self.num_numerical = len(spec.numerical)
-        self.id_dtype = np.int32 if max(self.cardinalities) - 1 <= np.iinfo(np.int32).max else np.int64
+        # int32 unless a cardinality needs int64, or a feature holds raw 64-bit ids (then int64 for all)
+        wide = spec.raw_id_features or max(self.cardinalities) - 1 > np.iinfo(np.int32).max
+        self.id_dtype = np.int64 if wide else np.int32
         self._readers = {split: self._open(mapping) for split, mapping in self.mappings.items()}
 
     def _open(self, mapping: str) -> Dict[str, ChunkReader]:

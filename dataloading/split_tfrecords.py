@@ -8,7 +8,7 @@ cardinalities and hotness; its source_spec is not read), per mapping M (train, t
     M/numerical/               [P, num_numerical] float16 per prebatch
     M/label/                   [P, 1] int8 (0/1)
     M/categorical_<i>/         table i of channel_spec.categorical: [P, 1] int32 ids, or for a
-                               multi-hot feature a ragged [P, None] int32
+                               multi-hot feature a ragged [P, None] int32 (raw ids: int64)
 
 Each directory holds format.json ({"format": "tfrecords", "dtype", "multihot", "feature_name",
 "num_features", "batches_per_file"}) and data_<k>.tfrecords files, read in the order of k.

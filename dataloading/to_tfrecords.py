@@ -6,7 +6,8 @@ DLRM_and_DCNv2 reads with `--dataset_type=split_tfrecords`; layout in dataloadin
 
 As the reference's transcribe.py: DST/feature_spec.yaml is the source spec (with the reference's
 `hotness` for multi-hot features), each mapping M gets M/length.json and the directories
-numerical (float16), label (int8) and categorical_<i> (int32, multi-hot ones ragged), each with
+numerical (float16), label (int8) and categorical_<i> (int32, multi-hot ones ragged; int64 for a
+raw-id feature, `raw_ids: true`, which the reference cannot read), each with
 format.json and data_<k>.tfrecords of `batches_per_file` prebatches of `prebatch_size` rows.
 Rows past the last whole prebatch are left out (the reference reads whole prebatches only).
 Files are written under temporary names and renamed when complete; the spec last.
@@ -76,8 +77,9 @@ def write_mapping(spec: FeatureSpec, directory: str, prebatches: Iterable[dict],
     writers = [_DirectoryWriter(os.path.join(directory, "numerical"), tf.float16, len(spec.numerical), False,
                                 batches_per_file),
                _DirectoryWriter(os.path.join(directory, "label"), tf.int8, 1, False, batches_per_file)]
-    writers += [_DirectoryWriter(os.path.join(directory, f"categorical_{i}"), tf.int32, 1, bool(hot),
-                                 batches_per_file) for i, hot in enumerate(spec.max_hotness)]
+    writers += [_DirectoryWriter(os.path.join(directory, f"categorical_{i}"),
+                                 tf.int64 if spec.features[name].raw_ids else tf.int32, 1, bool(hot), batches_per_file)
+                for i, (name, hot) in enumerate(zip(spec.categorical, spec.max_hotness))]
     count = 0
     for batch in prebatches:
         writers[0].save(batch["numerical"])

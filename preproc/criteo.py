@@ -15,6 +15,7 @@ from preproc.layout import MAPPINGS
 from preproc.parsing import CATEGORICAL_NAMES
 from preproc.pipeline import Options, run
 from preproc.session import spark_session
+from preproc.sources import CATEGORICAL, CriteoSource
 from utils import preemption
 from utils.errors import ConfigError
 
@@ -38,13 +39,39 @@ def _per_feature(flag: str, text: str, default, parse_default, parse_named, name
     return default, named
 
 
-def parse_thresholds(text: str):
-    """'3' (every feature), 'C3:5,C20:2' (those), '2,C3:5' (both): one threshold per C1..C26."""
+def parse_thresholds(text: str, raw_ids=()):
+    """'3' (every feature), 'C3:5,C20:2' (those), '2,C3:5' (both): one threshold per C1..C26 (0
+    for the features of `raw_ids`, indices, which have no vocabulary; naming one is an error)."""
     default, named = _per_feature("--frequency_threshold", text, 0, int, int)
-    thresholds = [named.get(k, default) for k in range(len(CATEGORICAL_NAMES))]
+    thresholds = [0 if k in raw_ids else named.get(k, default) for k in range(len(CATEGORICAL_NAMES))]
     if min(thresholds) < 0:
         raise ConfigError("--frequency_threshold: thresholds must be >= 0")
+    _not_raw("--frequency_threshold", named, raw_ids, CATEGORICAL_NAMES)
+    if raw_ids and len(raw_ids) == len(CATEGORICAL_NAMES):
+        raise ConfigError("--frequency_threshold has no effect: every column has raw ids (--raw_id_columns)")
     return thresholds
+
+
+def parse_raw_ids(text: str, names) -> list:
+    """--raw_id_columns: 'all', or names of categorical features (`names`) -> their indices."""
+    if text == "all":
+        return list(range(len(names)))
+    chosen = []
+    for name in filter(None, text.split(",")):
+        if name not in names:
+            known = "C1..C26" if names is CATEGORICAL_NAMES else ", ".join(names)
+            raise ConfigError(f"--raw_id_columns: {name!r} is not a categorical feature ({known}, or all)")
+        chosen.append(names.index(name))
+    if not chosen:
+        raise ConfigError("--raw_id_columns: name the columns (or all)")
+    return sorted(set(chosen))
+
+
+def _not_raw(flag: str, named, raw_ids, names):
+    """Stops with one line if `flag` names (`named`: indices) a feature with raw ids."""
+    clash = sorted(set(named) & set(raw_ids))
+    if clash:
+        raise ConfigError(f"{flag}: {names[clash[0]]} has raw ids (--raw_id_columns): no vocabulary to set")
 
 
 def parse_capacity(text: str, names=CATEGORICAL_NAMES):
@@ -78,6 +105,9 @@ def add_job_flags(p, feature: str):
     p.add_argument("--vocab_capacity", default="1",
                    help="embedding rows per feature, fixed by the first dataset for later growth: a headroom "
                         f"factor F (ceil(F x ids)), or {feature}:ROWS,..., or both (default 1: no room to grow)")
+    p.add_argument("--raw_id_columns", default="",
+                   help=f"these categorical features ({feature},... or all) get raw ids: each value's 64-bit key as "
+                        "an int64 id, no vocabulary (for dynamic tables)")
     p.add_argument("--shuffle", action="store_true", help="shuffle the training rows globally")
     p.add_argument("--seed", type=int, help="shuffle seed (default 12345)")
     p.add_argument("--vocab_from", default="",
@@ -106,13 +136,16 @@ def options(args) -> Options:
     order = None if args.split_order is None else tuple(args.split_order.split(","))
     if order is not None and sorted(order) != sorted(MAPPINGS):
         raise ConfigError(f"--split_order: {args.split_order!r} is not train, test and validation in some order")
-    thresholds = None if args.frequency_threshold is None else parse_thresholds(args.frequency_threshold)
+    raw_ids = parse_raw_ids(args.raw_id_columns, CATEGORICAL_NAMES) if args.raw_id_columns else []
+    thresholds = None if args.frequency_threshold is None else parse_thresholds(args.frequency_threshold, raw_ids)
     return Options(args.input, args.output, args.split, thresholds=thresholds, fractions_given=bool(given),
-                   order=order, **job_options(args, CATEGORICAL_NAMES), **fractions)
+                   order=order, source=CriteoSource([CATEGORICAL[k] for k in raw_ids]),
+                   **job_options(args, CATEGORICAL_NAMES, raw_ids), **fractions)
 
 
-def job_options(args, names) -> dict:
-    """The Options of the job flags (add_job_flags); `names`: the categorical features' names."""
+def job_options(args, names, raw_ids) -> dict:
+    """The Options of the job flags (add_job_flags) but --raw_id_columns (parse_raw_ids: `raw_ids`,
+    indices); `names`: the categorical features' names."""
     if args.freeze_vocab and not args.vocab_from:
         raise ConfigError("--freeze_vocab needs --vocab_from")
     if args.vocab_from and args.vocab_capacity != "1":
@@ -125,6 +158,12 @@ def job_options(args, names) -> dict:
     if args.vocab_from and not os.path.isdir(os.path.join(args.vocab_from, "vocab")):
         raise ConfigError(f"--vocab_from {args.vocab_from}: no vocab/ directory there")
     headroom, capacity_rows = parse_capacity(args.vocab_capacity, names)
+    _not_raw("--vocab_capacity", capacity_rows, raw_ids, names)
+    if len(raw_ids) == len(names):
+        given = [f for f in ("vocab_from", "freeze_vocab") if getattr(args, f)] + \
+            ["vocab_capacity"] * (args.vocab_capacity != "1")
+        if given:
+            raise ConfigError(f"--{given[0]} has no effect: every column has raw ids (--raw_id_columns)")
     return dict(headroom=headroom, capacity_rows=capacity_rows, shuffle=args.shuffle,
                 seed=12345 if args.seed is None else args.seed, vocab_from=args.vocab_from,
                 freeze_vocab=args.freeze_vocab, strict=args.strict, split_bytes=args.split_mb << 20,

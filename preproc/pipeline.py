@@ -3,7 +3,8 @@
 
     1. line counts of every split (one task per split; a split by value: rows per mapping)
        -> the layout (mappings, parts)
-    2. value counts of the training rows (numpy tables), bad-line reports -> summed per
+    2. value counts of the training rows (numpy tables; not of the features with raw ids, whose
+       ids are their values' 64-bit keys), bad-line reports -> summed per
        (feature, hash bucket) after Spark groups them, cut to the frequent values (and the values
        of the earlier vocabulary that grows); one task per feature ranks them (or grows the
        earlier vocabulary with them) and writes vocab/<feature>.npy; the driver writes vocab.json
@@ -69,6 +70,10 @@ def run(spark, opts: Options, log=print) -> dict:
     _ship_code(sc)
     source = opts.source or CriteoSource()
     schema = source.schema
+    counted_before = [f for f in schema.raw_ids if opts.vocab_from and os.path.exists(vocab.path(opts.vocab_from, f))]
+    if counted_before:
+        raise DatasetError(f"--raw_id_columns: {counted_before[0]} has a vocabulary in --vocab_from {opts.vocab_from} "
+                           "(a feature keeps its ids day after day: raw ids need a new first dataset)")
     paths = input_files(opts.inputs)
     splits = source.plan(paths, opts.split_bytes)
     block_bytes = opts.block_bytes     # (the task closures must not capture pipeline objects)
@@ -183,12 +188,15 @@ def _count_and_rank(spark, ctx, opts: Options, tmp, log) -> dict:
     return {"rows": rows, "split_part_rows": [{int(p): n for p, n in i["part_rows"].items()} for i in infos],
             "split_part_ids": [i["part_ids"] for i in infos],
             "bad_lines": bad, "first_bad_lines": [f"{p}:{line}: {r}" for p, line, r in first_bad],
-            "cardinalities": [caps.get(f) or schema.buckets[f] + 1 for f in schema.categorical],
+            "cardinalities": [None if f in schema.raw_ids else caps.get(f) or schema.buckets[f] + 1
+                              for f in schema.categorical],
             "inputs": [s.path for s in ctx.splits if s.start == 0],
             "frequency_threshold": thresholds,
             "vocabulary": f"{vocab.VOCAB_DIR}/<feature>.npy (value, count, generation) in id order from id 1; "
                           "id 0: missing and rare values and those past capacity; cardinality: the capacity",
             "vocabularies": report,
+            **({"raw_ids": f"{', '.join(schema.raw_ids)}: no vocabulary; each value's 64-bit key as an int64 id "
+                           "(a missing value: 0)"} if schema.raw_ids else {}),
             **schema.rules,
             "shuffle_seed": opts.seed if opts.shuffle else None}
 

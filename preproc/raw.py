@@ -11,9 +11,10 @@ import argparse
 import sys
 
 from preproc import raw_spec
-from preproc.criteo import add_job_flags, execute, job_options
+from preproc.criteo import add_job_flags, execute, job_options, parse_raw_ids
 from preproc.pipeline import Options
 from preproc.raw_source import RawSource
+from utils.errors import ConfigError
 
 
 def parser():
@@ -27,10 +28,17 @@ def parser():
 
 def options(args) -> Options:
     spec = raw_spec.load(args.spec)
-    source = RawSource(spec)
+    names = [c.name for c in spec.categorical]
+    raw_ids = parse_raw_ids(args.raw_id_columns, names) if args.raw_id_columns else []
+    for k in raw_ids:
+        c = spec.categorical[k]
+        if c.buckets or c.threshold:
+            raise ConfigError(f"--raw_id_columns: {c.name} has {'buckets' if c.buckets else 'a threshold'} in "
+                              f"{args.spec} (raw ids have no vocabulary and no hashing into buckets)")
+    source = RawSource(spec, [names[k] for k in raw_ids])
     return Options(spec.paths, args.output, "fraction", spec.test, spec.validation, order=spec.order,
                    thresholds=[c.threshold for c in spec.categorical], source=source,
-                   **job_options(args, source.schema.categorical))
+                   **job_options(args, names, raw_ids))
 
 
 def main(argv=None):

@@ -35,14 +35,17 @@ _HEX = re.compile(r"[0-9a-fA-F]{1,16}")
 
 
 class RawSource(Source):
-    def __init__(self, spec: RawSpec):
+    """The source of `spec`; `raw_ids`: the categorical features (names) whose ids are their keys."""
+
+    def __init__(self, spec: RawSpec, raw_ids: List[str] = ()):
         self.spec = spec
         cats = spec.categorical
         self.by_value = spec.split in ("column", "files")
         self.header_lines = int(spec.format == "csv" and spec.header)
         self.schema = Schema([n.name for n in spec.numerical], [c.name for c in cats],
                              max_hotness={c.name: c.max_hotness for c in cats if c.max_hotness},
-                             buckets={c.name: c.buckets for c in cats if c.buckets}, rules=_rules(spec))
+                             buckets={c.name: c.buckets for c in cats if c.buckets}, raw_ids=list(raw_ids),
+                             rules=_rules(spec, raw_ids))
 
     def plan(self, paths, split_bytes):
         named = [os.path.abspath(p) for p in self.spec.test_files + self.spec.validation_files]
@@ -312,7 +315,7 @@ def _int(text: str, kind: str):
     return value if -2 ** 63 <= value < 2 ** 63 else None
 
 
-def _rules(spec: RawSpec) -> dict:
+def _rules(spec: RawSpec, raw_ids: List[str]) -> dict:
     """The spec's metadata describing the transform of each feature."""
     def numerical(f: Numerical):
         rule = {"log": "log(x + 3), x < -2 counts as -2", "none": "x",
@@ -323,7 +326,8 @@ def _rules(spec: RawSpec) -> dict:
         source = f"{c.derive} (UTC) of {c.column} (unix seconds)" if c.derive else f"{c.column} ({c.type})"
         if c.max_hotness:
             source += f", lists split at {c.delimiter!r}, at most {c.max_hotness} values"
-        return source + (f"; hashed: id 1 + key % {c.buckets}" if c.buckets else f"; threshold {c.threshold}")
+        return source + (f"; hashed: id 1 + key % {c.buckets}" if c.buckets else
+                         "; raw ids: the key as int64" if c.name in raw_ids else f"; threshold {c.threshold}")
 
     label = (f"{spec.label} in {spec.positive}" if spec.positive is not None else
              f"{spec.label} >= {spec.label_threshold}" if spec.label_threshold is not None else f"{spec.label} (0/1)")

@@ -14,20 +14,22 @@ from preproc import parsing, reading
 @dataclasses.dataclass
 class Schema:
     """The output features: `categorical` in table order, `max_hotness` of the multi-hot ones,
-    `buckets` of the hashed ones (no vocabulary: id 1 + key % buckets), `names` what flags and
+    `buckets` of the hashed ones (no vocabulary: id 1 + key % buckets), `raw_ids` those whose ids
+    are their values' 64-bit keys (no vocabulary: the key as int64), `names` what flags and
     messages call each categorical feature, `rules` the metadata that describes the transform."""
     numerical: List[str]
     categorical: List[str]
     label: str = "label"
     max_hotness: Dict[str, int] = dataclasses.field(default_factory=dict)
     buckets: Dict[str, int] = dataclasses.field(default_factory=dict)
+    raw_ids: List[str] = dataclasses.field(default_factory=list)
     names: List[str] = None
     rules: dict = dataclasses.field(default_factory=dict)
 
     @property
     def counted(self) -> List[int]:
         """Indices of the categorical features with a vocabulary."""
-        return [k for k, f in enumerate(self.categorical) if f not in self.buckets]
+        return [k for k, f in enumerate(self.categorical) if f not in self.buckets and f not in self.raw_ids]
 
     def name(self, k: int) -> str:
         return self.categorical[k] if self.names is None else f"{self.names[k]} ({self.categorical[k]})"
@@ -76,8 +78,12 @@ CRITEO_RULES = {"numerical": "log(v + 3); v < -2 counts as -2; missing -> 0"}
 
 
 class CriteoSource(Source):
-    """The Criteo preset: label, I1..I13 -> num_0..num_12, C1..C26 (hex) -> cat_0..cat_25."""
-    schema = Schema(NUMERICAL, CATEGORICAL, names=parsing.CATEGORICAL_NAMES, rules=CRITEO_RULES)
+    """The Criteo preset: label, I1..I13 -> num_0..num_12, C1..C26 (hex) -> cat_0..cat_25;
+    `raw_ids`: the features (cat_K) whose ids are the hex values' numbers."""
+
+    def __init__(self, raw_ids: List[str] = ()):
+        self.schema = Schema(NUMERICAL, CATEGORICAL, raw_ids=list(raw_ids), names=parsing.CATEGORICAL_NAMES,
+                             rules=CRITEO_RULES)
 
     def rows(self, split, block_bytes):
         for data in reading.iter_blocks(split, block_bytes):

@@ -190,11 +190,16 @@ def rank_column(ctx: Context, col: int, tables, threshold: int, capacity: int = 
 
 
 def _encoders(ctx: Context):
-    """Per categorical feature: distinct keys -> ids (its vocabulary, or 1 + key % buckets)."""
+    """Per categorical feature: distinct keys -> ids (its vocabulary, 1 + key % buckets, or with
+    raw ids the key itself as int64)."""
     def hashed(buckets):
         return lambda keys: (keys % np.uint64(buckets)).astype(np.int64) + 1
-    return [hashed(ctx.schema.buckets[f]) if f in ctx.schema.buckets else vocab.encoder(ctx.vocab_root, f)
-            for f in ctx.categorical]
+
+    def raw(keys):
+        return keys.view(np.int64)
+    schema = ctx.schema
+    return [hashed(schema.buckets[f]) if f in schema.buckets else raw if f in schema.raw_ids else
+            vocab.encoder(ctx.vocab_root, f) for f in ctx.categorical]
 
 
 def _encoded(ctx: Context, split_id: int):

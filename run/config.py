@@ -433,6 +433,9 @@ def _synthetic_spec(v: dict, present: Set[str], given: List[str]) -> List[Option
                           "feature_spec.yaml) or --feature_spec")
     path = feature_spec_path(v["dataset_path"], v["feature_spec"])
     spec = FeatureSpec.from_yaml(path, chunk_type=None)
+    if spec.raw_id_features:
+        raise ConfigError(f"--synthetic_dataset_use_feature_spec: feature {spec.raw_id_features[0]} of {path} has raw "
+                          "ids (no cardinality to draw synthetic ids from)")
     alphas = sorted({spec.features[f].alpha for f in spec.categorical} - {None})
     if len(alphas) > 1:
         raise ConfigError(f"--synthetic_dataset_use_feature_spec: {path} gives the features different alphas "
@@ -569,6 +572,7 @@ def _spec_shape(v: dict) -> DatasetShape:
     tfrecords = v["dataset_type"] == "split_tfrecords"
     spec = FeatureSpec.from_yaml(feature_spec_path(v["dataset_path"], v["feature_spec"]),
                                  chunk_type=None if tfrecords else "split_binary")
+    _refuse_raw_ids(spec)
     for name in ("train_mapping", "eval_mapping") if v["mode"] == "train" else ("eval_mapping",):
         if tfrecords and not os.path.isdir(spec.path(v[name])):
             raise ConfigError(f"--{name}={v[name]}: no directory {spec.path(v[name])} (a split_tfrecords mapping "
@@ -577,6 +581,13 @@ def _spec_shape(v: dict) -> DatasetShape:
             raise ConfigError(f"--{name}={v[name]}: the feature spec has no such mapping "
                               f"(it has {', '.join(spec.source)})")
     return DatasetShape(spec.cardinalities, len(spec.numerical), spec.max_hotness, list(spec.categorical))
+
+
+def _refuse_raw_ids(spec: FeatureSpec):
+    """A raw-id feature's ids are 64-bit keys, not rows: only a dynamic table takes them."""
+    if spec.raw_id_features:
+        raise ConfigError(f"feature {spec.raw_id_features[0]} has raw ids (preprocessed with --raw_id_columns): it "
+                          "needs a dynamic table (--dynamic_tables)")
 
 
 def _flag(name: str) -> str:
