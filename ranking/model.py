@@ -320,9 +320,8 @@ class _ProjectStep:
             else:
                 self._update_metrics(loss, means, labels, outputs)
             logs = pythonify_logs(self.get_metrics_result())
-            for h in heads:
-                logs["auc" if h is None else f"{h}_auc"] = roc_auc(gathered[:, 2 * heads.index(h) + 1],
-                                                                   gathered[:, 2 * heads.index(h)])
+            for i, h in enumerate(heads):   # the exact AUC over all samples
+                logs["auc" if h is None else f"{h}_auc"] = roc_auc(gathered[:, 2 * i + 1], gathered[:, 2 * i])
         return self.comm.broadcast_object(logs, "evaluation_figures")
 
     def step_on(self, x, labels):

@@ -119,3 +119,43 @@ def test_one_half_or_call_and_the_halves_are_refused():
     both(tf.zeros([2], tf.int32))
     with pytest.raises(ConfigError, match="^model 'one_half' writes embedding_call and dense_call and call; "):
         both.compile()
+
+
+SUBCLASS_FILE = '''
+import keras
+import ranking
+
+
+class Halves(ranking.Model):
+    def __init__(self, features):
+        super().__init__(name="halves")
+        self.names = [f.name for f in features]
+        self.embedding = features.embedding(features.feature_configs(8))
+        self.hidden = keras.layers.Dense(16, activation="relu", name="hidden")
+        self.logit = keras.layers.Dense(1, name="logit")
+        self.hidden.build((None, 8 * len(self.names) + features.num_numerical))   # built before the run compiles
+        self.logit.build((None, 16))
+
+    def embedding_call(self, inputs, training=False):
+        return self.embedding([inputs[n] for n in self.names]) + [inputs["numerical"]]
+
+    def dense_call(self, e, training=False):
+        return self.logit(self.hidden(keras.ops.concatenate(e, axis=1)))
+
+
+def build_model(features, hparams):
+    return Halves(features)
+'''
+
+
+def test_model_file_subclass_with_xla(tmp_path):
+    """main.py --model=FILE --xla with a subclass in halves: the losses of the run without --xla."""
+    from tests.test_ranking_precision import DLRM, run_losses
+    path = tmp_path / "halves.py"
+    path.write_text(SUBCLASS_FILE)
+    flags = dict(model=str(path), model_param=[])
+    plain, plain_result = run_losses(tmp_path, "plain", **flags)
+    xla, xla_result = run_losses(tmp_path, "xla", xla=True, **flags)
+    assert len(plain) == DLRM["max_steps"]
+    np.testing.assert_allclose(xla, plain, rtol=1e-4, atol=0)
+    assert xla_result["auc"] == pytest.approx(plain_result["auc"], abs=1e-3)
