@@ -203,16 +203,12 @@ class _ProjectStep:
     def _head_share(self, fn, labels, logits) -> tf.Tensor:
         """One output's share: `fn`'s per-sample losses on (labels [b], logits [b] or [b, 1]),
         summed, divided by the global batch B = N b."""
-        logits = tf.cast(logits, tf.float32)
-        if logits.shape.rank == 2:
-            logits = tf.squeeze(logits, axis=1)
-        labels = tf.cast(tf.reshape(labels, [-1]), tf.float32)
-        return tf.reduce_sum(self._per_sample(fn, labels, logits)) / tf.cast(tf.shape(labels)[0] * self.comm.size,
-                                                                             tf.float32)
+        per_sample = self._per_sample(fn, labels, logits)
+        return tf.reduce_sum(per_sample) / tf.cast(tf.shape(per_sample)[0] * self.comm.size, tf.float32)
 
     @staticmethod
     def _per_sample(fn, labels, logits) -> tf.Tensor:
-        """A Keras loss `fn`'s per-sample values [b] on `labels` [b] and `logits` [b], float32."""
+        """A Keras loss `fn`'s per-sample values [b] on `labels` [b] and `logits` [b] or [b, 1], in float32."""
         labels, logits = tf.cast(tf.reshape(labels, [-1]), tf.float32), tf.cast(tf.reshape(logits, [-1]), tf.float32)
         return fn.call(labels[:, None], logits[:, None]) if isinstance(fn, keras.losses.Loss) \
             else fn(labels[:, None], logits[:, None])
