@@ -93,7 +93,11 @@ class _ProjectStep:
         self._per_sample_loss = {head: _per_sample_loss(fn) for head, fn in losses.items()}
         self._loss_weights = {head: float((loss_weights or {}).get(head, 1.0)) for head in losses}
         # Each head's share of the loss, a running mean over the epoch as Keras' loss ("<head>_loss").
+        locked = self._tracker.locked   # a built subclass' state is locked; these are compile's (as Keras' loss tracker)
+        self._tracker.unlock()
         self.head_loss_trackers = {h: keras.metrics.Mean(name=f"{h}_loss") for h in self._heads or []}
+        if locked:
+            self._tracker.lock()
         self.schedule = learning_rate if callable(learning_rate) else LearningRateSchedule(learning_rate, 0, 0, 0)
         self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         # The update with global index `step` runs at schedule(step - schedule_origin) (a run

@@ -159,3 +159,45 @@ def test_model_file_subclass_with_xla(tmp_path):
     assert len(plain) == DLRM["max_steps"]
     np.testing.assert_allclose(xla, plain, rtol=1e-4, atol=0)
     assert xla_result["auc"] == pytest.approx(plain_result["auc"], abs=1e-3)
+
+
+class TwoHeads(Model):
+    """A subclass in halves with two heads: a shared Dense over the embeddings and numericals."""
+
+    def __init__(self):
+        super().__init__(name="two_heads")
+        table = TableConfig(name="t", vocabulary_size=50, embedding_dim=4)
+        self.emb = HybridEmbedding([FeatureConfig("u", table, (None,), (None, 4)),
+                                    FeatureConfig("v", table, (None,), (None, 4))], seed=(5, 0))
+        self.shared = keras.layers.Dense(8, activation="relu", name="shared")
+        self.heads = {h: keras.layers.Dense(1, name=h) for h in ("click", "rating")}
+        self.shared.build((None, 11))
+        for layer in self.heads.values():
+            layer.build((None, 8))
+
+    def embedding_call(self, inputs, training=False):
+        return self.emb([inputs["u"], inputs["v"]]) + [inputs["numerical"]]
+
+    def dense_call(self, e, training=False):
+        h = self.shared(keras.ops.concatenate(e, axis=1))
+        return {name: layer(h) for name, layer in self.heads.items()}
+
+
+def test_two_heads_under_xla():
+    rng = np.random.default_rng(0)
+    x = {"u": rng.integers(0, 50, 64), "v": rng.integers(0, 50, 64), "numerical": rng.normal(size=(64, 3))}
+    x = {k: tf.constant(v, tf.float32 if k == "numerical" else tf.int64) for k, v in x.items()}
+    y = {"click": tf.constant(rng.integers(0, 2, 64), tf.float32), "rating": tf.cast(x["numerical"][:, 0] > 0, tf.float32)}
+    logs = []
+    for jit in (False, True):
+        keras.utils.set_random_seed(1)   # the same initial Keras weights
+        model = TwoHeads()
+        model(x)
+        model.compile(optimizer="adam", learning_rate=0.05, loss={"click": "binary_crossentropy_from_logits",
+                                                                 "rating": "binary_crossentropy_from_logits"},
+                      loss_weights={"rating": 0.5}, jit_compile=jit)
+        logs.append([model.train_on_batch(x, y, return_dict=True) for _ in range(3)])
+    for plain, xla in zip(*logs):
+        assert set(xla) == {"loss", "click_loss", "rating_loss"}
+        for name in plain:
+            assert xla[name] == pytest.approx(plain[name], rel=1e-4)
