@@ -11,6 +11,9 @@ import tensorflow as tf
 
 from nn import evaluator
 from parallel_embedding.collectives import SingleProcess
+from tests.test_ranking_heads import compiled, data, two_label_model
+from tests.test_ranking_layers import api_dlrm, dlrm_batches
+from tests.test_ranking_precision import api_steps
 from utils.errors import ConfigError
 
 
@@ -33,8 +36,6 @@ def test_pairwise_auc_reference():
 
 
 def trained_dlrm(**compile_options):
-    from tests.test_ranking_layers import api_dlrm, dlrm_batches
-    from tests.test_ranking_precision import api_steps
     model = api_dlrm()
     model.compile(optimizer="adam", learning_rate=0.1, **compile_options)
     api_steps(model, dlrm_batches()[:2])
@@ -44,7 +45,6 @@ def trained_dlrm(**compile_options):
 def eval_data(repeat: int = 2):
     """The test batches' samples, each `repeat` times (equal inputs: tied scores) with its label
     flipped in every other copy: (x: numerical then ids per feature, labels [n])."""
-    from tests.test_ranking_layers import dlrm_batches
     data = dlrm_batches()[2:]
     numerical = tf.concat([n for n, _, _ in data] * repeat, 0)
     ids = [tf.concat([ids[f] for _, ids, _ in data] * repeat, 0) for f in range(len(data[0][1]))]
@@ -114,7 +114,6 @@ def test_xla_evaluates_as_without():
 
 
 def test_evaluate_gives_a_loss_and_an_auc_per_head():
-    from tests.test_ranking_heads import compiled, data, two_label_model
     model = compiled(two_label_model())
     x, y = data(300)
     figures = model.evaluate(tf.data.Dataset.from_tensor_slices((x, y)).batch(128), verbose=0, return_dict=True)
