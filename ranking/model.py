@@ -93,7 +93,8 @@ class _ProjectStep:
         self._per_sample_loss = {head: _per_sample_loss(fn) for head, fn in losses.items()}
         self._loss_weights = {head: float((loss_weights or {}).get(head, 1.0)) for head in losses}
         # Each head's share of the loss, a running mean over the epoch as Keras' loss ("<head>_loss").
-        locked = self._tracker.locked   # a built subclass' state is locked; these are compile's (as Keras' loss tracker)
+        # A built subclass' state is locked; these trackers are compile's, as Keras' own loss tracker.
+        locked = self._tracker.locked
         self._tracker.unlock()
         self.head_loss_trackers = {h: keras.metrics.Mean(name=f"{h}_loss") for h in self._heads or []}
         if locked:

@@ -231,7 +231,8 @@ def test_two_gloo_ranks_equal_one_process(tmp_path, features, heads):
     assert results[0]["kinds"] == ["column", "replicated", "row"]
     assert all(r["max_error"] <= 1e-5 for r in results), results
     # Keras' evaluate: the same figures on every rank (each checked against one process by the worker)
-    names = {"loss", "click_loss", "rating_loss", "click_auc", "rating_auc"} if heads == "two_label" else {"loss", "auc"}
+    names = {"loss", "click_loss", "rating_loss", "click_auc", "rating_auc"} if heads == "two_label" \
+        else {"loss", "auc"}
     assert set(results[0]["evaluate"]) == names
     assert results[0]["evaluate"] == results[1]["evaluate"]
 

@@ -187,7 +187,8 @@ def test_two_heads_under_xla():
     rng = np.random.default_rng(0)
     x = {"u": rng.integers(0, 50, 64), "v": rng.integers(0, 50, 64), "numerical": rng.normal(size=(64, 3))}
     x = {k: tf.constant(v, tf.float32 if k == "numerical" else tf.int64) for k, v in x.items()}
-    y = {"click": tf.constant(rng.integers(0, 2, 64), tf.float32), "rating": tf.cast(x["numerical"][:, 0] > 0, tf.float32)}
+    y = {"click": tf.constant(rng.integers(0, 2, 64), tf.float32),
+         "rating": tf.cast(x["numerical"][:, 0] > 0, tf.float32)}
     logs = []
     for jit in (False, True):
         keras.utils.set_random_seed(1)   # the same initial Keras weights
