@@ -20,17 +20,24 @@ AMP is Keras' mixed precision: a model built under `keras.mixed_precision.set_gl
 weights; the tables and the looked-up rows stay float32 and the loss is computed on float32
 logits. A model computing in float16 anywhere scales its loss (nn.trainer.LossScale: dynamic, or
 static with `compile(loss_scale=...)`); a step whose scaled gradients are not finite is skipped
-and the scale halved, as the built-in trainer does. `compile(jit_compile=True)` XLA-compiles a
-functional model's dense part (`dense_part`: forward and backward, the loss), as the built-in
-trainer's --xla; the lookups, exchanges, allreduce and updates run outside it.
+and the scale halved, as the built-in trainer does. `compile(jit_compile=True)` XLA-compiles the
+dense part (forward and backward, the loss), as the built-in trainer's --xla: a functional
+model's `dense_part`, a subclass' `dense_call`; the lookups, exchanges, allreduce and updates run
+outside it.
+
+`evaluate` gives the loss and the exact AUC over every rank's samples (main.py's evaluation);
+`predict` this rank's outputs, float32 (`inference`).
 """
 import contextlib
 from typing import Dict, List, Optional, Set, Union
 
 import keras
+import numpy as np
 import tensorflow as tf
+from keras.src.backend.tensorflow.trainer import TFEpochIterator
 from keras.src.models.functional import Functional
 from keras.src.models.model import functional_init_arguments
+from keras.src.utils.python_utils import pythonify_logs
 
 from nn.lr_schedule import LearningRateSchedule
 from nn.trainer import LOSS_SCALE_STATE, LossScale, gradient_sum, scale_gradient
@@ -39,6 +46,7 @@ from storage.checkpoint import Entry, replicated_entries
 from ranking.config import TABLE_OPTIMIZERS
 from ranking.embedding import HybridEmbedding
 from utils.errors import ConfigError, NonFiniteError
+from utils.metrics import roc_auc
 
 
 class _ProjectStep:
@@ -56,7 +64,8 @@ class _ProjectStep:
         [b] by head) takes `loss` for every head or a dict by head, `loss_weights` a dict by head
         (default 1.0), and `metrics` as Keras' (a dict by head: "<head>_<metric>" in the logs); a
         subclassed one names its heads in the `loss` dict.
-        `jit_compile`: XLA-compile the dense part (a functional model). A model computing in
+        `jit_compile`: XLA-compile the dense part (a functional model's; a subclass' `dense_call`,
+        see `Model`). A model computing in
         float16 scales its loss: dynamically with `auto_scale_loss` (Keras' name), at the static
         `loss_scale` when given."""
         if optimizer not in TABLE_OPTIMIZERS:
@@ -84,7 +93,12 @@ class _ProjectStep:
         self._per_sample_loss = {head: _per_sample_loss(fn) for head, fn in losses.items()}
         self._loss_weights = {head: float((loss_weights or {}).get(head, 1.0)) for head in losses}
         # Each head's share of the loss, a running mean over the epoch as Keras' loss ("<head>_loss").
+        # A built subclass' state is locked; these trackers are compile's, as Keras' own loss tracker.
+        locked = self._tracker.locked
+        self._tracker.unlock()
         self.head_loss_trackers = {h: keras.metrics.Mean(name=f"{h}_loss") for h in self._heads or []}
+        if locked:
+            self._tracker.lock()
         self.schedule = learning_rate if callable(learning_rate) else LearningRateSchedule(learning_rate, 0, 0, 0)
         self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         # The update with global index `step` runs at schedule(step - schedule_origin) (a run
@@ -97,7 +111,10 @@ class _ProjectStep:
                               f"'mixed_float16' policy); model {self.name!r} computes in {', '.join(dtypes)}")
         self.loss_scale = LossScale(static=loss_scale) if "float16" in dtypes and (auto_scale_loss or loss_scale) \
             else None
-        self._xla = _DenseSplit(self) if jit_compile else None
+        if not isinstance(self, FunctionalModel):
+            _has_halves(self)   # call, or both halves: a one-line error otherwise
+        self._xla = _DenseSplit.of(self) if jit_compile else None
+        self._eval_batch = None   # evaluate's step, made at its first call
         for layer in self.embedding_layers:   # one layer: the counter's name as nn/trainer.py's
             scope = "table_optimizer" if len(self.embedding_layers) == 1 else f"{layer.name}_table_optimizer"
             layer.embedding.set_optimizer(optimizer, self.global_step, beta_1, beta_2, compiled=not run_eagerly,
@@ -191,13 +208,15 @@ class _ProjectStep:
     def _head_share(self, fn, labels, logits) -> tf.Tensor:
         """One output's share: `fn`'s per-sample losses on (labels [b], logits [b] or [b, 1]),
         summed, divided by the global batch B = N b."""
-        logits = tf.cast(logits, tf.float32)
-        if logits.shape.rank == 2:
-            logits = tf.squeeze(logits, axis=1)
-        labels = tf.cast(tf.reshape(labels, [-1]), tf.float32)
-        per_sample = fn.call(labels[:, None], logits[:, None]) if isinstance(fn, keras.losses.Loss) \
+        per_sample = self._per_sample(fn, labels, logits)
+        return tf.reduce_sum(per_sample) / tf.cast(tf.shape(per_sample)[0] * self.comm.size, tf.float32)
+
+    @staticmethod
+    def _per_sample(fn, labels, logits) -> tf.Tensor:
+        """A Keras loss `fn`'s per-sample values [b] on `labels` [b] and `logits` [b] or [b, 1], in float32."""
+        labels, logits = tf.cast(tf.reshape(labels, [-1]), tf.float32), tf.cast(tf.reshape(logits, [-1]), tf.float32)
+        return fn.call(labels[:, None], logits[:, None]) if isinstance(fn, keras.losses.Loss) \
             else fn(labels[:, None], logits[:, None])
-        return tf.reduce_sum(per_sample) / tf.cast(tf.shape(labels)[0] * self.comm.size, tf.float32)
 
     def learning_rate(self, step) -> tf.Tensor:
         """The learning rate of the update with 0-based global index `step`."""
@@ -206,16 +225,105 @@ class _ProjectStep:
     def train_step(self, data):
         x, labels, _ = keras.utils.unpack_x_y_sample_weight(data)
         loss, head_losses, logits = self.step_on(x, labels)
+        self._update_metrics(loss, head_losses, labels, logits)   # the losses global, compile's metrics local
+        return self.get_metrics_result()
+
+    def _update_metrics(self, loss, head_losses, labels, outputs):
+        """Keras' loss tracker (a running mean) with `loss`, each head's with its `head_losses`,
+        compile's metrics with (`labels`, `outputs`)."""
         heads = {id(m): h for h, m in self.head_loss_trackers.items()}
-        # Keras' loss tracker (a running mean), the heads', compile's metrics (local batch)
         for metric in self.metrics:
             if metric.name == "loss":
                 metric.update_state(loss)
             elif id(metric) in heads:
                 metric.update_state(head_losses[heads[id(metric)]])
             else:
-                metric.update_state(labels, logits)
-        return self.get_metrics_result()
+                metric.update_state(labels, outputs)
+
+    def predict_step(self, data):
+        """This rank's outputs on its batch: `inference` (float32; XLA under jit_compile)."""
+        x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+        return self.inference(x)
+
+    def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None, steps=None,
+                 callbacks=None, return_dict=False, _use_cached_eval_dataset=False):
+        """keras.Model.evaluate over every rank's samples: each rank runs `inference` on its own
+        batches (every rank the same number of them: the lookups exchange rows), rank 0 gathers
+        the (output, label) columns and computes from them the figures every rank returns: "loss"
+        (the compiled loss' mean over all samples; several heads: the weighted sum of their means,
+        and "<head>_loss" each), the exact ROC AUC "auc" ("<head>_auc"; utils.metrics.roc_auc,
+        as main.py's evaluation: ties count one half) and compile's metrics, each over all
+        samples (a compiled metric named as the exact AUC gives way to it). The same figures as
+        one process evaluating the same samples. fit's validation_data runs it too (its "val_"
+        logs); callbacks see no per-batch figures."""
+        self._assert_compile_called("evaluate")
+        if sample_weight is not None:
+            raise ConfigError(f"evaluate: model {self.name!r} weighs every sample alike; sample_weight is not "
+                              f"supported")
+        batches = self._eval_epoch_iterator if _use_cached_eval_dataset else TFEpochIterator(
+            x=x, y=y, batch_size=batch_size, steps_per_epoch=steps, shuffle=False,
+            distribute_strategy=self.distribute_strategy)
+        batches.reset()
+        if not isinstance(callbacks, keras.callbacks.CallbackList):
+            callbacks = keras.callbacks.CallbackList(callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1,
+                                                     steps=batches.num_batches, model=self)
+        if self._eval_batch is None:
+            self._eval_batch = self._columns if self.run_eagerly else tf.function(self._columns, reduce_retracing=True)
+        callbacks.on_test_begin()
+        columns = []
+        with batches.catch_stop_iteration():
+            for begin, end, iterator in batches:
+                callbacks.on_test_batch_begin(begin)
+                for _ in range(end - begin + 1):
+                    data = next(iterator)
+                    if not columns:
+                        self._check_labels(keras.utils.unpack_x_y_sample_weight(data)[1])
+                    columns.append([c.numpy() for c in self._eval_batch(data)])
+                callbacks.on_test_batch_end(end, {})
+        logs = self._evaluation_figures(columns)
+        callbacks.on_test_end(logs)
+        return logs if return_dict else self._flatten_metrics_in_order(logs)
+
+    def _columns(self, data) -> List[tf.Tensor]:
+        """A batch's (x, labels) -> per head (in `_heads` order; one output: its own) its outputs
+        [b] and labels [b], float32."""
+        x, labels, _ = keras.utils.unpack_x_y_sample_weight(data)
+        outputs = self.inference(x)
+        if self._heads is None:
+            outputs, labels = {None: outputs}, {None: labels}
+        return [tf.cast(tf.reshape(t[h], [-1]), tf.float32) for h in self._heads or [None] for t in (outputs, labels)]
+
+    def _check_labels(self, labels):
+        """One line unless `labels` are one tensor (one output) or a dict by head."""
+        if self._heads is None and isinstance(labels, dict):
+            raise ConfigError(f"evaluate: model {self.name!r} gives one output; its labels are one tensor [b]")
+        if self._heads is not None and (not isinstance(labels, dict) or sorted(labels) != self._heads):
+            raise ConfigError(f"evaluate: model {self.name!r} takes labels as a dict by head "
+                              f"({', '.join(self._heads)})")
+
+    def _evaluation_figures(self, columns: List[List]) -> Dict[str, float]:
+        """`evaluate`'s figures from every rank's `_columns` of its batches, computed on rank 0
+        and given to every rank."""
+        heads = self._heads or [None]
+        local = np.concatenate([np.stack(c, axis=1) for c in columns]) if columns \
+            else np.zeros([0, 2 * len(heads)], np.float32)
+        gathered = self.comm.gather(local, "evaluation_columns")   # [all samples, 2 per head] on rank 0
+        logs = None
+        if self.comm.rank == 0:
+            outputs = {h: tf.constant(gathered[:, 2 * i, None]) for i, h in enumerate(heads)}
+            labels = {h: tf.constant(gathered[:, 2 * i + 1]) for i, h in enumerate(heads)}
+            means = {h: np.mean(self._per_sample(self._per_sample_loss[h], labels[h], outputs[h]).numpy(),
+                                dtype=np.float64) if len(gathered) else np.nan for h in heads}
+            loss = sum(self._loss_weights[h] * means[h] for h in heads)
+            self.reset_metrics()
+            if self._heads is None:
+                self._update_metrics(loss, {}, labels[None], outputs[None])
+            else:
+                self._update_metrics(loss, means, labels, outputs)
+            logs = pythonify_logs(self.get_metrics_result())
+            for i, h in enumerate(heads):   # the exact AUC over all samples
+                logs["auc" if h is None else f"{h}_auc"] = roc_auc(gathered[:, 2 * i + 1], gathered[:, 2 * i])
+        return self.comm.broadcast_object(logs, "evaluation_figures")
 
     def step_on(self, x, labels):
         """One training step on this rank's inputs `x` and `labels` ([b]; several heads: a dict of
@@ -227,8 +335,8 @@ class _ProjectStep:
                 records = [stack.enter_context(l.recording(tape)) for l in self.embedding_layers]
                 if self._xla is None:
                     logits = self(x, training=True)
-                else:   # the lookups and exchanges only; the dense part below
-                    embedded = self._xla.embeddings(x, training=True)
+                else:   # the lookups and exchanges (and what else precedes the dense part); the dense part below
+                    embedded, watch = self._xla.embedded(x, training=True)
             if self._xla is None:
                 loss, head_losses = self._loss_share(labels, logits)
                 scaled = loss if self.loss_scale is None else loss * self.loss_scale.value
@@ -243,9 +351,13 @@ class _ProjectStep:
             grads = tape.gradient(scaled, sources + dense)
             row_grads, dense_grads = grads[:len(sources)], grads[len(sources):]
         else:
-            loss, head_losses, logits, embedded_grads, dense_grads = self._xla.forward_backward(
-                self._xla.dense_inputs(x, embedded), labels)
-            row_grads = tape.gradient(embedded, sources, output_gradients=embedded_grads)
+            loss, head_losses, logits, watched_grads, dense_grads = self._xla.forward_backward(embedded, watch, labels)
+            watched = [t for t, w in zip(keras.tree.flatten(embedded), watch) if w]
+            # The chain rule through the part before the XLA one: the rows', and the Keras weights' used there.
+            before = tape.gradient(watched, sources + dense, output_gradients=watched_grads)
+            row_grads = before[:len(sources)]
+            dense_grads = [g if b is None else b if g is None else g + b
+                           for g, b in zip(dense_grads, before[len(sources):])]
         table_grads, i = [], 0
         for layer, looked_up, rows in calls:
             table_grads.append(layer.gradients(looked_up, row_grads[i:i + len(rows)]))
@@ -288,7 +400,9 @@ class _ProjectStep:
         float32 (an AMP model's too: those of its float32 form with the same weights, as the
         built-in path evaluates); the dense part XLA-compiled under `compile(jit_compile=True)`."""
         if self._xla is not None:
-            return self._xla.forward(self._xla.dense_inputs(x, self._xla.embeddings(x, training=False)))
+            with _computing_in_float32(self):
+                embedded, _ = self._xla.embedded(x, training=False)
+            return self._xla.forward(embedded)
         with _computing_in_float32(self):
             outputs = self(x, training=False)
         return keras.tree.map_structure(lambda t: tf.cast(t, tf.float32), outputs)
@@ -307,16 +421,39 @@ class _ProjectStep:
 class Model(_ProjectStep, keras.Model):
     """A keras.Model whose `fit` (and `train_on_batch`) runs the project's step over its
     `HybridEmbedding` layers (at least one, each called once a step; all on the same
-    collectives); `evaluate` and `predict` are Keras' own, on this rank's batch. Outputs: logits
+    collectives); `evaluate` gives figures over every rank's samples, `predict` this rank's
+    outputs (see `_ProjectStep.evaluate`). Outputs: logits
     [b] or [b, 1], or a dict of them by head (see `compile`). Subclass it (with `call`), or call
     it as `Model(inputs, outputs)`, which returns a `FunctionalModel` (Keras' own route for that,
     which rewrites the subclass's bases in place, would turn every later subclass of Model
-    functional)."""
+    functional).
+
+    A subclass writes `call`, or, to be XLA-compiled (`compile(jit_compile=True)`), its two
+    halves instead: `embedding_call`, run outside XLA, and `dense_call`, compiled; its `call` is
+    then `dense_call(embedding_call(inputs))`."""
 
     def __new__(cls, *args, **kwargs):
         if cls is Model and functional_init_arguments(args, kwargs):
             return FunctionalModel(*args, **kwargs)
         return super().__new__(cls, *args, **kwargs)
+
+    def call(self, inputs, training=False):
+        """dense_call(embedding_call(inputs)): a subclass writing the halves, not call."""
+        _has_halves(self)
+        return self.dense_call(self.embedding_call(inputs, training=training), training=training)
+
+    def embedding_call(self, inputs, training=False):
+        """The first half of a subclass' forward: its HybridEmbedding calls on `inputs` (and
+        anything else to run before them; Keras weights used here are trained too), giving what
+        `dense_call` takes: a structure of tensors [b, ...] (not ragged), e.g. the embeddings
+        and the numericals."""
+        raise NotImplementedError
+
+    def dense_call(self, embedded, training=False):
+        """The second half: `embedding_call`'s result -> the model's outputs (as `call` gives
+        them), with no HybridEmbedding; XLA-compiled, forward and backward, under
+        `compile(jit_compile=True)`."""
+        raise NotImplementedError
 
 
 class FunctionalModel(_ProjectStep, Functional):
@@ -358,65 +495,88 @@ def _computing_in_float32(*models: keras.Model):
 
 
 class _DenseSplit:
-    """A functional `model` cut at its embeddings for XLA: its HybridEmbedding layers called on
-    their inputs outside XLA (`embeddings`), then its dense part (FunctionalModel.dense_part),
-    forward and backward, in one XLA-compiled function (`forward_backward`, `forward`). Built by
-    compile; a one-line ConfigError for a subclassed model or an embedding not fed the model's inputs."""
+    """A model cut at its embeddings for XLA: `embedded(x, training)`, outside XLA, calls its
+    HybridEmbedding layers and gives the dense part's inputs (a structure of tensors [b, ...]);
+    the dense part, forward and backward, is one XLA-compiled function (`forward_backward`,
+    `forward`). A functional model is cut by its graph (FunctionalModel.dense_part), a subclassed
+    one by its halves (Model.embedding_call, Model.dense_call). Built by compile; a one-line
+    ConfigError for a subclassed model without the halves or a functional one whose embedding is
+    not fed the model's inputs."""
 
-    def __init__(self, model):
-        if not isinstance(model, FunctionalModel):
-            raise ConfigError(f"compile: jit_compile (XLA) compiles a functional model's dense part "
-                              f"(Model(inputs, outputs)); model {model.name!r} is subclassed")
-        self.model = model
-        position = {id(t): i for i, t in enumerate(model.inputs)}
-        for layer in model.embedding_layers:
-            fed = keras.tree.flatten(layer.input)
-            if not all(id(t) in position for t in fed):
-                raise ConfigError(f"compile: jit_compile needs layer {layer.name!r} fed the model's inputs, "
-                                  f"not tensors computed from them")
-        self.dense = model.dense_part()
-        n_other = len(self.dense.inputs) - sum(len(keras.tree.flatten(l.output)) for l in model.embedding_layers)
-        self._position = position
-        self._other = [position[id(t)] for t in self.dense.inputs[:n_other]]
+    def __init__(self, model, embed, dense, models):
+        """`embed(x, training)` -> the dense part's inputs; `dense(embedded, training)` -> the model's
+        outputs; `models`: those whose layers compute in float32 in `forward`."""
+        self.model, self._embed, self._dense, self._models = model, embed, dense, models
         self.forward_backward = tf.function(self._forward_backward, jit_compile=True)
         self.forward = tf.function(self._forward, jit_compile=True)
 
-    def embeddings(self, x, training: bool) -> List[tf.Tensor]:
-        """Every HybridEmbedding layer called on its inputs from `x`: their outputs, flattened
-        (the dense part's last inputs)."""
-        flat = keras.tree.flatten(x)
-        out = [layer(keras.tree.map_structure(lambda t: flat[self._position[id(t)]], layer.input),
-                     training=training) for layer in self.model.embedding_layers]
-        return keras.tree.flatten(out)
+    @classmethod
+    def of(cls, model) -> "_DenseSplit":
+        if not isinstance(model, FunctionalModel):
+            if not _has_halves(model):
+                raise ConfigError(f"compile: jit_compile (XLA) compiles a subclassed model's dense part, which it "
+                                  f"writes as the halves embedding_call and dense_call (docs/models.md); model "
+                                  f"{model.name!r} writes only call")
+            return cls(model, model.embedding_call, model.dense_call, [model])
+        position = {id(t): i for i, t in enumerate(model.inputs)}
+        for layer in model.embedding_layers:
+            if not all(id(t) in position for t in keras.tree.flatten(layer.input)):
+                raise ConfigError(f"compile: jit_compile needs layer {layer.name!r} fed the model's inputs, "
+                                  f"not tensors computed from them")
+        dense = model.dense_part()
+        n_other = len(dense.inputs) - sum(len(keras.tree.flatten(l.output)) for l in model.embedding_layers)
+        other = [position[id(t)] for t in dense.inputs[:n_other]]
 
-    def dense_inputs(self, x, embedded) -> list:
-        """The dense part's inputs: the model's other inputs from `x`, then `embedded`."""
-        flat = keras.tree.flatten(x)
-        return [flat[i] for i in self._other] + list(embedded)
+        def embed(x, training):   # the model's other inputs, then every HybridEmbedding's outputs
+            flat = keras.tree.flatten(x)
+            out = [layer(keras.tree.map_structure(lambda t: flat[position[id(t)]], layer.input), training=training)
+                   for layer in model.embedding_layers]
+            return [flat[i] for i in other] + keras.tree.flatten(out)
 
-    def _outputs(self, inputs, training: bool):
-        """The dense part's outputs in the model's output structure (a dict by head: as the model's)."""
-        flat = keras.tree.flatten(self.dense(inputs, training=training))
-        return keras.tree.pack_sequence_as(self.model._outputs_struct, flat)
+        def outputs(embedded, training):   # in the model's output structure (a dict by head: as the model's)
+            return keras.tree.pack_sequence_as(model._outputs_struct,
+                                               keras.tree.flatten(dense(embedded, training=training)))
+        return cls(model, embed, outputs, [model, dense])
 
-    def _forward_backward(self, inputs, labels):
-        """The dense part on `inputs` (dense_inputs): (loss share [], the heads' shares, outputs,
-        the scaled loss' gradients w.r.t. the embeddings and the Keras weights)."""
+    def embedded(self, x, training: bool):
+        """(the dense part's inputs from this rank's inputs `x`, whether each of them, flattened,
+        takes a gradient: a floating tensor that is not one of `x`'s own); one line for a ragged one."""
+        embedded = self._embed(x, training=training)
+        given = {id(t) for t in keras.tree.flatten(x)}
+        for i, t in enumerate(keras.tree.flatten(embedded)):
+            if not isinstance(t, tf.Tensor):
+                raise ConfigError(f"model {self.model.name!r}: the XLA-compiled dense part takes tensors [b, ...]; "
+                                  f"input {i} of it (flattened) is a {type(t).__name__}")
+        return embedded, tuple(t.dtype.is_floating and id(t) not in given for t in keras.tree.flatten(embedded))
+
+    def _forward_backward(self, embedded, watch, labels):
+        """The dense part on `embedded` (with `watch`, from `embedded()`): (loss share [], the heads'
+        shares, outputs, the scaled loss' gradients w.r.t. the watched inputs and the Keras weights)."""
         model, dense = self.model, self.model.dense_variables
-        embedded = inputs[len(self._other):]
+        watched = [t for t, w in zip(keras.tree.flatten(embedded), watch) if w]
         with tf.GradientTape() as tape:
-            tape.watch(embedded)
-            outputs = self._outputs(inputs, training=True)
+            tape.watch(watched)
+            outputs = self._dense(embedded, training=True)
             loss, head_losses = model._loss_share(labels, outputs)
             scaled = loss if model.loss_scale is None else loss * model.loss_scale.value
-        grads = tape.gradient(scaled, list(embedded) + dense)
-        return loss, head_losses, outputs, grads[:len(embedded)], grads[len(embedded):]
+        grads = tape.gradient(scaled, watched + dense)
+        return loss, head_losses, outputs, grads[:len(watched)], grads[len(watched):]
 
-    def _forward(self, inputs):
-        """The dense part's float32 outputs on `inputs` (dense_inputs), computed in float32."""
-        with _computing_in_float32(self.model, self.dense):
-            outputs = self._outputs(inputs, training=False)
+    def _forward(self, embedded):
+        """The dense part's float32 outputs on `embedded`, computed in float32."""
+        with _computing_in_float32(*self._models):
+            outputs = self._dense(embedded, training=False)
         return keras.tree.map_structure(lambda t: tf.cast(t, tf.float32), outputs)
+
+
+def _has_halves(model) -> bool:
+    """Whether a subclassed `model` writes the halves embedding_call and dense_call (not call);
+    a one-line ConfigError for one half alone, or the halves and call."""
+    written = [m for m in ("embedding_call", "dense_call", "call") if getattr(type(model), m) is not getattr(Model, m)]
+    if written in (["embedding_call", "dense_call"], ["call"]):
+        return written != ["call"]
+    raise ConfigError(f"model {model.name!r} writes {' and '.join(written) or 'neither call nor the halves'}; a "
+                      f"subclassed ranking.Model writes call, or the halves embedding_call and dense_call")
 
 
 class _StopOnNonFinite(keras.callbacks.Callback):

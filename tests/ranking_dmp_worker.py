@@ -7,8 +7,13 @@ trains the dmp model on its b = B / N samples of each global batch while the ref
 on the whole batch B (same initial weights, same Keras optimizer); checks the global loss (the
 mean of the ranks' losses) at every step, then the dense weights and the whole tables
 (`get_weights`); then Adagrad with tables shared by inputs (`input_table_map`). Prints RESULT
-with the worst difference; exits non-zero on a mismatch."""
+with the worst difference; exits non-zero on a mismatch.
+
+argv[1] "xla": the dmp model's step in a tf.function under TensorFlow's auto-clustering
+(`tf.config.optimizer.set_jit(True)`, how NVIDIA's scripts turn on XLA; the CPU also needs
+TF_XLA_FLAGS=--tf_xla_cpu_global_jit, which the test sets)."""
 import json
+import sys
 
 import keras
 import numpy as np
@@ -105,14 +110,18 @@ def main():
             raise AssertionError(f"rank {comm.rank}: {what}: max abs difference {err:.3g} > {TOLERANCE}")
         worst = max(worst, err)
 
+    xla = sys.argv[1:] == ["xla"]
+    if xla:
+        tf.config.optimizer.set_jit(True)
     runs = [(name, None) for name in OPTIMIZERS] + [("adagrad", SHARED)]
     for name, table_map in runs:
         dist, ref = pair(table_map, **PLAN)
         dist_opt, ref_opt = OPTIMIZERS[name](), OPTIMIZERS[name]()
+        step_fn = tf.function(train_step) if xla else train_step   # a graph: auto-clustering compiles parts of it
         if table_map:
             name = f"{name} shared"
         for step, (x, labels) in enumerate(batches(STEPS, table_map)):
-            loss = train_step(dist, dist_opt, *local(x, labels, comm.rank, comm.size), step == 0, True)
+            loss = step_fn(dist, dist_opt, *local(x, labels, comm.rank, comm.size), step == 0, True)
             loss = comm.allreduce_sum([loss], f"loss_{name}_{step}")[0] / comm.size
             check(f"{name} step {step} loss", loss, train_step(ref, ref_opt, x, labels, step == 0, False))
         for layer in ("bottom", "top", "logit"):

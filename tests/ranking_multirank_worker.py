@@ -10,7 +10,14 @@ worst difference; exits non-zero on a mismatch.
 argv[2] "shared" (default "separate"): six features over the three tables, two a table (one-hot
 and multi-hot features sharing one, a one-hot pair sharing the row-sliced one). argv[3]
 "two_label" (default "one_label"): the model has two heads ("click": the data's label, "rating":
-numerical 0 above 0), a loss weight each, and each head's loss is checked too."""
+numerical 0 above 0), a loss weight each, and each head's loss is checked too.
+
+Then Keras' evaluate and predict on EVAL further global batches, each rank its b samples: every
+rank's predictions equal the reference's for its samples; evaluate's figures (the loss and the
+exact AUC, per head with two) equal the reference's evaluate on the whole batches and a NumPy
+pairwise AUC and mean cross-entropy of the reference's predictions, and the AUC is exactly the
+pairwise AUC of the ranks' own predictions; RESULT carries each rank's figures (the test checks
+they agree)."""
 import json
 import sys
 
@@ -23,6 +30,7 @@ from storage import checkpoint
 from parallel_embedding.collectives import SingleProcess, make_collectives
 from ranking import FeatureConfig, HybridEmbedding, Model, TableConfig
 from tests.multi_hot import multi_hot_ids
+from tests.test_ranking_evaluate import pairwise_auc
 
 CARDS, DIMS, COMBINERS = [40, 60, 20], [8, 4, 6], ["sum", "mean", "mean"]   # tables
 FEATURES = {"separate": [(0, 1), (1, 3), (2, 2)],   # (table, max hotness) per feature
@@ -30,7 +38,7 @@ FEATURES = {"separate": [(0, 1), (1, 3), (2, 2)],   # (table, max hotness) per f
 ARGS = sys.argv[2:] if __name__ == "__main__" else []   # pytest imports this file for its doctests
 TABLE_OF, HOTNESS = zip(*FEATURES[ARGS[0] if ARGS else "separate"])
 PLAN = dict(row_slice_threshold=300, column_slice_threshold=200, data_parallel_threshold=150)
-B, STEPS, TOLERANCE = 32, 4, 1e-5
+B, STEPS, EVAL, TOLERANCE = 32, 4, 3, 1e-5
 TWO_LABEL = ARGS[1:] == ["two_label"]
 
 
@@ -102,10 +110,54 @@ def main():
     restored = {e.name: e.variable.numpy() for e in fresh.checkpoint_entries()}
     for e in ref.checkpoint_entries():
         check(f"restored {e.name}", restored[e.name], e.variable.numpy())
+    figures = check_evaluation(dist, ref, data, comm, b, check)
     kinds = sorted({t.kind for t in emb.plan.tables})
-    results = comm.allgather_object({"rank": comm.rank, "kinds": kinds, "max_error": worst}, "ranking_result")
+    results = comm.allgather_object({"rank": comm.rank, "kinds": kinds, "max_error": worst, "evaluate": figures},
+                                    "ranking_result")
     if comm.rank == 0:
         print("RESULT", json.dumps(results), flush=True)
+
+
+def dataset(data, steps, start, n):
+    """Samples [start, start + n) of global batches `steps`, one element each."""
+    elements = [tf.data.Dataset.from_tensors(batch(data, step, start, n)) for step in steps]
+    out = elements[0]
+    for e in elements[1:]:
+        out = out.concatenate(e)
+    return out
+
+
+def check_evaluation(dist, ref, data, comm, b, check):
+    """evaluate and predict at N ranks against the reference on the whole batches (see the
+    docstring); returns this rank's evaluate figures."""
+    steps = range(STEPS, STEPS + EVAL)
+    figures = dist.evaluate(dataset(data, steps, comm.rank * b, b), verbose=0, return_dict=True)
+    want = ref.evaluate(dataset(data, steps, 0, B), verbose=0, return_dict=True)
+    heads = ["click", "rating"] if TWO_LABEL else [None]
+    mine = dist.predict(dataset(data, steps, comm.rank * b, b), verbose=0)
+    whole = ref.predict(dataset(data, steps, 0, B), verbose=0)
+    labels = [batch(data, step, 0, B)[1] for step in steps]
+    weights = {"click": 1.0, "rating": 0.5, None: 1.0}
+    loss = 0.0
+    for head in heads:
+        got, ref_out = (np.reshape(o if head is None else o[head], [EVAL, -1]) for o in (mine, whole))
+        check(f"predictions {head}", got, ref_out[:, comm.rank * b:(comm.rank + 1) * b])
+        everyone = np.concatenate(comm.allgather_object(got, "predictions"), axis=1).ravel()   # global order
+        y = np.concatenate([np.asarray(l if head is None else l[head]) for l in labels])
+        z = ref_out.astype(np.float64).ravel()
+        name = "auc" if head is None else f"{head}_auc"
+        exact = pairwise_auc(y, everyone)   # of the scores the ranks gave
+        if not abs(figures[name] - exact) <= 1e-12:
+            raise AssertionError(f"rank {comm.rank}: {name} {figures[name]}, of the ranks' predictions {exact}")
+        check(name, figures[name], want[name])
+        check(f"{name} against NumPy", figures[name], pairwise_auc(y, z))
+        mean = float(np.mean(np.logaddexp(0.0, z) - y * z))   # cross-entropy on logits
+        if head is not None:
+            check(f"{head}_loss", figures[f"{head}_loss"], mean)
+        loss += weights[head] * mean
+    check("evaluate loss", figures["loss"], loss)
+    check("evaluate loss against the reference's", figures["loss"], want["loss"])
+    return figures
 
 
 if __name__ == "__main__":

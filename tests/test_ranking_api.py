@@ -223,13 +223,18 @@ def test_configuration_errors_name_what_is_wrong():
 def test_two_gloo_ranks_equal_one_process(tmp_path, features, heads):
     """tests/ranking_multirank_worker.py: row, column and replicated tables, one-hot and ragged
     multi-hot, each read by one feature or shared by two, one head or two (each head's loss); its
-    checkpoint restores into one process."""
+    checkpoint restores into one process; Keras' evaluate gives every rank the one process' figures."""
     out = horovodrun(2, ["tests/ranking_multirank_worker.py", str(tmp_path), features, heads])
     assert out.returncode == 0, f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
     results = json.loads(next(l for l in out.stdout.splitlines() if "RESULT " in l).split("RESULT ", 1)[1])
     assert [r["rank"] for r in results] == [0, 1]
     assert results[0]["kinds"] == ["column", "replicated", "row"]
     assert all(r["max_error"] <= 1e-5 for r in results), results
+    # Keras' evaluate: the same figures on every rank (each checked against one process by the worker)
+    names = {"loss", "click_loss", "rating_loss", "click_auc", "rating_auc"} if heads == "two_label" \
+        else {"loss", "auc"}
+    assert set(results[0]["evaluate"]) == names
+    assert results[0]["evaluate"] == results[1]["evaluate"]
 
 
 def test_checkpoint_restores_and_training_continues(tmp_path):

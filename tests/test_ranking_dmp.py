@@ -2,7 +2,8 @@
 distributed-embeddings trains, with only its import changed, as the plain Keras model with the
 same weights and Keras optimizer: at one process (eager and in a tf.function) and at one and two
 Gloo ranks on the same global batches (tests/ranking_dmp_worker.py); tables are Keras weights with
-IndexedSlices gradients, updated sparsely by SGD and Adagrad; the unsupported options are one line."""
+IndexedSlices gradients, updated sparsely by SGD and Adagrad; the unsupported options are one line;
+XLA by TensorFlow's auto-clustering at two ranks."""
 import json
 import types
 
@@ -117,3 +118,16 @@ def test_gloo_ranks_equal_one_process(ranks, kinds):
     results = json.loads(line.split("RESULT", 1)[1])
     assert [r["rank"] for r in results] == list(range(ranks))
     assert all(r["kinds"] == kinds and r["max_error"] <= 1e-5 for r in results)
+
+
+def test_gloo_ranks_with_xla_auto_clustering(tmp_path):
+    """XLA as NVIDIA's scripts turn it on, tf.config.optimizer.set_jit(True) (TensorFlow's
+    auto-clustering of a graph's XLA-compilable ops; the CPU also needs TF_XLA_FLAGS): the dmp
+    model's step in a tf.function at 2 ranks equals one process, and XLA compiled its matmuls."""
+    dump = tmp_path / "xla"
+    env = {"TF_XLA_FLAGS": "--tf_xla_cpu_global_jit", "XLA_FLAGS": f"--xla_dump_to={dump} --xla_dump_hlo_as_text"}
+    out = horovodrun(2, ["tests/ranking_dmp_worker.py", "xla"], env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    results = json.loads(next(l for l in out.stdout.splitlines() if "RESULT" in l).split("RESULT", 1)[1])
+    assert all(r["kinds"] == ["column", "replicated", "row"] and r["max_error"] <= 1e-5 for r in results)
+    assert any(" dot(" in p.read_text() for p in dump.glob("*cluster_*after_optimizations.txt"))
