@@ -57,29 +57,39 @@ class DenseArch(tf.Module):
         return tf.cast(tf.squeeze(self.top_mlp(x), axis=1), tf.float32)
 
 
+def model_tables(config: ModelConfig, plan: Optional[Plan] = None, collectives=None, *, seed: int = 0,
+                 **options) -> DistributedEmbedding:
+    """The tables of the model `config` describes, as the DistributedEmbedding a RankingModel is
+    handed: placed by `plan` (default: every table whole) over the ranks of `collectives`
+    (default: one process), seeded as RankingModel(seed=seed) seeds (seed, 1000), combined by the
+    config's combiners. `options`: DistributedEmbedding's (data_parallel_input,
+    zeros_initializer, store_path, cache_policy)."""
+    collectives = collectives or SingleProcess()
+    plan = plan or plan_tables(config.cardinalities, config.embedding_dims, collectives.size)
+    return DistributedEmbedding(plan, collectives, seed=(seed, 1000), combiners=config.combiners, **options)
+
+
 class RankingModel(tf.Module):
     """numerical [b, n] float32 + categorical ids (F tensors, see DistributedEmbedding) -> logits [b].
 
-    The model `config` describes: its tables are placed by `plan` over the ranks of
-    `collectives` (default: one process, every table whole); the dense part is data-parallel
-    (every rank computes its local batch b). DLRM (interaction "dot"): bottom MLP on the
-    numericals, DotInteraction with the F embeddings, top MLP. DCNv2 (interaction "cross"): cross
-    network on concat(bottom output, embeddings), top MLP. `compute_dtype` is float32, or
-    bfloat16/float16 under AMP (tables and master weights stay float32). `zeros_initializer`:
-    the tables start at zero.
+    The model `config` describes over `embeddings`, its tables as the caller built them
+    (`model_tables`: placement and tiers decided by the caller's one planner call; default: one
+    process, every table whole); the dense part (DenseArch) is data-parallel (every rank computes
+    its local batch b). DLRM (interaction "dot"): bottom MLP on the numericals, DotInteraction
+    with the F embeddings, top MLP. DCNv2 (interaction "cross"): cross network on concat(bottom
+    output, embeddings), top MLP. `compute_dtype` is float32, or bfloat16/float16 under AMP
+    (tables and master weights stay float32). Tables that are not config's: ValueError.
     """
 
-    def __init__(self, config: ModelConfig, *, seed: int = 0, compute_dtype=tf.float32, plan: Plan = None,
-                 collectives=None, data_parallel_input: bool = False, zeros_initializer: bool = False,
-                 store_path: Optional[str] = None, cache_policy: str = "lru"):
+    def __init__(self, config: ModelConfig, embeddings: Optional[DistributedEmbedding] = None, *, seed: int = 0,
+                 compute_dtype=tf.float32):
         super().__init__(name="ranking_model")
         self.compute_dtype = tf.as_dtype(compute_dtype)
-        collectives = collectives or SingleProcess()
-        plan = plan or plan_tables(config.cardinalities, config.embedding_dims, collectives.size)
-        self.embeddings = DistributedEmbedding(plan, collectives, seed=(seed, 1000),
-                                               data_parallel_input=data_parallel_input, combiners=config.combiners,
-                                               zeros_initializer=zeros_initializer, store_path=store_path,
-                                               cache_policy=cache_policy)
+        self.embeddings = embeddings or model_tables(config, seed=seed)
+        shapes = [(t.rows, t.dim) for t in self.embeddings.plan.tables]
+        if shapes != list(zip(config.cardinalities, config.embedding_dims)):
+            raise ValueError(f"the embedding's tables (rows, dim) {shapes} are not the model's "
+                             f"{list(zip(config.cardinalities, config.embedding_dims))}")
         self.dense = DenseArch(config, seed)
 
     @property
