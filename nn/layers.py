@@ -82,11 +82,10 @@ def _one_width(layer: keras.layers.Layer, widths: Sequence[int], first: str) -> 
 @keras.saving.register_keras_serializable(package="ranking")
 class MLP(keras.layers.Layer):
     """Dense layers: [b, n] -> [b, units[-1]], `activation` after every layer but, when
-    `linear_output`, the last (a logit). nn.mlp's layers: kernel i Glorot-normal, bias i
-    N(0, 1/units[i]), from `seed` (two ints; None: drawn from Python's random, which
-    keras.utils.set_random_seed seeds). MLP(units, seed=s) on inputs of width n starts with
-    nn.mlp.MLP(n, units, seed=s)'s weights, at its paths ("<name>/dense_<i>/kernel",
-    ".../bias"), and computes its outputs. Computes in the layer's compute dtype.
+    `linear_output`, the last (a logit). Weights as nn.mlp.dense_initial_values: kernel i
+    Glorot-normal, bias i N(0, 1/units[i]), from `seed` (two ints; None: drawn from Python's
+    random, which keras.utils.set_random_seed seeds), at paths "<name>/dense_<i>/kernel",
+    ".../bias"; the forward is nn.mlp.mlp_forward. Computes in the layer's compute dtype.
     """
 
     def __init__(self, units: Sequence[int], activation="relu", linear_output: bool = False, seed=None, **kwargs):
