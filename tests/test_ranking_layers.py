@@ -1,7 +1,8 @@
 """nn/layers.py (the ranking/ API's building blocks): MLP, DotInteraction, CrossNetwork and
-FactorizationMachine against NumPy and against nn/'s arithmetic on the same weights; the dot interaction's op against TensorFlow's ops; DLRM
-written with the API equals today's RankingModel + Trainer; a DeepFM-shaped model learns a
-pairwise interaction; inputs that cannot interact are one-line errors naming the layer."""
+FactorizationMachine against NumPy and against nn/'s arithmetic on the same weights; the dot
+interaction's op against TensorFlow's ops; DLRM written with the API equals today's
+RankingModel + Trainer; a DeepFM-shaped model learns a pairwise interaction; inputs that cannot
+interact are one-line errors naming the layer."""
 import sys
 
 import keras
