@@ -54,7 +54,7 @@ def train_step_pairs(workload, steps, threads):
     import tensorflow as tf
     from benchmarks.train_throughput import DEFAULT_BENCH, yardstick_module
     from nn.lr_schedule import LearningRateSchedule
-    from nn.model import RankingModel
+    from nn.model import RankingModel, model_tables
     from nn.model_config import ModelConfig, table_configs
     from nn.trainer import Trainer
     from parallel_embedding.collectives import make_collectives
@@ -68,7 +68,8 @@ def train_step_pairs(workload, steps, threads):
         config = ModelConfig(tables=table_configs(cardinalities=cards, dims=dims), num_numerical=w["num_dense"],
                              bottom_mlp_dims=tuple(w["bottom_mlp"]), top_mlp_dims=tuple(w["top_mlp"]),
                              interaction="dot_custom")
-        model = RankingModel(config, seed=w["seed"], plan=plan_tables(cards, dims, comm.size), collectives=comm)
+        model = RankingModel(config, model_tables(config, plan_tables(cards, dims, comm.size), comm, seed=w["seed"]),
+                             seed=w["seed"])
         if kernel == "tf":
             model.interaction._op = None   # DotInteraction's XLA-compiled TensorFlow pair
         trainers[kernel] = Trainer(model, w["optimizer"]["name"], LearningRateSchedule(w["optimizer"]["lr"], 0, 0, 0))

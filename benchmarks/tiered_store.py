@@ -123,7 +123,7 @@ def pipeline(args):
     from dataloading.batches import RankInput, prefetched, train_batches
     from dataloading.feature_spec import FeatureSpec
     from dataloading.split_binary import SplitBinaryDataset
-    from nn.model import RankingModel
+    from nn.model import model_tables
     from nn.model_config import ModelConfig, table_configs
     from parallel_embedding.planner import assign_tiers, plan_tables
     data_dir = dataset(args.work_dir, (args.steps + 1) * BATCH)
@@ -138,7 +138,7 @@ def pipeline(args):
     for name, budget in (("no store", None), ("staging", budget_gb(16, 3, args.cache_fraction))):
         plan = assign_tiers(plan_tables(W1_CARDINALITIES, [16] * 26, 1), 0,
                             None if budget is None else int(budget * 2 ** 30), [4 * BATCH] * 26)
-        emb = RankingModel(config, plan=plan, store_path=store, zeros_initializer=True).embeddings
+        emb = model_tables(config, plan, store_path=store, zeros_initializer=True)
         emb.set_optimizer("sgd", tf.Variable(0, dtype=tf.int64))
         batches = train_batches(d, RankInput.single_process(26), rows=d.rows("train"), batch_size=BATCH, seed=1,
                                 start_step=0, end_step=args.steps)

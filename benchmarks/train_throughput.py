@@ -58,7 +58,7 @@ def measure(args):
     import_tensorflow()   # its start-up lines once, held to TF_CPP_MIN_LOG_LEVEL
     import tensorflow as tf
     from nn.lr_schedule import LearningRateSchedule
-    from nn.model import RankingModel
+    from nn.model import RankingModel, model_tables
     from nn.model_config import ModelConfig, table_configs
     from nn.trainer import Trainer, amp_dtype
     from parallel_embedding.collectives import make_collectives
@@ -80,8 +80,8 @@ def measure(args):
                          interaction="cross" if w["model"] == "dcnv2" else "dot_custom" if args.dot_op else "dot",
                          num_cross_layers=w.get("cross_layers", 0),
                          cross_layer_projection_dim=w.get("cross_projection_dim", 0))
-    model = RankingModel(config, seed=w["seed"], compute_dtype=amp_dtype() if args.amp else tf.float32, plan=plan,
-                         collectives=comm)
+    model = RankingModel(config, model_tables(config, plan, comm, seed=w["seed"]), seed=w["seed"],
+                         compute_dtype=amp_dtype() if args.amp else tf.float32)
     trainer = Trainer(model, w["optimizer"]["name"], LearningRateSchedule(w["optimizer"]["lr"], 0, 0, 0),
                       xla=bool(args.xla), loss_scaling=bool(args.amp) and amp_dtype() == tf.float16)
     batch = int(w["batch_size"])

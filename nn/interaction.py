@@ -1,5 +1,6 @@
-"""Feature interactions: DLRM's pairwise dot products and DCNv2's cross network, behind one
-contract (Interaction); make_interaction builds the one a ModelConfig names."""
+"""Feature interactions, the arithmetic of nn.layers' DotInteraction and CrossNetwork: DLRM's
+pairwise dot products (DotInteraction, with its custom op) and DCNv2's cross network (its
+initial values and forward)."""
 import functools
 import sys
 from typing import List, Optional, Tuple
@@ -9,29 +10,11 @@ import tensorflow as tf
 from tensorflow.python.framework import kernels
 
 from nn.initializers import glorot_normal
-from nn.model_config import ModelConfig
 from utils.errors import ConfigError
 
 # The dot interactions' kernels (see interaction_op): dot_custom is the custom op or an error, never the
 # fallback; dot_tensorflow never uses the op.
 DOT_KERNELS = {"dot": "auto", "dot_custom": "custom", "dot_tensorflow": "tf"}
-
-
-class Interaction(tf.Module):
-    """Every interaction: dense [B, D0] (the bottom MLP's output) and sparse, F embeddings [B, D_f]
-    -> [B, output_width]. `training`: the call is differentiated (the train step); `xla`: the
-    caller compiles it with XLA (tf.function(jit_compile=True)), where no custom op runs.
-    Inference (training false) uses plain TensorFlow ops."""
-    output_width: int
-
-    @property
-    def dense_variables(self) -> List[tf.Variable]:
-        """The interaction's weights (data-parallel, dense updates), in a fixed order."""
-        return []
-
-    def __call__(self, dense: tf.Tensor, sparse: List[tf.Tensor], training: bool = False,
-                 xla: bool = False) -> tf.Tensor:
-        raise NotImplementedError
 
 
 def dot_interaction_width(num_features: int, dim: int) -> int:
@@ -90,7 +73,7 @@ def interaction_op(kernel: str, settings: Tuple[str, str] = FLAG_SETTINGS):
     return None
 
 
-class DotInteraction(Interaction):
+class DotInteraction(tf.Module):
     """DLRM interaction: dense [B, D] and F embeddings [B, D] -> [B, round_up_8(D + (F+1)F/2)]:
     the dense vector, then the dot products of every pair of the F+1 vectors (strictly lower
     triangle, row-major: (1,0), (2,0), (2,1), ...; no self-interaction), then zero padding to a
@@ -102,7 +85,9 @@ class DotInteraction(Interaction):
     about twice as fast as TensorFlow's gather-based gradient): with T = [dense; embeddings]
     ([B, F+1, D]) and G the symmetric matrix of the output's pair gradients (zero diagonal),
     dT = G T. Inference always uses plain TensorFlow ops (lower latency on small batches), so
-    exported models never need the op library.
+    exported models never need the op library. `training`: the call is differentiated (the train
+    step); `xla`: the caller compiles it with XLA (tf.function(jit_compile=True)), where no custom
+    op runs.
     """
 
     def __init__(self, num_features: int, dim: int, kernel: str = "auto", name="dot_interaction",
@@ -175,38 +160,3 @@ def cross_forward(x0: tf.Tensor, weights: List[List], biases: List) -> tf.Tensor
             h = tf.matmul(h, tf.cast(m, x0.dtype))
         x = x0 * tf.nn.bias_add(h, tf.cast(bias, x0.dtype)) + x
     return x
-
-
-class CrossNetwork(Interaction):
-    """DCNv2 cross layers on x0 = concat(dense, sparse) [B, d]: x_{l+1} = x0 * (V_l(U_l x_l) + b_l) + x_l.
-
-    Low rank with U_l: d -> r, V_l: r -> d when projection_dim r > 0; full rank
-    (x0 * (W_l x_l + b_l) + x_l) when r == 0. Output [B, d]. Weights as cross_initial_values.
-    """
-
-    def __init__(self, *, dim: int, num_layers: int, projection_dim: int, seed, name="cross"):
-        super().__init__(name=name)
-        self.output_width = dim
-        self.weights = []   # per layer: [W] (full rank) or [U, V]
-        self.biases = []
-        for layer in range(num_layers):
-            self.weights.append([tf.Variable(value, name=f"{name}/layer_{layer}/{matrix}")
-                                 for matrix, value in cross_initial_values(dim, projection_dim, layer, seed)])
-            self.biases.append(tf.Variable(tf.zeros([dim]), name=f"{name}/layer_{layer}/bias"))
-
-    @property
-    def dense_variables(self) -> List[tf.Variable]:
-        return [w for ws in self.weights for w in ws] + self.biases
-
-    def __call__(self, dense: tf.Tensor, sparse: List[tf.Tensor], training: bool = False,
-                 xla: bool = False) -> tf.Tensor:
-        return cross_forward(tf.concat([dense] + list(sparse), axis=1), self.weights, self.biases)
-
-
-def make_interaction(config: ModelConfig, seed: int) -> Interaction:
-    """The interaction `config.interaction` names, over the bottom MLP's output and the tables' rows."""
-    dense_dim = config.bottom_mlp_dims[-1]
-    if config.interaction == "cross":
-        return CrossNetwork(dim=dense_dim + sum(config.embedding_dims), num_layers=config.num_cross_layers,
-                            projection_dim=config.cross_layer_projection_dim, seed=(seed, 200))
-    return DotInteraction(len(config.tables), dense_dim, kernel=DOT_KERNELS[config.interaction])

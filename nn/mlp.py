@@ -1,5 +1,5 @@
 """Multi-layer perceptrons (DLRM's bottom and top MLPs): the weights' initial values and the
-forward pass, shared with ranking.layers.MLP (the Keras layer)."""
+forward pass of nn.layers.MLP (the Keras layer)."""
 import math
 from typing import Callable, Sequence, Tuple
 
@@ -31,27 +31,3 @@ def mlp_forward(x, kernels: Sequence, biases: Sequence, linear_output: bool,
             x = activation(x)
     return x
 
-
-class MLP(tf.Module):
-    """Dense layers with ReLU; the last layer is linear when `linear_output` (the logit).
-
-    Input [B, in_dim] -> output [B, widths[-1]]. Weights as `dense_initial_values`. Variables
-    are float32; `__call__` computes in the dtype of its input (bfloat16/float16 under AMP).
-
-    >>> mlp = MLP(13, [512, 256, 64], linear_output=False, seed=(1, 0), name="bottom_mlp")
-    >>> mlp(tf.zeros([4, 13])).shape
-    TensorShape([4, 64])
-    """
-
-    def __init__(self, in_dim: int, widths: Sequence[int], linear_output: bool, seed, name: str):
-        super().__init__(name=name)
-        self.linear_output = linear_output
-        self.kernels, self.biases = [], []
-        for i, width in enumerate(widths):
-            kernel, bias = dense_initial_values(in_dim, width, i, seed)
-            self.kernels.append(tf.Variable(kernel, name=f"{name}/dense_{i}/kernel"))
-            self.biases.append(tf.Variable(bias, name=f"{name}/dense_{i}/bias"))
-            in_dim = width
-
-    def __call__(self, x):
-        return mlp_forward(x, self.kernels, self.biases, self.linear_output)

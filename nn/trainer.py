@@ -171,7 +171,7 @@ class Trainer(tf.Module):
         dense = self.model.dense_variables
         with tf.GradientTape() as tape:
             tape.watch(embeddings)
-            logits = self.model.predict_from_embeddings(numerical, embeddings, training=True, xla=self.xla)
+            logits = self.model.predict_from_embeddings(numerical, embeddings, training=True)
             loss = bce_loss(labels, logits, tf.shape(labels)[0] * self.comm.size)
             scaled = loss * self.loss_scale.value if self.loss_scale is not None else loss
         sources = list(embeddings) if self.train_tables else []

@@ -20,7 +20,8 @@ Modules: config.py (`TableConfig`, `FeatureConfig` in keras-rs' field names; `pl
 embedding.py (`HybridEmbedding`: a Keras layer over parallel_embedding.DistributedEmbedding;
 `TableStorage`: tables on disk),
 features.py (`Features`: the dataset's features as `main.py --model=FILE`'s builder gets them),
-layers.py (building blocks: `MLP`, `DotInteraction`, `CrossNetwork`, `FactorizationMachine`),
+nn/layers.py (building blocks: `MLP`, `DotInteraction`, `CrossNetwork`, `FactorizationMachine`;
+the built-in DLRM / DCNv2 are made of them too),
 model.py (`Model`: keras.Model whose fit runs nn/trainer.py's step: sparse row updates, one
 grouped allreduce, non-finite stop), dist_model_parallel.py (NVIDIA distributed-embeddings'
 `DistributedEmbedding`, `DistributedGradientTape`, `broadcast_variables`: `from ranking import
@@ -30,7 +31,7 @@ from ranking import dist_model_parallel
 from ranking.config import FeatureConfig, TableConfig
 from ranking.embedding import HybridEmbedding, TableStorage
 from ranking.features import CategoricalFeature, Features, hyperparameters
-from ranking.layers import MLP, CrossNetwork, DotInteraction, FactorizationMachine
+from nn.layers import MLP, CrossNetwork, DotInteraction, FactorizationMachine
 from ranking.model import Model
 
 __all__ = ["CategoricalFeature", "CrossNetwork", "DotInteraction", "FactorizationMachine", "FeatureConfig", "Features",

@@ -10,7 +10,7 @@ from dataloading import position
 from dataloading.batches import RankInput, steps_per_epoch
 from dataloading.open import open_dataset
 from nn.lr_schedule import LearningRateSchedule
-from nn.model import RankingModel
+from nn.model import RankingModel, model_tables
 from nn.model_config import ModelConfig, table_configs
 from parallel_embedding.optimizers import slot_names
 from run.config import RunConfig
@@ -121,11 +121,12 @@ class Assembly:
         on_gpu = bool(tf.config.list_physical_devices("GPU"))
         plan = embedding_plan(cfg, comm.size, len(slot_names(training.optimizer)), on_gpu)
         self.model_config = model_config(cfg)
-        self.model = RankingModel(self.model_config, seed=cfg.seed, compute_dtype=compute_dtype, plan=plan,
-                                  collectives=comm, data_parallel_input=cfg.parallelism.data_parallel_input,
-                                  zeros_initializer=cfg.model.embedding_zeros_initializer,
-                                  store_path=cfg.storage.embedding_store_path,
-                                  cache_policy=cfg.storage.embedding_cache_policy)
+        tables = model_tables(self.model_config, plan, comm, seed=cfg.seed,
+                              data_parallel_input=cfg.parallelism.data_parallel_input,
+                              zeros_initializer=cfg.model.embedding_zeros_initializer,
+                              store_path=cfg.storage.embedding_store_path,
+                              cache_policy=cfg.storage.embedding_cache_policy)
+        self.model = RankingModel(self.model_config, tables, seed=cfg.seed, compute_dtype=compute_dtype)
         schedule = LearningRateSchedule(training.learning_rate, training.warmup_steps, training.decay_start_step,
                                         training.decay_steps)
         self.trainer = nn.trainer.Trainer(

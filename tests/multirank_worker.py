@@ -15,7 +15,7 @@ import tensorflow as tf
 from dataloading.batches import RankInput, rank_batch
 from dataloading.synthetic import SyntheticDataset
 from nn.lr_schedule import LearningRateSchedule
-from nn.model import RankingModel
+from nn.model import RankingModel, model_tables
 from nn.model_config import ModelConfig, TableConfig
 from nn.trainer import Trainer
 from parallel_embedding.collectives import SingleProcess, make_collectives
@@ -33,8 +33,8 @@ def build(case, comm, plan):
     config = ModelConfig(tables=tables, num_numerical=3, bottom_mlp_dims=(16, dims[0]), top_mlp_dims=(16, 1),
                          interaction=case["interaction"], num_cross_layers=2,
                          cross_layer_projection_dim=4 if cross else 0)
-    model = RankingModel(config, seed=3, plan=plan, collectives=comm,
-                         data_parallel_input=case.get("data_parallel_input", False))
+    model = RankingModel(config, model_tables(config, plan, comm, seed=3,
+                                              data_parallel_input=case.get("data_parallel_input", False)), seed=3)
     return Trainer(model, case["optimizer"], LearningRateSchedule(case.get("lr", 0.05), 0, 0, 0))
 
 

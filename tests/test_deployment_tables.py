@@ -19,7 +19,7 @@ from deployment.exporter.model_layout import table_tensor
 from deployment.exporter.repository import ExportError, write_repository
 from deployment.repository_format import PAD, ServingLayout
 from storage import checkpoint
-from nn.model import RankingModel
+from nn.model import RankingModel, model_tables
 from nn.model_config import ModelConfig, table_configs
 from parallel_embedding.planner import plan_tables
 from tests.horovod_run import ROOT
@@ -64,7 +64,7 @@ def ckpt(tmp_path_factory):
     assert [t.kind for t in plan.tables] == ["whole", "row", "replicated", "column"]
     group = {"barrier": threading.Barrier(2)}
     ranks = [ThreadRank(r, 2, group) for r in range(2)]
-    models = [RankingModel(CONFIG, seed=SEED, plan=plan, collectives=rank) for rank in ranks]
+    models = [RankingModel(CONFIG, model_tables(CONFIG, plan, rank, seed=SEED), seed=SEED) for rank in ranks]
     root = str(tmp_path_factory.mktemp("ckpt"))
     with ThreadPoolExecutor(2) as pool:
         saves = [pool.submit(checkpoint.save, root, m.checkpoint_entries(), 4, CONFIG.signature(), rank)

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from nn.interaction import CrossNetwork, DotInteraction, dot_interaction_width
+from nn.interaction import DotInteraction, dot_interaction_width
+from nn.layers import CrossNetwork
 
 
 def numpy_dot_interaction(bottom, embeddings):
@@ -60,12 +61,13 @@ def numpy_cross(x0, layers):
 @pytest.mark.parametrize("projection_dim", [0, 3])
 def test_cross_network_matches_numpy(projection_dim):
     dim, layers = 10, 3
-    net = CrossNetwork(dim=dim, num_layers=layers, projection_dim=projection_dim, seed=(3, 0))
+    net = CrossNetwork(layers, projection_dim, seed=(3, 0))
+    net.build([(None, 4), (None, 3), (None, 3)])
     for b in net.biases:   # non-zero biases so they are checked too
         b.assign(tf.random.stateless_normal([dim], seed=(1, 2)))
     x0 = np.random.default_rng(1).standard_normal((4, dim)).astype(np.float32)
-    expected = numpy_cross(x0, [([m.numpy() for m in ms], b.numpy()) for ms, b in zip(net.weights, net.biases)])
+    expected = numpy_cross(x0, [([m.numpy() for m in ms], b.numpy()) for ms, b in zip(net.matrices, net.biases)])
     dense, sparse = tf.constant(x0[:, :4]), [tf.constant(x0[:, 4:7]), tf.constant(x0[:, 7:])]
-    np.testing.assert_allclose(net(dense, sparse).numpy(), expected, rtol=1e-4, atol=1e-5)
-    shapes = [tuple(m.shape) for m in net.weights[0]]
+    np.testing.assert_allclose(net([dense] + sparse).numpy(), expected, rtol=1e-4, atol=1e-5)
+    shapes = [tuple(m.shape) for m in net.matrices[0]]
     assert shapes == ([(dim, dim)] if projection_dim == 0 else [(dim, 3), (3, dim)])

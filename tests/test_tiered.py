@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from storage import checkpoint
 from nn.lr_schedule import LearningRateSchedule
-from nn.model import RankingModel
+from nn.model import RankingModel, model_tables
 from nn.model_config import ModelConfig, table_configs
 from nn.trainer import LOSS_SCALE_STATE, Trainer
 from parallel_embedding.collectives import SingleProcess
@@ -93,7 +93,8 @@ def build(hot: str, optimizer: str, store=None, rows_in_flight: int = 2 * BATCH,
           xla: bool = False, amp: bool = False) -> Trainer:
     """A trainer of model_config(hot), in memory, or with the disk plan if `store` (a directory)."""
     plan = disk_plan(hot, SLOTS[optimizer], rows_in_flight) if store else None
-    model = RankingModel(model_config(hot), seed=3, plan=plan, store_path=store, cache_policy=policy,
+    config = model_config(hot)
+    model = RankingModel(config, model_tables(config, plan, seed=3, store_path=store, cache_policy=policy), seed=3,
                          compute_dtype=tf.bfloat16 if amp else tf.float32)
     return Trainer(model, optimizer, LearningRateSchedule(0.1, 0, 100, 100), xla=xla)
 
@@ -404,7 +405,7 @@ def test_a_store_path_that_is_no_directory_is_a_config_error(tmp_path, make):
 
 
 def test_no_store_path_is_a_config_error():
-    model = RankingModel(model_config("one"), plan=disk_plan("one", 0, 2 * BATCH))
+    model = RankingModel(model_config("one"), model_tables(model_config("one"), disk_plan("one", 0, 2 * BATCH)))
     with pytest.raises(ConfigError, match="^the embedding plan puts tables on disk: --embedding_store_path is needed$"):
         Trainer(model, "sgd", LearningRateSchedule(0.1, 0, 0, 0))
 
@@ -461,7 +462,8 @@ def test_tables_in_host_memory_train_as_in_memory():
     run op by op, may round differently from the compiled one)."""
     plan = assign_tiers(plan_tables(CARDS, [DIM] * 4, 1), SLOTS["adam"], None, [1] * 4, host_threshold_bytes=0)
     assert {(f, t.kind) for _, f, t in plan.tiers} == {(f, "host") for f in range(len(CARDS))}
-    trainer = Trainer(RankingModel(model_config("one"), seed=3, plan=plan), "adam",
+    config = model_config("one")
+    trainer = Trainer(RankingModel(config, model_tables(config, plan, seed=3), seed=3), "adam",
                       LearningRateSchedule(0.1, 0, 100, 100))
     emb = trainer.model.embeddings
     slots = [s for v in emb.shard_variables for s in emb.optimizer.slots[v.ref()].values()]

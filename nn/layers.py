@@ -1,17 +1,20 @@
 """Building blocks of ranking models as Keras 3 layers: MLP, DotInteraction, CrossNetwork,
-FactorizationMachine. Shapes: `b` local batch, `F` embeddings, `D` a width.
+FactorizationMachine; the one implementation of the built-in DLRM / DCNv2's dense part
+(nn/model.py) and of the ranking/ API's layers (`ranking.MLP`, ...). Shapes: `b` local batch,
+`F` embeddings, `D` a width.
 
     emb = HybridEmbedding(features)(ids)                                   # F x [b, 16]
     bottom = MLP([64, 16], seed=(3, 0), name="bottom_mlp")(numerical)      # [b, 16]
     x = DotInteraction(name="interaction")([bottom] + emb)                 # [b, round_up_8(16 + (F+1)F/2)]
     logit = MLP([64, 1], linear_output=True, seed=(3, 100), name="top_mlp")(x)    # [b, 1]
 
-They compute what nn/ computes for today's DLRM and DCNv2, with its code: nn.mlp's initial
-values and forward, nn.interaction's DotInteraction (the custom op in training) and cross
-network. Each is built lazily from its input shapes; an input it cannot take is a one-line
-ConfigError naming the layer, at build time. Weights are named as nn/'s variables (Keras paths
-"bottom_mlp/dense_0/kernel", "cross/layer_0/U"). Keras' own layers (Dense, Dropout,
-BatchNormalization, Concatenate, Add, ...) go between them.
+Their arithmetic is nn.mlp's (initial values, forward) and nn.interaction's (the dot interaction
+with its custom op in training, the cross network's initial values and forward). Each is built
+lazily from its input shapes; an input it cannot take is a one-line ConfigError naming the layer,
+at build time. Weights are named by Keras path ("bottom_mlp/dense_0/kernel", "cross/layer_0/U"),
+which is also their tf.Variable's name and their checkpoint name. Built with `autocast=False` (as
+the built-in model builds them), a layer computes in its input's dtype. Keras' own layers (Dense,
+Dropout, BatchNormalization, Concatenate, Add, ...) go between them.
 """
 import random
 from typing import List, Optional, Sequence, Tuple
@@ -79,11 +82,10 @@ def _one_width(layer: keras.layers.Layer, widths: Sequence[int], first: str) -> 
 @keras.saving.register_keras_serializable(package="ranking")
 class MLP(keras.layers.Layer):
     """Dense layers: [b, n] -> [b, units[-1]], `activation` after every layer but, when
-    `linear_output`, the last (a logit). nn.mlp's layers: kernel i Glorot-normal, bias i
-    N(0, 1/units[i]), from `seed` (two ints; None: drawn from Python's random, which
-    keras.utils.set_random_seed seeds). MLP(units, seed=s) on inputs of width n starts with
-    nn.mlp.MLP(n, units, seed=s)'s weights, at its paths ("<name>/dense_<i>/kernel",
-    ".../bias"), and computes its outputs. Computes in the layer's compute dtype.
+    `linear_output`, the last (a logit). Weights as nn.mlp.dense_initial_values: kernel i
+    Glorot-normal, bias i N(0, 1/units[i]), from `seed` (two ints; None: drawn from Python's
+    random, which keras.utils.set_random_seed seeds), at paths "<name>/dense_<i>/kernel",
+    ".../bias"; the forward is nn.mlp.mlp_forward. Computes in the layer's compute dtype.
     """
 
     def __init__(self, units: Sequence[int], activation="relu", linear_output: bool = False, seed=None, **kwargs):
@@ -130,27 +132,33 @@ class DotInteraction(keras.layers.Layer):
     """DLRM's pairwise dot interaction: [bottom [b, D], e_1 [b, D], ..., e_F [b, D]] ->
     [b, round_up_8(D + (F+1)F/2)]: the bottom output, the dot products of every pair of the F+1
     vectors (strictly lower triangle, row-major: (1,0), (2,0), (2,1), ...), zero padding to a
-    multiple of 8 columns. It is nn.interaction.DotInteraction: in training, the custom op
-    DotBasedInteract where `kernel` ("auto", "custom", "tf") allows it and it loads ("auto"
-    falls back to TensorFlow with one warning line, "custom" is a ConfigError naming the layer
-    at build), except inside an XLA-compiled function; inference uses plain TensorFlow ops.
-    Inputs of different widths are a ConfigError naming the layer at build.
+    multiple of 8 columns. It computes with nn.interaction.DotInteraction (`engine` once
+    built): in training, the custom op DotBasedInteract where `kernel` ("auto", "custom", "tf")
+    allows it and it loads ("auto" falls back to TensorFlow with one warning line, "custom" is a
+    ConfigError at build naming `settings`' first entry, default the layer), except inside an
+    XLA-compiled function; inference uses plain TensorFlow ops. Inputs of different widths are a
+    ConfigError naming the layer at build.
     """
 
-    def __init__(self, kernel: str = "auto", **kwargs):
+    def __init__(self, kernel: str = "auto", settings: Optional[Tuple[str, str]] = None, **kwargs):
         super().__init__(**kwargs)
         if kernel not in ("auto", "custom", "tf"):
             raise ConfigError(f"layer {self.name!r}: kernel must be 'auto', 'custom' or 'tf', got {kernel!r}")
         self.kernel = kernel
+        self._settings = settings or (f"layer {self.name!r} (kernel='custom')", "kernel='auto'")
         self._dot: Optional[interaction.DotInteraction] = None
+
+    @property
+    def engine(self) -> interaction.DotInteraction:
+        """The nn.interaction.DotInteraction computing it (its `_op`: the custom op, or None)."""
+        return self._dot
 
     def build(self, input_shape):
         dim = _one_width(self, _vector_widths(self, input_shape, "vectors [b, D] (bottom output, embeddings)", 2),
                          "the bottom output")
         with tf.init_scope():   # its index constants outlive a graph the layer is first built in
             self._dot = interaction.DotInteraction(len(input_shape) - 1, dim, self.kernel, name=self.name,
-                                                   settings=(f"layer {self.name!r} (kernel='custom')",
-                                                             "kernel='auto'"))
+                                                   settings=self._settings)
 
     def call(self, inputs, training=None):
         return self._dot(inputs[0], list(inputs[1:]), training=bool(training), xla=_in_xla())
@@ -166,11 +174,10 @@ class DotInteraction(keras.layers.Layer):
 class CrossNetwork(keras.layers.Layer):
     """DCNv2's cross network: x0 [b, d] (or a list of [b, d_i], concatenated) -> [b, d], with
     `num_layers` layers x_{l+1} = x0 * (V_l(U_l x_l) + b_l) + x_l, U_l: d -> r, V_l: r -> d for
-    `projection_dim` r > 0; full rank x0 * (W_l x_l + b_l) + x_l for r = 0. nn.interaction's
-    cross network: CrossNetwork(L, r, seed=s) on d columns starts with
-    nn.interaction.CrossNetwork(dim=d, num_layers=L, projection_dim=r, seed=s)'s weights
-    (Glorot-normal, zero biases; `seed` as MLP's), at its paths ("<name>/layer_<l>/U", ".../V"
-    or ".../W", ".../bias").
+    `projection_dim` r > 0; full rank x0 * (W_l x_l + b_l) + x_l for r = 0. Weights as
+    nn.interaction.cross_initial_values (Glorot-normal, zero biases; `seed` as MLP's), at paths
+    "<name>/layer_<l>/U", ".../V" or ".../W", ".../bias"; the forward is
+    nn.interaction.cross_forward.
     """
 
     def __init__(self, num_layers: int, projection_dim: int, seed=None, **kwargs):
@@ -191,10 +198,18 @@ class CrossNetwork(keras.layers.Layer):
                          + [("bias", (dim,), "zeros")], name=f"layer_{layer}", dtype=self.dtype_policy)
             for layer in range(self.num_layers)]
 
+    @property
+    def matrices(self) -> List[List[keras.Variable]]:
+        """Per layer its matrices ([W], or [U, V])."""
+        return [l.group[:-1] for l in self.cross_layers]
+
+    @property
+    def biases(self) -> List[keras.Variable]:
+        return [l.group[-1] for l in self.cross_layers]
+
     def call(self, inputs):
         x0 = tf.concat(list(inputs), axis=1) if isinstance(inputs, (list, tuple)) else inputs
-        return interaction.cross_forward(x0, [l.group[:-1] for l in self.cross_layers],
-                                         [l.group[-1] for l in self.cross_layers])
+        return interaction.cross_forward(x0, self.matrices, self.biases)
 
     def compute_output_shape(self, input_shape):
         if isinstance(input_shape, (list, tuple)) and input_shape and isinstance(input_shape[0], (list, tuple)):
