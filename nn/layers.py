@@ -102,7 +102,8 @@ class MLP(keras.layers.Layer):
             raise ConfigError(f"layer {self.name!r}: input shape {tuple(input_shape)}, not [b, n] with n known")
         self.dense = []
         for i, width in enumerate(self.units):
-            kernel, bias = dense_initial_values(in_dim, width, i, self.seed)
+            with tf.init_scope():   # eager values: a first build may run inside a traced call
+                kernel, bias = dense_initial_values(in_dim, width, i, self.seed)
             self.dense.append(_WeightGroup([("kernel", (in_dim, width), _constant(kernel)),
                                             ("bias", (width,), _constant(bias))],
                                            name=f"dense_{i}", dtype=self.dtype_policy))
@@ -192,9 +193,11 @@ class CrossNetwork(keras.layers.Layer):
             dim = sum(_vector_widths(self, input_shape, "vectors [b, d_i]", 1))
         else:
             dim = _vector_widths(self, [input_shape], "vectors [b, d_i]", 1)[0]
+        with tf.init_scope():   # eager values: a first build may run inside a traced call
+            values = [interaction.cross_initial_values(dim, self.projection_dim, layer, self.seed)
+                      for layer in range(self.num_layers)]
         self.cross_layers = [
-            _WeightGroup([(matrix, tuple(value.shape), _constant(value)) for matrix, value in
-                          interaction.cross_initial_values(dim, self.projection_dim, layer, self.seed)]
+            _WeightGroup([(matrix, tuple(value.shape), _constant(value)) for matrix, value in values[layer]]
                          + [("bias", (dim,), "zeros")], name=f"layer_{layer}", dtype=self.dtype_policy)
             for layer in range(self.num_layers)]
 

@@ -311,3 +311,26 @@ def test_inputs_that_cannot_interact_are_one_line_errors(monkeypatch):
     finally:
         for cached in (nn_interaction._load_op, nn_interaction._warn_fallback):
             cached.cache_clear()
+
+
+def test_mlp_and_cross_network_first_built_inside_a_traced_call_equal_eager_ones():
+    """A subclassed model's layers are first built in its first (traced) call: their initial values
+    are made eagerly all the same (they outlive the trace), equal to layers built eagerly."""
+    class Sub(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.cross, self.mlp = CrossNetwork(2, 2, seed=(1, 2)), MLP([4, 1], seed=(1, 3))
+
+        def call(self, x):
+            return self.mlp(self.cross(x))
+
+    x = tf.constant(np.random.default_rng(0).normal(size=(5, 3)), tf.float32)
+    traced, eager = Sub(), Sub()
+    step = tf.function(lambda v: traced(v))
+    got = [step(x), step(x)]
+    want = eager(x)
+    for g in got:
+        np.testing.assert_array_equal(g.numpy(), want.numpy())
+    assert len(traced.weights) == len(eager.weights) == 2 * 3 + 2 * 2   # cross: U, V, bias per layer
+    for a, b in zip(traced.weights, eager.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
