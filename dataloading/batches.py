@@ -122,10 +122,10 @@ def prefetched(batches: Iterator[dict], dataset, depth: int = 2, synchronous: bo
 
     Elements: (numerical [b, n] float32, tuple of F ids (see RankInput; multi-hot features:
     tf.RaggedTensor [rows, None]), labels [b] float32 ([b, H] for a dataset of H `label_names`),
-    oracle_logits as the labels, float32, valid: the
-    number of real rows, int32). `synchronous` (--tfdata_debug): the same tensors, each batch
-    made when the loop asks for it, in its thread, without tf.data (whose debug mode breaks
-    from_generator in TensorFlow 2.21: its callback is lost at the next garbage collection).
+    oracle_logits float32 as the labels, valid: the number of real rows, int32). `synchronous`
+    (--tfdata_debug): the same tensors, each batch made when the loop asks for it, in its thread,
+    without tf.data (whose debug mode breaks from_generator in TensorFlow 2.21: its callback is
+    lost at the next garbage collection).
     """
     dtype = tf.as_dtype(dataset.id_dtype)
     ids = [tf.RaggedTensorSpec([None, None], dtype, row_splits_dtype=tf.int64) if hot else tf.TensorSpec([None], dtype)

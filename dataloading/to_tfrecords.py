@@ -72,8 +72,8 @@ class _DirectoryWriter:
 
 def write_mapping(spec: FeatureSpec, directory: str, prebatches: Iterable[dict], batches_per_file: int) -> int:
     """Writes mapping `directory` from prebatches (dicts as SplitBinaryDataset.batch gives: numerical
-    [P, n], labels [P] (several: [P, labels]), categorical: per table [P] ids or RaggedIds), `batches_per_file` a file (0:
-    one file); returns their count."""
+    [P, n], labels [P] (H labels: [P, H]), categorical: per table [P] ids or RaggedIds),
+    `batches_per_file` a file (0: one file); returns their count."""
     writers = [_DirectoryWriter(os.path.join(directory, "numerical"), tf.float16, len(spec.numerical), False,
                                 batches_per_file),
                _DirectoryWriter(os.path.join(directory, "label"), tf.int8, len(spec.labels), False, batches_per_file)]

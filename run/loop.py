@@ -68,7 +68,8 @@ class Run(Assembly):
     def _keep_if_best(self, step: int, data_step: int, metrics: dict) -> float:
         """--keep_best_checkpoint after the evaluation of `metrics` (global step `step`, batch
         `data_step` of this data): chooses by the AUC of `best_split` (the validation rows,
-        evaluated here, where the data has them; a model with heads: its first head's AUC); returns the seconds that validation took."""
+        evaluated here, where the data has them; a model with heads: its first head's AUC);
+        returns the seconds that validation took."""
         if not self.cfg.checkpoints.keep_best_checkpoint:
             return 0.0
         chosen_on = self.evaluate(step, "validation") if self.best_split == "validation" else metrics

@@ -181,7 +181,8 @@ CLICK_RATING = ("import keras, ranking\n\nclass M(ranking.Model):\n"
                 "        super().__init__(name='m')\n"
                 "        self.names = features.names\n"
                 "        self.emb = features.embedding(features.feature_configs(4))\n"
-                "        self.click, self.rating = keras.layers.Dense(1, name='click'), keras.layers.Dense(1, name='rating')\n"
+                "        self.click = keras.layers.Dense(1, name='click')\n"
+                "        self.rating = keras.layers.Dense(1, name='rating')\n"
                 "    def call(self, x, training=False):\n"
                 "        h = keras.ops.concatenate(self.emb([x[n] for n in self.names]), axis=1)\n"
                 "        return {'click': self.click(h), 'rating': self.rating(h)}\n\n"
@@ -191,8 +192,8 @@ CLICK_RATING = ("import keras, ranking\n\nclass M(ranking.Model):\n"
 
 def test_heads_and_labels_that_do_not_match_are_one_line(tmp_path):
     assert error_line(python(*MODEL, *DATA)) == (   # on one label its heads are click and rating
-        "error: --model=examples/two_label.py: build_model: the model has heads (click, rating); the data have one label "
-        "(label): give one logit per sample, or train on data with a label per head (a feature spec's label "
+        "error: --model=examples/two_label.py: build_model: the model has heads (click, rating); the data have one "
+        "label (label): give one logit per sample, or train on data with a label per head (a feature spec's label "
         "channel, --synthetic_labels)")
     (tmp_path / "click_rating.py").write_text(CLICK_RATING)
     assert error_line(python(f"--model={tmp_path / 'click_rating.py'}", *TWO_LABELS)) == (
