@@ -22,8 +22,8 @@ def evaluate(predict: Callable, batches: Iterable, comm, oracle: bool = False,
     columns = []
     for numerical, categorical, y, oracle_logits, valid in batches:
         n = int(valid)
-        parts = [predict(numerical, categorical).numpy()[:n], y.numpy()[:n]] + ([oracle_logits.numpy()[:n]] if oracle
-                                                                                 else [])
+        parts = [predict(numerical, categorical).numpy()[:n], y.numpy()[:n]]
+        parts += [oracle_logits.numpy()[:n]] if oracle else []
         columns.append(np.concatenate([np.reshape(p, [n, width]) for p in parts], axis=1))
     local = np.concatenate(columns) if columns else np.zeros([0, (3 if oracle else 2) * width], np.float32)
     gathered = comm.gather(local, "evaluation_columns")   # [all rows, 2 or 3 per head] on rank 0

@@ -29,12 +29,12 @@ from parallel_embedding.planner import BudgetError
 from ranking import CategoricalFeature, Features, HybridEmbedding, Model, TableStorage
 from ranking.features import BUILDER, NUMERICAL, load_builder
 from ranking.model import FunctionalModel
-
-BCE = "binary_crossentropy_from_logits"   # ranking.Model.compile's default loss
 from run.config import RunConfig
 from run.runtime import batch_rows, compute_dtype
 from storage.checkpoint import Entry
 from utils.errors import ConfigError
+
+BCE = "binary_crossentropy_from_logits"   # ranking.Model.compile's default loss
 
 
 def dataset_features(cfg: RunConfig, comm) -> Features:
