@@ -121,16 +121,18 @@ def prefetched(batches: Iterator[dict], dataset, depth: int = 2, synchronous: bo
     DatasetError raised by the reader (a bad value) is raised here, after the batches before it.
 
     Elements: (numerical [b, n] float32, tuple of F ids (see RankInput; multi-hot features:
-    tf.RaggedTensor [rows, None]), labels [b] float32, oracle_logits [b] float32, valid: the
-    number of real rows, int32). `synchronous` (--tfdata_debug): the same tensors, each batch
-    made when the loop asks for it, in its thread, without tf.data (whose debug mode breaks
-    from_generator in TensorFlow 2.21: its callback is lost at the next garbage collection).
+    tf.RaggedTensor [rows, None]), labels [b] float32 ([b, H] for a dataset of H `label_names`),
+    oracle_logits float32 as the labels, valid: the number of real rows, int32). `synchronous`
+    (--tfdata_debug): the same tensors, each batch made when the loop asks for it, in its thread,
+    without tf.data (whose debug mode breaks from_generator in TensorFlow 2.21: its callback is
+    lost at the next garbage collection).
     """
     dtype = tf.as_dtype(dataset.id_dtype)
     ids = [tf.RaggedTensorSpec([None, None], dtype, row_splits_dtype=tf.int64) if hot else tf.TensorSpec([None], dtype)
            for hot in dataset.max_hotness]
-    signature = (tf.TensorSpec([None, dataset.num_numerical], tf.float32), tuple(ids),
-                 tf.TensorSpec([None], tf.float32), tf.TensorSpec([None], tf.float32),
+    heads = len(dataset.label_names)
+    labels = tf.TensorSpec([None] if heads == 1 else [None, heads], tf.float32)
+    signature = (tf.TensorSpec([None, dataset.num_numerical], tf.float32), tuple(ids), labels, labels,
                  tf.TensorSpec([], tf.int32))
 
     failure = []

@@ -4,7 +4,8 @@
                     hotness (the reference's name: > 1 is max_hotness, 1 one-hot), alpha (the power-law
                     exponent of --synthetic_dataset_use_feature_spec's ids), raw_ids (categorical:
                     true for raw 64-bit ids, int64, with no cardinality)}
-    channel_spec:   categorical: [names] (table order), numerical: [names], label: [one name]
+    channel_spec:   categorical: [names] (table order), numerical: [names], label: [names] (one, or
+                    several for a model with a head per label: main.py --model=FILE)
     source_spec:    mapping name (train, test, ...) -> list of chunks
                     {type: split_binary, features: [names], files: [paths], offsets: [paths]}
     metadata:       anything
@@ -135,7 +136,13 @@ class FeatureSpec:
 
     @property
     def label(self) -> str:
+        """The first label (the only one of a one-label spec)."""
         return self.channels[LABEL][0]
+
+    @property
+    def labels(self) -> List[str]:
+        """Every label, in the order of channel_spec.label."""
+        return list(self.channels[LABEL])
 
     @property
     def cardinalities(self) -> List[int]:
@@ -169,27 +176,30 @@ class FeatureSpec:
         return os.path.join(self.base_dir, file)
 
 
-def split_binary_spec(numerical: Sequence[str], categorical: Dict[str, Optional[int]], label: str = "label",
+def split_binary_spec(numerical: Sequence[str], categorical: Dict[str, Optional[int]],
+                      label: Union[str, Sequence[str]] = "label",
                       mappings: Sequence[str] = ("train", "test"), max_hotness: Dict[str, int] = None,
                       numerical_dtype: str = "float16", base_dir: str = ".") -> FeatureSpec:
     """The standard split-binary layout: per mapping M, M/numerical.bin (all numerical features,
-    one chunk; none without numerical features), M/label.bin, and M/<feature>.bin per categorical feature (plus
-    M/<feature>.offsets.bin for the multi-hot ones); ids in the smallest dtype that holds them. A
-    categorical feature of cardinality None holds raw ids (int64, `raw_ids: true`)."""
+    one chunk; none without numerical features), M/label.bin (`label`: one name, or several: one chunk
+    [rows, labels]), and M/<feature>.bin per categorical feature (plus M/<feature>.offsets.bin for
+    the multi-hot ones); ids in the smallest dtype that holds them. A categorical feature of
+    cardinality None holds raw ids (int64, `raw_ids: true`)."""
     max_hotness = max_hotness or {}
+    labels = [label] if isinstance(label, str) else list(label)
     features = {n: Feature(numerical_dtype) for n in numerical}
     features.update({c: Feature(RAW_ID_DTYPE, raw_ids=True, max_hotness=max_hotness.get(c)) if card is None else
                      Feature(id_dtype(card), card, max_hotness.get(c)) for c, card in categorical.items()})
-    features[label] = Feature("bool")
+    features.update({name: Feature("bool") for name in labels})
     source = {}
     for m in mappings:
         chunks = [Chunk(SPLIT_BINARY, list(numerical), [f"{m}/numerical.bin"])] if numerical else []
-        chunks.append(Chunk(SPLIT_BINARY, [label], [f"{m}/label.bin"]))
+        chunks.append(Chunk(SPLIT_BINARY, list(labels), [f"{m}/label.bin"]))
         for c in categorical:
             offsets = [f"{m}/{c}.offsets.bin"] if c in max_hotness else []
             chunks.append(Chunk(SPLIT_BINARY, [c], [f"{m}/{c}.bin"], offsets))
         source[m] = chunks
-    channels = {CATEGORICAL: list(categorical), NUMERICAL: list(numerical), LABEL: [label]}
+    channels = {CATEGORICAL: list(categorical), NUMERICAL: list(numerical), LABEL: list(labels)}
     return FeatureSpec(features, channels, source, {}, base_dir)
 
 
@@ -319,8 +329,6 @@ def _validate(spec: FeatureSpec, chunk_type: str, where: str):
             if name in seen:
                 _fail(where, f"channel_spec.{channel}", f"feature {name!r} appears twice in channel_spec")
             seen.add(name)
-    if len(spec.channels[LABEL]) != 1:
-        _fail(where, "channel_spec.label", f"must name exactly one feature, got {spec.channels[LABEL]}")
     allowed = {CATEGORICAL: ID_DTYPES, NUMERICAL: NUMERICAL_DTYPES, LABEL: LABEL_DTYPES}
     for channel in CHANNELS:
         for name in spec.channels[channel]:

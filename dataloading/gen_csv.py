@@ -45,7 +45,7 @@ def _fields(spec: FeatureSpec, feature: str, column) -> list:
     if spec.features[feature].multi_hot:
         ids, lengths = column
         return [DELIMITER.join(map(str, row)) for row in np.split(ids, np.cumsum(lengths)[:-1])]
-    fmt = "%d" if feature in spec.categorical or feature == spec.label else "%.7g"
+    fmt = "%d" if feature in spec.categorical or feature in spec.labels else "%.7g"
     return [fmt % v for v in column]
 
 

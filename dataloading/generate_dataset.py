@@ -3,9 +3,10 @@
     python dataloading/generate_dataset.py --feature_spec layout.yaml --output DIR \\
         --rows 1000000 --eval_rows 100000 [--seed 12345] [--alpha 1.05]
 
-The samples are SyntheticDataset's (dataloading/synthetic.py) for the spec's cardinalities and
-numerical count: mapping "train" holds training samples [0, rows), every other mapping the
-next `eval_rows` evaluation samples. With float32 numericals the files hold exactly what
+The samples are SyntheticDataset's (dataloading/synthetic.py) for the spec's cardinalities,
+numerical count and labels (H labels: SyntheticDataset's `labels` H, in the spec's order):
+mapping "train" holds training samples [0, rows), every other mapping the next `eval_rows`
+evaluation samples. With float32 numericals the files hold exactly what
 `--dataset_type=synthetic` generates (float16 rounds the numericals), so a file run can be
 checked against a synthetic one. Multi-hot features get SyntheticDataset.multi_hot ids.
 Written in blocks (streaming; any size fits in memory), under temporary names, then renamed;
@@ -39,7 +40,8 @@ def synthetic_columns(spec: FeatureSpec, data: SyntheticDataset, split: str, sta
     """The spec's features of synthetic samples [start, start + n), by feature name."""
     batch = data.batch(split, start, n)
     columns = {name: batch["numerical"][:, k] for k, name in enumerate(spec.numerical)}
-    columns[spec.label] = batch["labels"]
+    labels = batch["labels"].reshape(n, len(spec.labels))
+    columns.update({name: labels[:, h] for h, name in enumerate(spec.labels)})
     for f, (name, hot) in enumerate(zip(spec.categorical, spec.max_hotness)):
         columns[name] = data.multi_hot(split, start, n, f, hot) if hot else batch["categorical"][f]
     return columns
@@ -47,7 +49,7 @@ def synthetic_columns(spec: FeatureSpec, data: SyntheticDataset, split: str, sta
 
 def generate(spec: FeatureSpec, rows: int, eval_rows: int, seed: int, alpha: float, block: int = 1 << 18):
     """Writes every mapping of `spec` (paths relative to spec.base_dir) and the spec itself."""
-    data = SyntheticDataset(spec.cardinalities, len(spec.numerical), alpha, seed)
+    data = SyntheticDataset(spec.cardinalities, len(spec.numerical), alpha, seed, labels=len(spec.labels))
     for mapping, (split, first, n) in synthetic_sources(spec, rows, eval_rows).items():
         with MappingWriter(spec, mapping) as writer:
             for start in range(first, first + n, block):

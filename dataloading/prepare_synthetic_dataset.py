@@ -7,8 +7,8 @@
 
 As the reference's: train and test each hold num_entries rounded down to a multiple of
 batch_size rows, in the standard layout (DIR/train/numerical.bin, label.bin, cat_<i>.bin, ...,
-DIR/feature_spec.yaml); --feature_spec (its shape: cardinalities, numerical count, hotness and
-alpha) replaces --synthetic_dataset_table_sizes and --num_numerical_features. The rows are
+DIR/feature_spec.yaml); --feature_spec (its shape: cardinalities, numerical count, hotness,
+alpha and labels) replaces --synthetic_dataset_table_sizes and --num_numerical_features. The rows are
 SyntheticDataset's (dataloading/generate_dataset.py writes them): learnable labels from a
 planted model, ids uniform unless the spec gives an alpha.
 """
@@ -45,7 +45,8 @@ def layout(output: str) -> tuple:
         if len(alphas) > 1:
             raise DatasetError(f"{FLAGS.feature_spec}: the features have different alphas {alphas}; the synthetic "
                                "ids follow one power law")
-        return split_binary_spec(numerical, cards, max_hotness=hot, base_dir=output), (alphas or [0.0])[0]
+        spec = split_binary_spec(numerical, cards, shape.labels, max_hotness=hot, base_dir=output)
+        return spec, (alphas or [0.0])[0]
     try:
         cards = [int(c) for c in FLAGS.synthetic_dataset_table_sizes]
     except ValueError:

@@ -96,7 +96,8 @@ class ChunkReader:
 class SplitBinaryDataset:
     """Random-access dataset over the split-binary files of `spec`; `mappings` names the spec's
     mapping read for each split ("train", "eval"). Same interface as SyntheticDataset (without
-    an oracle): `batch`, `categorical`, `rows`. `check`: test every value read (see `_check`)."""
+    an oracle): `batch`, `categorical`, `rows`, `label_names` (the spec's labels). `check`: test
+    every value read (see `_check`)."""
     has_oracle = False
 
     def __init__(self, spec: FeatureSpec, mappings: Dict[str, str], check: bool = True):
@@ -104,6 +105,7 @@ class SplitBinaryDataset:
         self.cardinalities = spec.cardinalities
         self.max_hotness = spec.max_hotness
         self.num_numerical = len(spec.numerical)
+        self.label_names = spec.labels
         # int32 unless a cardinality needs int64, or a feature holds raw 64-bit ids (then int64 for all)
         wide = spec.raw_id_features or max(self.cardinalities) - 1 > np.iinfo(np.int32).max
         self.id_dtype = np.int64 if wide else np.int32
@@ -160,6 +162,11 @@ class SplitBinaryDataset:
             self._check(split, names[j], out[i:i + 1, j], start + int(i))
         return out
 
+    def _labels(self, split: str, start: int, size: int) -> np.ndarray:
+        """Labels [n] float32 (0/1) of samples [start, start + n); with H labels [n, H], in spec order."""
+        columns = [self._column(split, name, start, size).astype(np.float32) for name in self.label_names]
+        return columns[0] if len(columns) == 1 else np.stack(columns, axis=1)
+
     def categorical(self, split: str, start: int, size: int, features: Sequence[int]) -> List:
         """Ids of samples [start, start + size) for each of `features` (indices): [size] arrays of
         `id_dtype`, or RaggedIds for multi-hot features."""
@@ -176,17 +183,17 @@ class SplitBinaryDataset:
         return out
 
     def batch(self, split: str, start: int, size: int, features: Optional[Sequence[int]] = None) -> dict:
-        """Samples [start, start + size): numerical [n, num_numerical] float32, labels [n] float32,
-        oracle_logits (zeros: files carry no oracle) and categorical: F entries, those of
+        """Samples [start, start + size): numerical [n, num_numerical] float32, labels [n] float32
+        ([n, H] for the H `label_names` of a spec with several),
+        oracle_logits (zeros as the labels: files carry no oracle) and categorical: F entries, those of
         `features` (default all) read, the others None."""
         features = range(len(self.cardinalities)) if features is None else features
         categorical = [None] * len(self.cardinalities)
         for f, ids in zip(features, self.categorical(split, start, size, features)):
             categorical[f] = ids
-        return {"numerical": self._numerical(split, start, size),
-                "categorical": categorical,
-                "labels": self._column(split, self.spec.label, start, size).astype(np.float32),
-                "oracle_logits": np.zeros(size, np.float32)}
+        labels = self._labels(split, start, size)
+        return {"numerical": self._numerical(split, start, size), "categorical": categorical, "labels": labels,
+                "oracle_logits": np.zeros(labels.shape, np.float32)}
 
     def validate(self, block_rows: int = 1 << 20):
         """Scans every value of every split: ids in [0, cardinality), finite numericals, 0/1 labels,

@@ -6,7 +6,7 @@ cardinalities and hotness; its source_spec is not read), per mapping M (train, t
 
     M/length.json              the number of prebatches R (a JSON integer)
     M/numerical/               [P, num_numerical] float16 per prebatch
-    M/label/                   [P, 1] int8 (0/1)
+    M/label/                   [P, 1] int8 (0/1); [P, H] for the H labels of a spec with several
     M/categorical_<i>/         table i of channel_spec.categorical: [P, 1] int32 ids, or for a
                                multi-hot feature a ragged [P, None] int32 (raw ids: int64)
 
@@ -225,7 +225,7 @@ class SplitTFRecordsDataset(SplitBinaryDataset):
             raise DatasetError(f"{path}: must hold the number of prebatches, a JSON integer >= 0")
         spec = self.spec
         directories = [FeatureDirectory(os.path.join(base, "numerical"), spec.numerical, False, length),
-                       FeatureDirectory(os.path.join(base, "label"), [spec.label], False, length)]
+                       FeatureDirectory(os.path.join(base, "label"), spec.labels, False, length)]
         directories += [FeatureDirectory(os.path.join(base, f"categorical_{i}"), [name], bool(hot), length)
                         for i, (name, hot) in enumerate(zip(spec.categorical, spec.max_hotness))]
         for d in directories:

@@ -10,7 +10,10 @@ Labels come from a hidden ground-truth logistic model:
 
 with per-category effects `a_f`, numerical weights `w` and low-rank pairwise category
 interactions `u` (all drawn from the hash), and label ~ Bernoulli(sigmoid(logit)). The oracle
-logit of every sample is available, so the best achievable AUC is known.
+logit of every sample is available, so the best achievable AUC is known. With `labels` H > 1,
+label h is drawn from its own logit of the same form over the same features (its effects,
+weights and interactions from hash streams of its own; label 0's are those of one label), so
+the H labels are learnable from the same inputs, each by its own head.
 
 Features with a `max_hotness` h are multi-hot: each row has 0..h ids (`multi_hot`), the first of
 a non-empty row being the one-hot id the labels use.
@@ -29,6 +32,7 @@ _MUL2 = np.uint64(0x94D049BB133111EB)
 _SPLITS = {"train": 1, "eval": 2}
 # Hash streams: distinct constants so no two quantities share random numbers.
 _IDS, _NUMERICAL, _LABEL, _EFFECT, _WEIGHT, _LATENT, _HOTNESS, _MORE_IDS = range(1, 9)
+_STREAMS = 16   # label h > 0 draws its label, effects, weights and interactions from these streams + 16 h
 
 _LATENT_DIM = 4
 _MAX_PAIRS = 6
@@ -36,6 +40,11 @@ _CATEGORICAL_VARIANCE = 1.0   # logit variance from per-category effects
 _NUMERICAL_VARIANCE = 0.6     # ... from the numerical features
 _PAIR_VARIANCE = 1.2          # ... from the pairwise interactions
 _BIAS = -1.0
+
+
+def label_names(count: int) -> List[str]:
+    """The names of `count` synthetic labels: "label", then "label_1", "label_2", ..."""
+    return ["label"] + [f"label_{h}" for h in range(1, count)]
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -109,6 +118,11 @@ class SyntheticDataset:
     alpha: float = 0.0
     seed: int = 0
     hotness: Optional[Sequence[Optional[int]]] = None   # per feature: max_hotness (None: one-hot)
+    labels: int = 1   # H: labels per sample
+
+    @property
+    def label_names(self) -> List[str]:
+        return label_names(self.labels)
 
     @property
     def pairs(self):
@@ -129,15 +143,18 @@ class SyntheticDataset:
 
         Returns numerical [n, num_numerical] float32, categorical: list of F arrays [n] of ids
         (RaggedIds for multi-hot features; None for those not in `features`, default all), labels
-        [n] float32 (0/1) and oracle_logits [n] float32 (the ground truth's logit).
+        [n] float32 (0/1) and oracle_logits [n] float32 (the ground truth's logit); [n, H] both
+        with H `labels`.
         """
         s = _SPLITS[split]
         idx = np.arange(start, start + size, dtype=np.uint64)
         ids = [self._one_hot(split, start, size, f) for f in range(len(self.cardinalities))]
         feats = np.arange(self.num_numerical, dtype=np.uint64)
         numerical = _normal(self.seed, _NUMERICAL, s, idx[:, None], feats[None, :])
-        logits = self._logits(ids, numerical)
-        labels = _uniform(self.seed, _LABEL, s, idx) < 1.0 / (1.0 + np.exp(-logits))
+        logits = [self._logits(ids, numerical, h) for h in range(self.labels)]
+        labels = [_uniform(self.seed, _LABEL + _STREAMS * h, s, idx) < 1.0 / (1.0 + np.exp(-z)) for h, z in
+                  enumerate(logits)]
+        labels, logits = (labels[0], logits[0]) if self.labels == 1 else (np.stack(labels, 1), np.stack(logits, 1))
         wanted = sorted(set(range(len(ids)) if features is None else features))
         categorical = [None] * len(ids)
         for f, c in zip(wanted, self.categorical(split, start, size, wanted)):
@@ -181,20 +198,23 @@ class SyntheticDataset:
         ids[:, 0] = self._one_hot(split, start, size, feature)
         return ids[slots < lengths[:, None].astype(np.uint64)], lengths
 
-    def _logits(self, ids, numerical):
+    def _logits(self, ids, numerical, label: int = 0):
+        """Label `label`'s logits [n]: its streams are the first label's shifted by _STREAMS per label."""
+        shift = _STREAMS * label
         f = len(self.cardinalities)
         logit = np.full(numerical.shape[0], _BIAS)
         a_scale = np.sqrt(_CATEGORICAL_VARIANCE / f)
         for k, (c, card) in enumerate(zip(ids, self.cardinalities)):
-            logit += a_scale * _effects(self.seed, _EFFECT, k, card, c, 1)[:, 0]
-        w = _normal(self.seed, _WEIGHT, np.arange(self.num_numerical)) * np.sqrt(_NUMERICAL_VARIANCE / self.num_numerical)
+            logit += a_scale * _effects(self.seed, _EFFECT + shift, k, card, c, 1)[:, 0]
+        w = _normal(self.seed, _WEIGHT + shift, np.arange(self.num_numerical)) * \
+            np.sqrt(_NUMERICAL_VARIANCE / self.num_numerical)
         logit += numerical @ w
         if self.pairs:
             # <u_i, u_j> with N(0, s^2) entries has variance L * s^4.
             s = (_PAIR_VARIANCE / len(self.pairs) / _LATENT_DIM) ** 0.25
             cards = self.cardinalities
             for i, j in self.pairs:
-                ui = _effects(self.seed, _LATENT, i, cards[i], ids[i], _LATENT_DIM)
-                uj = _effects(self.seed, _LATENT, j, cards[j], ids[j], _LATENT_DIM)
+                ui = _effects(self.seed, _LATENT + shift, i, cards[i], ids[i], _LATENT_DIM)
+                uj = _effects(self.seed, _LATENT + shift, j, cards[j], ids[j], _LATENT_DIM)
                 logit += s * s * np.sum(ui * uj, axis=1)
         return logit

@@ -72,11 +72,11 @@ class _DirectoryWriter:
 
 def write_mapping(spec: FeatureSpec, directory: str, prebatches: Iterable[dict], batches_per_file: int) -> int:
     """Writes mapping `directory` from prebatches (dicts as SplitBinaryDataset.batch gives: numerical
-    [P, n], labels [P], categorical: per table [P] ids or RaggedIds), `batches_per_file` a file (0:
-    one file); returns their count."""
+    [P, n], labels [P] (H labels: [P, H]), categorical: per table [P] ids or RaggedIds),
+    `batches_per_file` a file (0: one file); returns their count."""
     writers = [_DirectoryWriter(os.path.join(directory, "numerical"), tf.float16, len(spec.numerical), False,
                                 batches_per_file),
-               _DirectoryWriter(os.path.join(directory, "label"), tf.int8, 1, False, batches_per_file)]
+               _DirectoryWriter(os.path.join(directory, "label"), tf.int8, len(spec.labels), False, batches_per_file)]
     writers += [_DirectoryWriter(os.path.join(directory, f"categorical_{i}"),
                                  tf.int64 if spec.features[name].raw_ids else tf.int32, 1, bool(hot), batches_per_file)
                 for i, (name, hot) in enumerate(zip(spec.categorical, spec.max_hotness))]

@@ -180,7 +180,7 @@ def transcode(input_dir: str, spec_path: str, output_dir: str, block: int = 1 <<
     for f, cardinality in infer_cardinalities(spec, block, header, delimiter).items():   # ids are checked against these
         spec.features[f].cardinality = cardinality
     float32 = any(spec.features[n].dtype == "float32" for n in spec.numerical)
-    out = split_binary_spec(spec.numerical, dict(zip(spec.categorical, spec.cardinalities)), spec.label,
+    out = split_binary_spec(spec.numerical, dict(zip(spec.categorical, spec.cardinalities)), spec.labels,
                             list(spec.source), max_hotness={f: h for f, h in zip(spec.categorical, spec.max_hotness) if h},
                             numerical_dtype="float32" if float32 else "float16", base_dir=output_dir)
     out.metadata = dict(spec.metadata)

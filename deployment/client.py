@@ -133,8 +133,8 @@ def open_eval_data(flags) -> Tuple[object, int]:
         cards, num_numerical = None, None
     cfg = types.SimpleNamespace(   # what open_dataset reads for evaluation
         mode="eval", dataset_type=flags.dataset_type, cardinalities=cards, num_numerical=num_numerical,
-        max_hotness=None, synthetic_alpha=flags.synthetic_alpha, seed=flags.seed, synthetic_rows=0,
-        synthetic_eval_rows=flags.synthetic_eval_rows, eval_mapping=flags.eval_mapping,
+        max_hotness=None, synthetic_alpha=flags.synthetic_alpha, synthetic_labels=1, seed=flags.seed,
+        synthetic_rows=0, synthetic_eval_rows=flags.synthetic_eval_rows, eval_mapping=flags.eval_mapping,
         feature_spec_path=feature_spec_path(flags.dataset_path, flags.feature_spec))
     dataset, rows = open_dataset(cfg)
     return dataset, rows["eval"]

@@ -1,6 +1,10 @@
 """Two labels: a shared MLP over the features' embeddings and the numericals, then two heads, a
 click logit and a second label's (e.g. a rating above a threshold), each with its own loss and
-metric. The data loaders of main.py carry one label, so this model trains through the Python API:
+metric. Under main.py (`--model=examples/two_label.py` on data with two labels: a feature spec
+whose label channel names two, or `--dataset_type=synthetic --synthetic_labels=2`) its heads are
+named as the data's labels (features.labels) and each is trained with binary cross-entropy and
+evaluated by its exact AUC. Through the Python API (features with one label: heads click and
+rating):
 
     model = build_model(features, {"embedding_dim": 16})
     model.compile(optimizer="adam", learning_rate=0.001,
@@ -26,5 +30,6 @@ def build_model(features: ranking.Features, hparams: dict) -> ranking.Model:
     emb = features.embedding(features.feature_configs(hp["embedding_dim"]))([x[f.name] for f in features])
     h = keras.layers.Concatenate(name="concat")(emb + [x["numerical"]])                # [b, D F + n]
     h = ranking.MLP(hp["hidden"], name="shared")(h)                                   # [b, hidden[-1]]
-    outputs = {head: ranking.MLP(hp["head"] + [1], linear_output=True, name=head)(h) for head in HEADS}   # [b, 1] each
+    heads = features.labels if len(features.labels) > 1 else HEADS
+    outputs = {head: ranking.MLP(hp["head"] + [1], linear_output=True, name=head)(h) for head in heads}   # [b, 1] each
     return ranking.Model(x, outputs, name="two_label")

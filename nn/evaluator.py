@@ -1,6 +1,6 @@
 """Evaluation (exact metrics over every sample) and inference latency measurement."""
 import time
-from typing import Callable, Dict, Iterable, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -9,28 +9,45 @@ from utils.metrics import log_loss, roc_auc, thresholded_auc
 
 
 def evaluate(predict: Callable, batches: Iterable, comm, oracle: bool = False,
-             auc_thresholds: Optional[int] = None) -> Dict[str, float]:
+             auc_thresholds: Optional[int] = None, heads: Optional[Sequence[str]] = None) -> Dict[str, float]:
     """Runs `predict(numerical, categorical) -> logits` over this rank's part of every batch and
     returns AUC and logloss over all ranks' real rows (with `oracle`, also those of the ground-truth
     oracle logits the batches carry: synthetic data only; with `auc_thresholds`, also the
     reference's approximate AUC, `auc_thresholded`). The columns (logit, label[, oracle]) are
-    gathered onto rank 0 alone, which computes the metrics and shares them with every rank."""
+    gathered onto rank 0 alone, which computes the metrics and shares them with every rank.
+    A model with `heads` H (its logits, labels and oracle logits [b, H], in the order of `heads`)
+    gives each figure per head as "<head>_<figure>" ("click_auc"), and "auc" and "logloss" are
+    its first head's."""
+    width = len(heads) if heads else 1
     columns = []
     for numerical, categorical, y, oracle_logits, valid in batches:
         n = int(valid)
         parts = [predict(numerical, categorical).numpy()[:n], y.numpy()[:n]]
-        columns.append(np.stack(parts + [oracle_logits.numpy()[:n]] if oracle else parts, axis=1))
-    local = np.concatenate(columns) if columns else np.zeros([0, 3 if oracle else 2], np.float32)
-    gathered = comm.gather(local, "evaluation_columns")   # [all rows, 2 or 3] on rank 0
+        parts += [oracle_logits.numpy()[:n]] if oracle else []
+        columns.append(np.concatenate([np.reshape(p, [n, width]) for p in parts], axis=1))
+    local = np.concatenate(columns) if columns else np.zeros([0, (3 if oracle else 2) * width], np.float32)
+    gathered = comm.gather(local, "evaluation_columns")   # [all rows, 2 or 3 per head] on rank 0
     metrics = None
     if comm.rank == 0:   # AUC and logloss do not depend on the order of the samples
-        logits, labels = gathered[:, 0], gathered[:, 1]
-        metrics = {"auc": roc_auc(labels, logits), "logloss": log_loss(labels, logits), "samples": int(labels.size)}
-        if oracle:
-            metrics.update(oracle_auc=roc_auc(labels, gathered[:, 2]), oracle_logloss=log_loss(labels, gathered[:, 2]))
-        if auc_thresholds:
-            metrics["auc_thresholded"] = thresholded_auc(labels, logits, auc_thresholds)
+        metrics = {"auc": None, "logloss": None, "samples": int(len(gathered))}
+        for h, head in enumerate(heads or [None]):
+            logits, labels = gathered[:, h], gathered[:, width + h]
+            figures = {"auc": roc_auc(labels, logits), "logloss": log_loss(labels, logits)}
+            if oracle:
+                truth = gathered[:, 2 * width + h]
+                figures.update(oracle_auc=roc_auc(labels, truth), oracle_logloss=log_loss(labels, truth))
+            if auc_thresholds:
+                figures["auc_thresholded"] = thresholded_auc(labels, logits, auc_thresholds)
+            metrics.update(figures if head is None else {f"{head}_{k}": v for k, v in figures.items()})
+        if heads:
+            metrics.update(auc=metrics[f"{heads[0]}_auc"], logloss=metrics[f"{heads[0]}_logloss"])
     return comm.broadcast_object(metrics, "evaluation_metrics")
+
+
+def printed_metrics(oracle: bool, thresholded: bool, heads: Optional[Sequence[str]] = None) -> List[str]:
+    """The keys of `evaluate`'s figures an evaluation line shows (a model with heads: each head's)."""
+    keys = ["auc", "logloss"] + (["oracle_auc"] if oracle else []) + (["auc_thresholded"] if thresholded else [])
+    return keys if not heads else [f"{head}_{k}" for head in heads for k in keys]
 
 
 def measure_latency(predict: Callable, batch: dict, steps: int, global_batch: int, warmup: int = 5) -> Dict[str, float]:

@@ -40,15 +40,18 @@ class CategoricalFeature:
 
 
 class Features:
-    """The categorical features (iterate, or index by name) and `num_numerical` of the run's
+    """The categorical features (iterate, or index by name), `num_numerical` and `labels` (the
+    labels' names: one, "label", or several, each for a head named as it) of the run's
     dataset, with the run's embedding settings (`collectives`, `seed`, `placement`: the keyword
     arguments of HybridEmbedding's planner: strategy and thresholds; `storage`: tables on disk,
     None for all in memory)."""
 
     def __init__(self, categorical: Sequence[CategoricalFeature], num_numerical: int, *, collectives=None,
-                 seed: int = 0, placement: Optional[dict] = None, storage: Optional[TableStorage] = None):
+                 seed: int = 0, placement: Optional[dict] = None, storage: Optional[TableStorage] = None,
+                 labels: Sequence[str] = ("label",)):
         self.categorical = list(categorical)
         self.num_numerical = num_numerical
+        self.labels = list(labels)
         self._by_name = {f.name: f for f in self.categorical}
         self._collectives, self._seed, self._placement = collectives, seed, dict(placement or {})
         self._storage = storage

@@ -47,8 +47,9 @@ def dataset_request(cfg: RunConfig) -> types.SimpleNamespace:
     return types.SimpleNamespace(mode=cfg.mode, seed=cfg.seed, batch_size=cfg.training.batch_size,
                                  validation_mapping=validation, **{
         name: getattr(data, name) for name in ("dataset_type", "cardinalities", "num_numerical", "max_hotness",
-                                               "synthetic_alpha", "synthetic_rows", "synthetic_eval_rows",
-                                               "train_mapping", "eval_mapping", "feature_spec_path")})
+                                               "synthetic_alpha", "synthetic_labels", "synthetic_rows",
+                                               "synthetic_eval_rows", "train_mapping", "eval_mapping",
+                                               "feature_spec_path")})
 
 
 class Assembly:
@@ -62,7 +63,8 @@ class Assembly:
     model_config (its `signature`), model (its `embeddings`), trainer (nn.trainer.Trainer's step,
     predict and checkpoint interface): the built-in model (ModelConfig, RankingModel on the plan of
     run.runtime.embedding_plan, Trainer) or a model file's (--model: run.user_model.UserModel as
-    model_config and model, UserTrainer); view (RankInput: this rank's share of a batch).
+    model_config and model, UserTrainer); heads: a model file's heads, one per label of the data
+    in its order (None: one output); view (RankInput: this rank's share of a batch).
     Training only: steps_per_epoch, total (the training batches of this data the run trains up to),
     data_definition (dataloading.position). start_step (the trainer's global step at the start) and
     data_start (the first training batch of this data) are 0 until `restore`."""
@@ -84,6 +86,7 @@ class Assembly:
         if not self.evaluating:
             self.log.print(f"the {cfg.data.eval_mapping!r} mapping (--eval_mapping) has no rows: training without "
                            "evaluation")
+        self.heads = user_model.heads if user_model else None
         if user_model is None:
             params = self._builtin_model(cfg, comm)
         else:

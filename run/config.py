@@ -13,6 +13,7 @@ from typing import List, Optional, Sequence, Set
 import yaml
 
 from dataloading.feature_spec import FeatureSpec
+from dataloading.synthetic import label_names as synthetic_label_names
 from nn.model_config import table_combiners
 from storage.row_cache import POLICIES
 from utils.errors import ConfigError
@@ -35,11 +36,13 @@ CACHE_POLICIES = POLICIES   # eviction of the disk tier's caches (storage/row_ca
 class DatasetShape:
     """What the model needs to know of the data: per categorical feature its cardinality and
     max_hotness (None: one-hot), and the number of numerical features; `names`: the categorical
-    features' names (the feature spec's; synthetic data: cat_0, cat_1, ...)."""
+    features' names (the feature spec's; synthetic data: cat_0, cat_1, ...); `labels`: the labels'
+    names (the feature spec's; synthetic data: label, label_1, ...: --synthetic_labels)."""
     cardinalities: List[int]
     num_numerical: int
     max_hotness: List[Optional[int]]
     names: Optional[List[str]] = None
+    labels: List[str] = dataclasses.field(default_factory=lambda: synthetic_label_names(1))
 
     def __post_init__(self):
         if self.names is None:
@@ -63,6 +66,7 @@ class DataSettings:
     train_mapping: str = "train"
     eval_mapping: str = "test"
     validate_dataset: bool = False
+    synthetic_labels: int = 1
     shape: Optional[DatasetShape] = None
 
     @property
@@ -275,7 +279,7 @@ _MULTI_RANK_ONLY = ("dist_strategy", "column_slice_threshold", "row_slice_thresh
 # Flags read by one dataset type only.
 _DATASET_ONLY = {
     **dict.fromkeys(("synthetic_cardinalities", "synthetic_num_numerical", "synthetic_rows", "synthetic_eval_rows",
-                     "synthetic_alpha"), ("synthetic",)),
+                     "synthetic_alpha", "synthetic_labels"), ("synthetic",)),
     **dict.fromkeys(("dataset_path", "feature_spec", "train_mapping", "eval_mapping", "validate_dataset",
                      "multi_hot_combiner"), FILE_DATASETS),
 }
@@ -303,7 +307,7 @@ _RANGES = [
     (("multi_hot_combiner",),
      lambda v: None if v in COMBINERS else f"must be one of {', '.join(COMBINERS)}; got {v!r}"),
     (("batch_size", "valid_batch_size", "epochs", "learning_rate", "print_freq", "synthetic_rows",
-      "synthetic_eval_rows", "synthetic_num_numerical", "inference_steps", "loss_scale",
+      "synthetic_eval_rows", "synthetic_num_numerical", "synthetic_labels", "inference_steps", "loss_scale",
       "embedding_memory_budget_gb"), _not_positive),
     (("embedding_dims", "bottom_mlp_dims", "top_mlp_dims", "inference_batch_sizes"), _not_positive_list),
     (("warmup_steps", "decay_start_step", "decay_steps", "evals_per_epoch", "checkpoint_every_n_steps",
@@ -331,6 +335,9 @@ _MODEL_RULES = [
     (lambda c, n, p: c.training.decay_steps > 0 and c.training.decay_start_step < c.training.warmup_steps,
      lambda c, n: f"--decay_start_step ({c.training.decay_start_step}) must not come before the end of "
                   f"--warmup_steps ({c.training.warmup_steps})"),
+    (lambda c, n, p: not c.model.model and len(c.data.shape.labels) > 1,
+     lambda c, n: f"the data have {len(c.data.shape.labels)} labels ({', '.join(c.data.shape.labels)}); the built-in "
+                  f"DLRM/DCNv2 learn one: train a model with a head per label with --model=FILE (docs/models.md)"),
     (lambda c, n, p: c.model.top_mlp_dims[-1] != 1,
      lambda c, n: f"the last --top_mlp_dims entry is the logit and must be 1, got {c.model.top_mlp_dims[-1]}"),
     (lambda c, n, p: c.model.interaction == "dot_custom" and c.runtime.xla,
@@ -544,7 +551,8 @@ def build_config(values: dict, present: Optional[Set[str]] = None, world_size: i
         cards = v["shape"].cardinalities
     else:
         _positive_list("synthetic_cardinalities", cards)
-        v["shape"] = DatasetShape(list(cards), v["synthetic_num_numerical"], hotness or [None] * len(cards))
+        v["shape"] = DatasetShape(list(cards), v["synthetic_num_numerical"], hotness or [None] * len(cards),
+                                  labels=synthetic_label_names(max(1, v["synthetic_labels"])))
     dims = v.pop("embedding_dim")
     if len(dims) == 1:
         dims = dims * len(cards)
@@ -580,7 +588,8 @@ def _spec_shape(v: dict) -> DatasetShape:
         if not tfrecords and v[name] not in spec.source:
             raise ConfigError(f"--{name}={v[name]}: the feature spec has no such mapping "
                               f"(it has {', '.join(spec.source)})")
-    return DatasetShape(spec.cardinalities, len(spec.numerical), spec.max_hotness, list(spec.categorical))
+    return DatasetShape(spec.cardinalities, len(spec.numerical), spec.max_hotness, list(spec.categorical),
+                        spec.labels)
 
 
 def _refuse_raw_ids(spec: FeatureSpec):

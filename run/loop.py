@@ -2,6 +2,8 @@
 the parts run.assembly assembles, saving by run.checkpoint_policy."""
 import time
 
+import tensorflow as tf
+
 from dataloading.batches import eval_batches, ids_tensor, prefetched, rank_batch, train_batches
 from nn import evaluator   # its functions read when called (tests replace them)
 from parallel_embedding.collectives import SingleProcess
@@ -21,6 +23,13 @@ def eval_steps(steps_per_epoch: int, evals_per_epoch: int, total_steps: int):
         for k in range(1, evals_per_epoch + 1):
             steps.add(epoch_start + max(1, k * steps_per_epoch // evals_per_epoch))
     return {s for s in steps if s <= total_steps}
+
+
+def mean_losses(losses: list) -> dict:
+    """The mean over steps of the trainer's step losses ([] each; a model with heads: a dict of
+    "loss" and "<head>_loss"): {"loss": float} (and "<head>_loss" each)."""
+    steps = [x if isinstance(x, dict) else {"loss": x} for x in losses]
+    return {k: float(sum(float(s[k]) for s in steps) / len(steps)) for k in steps[0]}
 
 
 class Run(Assembly):
@@ -48,10 +57,9 @@ class Run(Assembly):
         batches = self.model.embeddings.staged(self._eval_data(split), training=False)
         thresholds = self.cfg.evaluation.auc_thresholds
         metrics = evaluator.evaluate(self.trainer.predict, batches, self.comm, oracle=self.dataset.has_oracle,
-                           auc_thresholds=thresholds)
+                                     auc_thresholds=thresholds, heads=self.heads)
         metrics["seconds"] = time.perf_counter() - t0
-        keys = ("auc", "logloss", "oracle_auc") if self.dataset.has_oracle else ("auc", "logloss")
-        keys += ("auc_thresholded",) if thresholds else ()
+        keys = evaluator.printed_metrics(self.dataset.has_oracle, bool(thresholds), self.heads)
         self.log.print(f"{split} at step {step}: {evaluator.format_metrics(metrics, keys)} | "
                        f"{metrics['samples']:,} samples in {metrics['seconds']:.1f} s")
         self.log.record(split, step, **metrics)
@@ -60,7 +68,8 @@ class Run(Assembly):
     def _keep_if_best(self, step: int, data_step: int, metrics: dict) -> float:
         """--keep_best_checkpoint after the evaluation of `metrics` (global step `step`, batch
         `data_step` of this data): chooses by the AUC of `best_split` (the validation rows,
-        evaluated here, where the data has them); returns the seconds that validation took."""
+        evaluated here, where the data has them; a model with heads: its first head's AUC);
+        returns the seconds that validation took."""
         if not self.cfg.checkpoints.keep_best_checkpoint:
             return 0.0
         chosen_on = self.evaluate(step, "validation") if self.best_split == "validation" else metrics
@@ -92,15 +101,15 @@ class Run(Assembly):
             step += 1
             profiler.after_step(step + offset)
             if timed_from is None:
-                float(losses[-1])
+                float(tf.nest.flatten(losses[-1])[0])
                 timed_from = time.perf_counter()
             if step % cfg.runtime.print_freq == 0 or step == total:
                 self.trainer.check_finite()   # here, and before every save and evaluation
-                loss = float(sum(float(x) for x in losses) / len(losses))
+                means = mean_losses(losses)
                 now = time.perf_counter()
                 lr = float(self.trainer.learning_rate(step + offset - 1))
-                self.log.progress(step + offset, total + offset, loss, (now - t_last) / len(losses),
-                                  training.batch_size, lr, self.model.embeddings.store_stats())
+                self.log.progress(step + offset, total + offset, means.pop("loss"), (now - t_last) / len(losses),
+                                  training.batch_size, lr, self.model.embeddings.store_stats(), heads=means)
                 losses, t_last = [], now
             if self.checkpoints.due(step, total):
                 t0 = time.perf_counter()

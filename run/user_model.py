@@ -7,13 +7,16 @@ and run/checkpoint_policy.py drive either alike.
 The contract (docs/models.md): FILE defines `build_model(features, hparams) -> ranking.Model`,
 `features` a ranking.Features, `hparams` a dict (--model_params, --model_param). The model takes
 a dict: "numerical" [b, n] float32 and, per feature it names, ids [b] int64 (multi-hot: ragged
-[b, None] int64); it gives one logit per sample ([b] or [b, 1]). Shapes: b this rank's samples.
+[b, None] int64); it gives one logit per sample ([b] or [b, 1]), or, on data with H labels, a dict
+of H heads named as the labels (features.labels), one logit per sample each, every head trained
+with binary cross-entropy (their sum the loss) and evaluated on its label. Shapes: b this rank's
+samples.
 Under --amp the builder runs under Keras' mixed-precision policy of the run's compute dtype
 (run.runtime.compute_dtype); --xla and --loss_scale go to the model's compile.
 """
 import contextlib
 import os
-from typing import List, Set
+from typing import Dict, List, Optional, Set, Union
 
 import keras
 import numpy as np
@@ -31,6 +34,8 @@ from run.runtime import batch_rows, compute_dtype
 from storage.checkpoint import Entry
 from utils.errors import ConfigError
 
+BCE = "binary_crossentropy_from_logits"   # ranking.Model.compile's default loss
+
 
 def dataset_features(cfg: RunConfig, comm) -> Features:
     """The run's dataset as a model file's builder sees it, on the run's ranks, seed, placement and
@@ -43,7 +48,7 @@ def dataset_features(cfg: RunConfig, comm) -> Features:
         s.embedding_store_path, s.embedding_cache_policy)
     categorical = [CategoricalFeature(n, c, h) for n, c, h in zip(shape.names, shape.cardinalities, shape.max_hotness)]
     return Features(categorical, shape.num_numerical, collectives=comm, seed=cfg.seed, placement=placement,
-                    storage=storage)
+                    storage=storage, labels=shape.labels)
 
 
 class UserModel:
@@ -56,11 +61,13 @@ class UserModel:
     (`compute_dtype`). Checks, before any data is read, each a one-line ConfigError: the builder
     exists and returns a ranking.Model with HybridEmbedding layers on the run's ranks, its inputs
     are "numerical" and the dataset's features, and a forward of two samples gives one logit per
-    sample (one head)."""
+    sample per head, its heads the data's labels by name (`heads`: in the order of the labels;
+    None for one output on one label)."""
 
     def __init__(self, cfg: RunConfig, comm):
         path, training = cfg.model.model, cfg.training
         self.path, self.comm, self.hparams = path, comm, cfg.model.hparams
+        self.labels = list(cfg.data.shape.labels)
         self.features = dataset_features(cfg, comm)
         self.compute_dtype = compute_dtype(cfg)
         keras.utils.set_random_seed(cfg.seed)
@@ -87,12 +94,17 @@ class UserModel:
                 raise ConfigError(f"{where}: layer {layer.name!r} is not on the run's ranks; build it with "
                                   "features.embedding(...)")
         self._input_names = self._check_inputs(model, where)
+        if isinstance(model, FunctionalModel):   # its heads are known before compile; a subclass' after a forward
+            outputs = model._outputs_struct
+            self._match_heads(sorted(outputs) if isinstance(outputs, dict) else None, where)
         self.keras_model = model
         self.embeddings = _Tables(layers, self._staging(layers, where))
         schedule = LearningRateSchedule(training.learning_rate, training.warmup_steps, training.decay_start_step,
                                         training.decay_steps)
+        # binary cross-entropy on logits, for each head of a model with heads (a subclass names them in the loss)
+        loss = BCE if len(self.labels) == 1 else dict.fromkeys(self.labels, BCE)
         try:   # --xla of a subclassed model, for one
-            model.compile(optimizer=training.optimizer, learning_rate=schedule, beta_1=training.beta1,
+            model.compile(optimizer=training.optimizer, learning_rate=schedule, beta_1=training.beta1, loss=loss,
                           beta_2=training.beta2, run_eagerly=cfg.runtime.run_eagerly, jit_compile=cfg.runtime.xla,
                           loss_scale=cfg.runtime.loss_scale)
         except ConfigError as e:
@@ -154,24 +166,49 @@ class UserModel:
             yield
 
     def logits(self, numerical, categorical) -> tf.Tensor:
-        """Logits [b] float32 of this rank's batch (inference; computed in float32 under --amp,
-        the dense part XLA-compiled under --xla: ranking.Model.inference)."""
+        """Logits [b] float32 of this rank's batch ([b, H] for H `heads`, in their order;
+        inference: computed in float32 under --amp, the dense part XLA-compiled under --xla:
+        ranking.Model.inference)."""
         with self.given(categorical):
-            return tf.reshape(self.keras_model.inference(self.inputs(numerical, categorical)), [-1])
+            out = self.keras_model.inference(self.inputs(numerical, categorical))
+        if self.heads is None:
+            return tf.reshape(out, [-1])
+        return tf.stack([tf.reshape(out[head], [-1]) for head in self.heads], axis=1)
+
+    def head_labels(self, labels) -> Union[tf.Tensor, Dict[str, tf.Tensor]]:
+        """A batch's labels as the model takes them: [b], or for H `heads` ([b, H]) a dict of [b] by head."""
+        return labels if self.heads is None else {head: labels[:, h] for h, head in enumerate(self.heads)}
+
+    def _match_heads(self, heads: Optional[List[str]], where: str):
+        """Sets `heads` from the model's (None: one output), which must be the data's labels by
+        name: one output for one label, a head per label for several (one-line ConfigErrors)."""
+        labels = ", ".join(self.labels)
+        if heads is not None and len(self.labels) == 1:
+            raise ConfigError(f"{where}: the model has heads ({', '.join(heads)}); the data have one label "
+                              f"({labels}): give one logit per sample, or train on data with a label per head "
+                              f"(a feature spec's label channel, --synthetic_labels)")
+        if heads is not None and heads != sorted(self.labels):
+            raise ConfigError(f"{where}: the model's heads ({', '.join(heads)}) are not the data's labels "
+                              f"({labels}): give a head per label, named as it (features.labels)")
+        if heads is None and len(self.labels) > 1:
+            raise ConfigError(f"{where}: the model gives one output; the data have labels {labels}: give a head "
+                              f"per label, named as it (a dict of outputs by features.labels)")
+        self.heads = None if heads is None else list(self.labels)
 
     def _check_output(self, where: str):
-        """A forward of two samples of id 0 on every rank must give 2 logits: one per sample (one head)."""
+        """A forward of two samples of id 0 on every rank must give 2 logits per head: one logit
+        for one label, a head per label named as it (any order) for several; sets `heads`."""
         numerical = tf.zeros([2, self.features.num_numerical], tf.float32)
         categorical = [tf.RaggedTensor.from_row_lengths(tf.zeros([2], tf.int64), [1, 1]) if f.multi_hot
                        else tf.zeros([2], tf.int64) for f in self.features]
         out = self.keras_model(self.inputs(numerical, categorical), training=False)
-        if isinstance(out, dict):
-            raise ConfigError(f"{where}: the model has heads {', '.join(sorted(out))}; main.py's data carry one "
-                              f"label: train a model with several heads with ranking.Model.fit (docs/models.md)")
-        shape = tuple(out.shape) if hasattr(out, "shape") else None
-        if shape not in ((2,), (2, 1)):
-            raise ConfigError(f"{where}: the model gives {shape if shape else type(out).__name__} for 2 samples; "
-                              f"it must give one logit per sample ([b] or [b, 1])")
+        self._match_heads(sorted(out) if isinstance(out, dict) else None, where)
+        for head, logits in (out.items() if isinstance(out, dict) else [(None, out)]):
+            shape = tuple(logits.shape) if hasattr(logits, "shape") else None
+            if shape not in ((2,), (2, 1)):
+                what = "the model" if head is None else f"head {head!r}"
+                raise ConfigError(f"{where}: {what} gives {shape if shape else type(logits).__name__} for 2 samples; "
+                                  f"it must give one logit per sample ([b] or [b, 1])")
 
     @property
     def dense_variables(self) -> List[tf.Variable]:
@@ -185,12 +222,14 @@ class UserModel:
 
     def signature(self, optimizer=None) -> dict:
         """What a checkpoint must share with this model (its manifest's "signature"): the model
-        file's name, its hyper-parameters, the dataset's features (names) and shape and, when
-        given, the optimizer."""
+        file's name, its hyper-parameters, the dataset's features (names) and shape (and, for a
+        model with heads, the labels) and, when given, the optimizer."""
         shape = self.features
         signature = {"model": os.path.basename(self.path), "hparams": self.hparams, "features": shape.names,
                      "cardinalities": [f.cardinality for f in shape], "num_numerical": shape.num_numerical,
                      "max_hotness": [f.max_hotness for f in shape]}
+        if self.heads is not None:
+            signature["labels"] = list(self.labels)
         if optimizer is not None:
             signature["optimizer"] = optimizer
         return signature
@@ -234,8 +273,9 @@ class _Tables:
 
 class UserTrainer:
     """The run's trainer (nn.trainer.Trainer's interface) over a UserModel: `train_step(numerical,
-    categorical, labels) -> the global batch's mean loss`, `predict(numerical, categorical) ->
-    logits [b]`, `step` and `schedule_origin` (the compiled ranking.Model's variables),
+    categorical, labels) -> the global batch's mean loss` (a model with heads, labels [b, H]: a
+    dict of it, "loss", and each head's, "<head>_loss"), `predict(numerical, categorical) ->
+    logits [b]` ([b, H]), `step` and `schedule_origin` (the compiled ranking.Model's variables),
     `learning_rate`, `check_finite`, and the checkpoint entries and names."""
 
     def __init__(self, model: UserModel, run_eagerly: bool = False):
@@ -247,8 +287,9 @@ class UserTrainer:
 
     def _train_step(self, numerical, categorical, labels):
         with self.model.given(categorical):
-            loss, _, _ = self.keras_model.step_on(self.model.inputs(numerical, categorical), labels)
-        return loss
+            loss, heads, _ = self.keras_model.step_on(self.model.inputs(numerical, categorical),
+                                                      self.model.head_labels(labels))
+        return loss if not heads else dict(loss=loss, **{f"{head}_loss": heads[head] for head in self.model.heads})
 
     def learning_rate(self, step) -> tf.Tensor:
         return self.keras_model.learning_rate(step)

@@ -153,8 +153,9 @@ BAD_MODELS = {
                      "    h = keras.layers.Concatenate(name='c')(e)\n"
                      "    return ranking.Model(x, {'click': keras.layers.Dense(1, name='click')(h),\n"
                      "                             'rating': keras.layers.Dense(1, name='rating')(h)})\n",
-                     "build_model: the model has heads click, rating; main.py's data carry one label: train a model "
-                     "with several heads with ranking.Model.fit (docs/models.md)"),
+                     "build_model: the model has heads (click, rating); the data have one label (label): give one "
+                     "logit per sample, or train on data with a label per head (a feature spec's label channel, "
+                     "--synthetic_labels)"),
     "unknown_feature.py": ("import keras, ranking\n\ndef build_model(features, hparams):\n"
                            "    x = features.inputs()\n"
                            "    e = features.embedding(features.feature_configs(4, names=['user', 'occupation']))(\n"

@@ -53,20 +53,22 @@ class RunLogger:
             self._tb.flush()
 
     def progress(self, step: int, total: int, loss: float, step_seconds: float, batch_size: int, lr: float,
-                 store: Optional[dict] = None):
+                 store: Optional[dict] = None, heads: Optional[dict] = None):
         """The progress line, and a `step` record; `store`: the embedding store's figures
-        (DistributedEmbedding.store_stats), if it has tables on disk."""
+        (DistributedEmbedding.store_stats), if it has tables on disk; `heads`: a model with heads,
+        each head's loss by "<head>_loss" (shown after the loss, their weighted sum)."""
         throughput = batch_size / step_seconds
         eta = (total - step) * step_seconds
-        line = (f"step {step}/{total} | eta {_duration(eta)} | loss {loss:.5f} | "
+        each = "".join(f" | {key[:-len('_loss')]} loss {value:.5f}" for key, value in (heads or {}).items())
+        line = (f"step {step}/{total} | eta {_duration(eta)} | loss {loss:.5f}{each} | "
                 f"step {1000 * step_seconds:.1f} ms | {throughput:,.0f} samples/s | lr {lr:.6g}")
         if store:
             line += (f" | cache hits {100 * store['cache_hit_rate']:.1f}% | disk read "
                      f"{store['store_mb_read_per_step']:.3g} MB/step, written {store['store_mb_written_per_step']:.3g}"
                      f" MB/step | waited {store['store_wait_ms_per_step']:.1f} ms/step")
         self.print(line)
-        self.record("step", step, loss=loss, step_ms=1000 * step_seconds, samples_per_s=throughput, lr=lr,
-                    **(store or {}))
+        self.record("step", step, loss=loss, **(heads or {}), step_ms=1000 * step_seconds,
+                    samples_per_s=throughput, lr=lr, **(store or {}))
 
     def close(self):
         if self._file:

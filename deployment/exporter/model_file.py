@@ -39,11 +39,17 @@ def model_file_export(manifest: dict, model_file) -> ExportedModel:
     signature, where = manifest["signature"], manifest["path"]
     names = signature.get("features") or [f"cat_{i}" for i in range(len(signature["cardinalities"]))]
     features = Features([CategoricalFeature(n, c, h) for n, c, h in
-                         zip(names, signature["cardinalities"], signature["max_hotness"])], signature["num_numerical"])
+                         zip(names, signature["cardinalities"], signature["max_hotness"])], signature["num_numerical"],
+                        labels=signature.get("labels", ["label"]))
     try:
         model = load_builder(model_file)(features, dict(signature["hparams"]))
     except ConfigError as e:
         raise RepositoryError(f"--model={model_file}: {e}") from None
+    outputs = getattr(model, "_outputs_struct", None)
+    if isinstance(outputs, dict) or "labels" in signature:
+        heads = sorted(outputs) if isinstance(outputs, dict) else signature["labels"]
+        raise RepositoryError(f"--model={model_file}: the model has heads {', '.join(heads)}; the exported model "
+                              f"serves one logit per request: a model with several heads is not exported yet")
     layers = [l for l in model._flatten_layers() if isinstance(l, HybridEmbedding)]
     tables, lookups, widths = [], [], []
     for layer in layers:   # the order dense_part takes their outputs in; tables numbered across layers

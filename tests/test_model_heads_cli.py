@@ -1,0 +1,221 @@
+"""main.py --model=FILE with a model of several heads (examples/two_label.py) on data with two labels:
+synthetic (--synthetic_labels=2) and a split-binary feature spec whose label channel names two
+(written, read back, and converted to split TFRecords). It trains with a loss per head (progress
+line and JSON log), evaluates with an exact AUC per head equal to an independent NumPy AUC of the
+same predictions, resumes bit for bit, and at 2 Gloo ranks equals one process; the mismatches of
+heads and labels, the built-in models on two labels and the export of a model with heads are one
+error line."""
+import numpy as np
+import pytest
+
+from dataloading.feature_spec import SPEC_FILE, FeatureSpec, split_binary_spec
+from dataloading.generate_dataset import generate
+from dataloading.split_binary import SplitBinaryDataset
+from dataloading.split_tfrecords import open_split_tfrecords
+from dataloading.synthetic import SyntheticDataset
+from dataloading.to_tfrecords import convert
+from run.config import build_config
+from tests.configs import TINY
+from tests.horovod_run import horovodrun
+from tests.test_model_cli import DATA, FILE_DATA, PLACEMENT, STEPS, error_line, python
+from tests.test_multirank_cli import succeeded
+from tests.test_tiered_cli import assert_same_checkpoint, log_records
+
+MODEL = ["--model=examples/two_label.py", "--model_param=embedding_dim=4", "--model_param=hidden=[16,8]",
+         "--model_param=head=[8]"]
+TWO_LABELS = [*DATA, "--synthetic_labels=2"]
+HEADS = ("label", "label_1")
+
+
+def numpy_auc(labels: np.ndarray, scores: np.ndarray) -> float:
+    """ROC AUC by the rank-sum (Mann-Whitney) formula, tied scores at their average rank."""
+    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
+    ranks = (np.cumsum(counts) - (counts - 1) / 2.0)[inverse]
+    positive = labels == 1
+    p, n = int(positive.sum()), int((~positive).sum())
+    return float((ranks[positive].sum() - p * (p + 1) / 2.0) / (p * n))
+
+
+def steps(path) -> dict:
+    """{step: (loss, each head's loss)} of a JSON log."""
+    return {r["step"]: (r["loss"],) + tuple(r[f"{h}_loss"] for h in HEADS)
+            for r in log_records(path) if r["kind"] == "step"}
+
+
+def last_eval(path) -> dict:
+    return [r for r in log_records(path) if r["kind"] == "eval"][-1]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The one-process run on two synthetic labels: (its log, its checkpoint root)."""
+    path = tmp_path_factory.mktemp("two_label")
+    out = succeeded(python(*MODEL, *TWO_LABELS, f"--save_checkpoint_path={path / 'ckpt'}",
+                           f"--log_path={path / 'log.json'}"))
+    assert f"step 1/{STEPS} |" in out.stdout and " | label loss " in out.stdout and " | label_1 loss " in out.stdout
+    return path / "log.json", path / "ckpt"
+
+
+def test_two_labels_train_with_a_loss_per_head_and_evaluate_an_auc_per_head(uninterrupted):
+    log, _ = uninterrupted
+    got = steps(log)
+    assert sorted(got) == list(range(1, STEPS + 1))
+    for loss, label, label_1 in got.values():   # the loss is the heads' sum (weights 1)
+        assert loss == pytest.approx(label + label_1, rel=1e-6) and label > 0 and label_1 > 0
+    final = last_eval(log)
+    assert final["samples"] == 500
+    for h in HEADS:
+        assert 0.5 < final[f"{h}_auc"] <= 1.0 and final[f"{h}_oracle_auc"] > 0.7
+    # the first head's figures are the run's auc and logloss (--keep_best_checkpoint chooses by them)
+    assert (final["auc"], final["logloss"]) == (final["label_auc"], final["label_logloss"])
+    assert final["label_auc"] != final["label_1_auc"]
+
+
+def test_each_heads_auc_is_the_numpy_auc_of_the_same_predictions(uninterrupted):
+    """The training run's checkpoint evaluated in this process: each head's AUC equals a NumPy
+    rank-sum AUC of the predictions and labels of the evaluation batches, and the training run's."""
+    from run.loop import Run
+    log, ckpt = uninterrupted
+    values = {"mode": "eval", "dataset_type": "synthetic", "synthetic_cardinalities": ["300", "50", "7", "30"],
+              "synthetic_num_numerical": 3, "synthetic_eval_rows": 500, "valid_batch_size": 300, "seed": 7,
+              "synthetic_labels": 2, "model": "examples/two_label.py",
+              "model_param": ["embedding_dim=4", "hidden=[16,8]", "head=[8]"], "restore_checkpoint_path": str(ckpt)}
+    run = Run(build_config(dict(TINY, **values), set(values)))
+    try:
+        metrics = run.evaluate(run.start_step)
+        logits, labels = [], []
+        for numerical, categorical, y, _, valid in run._eval_data():
+            logits.append(run.trainer.predict(numerical, categorical).numpy()[:int(valid)])
+            labels.append(y.numpy()[:int(valid)])
+    finally:
+        run.model.embeddings.close()
+    logits, labels = np.concatenate(logits), np.concatenate(labels)
+    assert logits.shape == labels.shape == (500, 2)
+    trained = last_eval(log)
+    for h, head in enumerate(HEADS):
+        assert metrics[f"{head}_auc"] == pytest.approx(numpy_auc(labels[:, h], logits[:, h]), abs=1e-12)
+        assert metrics[f"{head}_auc"] == trained[f"{head}_auc"]
+
+
+def test_a_run_stopped_and_resumed_equals_the_uninterrupted_one_bit_for_bit(tmp_path, uninterrupted):
+    log, ckpt = uninterrupted
+    first = tmp_path / "first"
+    succeeded(python(*MODEL, *TWO_LABELS, "--max_steps=6", "--checkpoint_every_n_steps=3",
+                     f"--save_checkpoint_path={first}", f"--log_path={tmp_path / 'first.json'}"))
+    succeeded(python(*MODEL, *TWO_LABELS, f"--restore_checkpoint_path={first}",
+                     f"--save_checkpoint_path={tmp_path / 'resumed'}", f"--log_path={tmp_path / 'resumed.json'}"))
+    want, resumed = steps(log), steps(tmp_path / "resumed.json")
+    assert sorted(resumed) == list(range(7, STEPS + 1))
+    assert all(resumed[s] == want[s] for s in resumed), (resumed, want)
+    assert_same_checkpoint(tmp_path / "resumed", ckpt)
+    got, final = last_eval(tmp_path / "resumed.json"), last_eval(log)
+    assert all(got[f"{h}_{m}"] == final[f"{h}_{m}"] for h in HEADS for m in ("auc", "logloss"))
+
+
+def test_two_gloo_ranks_equal_one_process(tmp_path, uninterrupted):
+    log, _ = uninterrupted
+    succeeded(horovodrun(2, ["main.py", *MODEL, *TWO_LABELS, *PLACEMENT, f"--log_path={tmp_path / 'two.json'}"]))
+    want, got = steps(log), steps(tmp_path / "two.json")
+    assert sorted(got) == sorted(want)
+    for s in want:
+        assert got[s] == pytest.approx(want[s], rel=1e-5, abs=1e-6), s
+    a, b = last_eval(tmp_path / "two.json"), last_eval(log)
+    assert a["samples"] == b["samples"] == 500
+    for h in HEADS:
+        for m in ("auc", "logloss"):
+            assert a[f"{h}_{m}"] == pytest.approx(b[f"{h}_{m}"], rel=1e-5, abs=1e-6), (h, m)
+
+
+def two_label_spec(path):
+    """Two labels click and rating, named features, a multi-hot one; written with generate()."""
+    spec = split_binary_spec(["age", "hour"], {"user": 60, "item": 40, "genres": 12}, ["click", "rating"],
+                             max_hotness={"genres": 3}, numerical_dtype="float32", base_dir=str(path))
+    generate(spec, 96 * 8, 300, seed=3, alpha=1.1)
+    return spec
+
+
+def test_a_split_binary_spec_with_two_labels_round_trips(tmp_path):
+    """Written, read back: labels [n, 2] in the spec's order, SyntheticDataset's two labels; the same
+    from split TFRecords; a one-label spec is written as before (one chunk, label.bin)."""
+    spec = two_label_spec(tmp_path / "data")
+    read = FeatureSpec.from_yaml(str(tmp_path / "data" / SPEC_FILE))
+    assert read.labels == ["click", "rating"] and read.label == "click"
+    assert [c.files for c in read.mapping("train") if c.features == ["click", "rating"]] == [["train/label.bin"]]
+    files = SplitBinaryDataset(read, {"train": "train", "eval": "test"})
+    assert files.label_names == ["click", "rating"]
+    truth = SyntheticDataset(read.cardinalities, 2, 1.1, 3, labels=2)
+    got, want = files.batch("eval", 10, 50), truth.batch("eval", 10, 50)
+    assert got["labels"].shape == (50, 2) and np.array_equal(got["labels"], want["labels"])
+    assert got["labels"][:, 0].tolist() != got["labels"][:, 1].tolist()
+    convert(read, str(tmp_path / "tfrecords"), ["train", "test"], 32, 0)
+    records = open_split_tfrecords(str(tmp_path / "tfrecords" / SPEC_FILE), {"eval": "test"})
+    assert np.array_equal(records.batch("eval", 0, 96)["labels"], files.batch("eval", 0, 96)["labels"])
+    one = split_binary_spec(["age"], {"user": 60}).to_dict()
+    assert one["channel_spec"]["label"] == ["label"] and one["feature_spec"]["label"] == {"dtype": "bool"}
+    assert one["source_spec"]["train"][1] == {"type": "split_binary", "features": ["label"],
+                                              "files": ["train/label.bin"]}
+    empty = dict(one, channel_spec=dict(one["channel_spec"], label=[]))
+    with pytest.raises(Exception, match="channel_spec.label: must not be empty"):
+        FeatureSpec.from_dict(empty)
+
+
+def test_two_label_model_on_a_two_label_feature_spec(tmp_path):
+    """Its heads are named as the spec's labels (click, rating) and each evaluated."""
+    two_label_spec(tmp_path / "data")
+    out = succeeded(python(*MODEL, *FILE_DATA, f"--dataset_path={tmp_path / 'data'}",
+                           f"--log_path={tmp_path / 'log.json'}"))
+    assert " | click loss " in out.stdout and " | rating loss " in out.stdout
+    final = last_eval(tmp_path / "log.json")
+    assert final["samples"] == 300 and 0.0 < final["click_auc"] < 1.0 and 0.0 < final["rating_auc"] < 1.0
+
+
+ONE_OUTPUT = ("import keras, ranking\n\ndef build_model(features, hparams):\n"
+              "    x = features.inputs()\n"
+              "    e = features.embedding(features.feature_configs(4))([x[f.name] for f in features])\n"
+              "    h = keras.layers.Concatenate(name='c')(e)\n"
+              "    return ranking.Model(x, keras.layers.Dense(1, name='out')(h))\n")
+
+# A subclassed model (its heads known after a forward) with heads named otherwise than the labels.
+CLICK_RATING = ("import keras, ranking\n\nclass M(ranking.Model):\n"
+                "    def __init__(self, features):\n"
+                "        super().__init__(name='m')\n"
+                "        self.names = features.names\n"
+                "        self.emb = features.embedding(features.feature_configs(4))\n"
+                "        self.click = keras.layers.Dense(1, name='click')\n"
+                "        self.rating = keras.layers.Dense(1, name='rating')\n"
+                "    def call(self, x, training=False):\n"
+                "        h = keras.ops.concatenate(self.emb([x[n] for n in self.names]), axis=1)\n"
+                "        return {'click': self.click(h), 'rating': self.rating(h)}\n\n"
+                "def build_model(features, hparams):\n"
+                "    return M(features)\n")
+
+
+def test_heads_and_labels_that_do_not_match_are_one_line(tmp_path):
+    assert error_line(python(*MODEL, *DATA)) == (   # on one label its heads are click and rating
+        "error: --model=examples/two_label.py: build_model: the model has heads (click, rating); the data have one "
+        "label (label): give one logit per sample, or train on data with a label per head (a feature spec's label "
+        "channel, --synthetic_labels)")
+    (tmp_path / "click_rating.py").write_text(CLICK_RATING)
+    assert error_line(python(f"--model={tmp_path / 'click_rating.py'}", *TWO_LABELS)) == (
+        f"error: --model={tmp_path / 'click_rating.py'}: build_model: the model's heads (click, rating) are not the "
+        "data's labels (label, label_1): give a head per label, named as it (features.labels)")
+    (tmp_path / "one.py").write_text(ONE_OUTPUT)
+    assert error_line(python(f"--model={tmp_path / 'one.py'}", *TWO_LABELS)) == (
+        f"error: --model={tmp_path / 'one.py'}: build_model: the model gives one output; the data have labels "
+        "label, label_1: give a head per label, named as it (a dict of outputs by features.labels)")
+    assert error_line(python(*TWO_LABELS, "--embedding_dim=8", "--bottom_mlp_dims=16,8", script="dlrm.py")) == (
+        "error: the data have 2 labels (label, label_1); the built-in DLRM/DCNv2 learn one: train a model with a "
+        "head per label with --model=FILE (docs/models.md)")
+    assert error_line(python(*TWO_LABELS, "--synthetic_labels=0", *MODEL)) == \
+        "error: --synthetic_labels must be positive, got 0"
+    two_label_spec(tmp_path / "data")
+    assert error_line(python(*FILE_DATA, f"--dataset_path={tmp_path / 'data'}", "--synthetic_labels=2")) == (
+        "error: --synthetic_labels only applies with --dataset_type=synthetic; remove it or change that flag")
+
+
+def test_the_export_of_a_model_with_heads_is_one_line(tmp_path, uninterrupted):
+    _, ckpt = uninterrupted
+    line = error_line(python(f"--checkpoint={ckpt}", f"--output={tmp_path / 'repo'}", "--model_name=m",
+                             "--model=examples/two_label.py", script="deployment/deploy.py"))
+    assert line == ("error: --model=examples/two_label.py: the model has heads label, label_1; the exported model "
+                    "serves one logit per request: a model with several heads is not exported yet")
