@@ -267,3 +267,30 @@ def test_tables_on_disk_take_a_model_of_one_embedding_layer(tmp_path):
     line = error_line(python(f"--model={tmp_path / 'two_layers.py'}", *TIER_DATA, *tiered(tmp_path / "store")))
     assert line == (f"error: --embedding_memory_budget_gb puts tables on disk, which takes a model of one "
                     f"HybridEmbedding layer; --model={tmp_path / 'two_layers.py'}: build_model made 2")
+
+
+def test_tables_on_disk_at_two_ranks_equal_memory_and_one_process(tmp_path):
+    """Wide & Deep at 2 Gloo ranks with model-parallel input (each rank reads the global batch's ids
+    of its tables' features) and tables on disk (row shards, whole tables) writes the checkpoints of
+    the same run in memory bit for bit and evaluates alike; both equal one process (losses, AUC)."""
+    def train(out, *flags, ranks=2):
+        placement = ["--row_slice_threshold=6000", "--data_parallel_threshold=30"] if ranks > 1 else []
+        args = [*model_args("wide_and_deep"), *TIER_DATA, *placement, *flags, "--checkpoint_every_n_steps=12",
+                f"--save_checkpoint_path={out / 'ckpt'}", f"--log_path={out / 'log.json'}"]
+        return succeeded(horovodrun(ranks, ["main.py", *args]) if ranks > 1 else python(*args)).stdout
+
+    memory, disk, store = tmp_path / "memory", tmp_path / "disk", tmp_path / "store"
+    memory_out = train(memory)
+    disk_out = train(disk, *tiered(store))
+    units = set(disk_units(disk_out))
+    assert {(0, 4), (1, 4)} <= units and disk_units(memory_out) == {}, disk_out   # deep_cat_0: row shards
+    assert "cache hits" in disk_out and "2 ranks" in disk_out
+    for step in (12, 24):
+        assert_same_checkpoint(disk / "ckpt" / f"ckpt-{step}", memory / "ckpt" / f"ckpt-{step}")
+    evals = [[(r["step"], r["auc"], r["logloss"]) for r in log_records(out / "log.json") if r["kind"] == "eval"]
+             for out in (memory, disk)]
+    assert evals[0] == evals[1] and [e[0] for e in evals[1]] == [12, 24], evals
+    assert os.listdir(store) == []
+    one = tmp_path / "one"
+    train(one, ranks=1)
+    assert_same_run(records(disk / "log.json"), records(one / "log.json"), range(4, 25, 4))
