@@ -18,7 +18,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 
 import keras
 
-from parallel_embedding.planner import BYTES_PER_ELEMENT
+from parallel_embedding.planner import BYTES_PER_ELEMENT, BudgetError
 from ranking.config import FeatureConfig, TableConfig
 from ranking.embedding import HybridEmbedding, TableStorage
 from utils.errors import ConfigError
@@ -57,6 +57,7 @@ class Features:
         self._collectives, self._seed, self._placement = collectives, seed, dict(placement or {})
         self._storage = storage
         self._layer_settings = dict(data_parallel_input=data_parallel_input, zeros_initializer=zeros_initializer)
+        self._planned = False   # whether `embedding` has made a layer
 
     def __iter__(self) -> Iterator[CategoricalFeature]:
         return iter(self.categorical)
@@ -106,8 +107,13 @@ class Features:
         in, a list of [b, D] out) on the run's ranks, placement, storage and seed. A model may have several,
         each of its own `name` (its tables' checkpoint names start with it). Its tables start as
         the built-in models' of the same seed and shapes."""
-        layer = HybridEmbedding(list(feature_configs), collectives=self._collectives, seed=(self._seed, 1000),
-                                storage=self._storage, name=name, **self._placement, **self._layer_settings)
+        try:
+            layer = HybridEmbedding(list(feature_configs), collectives=self._collectives, seed=(self._seed, 1000),
+                                    storage=self._storage, name=name, **self._placement, **self._layer_settings)
+        except BudgetError as e:
+            raise BudgetError(f"layer {name!r}{' (within what the layers before it left)' if self._planned else ''}: "
+                              f"{e}") from None
+        self._planned = True
         if self._storage is not None:
             self._storage = _left_over(self._storage, layer.embedding.plan)
         return layer

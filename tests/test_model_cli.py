@@ -262,11 +262,27 @@ def test_tables_on_disk_equal_memory_and_checkpoints_move_between_tiers(tmp_path
         assert_same_checkpoint(tmp_path / resumed / "ckpt", memory / "ckpt" / "ckpt-24")
 
 
-def test_tables_on_disk_take_a_model_of_one_embedding_layer(tmp_path):
+def test_two_embedding_layers_with_tables_on_disk_at_two_ranks_equal_memory(tmp_path):
+    """Both layers' tables within one budget ("deep" planned within what "wide", made first, left:
+    its tables partly on disk) at 2 ranks: the checkpoints and evaluations of the same run in
+    memory, bit for bit."""
     (tmp_path / "two_layers.py").write_text(TWO_LAYERS)
-    line = error_line(python(f"--model={tmp_path / 'two_layers.py'}", *TIER_DATA, *tiered(tmp_path / "store")))
-    assert line == (f"error: --embedding_memory_budget_gb puts tables on disk, which takes a model of one "
-                    f"HybridEmbedding layer; --model={tmp_path / 'two_layers.py'}: build_model made 2")
+
+    def train(out, *flags):
+        args = ["main.py", f"--model={tmp_path / 'two_layers.py'}", *TIER_DATA, *PLACEMENT, *flags,
+                "--checkpoint_every_n_steps=12", f"--save_checkpoint_path={out / 'ckpt'}", f"--log_path={out / 'log.json'}"]
+        return succeeded(horovodrun(2, args)).stdout
+
+    memory, disk, store = tmp_path / "memory", tmp_path / "disk", tmp_path / "store"
+    train(memory)
+    disk_out = train(disk, *tiered(store))
+    deep, wide = disk_out.split("layer 'wide'")   # the plans: deep's tables over what wide keeps in memory
+    assert disk_units(deep) and not disk_units(wide), disk_out
+    for step in (12, 24):
+        assert_same_checkpoint(disk / "ckpt" / f"ckpt-{step}", memory / "ckpt" / f"ckpt-{step}")
+    evals = [[(r["step"], r["auc"], r["logloss"]) for r in log_records(out / "log.json") if r["kind"] == "eval"]
+             for out in (memory, disk)]
+    assert evals[0] == evals[1] and [e[0] for e in evals[1]] == [12, 24], evals
 
 
 def test_tables_on_disk_at_two_ranks_equal_memory_and_one_process(tmp_path):
