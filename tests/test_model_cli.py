@@ -6,13 +6,16 @@ resumes at the other (1 -> 2, 2 -> 1) as the one process goes on; a model file o
 with named, multi-hot features; a bad model file or an unsupported flag is one error line, before
 any data is read."""
 import os
+import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from dataloading.feature_spec import SPEC_FILE, split_binary_spec
 from dataloading.generate_dataset import generate
+from storage import checkpoint
 from tests.horovod_run import ROOT, horovodrun
 from tests.test_multirank_cli import assert_same_losses, assert_same_run, records, succeeded
 from tests.test_tiered_cli import assert_same_checkpoint, disk_units, log_records, tiered
@@ -310,3 +313,32 @@ def test_tables_on_disk_at_two_ranks_equal_memory_and_one_process(tmp_path):
     one = tmp_path / "one"
     train(one, ranks=1)
     assert_same_run(records(disk / "log.json"), records(one / "log.json"), range(4, 25, 4))
+
+
+def table_tensors(ckpt) -> dict:
+    """A checkpoint's tables (not their optimizer slots or updated_at), by name."""
+    manifest = checkpoint.read_manifest(str(ckpt))
+    return {n: checkpoint.read_tensor(manifest["path"], n) for n in manifest["tensors"]
+            if re.fullmatch(r".*_tables/table_\d+", n)}
+
+
+def test_frozen_and_zero_initialised_tables_and_the_offloading_line(tmp_path):
+    """--embedding_trainable=false: the tables of step 6 are step 3's, the dense weights not;
+    --embedding_zeros_initializer: every table zero (frozen: after training too);
+    --cpu_offloading_threshold_gb: the built-in path's line (on a CPU, the rank's table bytes)."""
+    args = [*model_args("wide_and_deep"), *DATA, "--max_steps=6", "--checkpoint_every_n_steps=3"]
+    out = succeeded(python(*args, "--embedding_trainable=false", f"--save_checkpoint_path={tmp_path / 'frozen'}",
+                           "--cpu_offloading_threshold_gb=1"))
+    first, last = (table_tensors(tmp_path / "frozen" / f"ckpt-{s}") for s in (3, 6))
+    assert len(first) == 8 and all(np.array_equal(first[n], last[n]) and first[n].any() for n in first)
+    manifest = checkpoint.read_manifest(str(tmp_path / "frozen" / "ckpt-6"))
+    assert not np.array_equal(checkpoint.read_tensor(manifest["path"], "deep_0/kernel"),
+                              checkpoint.read_tensor(checkpoint.read_manifest(
+                                  str(tmp_path / "frozen" / "ckpt-3"))["path"], "deep_0/kernel"))
+    table_bytes = 4 * 5 * (300 + 50 + 7 + 30)   # widths 1 and 4 per feature
+    assert (f"--cpu_offloading_threshold_gb=1: rank 0's tables take {table_bytes / 2 ** 30:.3g} GiB, all in host "
+            f"memory already (no GPU)") in out.stdout.splitlines()
+    succeeded(python(*args, "--embedding_trainable=false", "--embedding_zeros_initializer",
+                     f"--save_checkpoint_path={tmp_path / 'zeros'}"))
+    zeros = table_tensors(tmp_path / "zeros" / "ckpt-6")
+    assert len(zeros) == 8 and not any(t.any() for t in zeros.values())
