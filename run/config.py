@@ -587,7 +587,7 @@ def _check(c: RunConfig, present: Set[str], world_size: int):
     refused = sorted(present & set(_NOT_WITH_MODEL_FILE)) if c.model.model else []
     if refused:
         raise ConfigError(f"--model={c.model.model} does not take {_names(refused)} (the model file sets its own "
-                          f"shape; docs/models.md lists what it does not support yet): remove "
+                          f"shape): remove "
                           f"{'it' if len(refused) == 1 else 'them'}")
     _check_applies(c, present)
     for names, wrong in _RANGES:

@@ -465,7 +465,7 @@ def test_model_file_refuses_the_flags_it_does_not_take_in_one_line():
                               present={"model", "num_cross_layers", "interaction", "embedding_dim"},
                               model=MODEL_FILE, num_cross_layers=2, interaction="cross")
     assert message == (f"--model={MODEL_FILE} does not take --embedding_dim, --interaction and --num_cross_layers (the "
-                       "model file sets its own shape; docs/models.md lists what it does not support yet): remove them")
+                       "model file sets its own shape): remove them")
     # AMP and XLA: the model file's compile takes them (tests/test_ranking_precision.py)
     cfg = build(present={"model", "amp", "loss_scale", "xla"}, model=MODEL_FILE, amp=True, loss_scale=8.0, xla=True)
     assert (cfg.runtime.amp, cfg.runtime.loss_scale, cfg.runtime.xla) == (True, 8.0, True)

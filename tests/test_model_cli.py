@@ -179,10 +179,9 @@ def test_a_bad_model_file_is_one_line_before_any_data_is_read(tmp_path, file):
 
 def test_unsupported_flags_and_bad_hyper_parameters_are_one_line(tmp_path):
     line = error_line(python(*model_args("dlrm"), *DATA, "--interaction=cross", "--embedding_dim=8",
-                             "--cpu_offloading_threshold_gb=1"))
-    assert line == ("error: --model=examples/dlrm.py does not take --cpu_offloading_threshold_gb, --embedding_dim "
-                    "and --interaction (the model file sets its own shape; docs/models.md lists what it does not "
-                    "support yet): remove them")
+                             "--bottom_mlp_dims=8"))
+    assert line == ("error: --model=examples/dlrm.py does not take --bottom_mlp_dims, --embedding_dim and "
+                    "--interaction (the model file sets its own shape): remove them")
     assert error_line(python(*DATA, "--model_param=hidden=[8]")) == \
         "error: --model_param only applies with --model; remove it or change that flag"
     assert error_line(python(*model_args("deepfm"), *DATA, "--model_param=width=3")) == \
