@@ -217,7 +217,8 @@ def build_model(features, hparams):
 
 
 def test_two_embedding_layers_and_a_shared_table(tmp_path):
-    """Trains, checkpoints and resumes exactly; at 2 ranks equals one process."""
+    """Trains, checkpoints and resumes exactly; at 2 ranks, with model-parallel input (the
+    default) and with --data_parallel_input, equals one process."""
     (tmp_path / "two_layers.py").write_text(TWO_LAYERS)
     args = [f"--model={tmp_path / 'two_layers.py'}", *DATA]
     succeeded(python(*args, f"--log_path={tmp_path / 'one.json'}"))
@@ -227,8 +228,9 @@ def test_two_embedding_layers_and_a_shared_table(tmp_path):
     succeeded(python(*args, f"--restore_checkpoint_path={tmp_path / 'first'}",
                      f"--log_path={tmp_path / 'resumed.json'}"))
     assert_same_run(records(tmp_path / "resumed.json"), want, range(7, STEPS + 1))
-    succeeded(horovodrun(2, ["main.py", *args, *PLACEMENT, f"--log_path={tmp_path / 'two.json'}"]))
-    assert_same_run(records(tmp_path / "two.json"), want, range(1, STEPS + 1))
+    for name, layout in (("model_parallel", []), ("data_parallel", ["--data_parallel_input"])):
+        succeeded(horovodrun(2, ["main.py", *args, *PLACEMENT, *layout, f"--log_path={tmp_path / name}.json"]))
+        assert_same_run(records(tmp_path / f"{name}.json"), want, range(1, STEPS + 1))
 
 
 # tests/test_tiered_cli.py's sizes: at --embedding_memory_budget_gb=0.0001 (tiered()) DeepFM's tables of
@@ -341,3 +343,32 @@ def test_frozen_and_zero_initialised_tables_and_the_offloading_line(tmp_path):
                      f"--save_checkpoint_path={tmp_path / 'zeros'}"))
     zeros = table_tensors(tmp_path / "zeros" / "ckpt-6")
     assert len(zeros) == 8 and not any(t.any() for t in zeros.values())
+
+
+SUBCLASSED = '''import keras, ranking
+
+class Wide(ranking.Model):
+    def __init__(self, features):
+        super().__init__(name="wide")
+        self.names = features.names
+        self.emb = features.embedding(features.feature_configs(1))
+
+    def call(self, x):
+        return keras.ops.sum(keras.ops.concatenate(self.emb([x[n] for n in self.names]), axis=1), axis=1)
+
+def build_model(features, hparams):
+    return Wide(features)
+'''
+
+
+def test_a_subclassed_model_at_two_ranks_takes_data_parallel_input(tmp_path):
+    """Model-parallel input (the default) gives the layers the data's ids, which a subclassed model's
+    inputs do not say: one line naming --data_parallel_input, with which it trains."""
+    (tmp_path / "wide.py").write_text(SUBCLASSED)
+    args = ["main.py", f"--model={tmp_path / 'wide.py'}", *DATA, "--max_steps=2"]
+    out = horovodrun(2, args)
+    assert out.returncode != 0 and (
+        "error: model-parallel input (--data_parallel_input off) gives the layer its tables' ids of the global batch "
+        f"from the data: feature 'cat_0' of layer 'embedding' must take one of --model={tmp_path / 'wide.py'}: "
+        "build_model's inputs (features.inputs()) as it is, or give --data_parallel_input") in out.stderr, out.stderr
+    succeeded(horovodrun(2, args + ["--data_parallel_input"]))
