@@ -10,6 +10,11 @@ a dict: "numerical" [b, n] float32 and, per feature it names, ids [b] int64 (mul
 [b, None] int64); it gives one logit per sample ([b] or [b, 1]). Shapes: b this rank's samples.
 Under --amp the builder runs under Keras' mixed-precision policy of the run's compute dtype
 (run.runtime.compute_dtype); --xla and --loss_scale go to the model's compile.
+
+At N > 1 ranks without --data_parallel_input the input is model-parallel, as the built-in path's:
+the run reads the global batch's ids of the features this rank's tables read, slices each rank's
+[b] out of them for the model's inputs, and gives each HybridEmbedding its tables' ids (staged
+into cache slots for tables on disk, at any N).
 """
 import contextlib
 import os

@@ -132,13 +132,17 @@ FILE_DATA = ["--dataset_type=split_binary", "--optimizer=adagrad", "--learning_r
              "--valid_batch_size=100", "--warmup_steps=0", "--decay_steps=0", "--print_freq=4"]
 
 
-def test_movielens_mlp_on_a_feature_spec_with_a_multi_hot_feature(tmp_path):
+def test_movielens_mlp_on_a_feature_spec_with_a_multi_hot_feature_at_one_and_two_ranks(tmp_path):
     data = spec_dataset(tmp_path / "data")
     out = succeeded(python(*model_args("movielens_mlp"), *FILE_DATA, f"--dataset_path={data}",
                            f"--log_path={tmp_path / 'log.json'}"))
     assert "3 categorical features" in out.stdout
     got = records(tmp_path / "log.json")
     assert sorted(got["step"]) == [4, 8] and got["eval"]["samples"] == 300
+    # 2 ranks, model-parallel input: rank r reads the global batch's ids of its tables' features, genres ragged
+    succeeded(horovodrun(2, ["main.py", *model_args("movielens_mlp"), *FILE_DATA, f"--dataset_path={data}",
+                             "--row_slice_threshold=100", f"--log_path={tmp_path / 'two.json'}"]))
+    assert_same_run(records(tmp_path / "two.json"), got, [4, 8])
 
 
 BAD_MODELS = {
