@@ -169,7 +169,7 @@ def against_api(args, w, comm, builtin_step, builtin_pool, warmup: int, timed: i
     which other processes inflate less than wall time). `dense_parameters`: each model's dense
     weights (the same shapes)."""
     api = api_trainer(w, comm)
-    pool = batch_pool(w, comm, ["local"] * len(w["cardinalities"]))   # data-parallel input (one rank: the same)
+    pool = batch_pool(w, comm, [api.model.embeddings.input_rows(f) for f in range(len(w["cardinalities"]))])
     sides = {"builtin": (builtin_step, builtin_pool), "api": (api.train_step, pool)}
     for step, batches in sides.values():
         timed_steps(step, batches, warmup, 0)

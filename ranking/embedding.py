@@ -12,10 +12,14 @@ feature (data-parallel input); the embedding exchanges ids and rows with the all
 today's plan. Features sharing a table are looked up together, their ids concatenated (the
 embedding's `inputs_per_table`: one lookup, exchange and update per table at any N).
 
+Model-parallel input (`data_parallel_input=False`, N > 1): the layer looks up only ids given
+through `given_table_ids`, per table as `input_rows(t)` says: its features' ids of the global
+batch ([k_t B]) where this rank holds a shard of table t, of the local batch ([k_t b]) where t is
+replicated; the inputs still give b. The run (run/user_model.py) reads them from the data.
+
 With `storage` (a `TableStorage`), the planner puts the tables that exceed a memory budget on
 disk (parallel_embedding/tiered.py); their ids must then be staged before each step: the run
-(run/user_model.py) stages each batch's `table_ids` and hands the step the cache slots through
-`given_table_ids`.
+stages each batch's `table_ids` and hands the step the cache slots through `given_table_ids`.
 
 The tables are not Keras weights: `model.trainable_variables` holds only the dense layers', so
 Keras (or any dense optimizer) never touches them; `table_variables` lists this rank's, and
@@ -43,16 +47,18 @@ ONE_PROCESS = SingleProcess()   # the default collectives, shared so that a mode
 
 @dataclasses.dataclass(frozen=True)
 class TableStorage:
-    """Tables larger than memory: the planner keeps a rank's embedding state (tables and `slots`
-    optimizer slots per parameter: 0 SGD, 1 Adagrad, 2 Adam) within `budget_bytes` and puts the
-    largest tables on disk, in files under `store_path`, each with a cache of rows for the ids of
-    twice `batch_rows` samples (the batches in flight), victims chosen by `cache_policy`
-    ("lru" or "lfu")."""
-    budget_bytes: int
+    """The tables' tiers: the planner keeps a rank's embedding state (tables and `slots` optimizer
+    slots per parameter: 0 SGD, 1 Adagrad, 2 Adam) within `budget_bytes` (None: no limit) and puts
+    the largest tables on disk, in files under `store_path`, each with a cache of rows for the ids
+    of twice `batch_rows` samples (the batches in flight), victims chosen by `cache_policy`
+    ("lru" or "lfu"); the largest tables left in memory go to host memory until the rest take at
+    most `host_threshold_bytes` of parameters (None: never; a GPU run's --cpu_offloading_threshold_gb)."""
+    budget_bytes: Optional[int]
     batch_rows: int
     slots: int
     store_path: Optional[str] = None
     cache_policy: str = "lru"
+    host_threshold_bytes: Optional[int] = None
 
 
 class Recorded:
@@ -71,14 +77,19 @@ class HybridEmbedding(keras.layers.Layer):
     row_slice_threshold, data_parallel_threshold, tiers)` over the N ranks of `collectives` (tiers:
     `storage`'s, None for every table in memory), initialised
     from `seed` (two ints; the same seed gives the same tables at any N, and as
-    `DistributedEmbedding(..., seed=seed)` of the same shapes). The k features of a table share
+    `DistributedEmbedding(..., seed=seed)` of the same shapes), or to zeros with
+    `zeros_initializer` (or every table's initializer "zeros"). The k features of a table share
     its lookup: their ids concatenated, [k b], its rows [k b, D] split back per feature.
+    `data_parallel_input` false: model-parallel input at N > 1 (the module docstring).
+    `trainable` false (Keras' attribute): `ranking.Model`'s step neither differentiates nor updates
+    the tables (frozen).
     """
 
     def __init__(self, features: Union[Mapping[str, FeatureConfig], Sequence[FeatureConfig]], *,
                  collectives=None, seed=(0, 1000), strategy: str = "memory_balanced",
                  column_slice_threshold: Optional[int] = None, row_slice_threshold: Optional[int] = None,
                  data_parallel_threshold: Optional[int] = None, storage: Optional[TableStorage] = None,
+                 data_parallel_input: bool = True, zeros_initializer: bool = False,
                  name: str = "hybrid_embedding", **kwargs):
         super().__init__(name=name, **kwargs)
         if isinstance(features, Mapping):
@@ -104,13 +115,16 @@ class HybridEmbedding(keras.layers.Layer):
         self.storage = storage
         tiers = None if storage is None else TierOptions(storage.slots, storage.budget_bytes, [
             2 * storage.batch_rows * sum(f.ids_per_sample for f, i in zip(self.features, self.table_of) if i == t)
-            for t in range(len(self.tables))])
+            for t in range(len(self.tables))], storage.host_threshold_bytes)
         plan = plan_tables([t.vocabulary_size for t in self.tables], [t.embedding_dim for t in self.tables],
                            comm.size, strategy, column_slice_threshold, row_slice_threshold,
                            data_parallel_threshold, tiers=tiers)
-        self.embedding = DistributedEmbedding(plan, comm, seed=tuple(seed), data_parallel_input=comm.size > 1,
+        self.model_parallel_input = comm.size > 1 and not data_parallel_input
+        self.embedding = DistributedEmbedding(plan, comm, seed=tuple(seed),
+                                              data_parallel_input=comm.size > 1 and data_parallel_input,
                                               combiners=[t.combiner for t in self.tables],
-                                              zeros_initializer=zeros == {True}, make_variable=self._table_variable,
+                                              zeros_initializer=zeros == {True} or zeros_initializer,
+                                              make_variable=self._table_variable,
                                               store_path=storage and storage.store_path,
                                               cache_policy=storage.cache_policy if storage else "lru",
                                               inputs_per_table=[self.table_of.count(t)
@@ -159,6 +173,11 @@ class HybridEmbedding(keras.layers.Layer):
         node = self._inbound_nodes[0]
         inputs = node.arguments.args[0] if node.arguments.args else node.arguments.kwargs["inputs"]
         return [inputs[f.name] for f in self.features] if self._dict_input else list(inputs)
+
+    def input_rows(self, table: int) -> str:
+        """The rows of `table`'s ids the layer looks up: "global" ([k_t B]: model-parallel input, a
+        shard of it on this rank), "local" ([k_t b]) or "none" (ignored: no shard of it here)."""
+        return self.embedding.input_rows(table)
 
     def table_ids(self, ids: Sequence) -> List[Union[tf.Tensor, tf.RaggedTensor]]:
         """Ids in feature order -> per table, its features' ids concatenated in feature order
@@ -215,6 +234,9 @@ class HybridEmbedding(keras.layers.Layer):
     def call(self, inputs, training=None):
         ids = self._feature_ids(inputs)
         b = num_samples(ids[0])
+        if self.model_parallel_input and self._given_ids is None:
+            raise ConfigError(f"layer {self.name!r} takes model-parallel input: its tables' ids are given "
+                              f"(given_table_ids), not taken from its inputs")
         table_ids = self._table_ids(ids) if self._given_ids is None else self._given_ids
         if self._recorded is None:
             rows = self._table_rows(table_ids, b, training)

@@ -18,6 +18,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 
 import keras
 
+from parallel_embedding.planner import BYTES_PER_ELEMENT, BudgetError
 from ranking.config import FeatureConfig, TableConfig
 from ranking.embedding import HybridEmbedding, TableStorage
 from utils.errors import ConfigError
@@ -43,18 +44,23 @@ class Features:
     """The categorical features (iterate, or index by name), `num_numerical` and `labels` (the
     labels' names: one, "label", or several, each for a head named as it) of the run's
     dataset, with the run's embedding settings (`collectives`, `seed`, `placement`: the keyword
-    arguments of HybridEmbedding's planner: strategy and thresholds; `storage`: tables on disk,
-    None for all in memory)."""
+    arguments of HybridEmbedding's planner: strategy and thresholds; `storage`: the tiers, None
+    for all in memory; `data_parallel_input`, `zeros_initializer`: HybridEmbedding's). The
+    storage's budgets are the rank's for all the layers `embedding` makes: each is planned within
+    what the layers before it left (on the fullest rank)."""
 
     def __init__(self, categorical: Sequence[CategoricalFeature], num_numerical: int, *, collectives=None,
                  seed: int = 0, placement: Optional[dict] = None, storage: Optional[TableStorage] = None,
-                 labels: Sequence[str] = ("label",)):
+                 labels: Sequence[str] = ("label",), data_parallel_input: bool = True,
+                 zeros_initializer: bool = False):
         self.categorical = list(categorical)
         self.num_numerical = num_numerical
         self.labels = list(labels)
         self._by_name = {f.name: f for f in self.categorical}
         self._collectives, self._seed, self._placement = collectives, seed, dict(placement or {})
         self._storage = storage
+        self._layer_settings = dict(data_parallel_input=data_parallel_input, zeros_initializer=zeros_initializer)
+        self._planned = False   # whether `embedding` has made a layer
 
     def __iter__(self) -> Iterator[CategoricalFeature]:
         return iter(self.categorical)
@@ -104,8 +110,32 @@ class Features:
         in, a list of [b, D] out) on the run's ranks, placement, storage and seed. A model may have several,
         each of its own `name` (its tables' checkpoint names start with it). Its tables start as
         the built-in models' of the same seed and shapes."""
-        return HybridEmbedding(list(feature_configs), collectives=self._collectives, seed=(self._seed, 1000),
-                               storage=self._storage, name=name, **self._placement)
+        try:
+            layer = HybridEmbedding(list(feature_configs), collectives=self._collectives, seed=(self._seed, 1000),
+                                    storage=self._storage, name=name, **self._placement, **self._layer_settings)
+        except BudgetError as e:
+            raise BudgetError(f"layer {name!r}{' (within what the layers before it left)' if self._planned else ''}: "
+                              f"{e}") from None
+        self._planned = True
+        if self._storage is not None:
+            self._storage = _left_over(self._storage, layer.embedding.plan)
+        return layer
+
+
+def _left_over(storage: TableStorage, plan) -> TableStorage:
+    """`storage` less what `plan` keeps on its fullest rank: embedding state in memory from the
+    budget, parameters in device memory (neither on disk nor in host memory) from the host
+    threshold (at least 1 byte left: a budget too small for the next layer fails its plan)."""
+    ranks = range(plan.world_size)
+    budget, threshold = storage.budget_bytes, storage.host_threshold_bytes
+    if budget is not None:
+        budget = max(1, budget - max(plan.memory_bytes_on(r, storage.slots) for r in ranks))
+    if threshold is not None:
+        replicated = sum(plan.tables[f].elements for f in plan.replicated)
+        device = [replicated + sum(rows * width for f, rows, width in plan.units_on(r)
+                                   if plan.tier(r, f).kind == "memory") for r in ranks]
+        threshold = max(0, threshold - BYTES_PER_ELEMENT * max(device))
+    return dataclasses.replace(storage, budget_bytes=budget, host_threshold_bytes=threshold)
 
 
 def hyperparameters(given: dict, **defaults) -> dict:

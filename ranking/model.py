@@ -328,11 +328,13 @@ class _ProjectStep:
     def step_on(self, x, labels):
         """One training step on this rank's inputs `x` and `labels` ([b]; several heads: a dict of
         [b] by head): (the global batch's mean loss [], its heads' ({head: []}; empty for one
-        output), this rank's logits as the model gives them, float32)."""
+        output), this rank's logits as the model gives them, float32). A frozen HybridEmbedding
+        (Keras' `trainable` false) is looked up only: its tables get no gradients and no updates."""
         dense = self.dense_variables
         with tf.GradientTape() as tape:
             with contextlib.ExitStack() as stack:
-                records = [stack.enter_context(l.recording(tape)) for l in self.embedding_layers]
+                trained = [l for l in self.embedding_layers if l.trainable]   # frozen ones: plain lookups
+                records = [stack.enter_context(l.recording(tape)) for l in trained]
                 if self._xla is None:
                     logits = self(x, training=True)
                 else:   # the lookups and exchanges (and what else precedes the dense part); the dense part below
@@ -341,7 +343,7 @@ class _ProjectStep:
                 loss, head_losses = self._loss_share(labels, logits)
                 scaled = loss if self.loss_scale is None else loss * self.loss_scale.value
         calls = []
-        for layer, rec in zip(self.embedding_layers, records):
+        for layer, rec in zip(trained, records):
             if len(rec.calls) != 1:
                 raise ConfigError(f"layer {layer.name!r}: called {len(rec.calls)} times in one forward; "
                                   f"a HybridEmbedding is called once per step")

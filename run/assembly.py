@@ -99,6 +99,10 @@ class Assembly:
                     self.log.print(f"layer {layer.name!r}, tables " + ", ".join(
                         f"{t} {c.name}" for t, c in enumerate(layer.tables)) + ":\n" +
                         emb.plan.format(slots=len(emb.optimizer.slot_names)))
+            if cfg.storage.cpu_offloading_threshold_gb is not None:
+                self.log.print(offloading_line(cfg.storage.cpu_offloading_threshold_gb,
+                                               user_model.table_bytes(comm.rank), comm.rank,
+                                               bool(tf.config.list_physical_devices("GPU"))))
             self.log.print(f"model: {cfg.model.model}, {len(user_model.features)} categorical features, "
                            f"{params:,} parameters, compute dtype {user_model.compute_dtype.name}, "
                            f"xla {cfg.runtime.xla}, {comm.size} rank{'s' if comm.size > 1 else ''}")

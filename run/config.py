@@ -266,13 +266,10 @@ _APPLIES_ONLY = {
     **dict.fromkeys(("embedding_store_path", "embedding_cache_policy"),
                     (lambda c: c.storage.embedding_memory_budget_gb is not None, "--embedding_memory_budget_gb")),
 }
-# What a model file (--model) does not take: the built-in models' shape, and what its path does not
-# carry yet (frozen or zero-initialised tables, the host-memory tier; its input is always
-# data-parallel). Refused in one line naming every one set.
+# What a model file (--model) does not take: the built-in models' shape. Refused in one line naming
+# every one set.
 _NOT_WITH_MODEL_FILE = ("embedding_dim", "bottom_mlp_dims", "top_mlp_dims", "interaction", "num_cross_layers",
-                        "cross_layer_projection_dim", "multi_hot_combiner", "embedding_zeros_initializer",
-                        "embedding_trainable", "cpu_offloading_threshold_gb",
-                        "data_parallel_input")
+                        "cross_layer_projection_dim", "multi_hot_combiner")
 # Table placement flags: they only mean something at several ranks.
 _MULTI_RANK_ONLY = ("dist_strategy", "column_slice_threshold", "row_slice_threshold", "data_parallel_threshold",
                     "data_parallel_input")
@@ -356,9 +353,6 @@ _RUN_RULES = [
      lambda c, n: "--data_parallel_input does not work with --embedding_memory_budget_gb: the disk tier stages the "
                   "next batch's ids on the rank that owns them, which data-parallel input only knows inside the "
                   "step; drop one of the two"),
-    (lambda c, n, p: c.model.model and c.storage.embedding_memory_budget_gb is not None and n > 1,
-     lambda c, n: f"--embedding_memory_budget_gb with --model runs on one rank (got {n}): the disk tier stages the "
-                  "next batch's ids on the rank that owns them, and a model file's input is data-parallel"),
     (lambda c, n, p: c.runtime.run_eagerly and c.runtime.xla,
      lambda c, n: "--run_eagerly runs no compiled function, --xla compiles them: drop one of the two"),
     (lambda c, n, p: c.training.batch_size % n,
@@ -613,7 +607,7 @@ def _check(c: RunConfig, present: Set[str], world_size: int):
     refused = sorted(present & set(_NOT_WITH_MODEL_FILE)) if c.model.model else []
     if refused:
         raise ConfigError(f"--model={c.model.model} does not take {_names(refused)} (the model file sets its own "
-                          f"shape; docs/models.md lists what it does not support yet): remove "
+                          f"shape): remove "
                           f"{'it' if len(refused) == 1 else 'them'}")
     _check_applies(c, present)
     for names, wrong in _RANGES:

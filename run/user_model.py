@@ -13,6 +13,11 @@ with binary cross-entropy (their sum the loss) and evaluated on its label. Shape
 samples.
 Under --amp the builder runs under Keras' mixed-precision policy of the run's compute dtype
 (run.runtime.compute_dtype); --xla and --loss_scale go to the model's compile.
+
+At N > 1 ranks without --data_parallel_input the input is model-parallel, as the built-in path's:
+the run reads the global batch's ids of the features this rank's tables read, slices each rank's
+[b] out of them for the model's inputs, and gives each HybridEmbedding its tables' ids (staged
+into cache slots for tables on disk, at any N).
 """
 import contextlib
 import os
@@ -38,31 +43,43 @@ BCE = "binary_crossentropy_from_logits"   # ranking.Model.compile's default loss
 
 
 def dataset_features(cfg: RunConfig, comm) -> Features:
-    """The run's dataset as a model file's builder sees it, on the run's ranks, seed, placement and
-    storage (--embedding_memory_budget_gb: tables on disk)."""
+    """The run's dataset as a model file's builder sees it, on the run's ranks, seed, placement,
+    input layout (--data_parallel_input; off: model-parallel input at N > 1), initial tables
+    (--embedding_zeros_initializer) and storage (--embedding_memory_budget_gb: tables on disk; on
+    a GPU, --cpu_offloading_threshold_gb: tables in host memory), as the built-in path's."""
     shape, p, s = cfg.data.shape, cfg.parallelism, cfg.storage
     placement = dict(strategy=p.dist_strategy, column_slice_threshold=p.column_slice_threshold,
                      row_slice_threshold=p.row_slice_threshold, data_parallel_threshold=p.data_parallel_threshold)
-    storage = None if s.embedding_memory_budget_gb is None else TableStorage(
-        max(1, int(s.embedding_memory_budget_gb * 2 ** 30)), batch_rows(cfg), len(slot_names(cfg.training.optimizer)),
-        s.embedding_store_path, s.embedding_cache_policy)
+    on_gpu = bool(tf.config.list_physical_devices("GPU"))
+    host = s.cpu_offloading_threshold_gb * 2 ** 30 if s.cpu_offloading_threshold_gb is not None and on_gpu else None
+    storage = None if s.embedding_memory_budget_gb is None and host is None else TableStorage(
+        None if s.embedding_memory_budget_gb is None else max(1, int(s.embedding_memory_budget_gb * 2 ** 30)),
+        batch_rows(cfg), len(slot_names(cfg.training.optimizer)), s.embedding_store_path, s.embedding_cache_policy,
+        host)
     categorical = [CategoricalFeature(n, c, h) for n, c, h in zip(shape.names, shape.cardinalities, shape.max_hotness)]
     return Features(categorical, shape.num_numerical, collectives=comm, seed=cfg.seed, placement=placement,
-                    storage=storage, labels=shape.labels)
+                    storage=storage, labels=shape.labels, data_parallel_input=p.data_parallel_input,
+                    zeros_initializer=cfg.model.embedding_zeros_initializer)
 
 
 class UserModel:
     """A model file's compiled ranking.Model (`keras_model`) as the run sees a model: `embeddings`
-    (the loop's staged / store_stats / close: its tables live in memory, so staging is the
-    identity and there are no store figures), `dense_variables`, `parameters`, `signature`.
+    (the loop's input_rows / staged / store_stats / close: _Tables), `dense_variables`,
+    `parameters`, `signature`.
 
     Built on every rank of `comm` from `cfg` (the same seed on every rank; compile gives every
     rank rank 0's Keras weights), under --amp with Keras' policy "mixed_<compute_dtype>"
-    (`compute_dtype`). Checks, before any data is read, each a one-line ConfigError: the builder
+    (`compute_dtype`); --embedding_trainable=false freezes every HybridEmbedding (Keras'
+    `trainable`). Checks, before any data is read, each a one-line ConfigError: the builder
     exists and returns a ranking.Model with HybridEmbedding layers on the run's ranks, its inputs
-    are "numerical" and the dataset's features, and a forward of two samples gives one logit per
-    sample per head, its heads the data's labels by name (`heads`: in the order of the labels;
-    None for one output on one label)."""
+    are "numerical" and the dataset's features, a layer whose ids the run gives (model-parallel
+    input, tables on disk) takes the model's inputs as they are, and a forward of two samples
+    gives one logit per sample per head, its heads the data's labels by name (`heads`: in the
+    order of the labels; None for one output on one label).
+
+    A batch of the run: numerical [b, n] and the F features' ids, each of the rows
+    `embeddings.input_rows(f)` says ("global" [B] where a model-parallel layer's table on this
+    rank reads it, else "local" [b]), then the staged table ids of the layers with tables on disk."""
 
     def __init__(self, cfg: RunConfig, comm):
         path, training = cfg.model.model, cfg.training
@@ -93,12 +110,13 @@ class UserModel:
             if layer.collectives is not comm:
                 raise ConfigError(f"{where}: layer {layer.name!r} is not on the run's ranks; build it with "
                                   "features.embedding(...)")
+            layer.trainable = training.embedding_trainable
         self._input_names = self._check_inputs(model, where)
         if isinstance(model, FunctionalModel):   # its heads are known before compile; a subclass' after a forward
             outputs = model._outputs_struct
             self._match_heads(sorted(outputs) if isinstance(outputs, dict) else None, where)
         self.keras_model = model
-        self.embeddings = _Tables(layers, self._staging(layers, where))
+        self.embeddings = _Tables(layers, self._feeds(model, layers, where), len(self.features))
         schedule = LearningRateSchedule(training.learning_rate, training.warmup_steps, training.decay_start_step,
                                         training.decay_steps)
         # binary cross-entropy on logits, for each head of a model with heads (a subclass names them in the loss)
@@ -125,51 +143,52 @@ class UserModel:
                 self.features[name]   # a feature the dataset lacks: one line naming it
         return list(struct)
 
-    def _staging(self, layers: List[HybridEmbedding], where: str):
-        """With tables on disk: per input of the one HybridEmbedding, the index of the dataset's
-        feature it reads (the run stages those ids), else None."""
-        if not any(l.embedding.tiered for l in layers):
-            return None
-        if len(layers) > 1:
-            raise ConfigError(f"--embedding_memory_budget_gb puts tables on disk, which takes a model of one "
-                              f"HybridEmbedding layer; {where} made {len(layers)}")
-        layer, names = layers[0], {}
-        if self._input_names is not None:   # a functional model: its inputs by name
-            names = {id(t): name for name, t in self.keras_model._inputs_struct.items()}
+    def _feeds(self, model, layers: List[HybridEmbedding], where: str) -> List[Optional[List[int]]]:
+        """Per layer, None where it takes its ids from its inputs, else (tables on disk, whose ids
+        the run stages, or model-parallel input) per input of the layer the index of the dataset's
+        feature it reads."""
+        names = {id(t): name for name, t in model._inputs_struct.items()} if self._input_names is not None else {}
         index = {f.name: i for i, f in enumerate(self.features)}
-        staging = []
-        for f, t in zip(layer.features, layer.call_inputs() if names else [None] * len(layer.features)):
-            if names.get(id(t)) not in index:
-                raise ConfigError(f"--embedding_memory_budget_gb puts tables on disk, whose ids the run stages from "
-                                  f"the data: feature {f.name!r} of layer {layer.name!r} must take one of "
-                                  f"{where}'s inputs (features.inputs()) as it is")
-            staging.append(index[names[id(t)]])
-        return staging
+        feeds = []
+        for layer in layers:
+            if not layer.embedding.tiered and not layer.model_parallel_input:
+                feeds.append(None)
+                continue
+            why = ("--embedding_memory_budget_gb puts tables on disk, whose ids the run stages from the data"
+                   if layer.embedding.tiered else "model-parallel input (--data_parallel_input off) gives the layer "
+                   "its tables' ids of the global batch from the data")
+            fix = "" if layer.embedding.tiered else ", or give --data_parallel_input"
+            inputs = layer.call_inputs() if names else [None] * len(layer.features)
+            for f, t in zip(layer.features, inputs):
+                if names.get(id(t)) not in index:
+                    raise ConfigError(f"{why}: feature {f.name!r} of layer {layer.name!r} must take one of "
+                                      f"{where}'s inputs (features.inputs()) as it is{fix}")
+            feeds.append([index[names[id(t)]] for t in inputs])
+        return feeds
 
     def inputs(self, numerical, categorical) -> dict:
-        """The model's input dict from a batch of the run (numerical [b, n], F ids in feature order;
-        with tables on disk then the staged ids of the embedding's tables, which `given` hands it)."""
+        """The model's input dict from a batch of the run (numerical [b, n], the F features' ids
+        as `embeddings.input_rows` reads them: each feature's [b] ids of this rank's samples)."""
         x = {NUMERICAL: numerical}
-        for f, ids in zip(self.features, categorical):
+        local = self.embeddings.local_ids(categorical, tf.shape(numerical)[0])
+        for f, ids in zip(self.features, local):
             x[f.name] = tf.cast(ids, tf.int64)
         return x if self._input_names is None else {name: x[name] for name in self._input_names}
 
     @contextlib.contextmanager
-    def given(self, categorical):
-        """Within: the embedding looks up the staged table ids after the F features' of
-        `categorical` (a batch of the run), if it has them."""
-        staged = categorical[len(self.features):]
-        if not staged:
-            yield
-            return
-        with self.embeddings.layers[0].given_table_ids(staged):
+    def given(self, numerical, categorical):
+        """Within: each layer whose ids the run gives looks them up (the staged table ids after the
+        F features' of `categorical`, a batch of the run; without them, its ids of the batch)."""
+        with contextlib.ExitStack() as stack:
+            for layer, ids in self.embeddings.table_ids(categorical, tf.shape(numerical)[0]):
+                stack.enter_context(layer.given_table_ids(ids))
             yield
 
     def logits(self, numerical, categorical) -> tf.Tensor:
         """Logits [b] float32 of this rank's batch ([b, H] for H `heads`, in their order;
         inference: computed in float32 under --amp, the dense part XLA-compiled under --xla:
         ranking.Model.inference)."""
-        with self.given(categorical):
+        with self.given(numerical, categorical):
             out = self.keras_model.inference(self.inputs(numerical, categorical))
         if self.heads is None:
             return tf.reshape(out, [-1])
@@ -199,9 +218,12 @@ class UserModel:
         """A forward of two samples of id 0 on every rank must give 2 logits per head: one logit
         for one label, a head per label named as it (any order) for several; sets `heads`."""
         numerical = tf.zeros([2, self.features.num_numerical], tf.float32)
-        categorical = [tf.RaggedTensor.from_row_lengths(tf.zeros([2], tf.int64), [1, 1]) if f.multi_hot
-                       else tf.zeros([2], tf.int64) for f in self.features]
-        out = self.keras_model(self.inputs(numerical, categorical), training=False)
+        n = self.comm.size
+        rows = [2 * n if self.embeddings.input_rows(i) == "global" else 2 for i in range(len(self.features))]
+        categorical = [tf.RaggedTensor.from_row_lengths(tf.zeros([r], tf.int64), [1] * r) if f.multi_hot
+                       else tf.zeros([r], tf.int64) for f, r in zip(self.features, rows)]
+        with self.given(numerical, categorical):
+            out = self.keras_model(self.inputs(numerical, categorical), training=False)
         self._match_heads(sorted(out) if isinstance(out, dict) else None, where)
         for head, logits in (out.items() if isinstance(out, dict) else [(None, out)]):
             shape = tuple(logits.shape) if hasattr(logits, "shape") else None
@@ -220,6 +242,10 @@ class UserModel:
         tables = sum(t.vocabulary_size * t.embedding_dim for layer in self.embeddings.layers for t in layer.tables)
         return tables + int(sum(np.prod(v.shape) for v in self.dense_variables))
 
+    def table_bytes(self, rank: int) -> int:
+        """Bytes of `rank`'s table parameters (shards and replicated tables: Plan.bytes_on), all layers."""
+        return sum(layer.embedding.plan.bytes_on(rank) for layer in self.embeddings.layers)
+
     def signature(self, optimizer=None) -> dict:
         """What a checkpoint must share with this model (its manifest's "signature"): the model
         file's name, its hyper-parameters, the dataset's features (names) and shape (and, for a
@@ -237,34 +263,75 @@ class UserModel:
 
 class _Tables:
     """The loop's view of a model file's embeddings, its HybridEmbedding `layers`
-    (nn.model.RankingModel.embeddings' input_rows, staged, store_stats, close). `staging`: None
-    (every table in memory), or, with tables on disk (one layer), per input of the layer the
-    index of the dataset's feature it reads."""
+    (nn.model.RankingModel.embeddings' input_rows, staged, store_stats, close). `feeds`: per
+    layer, None (it takes its ids from its inputs) or, for a layer whose ids the run gives (tables
+    on disk, model-parallel input), per input of the layer the index of the dataset's feature it
+    reads; F: the dataset's features."""
 
-    def __init__(self, layers: List[HybridEmbedding], staging=None):
-        self.layers, self._staging = layers, staging
+    def __init__(self, layers: List[HybridEmbedding], feeds: List[Optional[List[int]]], num_features: int):
+        self.layers, self._feeds, self._num_features = layers, feeds, num_features
+        self._global = set()   # the dataset's features a model-parallel layer's table on this rank reads
+        for layer, feed in zip(layers, feeds):
+            if feed is not None and layer.model_parallel_input:
+                self._global |= {i for i, t in zip(feed, layer.table_of) if layer.input_rows(t) == "global"}
+        self._staging = [l for l, feed in zip(layers, feeds) if feed is not None and l.embedding.tiered]
 
     def input_rows(self, feature: int) -> str:
-        """Every rank reads every feature of its own b samples (data-parallel input)."""
-        return "local"
+        """The rows of `feature` this rank reads: "global" ([B]) where a table on this rank of a
+        model-parallel layer reads it, else "local" ([b]: every feature, for the model's inputs)."""
+        return "global" if feature in self._global else "local"
+
+    def local_ids(self, categorical, b) -> list:
+        """The F features' ids of a batch -> each one's ids of this rank's b samples ([b] or [b, None])."""
+        rank = self.layers[0].collectives.rank
+        return [ids[rank * b:(rank + 1) * b] if f in self._global else ids
+                for f, ids in enumerate(categorical[:self._num_features])]
+
+    def _layer_ids(self, layer: HybridEmbedding, feed: List[int], categorical, b) -> list:
+        """One layer's table ids of a batch (HybridEmbedding.table_ids: per table its features'
+        ids, of the rows `input_rows` says; a table not on this rank gets the local ones, ignored)."""
+        local = self.local_ids(categorical, b)
+        return layer.table_ids([categorical[i] if layer.input_rows(t) == "global" else local[i]
+                                for i, t in zip(feed, layer.table_of)])
+
+    def table_ids(self, categorical, b) -> list:
+        """(layer, its table ids) of every layer whose ids the run gives: the staged ones after the
+        F features' of `categorical` for layers with tables on disk, if there, else its ids of the batch."""
+        out, staged = [], list(categorical[self._num_features:])
+        for layer, feed in zip(self.layers, self._feeds):
+            if feed is None:
+                continue
+            if layer in self._staging and staged:
+                out.append((layer, staged[:len(layer.tables)]))
+                staged = staged[len(layer.tables):]
+            else:
+                out.append((layer, self._layer_ids(layer, feed, categorical, b)))
+        return out
 
     def staged(self, elements, training: bool):
-        """Elements (numerical, F ids, ...) -> (numerical, F ids + the layer's T table ids as cache
-        slots, ...), staged one element ahead (DistributedEmbedding.staged); without tables on
-        disk, `elements` itself."""
-        if self._staging is None:
-            return elements
-        layer = self.layers[0]
+        """Elements (numerical, F ids, ...) -> (numerical, F ids + each layer with tables on
+        disk's T table ids as cache slots, in layer order, ...), each layer's staged one element
+        ahead (DistributedEmbedding.staged); without tables on disk, `elements` itself."""
+        for layer in self._staging:
+            elements = self._staged_by(layer, elements, training)
+        return elements
+
+    def _staged_by(self, layer: HybridEmbedding, elements, training: bool):
+        feed = self._feeds[self.layers.index(layer)]
 
         def with_table_ids():
             for e in elements:
-                ids = layer.table_ids([tf.cast(e[1][i], tf.int64) for i in self._staging])
+                ids = self._layer_ids(layer, feed, e[1], tf.shape(e[0])[0])
                 yield (e[0], tuple(ids), tuple(e[1])) + tuple(e[2:])
         return ((e[0], e[2] + e[1]) + tuple(e[3:]) for e in layer.embedding.staged(with_table_ids(), training))
 
     def store_stats(self) -> dict:
-        """The disk tier's figures since the last call ({} without one)."""
-        return self.layers[0].embedding.store_stats() if self._staging is not None else {}
+        """The disk tiers' figures since the last call ({} without one): of several layers with
+        tables on disk, their sums, and the lowest cache hit rate."""
+        stats = [layer.embedding.store_stats() for layer in self._staging]
+        if len(stats) < 2:
+            return stats[0] if stats else {}
+        return {k: min(s[k] for s in stats) if k == "cache_hit_rate" else sum(s[k] for s in stats) for k in stats[0]}
 
     def close(self):
         for layer in self.layers:
@@ -286,7 +353,7 @@ class UserTrainer:
         self.predict = model.logits if run_eagerly else tf.function(model.logits, reduce_retracing=True)
 
     def _train_step(self, numerical, categorical, labels):
-        with self.model.given(categorical):
+        with self.model.given(numerical, categorical):
             loss, heads, _ = self.keras_model.step_on(self.model.inputs(numerical, categorical),
                                                       self.model.head_labels(labels))
         return loss if not heads else dict(loss=loss, **{f"{head}_loss": heads[head] for head in self.model.heads})

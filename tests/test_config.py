@@ -466,7 +466,7 @@ def test_model_file_refuses_the_flags_it_does_not_take_in_one_line():
                               present={"model", "num_cross_layers", "interaction", "embedding_dim"},
                               model=MODEL_FILE, num_cross_layers=2, interaction="cross")
     assert message == (f"--model={MODEL_FILE} does not take --embedding_dim, --interaction and --num_cross_layers (the "
-                       "model file sets its own shape; docs/models.md lists what it does not support yet): remove them")
+                       "model file sets its own shape): remove them")
     # AMP and XLA: the model file's compile takes them (tests/test_ranking_precision.py)
     cfg = build(present={"model", "amp", "loss_scale", "xla"}, model=MODEL_FILE, amp=True, loss_scale=8.0, xla=True)
     assert (cfg.runtime.amp, cfg.runtime.loss_scale, cfg.runtime.xla) == (True, 8.0, True)
@@ -474,12 +474,19 @@ def test_model_file_refuses_the_flags_it_does_not_take_in_one_line():
     assert build(present={"model", "dist_strategy"}, world_size=2, model=MODEL_FILE).model.model == MODEL_FILE
 
 
-def test_model_file_takes_tables_on_disk_at_one_rank():
+def test_model_file_takes_tables_on_disk_the_input_layout_and_the_tables_flags():
     tiers = dict(embedding_memory_budget_gb=0.001, embedding_store_path="/tmp/store", embedding_cache_policy="lfu")
     cfg = build(present={"model"} | set(tiers), model=MODEL_FILE, **tiers)
     assert (cfg.storage.embedding_memory_budget_gb, cfg.storage.embedding_cache_policy) == (0.001, "lfu")
-    assert_rejected("embedding_memory_budget_gb", "with --model runs on one rank (got 2)",
-                    present={"model"} | set(tiers), world_size=2, model=MODEL_FILE, **tiers)
+    assert build(present={"model"} | set(tiers), world_size=2, model=MODEL_FILE, **tiers).parallelism \
+        .data_parallel_input is False
+    assert_rejected("data_parallel_input", "does not work with --embedding_memory_budget_gb",
+                    present={"model", "data_parallel_input"} | set(tiers), world_size=2, model=MODEL_FILE,
+                    data_parallel_input=True, **tiers)
+    flags = dict(embedding_trainable=False, embedding_zeros_initializer=True, cpu_offloading_threshold_gb=1)
+    cfg = build(present={"model"} | set(flags), model=MODEL_FILE, **flags)
+    assert (cfg.training.embedding_trainable, cfg.model.embedding_zeros_initializer,
+            cfg.storage.cpu_offloading_threshold_gb) == (False, True, 1)
 
 
 def test_model_hyper_parameters_yaml_then_name_value(tmp_path):

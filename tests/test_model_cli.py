@@ -6,13 +6,16 @@ resumes at the other (1 -> 2, 2 -> 1) as the one process goes on; a model file o
 with named, multi-hot features; a bad model file or an unsupported flag is one error line, before
 any data is read."""
 import os
+import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from dataloading.feature_spec import SPEC_FILE, split_binary_spec
 from dataloading.generate_dataset import generate
+from storage import checkpoint
 from tests.horovod_run import ROOT, horovodrun
 from tests.test_multirank_cli import assert_same_losses, assert_same_run, records, succeeded
 from tests.test_tiered_cli import assert_same_checkpoint, disk_units, log_records, tiered
@@ -129,13 +132,17 @@ FILE_DATA = ["--dataset_type=split_binary", "--optimizer=adagrad", "--learning_r
              "--valid_batch_size=100", "--warmup_steps=0", "--decay_steps=0", "--print_freq=4"]
 
 
-def test_movielens_mlp_on_a_feature_spec_with_a_multi_hot_feature(tmp_path):
+def test_movielens_mlp_on_a_feature_spec_with_a_multi_hot_feature_at_one_and_two_ranks(tmp_path):
     data = spec_dataset(tmp_path / "data")
     out = succeeded(python(*model_args("movielens_mlp"), *FILE_DATA, f"--dataset_path={data}",
                            f"--log_path={tmp_path / 'log.json'}"))
     assert "3 categorical features" in out.stdout
     got = records(tmp_path / "log.json")
     assert sorted(got["step"]) == [4, 8] and got["eval"]["samples"] == 300
+    # 2 ranks, model-parallel input: rank r reads the global batch's ids of its tables' features, genres ragged
+    succeeded(horovodrun(2, ["main.py", *model_args("movielens_mlp"), *FILE_DATA, f"--dataset_path={data}",
+                             "--row_slice_threshold=100", f"--log_path={tmp_path / 'two.json'}"]))
+    assert_same_run(records(tmp_path / "two.json"), got, [4, 8])
 
 
 BAD_MODELS = {
@@ -177,10 +184,9 @@ def test_a_bad_model_file_is_one_line_before_any_data_is_read(tmp_path, file):
 
 def test_unsupported_flags_and_bad_hyper_parameters_are_one_line(tmp_path):
     line = error_line(python(*model_args("dlrm"), *DATA, "--interaction=cross", "--embedding_dim=8",
-                             "--cpu_offloading_threshold_gb=1"))
-    assert line == ("error: --model=examples/dlrm.py does not take --cpu_offloading_threshold_gb, --embedding_dim "
-                    "and --interaction (the model file sets its own shape; docs/models.md lists what it does not "
-                    "support yet): remove them")
+                             "--bottom_mlp_dims=8"))
+    assert line == ("error: --model=examples/dlrm.py does not take --bottom_mlp_dims, --embedding_dim and "
+                    "--interaction (the model file sets its own shape): remove them")
     assert error_line(python(*DATA, "--model_param=hidden=[8]")) == \
         "error: --model_param only applies with --model; remove it or change that flag"
     assert error_line(python(*model_args("deepfm"), *DATA, "--model_param=width=3")) == \
@@ -216,7 +222,8 @@ def build_model(features, hparams):
 
 
 def test_two_embedding_layers_and_a_shared_table(tmp_path):
-    """Trains, checkpoints and resumes exactly; at 2 ranks equals one process."""
+    """Trains, checkpoints and resumes exactly; at 2 ranks, with model-parallel input (the
+    default) and with --data_parallel_input, equals one process."""
     (tmp_path / "two_layers.py").write_text(TWO_LAYERS)
     args = [f"--model={tmp_path / 'two_layers.py'}", *DATA]
     succeeded(python(*args, f"--log_path={tmp_path / 'one.json'}"))
@@ -226,8 +233,9 @@ def test_two_embedding_layers_and_a_shared_table(tmp_path):
     succeeded(python(*args, f"--restore_checkpoint_path={tmp_path / 'first'}",
                      f"--log_path={tmp_path / 'resumed.json'}"))
     assert_same_run(records(tmp_path / "resumed.json"), want, range(7, STEPS + 1))
-    succeeded(horovodrun(2, ["main.py", *args, *PLACEMENT, f"--log_path={tmp_path / 'two.json'}"]))
-    assert_same_run(records(tmp_path / "two.json"), want, range(1, STEPS + 1))
+    for name, layout in (("model_parallel", []), ("data_parallel", ["--data_parallel_input"])):
+        succeeded(horovodrun(2, ["main.py", *args, *PLACEMENT, *layout, f"--log_path={tmp_path / name}.json"]))
+        assert_same_run(records(tmp_path / f"{name}.json"), want, range(1, STEPS + 1))
 
 
 # tests/test_tiered_cli.py's sizes: at --embedding_memory_budget_gb=0.0001 (tiered()) DeepFM's tables of
@@ -263,8 +271,109 @@ def test_tables_on_disk_equal_memory_and_checkpoints_move_between_tiers(tmp_path
         assert_same_checkpoint(tmp_path / resumed / "ckpt", memory / "ckpt" / "ckpt-24")
 
 
-def test_tables_on_disk_take_a_model_of_one_embedding_layer(tmp_path):
+def test_two_embedding_layers_with_tables_on_disk_at_two_ranks_equal_memory(tmp_path):
+    """Both layers' tables within one budget ("deep" planned within what "wide", made first, left:
+    its tables partly on disk) at 2 ranks: the checkpoints and evaluations of the same run in
+    memory, bit for bit."""
     (tmp_path / "two_layers.py").write_text(TWO_LAYERS)
-    line = error_line(python(f"--model={tmp_path / 'two_layers.py'}", *TIER_DATA, *tiered(tmp_path / "store")))
-    assert line == (f"error: --embedding_memory_budget_gb puts tables on disk, which takes a model of one "
-                    f"HybridEmbedding layer; --model={tmp_path / 'two_layers.py'}: build_model made 2")
+
+    def train(out, *flags):
+        args = ["main.py", f"--model={tmp_path / 'two_layers.py'}", *TIER_DATA, *PLACEMENT, *flags,
+                "--checkpoint_every_n_steps=12", f"--save_checkpoint_path={out / 'ckpt'}", f"--log_path={out / 'log.json'}"]
+        return succeeded(horovodrun(2, args)).stdout
+
+    memory, disk, store = tmp_path / "memory", tmp_path / "disk", tmp_path / "store"
+    train(memory)
+    disk_out = train(disk, *tiered(store))
+    deep, wide = disk_out.split("layer 'wide'")   # the plans: deep's tables over what wide keeps in memory
+    assert disk_units(deep) and not disk_units(wide), disk_out
+    for step in (12, 24):
+        assert_same_checkpoint(disk / "ckpt" / f"ckpt-{step}", memory / "ckpt" / f"ckpt-{step}")
+    evals = [[(r["step"], r["auc"], r["logloss"]) for r in log_records(out / "log.json") if r["kind"] == "eval"]
+             for out in (memory, disk)]
+    assert evals[0] == evals[1] and [e[0] for e in evals[1]] == [12, 24], evals
+
+
+def test_tables_on_disk_at_two_ranks_equal_memory_and_one_process(tmp_path):
+    """Wide & Deep at 2 Gloo ranks with model-parallel input (each rank reads the global batch's ids
+    of its tables' features) and tables on disk (row shards, whole tables) writes the checkpoints of
+    the same run in memory bit for bit and evaluates alike; both equal one process (losses, AUC)."""
+    def train(out, *flags, ranks=2):
+        placement = ["--row_slice_threshold=6000", "--data_parallel_threshold=30"] if ranks > 1 else []
+        args = [*model_args("wide_and_deep"), *TIER_DATA, *placement, *flags, "--checkpoint_every_n_steps=12",
+                f"--save_checkpoint_path={out / 'ckpt'}", f"--log_path={out / 'log.json'}"]
+        return succeeded(horovodrun(ranks, ["main.py", *args]) if ranks > 1 else python(*args)).stdout
+
+    memory, disk, store = tmp_path / "memory", tmp_path / "disk", tmp_path / "store"
+    memory_out = train(memory)
+    disk_out = train(disk, *tiered(store))
+    units = set(disk_units(disk_out))
+    assert {(0, 4), (1, 4)} <= units and disk_units(memory_out) == {}, disk_out   # deep_cat_0: row shards
+    assert "cache hits" in disk_out and "2 ranks" in disk_out
+    for step in (12, 24):
+        assert_same_checkpoint(disk / "ckpt" / f"ckpt-{step}", memory / "ckpt" / f"ckpt-{step}")
+    evals = [[(r["step"], r["auc"], r["logloss"]) for r in log_records(out / "log.json") if r["kind"] == "eval"]
+             for out in (memory, disk)]
+    assert evals[0] == evals[1] and [e[0] for e in evals[1]] == [12, 24], evals
+    assert os.listdir(store) == []
+    one = tmp_path / "one"
+    train(one, ranks=1)
+    assert_same_run(records(disk / "log.json"), records(one / "log.json"), range(4, 25, 4))
+
+
+def table_tensors(ckpt) -> dict:
+    """A checkpoint's tables (not their optimizer slots or updated_at), by name."""
+    manifest = checkpoint.read_manifest(str(ckpt))
+    return {n: checkpoint.read_tensor(manifest["path"], n) for n in manifest["tensors"]
+            if re.fullmatch(r".*_tables/table_\d+", n)}
+
+
+def test_frozen_and_zero_initialised_tables_and_the_offloading_line(tmp_path):
+    """--embedding_trainable=false: the tables of step 6 are step 3's, the dense weights not;
+    --embedding_zeros_initializer: every table zero (frozen: after training too);
+    --cpu_offloading_threshold_gb: the built-in path's line (on a CPU, the rank's table bytes)."""
+    args = [*model_args("wide_and_deep"), *DATA, "--max_steps=6", "--checkpoint_every_n_steps=3"]
+    out = succeeded(python(*args, "--embedding_trainable=false", f"--save_checkpoint_path={tmp_path / 'frozen'}",
+                           "--cpu_offloading_threshold_gb=1"))
+    first, last = (table_tensors(tmp_path / "frozen" / f"ckpt-{s}") for s in (3, 6))
+    assert len(first) == 8 and all(np.array_equal(first[n], last[n]) and first[n].any() for n in first)
+    manifest = checkpoint.read_manifest(str(tmp_path / "frozen" / "ckpt-6"))
+    assert not np.array_equal(checkpoint.read_tensor(manifest["path"], "deep_0/kernel"),
+                              checkpoint.read_tensor(checkpoint.read_manifest(
+                                  str(tmp_path / "frozen" / "ckpt-3"))["path"], "deep_0/kernel"))
+    table_bytes = 4 * 5 * (300 + 50 + 7 + 30)   # widths 1 and 4 per feature
+    assert (f"--cpu_offloading_threshold_gb=1: rank 0's tables take {table_bytes / 2 ** 30:.3g} GiB, all in host "
+            f"memory already (no GPU)") in out.stdout.splitlines()
+    succeeded(python(*args, "--embedding_trainable=false", "--embedding_zeros_initializer",
+                     f"--save_checkpoint_path={tmp_path / 'zeros'}"))
+    zeros = table_tensors(tmp_path / "zeros" / "ckpt-6")
+    assert len(zeros) == 8 and not any(t.any() for t in zeros.values())
+
+
+SUBCLASSED = '''import keras, ranking
+
+class Wide(ranking.Model):
+    def __init__(self, features):
+        super().__init__(name="wide")
+        self.names = features.names
+        self.emb = features.embedding(features.feature_configs(1))
+
+    def call(self, x):
+        return keras.ops.sum(keras.ops.concatenate(self.emb([x[n] for n in self.names]), axis=1), axis=1)
+
+def build_model(features, hparams):
+    return Wide(features)
+'''
+
+
+def test_a_subclassed_model_at_two_ranks_takes_data_parallel_input(tmp_path):
+    """Model-parallel input (the default) gives the layers the data's ids, which a subclassed model's
+    inputs do not say: one line naming --data_parallel_input, with which it trains."""
+    (tmp_path / "wide.py").write_text(SUBCLASSED)
+    args = ["main.py", f"--model={tmp_path / 'wide.py'}", *DATA, "--max_steps=2"]
+    out = horovodrun(2, args)
+    assert out.returncode != 0 and (
+        "error: model-parallel input (--data_parallel_input off) gives the layer its tables' ids of the global batch "
+        f"from the data: feature 'cat_0' of layer 'embedding' must take one of --model={tmp_path / 'wide.py'}: "
+        "build_model's inputs (features.inputs()) as it is, or give --data_parallel_input") in out.stderr, out.stderr
+    succeeded(horovodrun(2, args + ["--data_parallel_input"]))
