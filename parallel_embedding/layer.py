@@ -47,6 +47,7 @@ from parallel_embedding.optimizers import make_optimizer
 from parallel_embedding.planner import Plan, Shard, plan_tables  # noqa: F401 (plan_tables: the example)
 from parallel_embedding.tiered import DiskTier, Unit
 from utils.errors import ConfigError
+from utils.logger import DYNAMIC_COUNTS
 
 _INIT_BLOCK_ROWS = 1 << 16
 
@@ -69,6 +70,31 @@ def shard_initial_value(rows: int, dim: int, shard: Shard, seed) -> tf.Tensor:
         lo, hi = max(shard.row_start - start, 0), min(shard.row_end - start, n)
         parts.append(values[lo:hi, shard.col_start:shard.col_end])
     return tf.concat(parts, axis=0) if parts else tf.zeros([0, shard.width])
+
+
+def _signed(x: int) -> int:
+    """The int64 with the 64 bits of `x` (0 <= x < 2^64)."""
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+_MIX = (_signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB))   # splitmix64's finaliser, as the id map's
+
+
+def _shift(x: tf.Tensor, k: int) -> tf.Tensor:
+    """x >> k on x's 64 bits read unsigned."""
+    return tf.bitwise.bitwise_and(tf.bitwise.right_shift(x, k), (1 << (64 - k)) - 1)
+
+
+def hash_shards(ids, shards: int) -> tf.Tensor:
+    """ids [n] int64 -> [n] int32: the hash shard of each id among `shards` (< 2^31): h * shards
+    // 2^64 of h, the id's 64 bits mixed by splitmix64's finaliser (id_map.reference.mix), so that
+    shard s holds the s-th of `shards` equal ranges of hashes."""
+    x = tf.cast(ids, tf.int64)
+    x = tf.bitwise.bitwise_xor(x, _shift(x, 30)) * _MIX[0]
+    x = tf.bitwise.bitwise_xor(x, _shift(x, 27)) * _MIX[1]
+    x = tf.bitwise.bitwise_xor(x, _shift(x, 31))
+    high, low = _shift(x, 32), tf.bitwise.bitwise_and(x, 0xFFFFFFFF)
+    return tf.cast(_shift(high * shards + _shift(low * shards, 32), 32), tf.int32)
 
 
 class FlatIds(NamedTuple):
@@ -201,16 +227,16 @@ class DistributedEmbedding(tf.Module):
 
         self._initial_value = initial_value
         self.shard_variables, self.updated_at = [], []   # updated_at: per shard, None for a later column slice
-        self.dynamic: Dict[int, DynamicTable] = {}   # feature -> its dynamic table (variable, slots, updated_at)
+        self.dynamic: Dict[Shard, DynamicTable] = {}   # hash shard -> its dynamic table (variable, slots, updated_at)
         units = {}
         for s in self.shards:
             table, tier = tables[s.feature], plan.tier(self.rank, s.feature)
-            if table.kind == "dynamic":
-                d = table.dynamic
-                self.dynamic[s.feature] = DynamicTable(
-                    self.table_name(s.feature), d.capacity, s.width, (seed[0], seed[1] + s.feature), d.admit_after,
+            if table.kind == "dynamic":   # hash shard k: seeds (seed[0] + k, seed[1] + f) on any rank
+                d, k = table.dynamic, table.shards.index(s)
+                self.dynamic[s] = DynamicTable(
+                    self.dynamic_name(s), s.num_rows, s.width, (seed[0] + k, seed[1] + s.feature), d.admit_after,
                     d.policy, d.ttl, zeros_initializer=zeros_initializer)
-                self.shard_variables.append(self.dynamic[s.feature].variable)
+                self.shard_variables.append(self.dynamic[s].variable)
                 self.updated_at.append(None)
                 continue
             if tier.kind == "disk":   # a cache of C rows and the spare row, filled by staging
@@ -259,6 +285,12 @@ class DistributedEmbedding(tf.Module):
         """The name of feature's whole table (checkpoints use it for every shard of the table)."""
         return f"{self.name}/table_{feature}"
 
+    def dynamic_name(self, s: Shard) -> str:
+        """The name of a dynamic table's hash shard `s` (its checkpoint tensors' prefix): the
+        table's name if it has one shard, else `<table>/shard_<k>` for its k-th."""
+        shards = self.plan.tables[s.feature].shards
+        return self.table_name(s.feature) + (f"/shard_{shards.index(s)}" if len(shards) > 1 else "")
+
     def variable_name(self, s: Shard) -> str:
         if self.plan.tables[s.feature].kind == "whole":
             return self.table_name(s.feature)
@@ -293,9 +325,8 @@ class DistributedEmbedding(tf.Module):
         checked = self.global_features + self.replicated if not self.data_parallel_input or self.size == 1 \
             else list(range(len(ids)))
         flat = {f: flatten_ids(ids[f], self.combiners[f]) for f in checked}
-        for f, table in self.dynamic.items():   # raw ids -> rows (-1: none), outside the compiled lookup
-            flat[f] = flat[f]._replace(ids=table.rows(flat[f].ids, self._step, training))
-        shard_ids = [flat[s.feature] for s in self.shards]
+        shard_ids = [self._dynamic_rows(s, flat[s.feature], training) if s in self.dynamic else flat[s.feature]
+                     for s in self.shards]
         replicated_ids = [flat[f] for f in self.replicated]
         one_hot = all(flat[f].sample is None for f in checked)
         lookup = self._lookup if training and one_hot and not self._on_host else self._lookup_impl
@@ -305,11 +336,21 @@ class DistributedEmbedding(tf.Module):
             rows, indices, replicated_rows = lookup(shard_ids, replicated_ids)
         return LookedUp(rows, indices, shard_ids, replicated_rows, replicated_ids)
 
+    def _dynamic_rows(self, s: Shard, flat: FlatIds, training: bool) -> FlatIds:
+        """A dynamic table's hash shard `s`: raw ids -> its rows (-1: none, or another shard's id),
+        outside the compiled lookup; the shard's DynamicTable sees its own ids in batch order."""
+        table, shards = self.dynamic[s], self.plan.tables[s.feature].shards
+        if len(shards) == 1:
+            return flat._replace(ids=table.rows(flat.ids, self._step, training))
+        mine = tf.equal(hash_shards(flat.ids, len(shards)), shards.index(s))
+        rows = table.rows(tf.boolean_mask(flat.ids, mine), self._step, training)
+        return flat._replace(ids=tf.tensor_scatter_nd_update(tf.fill(tf.shape(flat.ids), -1), tf.where(mine), rows))
+
     def _lookup_impl(self, shard_ids: List[FlatIds], replicated_ids: List[FlatIds]):
         rows, indices = [], []
         for s, var, flat in zip(self.shards, self.shard_variables, shard_ids):
             i = flat.ids
-            if s.feature in self.dynamic:   # rows from DynamicTable.rows; -1 (none) reads zeros
+            if s in self.dynamic:   # rows from DynamicTable.rows; -1 (none) reads zeros
                 index = i
                 gathered = tf.where((i >= 0)[:, None], tf.gather(var, tf.maximum(i, 0)), 0.0)
             elif self.tiered and s.feature in self.tiered.units:   # staged: cache slots, the spare row C outside
@@ -398,9 +439,9 @@ class DistributedEmbedding(tf.Module):
         out = [None] * len(self.plan.tables)
         for f, rows in zip(self.replicated, looked_up.replicated_rows):
             out[f] = rows
-        if self.size == 1:   # every table whole on this rank, in feature order
+        if self.size == 1:   # every table on this rank, in feature order (a dynamic table's hash shards summed)
             for s, rows in zip(self.shards, looked_up.shard_rows):
-                out[s.feature] = rows
+                out[s.feature] = rows if out[s.feature] is None else out[s.feature] + rows
             return out
         if not any(self._widths):
             return out
@@ -414,7 +455,7 @@ class DistributedEmbedding(tf.Module):
         for f, parts in self._pieces.items():
             if parts:
                 parts = [tf.reshape(pieces[k], [-1, s.width]) for k, s in parts]
-                out[f] = tf.add_n(parts) if self.plan.tables[f].kind == "row" else tf.concat(parts, axis=1)
+                out[f] = tf.add_n(parts) if self.plan.tables[f].kind in ("row", "dynamic") else tf.concat(parts, axis=1)
         return out
 
     def _by_rank(self, rows: tf.Tensor, m: int) -> tf.Tensor:
@@ -540,10 +581,24 @@ class DistributedEmbedding(tf.Module):
         return [table.variable for table in self.dynamic.values()]
 
     def dynamic_stats(self) -> Dict[str, Dict[str, int]]:
-        """Per dynamic table of this rank, by table name: its live rows and its admitted, evicted
-        and refused ids since the start of its lineage (id_map's totals, checkpointed)."""
-        return {table.table: {k: v for k, v in table.counts().items() if k in ("live", "admitted", "evicted", "refused")}
-                for table in self.dynamic.values()}
+        """Per dynamic table, by table name: its live rows and its admitted, evicted and refused
+        ids since the start of its lineage (id_map's totals, checkpointed), summed over its hash
+        shards on every rank (at N ranks a collective: every rank calls it at the same point)."""
+        stats: Dict[str, Dict[str, int]] = {}
+        for s, table in self.dynamic.items():
+            total = stats.setdefault(self.table_name(s.feature), dict.fromkeys(DYNAMIC_COUNTS, 0))
+            for k, v in table.counts().items():
+                if k in total:
+                    total[k] += v
+        if self.size > 1 and any(t.kind == "dynamic" for t in self.plan.tables):
+            merged: Dict[str, Dict[str, int]] = {}
+            for part in self.comm.allgather_object(stats, f"{self.name}_dynamic_stats"):
+                for name, counts in part.items():
+                    total = merged.setdefault(name, dict.fromkeys(DYNAMIC_COUNTS, 0))
+                    for k, v in counts.items():
+                        total[k] += v
+            stats = dict(sorted(merged.items()))
+        return stats
 
     def variables_by_name(self) -> Dict[str, tf.Variable]:
         """This rank's table variables and table optimizer state, by stable variable name."""
@@ -573,7 +628,7 @@ class DistributedEmbedding(tf.Module):
         for table in self.dynamic.values():   # its live rows only (dynamic_table.py)
             entries += table.checkpoint_entries(weights_only or not self.optimizer)
         for s, var, updated_at in zip(self.shards, self.shard_variables, self.updated_at):
-            if s.feature in self.dynamic:
+            if s in self.dynamic:
                 continue
             name, shape = self.table_name(s.feature), (self.cardinalities[s.feature], self.dims[s.feature])
             pieces = self._with_slots(name, var, slots)
@@ -606,8 +661,8 @@ class DistributedEmbedding(tf.Module):
             names.add(self.optimizer.iterations.name.split(":")[0])
         slots = self.optimizer.slot_names if self.optimizer else ()
         for t in tables:
-            if t.kind == "dynamic":
-                names.update(tensor_names(self.table_name(t.feature), t.dynamic.policy, slots,
+            for s in t.shards if t.kind == "dynamic" else ():
+                names.update(tensor_names(self.dynamic_name(s), t.dynamic.policy, slots,
                                           weights_only or not self.optimizer))
         return names
 
@@ -616,9 +671,13 @@ class DistributedEmbedding(tf.Module):
         "tensors") hold a dynamic table as static or the reverse (a dynamic table checkpoints its ids)."""
         for t in self.plan.tables:
             name = self.table_name(t.feature)
-            saved_dynamic = f"{name}/{IDS}" in tensors
-            if name in tensors and saved_dynamic != (t.kind == "dynamic"):
+            saved = [n for n in tensors if n.startswith(f"{name}/") and n.endswith(f"/{IDS}")]   # per hash shard
+            if t.kind == "dynamic" and saved and len(saved) != len(t.shards):
+                raise ConfigError(f"dynamic table {name} (feature {t.feature}) has {len(t.shards)} hash shard(s) in "
+                                  f"this run, {len(saved)} in the checkpoint: the shard count (--dynamic_tables) "
+                                  "cannot change across a restore")
+            if (name in tensors or saved) and bool(saved) != (t.kind == "dynamic"):
                 raise ConfigError(
                     f"table {name} (feature {t.feature}) is {'dynamic' if t.kind == 'dynamic' else 'static'} in this "
-                    f"run, {'dynamic' if saved_dynamic else 'static'} in the checkpoint: a table's kind cannot change "
+                    f"run, {'dynamic' if saved else 'static'} in the checkpoint: a table's kind cannot change "
                     "across a restore (--dynamic_tables)")

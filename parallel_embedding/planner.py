@@ -5,9 +5,10 @@ how it is stored. The rules apply in this order:
 
 1. One rank: every table is "whole" on rank 0 (a dynamic one: rule 2); the thresholds have no effect.
 2. "dynamic": a table given `dynamic[f]` (a `DynamicOptions`: raw 64-bit ids, admission and eviction,
-   parallel_embedding/dynamic_table.py) has `capacity` rows (its `rows[f]` is ignored) and is one
-   whole shard: on rank 0 at one rank, else dealt by rule 6 with the whole tables. Never replicated,
-   sliced or tiered.
+   parallel_embedding/dynamic_table.py) has `capacity` rows (its `rows[f]` is ignored), cut into
+   its `shards` S hash shards (S independent of the world size): shard s holds rows s of S
+   contiguous near-equal ranges and the ids whose mixed hash falls in the s-th of S equal ranges
+   of [0, 2^64) (layer.hash_shards), on rank s % N. Never replicated, sliced by columns or tiered.
 3. "replicated": elements <= `data_parallel_threshold`. A full copy on every rank, no shards.
 4. "row": elements > `row_slice_threshold` and rows >= N. One full-width shard per rank, rank r
    holding the r-th of N contiguous near-equal row ranges (the first rows % N ranks one row more).
@@ -86,13 +87,15 @@ class DynamicOptions:
     admit_after: int = 1
     policy: str = "lru"
     ttl: int = 0
+    shards: int = 1   # hash shards, each its own id map and capacity / shards rows (rule 2)
 
     def __post_init__(self):
         if self.policy not in DYNAMIC_POLICIES:
             raise PlanError(f"a dynamic table's policy must be one of {', '.join(DYNAMIC_POLICIES)}, got {self.policy!r}")
-        if self.capacity < 1 or self.admit_after < 1 or (self.policy == "ttl") != (self.ttl >= 1):
-            raise PlanError(f"a dynamic table needs capacity >= 1, admit_after >= 1 and ttl >= 1 exactly with policy "
-                            f"ttl; got {self}")
+        if self.capacity < 1 or self.admit_after < 1 or (self.policy == "ttl") != (self.ttl >= 1) or \
+                not 1 <= self.shards <= self.capacity:
+            raise PlanError(f"a dynamic table needs capacity >= 1, admit_after >= 1, ttl >= 1 exactly with policy "
+                            f"ttl and 1 <= shards <= capacity; got {self}")
 
 
 @dataclass(frozen=True)
@@ -289,9 +292,12 @@ def _place(rows, dims, world_size, strategy, column_slice_threshold, row_slice_t
                            data_parallel_threshold)
     n, features = world_size, range(len(rows))
     kinds: List[Optional[str]] = ["dynamic" if f in dynamic else None for f in features]
+    hashed = {f: tuple(Shard(f, k % n, start, end, 0, dims[f])
+                       for k, (start, end) in enumerate(_near_equal_ranges(rows[f], d.shards)))
+              for f, d in dynamic.items()}
     if n == 1:
-        whole = (TablePlacement(f, rows[f], dims[f], kinds[f] or "whole", (Shard(f, 0, 0, rows[f], 0, dims[f]),),
-                                dynamic.get(f)) for f in features)
+        whole = (TablePlacement(f, rows[f], dims[f], kinds[f] or "whole",
+                                hashed.get(f, (Shard(f, 0, 0, rows[f], 0, dims[f]),)), dynamic.get(f)) for f in features)
         return Plan(1, strategy, tuple(whole))
 
     for f in features:
@@ -313,9 +319,10 @@ def _place(rows, dims, world_size, strategy, column_slice_threshold, row_slice_t
                 shards[f].append(Shard(f, r, start, end, 0, dims[f]))
                 loads[r] += (end - start) * dims[f]
     for f in dynamic:
-        slices[f] = 1
-    pieces = [(f, i, start, end) for f in features if f in dynamic or f in remaining
-              for i, (start, end) in enumerate(_near_equal_ranges(dims[f], slices[f]))]
+        shards[f] = list(hashed[f])
+        for shard in hashed[f]:
+            loads[shard.rank] += shard.elements
+    pieces = [(f, i, start, end) for f in remaining for i, (start, end) in enumerate(_near_equal_ranges(dims[f], slices[f]))]
     for (f, _, start, end), rank in zip(pieces, _assign(pieces, rows, loads, strategy)):
         shards[f].append(Shard(f, rank, 0, rows[f], start, end))
     for f in remaining:

@@ -476,22 +476,23 @@ def parse_int_list(name: str, values: Sequence) -> List[int]:
         raise ConfigError(f"--{name} must be a comma-separated list of integers, got {','.join(map(str, values))}")
 
 
-DYNAMIC_FORM = "<feature>:<capacity>[:<admit_after>[:<policy>[:<ttl>]]]"
+DYNAMIC_FORM = "<feature>:<capacity>[:<admit_after>[:<policy>[:<ttl>[:<shards>]]]]"
 
 
 def dynamic_tables(entries: Sequence[str], names: Sequence[str]) -> Dict[int, DynamicOptions]:
     """--dynamic_tables' entries, each DYNAMIC_FORM (feature: its index or name; admit_after 1, policy
-    lru, ttl 0 by default) -> feature index -> DynamicOptions; ConfigError naming the entry."""
+    lru, ttl 0, hash shards 1 by default) -> feature index -> DynamicOptions; ConfigError naming the entry."""
     options = {}
     for entry in entries:
         parts = str(entry).split(":")
         try:
-            if not 2 <= len(parts) <= 5:
+            if not 2 <= len(parts) <= 6:
                 raise ValueError
             feature = names.index(parts[0]) if parts[0] in names else int(parts[0])
             numbers = [int(p) for p in parts[1:3]]
             policy = parts[3] if len(parts) > 3 else "lru"
             ttl = int(parts[4]) if len(parts) > 4 else 0
+            shards = int(parts[5]) if len(parts) > 5 else 1
         except ValueError:
             raise ConfigError(f"--dynamic_tables entry {entry!r}: expected {DYNAMIC_FORM} (policy one of "
                               f"{', '.join(DYNAMIC_POLICIES)})") from None
@@ -501,7 +502,7 @@ def dynamic_tables(entries: Sequence[str], names: Sequence[str]) -> Dict[int, Dy
         if feature in options:
             raise ConfigError(f"--dynamic_tables entry {entry!r}: feature {names[feature]} ({feature}) is given twice")
         try:
-            options[feature] = DynamicOptions(*numbers, policy=policy, ttl=ttl)
+            options[feature] = DynamicOptions(*numbers, policy=policy, ttl=ttl, shards=shards)
         except PlanError as e:
             raise ConfigError(f"--dynamic_tables entry {entry!r}: {e}") from None
     return options

@@ -12,10 +12,10 @@ import tensorflow as tf
 
 import id_map
 import run.loop as run_loop
-from id_map.reference import Reference
+from id_map.reference import Reference, mix
 from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.dynamic_table import DynamicTable
-from parallel_embedding.layer import DistributedEmbedding
+from parallel_embedding.layer import DistributedEmbedding, hash_shards
 from parallel_embedding.planner import DynamicOptions, PlanError, TierOptions, plan_tables
 from storage import checkpoint
 from deployment.exporter.repository import ExportError, exported_model
@@ -95,7 +95,7 @@ def test_the_layer_maps_raw_int64_ids_as_the_reference_and_updates_as_the_table_
         emb.apply_gradients(emb.gradients(looked, feature_grads), tf.constant(0.1), False)
         alone.apply_gradients(alone_rows, feature_grads[0], tf.constant(0.1), s)
         step.assign_add(1)
-    table = emb.dynamic[0]
+    table = emb.dynamic[plan.tables[0].shards[0]]
     np.testing.assert_array_equal(table.variable.numpy(), alone.variable.numpy())
     np.testing.assert_array_equal(table.slots["accumulator"].numpy(), alone.slots["accumulator"].numpy())
     np.testing.assert_array_equal(table.updated_at.numpy(), alone.updated_at.numpy())
@@ -167,3 +167,33 @@ def test_a_static_checkpoint_restored_as_dynamic_the_reverse_and_export_are_refu
     with pytest.raises(ExportError, match="table embedding/table_2 is dynamic .*exporting dynamic tables is not "
                                           "supported yet"):
         exported_model(checkpoint.read_manifest(dynamic))
+
+
+def test_hash_shards_cut_the_mixed_hash_range_as_the_reference():
+    ids = np.concatenate([np.arange(-50, 2000), [2 ** 63 - 1, -2 ** 63, 2 ** 62 + 7]]).astype(np.int64)
+    for shards in (1, 2, 3, 7, 1000):
+        want = [(mix(int(i)) * shards) >> 64 for i in ids]
+        assert hash_shards(tf.constant(ids), shards).numpy().tolist() == want
+    counts = np.bincount(hash_shards(tf.constant(np.arange(30000)), 3).numpy())
+    assert counts.min() > 9500   # sequential ids spread evenly
+
+
+def test_hash_shards_in_one_process_train_and_resume_bit_for_bit(tmp_path):
+    """A table in 3 hash shards on one rank: each shard its own map and rows (the counts summed
+    per table), a run resumed at step 6 equals an uninterrupted one."""
+    settings = dict(dynamic_tables=["1:75:2:lru:0:3"], print_freq=1, optimizer="adam")
+    whole, first, resumed = (str(tmp_path / n) for n in ("whole", "first", "resumed"))
+    run_loop.run(tiny_config(**settings, max_steps=12, save_checkpoint_path=whole, log_path=whole + ".json"))
+    run_loop.run(tiny_config(**settings, max_steps=6, save_checkpoint_path=first))
+    run_loop.run(tiny_config(**settings, max_steps=12, restore_checkpoint_path=first, save_checkpoint_path=resumed))
+    a, b = _tensors(whole), _tensors(resumed)
+    assert {n for n in a if n.endswith("/ids")} == {f"embedding/table_1/shard_{k}/ids" for k in range(3)}
+    assert sorted(a) == sorted(b)
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    live = [len(a[f"embedding/table_1/shard_{k}/ids"]) for k in range(3)]
+    record = [r for r in map(json.loads, open(whole + ".json")) if r["kind"] == "step"][-1]
+    assert record["embedding/table_1/live"] == sum(live) and min(live) > 0
+    with pytest.raises(ConfigError, match="has 2 hash shard.* in this run, 3 in the checkpoint"):
+        run_loop.run(tiny_config(**dict(settings, dynamic_tables=["1:75:2:lru:0:2"]), max_steps=12,
+                                 restore_checkpoint_path=first))

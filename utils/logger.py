@@ -16,7 +16,8 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-DYNAMIC_COUNTS = ("live", "admitted", "evicted", "refused")   # a dynamic table's figures on the progress line
+# A dynamic table's figures (DistributedEmbedding.dynamic_stats) on the progress line.
+DYNAMIC_COUNTS = ("live", "admitted", "evicted", "refused")
 
 
 class RunLogger:
