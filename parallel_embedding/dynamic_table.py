@@ -1,6 +1,7 @@
-"""A dynamic embedding table: raw 64-bit ids in, no vocabulary, admission and eviction (issue 29,
-one process). Its state: an id map (id_map.IdMap: raw id -> row), the rows [capacity, D], their
-optimizer slots [capacity, D] and updated_at [capacity, 1] int32.
+"""A dynamic embedding table: raw 64-bit ids in, no vocabulary, admission and eviction (issue 29;
+DistributedEmbedding holds one per hash shard of a table of kind "dynamic"). Its state: an id map
+(id_map.IdMap: raw id -> row), the rows [capacity, D], their optimizer slots [capacity, D] and
+updated_at [capacity, 1] int32.
 
     table = DynamicTable(name, capacity, dim, seed, admit_after=1, policy="lru", ttl=0,
                          candidate_slots=0, optimizer="sgd", zeros_initializer=False)

@@ -1,8 +1,8 @@
 """Dynamic tables at 2 Gloo ranks (dlrm.py under horovodrun): a table in hash shards spread over
 the ranks, another whole on one rank, equal one process holding the same shards on the same
 global batches (per-step losses; the tables' ids, admission, eviction and counts exactly, their
-values within float tolerance), and a checkpoint written at 2 ranks resumes at 1 rank as the
-uninterrupted run."""
+values within float tolerance), with model-parallel and with data-parallel input, and a
+checkpoint written at 2 ranks resumes at 1 rank as the uninterrupted run."""
 import json
 
 import numpy as np
@@ -32,10 +32,17 @@ def _assert_same_tables(got, want):
             np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-def test_two_ranks_equal_one_process_and_resume_at_one(tmp_path):
-    one, two, resumed = (tmp_path / n for n in ("one", "two", "resumed"))
+@pytest.fixture(scope="module")
+def one(tmp_path_factory):
+    """The uninterrupted one-process run: its checkpoints at steps 6 and 12 and its log, `<one>.json`."""
+    one = tmp_path_factory.mktemp("dynamic") / "one"
     succeeded(one_process("dlrm.py", *MODEL, *DATA, *DYNAMIC, f"--log_path={one}.json",
                           f"--save_checkpoint_path={one}", "--checkpoint_every_n_steps=6"))
+    return one
+
+
+def test_two_ranks_equal_one_process_and_resume_at_one(tmp_path, one):
+    two, resumed = (tmp_path / n for n in ("two", "resumed"))
     run = succeeded(horovodrun(2, ["dlrm.py", *MODEL, *DATA, *DYNAMIC, "--max_steps=6", f"--log_path={two}.json",
                                    f"--save_checkpoint_path={two}"]))
     want = records(f"{one}.json")
@@ -57,3 +64,15 @@ def test_two_ranks_equal_one_process_and_resume_at_one(tmp_path):
     for s in range(7, STEPS + 1):
         assert got["step"][s] == pytest.approx(want["step"][s], rel=1e-5, abs=1e-6), s
     _assert_same_tables(_tensors(str(resumed)), _tensors(f"{one}/ckpt-{STEPS}"))
+
+
+def test_two_ranks_with_data_parallel_input_equal_one_process(tmp_path, one):
+    """Each rank reads its local batch of every feature; the ids reach the shards' owners by the
+    all-to-all of ids first."""
+    two = tmp_path / "two"
+    succeeded(horovodrun(2, ["dlrm.py", *MODEL, *DATA, *DYNAMIC, "--data_parallel_input", "--max_steps=6",
+                             f"--log_path={two}.json", f"--save_checkpoint_path={two}"]))
+    want, got = records(f"{one}.json"), records(f"{two}.json")
+    for s in range(1, 7):
+        assert got["step"][s] == pytest.approx(want["step"][s], rel=1e-5, abs=1e-6), s
+    _assert_same_tables(_tensors(str(two)), _tensors(f"{one}/ckpt-6"))

@@ -60,8 +60,12 @@ def test_the_refused_combinations_are_one_line():
         tiny_config(dynamic_tables=["1:10", "cat_1:20"])
     with pytest.raises(ConfigError, match="--dynamic_tables with --embedding_memory_budget_gb is not supported yet"):
         tiny_config(dynamic_tables=["1:10"], embedding_memory_budget_gb=1.0, embedding_store_path="/tmp/x")
-    assert tiny_config(dynamic_tables=["cat_1:10:3:lfu", "3:8:1:ttl:4"]).dynamic_tables == {
-        1: DynamicOptions(10, 3, "lfu"), 3: DynamicOptions(8, 1, "ttl", 4)}
+    with pytest.raises(ConfigError, match="--dynamic_tables with --cpu_offloading_threshold_gb is not supported yet"):
+        tiny_config(dynamic_tables=["1:10"], cpu_offloading_threshold_gb=1)
+    with pytest.raises(ConfigError, match="shards <= capacity"):
+        tiny_config(dynamic_tables=["1:2:1:lru:0:3"])
+    assert tiny_config(dynamic_tables=["cat_1:10:3:lfu", "3:8:1:ttl:4", "0:9:1:lru:0:3"]).dynamic_tables == {
+        1: DynamicOptions(10, 3, "lfu"), 3: DynamicOptions(8, 1, "ttl", 4), 0: DynamicOptions(9, shards=3)}
 
 
 def test_the_layer_maps_raw_int64_ids_as_the_reference_and_updates_as_the_table_alone():
