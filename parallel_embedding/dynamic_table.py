@@ -4,7 +4,7 @@ DistributedEmbedding holds one per hash shard of a table of kind "dynamic"). Its
 updated_at [capacity, 1] int32.
 
     table = DynamicTable(name, capacity, dim, seed, admit_after=1, policy="lru", ttl=0,
-                         candidate_slots=0, optimizer="sgd", zeros_initializer=False)
+                         candidate_slots=0, optimizer="sgd", zeros_initializer=False, initializer_rows=0)
     rows, emb = table.lookup(ids, step, training)   ids [n] int64 raw -> rows [n] int32 (-1: no row),
                                         emb [n, D]; an id without a row (refused: not yet admitted,
                                         or no row to reuse under ttl; unknown, not training) reads
@@ -31,9 +31,10 @@ updated_at [capacity, 1] int32.
     table.restore(path)                 the table from a checkpoint (storage.checkpoint.read_tensor):
                                         its live ids take rows 0..L-1 in eviction order
 
-Rows are re-initialised as a static table's: U(-sqrt(1/capacity), sqrt(1/capacity)) (zeros with
-`zeros_initializer`), the values drawn from a stateless seed folded with the step; slots take
-the optimizer's initial value, updated_at 0. Policies, admission and what a step is: id_map's
+Rows are re-initialised as a static table's: U(-sqrt(1/rows), sqrt(1/rows)), rows = capacity or
+`initializer_rows` (zeros with `zeros_initializer`), the values a hash of (seed, id, step, column)
+(`initial_values`): they do not depend on the id's position in the batch, nor on which hash
+shard or rank admits it. Slots take the optimizer's initial value, updated_at 0. Policies, admission and what a step is: id_map's
 docstring. A batch with more distinct ids to admit than rows fails with one line naming the table.
 LRU needs only the eviction order: it checkpoints no counters.
 """
@@ -60,6 +61,37 @@ def tensor_names(table: str, policy: str, slots: Sequence[str], weights_only: bo
     optimizer = [] if weights_only else list(slots)
     return [table] + [f"{table}/{k}" for k in optimizer + [UPDATED_AT, IDS] + extra + [CANDIDATES, TOTALS]
                       + ([] if weights_only else [ITERATIONS])]
+
+
+def _signed(x: int) -> int:
+    """The int64 with the 64 bits of `x` (0 <= x < 2^64)."""
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+_MIX = (_signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB))   # splitmix64's finaliser, as the id map's
+_GOLDEN = _signed(0x9E3779B97F4A7C15)   # splitmix64's increment
+
+
+def shift(x: tf.Tensor, k: int) -> tf.Tensor:
+    """x >> k on the 64 bits of int64 `x` read unsigned."""
+    return tf.bitwise.bitwise_and(tf.bitwise.right_shift(x, k), (1 << (64 - k)) - 1)
+
+
+def mix(x: tf.Tensor) -> tf.Tensor:
+    """int64 [...] -> splitmix64's finaliser of each element's 64 bits, as int64 bits (the id map's
+    mixing; id_map.reference.mix in Python)."""
+    x = tf.bitwise.bitwise_xor(x, shift(x, 30)) * _MIX[0]
+    x = tf.bitwise.bitwise_xor(x, shift(x, 27)) * _MIX[1]
+    return tf.bitwise.bitwise_xor(x, shift(x, 31))
+
+
+def initial_values(ids, step, seed, dim: int, limit: float) -> tf.Tensor:
+    """ids [k] int64, step [] int64, seed [2] int64 -> [k, dim] float32 in [-limit, limit): each value
+    24 bits of a hash of (seed, id, step, column)."""
+    key = mix(tf.bitwise.bitwise_xor(mix(ids + seed[0]), mix(step * _GOLDEN + seed[1])))
+    bits = mix(key[:, None] + tf.range(1, dim + 1, dtype=tf.int64)[None, :] * _GOLDEN)
+    unit = tf.cast(shift(bits, 40), tf.float32) * (1.0 / (1 << 24))   # [0, 1)
+    return (2.0 * unit - 1.0) * limit
 
 
 class _Tensor:
@@ -95,13 +127,13 @@ class DynamicTable(tf.Module):
 
     def __init__(self, name: str, capacity: int, dim: int, seed: Sequence[int], admit_after: int = 1,
                  policy: str = "lru", ttl: int = 0, candidate_slots: int = 0, optimizer: str = "sgd",
-                 zeros_initializer: bool = False):
+                 zeros_initializer: bool = False, initializer_rows: int = 0):
         super().__init__()   # `name` may hold "/": the module keeps its class's name
         self.table, self.capacity, self.dim, self.policy = name, capacity, dim, policy
         self.map = id_map.IdMap(name, capacity, admit_after, policy, ttl, candidate_slots)
         self._seed = tf.constant(seed, tf.int64)
-        self._limit = 0.0 if zeros_initializer else math.sqrt(1.0 / capacity)
-        self.variable = tf.Variable(self._initial_rows(tf.constant(0, tf.int64), capacity), name=name)
+        self._limit = 0.0 if zeros_initializer else math.sqrt(1.0 / (initializer_rows or capacity))
+        self.variable = tf.Variable(tf.zeros([capacity, dim]), name=name)   # a row is initialised when admitted
         self.updated_at = tf.Variable(tf.zeros([capacity, 1], tf.int32), trainable=False, name=f"{name}/{UPDATED_AT}")
         self.set_optimizer(optimizer)
 
@@ -112,9 +144,9 @@ class DynamicTable(tf.Module):
         self.optimizer = make_optimizer(name, [self.variable], scope, beta1, beta2)
         self.slots: Dict[str, tf.Variable] = self.optimizer.slots[self.variable.ref()]
 
-    def _initial_rows(self, step, n) -> tf.Tensor:
-        seed = tf.random.experimental.stateless_fold_in(self._seed, step)
-        return tf.random.stateless_uniform([n, self.dim], seed=seed, minval=-self._limit, maxval=self._limit)
+    def _initial_rows(self, ids, step) -> tf.Tensor:
+        """ids [k] int64 admitted at `step` -> their rows' initial values [k, D]."""
+        return initial_values(ids, tf.cast(step, tf.int64), self._seed, self.dim, self._limit)
 
     def lookup(self, ids, step, training: bool):
         """ids [n] int64, step [] int64 -> rows [n] int32 (-1: none), embeddings [n, D]."""
@@ -133,7 +165,7 @@ class DynamicTable(tf.Module):
             except tf.errors.InvalidArgumentError as e:   # eagerly: the op's line alone
                 raise ValueError(e.message.split("}} ")[-1].split(" [Op:")[0]) from None
             new = (codes == id_map.ADMITTED) | (codes == id_map.EVICTED)
-            self._reset(tf.boolean_mask(rows, new), tf.boolean_mask(self._initial_rows(step, tf.size(ids)), new))
+            self._reset(tf.boolean_mask(rows, new), self._initial_rows(tf.boolean_mask(ids, new), step))
             return rows
         return self.map.find(ids)
 

@@ -42,7 +42,7 @@ import tensorflow as tf
 
 from storage.checkpoint import Entry, replicated_entries
 from parallel_embedding import UPDATED_AT
-from parallel_embedding.dynamic_table import IDS, DynamicTable, tensor_names
+from parallel_embedding.dynamic_table import IDS, DynamicTable, mix, shift, tensor_names
 from parallel_embedding.optimizers import make_optimizer
 from parallel_embedding.planner import Plan, Shard, plan_tables  # noqa: F401 (plan_tables: the example)
 from parallel_embedding.tiered import DiskTier, Unit
@@ -72,29 +72,13 @@ def shard_initial_value(rows: int, dim: int, shard: Shard, seed) -> tf.Tensor:
     return tf.concat(parts, axis=0) if parts else tf.zeros([0, shard.width])
 
 
-def _signed(x: int) -> int:
-    """The int64 with the 64 bits of `x` (0 <= x < 2^64)."""
-    return x - (1 << 64) if x >= 1 << 63 else x
-
-
-_MIX = (_signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB))   # splitmix64's finaliser, as the id map's
-
-
-def _shift(x: tf.Tensor, k: int) -> tf.Tensor:
-    """x >> k on x's 64 bits read unsigned."""
-    return tf.bitwise.bitwise_and(tf.bitwise.right_shift(x, k), (1 << (64 - k)) - 1)
-
-
 def hash_shards(ids, shards: int) -> tf.Tensor:
     """ids [n] int64 -> [n] int32: the hash shard of each id among `shards` (< 2^31): h * shards
     // 2^64 of h, the id's 64 bits mixed by splitmix64's finaliser (id_map.reference.mix), so that
     shard s holds the s-th of `shards` equal ranges of hashes."""
-    x = tf.cast(ids, tf.int64)
-    x = tf.bitwise.bitwise_xor(x, _shift(x, 30)) * _MIX[0]
-    x = tf.bitwise.bitwise_xor(x, _shift(x, 27)) * _MIX[1]
-    x = tf.bitwise.bitwise_xor(x, _shift(x, 31))
-    high, low = _shift(x, 32), tf.bitwise.bitwise_and(x, 0xFFFFFFFF)
-    return tf.cast(_shift(high * shards + _shift(low * shards, 32), 32), tf.int32)
+    x = mix(tf.cast(ids, tf.int64))
+    high, low = shift(x, 32), tf.bitwise.bitwise_and(x, 0xFFFFFFFF)
+    return tf.cast(shift(high * shards + shift(low * shards, 32), 32), tf.int32)
 
 
 class FlatIds(NamedTuple):
@@ -231,11 +215,11 @@ class DistributedEmbedding(tf.Module):
         units = {}
         for s in self.shards:
             table, tier = tables[s.feature], plan.tier(self.rank, s.feature)
-            if table.kind == "dynamic":   # hash shard k: seeds (seed[0] + k, seed[1] + f) on any rank
-                d, k = table.dynamic, table.shards.index(s)
+            if table.kind == "dynamic":   # a hash shard: the table's seed and initial range in every shard
+                d = table.dynamic
                 self.dynamic[s] = DynamicTable(
-                    self.dynamic_name(s), s.num_rows, s.width, (seed[0] + k, seed[1] + s.feature), d.admit_after,
-                    d.policy, d.ttl, zeros_initializer=zeros_initializer)
+                    self.dynamic_name(s), s.num_rows, s.width, (seed[0], seed[1] + s.feature), d.admit_after,
+                    d.policy, d.ttl, zeros_initializer=zeros_initializer, initializer_rows=d.capacity)
                 self.shard_variables.append(self.dynamic[s].variable)
                 self.updated_at.append(None)
                 continue

@@ -14,7 +14,7 @@ import id_map
 import run.loop as run_loop
 from id_map.reference import Reference, mix
 from parallel_embedding.collectives import SingleProcess
-from parallel_embedding.dynamic_table import DynamicTable
+from parallel_embedding.dynamic_table import DynamicTable, initial_values
 from parallel_embedding.layer import DistributedEmbedding, hash_shards
 from parallel_embedding.planner import DynamicOptions, PlanError, TierOptions, plan_tables
 from storage import checkpoint
@@ -201,3 +201,28 @@ def test_hash_shards_in_one_process_train_and_resume_bit_for_bit(tmp_path):
     with pytest.raises(ConfigError, match="has 2 hash shard.* in this run, 3 in the checkpoint"):
         run_loop.run(tiny_config(**dict(settings, dynamic_tables=["1:75:2:lru:0:2"]), max_steps=12,
                                  restore_checkpoint_path=first))
+
+
+def test_initial_values_hash_seed_id_step_and_column_uniformly():
+    ids = tf.constant(np.arange(20000) * 7919 - 10 ** 12, tf.int64)
+    values = initial_values(ids, tf.constant(3, tf.int64), tf.constant([5, 6], tf.int64), 4, 0.5).numpy()
+    assert values.shape == (20000, 4) and values.min() >= -0.5 and values.max() < 0.5
+    assert abs(values.mean()) < 0.01 and abs(values.std() - 0.5 / np.sqrt(3)) < 0.01
+    assert abs(np.corrcoef(values[:, 0], values[:, 1])[0, 1]) < 0.05
+    again = initial_values(ids[::-1], tf.constant(3, tf.int64), tf.constant([5, 6], tf.int64), 4, 0.5).numpy()
+    np.testing.assert_array_equal(again, values[::-1])   # by id, not by position
+    later = initial_values(ids, tf.constant(4, tf.int64), tf.constant([5, 6], tf.int64), 4, 0.5).numpy()
+    assert not np.isclose(later, values).any(axis=1).all()
+
+
+def test_while_capacity_does_not_bind_the_shard_count_does_not_change_a_run(tmp_path):
+    """A row's initial value is its (seed, id, step)'s and no shard evicts: 1 and 3 hash shards
+    train alike (so N ranks, holding any shards, equal one process with one)."""
+    logs = []
+    for shards in (1, 3):
+        log = str(tmp_path / f"{shards}.json")
+        run_loop.run(tiny_config(dynamic_tables=[f"1:150:1:lru:0:{shards}"], max_steps=12, print_freq=1, log_path=log,
+                                 optimizer="adam"))
+        logs.append(_losses(log))
+    assert len(logs[0]) == 12
+    assert logs[1] == logs[0]
