@@ -173,6 +173,12 @@ class DistributedEmbedding(tf.Module):
     in files under `store_path` and a cache of the tier's `cache_rows` rows in their variables,
     victims chosen by `cache_policy`; their ids must pass through `staged` before the lookup.
 
+    Tables of kind "dynamic" (planner rule 2) take raw int64 ids: each of this rank's hash shards
+    is a DynamicTable (`dynamic`, by shard) whose variable is the shard's, mapping the ids of its
+    hash range (`hash_shards`) to rows at the global step before the gathers, the others reading
+    zeros as a row shard's do; its rows >= 0 are updated by its own optimizer; its checkpoint holds
+    its live rows (`dynamic_name(s)`), its counts are in `dynamic_stats` and `store_stats`.
+
     Its collective operations are named after `name` (`<name>_rows`, ...): two embeddings of one
     model need different names.
 
@@ -599,7 +605,9 @@ class DistributedEmbedding(tf.Module):
         [col_start, col_end) (not the spare row), a replicated table all of it (rank 0 saves it).
         Unless `weights_only`, the optimizer's state too: slot k of a table as tensor
         `table_name(f)/k`, cut as the table, the update counter (replicated), and the rows' updated_at
-        [rows_f, 1] int32 as tensor `table_name(f)/updated_at`."""
+        [rows_f, 1] int32 as tensor `table_name(f)/updated_at`. A dynamic table's hash shard: its
+        live rows only (DynamicTable.checkpoint_entries, under `dynamic_name(s)`, sized by the
+        checkpoint on restore)."""
         slots = self.optimizer.slots if self.optimizer and not weights_only else {}
         entries = []
         sources = {}
