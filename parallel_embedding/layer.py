@@ -42,10 +42,12 @@ import tensorflow as tf
 
 from storage.checkpoint import Entry, replicated_entries
 from parallel_embedding import UPDATED_AT
+from parallel_embedding.dynamic_table import IDS, DynamicTable, mix, shift, tensor_names
 from parallel_embedding.optimizers import make_optimizer
 from parallel_embedding.planner import Plan, Shard, plan_tables  # noqa: F401 (plan_tables: the example)
 from parallel_embedding.tiered import DiskTier, Unit
 from utils.errors import ConfigError
+from utils.logger import DYNAMIC_COUNTS
 
 _INIT_BLOCK_ROWS = 1 << 16
 
@@ -68,6 +70,15 @@ def shard_initial_value(rows: int, dim: int, shard: Shard, seed) -> tf.Tensor:
         lo, hi = max(shard.row_start - start, 0), min(shard.row_end - start, n)
         parts.append(values[lo:hi, shard.col_start:shard.col_end])
     return tf.concat(parts, axis=0) if parts else tf.zeros([0, shard.width])
+
+
+def hash_shards(ids, shards: int) -> tf.Tensor:
+    """ids [n] int64 -> [n] int32: the hash shard of each id among `shards` (< 2^31): h * shards
+    // 2^64 of h, the id's 64 bits mixed by splitmix64's finaliser (id_map.reference.mix), so that
+    shard s holds the s-th of `shards` equal ranges of hashes."""
+    x = mix(tf.cast(ids, tf.int64))
+    high, low = shift(x, 32), tf.bitwise.bitwise_and(x, 0xFFFFFFFF)
+    return tf.cast(shift(high * shards + shift(low * shards, 32), 32), tf.int32)
 
 
 class FlatIds(NamedTuple):
@@ -162,6 +173,12 @@ class DistributedEmbedding(tf.Module):
     in files under `store_path` and a cache of the tier's `cache_rows` rows in their variables,
     victims chosen by `cache_policy`; their ids must pass through `staged` before the lookup.
 
+    Tables of kind "dynamic" (planner rule 2) take raw int64 ids: each of this rank's hash shards
+    is a DynamicTable (`dynamic`, by shard) whose variable is the shard's, mapping the ids of its
+    hash range (`hash_shards`) to rows at the global step before the gathers, the others reading
+    zeros as a row shard's do; its rows >= 0 are updated by its own optimizer; its checkpoint holds
+    its live rows (`dynamic_name(s)`), its counts are in `dynamic_stats` and `store_stats`.
+
     Its collective operations are named after `name` (`<name>_rows`, ...): two embeddings of one
     model need different names.
 
@@ -200,9 +217,18 @@ class DistributedEmbedding(tf.Module):
 
         self._initial_value = initial_value
         self.shard_variables, self.updated_at = [], []   # updated_at: per shard, None for a later column slice
+        self.dynamic: Dict[Shard, DynamicTable] = {}   # hash shard -> its dynamic table (variable, slots, updated_at)
         units = {}
         for s in self.shards:
             table, tier = tables[s.feature], plan.tier(self.rank, s.feature)
+            if table.kind == "dynamic":   # a hash shard: the table's seed and initial range in every shard
+                d = table.dynamic
+                self.dynamic[s] = DynamicTable(
+                    self.dynamic_name(s), s.num_rows, s.width, (seed[0], seed[1] + s.feature), d.admit_after,
+                    d.policy, d.ttl, zeros_initializer=zeros_initializer, initializer_rows=d.capacity)
+                self.shard_variables.append(self.dynamic[s].variable)
+                self.updated_at.append(None)
+                continue
             if tier.kind == "disk":   # a cache of C rows and the spare row, filled by staging
                 value = tf.zeros([tier.cache_rows + 1, s.width])
             else:
@@ -249,6 +275,12 @@ class DistributedEmbedding(tf.Module):
         """The name of feature's whole table (checkpoints use it for every shard of the table)."""
         return f"{self.name}/table_{feature}"
 
+    def dynamic_name(self, s: Shard) -> str:
+        """The name of a dynamic table's hash shard `s` (its checkpoint tensors' prefix): the
+        table's name if it has one shard, else `<table>/shard_<k>` for its k-th."""
+        shards = self.plan.tables[s.feature].shards
+        return self.table_name(s.feature) + (f"/shard_{shards.index(s)}" if len(shards) > 1 else "")
+
     def variable_name(self, s: Shard) -> str:
         if self.plan.tables[s.feature].kind == "whole":
             return self.table_name(s.feature)
@@ -274,27 +306,44 @@ class DistributedEmbedding(tf.Module):
     def lookup(self, ids: Sequence[tf.Tensor], training: bool = False) -> LookedUp:
         """Gathers this rank's rows. Training runs the gathers as one XLA-compiled function (faster
         on large batches; one-hot only, since multi-hot id counts vary from batch to batch); ids
-        outside [0, cardinality) fail a check either way."""
+        outside [0, cardinality) fail a check either way. A dynamic table's ids are raw int64 values
+        (any): its DynamicTable maps them to rows at the global step (training: admitting and
+        evicting), before the gathers."""
         ids, exchange_checks = list(ids), []
         if self.data_parallel_input and self.size > 1:
             ids, exchange_checks = self._exchange_ids(ids)
         checked = self.global_features + self.replicated if not self.data_parallel_input or self.size == 1 \
             else list(range(len(ids)))
         flat = {f: flatten_ids(ids[f], self.combiners[f]) for f in checked}
-        shard_ids = [flat[s.feature] for s in self.shards]
+        shard_ids = [self._dynamic_rows(s, flat[s.feature], training) if s in self.dynamic else flat[s.feature]
+                     for s in self.shards]
         replicated_ids = [flat[f] for f in self.replicated]
         one_hot = all(flat[f].sample is None for f in checked)
         lookup = self._lookup if training and one_hot and not self._on_host else self._lookup_impl
-        checks = check_ids(checked, [flat[f].ids for f in checked], [self.cardinalities[f] for f in checked])
+        ranged = [f for f in checked if self.plan.tables[f].kind != "dynamic"]   # a dynamic table takes any int64
+        checks = check_ids(ranged, [flat[f].ids for f in ranged], [self.cardinalities[f] for f in ranged])
         with tf.control_dependencies(checks + exchange_checks):
             rows, indices, replicated_rows = lookup(shard_ids, replicated_ids)
         return LookedUp(rows, indices, shard_ids, replicated_rows, replicated_ids)
+
+    def _dynamic_rows(self, s: Shard, flat: FlatIds, training: bool) -> FlatIds:
+        """A dynamic table's hash shard `s`: raw ids -> its rows (-1: none, or another shard's id),
+        outside the compiled lookup; the shard's DynamicTable sees its own ids in batch order."""
+        table, shards = self.dynamic[s], self.plan.tables[s.feature].shards
+        if len(shards) == 1:
+            return flat._replace(ids=table.rows(flat.ids, self._step, training))
+        mine = tf.equal(hash_shards(flat.ids, len(shards)), shards.index(s))
+        rows = table.rows(tf.boolean_mask(flat.ids, mine), self._step, training)
+        return flat._replace(ids=tf.tensor_scatter_nd_update(tf.fill(tf.shape(flat.ids), -1), tf.where(mine), rows))
 
     def _lookup_impl(self, shard_ids: List[FlatIds], replicated_ids: List[FlatIds]):
         rows, indices = [], []
         for s, var, flat in zip(self.shards, self.shard_variables, shard_ids):
             i = flat.ids
-            if self.tiered and s.feature in self.tiered.units:   # staged: cache slots, the spare row C outside
+            if s in self.dynamic:   # rows from DynamicTable.rows; -1 (none) reads zeros
+                index = i
+                gathered = tf.where((i >= 0)[:, None], tf.gather(var, tf.maximum(i, 0)), 0.0)
+            elif self.tiered and s.feature in self.tiered.units:   # staged: cache slots, the spare row C outside
                 spare = self.tiered.units[s.feature].capacity
                 index = i
                 gathered = tf.gather(var, index)
@@ -380,9 +429,9 @@ class DistributedEmbedding(tf.Module):
         out = [None] * len(self.plan.tables)
         for f, rows in zip(self.replicated, looked_up.replicated_rows):
             out[f] = rows
-        if self.size == 1:   # every table whole on this rank, in feature order
+        if self.size == 1:   # every table on this rank, in feature order (a dynamic table's hash shards summed)
             for s, rows in zip(self.shards, looked_up.shard_rows):
-                out[s.feature] = rows
+                out[s.feature] = rows if out[s.feature] is None else out[s.feature] + rows
             return out
         if not any(self._widths):
             return out
@@ -396,7 +445,7 @@ class DistributedEmbedding(tf.Module):
         for f, parts in self._pieces.items():
             if parts:
                 parts = [tf.reshape(pieces[k], [-1, s.width]) for k, s in parts]
-                out[f] = tf.add_n(parts) if self.plan.tables[f].kind == "row" else tf.concat(parts, axis=1)
+                out[f] = tf.add_n(parts) if self.plan.tables[f].kind in ("row", "dynamic") else tf.concat(parts, axis=1)
         return out
 
     def _by_rank(self, rows: tf.Tensor, m: int) -> tf.Tensor:
@@ -448,14 +497,19 @@ class DistributedEmbedding(tf.Module):
         as its rows' updated_at. `compiled` false: the update runs op by op (debugging). `scope`:
         the optimizer's name (its update counter is tensor `<scope>/iterations`)."""
         self._step = step
-        self.optimizer = make_optimizer(name, self.variables_in_order, scope, beta1, beta2)
+        dynamic = {v.ref() for v in self._dynamic_variables()}
+        static = [v for v in self.variables_in_order if v.ref() not in dynamic]
+        self.optimizer = make_optimizer(name, static, scope, beta1, beta2)
+        for table in self.dynamic.values():   # its own optimizer state, checkpointed with its live rows
+            table.set_optimizer(name, beta1, beta2)
         if self.tiered:
             self._open_store()
 
         def update(grads, lr):
-            self.optimizer.apply(zip(grads, self.variables_in_order), lr)
+            self.optimizer.apply(zip(grads, static), lr)
             step = tf.cast(self._step + 1, tf.int32)
-            for grad, updated_at in zip(grads, self.updated_at):
+            for grad, updated_at in zip(grads, [u for v, u in zip(self.variables_in_order, self.updated_at)
+                                                if v.ref() not in dynamic]):
                 if updated_at is not None:
                     n = tf.shape(grad.indices)[0]
                     updated_at.scatter_update(tf.IndexedSlices(tf.fill([n, 1], step), grad.indices))
@@ -490,8 +544,11 @@ class DistributedEmbedding(tf.Module):
         return self.tiered.staged(elements, training, int(self._step.numpy()) + 1 if training else None)
 
     def store_stats(self) -> dict:
-        """The disk tier's figures since the last call (tiered.DiskTier.stats); {} without one."""
-        return self.tiered.stats() if self.tiered else {}
+        """The disk tier's figures since the last call (tiered.DiskTier.stats), and every dynamic
+        table's counts (`dynamic_stats`) as `<table>/<count>`; {} without either."""
+        stats = self.tiered.stats() if self.tiered else {}
+        stats.update({f"{table}/{k}": v for table, counts in self.dynamic_stats().items() for k, v in counts.items()})
+        return stats
 
     def close(self):
         """Removes the disk tier's files (the checkpoint is the durable state)."""
@@ -501,13 +558,45 @@ class DistributedEmbedding(tf.Module):
     def apply_gradients(self, grads: Sequence[tf.IndexedSlices], lr: tf.Tensor, multi_hot: bool):
         """Updates the rows named by `grads` (`gradients`' output, rescaled at will) and their
         optimizer slots, at learning rate `lr`, and records the step counter + 1 as their
-        updated_at; `multi_hot`: the batch had a multi-hot feature."""
-        self._update[multi_hot](grads, lr)
+        updated_at; `multi_hot`: the batch had a multi-hot feature. A dynamic table updates only
+        its rows >= 0 (an id without a row gets no update), by its own optimizer, uncompiled."""
+        dynamic = {v.ref(): table for table, v in zip(self.dynamic.values(), self._dynamic_variables())}
+        for grad, var in zip(grads, self.variables_in_order):
+            if var.ref() in dynamic:
+                dynamic[var.ref()].apply_gradients(grad.indices, grad.values, lr, self._step)
+        self._update[multi_hot]([g for g, v in zip(grads, self.variables_in_order) if v.ref() not in dynamic], lr)
+
+    def _dynamic_variables(self) -> List[tf.Variable]:
+        """The variables of `dynamic`'s tables, in its order."""
+        return [table.variable for table in self.dynamic.values()]
+
+    def dynamic_stats(self) -> Dict[str, Dict[str, int]]:
+        """Per dynamic table, by table name: its live rows and its admitted, evicted and refused
+        ids since the start of its lineage (id_map's totals, checkpointed), summed over its hash
+        shards on every rank (at N ranks a collective: every rank calls it at the same point)."""
+        stats: Dict[str, Dict[str, int]] = {}
+        for s, table in self.dynamic.items():
+            total = stats.setdefault(self.table_name(s.feature), dict.fromkeys(DYNAMIC_COUNTS, 0))
+            for k, v in table.counts().items():
+                if k in total:
+                    total[k] += v
+        if self.size > 1 and any(t.kind == "dynamic" for t in self.plan.tables):
+            merged: Dict[str, Dict[str, int]] = {}
+            for part in self.comm.allgather_object(stats, f"{self.name}_dynamic_stats"):
+                for name, counts in part.items():
+                    total = merged.setdefault(name, dict.fromkeys(DYNAMIC_COUNTS, 0))
+                    for k, v in counts.items():
+                        total[k] += v
+            stats = dict(sorted(merged.items()))
+        return stats
 
     def variables_by_name(self) -> Dict[str, tf.Variable]:
         """This rank's table variables and table optimizer state, by stable variable name."""
         named = {v.name.split(":")[0]: v for v in self.variables_in_order + self.updated_at if v is not None}
         named.update(self.optimizer.variables_by_name() if self.optimizer else {})
+        for table in self.dynamic.values():
+            named.update({v.name.split(":")[0]: v for v in [table.updated_at] + list(table.slots.values())})
+            named.update(table.optimizer.variables_by_name())
         return named
 
     def checkpoint_entries(self, weights_only: bool = False) -> List[Entry]:
@@ -516,7 +605,9 @@ class DistributedEmbedding(tf.Module):
         [col_start, col_end) (not the spare row), a replicated table all of it (rank 0 saves it).
         Unless `weights_only`, the optimizer's state too: slot k of a table as tensor
         `table_name(f)/k`, cut as the table, the update counter (replicated), and the rows' updated_at
-        [rows_f, 1] int32 as tensor `table_name(f)/updated_at`."""
+        [rows_f, 1] int32 as tensor `table_name(f)/updated_at`. A dynamic table's hash shard: its
+        live rows only (DynamicTable.checkpoint_entries, under `dynamic_name(s)`, sized by the
+        checkpoint on restore)."""
         slots = self.optimizer.slots if self.optimizer and not weights_only else {}
         entries = []
         sources = {}
@@ -526,7 +617,11 @@ class DistributedEmbedding(tf.Module):
                 entries.append(Entry(f"{self.table_name(unit.feature)}/{UPDATED_AT}",
                                      self.tiered.updated_at(unit, lambda: int(self._step.numpy())),
                                      (self.cardinalities[unit.feature], 1), unit.row_start))
+        for table in self.dynamic.values():   # its live rows only (dynamic_table.py)
+            entries += table.checkpoint_entries(weights_only or not self.optimizer)
         for s, var, updated_at in zip(self.shards, self.shard_variables, self.updated_at):
+            if s in self.dynamic:
+                continue
             name, shape = self.table_name(s.feature), (self.cardinalities[s.feature], self.dims[s.feature])
             pieces = self._with_slots(name, var, slots)
             if var.ref() in sources:   # on disk: streamed from and to the store
@@ -551,8 +646,30 @@ class DistributedEmbedding(tf.Module):
     def checkpoint_names(self, weights_only: bool = False) -> Set[str]:
         """Every tensor of `checkpoint_entries` on any rank: the logical tensors of the tables in a
         complete checkpoint."""
-        names = {self.table_name(f) for f in range(len(self.plan.tables))}
+        tables = self.plan.tables
+        names = {self.table_name(f) for f in range(len(tables)) if tables[f].kind != "dynamic"}
         if self.optimizer and not weights_only:
             names |= {f"{name}/{k}" for name in names for k in self.optimizer.slot_names + (UPDATED_AT,)}
             names.add(self.optimizer.iterations.name.split(":")[0])
+        slots = self.optimizer.slot_names if self.optimizer else ()
+        for t in tables:
+            for s in t.shards if t.kind == "dynamic" else ():
+                names.update(tensor_names(self.dynamic_name(s), t.dynamic.policy, slots,
+                                          weights_only or not self.optimizer))
         return names
+
+    def check_checkpoint(self, tensors: Dict[str, dict]):
+        """Raises ConfigError, one line naming the table, where a checkpoint's tensors (its manifest's
+        "tensors") hold a dynamic table as static or the reverse (a dynamic table checkpoints its ids)."""
+        for t in self.plan.tables:
+            name = self.table_name(t.feature)
+            saved = [n for n in tensors if n.startswith(f"{name}/") and n.endswith(f"/{IDS}")]   # per hash shard
+            if t.kind == "dynamic" and saved and len(saved) != len(t.shards):
+                raise ConfigError(f"dynamic table {name} (feature {t.feature}) has {len(t.shards)} hash shard(s) in "
+                                  f"this run, {len(saved)} in the checkpoint: the shard count (--dynamic_tables) "
+                                  "cannot change across a restore")
+            if (name in tensors or saved) and bool(saved) != (t.kind == "dynamic"):
+                raise ConfigError(
+                    f"table {name} (feature {t.feature}) is {'dynamic' if t.kind == 'dynamic' else 'static'} in this "
+                    f"run, {'dynamic' if saved else 'static'} in the checkpoint: a table's kind cannot change "
+                    "across a restore (--dynamic_tables)")

@@ -51,14 +51,14 @@ def test_an_evicted_row_and_its_slots_are_reset_before_reuse():
     trained = t.lookup(tf.constant([1], tf.int64), 4, training=False)[1].numpy()
     rows, emb = _step(t, [3], 4)                     # LRU: id 1 goes, its row 0 goes to id 3
     assert rows.tolist() == [0]
-    fresh = t._initial_rows(tf.constant(4, tf.int64), 1).numpy()
+    fresh = t._initial_rows(tf.constant([3], tf.int64), tf.constant(4, tf.int64)).numpy()
     np.testing.assert_allclose(emb, fresh)
     assert not np.allclose(emb, trained)
     m, v = t.slots["m"].numpy()[0], t.slots["v"].numpy()[0]
     assert np.abs(m).sum() > 0 and np.abs(v).sum() > 0   # one update since the reset ...
     rows, emb = _step(t, [1], 5)                         # ... id 1 comes back fresh, not trained
     assert rows.tolist() == [1] and not np.allclose(emb, trained)
-    np.testing.assert_allclose(emb, t._initial_rows(tf.constant(5, tf.int64), 1).numpy())
+    np.testing.assert_allclose(emb, t._initial_rows(tf.constant([1], tf.int64), tf.constant(5, tf.int64)).numpy())
     assert t.counts()["evicted"] == 2 and t.lookup(tf.constant([2], tf.int64), 6, training=False)[0].numpy() == [-1]
 
 
