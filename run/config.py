@@ -623,7 +623,7 @@ def _spec_shape(v: dict) -> DatasetShape:
     tfrecords = v["dataset_type"] == "split_tfrecords"
     spec = FeatureSpec.from_yaml(feature_spec_path(v["dataset_path"], v["feature_spec"]),
                                  chunk_type=None if tfrecords else "split_binary")
-    _refuse_raw_ids(spec)
+    cardinalities = _raw_id_rows(spec, v["dynamic_tables"])
     for name in ("train_mapping", "eval_mapping") if v["mode"] == "train" else ("eval_mapping",):
         if tfrecords and not os.path.isdir(spec.path(v[name])):
             raise ConfigError(f"--{name}={v[name]}: no directory {spec.path(v[name])} (a split_tfrecords mapping "
@@ -631,15 +631,21 @@ def _spec_shape(v: dict) -> DatasetShape:
         if not tfrecords and v[name] not in spec.source:
             raise ConfigError(f"--{name}={v[name]}: the feature spec has no such mapping "
                               f"(it has {', '.join(spec.source)})")
-    return DatasetShape(spec.cardinalities, len(spec.numerical), spec.max_hotness, list(spec.categorical),
-                        spec.labels)
+    return DatasetShape(cardinalities, len(spec.numerical), spec.max_hotness, list(spec.categorical), spec.labels)
 
 
-def _refuse_raw_ids(spec: FeatureSpec):
-    """A raw-id feature's ids are 64-bit keys, not rows: only a dynamic table takes them."""
-    if spec.raw_id_features:
-        raise ConfigError(f"feature {spec.raw_id_features[0]} has raw ids (preprocessed with --raw_id_columns): it "
-                          "needs a dynamic table (--dynamic_tables)")
+def _raw_id_rows(spec: FeatureSpec, entries: Sequence[str]) -> List[int]:
+    """The spec's cardinalities, a raw-id feature's (none in the spec) its dynamic table's capacity:
+    its ids are 64-bit keys, not rows, which only a dynamic table (--dynamic_tables) takes."""
+    dynamic = dynamic_tables(entries, list(spec.categorical)) if spec.raw_id_features else {}
+    cardinalities = list(spec.cardinalities)
+    for name in spec.raw_id_features:
+        f = spec.categorical.index(name)
+        if f not in dynamic:
+            raise ConfigError(f"feature {name} has raw ids (preprocessed with --raw_id_columns): it needs a dynamic "
+                              f"table (--dynamic_tables={name}:<capacity>)")
+        cardinalities[f] = dynamic[f].capacity
+    return cardinalities
 
 
 def _flag(name: str) -> str:

@@ -5,6 +5,7 @@ cardinality); split-binary and split-TFRecord readers give them as int64; the ot
 files are byte for byte those of the mode off; bad flags and specs stop in one line; training
 refuses a raw-id feature without a dynamic table."""
 import os
+import re
 import struct
 
 import numpy as np
@@ -319,5 +320,42 @@ def test_training_refuses_raw_ids_without_a_dynamic_table(tmp_path):
     assert str(e.value) == (f"--synthetic_dataset_use_feature_spec: feature ids of {tmp_path / SPEC_FILE} has raw ids "
                             "(no cardinality to draw synthetic ids from)")
     with pytest.raises(ConfigError, match=r"^feature ids has raw ids \(preprocessed with --raw_id_columns\): it needs "
-                                          r"a dynamic table \(--dynamic_tables\)$"):
+                                          r"a dynamic table \(--dynamic_tables=ids:<capacity>\)$"):
         build(dataset_type="split_binary", dataset_path=str(tmp_path), eval_mapping="train")
+
+
+def test_dlrm_trains_on_raw_ids_with_dynamic_tables(spark, tmp_path):
+    """A Criteo-format log preprocessed with raw ids for C1 and C3 (no vocabulary) trains with those
+    two tables dynamic: the raw-id features' tables take their capacity's rows, every id their
+    maps admit is one of the log's keys; without --dynamic_tables the run is refused in one line."""
+    import subprocess
+    import sys
+    from storage import checkpoint
+    table = generate.generate(600, seed=5)
+    generate.write(table, str(tmp_path / "day.tsv"))
+    run(spark, criteo.options(criteo.parser().parse_args([
+        "--input", str(tmp_path / "day.tsv"), "--test_fraction=0", "--validation_fraction=0",
+        "--frequency_threshold=2", "--output", str(tmp_path / "raw"), "--raw_id_columns=C1,C3"])), log=lambda m: None)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    args = [sys.executable, "dlrm.py", "--dataset_type=split_binary", f"--dataset_path={tmp_path / 'raw'}",
+            "--eval_mapping=train", "--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1",
+            "--batch_size=64", "--valid_batch_size=200", "--max_steps=9", "--print_freq=3", "--cpu"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    refused = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and refused.stderr.splitlines()[-1] == (
+        "error: feature cat_0 has raw ids (preprocessed with --raw_id_columns): it needs a dynamic table "
+        "(--dynamic_tables=cat_0:<capacity>)"), refused.stderr
+    proc = subprocess.run(args + ["--dynamic_tables=cat_0:500,cat_2:48:1:lru", f"--save_checkpoint_path={tmp_path / 'ck'}"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    last = [line for line in proc.stdout.splitlines() if line.startswith("step 9/9")][0]
+    evicted = re.search(r"embedding/table_2: 48 live, (\d+) admitted, (\d+) evicted", last)
+    assert evicted and int(evicted.group(2)) > 0 and "embedding/table_0: " in last, last
+    assert re.search(r"eval at step 9: auc 0\.\d+", proc.stdout), proc.stdout
+    manifest = checkpoint.read_manifest(str(tmp_path / "ck"))
+    keys = {0: {0 if v is None else int(v, 16) for v in table.column("C1").to_pylist()},
+            2: {0 if v is None else int(v, 16) for v in table.column("C3").to_pylist()}}
+    for f, capacity in ((0, 500), (2, 48)):
+        ids = checkpoint.read_tensor(manifest["path"], f"embedding/table_{f}/ids")[:, 0]
+        assert 0 < len(ids) <= capacity and set(ids.tolist()) <= keys[f] and len(set(ids.tolist())) == len(ids)
+    assert manifest["signature"]["cardinalities"][2] == 48
