@@ -17,8 +17,9 @@ other file of the export, SavedModels' included, with its size and CRC-32); its 
 holds `<name>_tables/` with one .npy file per table and tables.json (TABLES_INFO,
 deployment/exporter/table_files.py); a dynamic table (raw 64-bit ids: docs/dynamic_tables.md)
 also has its ids file `table_<t>.ids.npy` [R, 2] int64, row r's (raw id, LIVE or FREE), aligned
-with its rows file [R, D] (tables.json's entry: `dynamic`, `ids_file`). A delta (deployment/exporter/deltas.py writes it) names
-the version it applies to (its base) and the one it makes:
+with its rows file [R, D] (tables.json's entry: `dynamic`, `ids_file`). A delta
+(deployment/exporter/deltas.py writes it) names the version it applies to (its base) and the one
+it makes:
 
     DIR/delta.json                      written last (its presence means the delta is complete):
                                         format, version, name, base, new, signature, per table its

@@ -17,10 +17,10 @@ import tensorflow as tf
 
 from deployment.exporter.model_layout import DYNAMIC_IDS
 from deployment.exporter.repository import ExportError, write_delta_repository, write_repository
-from deployment.repository_format import LIVE, PAD, live_ids, read_delta
-from deployment.serving.errors import UpdateRefused
+from deployment.repository_format import CATEGORICAL, LIVE, NUMERICAL, PAD, PREDICTIONS, live_ids, read_delta
 from deployment.serving.id_index import RowIndex
 from deployment.serving.live import DenseModel, Model
+from deployment.serving.native import ServedModel, TensorSpec
 from deployment.serving.tiers import TierConfig
 from nn.model import RankingModel
 from nn.model_config import ModelConfig, table_configs
@@ -244,3 +244,19 @@ def test_row_index_moves_by_id():
         index.moved(np.array([20]), np.array([20, 60]))
     with pytest.raises(ValueError, match="not live after it"):
         index.moved(np.array([70]), np.array([20]))
+
+
+def test_the_native_frontend_takes_raw_ids_past_int32_as_json(days):
+    model = Model(days["repos"][0], log=lambda line: None)
+    try:
+        numerical, categorical = days["inputs"]
+        categorical = categorical[:4].copy()
+        categorical[:, 0] = [2 ** 63 - 1, -2 ** 63, 2 ** 31 + 7, 2 ** 40]
+        served_model = ServedModel("m", [TensorSpec(NUMERICAL, np.float32, (3,)),
+                                         TensorSpec(CATEGORICAL, np.int64, (categorical.shape[1],))],
+                                   [TensorSpec(PREDICTIONS, np.float32, (1,))], 8, model.infer)
+        out = served_model.run([(NUMERICAL, "FP32", [4, 3], numerical[:4].tolist()),
+                                (CATEGORICAL, "INT64", list(categorical.shape), categorical.tolist())], None)
+        np.testing.assert_array_equal(out[PREDICTIONS], model.infer(numerical[:4], categorical)[PREDICTIONS])
+    finally:
+        model.close()

@@ -131,7 +131,8 @@ def gib(num_bytes: int) -> str:
     return f"{num_bytes / 2 ** 30:.3g} GiB"
 
 
-def choose_forms(forms: Optional[Sequence[str]], table_bytes: int, limit: int, dynamic: Sequence[str] = ()) -> List[str]:
+def choose_forms(forms: Optional[Sequence[str]], table_bytes: int, limit: int,
+                 dynamic: Sequence[str] = ()) -> List[str]:
     """The forms to write: `forms`, checked, or by default monolithic and ensemble when the tables
     (`table_bytes`) fit in `limit` bytes and none is dynamic (`dynamic`: their tensors), else
     tables. The in-memory forms (a SavedModel's table indexed by row number) cannot take a dynamic
@@ -214,8 +215,9 @@ def write_delta_repository(checkpoint_path: str, out: str, base_path: str, name:
     """Writes into `out` the delta (deployment/repository_format.py) that turns the version exported at
     `base_path` (a model repository or a delta) into the checkpoint at `checkpoint_path`: the rows
     each table updated since the base's step (a dynamic table's: its ids new to the base or updated
-    since, and its live ids) and the whole dense model; returns its delta.json content. The checkpoint must descend from the base (same model, trained on from it). `verify`:
-    check the checksums of the checkpoint's pieces read; `model_file`: as write_repository's."""
+    since, and its live ids) and the whole dense model; returns its delta.json content. The
+    checkpoint must descend from the base (same model, trained on from it). `verify`: check the
+    checksums of the checkpoint's pieces read; `model_file`: as write_repository's."""
     _check_output(out, overwrite)
     manifest = read_manifest(checkpoint_path)
     model = exported_model(manifest, model_file)
@@ -245,7 +247,8 @@ def write_delta_repository(checkpoint_path: str, out: str, base_path: str, name:
         for t, (table, ids) in enumerate(zip(model.tables, updated_ids)):
             if t in dynamic:
                 rows, order, raw = dynamic[t][:3]
-                yield t, table.rows, raw, checkpoint.gather_rows(manifest, table.tensor, rows, np.float32, verify)[order]
+                values = checkpoint.gather_rows(manifest, table.tensor, rows, np.float32, verify)
+                yield t, table.rows, raw, values[order]
             else:
                 yield t, table.rows, ids, checkpoint.gather_rows(manifest, table.tensor, ids, np.float32, verify)
 
