@@ -10,6 +10,8 @@ import dataclasses
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -28,6 +30,7 @@ from parallel_embedding import dynamic_table
 from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.dynamic_table import DynamicTable
 from storage import checkpoint
+from tests.horovod_run import ROOT
 from utils.errors import StoreError
 
 D = 4
@@ -260,3 +263,24 @@ def test_the_native_frontend_takes_raw_ids_past_int32_as_json(days):
         np.testing.assert_array_equal(out[PREDICTIONS], model.infer(numerical[:4], categorical)[PREDICTIONS])
     finally:
         model.close()
+
+
+def deploy(*args):
+    return subprocess.run([sys.executable, "deployment/deploy.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+
+
+def test_deploy_refuses_in_one_line_and_says_what_it_wrote(days, tmp_path):
+    refused = deploy(f"--checkpoint={days['ckpt'][0]}", f"--output={tmp_path / 'r'}", "--forms=tables,monolithic")
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        "error: --forms=monolithic: table embedding/table_0 is dynamic (raw 64-bit ids), which only the tables form "
+        "serves: use --forms=tables"]
+    written = deploy(f"--checkpoint={days['ckpt'][0]}", f"--output={tmp_path / 'r'}")
+    assert written.returncode == 0, written.stderr[-3000:]
+    assert written.stdout.strip().splitlines()[-1].endswith(
+        "; tables form chosen: table embedding/table_0 is dynamic (raw 64-bit ids)")
+    delta = deploy(f"--checkpoint={days['ckpt'][1]}", f"--output={tmp_path / 'd'}", f"--delta_from={tmp_path / 'r'}")
+    assert delta.returncode == 0, delta.stderr[-3000:]
+    info = read_delta(str(tmp_path / "d")).info
+    evicted = sum(t["evicted"] for t in info["tables"] if t.get("dynamic"))
+    assert evicted > 0 and f", {evicted:,} ids evicted from 2 dynamic table(s) (" in delta.stdout.strip().splitlines()[-1]

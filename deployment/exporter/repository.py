@@ -306,7 +306,8 @@ def _write_content(manifest: dict, model: ExportedModel, tmp: str, name: str, se
         files, checksums = write_tables(manifest, model, os.path.join(tmp, directory), f"{name}_dense", verify)
         written = {f"{directory}/{file}": crc for file, crc in checksums.items()}
         table_files = {"directory": directory, "tables": len(files["tables"]), "bytes": sum(
-            os.path.getsize(os.path.join(tmp, directory, t["file"])) for t in files["tables"])}
+            os.path.getsize(os.path.join(tmp, directory, t["file"])) for t in files["tables"]),
+            **({"dynamic": model.dynamic_tables} if model.dynamic_tables else {})}
     info = {"name": name, "forms": list(forms), "checkpoint": manifest["path"], "step": manifest["step"],
             "version": checkpoint_version(manifest).to_json(),
             "written_at_ranks": manifest["world_size"], "signature": manifest["signature"],
