@@ -37,6 +37,7 @@ Modules: planner.py (`plan_tables`, with `TierOptions` the tiers too: pure Pytho
 (the one seam to Horovod), layer.py (`DistributedEmbedding`), tiered.py (`DiskTier`: the disk tier,
 its caches storage/row_cache.py's), optimizers.py (SGD, Adagrad, Adam: lazy sparse row updates,
 and the dense form, which the trainer uses for the MLPs), dynamic_table.py (`DynamicTable`: raw
-64-bit ids, admission and eviction over the id map op, one process; not yet used by the layer).
+64-bit ids, admission and eviction over the id map op; the layer's tables of kind "dynamic",
+planner rule 2: their ids any int64, `emb.dynamic_stats()` their counts).
 """
 UPDATED_AT = "updated_at"   # tensor `<table>/updated_at` [rows, 1] int32: the step that last updated each row

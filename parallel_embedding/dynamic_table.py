@@ -11,15 +11,22 @@ optimizer slots [capacity, D] and updated_at [capacity, 1] int32.
                                         are re-initialised before they are read
     table.apply_gradients(rows, grads, lr, step)    grads [n, D] of emb: only rows >= 0 (and
                                         their slots) change; their updated_at becomes step + 1
+    rows = table.rows(ids, step, training)  the rows alone (lookup's first half: admission, eviction,
+                                        re-initialisation; the caller gathers rows >= 0)
+    table.set_optimizer(name, beta1, beta2, scope)  replaces the constructor's optimizer (fresh slots)
     table.counts()                      {live, capacity, candidates, admitted, evicted, refused}
-    entries = table.checkpoint_entries()    storage.checkpoint entries of the live rows only (a
-                                        snapshot, taken now): tensors `<name>` [L, D], `<name>/<slot>`
+    entries = table.checkpoint_entries(weights_only)    storage.checkpoint entries of the live rows
+                                        only (a snapshot, taken now; sized by the checkpoint when
+                                        restored: storage.checkpoint.restore assigns them all, then
+                                        the table takes their state): tensors `<name>` [L, D], `<name>/<slot>`
                                         [L, D], `<name>/updated_at` [L, 1] int32, `<name>/ids` [L, 1]
                                         int64 (in eviction order), `<name>/counts` (lfu) or
                                         `<name>/last_used` (ttl) [L, 1] int32, `<name>/candidates`
                                         [M, 3] int64 (id, sightings, last seen), `<name>/totals` [1, 3]
-                                        int64, `<name>/iterations` [1, 1] int64 (the optimizer's updates)
-    table.checkpoint_names()            those tensors' names
+                                        int64, `<name>/iterations` [1, 1] int64 (the optimizer's updates);
+                                        `weights_only`: without the slots and `iterations` (restored:
+                                        the live rows' slots start fresh)
+    table.checkpoint_names(weights_only)    those tensors' names
     table.restore(path)                 the table from a checkpoint (storage.checkpoint.read_tensor):
                                         its live ids take rows 0..L-1 in eviction order
 
@@ -45,14 +52,41 @@ IDS, TOTALS, CANDIDATES, ITERATIONS = "ids", "totals", "candidates", "iterations
 ORDER_KEY = {"lru": None, "lfu": "counts", "ttl": "last_used"}   # the per-row state a policy needs
 
 
-class _Snapshot:
-    """A numpy array as a checkpoint entry's variable (storage.checkpoint saves `numpy()`)."""
+def tensor_names(table: str, policy: str, slots: Sequence[str], weights_only: bool = False) -> List[str]:
+    """The names of the checkpoint tensors of dynamic table `table` (DynamicTable.checkpoint_entries)
+    under `policy` with optimizer slots `slots`."""
+    extra = [ORDER_KEY[policy]] if ORDER_KEY[policy] else []
+    optimizer = [] if weights_only else list(slots)
+    return [table] + [f"{table}/{k}" for k in optimizer + [UPDATED_AT, IDS] + extra + [CANDIDATES, TOTALS]
+                      + ([] if weights_only else [ITERATIONS])]
 
-    def __init__(self, value: np.ndarray):
-        self.value, self.shape, self.dtype = value, value.shape, value.dtype
+
+class _Tensor:
+    """One tensor of a table's checkpoint as an entry's variable: storage.checkpoint saves
+    `numpy()` (the snapshot) and restores through `assign`, which hands the value to `restoring`."""
+
+    def __init__(self, name: str, value: np.ndarray, restoring: "_Restoring"):
+        self.name, self.value, self.shape, self.dtype, self._restoring = name, value, value.shape, value.dtype, restoring
 
     def numpy(self) -> np.ndarray:
         return self.value
+
+    def assign(self, value):
+        self._restoring.received(self.name, np.asarray(value))
+
+
+class _Restoring:
+    """Collects the tensors of one `checkpoint_entries` call as they are restored; once every one
+    has come, the table takes their state (DynamicTable.restore_tensors)."""
+
+    def __init__(self, table: "DynamicTable", names: List[str]):
+        self.table, self.names, self.values = table, names, {}
+
+    def received(self, name: str, value: np.ndarray):
+        self.values[name] = value
+        if len(self.values) == len(self.names):
+            values, self.values = self.values, {}
+            self.table.restore_tensors(values)
 
 
 class DynamicTable(tf.Module):
@@ -61,14 +95,20 @@ class DynamicTable(tf.Module):
     def __init__(self, name: str, capacity: int, dim: int, seed: Sequence[int], admit_after: int = 1,
                  policy: str = "lru", ttl: int = 0, candidate_slots: int = 0, optimizer: str = "sgd",
                  zeros_initializer: bool = False):
-        super().__init__(name=name)
+        super().__init__()   # `name` may hold "/": the module keeps its class's name
         self.table, self.capacity, self.dim, self.policy = name, capacity, dim, policy
         self.map = id_map.IdMap(name, capacity, admit_after, policy, ttl, candidate_slots)
         self._seed = tf.constant(seed, tf.int64)
         self._limit = 0.0 if zeros_initializer else math.sqrt(1.0 / capacity)
         self.variable = tf.Variable(self._initial_rows(tf.constant(0, tf.int64), capacity), name=name)
         self.updated_at = tf.Variable(tf.zeros([capacity, 1], tf.int32), trainable=False, name=f"{name}/{UPDATED_AT}")
-        self.optimizer = make_optimizer(optimizer, [self.variable], f"{name}_optimizer")
+        self.set_optimizer(optimizer)
+
+    def set_optimizer(self, name: str, beta1: float = 0.9, beta2: float = 0.999, scope: str = ""):
+        """The optimizer `apply_gradients` uses ("sgd", "adagrad", "adam"), its slots fresh; `scope`
+        names its variables (default `<table>_optimizer`, "/" as "_")."""
+        scope = scope or f"{self.table}_optimizer".replace("/", "_")
+        self.optimizer = make_optimizer(name, [self.variable], scope, beta1, beta2)
         self.slots: Dict[str, tf.Variable] = self.optimizer.slots[self.variable.ref()]
 
     def _initial_rows(self, step, n) -> tf.Tensor:
@@ -77,6 +117,14 @@ class DynamicTable(tf.Module):
 
     def lookup(self, ids, step, training: bool):
         """ids [n] int64, step [] int64 -> rows [n] int32 (-1: none), embeddings [n, D]."""
+        rows = self.rows(ids, step, training)
+        found = rows >= 0
+        emb = tf.gather(self.variable, tf.maximum(rows, 0)) * tf.cast(found, self.variable.dtype)[:, None]
+        return rows, emb
+
+    def rows(self, ids, step, training: bool):
+        """ids [n] int64, step [] int64 -> rows [n] int32 (-1: none); training: admits and evicts,
+        and re-initialises new rows."""
         ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
         if training:
             try:
@@ -85,11 +133,8 @@ class DynamicTable(tf.Module):
                 raise ValueError(e.message.split("}} ")[-1].split(" [Op:")[0]) from None
             new = (codes == id_map.ADMITTED) | (codes == id_map.EVICTED)
             self._reset(tf.boolean_mask(rows, new), tf.boolean_mask(self._initial_rows(step, tf.size(ids)), new))
-        else:
-            rows = self.map.find(ids)
-        found = rows >= 0
-        emb = tf.gather(self.variable, tf.maximum(rows, 0)) * tf.cast(found, self.variable.dtype)[:, None]
-        return rows, emb
+            return rows
+        return self.map.find(ids)
 
     def _reset(self, rows, values):
         """New rows [k] take `values` [k, D], their slots the initial value, updated_at 0."""
@@ -109,12 +154,10 @@ class DynamicTable(tf.Module):
     def counts(self) -> Dict[str, int]:
         return self.map.stats()
 
-    def checkpoint_names(self) -> List[str]:
-        extra = [ORDER_KEY[self.policy]] if ORDER_KEY[self.policy] else []
-        return [self.table] + [f"{self.table}/{k}" for k in list(self.slots) + [UPDATED_AT, IDS] + extra +
-                               [CANDIDATES, TOTALS, ITERATIONS]]
+    def checkpoint_names(self, weights_only: bool = False) -> List[str]:
+        return tensor_names(self.table, self.policy, list(self.slots), weights_only)
 
-    def checkpoint_entries(self) -> List[Entry]:
+    def checkpoint_entries(self, weights_only: bool = False) -> List[Entry]:
         state = {k: v.numpy() for k, v in self.map.export().items()}
         rows = state["rows"]
         column = {IDS: state["ids"][:, None], UPDATED_AT: tf.gather(self.updated_at, rows).numpy(),
@@ -126,7 +169,10 @@ class DynamicTable(tf.Module):
         column.update({slot: tf.gather(var, rows).numpy() for slot, var in self.slots.items()})
         values = {self.table: tf.gather(self.variable, rows).numpy()}
         values.update({f"{self.table}/{k}": v for k, v in column.items()})
-        return [Entry(name, _Snapshot(values[name]), values[name].shape) for name in self.checkpoint_names()]
+        names = self.checkpoint_names(weights_only)
+        restoring = _Restoring(self, names)
+        return [Entry(name, _Tensor(name, values[name], restoring), values[name].shape, sized_by_checkpoint=True)
+                for name in names]
 
     def restore(self, path: str):
         """Replaces the table's state with its checkpoint's at `path` (a checkpoint folder or root)."""
@@ -136,7 +182,11 @@ class DynamicTable(tf.Module):
         if missing:
             raise ValueError(f"dynamic table {self.table}: {checkpoint.resolve(path)} lacks {missing[0]} "
                              f"(a static table's checkpoint, or another eviction policy's)")
-        read = {n: checkpoint.read_tensor(path, n) for n in names}
+        self.restore_tensors({n: checkpoint.read_tensor(path, n) for n in names})
+
+    def restore_tensors(self, read: Dict[str, np.ndarray]):
+        """Replaces the table's state with `read`: tensor name -> value, as `checkpoint_entries`
+        names them (without the slots and `iterations`: the live rows' slots start fresh)."""
         ids = read[f"{self.table}/{IDS}"][:, 0]
         live = len(ids)
         if live > self.capacity:
@@ -152,6 +202,8 @@ class DynamicTable(tf.Module):
                           "candidate_last_seen": cands[:, 2], "totals": read[f"{self.table}/{TOTALS}"][0]})
         self.variable[:live].assign(read[self.table])
         for slot, var in self.slots.items():
-            var[:live].assign(read[f"{self.table}/{slot}"])
+            saved = read.get(f"{self.table}/{slot}")
+            var[:live].assign(saved if saved is not None else self.optimizer._slot_init(slot, read[self.table]))
         self.updated_at[:live].assign(read[f"{self.table}/{UPDATED_AT}"])
-        self.optimizer.iterations.assign(read[f"{self.table}/{ITERATIONS}"][0, 0])
+        if f"{self.table}/{ITERATIONS}" in read:
+            self.optimizer.iterations.assign(read[f"{self.table}/{ITERATIONS}"][0, 0])

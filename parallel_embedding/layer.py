@@ -42,6 +42,7 @@ import tensorflow as tf
 
 from storage.checkpoint import Entry, replicated_entries
 from parallel_embedding import UPDATED_AT
+from parallel_embedding.dynamic_table import IDS, DynamicTable, tensor_names
 from parallel_embedding.optimizers import make_optimizer
 from parallel_embedding.planner import Plan, Shard, plan_tables  # noqa: F401 (plan_tables: the example)
 from parallel_embedding.tiered import DiskTier, Unit
@@ -200,9 +201,18 @@ class DistributedEmbedding(tf.Module):
 
         self._initial_value = initial_value
         self.shard_variables, self.updated_at = [], []   # updated_at: per shard, None for a later column slice
+        self.dynamic: Dict[int, DynamicTable] = {}   # feature -> its dynamic table (variable, slots, updated_at)
         units = {}
         for s in self.shards:
             table, tier = tables[s.feature], plan.tier(self.rank, s.feature)
+            if table.kind == "dynamic":
+                d = table.dynamic
+                self.dynamic[s.feature] = DynamicTable(
+                    self.table_name(s.feature), d.capacity, s.width, (seed[0], seed[1] + s.feature), d.admit_after,
+                    d.policy, d.ttl, zeros_initializer=zeros_initializer)
+                self.shard_variables.append(self.dynamic[s.feature].variable)
+                self.updated_at.append(None)
+                continue
             if tier.kind == "disk":   # a cache of C rows and the spare row, filled by staging
                 value = tf.zeros([tier.cache_rows + 1, s.width])
             else:
@@ -274,18 +284,23 @@ class DistributedEmbedding(tf.Module):
     def lookup(self, ids: Sequence[tf.Tensor], training: bool = False) -> LookedUp:
         """Gathers this rank's rows. Training runs the gathers as one XLA-compiled function (faster
         on large batches; one-hot only, since multi-hot id counts vary from batch to batch); ids
-        outside [0, cardinality) fail a check either way."""
+        outside [0, cardinality) fail a check either way. A dynamic table's ids are raw int64 values
+        (any): its DynamicTable maps them to rows at the global step (training: admitting and
+        evicting), before the gathers."""
         ids, exchange_checks = list(ids), []
         if self.data_parallel_input and self.size > 1:
             ids, exchange_checks = self._exchange_ids(ids)
         checked = self.global_features + self.replicated if not self.data_parallel_input or self.size == 1 \
             else list(range(len(ids)))
         flat = {f: flatten_ids(ids[f], self.combiners[f]) for f in checked}
+        for f, table in self.dynamic.items():   # raw ids -> rows (-1: none), outside the compiled lookup
+            flat[f] = flat[f]._replace(ids=table.rows(flat[f].ids, self._step, training))
         shard_ids = [flat[s.feature] for s in self.shards]
         replicated_ids = [flat[f] for f in self.replicated]
         one_hot = all(flat[f].sample is None for f in checked)
         lookup = self._lookup if training and one_hot and not self._on_host else self._lookup_impl
-        checks = check_ids(checked, [flat[f].ids for f in checked], [self.cardinalities[f] for f in checked])
+        ranged = [f for f in checked if self.plan.tables[f].kind != "dynamic"]   # a dynamic table takes any int64
+        checks = check_ids(ranged, [flat[f].ids for f in ranged], [self.cardinalities[f] for f in ranged])
         with tf.control_dependencies(checks + exchange_checks):
             rows, indices, replicated_rows = lookup(shard_ids, replicated_ids)
         return LookedUp(rows, indices, shard_ids, replicated_rows, replicated_ids)
@@ -294,7 +309,10 @@ class DistributedEmbedding(tf.Module):
         rows, indices = [], []
         for s, var, flat in zip(self.shards, self.shard_variables, shard_ids):
             i = flat.ids
-            if self.tiered and s.feature in self.tiered.units:   # staged: cache slots, the spare row C outside
+            if s.feature in self.dynamic:   # rows from DynamicTable.rows; -1 (none) reads zeros
+                index = i
+                gathered = tf.where((i >= 0)[:, None], tf.gather(var, tf.maximum(i, 0)), 0.0)
+            elif self.tiered and s.feature in self.tiered.units:   # staged: cache slots, the spare row C outside
                 spare = self.tiered.units[s.feature].capacity
                 index = i
                 gathered = tf.gather(var, index)
@@ -448,14 +466,19 @@ class DistributedEmbedding(tf.Module):
         as its rows' updated_at. `compiled` false: the update runs op by op (debugging). `scope`:
         the optimizer's name (its update counter is tensor `<scope>/iterations`)."""
         self._step = step
-        self.optimizer = make_optimizer(name, self.variables_in_order, scope, beta1, beta2)
+        dynamic = {v.ref() for v in self._dynamic_variables()}
+        static = [v for v in self.variables_in_order if v.ref() not in dynamic]
+        self.optimizer = make_optimizer(name, static, scope, beta1, beta2)
+        for table in self.dynamic.values():   # its own optimizer state, checkpointed with its live rows
+            table.set_optimizer(name, beta1, beta2)
         if self.tiered:
             self._open_store()
 
         def update(grads, lr):
-            self.optimizer.apply(zip(grads, self.variables_in_order), lr)
+            self.optimizer.apply(zip(grads, static), lr)
             step = tf.cast(self._step + 1, tf.int32)
-            for grad, updated_at in zip(grads, self.updated_at):
+            for grad, updated_at in zip(grads, [u for v, u in zip(self.variables_in_order, self.updated_at)
+                                                if v.ref() not in dynamic]):
                 if updated_at is not None:
                     n = tf.shape(grad.indices)[0]
                     updated_at.scatter_update(tf.IndexedSlices(tf.fill([n, 1], step), grad.indices))
@@ -490,8 +513,11 @@ class DistributedEmbedding(tf.Module):
         return self.tiered.staged(elements, training, int(self._step.numpy()) + 1 if training else None)
 
     def store_stats(self) -> dict:
-        """The disk tier's figures since the last call (tiered.DiskTier.stats); {} without one."""
-        return self.tiered.stats() if self.tiered else {}
+        """The disk tier's figures since the last call (tiered.DiskTier.stats), and every dynamic
+        table's counts (`dynamic_stats`) as `<table>/<count>`; {} without either."""
+        stats = self.tiered.stats() if self.tiered else {}
+        stats.update({f"{table}/{k}": v for table, counts in self.dynamic_stats().items() for k, v in counts.items()})
+        return stats
 
     def close(self):
         """Removes the disk tier's files (the checkpoint is the durable state)."""
@@ -501,13 +527,31 @@ class DistributedEmbedding(tf.Module):
     def apply_gradients(self, grads: Sequence[tf.IndexedSlices], lr: tf.Tensor, multi_hot: bool):
         """Updates the rows named by `grads` (`gradients`' output, rescaled at will) and their
         optimizer slots, at learning rate `lr`, and records the step counter + 1 as their
-        updated_at; `multi_hot`: the batch had a multi-hot feature."""
-        self._update[multi_hot](grads, lr)
+        updated_at; `multi_hot`: the batch had a multi-hot feature. A dynamic table updates only
+        its rows >= 0 (an id without a row gets no update), by its own optimizer, uncompiled."""
+        dynamic = {v.ref(): table for table, v in zip(self.dynamic.values(), self._dynamic_variables())}
+        for grad, var in zip(grads, self.variables_in_order):
+            if var.ref() in dynamic:
+                dynamic[var.ref()].apply_gradients(grad.indices, grad.values, lr, self._step)
+        self._update[multi_hot]([g for g, v in zip(grads, self.variables_in_order) if v.ref() not in dynamic], lr)
+
+    def _dynamic_variables(self) -> List[tf.Variable]:
+        """The variables of `dynamic`'s tables, in its order."""
+        return [table.variable for table in self.dynamic.values()]
+
+    def dynamic_stats(self) -> Dict[str, Dict[str, int]]:
+        """Per dynamic table of this rank, by table name: its live rows and its admitted, evicted
+        and refused ids since the start of its lineage (id_map's totals, checkpointed)."""
+        return {table.table: {k: v for k, v in table.counts().items() if k in ("live", "admitted", "evicted", "refused")}
+                for table in self.dynamic.values()}
 
     def variables_by_name(self) -> Dict[str, tf.Variable]:
         """This rank's table variables and table optimizer state, by stable variable name."""
         named = {v.name.split(":")[0]: v for v in self.variables_in_order + self.updated_at if v is not None}
         named.update(self.optimizer.variables_by_name() if self.optimizer else {})
+        for table in self.dynamic.values():
+            named.update({v.name.split(":")[0]: v for v in [table.updated_at] + list(table.slots.values())})
+            named.update(table.optimizer.variables_by_name())
         return named
 
     def checkpoint_entries(self, weights_only: bool = False) -> List[Entry]:
@@ -526,7 +570,11 @@ class DistributedEmbedding(tf.Module):
                 entries.append(Entry(f"{self.table_name(unit.feature)}/{UPDATED_AT}",
                                      self.tiered.updated_at(unit, lambda: int(self._step.numpy())),
                                      (self.cardinalities[unit.feature], 1), unit.row_start))
+        for table in self.dynamic.values():   # its live rows only (dynamic_table.py)
+            entries += table.checkpoint_entries(weights_only or not self.optimizer)
         for s, var, updated_at in zip(self.shards, self.shard_variables, self.updated_at):
+            if s.feature in self.dynamic:
+                continue
             name, shape = self.table_name(s.feature), (self.cardinalities[s.feature], self.dims[s.feature])
             pieces = self._with_slots(name, var, slots)
             if var.ref() in sources:   # on disk: streamed from and to the store
@@ -551,8 +599,26 @@ class DistributedEmbedding(tf.Module):
     def checkpoint_names(self, weights_only: bool = False) -> Set[str]:
         """Every tensor of `checkpoint_entries` on any rank: the logical tensors of the tables in a
         complete checkpoint."""
-        names = {self.table_name(f) for f in range(len(self.plan.tables))}
+        tables = self.plan.tables
+        names = {self.table_name(f) for f in range(len(tables)) if tables[f].kind != "dynamic"}
         if self.optimizer and not weights_only:
             names |= {f"{name}/{k}" for name in names for k in self.optimizer.slot_names + (UPDATED_AT,)}
             names.add(self.optimizer.iterations.name.split(":")[0])
+        slots = self.optimizer.slot_names if self.optimizer else ()
+        for t in tables:
+            if t.kind == "dynamic":
+                names.update(tensor_names(self.table_name(t.feature), t.dynamic.policy, slots,
+                                          weights_only or not self.optimizer))
         return names
+
+    def check_checkpoint(self, tensors: Dict[str, dict]):
+        """Raises ConfigError, one line naming the table, where a checkpoint's tensors (its manifest's
+        "tensors") hold a dynamic table as static or the reverse (a dynamic table checkpoints its ids)."""
+        for t in self.plan.tables:
+            name = self.table_name(t.feature)
+            saved_dynamic = f"{name}/{IDS}" in tensors
+            if name in tensors and saved_dynamic != (t.kind == "dynamic"):
+                raise ConfigError(
+                    f"table {name} (feature {t.feature}) is {'dynamic' if t.kind == 'dynamic' else 'static'} in this "
+                    f"run, {'dynamic' if saved_dynamic else 'static'} in the checkpoint: a table's kind cannot change "
+                    "across a restore (--dynamic_tables)")

@@ -3,25 +3,29 @@
 `plan_tables` decides, for every table (feature f: `rows[f]` x `dims[f]`, elements = rows x dim),
 how it is stored. The rules apply in this order:
 
-1. One rank: every table is "whole" on rank 0; the thresholds have no effect.
-2. "replicated": elements <= `data_parallel_threshold`. A full copy on every rank, no shards.
-3. "row": elements > `row_slice_threshold` and rows >= N. One full-width shard per rank, rank r
+1. One rank: every table is "whole" on rank 0 (a dynamic one: rule 2); the thresholds have no effect.
+2. "dynamic": a table given `dynamic[f]` (a `DynamicOptions`: raw 64-bit ids, admission and eviction,
+   parallel_embedding/dynamic_table.py) has `capacity` rows (its `rows[f]` is ignored) and is one
+   whole shard: on rank 0 at one rank, else dealt by rule 6 with the whole tables. Never replicated,
+   sliced or tiered.
+3. "replicated": elements <= `data_parallel_threshold`. A full copy on every rank, no shards.
+4. "row": elements > `row_slice_threshold` and rows >= N. One full-width shard per rank, rank r
    holding the r-th of N contiguous near-equal row ranges (the first rows % N ranks one row more).
-4. The remaining tables are cut into 2^k column slices ("column"; k = 0 is "whole"):
+5. The remaining tables are cut into 2^k column slices ("column"; k = 0 is "whole"):
    - with `column_slice_threshold` T: the smallest k with rows * ceil(dim / 2^k) <= T, stopping
      at the caps 2^k <= N and 2^k <= dim;
    - then, if there are fewer such tables than ranks, the table whose largest slice has the most
      elements (ties: lower feature) has its slice count doubled, while there are fewer pieces
      than ranks and some table can still double within the caps.
    Slices are contiguous, their widths differ by at most 1, the wider ones first.
-5. The pieces (whole tables and column slices; row shards are already one per rank) are dealt
+6. The pieces (whole tables and column slices; row shards are already one per rank) are dealt
    to ranks by `strategy`:
    - "basic": the i-th piece in (feature, slice) order goes to rank i % N;
    - "memory_balanced": pieces by elements, largest first (ties: feature, slice), dealt in snake
      order 0, 1, ..., N-1, N-1, ..., 0, 0, 1, ...: equal counts (+-1) and similar memory;
    - "memory_optimized": pieces in the same order, each to the rank with the fewest elements so
      far (row shards included), preferring ranks without a piece of the same table; ties: lowest rank.
-6. With `tiers` (a `TierOptions`; `assign_tiers` applies this rule to a plan): where each unit
+7. With `tiers` (a `TierOptions`; `assign_tiers` applies this rule to a plan): where each unit
    lives. A unit is (rank r, feature f), all of r's shards of f (column slices on one rank share
    their rows, so they share one tier and one cache). Tiers: "memory" (the default), "host" (host
    memory of a GPU machine) or "disk" (files, with an in-memory cache of `cache_rows` rows with
@@ -46,6 +50,7 @@ from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 STRATEGIES = ("basic", "memory_balanced", "memory_optimized")
+DYNAMIC_POLICIES = ("lru", "lfu", "ttl")   # a dynamic table's eviction (id_map)
 TIER_KINDS = ("memory", "host", "disk")
 BYTES_PER_ELEMENT = 4      # float32 tables and optimizer slots
 INDEX_BYTES_PER_ROW = 4    # a disk unit's int32 id -> cache-slot map, one entry per row of the unit
@@ -62,7 +67,7 @@ class BudgetError(PlanError):
 
 @dataclass(frozen=True)
 class TierOptions:
-    """What decides the tiers (rule 6): `slots` optimizer slots per parameter; `budget_bytes`, a
+    """What decides the tiers (rule 7): `slots` optimizer slots per parameter; `budget_bytes`, a
     rank's bytes of embedding state in memory (None: no limit); `min_cache_rows[f]`, the fewest
     cache rows of a disk unit of feature f; `host_threshold_bytes`, parameter bytes above which
     units go to host memory (None: never)."""
@@ -70,6 +75,24 @@ class TierOptions:
     budget_bytes: Optional[int]
     min_cache_rows: Sequence[int]
     host_threshold_bytes: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class DynamicOptions:
+    """A dynamic table (rule 2; parallel_embedding/dynamic_table.py): `capacity` rows shared by the
+    raw ids seen so far; an id gets a row at its `admit_after`-th sighting; when every row is
+    taken, `policy` ("lru", "lfu" or "ttl": rows unused for `ttl` steps) picks the row to reuse."""
+    capacity: int
+    admit_after: int = 1
+    policy: str = "lru"
+    ttl: int = 0
+
+    def __post_init__(self):
+        if self.policy not in DYNAMIC_POLICIES:
+            raise PlanError(f"a dynamic table's policy must be one of {', '.join(DYNAMIC_POLICIES)}, got {self.policy!r}")
+        if self.capacity < 1 or self.admit_after < 1 or (self.policy == "ttl") != (self.ttl >= 1):
+            raise PlanError(f"a dynamic table needs capacity >= 1, admit_after >= 1 and ttl >= 1 exactly with policy "
+                            f"ttl; got {self}")
 
 
 @dataclass(frozen=True)
@@ -102,8 +125,9 @@ class TablePlacement:
     feature: int
     rows: int
     dim: int
-    kind: str            # "replicated" | "whole" | "column" | "row"
+    kind: str            # "replicated" | "whole" | "column" | "row" | "dynamic"
     shards: Tuple[Shard, ...]
+    dynamic: Optional[DynamicOptions] = None   # a dynamic table's (kind "dynamic"; rows: its capacity)
 
     @property
     def elements(self) -> int:
@@ -241,29 +265,39 @@ class Plan:
 
 def plan_tables(rows: Sequence[int], dims: Sequence[int], world_size: int, strategy: str = "memory_balanced",
                 column_slice_threshold: Optional[int] = None, row_slice_threshold: Optional[int] = None,
-                data_parallel_threshold: Optional[int] = None, tiers: Optional[TierOptions] = None) -> Plan:
+                data_parallel_threshold: Optional[int] = None, tiers: Optional[TierOptions] = None,
+                dynamic: Optional[Dict[int, DynamicOptions]] = None) -> Plan:
     """Places tables `rows[f]` x `dims[f]` on `world_size` ranks by the rules of the module docstring,
-    with the tiers of `tiers` (rule 6; None: every unit in memory). Raises PlanError (one line)
-    for invalid arguments, BudgetError for a budget below a rank's smallest plan."""
+    with the tiers of `tiers` (rule 7; None: every unit in memory); `dynamic`: feature -> the options
+    of its dynamic table (rule 2). Raises PlanError (one line) for invalid arguments, BudgetError
+    for a budget below a rank's smallest plan."""
+    dynamic = dict(dynamic or {})
+    bad = sorted(f for f in dynamic if not 0 <= f < len(rows))
+    if bad:
+        raise PlanError(f"dynamic: no feature {bad[0]} (features 0..{len(rows) - 1})")
+    rows = [dynamic[f].capacity if f in dynamic else r for f, r in enumerate(rows)]
     plan = _place(rows, dims, world_size, strategy, column_slice_threshold, row_slice_threshold,
-                  data_parallel_threshold)
+                  data_parallel_threshold, dynamic)
     return plan if tiers is None else assign_tiers(plan, tiers.slots, tiers.budget_bytes, tiers.min_cache_rows,
                                                    tiers.host_threshold_bytes)
 
 
 def _place(rows, dims, world_size, strategy, column_slice_threshold, row_slice_threshold,
-           data_parallel_threshold) -> Plan:
-    """Rules 1-5."""
+           data_parallel_threshold, dynamic) -> Plan:
+    """Rules 1-6."""
     rows, dims = _validate(rows, dims, world_size, strategy, column_slice_threshold, row_slice_threshold,
                            data_parallel_threshold)
     n, features = world_size, range(len(rows))
+    kinds: List[Optional[str]] = ["dynamic" if f in dynamic else None for f in features]
     if n == 1:
-        whole = (TablePlacement(f, rows[f], dims[f], "whole", (Shard(f, 0, 0, rows[f], 0, dims[f]),)) for f in features)
+        whole = (TablePlacement(f, rows[f], dims[f], kinds[f] or "whole", (Shard(f, 0, 0, rows[f], 0, dims[f]),),
+                                dynamic.get(f)) for f in features)
         return Plan(1, strategy, tuple(whole))
 
-    kinds: List[Optional[str]] = [None] * len(rows)
     for f in features:
         elements = rows[f] * dims[f]
+        if kinds[f] == "dynamic":
+            continue
         if data_parallel_threshold is not None and elements <= data_parallel_threshold:
             kinds[f] = "replicated"
         elif row_slice_threshold is not None and elements > row_slice_threshold and rows[f] >= n:
@@ -278,13 +312,16 @@ def _place(rows, dims, world_size, strategy, column_slice_threshold, row_slice_t
             for r, (start, end) in enumerate(_near_equal_ranges(rows[f], n)):
                 shards[f].append(Shard(f, r, start, end, 0, dims[f]))
                 loads[r] += (end - start) * dims[f]
-    pieces = [(f, i, start, end) for f in remaining
+    for f in dynamic:
+        slices[f] = 1
+    pieces = [(f, i, start, end) for f in features if f in dynamic or f in remaining
               for i, (start, end) in enumerate(_near_equal_ranges(dims[f], slices[f]))]
     for (f, _, start, end), rank in zip(pieces, _assign(pieces, rows, loads, strategy)):
         shards[f].append(Shard(f, rank, 0, rows[f], start, end))
     for f in remaining:
         kinds[f] = "whole" if slices[f] == 1 else "column"
-    return Plan(n, strategy, tuple(TablePlacement(f, rows[f], dims[f], kinds[f], tuple(shards[f])) for f in features))
+    return Plan(n, strategy, tuple(TablePlacement(f, rows[f], dims[f], kinds[f], tuple(shards[f]), dynamic.get(f))
+                                   for f in features))
 
 
 def _validate(rows, dims, world_size, strategy, column_slice_threshold, row_slice_threshold,
@@ -320,7 +357,7 @@ def _integer(name: str, value, minimum: int) -> int:
 
 def assign_tiers(plan: Plan, slots: int, budget_bytes: Optional[int], min_cache_rows: Sequence[int],
                  host_threshold_bytes: Optional[int] = None) -> Plan:
-    """`plan` with the tiers of its units (earlier tiers replaced) by rule 6 of the module docstring.
+    """`plan` with the tiers of its units (earlier tiers replaced) by rule 7 of the module docstring.
 
     slots: optimizer slots per parameter. budget_bytes: a rank's bytes of embedding state in memory
     (None: no limit). min_cache_rows[f]: the fewest cache rows of a disk unit of feature f (the rows
@@ -338,7 +375,7 @@ def assign_tiers(plan: Plan, slots: int, budget_bytes: Optional[int], min_cache_
     replicated = sum(plan.tables[f].elements for f in plan.replicated) * BYTES_PER_ELEMENT
     tiers = []
     for rank in range(plan.world_size):
-        units = plan.units_on(rank)
+        units = [u for u in plan.units_on(rank) if plan.tables[u[0]].kind != "dynamic"]
         disk = {} if budget_bytes is None else _disk_tiers(rank, units, replicated * (1 + slots), slots,
                                                             budget_bytes, minimum)
         tiers += [(rank, f, tier) for f, tier in disk.items()]

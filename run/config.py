@@ -8,12 +8,13 @@ rules can be tested without a model. The rules are tables in groups (`_check`); 
 import dataclasses
 import json
 import os
-from typing import List, Optional, Sequence, Set
+from typing import Dict, List, Optional, Sequence, Set
 
 import yaml
 
 from dataloading.feature_spec import FeatureSpec
 from nn.model_config import table_combiners
+from parallel_embedding.planner import DYNAMIC_POLICIES, DynamicOptions, PlanError
 from storage.row_cache import POLICIES
 from utils.errors import ConfigError
 
@@ -98,6 +99,7 @@ class ModelSettings:
     cross_layer_projection_dim: int
     multi_hot_combiner: Optional[str] = None
     embedding_zeros_initializer: bool = False
+    dynamic_tables: Sequence[str] = ()
     model: str = ""
     model_params: str = ""
     model_param: Sequence[str] = ()
@@ -214,6 +216,11 @@ class RunConfig:
     def combiners(self) -> List[str]:
         return table_combiners(self.data.shape.max_hotness, self.model.multi_hot_combiner)
 
+    @property
+    def dynamic_tables(self) -> Dict[int, DynamicOptions]:
+        """--dynamic_tables: feature index -> its dynamic table's options (`dynamic_tables`)."""
+        return dynamic_tables(self.model.dynamic_tables, self.data.shape.names)
+
 
 GROUPS = {f.name: f.type for f in dataclasses.fields(RunConfig) if dataclasses.is_dataclass(f.type)}
 # setting name -> its group ("": the run's own field)
@@ -268,7 +275,7 @@ _APPLIES_ONLY = {
 _NOT_WITH_MODEL_FILE = ("embedding_dim", "bottom_mlp_dims", "top_mlp_dims", "interaction", "num_cross_layers",
                         "cross_layer_projection_dim", "multi_hot_combiner", "embedding_zeros_initializer",
                         "embedding_trainable", "cpu_offloading_threshold_gb",
-                        "data_parallel_input")
+                        "data_parallel_input", "dynamic_tables")
 # Table placement flags: they only mean something at several ranks.
 _MULTI_RANK_ONLY = ("dist_strategy", "column_slice_threshold", "row_slice_threshold", "data_parallel_threshold",
                     "data_parallel_input")
@@ -345,6 +352,12 @@ _MODEL_RULES = [
      lambda c, n: f"--num_cross_layers must be >= 1 with --interaction=cross, got {c.model.num_cross_layers}"),
 ]
 _RUN_RULES = [
+    (lambda c, n, p: c.model.dynamic_tables and c.storage.embedding_memory_budget_gb is not None,
+     lambda c, n: "--dynamic_tables with --embedding_memory_budget_gb is not supported yet (tables on disk beside "
+                  "dynamic tables); drop one of the two"),
+    (lambda c, n, p: c.model.dynamic_tables and c.storage.cpu_offloading_threshold_gb is not None,
+     lambda c, n: "--dynamic_tables with --cpu_offloading_threshold_gb is not supported yet (tables in host memory "
+                  "beside dynamic tables); drop one of the two"),
     (lambda c, n, p: c.parallelism.data_parallel_input and c.storage.embedding_memory_budget_gb is not None,
      lambda c, n: "--data_parallel_input does not work with --embedding_memory_budget_gb: the disk tier stages the "
                   "next batch's ids on the rank that owns them, which data-parallel input only knows inside the "
@@ -466,6 +479,37 @@ def parse_int_list(name: str, values: Sequence) -> List[int]:
         raise ConfigError(f"--{name} must be a comma-separated list of integers, got {','.join(map(str, values))}")
 
 
+DYNAMIC_FORM = "<feature>:<capacity>[:<admit_after>[:<policy>[:<ttl>]]]"
+
+
+def dynamic_tables(entries: Sequence[str], names: Sequence[str]) -> Dict[int, DynamicOptions]:
+    """--dynamic_tables' entries, each DYNAMIC_FORM (feature: its index or name; admit_after 1, policy
+    lru, ttl 0 by default) -> feature index -> DynamicOptions; ConfigError naming the entry."""
+    options = {}
+    for entry in entries:
+        parts = str(entry).split(":")
+        try:
+            if not 2 <= len(parts) <= 5:
+                raise ValueError
+            feature = names.index(parts[0]) if parts[0] in names else int(parts[0])
+            numbers = [int(p) for p in parts[1:3]]
+            policy = parts[3] if len(parts) > 3 else "lru"
+            ttl = int(parts[4]) if len(parts) > 4 else 0
+        except ValueError:
+            raise ConfigError(f"--dynamic_tables entry {entry!r}: expected {DYNAMIC_FORM} (policy one of "
+                              f"{', '.join(DYNAMIC_POLICIES)})") from None
+        if not 0 <= feature < len(names):
+            raise ConfigError(f"--dynamic_tables entry {entry!r}: no categorical feature {parts[0]} (features 0.."
+                              f"{len(names) - 1}: {names[0]}..{names[-1]})")
+        if feature in options:
+            raise ConfigError(f"--dynamic_tables entry {entry!r}: feature {names[feature]} ({feature}) is given twice")
+        try:
+            options[feature] = DynamicOptions(*numbers, policy=policy, ttl=ttl)
+        except PlanError as e:
+            raise ConfigError(f"--dynamic_tables entry {entry!r}: {e}") from None
+    return options
+
+
 def embedding_widths(values: Sequence) -> list:
     """--embedding_dim's entries, or, for one entry naming a file (an existing one, or *.json), the
     reference's JSON list of per-feature widths read from it."""
@@ -536,6 +580,7 @@ def build_config(values: dict, present: Optional[Set[str]] = None, world_size: i
     for name in ("embedding_dim", "bottom_mlp_dims", "top_mlp_dims", "synthetic_cardinalities",
                  "inference_batch_sizes"):
         v[name] = parse_int_list(name, v[name])
+    v["dynamic_tables"] = tuple(v.get("dynamic_tables") or ())
     cards = v["synthetic_cardinalities"]
     if v["dataset_type"] == "tf_raw":   # the reference's reader of the split-binary files split_binary reads
         v["dataset_type"] = "split_binary"
@@ -615,6 +660,7 @@ def _check(c: RunConfig, present: Set[str], world_size: int):
     for broken, message in _MODEL_RULES:
         if broken(c, world_size, present):
             raise ConfigError(message(c, world_size))
+    dynamic_tables(c.model.dynamic_tables, c.data.shape.names)   # its one-line errors, before TensorFlow
     if world_size == 1:
         for name in sorted(present & set(_MULTI_RANK_ONLY)):
             raise ConfigError(f"--{name} only applies with several ranks (horovodrun -np N); at one rank every "

@@ -38,6 +38,10 @@ flags.DEFINE_string("model", "", "a Python file defining build_model(features, h
 flags.DEFINE_string("model_params", "", "with --model: a YAML file of the model's hyper-parameters (a mapping)")
 flags.DEFINE_multi_string("model_param", None, "with --model: one hyper-parameter name=value (the value read as "
                           "YAML), over --model_params; repeat the flag for several")
+flags.DEFINE_list("dynamic_tables", [], "dynamic tables (raw int64 ids, no vocabulary: docs/dynamic_tables.md), "
+                  "entries <feature>:<capacity>[:<admit_after>[:<policy>[:<ttl>]]]: feature by index or name, rows "
+                  "shared by the ids seen so far, an id admitted at its admit_after-th sighting (default 1), rows "
+                  "reused by policy lru (default), lfu or ttl (rows unused for ttl steps)")
 flags.DEFINE_integer("num_cross_layers", 3, "DCNv2 cross layers")
 flags.DEFINE_integer("cross_layer_projection_dim", 512, "DCNv2 low-rank projection width (0: full rank)")
 flags.DEFINE_bool("amp", False, "mixed precision: float16 with loss scaling on GPU, bfloat16 on CPU; tables stay float32")

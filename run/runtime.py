@@ -58,7 +58,7 @@ def embedding_plan(cfg: RunConfig, world_size: int, slots: int, on_gpu: bool) ->
     try:
         plan = plan_tables(cfg.data.cardinalities, cfg.model.embedding_dims, world_size, p.dist_strategy,
                            p.column_slice_threshold, p.row_slice_threshold, p.data_parallel_threshold,
-                           tiers=tier_options(cfg, slots, on_gpu))
+                           tiers=tier_options(cfg, slots, on_gpu), dynamic=cfg.dynamic_tables)
     except BudgetError as e:
         raise ConfigError(f"--embedding_memory_budget_gb={budget}: {e}") from None
     disk = [(r, f) for r, f, t in plan.tiers if t.kind == "disk"]

@@ -77,6 +77,9 @@ class Entry:
     `streamed`: the variable is a `RowSource` (it has `read_rows`): 2-D, `num_rows` None, saved
     and restored in blocks of at most BLOCK_BYTES; otherwise it is a tf.Variable (or has `numpy`
     and `assign`).
+    `sized_by_checkpoint`: the variable is the whole tensor, `shape` its shape when saved; a
+    restore takes the shape from the checkpoint's manifest and assigns the whole tensor as saved
+    (a dynamic table's live rows, whose count only the checkpoint knows).
     """
     name: str
     variable: object
@@ -85,6 +88,7 @@ class Entry:
     col_start: int = 0
     num_rows: Optional[int] = None
     replicated: bool = False
+    sized_by_checkpoint: bool = False
 
     def __post_init__(self):
         if self.streamed and (self.num_rows is not None or len(self.variable.shape) != 2):
@@ -96,7 +100,7 @@ class Entry:
 
     @property
     def region(self):
-        shape = tuple(self.variable.shape)
+        shape = tuple(self.shape) if self.sized_by_checkpoint else tuple(self.variable.shape)
         if len(shape) < 2:
             return (0, self.shape[0] if shape else 0), (0, 0)
         num_rows = shape[0] if self.num_rows is None else self.num_rows
@@ -574,7 +578,7 @@ def restore(path: str, entries: Sequence[Entry], signature: dict, expected: Set[
     Everything is checked before any variable changes: the signature, the tensor names against
     `expected` (every logical tensor of the model), shapes, every piece file this rank reads (and
     its checksum, unless `verify` is False), and that the pieces cover each entry's region.
-    Streamed entries are written a block at a time.
+    Streamed entries are written a block at a time; entries sized by the checkpoint take its shapes.
     `extra_ok`: tensors beyond `expected` are left unread (a model without its optimizer state).
     `optional`: tensors that either side may lack (a variable the checkpoint lacks keeps its value).
     `hints`: signature key -> why it may differ, appended to that key's mismatch line.
@@ -591,7 +595,8 @@ def restore(path: str, entries: Sequence[Entry], signature: dict, expected: Set[
     if missing or (extra and not extra_ok):
         raise CheckpointError(f"{ckpt}: tensors differ from this model's "
                               f"(missing {missing[:3]}, unexpected {extra[:3]})")
-    entries = [e for e in entries if e.name in tensors]
+    entries = [dataclasses.replace(e, shape=tuple(tensors[e.name]["shape"])) if e.sized_by_checkpoint else e
+               for e in entries if e.name in tensors]
     read = {}   # file -> (tensor, piece) of every piece this rank reads
     for e in entries:
         t = tensors[e.name]

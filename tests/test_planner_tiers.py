@@ -275,7 +275,7 @@ def test_memory_bytes_on_equals_bytes_on_without_tiers():
 
 
 def test_one_planner_call_places_and_tiers():
-    """plan_tables with `tiers`: the placement (rules 1-5) with rule 6 applied, as assign_tiers applies it."""
+    """plan_tables with `tiers`: the placement (rules 1-6) with rule 7 applied, as assign_tiers applies it."""
     kinds = set()
     for config in random_configs(60, seed=7):
         placed = plan_tables(**config)
@@ -311,7 +311,7 @@ def flags_plan(present=None, **overrides):
 def test_embedding_plan_passes_the_flags_to_the_planner(monkeypatch):
     import run.runtime
     calls = []
-    monkeypatch.setattr(run.runtime, "plan_tables", lambda *args, tiers: calls.append((args[2:], tiers)) or plan)
+    monkeypatch.setattr(run.runtime, "plan_tables", lambda *args, tiers, dynamic: calls.append((args[2:], tiers)) or plan)
     cfg, plan = flags_plan(embedding_memory_budget_gb=1.5, cpu_offloading_threshold_gb=3)
     for on_gpu in (True, False):
         assert embedding_plan(cfg, 1, 2, on_gpu) is plan

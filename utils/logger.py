@@ -16,6 +16,9 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+DYNAMIC_COUNTS = ("live", "admitted", "evicted", "refused")   # a dynamic table's figures on the progress line
+
+
 class RunLogger:
     """Writes `kind`-tagged JSON records to `log_path` (if given), scalars to TensorBoard, and
     human-readable lines to `out`; a logger that is not `enabled` (ranks other than 0) is silent."""
@@ -55,12 +58,20 @@ class RunLogger:
     def progress(self, step: int, total: int, loss: float, step_seconds: float, batch_size: int, lr: float,
                  store: Optional[dict] = None):
         """The progress line, and a `step` record; `store`: the embedding store's figures
-        (DistributedEmbedding.store_stats), if it has tables on disk."""
+        (DistributedEmbedding.store_stats): the disk tier's, if it has tables on disk, and each
+        dynamic table's counts (`<table>/live`, `/admitted`, `/evicted`, `/refused`)."""
         throughput = batch_size / step_seconds
         eta = (total - step) * step_seconds
         line = (f"step {step}/{total} | eta {_duration(eta)} | loss {loss:.5f} | "
                 f"step {1000 * step_seconds:.1f} ms | {throughput:,.0f} samples/s | lr {lr:.6g}")
-        if store:
+        tables = {}
+        for key, value in (store or {}).items():
+            table, _, count = key.rpartition("/")
+            if table and count in DYNAMIC_COUNTS:
+                tables.setdefault(table, {})[count] = value
+        for table, counts in tables.items():
+            line += " | " + f"{table}: " + ", ".join(f"{counts[c]:,} {c}" for c in DYNAMIC_COUNTS)
+        if store and "cache_hit_rate" in store:
             line += (f" | cache hits {100 * store['cache_hit_rate']:.1f}% | disk read "
                      f"{store['store_mb_read_per_step']:.3g} MB/step, written {store['store_mb_written_per_step']:.3g}"
                      f" MB/step | waited {store['store_wait_ms_per_step']:.1f} ms/step")

@@ -1,0 +1,169 @@
+"""Dynamic tables in training (--dynamic_tables, one process): the planner's rule 2, the layer
+looking raw int64 ids up through DynamicTable (its rows, admissions and evictions equal to
+id_map.reference's, its values to a DynamicTable driven alone), the counts on the progress line
+and in the JSON log, a run equal to a static run where it must be (zero initial values, capacity
+>= distinct ids, K = 1), a resumed run equal to an uninterrupted one bit for bit, and the
+one-line refusals."""
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import id_map
+import run.loop as run_loop
+from id_map.reference import Reference
+from parallel_embedding.collectives import SingleProcess
+from parallel_embedding.dynamic_table import DynamicTable
+from parallel_embedding.layer import DistributedEmbedding
+from parallel_embedding.planner import DynamicOptions, PlanError, TierOptions, plan_tables
+from storage import checkpoint
+from deployment.exporter.repository import ExportError, exported_model
+from tests.configs import tiny_config
+from utils.errors import ConfigError
+
+
+def test_the_planner_keeps_a_dynamic_table_whole_with_its_capacity_and_never_tiers_it():
+    dynamic = {1: DynamicOptions(64, 2, "ttl", 5)}
+    one = plan_tables([10, 1000, 30], [8, 8, 8], 1, dynamic=dynamic)
+    assert [t.kind for t in one.tables] == ["whole", "dynamic", "whole"]
+    assert one.tables[1].rows == 64 and one.tables[1].dynamic == dynamic[1]
+    two = plan_tables([10, 1000, 30], [8, 8, 8], 2, row_slice_threshold=1, column_slice_threshold=1,
+                      data_parallel_threshold=0, dynamic=dynamic,
+                      tiers=TierOptions(slots=1, budget_bytes=300, min_cache_rows=[1, 1, 1]))
+    t = two.tables[1]
+    assert t.kind == "dynamic" and len(t.shards) == 1 and (t.shards[0].row_end, t.shards[0].width) == (64, 8)
+    assert {f for _, f, t in two.tiers if t.kind == "disk"} == {0, 2}
+    with pytest.raises(PlanError, match="ttl >= 1 exactly with policy ttl"):
+        DynamicOptions(10, 1, "ttl", 0)
+    with pytest.raises(PlanError, match="no feature 3"):
+        plan_tables([10, 20], [4, 4], 1, dynamic={3: DynamicOptions(5)})
+
+
+@pytest.mark.parametrize("entry, message", [
+    ("1", "expected <feature>:<capacity>"),
+    ("1:x", "expected <feature>:<capacity>"),
+    ("9:10", "no categorical feature 9"),
+    ("cat_9:10", "expected <feature>:<capacity>"),
+    ("1:0", "capacity >= 1"),
+    ("1:10:1:mru", "policy must be one of lru, lfu, ttl"),
+    ("1:10:1:ttl", "ttl >= 1 exactly with policy ttl"),
+])
+def test_a_bad_entry_is_one_line_naming_it(entry, message):
+    with pytest.raises(ConfigError, match=message) as e:
+        tiny_config(dynamic_tables=[entry])
+    assert f"--dynamic_tables entry '{entry}'" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_refused_combinations_are_one_line():
+    with pytest.raises(ConfigError, match="given twice"):
+        tiny_config(dynamic_tables=["1:10", "cat_1:20"])
+    with pytest.raises(ConfigError, match="--dynamic_tables with --embedding_memory_budget_gb is not supported yet"):
+        tiny_config(dynamic_tables=["1:10"], embedding_memory_budget_gb=1.0, embedding_store_path="/tmp/x")
+    assert tiny_config(dynamic_tables=["cat_1:10:3:lfu", "3:8:1:ttl:4"]).dynamic_tables == {
+        1: DynamicOptions(10, 3, "lfu"), 3: DynamicOptions(8, 1, "ttl", 4)}
+
+
+def test_the_layer_maps_raw_int64_ids_as_the_reference_and_updates_as_the_table_alone():
+    """Ids far outside any cardinality (2^62 + k), a capacity of 6 under a pool of 12 ids, K = 2:
+    rows equal id_map.reference's step by step, refused ids read zeros, the counts are the
+    reference's codes counted, and every value equals a DynamicTable driven alone by the same
+    ids and gradients."""
+    b, capacity, seed = 8, 6, (3, 40)
+    plan = plan_tables([1, 50], [4, 4], 1, dynamic={0: DynamicOptions(capacity, 2, "lru")})
+    emb = DistributedEmbedding(plan, SingleProcess(), seed=seed)
+    step = tf.Variable(0, dtype=tf.int64)
+    emb.set_optimizer("adagrad", step)
+    alone = DynamicTable("alone", capacity, 4, (seed[0], seed[1] + 0), 2, "lru", optimizer="adagrad")
+    ref = Reference(capacity, 2, "lru")
+    rng = np.random.default_rng(0)
+    pool = (2 ** 62 + rng.integers(0, 2 ** 40, 12)).astype(np.int64)
+    codes = []
+    for s in range(12):
+        ids = rng.choice(pool, b)
+        static = rng.integers(0, 50, b)
+        looked = emb.lookup([tf.constant(ids), tf.constant(static)], training=True)
+        features = emb.exchange(looked, b)
+        want_rows, want_codes, _ = ref.find_or_insert(ids.tolist(), s)
+        codes += want_codes
+        rows = looked.shard_indices[0].numpy()
+        assert rows.tolist() == want_rows
+        assert not features[0].numpy()[rows < 0].any()
+        alone_rows, alone_emb = alone.lookup(tf.constant(ids), tf.constant(s, tf.int64), training=True)
+        np.testing.assert_array_equal(features[0].numpy(), alone_emb.numpy())
+        feature_grads = [tf.constant(rng.normal(size=(b, 4)), tf.float32) for _ in range(2)]
+        emb.apply_gradients(emb.gradients(looked, feature_grads), tf.constant(0.1), False)
+        alone.apply_gradients(alone_rows, feature_grads[0], tf.constant(0.1), s)
+        step.assign_add(1)
+    table = emb.dynamic[0]
+    np.testing.assert_array_equal(table.variable.numpy(), alone.variable.numpy())
+    np.testing.assert_array_equal(table.slots["accumulator"].numpy(), alone.slots["accumulator"].numpy())
+    np.testing.assert_array_equal(table.updated_at.numpy(), alone.updated_at.numpy())
+    codes = np.array(codes)
+    evicted = int((codes == id_map.EVICTED).sum())
+    assert emb.dynamic_stats() == {"embedding/table_0": {
+        "live": capacity, "admitted": int((codes == id_map.ADMITTED).sum()) + evicted, "evicted": evicted,
+        "refused": int((codes == id_map.REFUSED).sum())}}
+    assert evicted > 0 and (codes == id_map.REFUSED).any()
+    assert emb.store_stats()["embedding/table_0/evicted"] == evicted
+
+
+def _losses(log):
+    return [r["loss"] for r in map(json.loads, open(log)) if r["kind"] == "step"]
+
+
+def test_with_room_for_every_id_and_zero_initial_values_a_dynamic_table_trains_as_the_static_one(tmp_path):
+    """K = 1, capacity >= the cardinality, tables starting at zero: every id has its own row from
+    its first sighting on, and a row's values are the static table's row of that id (the
+    dataset's ids as raw ids), so the per-step losses are equal."""
+    logs = []
+    for name, dynamic in (("static", []), ("dynamic", ["1:50", "cat_3:64:1:lfu"])):
+        log = str(tmp_path / f"{name}.json")
+        run_loop.run(tiny_config(dynamic_tables=dynamic, max_steps=12, print_freq=1, log_path=log,
+                                 embedding_zeros_initializer=True, optimizer="sgd", learning_rate=0.5))
+        logs.append(_losses(log))
+    assert len(logs[1]) == 12
+    np.testing.assert_allclose(logs[1], logs[0], rtol=1e-6)
+
+
+def _tensors(root):
+    manifest = checkpoint.read_manifest(root)
+    return {name: checkpoint.read_tensor(root, name) for name in manifest["tensors"]}
+
+
+def test_a_resumed_run_equals_an_uninterrupted_one_bit_for_bit(tmp_path, capsys):
+    """Two dynamic tables, one under constant eviction (lru with K = 2; ttl): checkpoints hold their
+    live rows only; a run stopped at step 10 and resumed to 20 ends with every tensor equal to a
+    run of 20 steps, and the same losses."""
+    settings = dict(dynamic_tables=["1:40:2", "3:30:1:ttl:1"], print_freq=1, optimizer="adagrad",
+                    learning_rate=0.1)
+    whole, first, resumed = (str(tmp_path / n) for n in ("whole", "first", "resumed"))
+    run_loop.run(tiny_config(**settings, max_steps=20, save_checkpoint_path=whole, log_path=whole + ".json"))
+    run_loop.run(tiny_config(**settings, max_steps=10, save_checkpoint_path=first))
+    saved = _tensors(first)
+    assert saved["embedding/table_1/ids"].shape == (40, 1) and "embedding/table_3/last_used" in saved
+    run_loop.run(tiny_config(**settings, max_steps=20, restore_checkpoint_path=first, save_checkpoint_path=resumed,
+                             log_path=resumed + ".json"))
+    a, b = _tensors(whole), _tensors(resumed)
+    assert sorted(a) == sorted(b)
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    assert a["embedding/table_1/totals"][0, 1] > 0   # evictions happened
+    assert _losses(resumed + ".json") == _losses(whole + ".json")[10:]
+    out = capsys.readouterr().out
+    assert "embedding/table_1: 40 live," in out and " evicted, " in out
+
+
+def test_a_static_checkpoint_restored_as_dynamic_the_reverse_and_export_are_refused_naming_the_table(tmp_path):
+    static, dynamic = str(tmp_path / "static"), str(tmp_path / "dynamic")
+    run_loop.run(tiny_config(max_steps=2, save_checkpoint_path=static))
+    run_loop.run(tiny_config(max_steps=2, save_checkpoint_path=dynamic, dynamic_tables=["2:8"]))
+    with pytest.raises(ConfigError, match=r"table embedding/table_2 \(feature 2\) is dynamic in this run, static in "
+                                          r"the checkpoint"):
+        run_loop.run(tiny_config(max_steps=4, restore_checkpoint_path=static, dynamic_tables=["2:8"]))
+    with pytest.raises(ConfigError, match=r"table embedding/table_2 \(feature 2\) is static in this run, dynamic in "
+                                          r"the checkpoint"):
+        run_loop.run(tiny_config(max_steps=4, restore_checkpoint_path=dynamic))
+    with pytest.raises(ExportError, match="table embedding/table_2 is dynamic .*exporting dynamic tables is not "
+                                          "supported yet"):
+        exported_model(checkpoint.read_manifest(dynamic))
