@@ -284,3 +284,66 @@ def test_deploy_refuses_in_one_line_and_says_what_it_wrote(days, tmp_path):
     info = read_delta(str(tmp_path / "d")).info
     evicted = sum(t["evicted"] for t in info["tables"] if t.get("dynamic"))
     assert evicted > 0 and f", {evicted:,} ids evicted from 2 dynamic table(s) (" in delta.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A DLRM trained with tables 1 and 2 dynamic (capacities 40, admitted at the second sighting,
+    and 8: table 1 evicting; one process), day 0 of 6 steps and day 1 of 4 more from it:
+    checkpoints, full exports, the delta."""
+    import run.loop as run_loop
+    from tests.configs import tiny_config
+    tmp = tmp_path_factory.mktemp("trained")
+    ckpts = []
+    for day, (steps, seed) in enumerate([(6, 5), (4, 6)]):
+        restore = {"restore_checkpoint_path": ckpts[-1], "restore_mode": "continue"} if ckpts else {}
+        run_loop.run(tiny_config(save_checkpoint_path=str(tmp / f"day{day}"), max_steps=steps, evals_per_epoch=0,
+                                 seed=seed, dynamic_tables=["1:40:2", "2:8"], **restore))
+        ckpts.append(checkpoint.resolve(str(tmp / f"day{day}")))
+    repos = [str(tmp / f"repo{day}") for day in range(2)]
+    for ckpt, repo in zip(ckpts, repos):
+        write_repository(ckpt, repo, "m")
+    write_delta_repository(ckpts[1], str(tmp / "delta"), repos[0], "m")
+    return ckpts, repos, str(tmp / "delta")
+
+
+def checkpoint_embeddings(ckpt, categorical):
+    """embeddings [B, 4 * 8] in NumPy from a checkpoint's tensors: a dynamic table's rows found by
+    id in its `/ids` (zeros for an id not there), a static table's by row."""
+    manifest = checkpoint.read_manifest(ckpt)
+    parts = []
+    for f in range(categorical.shape[1]):
+        rows = checkpoint.read_tensor(ckpt, f"embedding/table_{f}")
+        if f"embedding/table_{f}/ids" in manifest["tensors"]:
+            at = {int(i): r for r, i in enumerate(checkpoint.read_tensor(ckpt, f"embedding/table_{f}/ids")[:, 0])}
+            rows = np.concatenate([rows, np.zeros((1, rows.shape[1]), rows.dtype)])
+            parts.append(rows[[at.get(int(i), len(rows) - 1) for i in categorical[:, f]]])
+        else:
+            parts.append(rows[categorical[:, f]])
+    return np.concatenate(parts, 1).astype(np.float32)
+
+
+def test_a_trained_run_served_and_updated_live_equals_its_checkpoints(trained):
+    ckpts, repos, delta = trained
+    totals = [checkpoint.read_tensor(c, "embedding/table_1/totals")[0] for c in ckpts]
+    assert totals[1][1] > totals[0][1]   # table 1 evicted ids on day 1
+    rng = np.random.default_rng(3)
+    live1 = np.concatenate([checkpoint.read_tensor(c, "embedding/table_1/ids")[:, 0] for c in ckpts])
+    categorical = np.stack([rng.integers(0, 20, 64),
+                            rng.choice(np.concatenate([live1, np.arange(50), [2 ** 45]]), 64),
+                            rng.choice(np.array([0, 3, 6, 2 ** 40, -9]), 64), rng.integers(0, 30, 64)], 1)
+    numerical = rng.normal(size=(64, 3)).astype(np.float32)
+    model = Model(repos[0], log=lambda line: None)
+    try:
+        for day in range(2):
+            if day:
+                assert read_delta(delta).table(1)["evicted"] > 0
+                model.apply_delta(read_delta(delta))
+            expected = checkpoint_embeddings(ckpts[day], categorical)
+            with model.snapshot() as snapshot:
+                np.testing.assert_array_equal(model.embeddings(snapshot, categorical), expected)
+            dense = DenseModel(os.path.join(repos[day], "m_dense"), model.layout)
+            np.testing.assert_allclose(model.infer(numerical, categorical)["predictions"],
+                                       dense(numerical, expected)["predictions"], rtol=1e-6)
+    finally:
+        model.close()

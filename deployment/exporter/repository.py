@@ -107,11 +107,6 @@ def exported_model(manifest: dict, model_file: Optional[str] = None) -> Exported
     TensorFlow is imported, otherwise), and a built-in model's none. Its dynamic tables (model_layout.
     with_dynamic_tables) are marked so."""
     signature, where = manifest["signature"], manifest["path"]
-    dynamic = sorted(n[:-len("/ids")] for n in manifest["tensors"] if n.endswith("/ids") and n[:-len("/ids")] in
-                     manifest["tensors"])   # a dynamic table's live ids (parallel_embedding/dynamic_table.py)
-    if dynamic:
-        raise ExportError(f"{where}: table {dynamic[0]} is dynamic (--dynamic_tables); exporting dynamic tables is "
-                          "not supported yet (docs/dynamic_tables.md)")
     if is_model_file(signature):
         if model_file is None:
             raise ExportError(f"{where}: a checkpoint of model file {signature['model']}: pass it as --model=FILE")
