@@ -5,7 +5,8 @@ each dynamic table's ids file; the in-memory forms are refused naming the table;
 predictions for raw ids seen, evicted and never seen (zeros), ids >= 2^31 and negative ones,
 equal an in-process computation from the trained tables, in memory and through the lookup
 tiers; deltas (by id: new, changed, evicted) applied live, after evictions, a table growing in
-memory and refused through the tiers, a restart serving what the store holds."""
+memory and refused through the tiers, a restart serving what the store holds, two servers sharing
+Redis; deploy.py's lines; and a run trained with --dynamic_tables exported, served and updated."""
 import dataclasses
 import json
 import os
@@ -31,6 +32,7 @@ from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.dynamic_table import DynamicTable
 from storage import checkpoint
 from tests.horovod_run import ROOT
+from tests.redis_server import RedisServer
 from utils.errors import StoreError
 
 D = 4
@@ -224,6 +226,31 @@ def test_deltas_through_the_tiers_and_a_restart(days, tmp_path):
         model.close()
 
 
+def test_two_servers_sharing_redis_agree_on_rows_across_a_delta(days, tmp_path):
+    """Redis keyed by row: server a, updated first, fills it with day 2's rows; server b, still on
+    day 1, serves day 1 (values of another version are misses), then takes the same delta and
+    serves day 2 with a's rows (the same ids in the same rows)."""
+    server = RedisServer(tmp_path).start()
+    models = []
+    try:
+        for name in "ab":
+            shutil.copytree(days["repos"][1], tmp_path / name)
+            models.append(Model(str(tmp_path / name), TierConfig(cache_bytes=200, redis_url=server.url),
+                                log=lambda line: None))
+        a, b = models
+        a.apply_delta(read_delta(days["deltas"][1]))
+        check_serves(a, days, 2)
+        a._current.tables.redis.drain()   # a's fills reach Redis
+        check_serves(b, days, 1)
+        b.apply_delta(read_delta(days["deltas"][1]))
+        check_serves(b, days, 2)
+        assert b.stats()["redis"]["hits"] > 0
+    finally:
+        for model in models:
+            model.close()
+        server.stop()
+
+
 def test_a_delta_needing_more_rows_than_the_store_holds_is_refused_through_the_tiers(days, tmp_path):
     repo = str(tmp_path / "repo")
     shutil.copytree(days["repos"][0], repo)
@@ -283,7 +310,8 @@ def test_deploy_refuses_in_one_line_and_says_what_it_wrote(days, tmp_path):
     assert delta.returncode == 0, delta.stderr[-3000:]
     info = read_delta(str(tmp_path / "d")).info
     evicted = sum(t["evicted"] for t in info["tables"] if t.get("dynamic"))
-    assert evicted > 0 and f", {evicted:,} ids evicted from 2 dynamic table(s) (" in delta.stdout.strip().splitlines()[-1]
+    line = delta.stdout.strip().splitlines()[-1]
+    assert evicted > 0 and f", {evicted:,} ids evicted from 2 dynamic table(s) (" in line
 
 
 @pytest.fixture(scope="module")
