@@ -375,3 +375,16 @@ def test_a_trained_run_served_and_updated_live_equals_its_checkpoints(trained):
                                        dense(numerical, expected)["predictions"], rtol=1e-6)
     finally:
         model.close()
+
+
+def test_a_dynamic_table_in_hash_shards_is_refused_naming_it(tmp_path):
+    table = DynamicTable("t", 4, D, seed=(0, 1))
+    train_step(table, np.array([5, 2 ** 50]), 1)
+    entries = RankingModel(CONFIG, seed=3).checkpoint_entries()
+    entries = [e for e in entries if e.name != "embedding/table_0"] + [
+        dataclasses.replace(e, name=e.name.replace("t", f"embedding/table_0/shard_{s}", 1))
+        for s in range(2) for e in table.checkpoint_entries()]
+    ckpt = checkpoint.save(str(tmp_path / "c"), entries, 1, CONFIG.signature(), SingleProcess())
+    with pytest.raises(ExportError, match=r": table embedding/table_0 is a dynamic table in hash shards, which "
+                                          r"export does not take yet: train it with 1 shard"):
+        write_repository(ckpt, str(tmp_path / "r"), "m")

@@ -105,8 +105,12 @@ def exported_model(manifest: dict, model_file: Optional[str] = None) -> Exported
     """The model of the checkpoint whose manifest (storage.checkpoint.read_manifest) is given; a
     model file's needs `model_file`, the file its signature names (ExportError, one line, before
     TensorFlow is imported, otherwise), and a built-in model's none. Its dynamic tables (model_layout.
-    with_dynamic_tables) are marked so."""
+    with_dynamic_tables) are marked so; one in hash shards is refused (ExportError, one line)."""
     signature, where = manifest["signature"], manifest["path"]
+    sharded = sorted({n.split("/shard_")[0] for n in manifest["tensors"] if "/shard_" in n and n.endswith("/ids")})
+    if sharded:   # `<table>/shard_<s>/ids`: a dynamic table in S > 1 hash shards
+        raise ExportError(f"{where}: table {sharded[0]} is a dynamic table in hash shards, which export does not "
+                          "take yet: train it with 1 shard (docs/dynamic_tables.md)")
     if is_model_file(signature):
         if model_file is None:
             raise ExportError(f"{where}: a checkpoint of model file {signature['model']}: pass it as --model=FILE")
