@@ -110,9 +110,13 @@ def unverified() -> str:
 def delta_summary(info: dict, out: str, seconds: float) -> str:
     """One line: what the delta `out` (delta.json content `info`) holds."""
     rows = sum(t["count"] for t in info["tables"])
-    size = sum(t[k]["bytes"] for t in info["tables"] for k in ("ids", "rows"))
+    size = sum(t[k]["bytes"] for t in info["tables"] for k in ("ids", "rows", "live") if k in t)
+    dynamic = [t for t in info["tables"] if t.get("dynamic")]
+    evicted = f", {sum(t['evicted'] for t in dynamic):,} ids evicted from {len(dynamic)} dynamic table(s)" \
+        if dynamic else ""
     return (f"exported delta {info['base']['step']} -> {info['new']['step']} to {out}: {rows:,} updated rows in "
-            f"{len(info['tables'])} table(s) ({size / 2 ** 20:.1f} MiB) and the dense model, {seconds:.1f} s")
+            f"{len(info['tables'])} table(s){evicted} ({size / 2 ** 20:.1f} MiB) and the dense model, "
+            f"{seconds:.1f} s")
 
 
 def summary(info: dict, out: str, chosen: bool, limit: int) -> str:
@@ -129,7 +133,9 @@ def summary(info: dict, out: str, chosen: bool, limit: int) -> str:
                      f"{gib(files['bytes'])})")
     line = (f"exported {info['checkpoint']} (step {info['step']}, written at {info['written_at_ranks']} rank(s)) "
             f"to {out}: {'; '.join(parts)}")
-    if chosen and files:
+    if chosen and files and files.get("dynamic"):
+        line += f"; tables form chosen: table {files['dynamic'][0]} is dynamic (raw 64-bit ids)"
+    elif chosen and files:
         line += f"; tables form chosen: the tables take more than --max_tables_in_memory_gb ({gib(limit)})"
     return line
 

@@ -15,8 +15,11 @@ Files. A full export (deployment/exporter/repository.py) is a directory holding 
 (EXPORT_INFO: its name, forms, version, signature, serving layout, settings, and `files`: every
 other file of the export, SavedModels' included, with its size and CRC-32); its tables form
 holds `<name>_tables/` with one .npy file per table and tables.json (TABLES_INFO,
-deployment/exporter/table_files.py). A delta (deployment/exporter/deltas.py writes it) names
-the version it applies to (its base) and the one it makes:
+deployment/exporter/table_files.py); a dynamic table (raw 64-bit ids: docs/dynamic_tables.md)
+also has its ids file `table_<t>.ids.npy` [R, 2] int64, row r's (raw id, LIVE or FREE), aligned
+with its rows file [R, D] (tables.json's entry: `dynamic`, `ids_file`). A delta
+(deployment/exporter/deltas.py writes it) names the version it applies to (its base) and the one
+it makes:
 
     DIR/delta.json                      written last (its presence means the delta is complete):
                                         format, version, name, base, new, signature, per table its
@@ -27,12 +30,19 @@ the version it applies to (its base) and the one it makes:
     DIR/table_<t>.ids.npy               table t's updated ids [n] int64, ascending, unique
     DIR/table_<t>.rows.npy              their rows [n, D_t] float32 (.npy format 1.0, row-major)
 
+    DIR/table_<t>.live.npy              a dynamic table's: every id live at the new version [L]
+                                        int64, ascending (its delta.json entry: `dynamic`, `live`,
+                                        `live_count`, `evicted`: the count of base's ids not live)
+
 delta.json names each table by its index, `table` (deltas of built-in models, whose table t is
 feature t's, say `feature`; older ones say only that).
 
 Applying a delta to version `base` of a model: for every table listed, row ids[i] becomes
 rows[i]; every other row keeps its value; the dense model is replaced whole. Tables without
-updated rows are not listed.
+updated rows are not listed, but dynamic tables always are. A dynamic table's ids are raw ids
+(not row numbers): new or changed ones; after the delta its live ids are `live` (each id of
+`ids` among them, each id of `live` new to the base among `ids`), every other id (evicted)
+reads the default row, zeros.
 
 A manifest's `files` ([{"file": path relative to the directory, '/'-separated, "bytes", "crc32"}],
 sorted; file_entries writes it) is what a reader checks the directory against (check_files):
@@ -67,7 +77,8 @@ DELTA_INFO = "delta.json"              # a delta's
 DELTA_FORMAT = "dlrm-delta"
 DELTA_VERSION = 2                      # 2: delta.json lists every file (`files`)
 ROWS_DTYPE = np.dtype("<f4")           # a delta's rows
-IDS_DTYPE = np.dtype("<i8")            # and their ids
+IDS_DTYPE = np.dtype("<i8")            # and their ids (a dynamic table's: raw ids); a dynamic table's ids file
+LIVE, FREE = 1, 0                      # its second column: the row holds a live id, or none
 REPOSITORY = "a model repository written by deployment/deploy.py"
 FILES = "files"                        # a manifest's list of the directory's other files
 
@@ -295,10 +306,35 @@ class Delta:
             raise DeltaError(f"{os.path.join(self.directory, t['rows']['file'])}: {int((~finite).sum())} of "
                              f"{len(finite)} rows hold NaN or infinite values")
         ids = arrays[0]
-        if ids.size and (ids[0] < 0 or ids[-1] >= t["table_rows"] or np.any(ids[1:] <= ids[:-1])):
+        if t.get("dynamic"):
+            _check_ascending(ids, os.path.join(self.directory, t["ids"]["file"]))
+        elif ids.size and (ids[0] < 0 or ids[-1] >= t["table_rows"] or np.any(ids[1:] <= ids[:-1])):
             raise DeltaError(f"{os.path.join(self.directory, t['ids']['file'])}: ids must be ascending, unique and "
                              f"in [0, {t['table_rows']})")
         return ids, arrays[1]
+
+    def dynamic(self, index: int) -> bool:
+        """Whether table `index` is a dynamic one (raw ids)."""
+        return bool(self.table(index).get("dynamic"))
+
+    def live(self, index: int) -> np.ndarray:
+        """Dynamic table `index`'s live ids at the new version [L] int64, checked: CRC-32, shape,
+        ascending and unique."""
+        t = self.table(index)
+        path = os.path.join(self.directory, t["live"]["file"])
+        if file_crc32(path) != t["live"]["crc32"]:
+            raise DeltaError(f"{path}: CRC-32 differs from {DELTA_INFO}'s (a corrupt or partial file)")
+        live = np.load(path)
+        if live.dtype != IDS_DTYPE or live.shape != (t["live_count"],):
+            raise DeltaError(f"{path}: {live.dtype}{list(live.shape)}, {DELTA_INFO} says {IDS_DTYPE}"
+                             f"{[t['live_count']]}")
+        _check_ascending(live, path)
+        return live
+
+
+def _check_ascending(ids: np.ndarray, path: str):
+    if ids.size and np.any(ids[1:] <= ids[:-1]):
+        raise DeltaError(f"{path}: ids must be ascending and unique")
 
 
 def _table_index(entry: dict) -> int:
@@ -325,7 +361,8 @@ def read_delta(directory: str) -> Delta:
                          f"{info.get('version')!r}, not {DELTA_FORMAT!r} version {DELTA_VERSION}")
     try:
         entries = _entries(info)
-        named = [t[key]["file"] for t in info["tables"] for key in ("ids", "rows")] + [info["dense_model"]]
+        named = [t[key]["file"] for t in info["tables"] for key in ("ids", "rows", "live") if key in t] + \
+            [info["dense_model"]]
         Version.from_json(info["base"]), Version.from_json(info["new"])
     except (KeyError, TypeError, ValueError) as e:
         raise DeltaError(f"{directory}: {DELTA_INFO} lacks or garbles {e}")
@@ -336,3 +373,23 @@ def read_delta(directory: str) -> Delta:
         if name not in listed and not any(f.startswith(f"{name}/") for f in listed):
             raise DeltaError(f"{os.path.join(directory, DELTA_INFO)}: names {name!r}, not a file of the delta")
     return Delta(directory, info)
+
+
+def live_ids(path: str, index: int) -> np.ndarray:
+    """Dynamic table `index`'s live ids [L] int64, ascending, in the version held at `path`: a full
+    export's (its ids file, as exported) or a delta's (`live`); RepositoryError if it has no such
+    table."""
+    if os.path.isfile(os.path.join(path, DELTA_INFO)):
+        delta = read_delta(path)
+        if index not in delta.features or not delta.dynamic(index):
+            raise RepositoryError(f"{path}: its delta has no dynamic table {index}")
+        return delta.live(index)
+    info = read_export_info(path)
+    if not info.get("table_files"):
+        raise RepositoryError(f"{path}: has no table files, so no ids of dynamic table {index}")
+    directory = os.path.join(path, info["table_files"]["directory"])
+    tables = read_json(os.path.join(directory, TABLES_INFO), REPOSITORY, RepositoryError)["tables"]
+    if not 0 <= index < len(tables) or not tables[index].get("dynamic"):
+        raise RepositoryError(f"{path}: table {index} is not a dynamic table there")
+    ids = np.load(os.path.join(directory, tables[index]["ids_file"]))
+    return np.sort(ids[ids[:, 1] == LIVE, 0])

@@ -18,7 +18,7 @@ from parallel_embedding.dynamic_table import DynamicTable, initial_values
 from parallel_embedding.layer import DistributedEmbedding, hash_shards
 from parallel_embedding.planner import DynamicOptions, PlanError, TierOptions, plan_tables
 from storage import checkpoint
-from deployment.exporter.repository import ExportError, exported_model
+from deployment.exporter.repository import exported_model
 from tests.configs import tiny_config
 from utils.errors import ConfigError
 
@@ -158,7 +158,7 @@ def test_a_resumed_run_equals_an_uninterrupted_one_bit_for_bit(tmp_path, capsys)
     assert "embedding/table_1: 40 live," in out and " evicted, " in out
 
 
-def test_a_static_checkpoint_restored_as_dynamic_the_reverse_and_export_are_refused_naming_the_table(tmp_path):
+def test_a_static_checkpoint_restored_as_dynamic_and_the_reverse_are_refused_naming_the_table(tmp_path):
     static, dynamic = str(tmp_path / "static"), str(tmp_path / "dynamic")
     run_loop.run(tiny_config(max_steps=2, save_checkpoint_path=static))
     run_loop.run(tiny_config(max_steps=2, save_checkpoint_path=dynamic, dynamic_tables=["2:8"]))
@@ -168,9 +168,8 @@ def test_a_static_checkpoint_restored_as_dynamic_the_reverse_and_export_are_refu
     with pytest.raises(ConfigError, match=r"table embedding/table_2 \(feature 2\) is static in this run, dynamic in "
                                           r"the checkpoint"):
         run_loop.run(tiny_config(max_steps=4, restore_checkpoint_path=dynamic))
-    with pytest.raises(ExportError, match="table embedding/table_2 is dynamic .*exporting dynamic tables is not "
-                                          "supported yet"):
-        exported_model(checkpoint.read_manifest(dynamic))
+    # export: only the tables form takes a dynamic table (tests/test_dynamic_serving.py)
+    assert exported_model(checkpoint.read_manifest(dynamic)).dynamic_tables == ["embedding/table_2"]
 
 
 def test_hash_shards_cut_the_mixed_hash_range_as_the_reference():

@@ -3,7 +3,7 @@ since an earlier export, and its dense weights, as files any parameter-server-st
 read; and what a delta needs to know of checkpoints (their version, their lineage). No
 TensorFlow."""
 import os
-from typing import Callable, Iterable, Tuple
+from typing import Callable, Dict, Iterable, Optional, Tuple
 
 import numpy as np
 
@@ -55,24 +55,34 @@ def _save(path: str, value: np.ndarray) -> dict:
 
 def write_delta(directory: str, name: str, base: Version, new: Version, signature: dict,
                 tables: Iterable[Tuple[int, int, np.ndarray, np.ndarray]],
-                write_dense: Callable[[str], None], per_feature: bool = True) -> dict:
+                write_dense: Callable[[str], None], per_feature: bool = True,
+                dynamic: Optional[Dict[int, Tuple[np.ndarray, int]]] = None) -> dict:
     """Writes a delta into the new directory `directory` and returns its delta.json content.
     `tables`: (table index, table rows, updated ids [n] int64 ascending, their rows [n, D] float32);
-    `write_dense(path)` writes the dense SavedModel at `path`; `per_feature`: table t is feature
-    t's (the built-in models), named `feature` too."""
+    `dynamic`: per dynamic table (its updated ids: raw ids new to the base or changed) its live ids
+    [L] int64 ascending and the count of the base's ids evicted; `write_dense(path)` writes the
+    dense SavedModel at `path`; `per_feature`: table t is feature t's (the built-in models), named
+    `feature` too."""
     os.makedirs(directory)
     dense = os.path.join(f"{name}_dense", "1", "model.savedmodel")
     write_dense(os.path.join(directory, dense))
     listed = []
+    dynamic = dynamic or {}
     for t, table_rows, ids, rows in tables:
         ids, rows = np.ascontiguousarray(ids, IDS_DTYPE), np.ascontiguousarray(rows, ROWS_DTYPE)
-        if not ids.size:
+        if not ids.size and t not in dynamic:
             continue
-        listed.append({"table": t, **({"feature": t} if per_feature else {}), "count": int(ids.size),
-                       "dim": int(rows.shape[1]), "table_rows": int(table_rows),
-                       "ids": _save(os.path.join(directory, f"table_{t}.ids.npy"), ids),
-                       "rows": _save(os.path.join(directory, f"table_{t}.rows.npy"), rows)})
-    written = {t[k]["file"]: t[k]["crc32"] for t in listed for k in ("ids", "rows")}
+        entry = {"table": t, **({"feature": t} if per_feature else {}), "count": int(ids.size),
+                 "dim": int(rows.shape[1]), "table_rows": int(table_rows),
+                 "ids": _save(os.path.join(directory, f"table_{t}.ids.npy"), ids),
+                 "rows": _save(os.path.join(directory, f"table_{t}.rows.npy"), rows)}
+        if t in dynamic:
+            live, evicted = dynamic[t]
+            live = np.ascontiguousarray(live, IDS_DTYPE)
+            entry.update(dynamic=True, live_count=int(live.size), evicted=int(evicted),
+                         live=_save(os.path.join(directory, f"table_{t}.live.npy"), live))
+        listed.append(entry)
+    written = {t[k]["file"]: t[k]["crc32"] for t in listed for k in ("ids", "rows", "live") if k in t}
     info = {"format": DELTA_FORMAT, "version": DELTA_VERSION, "name": name, "base": base.to_json(),
             "new": new.to_json(), "signature": signature, "dense_model": dense, "tables": listed,
             FILES: file_entries(directory, DELTA_INFO, written)}

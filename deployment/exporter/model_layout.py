@@ -11,13 +11,17 @@ from typing import Callable, List, Optional
 from deployment.repository_format import TABLE_DTYPE, ServingLayout
 from nn.model_config import ModelConfig
 
+DYNAMIC_IDS = "ids"   # `<table tensor>/ids`: a dynamic table's ids (parallel_embedding/dynamic_table.py's IDS)
+
 
 @dataclasses.dataclass(frozen=True)
 class Table:
-    """One embedding table: checkpoint tensor `tensor` [rows, dim]."""
+    """One embedding table: checkpoint tensor `tensor` [rows, dim]; `dynamic`: a dynamic table's
+    (raw ids; its live rows only, their ids in `<tensor>/ids` [rows, 1] int64)."""
     tensor: str
     rows: int
     dim: int
+    dynamic: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,9 +53,26 @@ class ExportedModel:
             len(self.tables) == len(self.lookups)
 
     @property
+    def dynamic_tables(self) -> List[str]:
+        """The tensors of its dynamic tables."""
+        return [t.tensor for t in self.tables if t.dynamic]
+
+    @property
     def table_bytes(self) -> int:
         """The bytes of the tables as served (float32)."""
         return sum(t.rows * t.dim for t in self.tables) * TABLE_DTYPE.itemsize
+
+
+def with_dynamic_tables(model: ExportedModel, manifest: dict) -> ExportedModel:
+    """`model` with the tables its checkpoint (manifest) holds as dynamic ones (a tensor
+    `<tensor>/ids`) marked so, their rows the live rows saved."""
+    tensors = manifest["tensors"]
+
+    def table(t: Table) -> Table:
+        if f"{t.tensor}/{DYNAMIC_IDS}" not in tensors:
+            return t
+        return dataclasses.replace(t, rows=int(tensors[f"{t.tensor}/{DYNAMIC_IDS}"]["shape"][0]), dynamic=True)
+    return dataclasses.replace(model, tables=[table(t) for t in model.tables])
 
 
 def is_model_file(signature: dict) -> bool:

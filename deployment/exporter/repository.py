@@ -26,10 +26,11 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from deployment.exporter.deltas import base_signature, base_version, checkpoint_version, descends_from, write_delta
-from deployment.exporter.model_layout import ExportedModel, built_in_export, is_model_file, same_model
+from deployment.exporter.model_layout import (ExportedModel, built_in_export, is_model_file, same_model,
+                                              with_dynamic_tables)
 from deployment.exporter.table_files import write_tables
 from deployment.repository_format import (CATEGORICAL, EMBEDDINGS, EXPORT_INFO, FILES, LOGITS, NUMERICAL,
-                                          PREDICTIONS, RepositoryError, ServingLayout, file_entries)
+                                          PREDICTIONS, RepositoryError, ServingLayout, file_entries, live_ids)
 from parallel_embedding import UPDATED_AT
 from storage import checkpoint
 from storage.checkpoint import read_manifest
@@ -103,13 +104,13 @@ def _write_text(path: str, text: str):
 def exported_model(manifest: dict, model_file: Optional[str] = None) -> ExportedModel:
     """The model of the checkpoint whose manifest (storage.checkpoint.read_manifest) is given; a
     model file's needs `model_file`, the file its signature names (ExportError, one line, before
-    TensorFlow is imported, otherwise), and a built-in model's none."""
+    TensorFlow is imported, otherwise), and a built-in model's none. Its dynamic tables (model_layout.
+    with_dynamic_tables) are marked so; one in hash shards is refused (ExportError, one line)."""
     signature, where = manifest["signature"], manifest["path"]
-    dynamic = sorted(n[:-len("/ids")] for n in manifest["tensors"] if n.endswith("/ids") and n[:-len("/ids")] in
-                     manifest["tensors"])   # a dynamic table's live ids (parallel_embedding/dynamic_table.py)
-    if dynamic:
-        raise ExportError(f"{where}: table {dynamic[0]} is dynamic (--dynamic_tables); exporting dynamic tables is "
-                          "not supported yet (docs/dynamic_tables.md)")
+    sharded = sorted({n.split("/shard_")[0] for n in manifest["tensors"] if "/shard_" in n and n.endswith("/ids")})
+    if sharded:   # `<table>/shard_<s>/ids`: a dynamic table in S > 1 hash shards
+        raise ExportError(f"{where}: table {sharded[0]} is a dynamic table in hash shards, which export does not "
+                          "take yet: train it with 1 shard (docs/dynamic_tables.md)")
     if is_model_file(signature):
         if model_file is None:
             raise ExportError(f"{where}: a checkpoint of model file {signature['model']}: pass it as --model=FILE")
@@ -118,11 +119,11 @@ def exported_model(manifest: dict, model_file: Optional[str] = None) -> Exported
         if not os.path.isfile(model_file):
             raise ExportError(f"--model={model_file}: not a file")
         from deployment.exporter.model_file import model_file_export   # TensorFlow, Keras: after the checks
-        return model_file_export(manifest, model_file)
+        return with_dynamic_tables(model_file_export(manifest, model_file), manifest)
     if model_file is not None:
         raise ExportError(f"--model={model_file}: {where} is a built-in model's checkpoint (dlrm.py or "
                           "dcnv2.py), not a model file's: drop --model")
-    return built_in_export(manifest)
+    return with_dynamic_tables(built_in_export(manifest), manifest)
 
 
 def default_tables_limit() -> int:
@@ -134,15 +135,21 @@ def gib(num_bytes: int) -> str:
     return f"{num_bytes / 2 ** 30:.3g} GiB"
 
 
-def choose_forms(forms: Optional[Sequence[str]], table_bytes: int, limit: int) -> List[str]:
+def choose_forms(forms: Optional[Sequence[str]], table_bytes: int, limit: int,
+                 dynamic: Sequence[str] = ()) -> List[str]:
     """The forms to write: `forms`, checked, or by default monolithic and ensemble when the tables
-    (`table_bytes`) fit in `limit` bytes, else tables."""
+    (`table_bytes`) fit in `limit` bytes and none is dynamic (`dynamic`: their tensors), else
+    tables. The in-memory forms (a SavedModel's table indexed by row number) cannot take a dynamic
+    table's raw ids: refused, naming the table."""
     if forms is None:
-        return list(IN_MEMORY_FORMS) if table_bytes <= limit else ["tables"]
+        return list(IN_MEMORY_FORMS) if table_bytes <= limit and not dynamic else ["tables"]
     for form in forms:
         if form not in FORMS:
             raise ExportError(f"--forms: unknown form {form!r} (choose from {', '.join(FORMS)})")
     in_memory = [f for f in forms if f in IN_MEMORY_FORMS]
+    if in_memory and dynamic:
+        raise ExportError(f"--forms={','.join(in_memory)}: table {dynamic[0]} is dynamic (raw 64-bit ids), which "
+                          "only the tables form serves: use --forms=tables")
     if in_memory and table_bytes > limit:
         raise ExportError(f"the tables take {gib(table_bytes)}, more than --max_tables_in_memory_gb ({gib(limit)}), "
                           f"and --forms={','.join(in_memory)} holds every table in memory: use --forms=tables "
@@ -165,7 +172,8 @@ def write_repository(checkpoint_path: str, out: str, name: str = None, settings:
     manifest = read_manifest(checkpoint_path)
     model = exported_model(manifest, model_file)
     table_bytes = model.table_bytes
-    forms = choose_forms(forms, table_bytes, default_tables_limit() if max_tables_bytes is None else max_tables_bytes)
+    forms = choose_forms(forms, table_bytes, default_tables_limit() if max_tables_bytes is None else max_tables_bytes,
+                         model.dynamic_tables)
     name = name or model.name
     return _written_whole(out, lambda tmp: _write_content(manifest, model, tmp, name, settings, host_table_mb, forms,
                                                           verify), table_bytes * len(forms))
@@ -210,9 +218,10 @@ def write_delta_repository(checkpoint_path: str, out: str, base_path: str, name:
                            overwrite: bool = False, verify: bool = True, model_file: Optional[str] = None) -> dict:
     """Writes into `out` the delta (deployment/repository_format.py) that turns the version exported at
     `base_path` (a model repository or a delta) into the checkpoint at `checkpoint_path`: the rows
-    each table updated since the base's step and the whole dense model; returns its delta.json
-    content. The checkpoint must descend from the base (same model, trained on from it). `verify`:
-    check the checksums of the checkpoint's pieces read; `model_file`: as write_repository's."""
+    each table updated since the base's step (a dynamic table's: its ids new to the base or updated
+    since, and its live ids) and the whole dense model; returns its delta.json content. The
+    checkpoint must descend from the base (same model, trained on from it). `verify`: check the
+    checksums of the checkpoint's pieces read; `model_file`: as write_repository's."""
     _check_output(out, overwrite)
     manifest = read_manifest(checkpoint_path)
     model = exported_model(manifest, model_file)
@@ -228,21 +237,46 @@ def write_delta_repository(checkpoint_path: str, out: str, base_path: str, name:
         raise ExportError(f"{manifest['path']}: written without the rows' updated_at (an older checkpoint): "
                           "export it in full instead")
 
-    updated_ids = [np.concatenate([start + np.flatnonzero(block[:, 0] > base.step)
-                                   for start, block in checkpoint.read_blocks(manifest, updated, verify=verify)])
-                   for updated in names]
+    updated_ids = [np.concatenate([np.zeros(0, np.int64)] + [
+        start + np.flatnonzero(block[:, 0] > base.step)
+        for start, block in checkpoint.read_blocks(manifest, updated, verify=verify)]) for updated in names]
+    # Dynamic tables: the checkpoint rows (ascending) of the ids new to the base or updated since,
+    # in ascending id order (`order`), and every live id
+    dynamic = {t: _dynamic_update(manifest, table.tensor, live_ids(base_path, t), updated_ids[t], verify)
+               for t, table in enumerate(model.tables) if table.dynamic}
     need = sum(ids.size * (8 + 4 * table.dim) for ids, table in zip(updated_ids, model.tables))   # ids and rows
+    need += sum(8 * d[3].size for d in dynamic.values())
 
     def tables():
         for t, (table, ids) in enumerate(zip(model.tables, updated_ids)):
-            yield t, table.rows, ids, checkpoint.gather_rows(manifest, table.tensor, ids, np.float32, verify)
+            if t in dynamic:
+                rows, order, raw = dynamic[t][:3]
+                values = checkpoint.gather_rows(manifest, table.tensor, rows, np.float32, verify)
+                yield t, table.rows, raw, values[order]
+            else:
+                yield t, table.rows, ids, checkpoint.gather_rows(manifest, table.tensor, ids, np.float32, verify)
 
     def write_dense(path):
         from deployment.exporter.saved_models import save, serving_modules   # TensorFlow: after the checks
         save(serving_modules(manifest, 0, with_tables=False, verify=verify, model=model)["dense"], path)
 
     return _written_whole(out, lambda tmp: write_delta(tmp, name or model.name, base, new, manifest["signature"],
-                                                       tables(), write_dense, model.per_feature), need)
+                                                       tables(), write_dense, model.per_feature,
+                                                       {t: d[3:] for t, d in dynamic.items()}), need)
+
+
+def _dynamic_update(manifest: dict, tensor: str, base_live: np.ndarray, updated: np.ndarray, verify: bool):
+    """A dynamic table's part of a delta: (checkpoint rows [n] ascending, `order` [n] putting them in
+    ascending id order, those ids [n], every live id [L] ascending, the count of the base's ids
+    evicted), for the ids new to the base (`base_live`: its live ids, ascending) or updated since
+    (`updated`: their checkpoint rows)."""
+    ids = checkpoint.read_tensor(manifest["path"], f"{tensor}/ids", verify)[:, 0].astype(np.int64)
+    new = ~np.isin(ids, base_live, assume_unique=True)
+    new[updated] = True
+    rows = np.flatnonzero(new)
+    order = np.argsort(ids[rows], kind="stable")
+    live = np.sort(ids)
+    return rows, order, ids[rows][order], live, int((~np.isin(base_live, live, assume_unique=True)).sum())
 
 
 def _write_content(manifest: dict, model: ExportedModel, tmp: str, name: str, settings: Settings,
@@ -276,7 +310,8 @@ def _write_content(manifest: dict, model: ExportedModel, tmp: str, name: str, se
         files, checksums = write_tables(manifest, model, os.path.join(tmp, directory), f"{name}_dense", verify)
         written = {f"{directory}/{file}": crc for file, crc in checksums.items()}
         table_files = {"directory": directory, "tables": len(files["tables"]), "bytes": sum(
-            os.path.getsize(os.path.join(tmp, directory, t["file"])) for t in files["tables"])}
+            os.path.getsize(os.path.join(tmp, directory, t["file"])) for t in files["tables"]),
+            **({"dynamic": model.dynamic_tables} if model.dynamic_tables else {})}
     info = {"name": name, "forms": list(forms), "checkpoint": manifest["path"], "step": manifest["step"],
             "version": checkpoint_version(manifest).to_json(),
             "written_at_ranks": manifest["world_size"], "signature": manifest["signature"],

@@ -5,6 +5,8 @@ the dense SavedModel (file names and format: deployment/repository_format.py). N
 
     <dir>/table_<t>.npy   table t [rows_t, D_t] float32, .npy format 1.0, row-major: an id is a
                           row number
+    <dir>/table_<t>.ids.npy   a dynamic table's: [rows_t, 2] int64, row r's (raw id, LIVE); its
+                          rows are the checkpoint's live rows (an id is looked up by value)
     <dir>/tables.json     written last (atomically): checkpoint, step, per table its file and
                           shape, per lookup (a feature's ids in a table, a slice of embeddings)
                           its feature, table, hotness, combiner and columns, and the dense model's
@@ -17,9 +19,9 @@ from typing import Dict, Tuple
 
 import numpy as np
 
-from deployment.exporter.model_layout import ExportedModel
-from deployment.repository_format import (EMBEDDINGS, NUMERICAL, PAD, TABLE_DTYPE, TABLES_FORMAT, TABLES_INFO,
-                                          TABLES_VERSION)
+from deployment.exporter.model_layout import DYNAMIC_IDS, ExportedModel
+from deployment.repository_format import (EMBEDDINGS, IDS_DTYPE, LIVE, NUMERICAL, PAD, TABLE_DTYPE, TABLES_FORMAT,
+                                          TABLES_INFO, TABLES_VERSION)
 from storage import checkpoint
 from utils.errors import CheckpointError
 from utils.files import Checksummed, write_json
@@ -40,6 +42,10 @@ def write_tables(manifest: dict, model: ExportedModel, directory: str, dense_mod
         checksums[file] = _write_npy(os.path.join(directory, file), manifest, table.tensor, (table.rows, table.dim),
                                      verify)
         tables.append({"table": t, "file": file, "rows": table.rows, "dim": table.dim, "dtype": TABLE_DTYPE.name})
+        if table.dynamic:
+            ids_file = f"table_{t}.ids.npy"
+            checksums[ids_file] = _write_ids(os.path.join(directory, ids_file), manifest, table.tensor, verify)
+            tables[-1].update(dynamic=True, ids_file=ids_file)
     for lookup, dim in zip(model.lookups, layout.embedding_dims):
         lookups.append({"feature": lookup.feature, "table": lookup.table,
                         "max_hotness": layout.max_hotness[lookup.feature], "combiner": lookup.combiner,
@@ -55,6 +61,20 @@ def write_tables(manifest: dict, model: ExportedModel, directory: str, dense_mod
             "dense_model": {"name": dense_model, "inputs": {NUMERICAL: [layout.num_numerical], EMBEDDINGS: [offset]}}}
     write_json(os.path.join(directory, TABLES_INFO), info)
     return info, checksums
+
+
+def _write_ids(path: str, manifest: dict, tensor: str, verify: bool) -> int:
+    """Writes dynamic table `tensor`'s ids file (its checkpoint's `<tensor>/ids` [L, 1] int64, each
+    row LIVE: [L, 2]); returns its CRC-32."""
+    ids = checkpoint.read_tensor(manifest["path"], f"{tensor}/{DYNAMIC_IDS}", verify).astype(IDS_DTYPE)
+    if len(np.unique(ids)) != len(ids):
+        raise CheckpointError(f"{manifest['path']}: tensor {tensor}/{DYNAMIC_IDS} holds an id twice")
+    with open(path, "wb") as f:
+        checksummed = Checksummed(f)
+        np.save(checksummed, np.concatenate([ids.reshape(-1, 1), np.full((len(ids), 1), LIVE, IDS_DTYPE)], axis=1))
+        f.flush()
+        os.fsync(f.fileno())
+    return checksummed.crc
 
 
 def _write_npy(path: str, manifest: dict, name: str, shape: Tuple[int, int], verify: bool) -> int:

@@ -16,6 +16,12 @@ between requests without a restart:
   the cache; the delta's dense model is kept in the store's directory and named in its
   store.json, so that a restart serves the version the store holds) and a snapshot without
   overlay replaces it. Requests never wait for the update.
+  A dynamic table (raw 64-bit ids; its ids file names each row's id) is looked up by raw id
+  through the snapshot's `RowIndex` (id_index.py), an id not live reading zeros; a delta moves
+  the index (rows of evicted ids freed, new ids into free rows: the overlay and the writes are by
+  row) and writes the changed rows' entries into the ids file too. In memory a table grows when
+  a delta brings more new ids than free rows; through the tiers (files of fixed size) such a
+  delta is refused: export in full.
 - a full export with another version: loaded (in memory: whole, memory for both while loading;
   through the tiers: new tiers on its store), swapped in; the old tables are closed once the
   requests using them finished.
@@ -43,6 +49,7 @@ from deployment.repository_format import (DELTA_INFO, EXPORT_INFO, LOGITS, PAD, 
                                           export_files, export_version, read_delta, read_export_info, table_lookups)
 from deployment.serving.backend import check_request, with_version
 from deployment.serving.errors import BadRequest, UpdateRefused
+from deployment.serving.id_index import RowIndex
 from deployment.serving.tiers import LookupTiers, TierConfig, store_state
 from utils.errors import StoreError
 
@@ -64,6 +71,16 @@ class Tables(Protocol):
     def update(self, feature: int, ids: np.ndarray, rows: np.ndarray):
         """Rows `ids` [n] (unique) become `rows` [n, D], in place."""
 
+    def row_ids(self, feature: int) -> np.ndarray:
+        """A dynamic table's ids file [R, 2] int64 (per row: raw id, LIVE or FREE), a copy."""
+
+    def update_ids(self, feature: int, rows: np.ndarray, row_ids: np.ndarray):
+        """A dynamic table's entries `rows` [k] become `row_ids` [k, 2], in place (inside `advancing`)."""
+
+    def grow(self, feature: int, rows: int):
+        """A dynamic table takes `rows` rows (more than now; the new ones free); StoreError where it
+        cannot (the tiers' files)."""
+
     def stats(self) -> dict:
         """Lookup counts (hits per tier), {} for tables in memory."""
 
@@ -78,6 +95,8 @@ class MemoryTables:
     def __init__(self, directory: str, tables: List[dict]):
         self.arrays = [np.load(os.path.join(directory, t["file"])) for t in tables]
         self.shapes = [a.shape for a in self.arrays]
+        self.ids = {f: np.load(os.path.join(directory, t["ids_file"])) for f, t in enumerate(tables)
+                    if t.get("dynamic")}
 
     def lookup(self, ids: Dict[int, np.ndarray]) -> Dict[int, np.ndarray]:
         return {f: self.arrays[f][x] for f, x in ids.items()}
@@ -89,6 +108,18 @@ class MemoryTables:
     def update(self, feature: int, ids: np.ndarray, rows: np.ndarray):
         self.arrays[feature][ids] = rows
 
+    def row_ids(self, feature: int) -> np.ndarray:
+        return self.ids[feature].copy()
+
+    def update_ids(self, feature: int, rows: np.ndarray, row_ids: np.ndarray):
+        self.ids[feature][rows] = row_ids
+
+    def grow(self, feature: int, rows: int):
+        old = self.arrays[feature]   # lookups of older snapshots read it until the swap below, then either
+        self.ids[feature] = np.concatenate([self.ids[feature], np.zeros((rows - len(old), 2), np.int64)])
+        self.arrays[feature] = np.concatenate([old, np.zeros((rows - len(old), old.shape[1]), old.dtype)])
+        self.shapes[feature] = self.arrays[feature].shape
+
     def stats(self) -> dict:
         return {}
 
@@ -98,23 +129,36 @@ class MemoryTables:
 
 @dataclasses.dataclass
 class Snapshot:
-    """One served version. `tables`: its Tables; `overlay`: per feature (ids [n] int64 sorted
-    unique, rows [n, D_f] float32) that replace those rows of its tables; `active`: the requests
-    using it (guarded by its Model's lock)."""
+    """One served version. `tables`: its Tables; `index`: per dynamic table its RowIndex (raw id ->
+    row); `overlay`: per table (rows [n] int64 sorted unique, values [n, D_f] float32) that replace
+    those rows of its tables; `active`: the requests using it (guarded by its Model's lock)."""
     version: Version
     dense: "DenseModel"
     tables: Tables
+    index: Dict[int, RowIndex] = dataclasses.field(default_factory=dict)
     overlay: Dict[int, Tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict)
     active: int = 0
 
     def lookup(self, ids: Dict[int, np.ndarray]) -> Dict[int, np.ndarray]:
-        """Per feature its ids (any shape, in range) -> its rows [*ids.shape, D_f]."""
-        out = self.tables.lookup(ids)
+        """Per table its ids (any shape: row numbers in range; a dynamic table's raw ids) -> its
+        rows [*ids.shape, D_f]; a dynamic table's ids not live read zeros."""
+        rows, missing = dict(ids), {}
+        for t, index in self.index.items():
+            if t in ids:
+                found = index.find(ids[t])
+                missing[t], rows[t] = found < 0, np.maximum(found, 0)
+        rows = {t: x for t, x in rows.items() if t not in missing or not missing[t].all()}
+        out = self.tables.lookup(rows)
         for f, (new_ids, new_rows) in self.overlay.items():
-            if f in ids:
-                at = np.minimum(np.searchsorted(new_ids, ids[f]), len(new_ids) - 1)
-                hit = new_ids[at] == ids[f]
+            if f in rows:
+                at = np.minimum(np.searchsorted(new_ids, rows[f]), len(new_ids) - 1)
+                hit = new_ids[at] == rows[f]
                 out[f][hit] = new_rows[at[hit]]
+        for t, miss in missing.items():
+            if t in out:
+                out[t][miss] = 0
+            else:
+                out[t] = np.zeros(ids[t].shape + (self.tables.shapes[t][1],), np.float32)
         return out
 
 
@@ -158,16 +202,30 @@ class _Repository:
         return cls(path, info["name"], ServingLayout(**info["layout"]), directory, tables_info["tables"],
                    table_lookups(tables_info), model_signature(info["signature"]), version, dense_dir)
 
+    @property
+    def dynamic(self) -> List[int]:
+        """Its dynamic tables' indices."""
+        return [t for t, entry in enumerate(self.tables) if entry.get("dynamic")]
+
     def served_as(self, other: "_Repository") -> bool:
-        """Whether this export is of the model `other` is of (signature, tables, lookups)."""
-        return (self.signature, self.tables, self.lookups) == (other.signature, other.tables, other.lookups)
+        """Whether this export is of the model `other` is of (signature, tables but a dynamic table's
+        rows, lookups)."""
+        def tables(r):
+            return [{k: v for k, v in t.items() if not (t.get("dynamic") and k == "rows")} for t in r.tables]
+        return (self.signature, tables(self), self.lookups) == (other.signature, tables(other), other.lookups)
 
     def snapshot(self, tiers: Optional[TierConfig], log: Callable[[str], None]) -> Snapshot:
         """Loads the dense model, and the tables: whole into memory, or through tiers `tiers`."""
         tables = MemoryTables(self.directory, self.tables) if tiers is None else \
             LookupTiers(self.path, tiers, expect=self.version, log=log)
         try:
-            return Snapshot(self.version, DenseModel(self.dense_dir, self.layout), tables)
+            index = {}
+            for t in self.dynamic:
+                try:
+                    index[t] = RowIndex(tables.row_ids(t))
+                except ValueError as e:
+                    raise StoreError(f"{os.path.join(self.directory, self.tables[t]['ids_file'])}: {e}")
+            return Snapshot(self.version, DenseModel(self.dense_dir, self.layout), tables, index)
         except BaseException:
             tables.close()
             raise
@@ -235,17 +293,19 @@ class Model:
         # A second dense model, used by no snapshot being served: the next delta's weights go into it
         self._standby = DenseModel(self._repository.dense_dir, self.layout)
         self._retired: List[Snapshot] = []   # swapped out, maybe still in use
-        # Per categorical column [W]: the lowest id allowed (padding in multi-hot features), past the
-        # highest (the fewest rows of the tables its lookups read; a feature no lookup reads: any
-        # id), its feature (the tables of later versions are the same)
+        # Per categorical column [W]: the lowest and highest id allowed (padding in multi-hot features;
+        # the fewest rows of the tables its lookups read; a feature no lookup reads, or only
+        # dynamic tables, raw ids: any id), its feature (the tables of later versions are the same)
         tables, lookups, width = self._repository.tables, self._repository.lookups, self.layout.categorical_width
         low, high = np.full(width, np.iinfo(np.int64).min), np.full(width, np.iinfo(np.int64).max)
         feature_of = np.zeros(width, np.int64)
         self._cardinalities: Dict[int, int] = {}   # per feature read, the rows it may address
         for x in lookups:
+            if tables[x["table"]].get("dynamic"):
+                continue
             columns, rows = slice(*x["categorical_columns"]), tables[x["table"]]["rows"]
             low[columns], feature_of[columns] = PAD if x["max_hotness"] is not None else 0, x["feature"]
-            high[columns] = np.minimum(high[columns], rows)
+            high[columns] = np.minimum(high[columns], rows - 1)
             self._cardinalities[x["feature"]] = min(rows, self._cardinalities.get(x["feature"], rows))
         self._bounds = low, high, feature_of
         self._lock = threading.Condition()
@@ -296,7 +356,7 @@ class Model:
     def embeddings(self, snapshot: Snapshot, categorical: np.ndarray) -> np.ndarray:
         """categorical_features [B, W] int64 -> embeddings [B, sum D_l] float32, as docs/deployment.md
         says: per lookup its feature's columns' ids without padding, their rows in its table
-        combined by sum or mean."""
+        combined by sum or mean (a dynamic table's ids are raw ids, looked up by value)."""
         self._check(categorical)
         lookups = self._repository.lookups
         ids = [categorical[:, slice(*x["categorical_columns"])] for x in lookups]
@@ -324,9 +384,10 @@ class Model:
         return out
 
     def _check(self, categorical: np.ndarray):
-        """Refuses ids outside [0, rows) (padding aside in multi-hot features), naming the features."""
+        """Refuses ids outside [0, rows) (padding aside in multi-hot features; a dynamic table's raw
+        ids: any int64), naming the features."""
         low, high, feature_of = self._bounds
-        outside = ((categorical < low) | (categorical >= high)).any(0)
+        outside = ((categorical < low) | (categorical > high)).any(0)
         if outside.any():
             bad = sorted(set(feature_of[outside].tolist()))
             raise BadRequest(f"embedding ids out of range [0, cardinality) in features (0-based): {bad} "
@@ -352,12 +413,26 @@ class Model:
             raise UpdateRefused(f"its base is {delta.base}, serving {served.version}")
         if delta.name != self.name or model_signature(delta.signature) != self._repository.signature:
             raise UpdateRefused(f"it is of another model ({delta.name!r} or its signature), serving {self.name!r}")
-        overlay = {}
+        overlay, index, changed = {}, dict(served.index), {}
         for f in delta.features:
             if not 0 <= f < len(tables.shapes):
                 raise UpdateRefused(f"it updates table {f}, the model has {len(tables.shapes)}")
             ids, rows = delta.rows(f)
-            if ids.size and (rows.shape != (len(ids), tables.shapes[f][1]) or ids[-1] >= tables.shapes[f][0]):
+            if delta.dynamic(f) != (f in index):
+                raise UpdateRefused(f"table {f} is {'' if f in index else 'not '}dynamic, in the delta "
+                                    f"{'' if delta.dynamic(f) else 'not '}dynamic")
+            if f in index:
+                if rows.shape[1] != tables.shapes[f][1]:
+                    raise UpdateRefused(f"table {f}: rows {list(rows.shape)}, it is {list(tables.shapes[f])}")
+                try:
+                    index[f], at, changed[f] = index[f].moved(ids, delta.live(f))
+                except ValueError as e:
+                    raise UpdateRefused(f"dynamic table {f}: it {e}")
+                if index[f].size > tables.shapes[f][0]:
+                    tables.grow(f, index[f].size)
+                order = np.argsort(at)
+                ids, rows = at[order], rows[order]
+            elif ids.size and (rows.shape != (len(ids), tables.shapes[f][1]) or ids[-1] >= tables.shapes[f][0]):
                 raise UpdateRefused(f"table {f}: rows {list(rows.shape)} for ids up to {ids[-1]}, it is "
                                     f"{list(tables.shapes[f])}")
             overlay[f] = (ids, rows)
@@ -365,14 +440,16 @@ class Model:
         dense.load_weights(delta.dense_model)
         kept = self._keep_dense(tables, delta)
         with tables.advancing(delta.base, delta.new, kept and {KEPT_DENSE: kept}):
-            self._swap(Snapshot(delta.new, dense, tables, overlay))
+            self._swap(Snapshot(delta.new, dense, tables, index, overlay))
             self._wait_for_retired()   # from here on, no request uses `served` (its dense model is the standby)
             self._standby = served.dense
             for f, (ids, rows) in overlay.items():   # in blocks: requests run between them
                 for start in range(0, len(ids), WRITE_ROWS):
                     tables.update(f, ids[start:start + WRITE_ROWS], rows[start:start + WRITE_ROWS])
                     time.sleep(0)
-        self._swap(Snapshot(delta.new, dense, tables))
+            for f, rows in changed.items():
+                tables.update_ids(f, rows, index[f].row_ids[rows])
+        self._swap(Snapshot(delta.new, dense, tables, index))
         if kept:
             self._prune_dense(kept)
         return sum(len(ids) for ids, _ in overlay.values())

@@ -189,6 +189,21 @@ class LookupTiers:
             group = self._group_of[feature]
             group.cache.replace(ids + group.offset[feature], rows)
 
+    def row_ids(self, feature: int) -> np.ndarray:
+        """A dynamic table's ids file [R, 2] int64 (per row: raw id, LIVE or FREE), a copy."""
+        return np.array(self.store.ids[feature])
+
+    def update_ids(self, feature: int, rows: np.ndarray, row_ids: np.ndarray):
+        """A dynamic table's ids file entries `rows` [k] become `row_ids` [k, 2]. Inside `advancing`."""
+        if not self._advancing:
+            raise StoreError(f"{self.store.directory}: an update outside advancing(base, new)")
+        self.store.write_ids(feature, rows, row_ids)
+
+    def grow(self, feature: int, rows: int):
+        """Refused (StoreError): the store's files keep their size."""
+        raise StoreError(f"dynamic table {feature}: the update needs {rows} rows, the store's table file holds "
+                         f"{self.shapes[feature][0]} (its size is fixed): export the model in full")
+
     def stats(self) -> dict:
         """Counts since start-up: per tier its lookups and hits (cache: ids as requested; Redis:
         the unique ids the cache missed), the rows read from the store, the cache's bytes, rows

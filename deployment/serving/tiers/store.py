@@ -7,16 +7,18 @@ its export's (export.json); `advancing(base, new)` moves every tier to a new one
 `update`) and records it in `store.json` beside the table files: the move before the first row,
 the new version after the last, so a store left between is refused at start-up. A store that is
 missing, half-written (a file's header or size), mid-update or of another export or version than
-expected is refused at start-up with one line (StoreError).
+expected is refused at start-up with one line (StoreError). A dynamic table's ids file ([R, 2]
+int64: per row its raw id, LIVE or FREE) is memory-mapped beside its rows and updated in place
+with them (`write_ids`).
 """
 import contextlib
 import mmap
 import os
-from typing import Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from deployment.repository_format import EXPORT_INFO, TABLES_INFO, Version
+from deployment.repository_format import EXPORT_INFO, IDS_DTYPE, TABLES_INFO, Version
 from utils.errors import StoreError
 from utils.files import read_json, write_json
 
@@ -105,9 +107,12 @@ class RowStore:
         self.shapes = [(t["rows"], t["dim"]) for t in info["tables"]]
         writable = os.access(self.directory, os.W_OK)
         self.tables: List[NpyTable] = []
+        self.ids: Dict[int, np.memmap] = {}   # per dynamic table its ids file
         try:
-            for t, (rows, dim) in zip(info["tables"], self.shapes):
+            for f, (t, (rows, dim)) in enumerate(zip(info["tables"], self.shapes)):
                 self.tables.append(NpyTable(os.path.join(self.directory, t["file"]), (rows, dim), writable))
+                if t.get("dynamic"):
+                    self.ids[f] = _ids_file(os.path.join(self.directory, t["ids_file"]), rows, writable)
         except StoreError:
             self.close()
             raise
@@ -129,8 +134,14 @@ class RowStore:
         yield
         for table in self.tables:
             table.flush()
+        for ids in self.ids.values():
+            ids.flush()
         self.version = new
         self._save(holds=new.to_json(), updating=None, **(record or {}))
+
+    def write_ids(self, feature: int, rows: np.ndarray, row_ids: np.ndarray):
+        """A dynamic table's ids file entries `rows` [k] become `row_ids` [k, 2] (inside `advancing`)."""
+        self.ids[feature][rows] = row_ids
 
     def _save(self, **changes):
         self._state = dict(self._state, **changes)
@@ -139,7 +150,20 @@ class RowStore:
     def close(self):
         for table in self.tables:
             table.close()
-        self.tables = []
+        self.tables, self.ids = [], {}
+
+
+def _ids_file(path: str, rows: int, writable: bool) -> np.memmap:
+    """A dynamic table's ids file, memory-mapped: [rows, 2] int64, checked."""
+    try:
+        ids = np.load(path, mmap_mode="r+" if writable else "r")
+    except FileNotFoundError:
+        raise StoreError(f"{path}: missing from the store")
+    except (OSError, ValueError) as e:
+        raise StoreError(f"{path}: not an ids file ({e})")
+    if ids.dtype != IDS_DTYPE or ids.shape != (rows, 2):
+        raise StoreError(f"{path}: holds {ids.dtype}{list(ids.shape)}, the store needs int64{[rows, 2]}")
+    return ids
 
 
 def store_state(repository: str) -> dict:
