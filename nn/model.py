@@ -86,8 +86,10 @@ class RankingModel(tf.Module):
         super().__init__(name="ranking_model")
         self.compute_dtype = tf.as_dtype(compute_dtype)
         self.embeddings = embeddings or model_tables(config, seed=seed)
-        shapes = [(t.rows, t.dim) for t in self.embeddings.plan.tables]
-        if shapes != list(zip(config.cardinalities, config.embedding_dims)):
+        # a dynamic table's rows are its capacity, not the data's cardinality
+        shapes = [(c if t.dynamic else t.rows, t.dim)
+                  for t, c in zip(self.embeddings.plan.tables, config.cardinalities)]
+        if len(shapes) != len(config.cardinalities) or shapes != list(zip(config.cardinalities, config.embedding_dims)):
             raise ValueError(f"the embedding's tables (rows, dim) {shapes} are not the model's "
                              f"{list(zip(config.cardinalities, config.embedding_dims))}")
         self.dense = DenseArch(config, seed)
