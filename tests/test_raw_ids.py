@@ -346,7 +346,8 @@ def test_dlrm_trains_on_raw_ids_with_dynamic_tables(spark, tmp_path):
         "error: feature cat_0 has raw ids (preprocessed with --raw_id_columns): it needs a dynamic table "
         "(--dynamic_tables=cat_0:<capacity>)"), refused.stderr
     proc = subprocess.run(args + ["--dynamic_tables=cat_0:500,cat_2:48:1:lru",
-                                  f"--save_checkpoint_path={tmp_path / 'ck'}"], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+                                  f"--save_checkpoint_path={tmp_path / 'ck'}"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     last = [line for line in proc.stdout.splitlines() if line.startswith("step 9/9")][0]
     evicted = re.search(r"embedding/table_2: 48 live, (\d+) admitted, (\d+) evicted", last)
