@@ -18,7 +18,7 @@ from dataloading.generate_dataset import generate
 from storage import checkpoint
 from tests.horovod_run import ROOT, horovodrun
 from tests.test_multirank_cli import assert_same_losses, assert_same_run, records, succeeded
-from tests.test_tiered_cli import assert_same_checkpoint, disk_units, log_records, tiered
+from tests.test_tiered_cli import assert_same_checkpoint, assert_same_run as assert_same_tiered_run, disk_units, tiered
 
 DATA = ["--dataset_type=synthetic", "--synthetic_cardinalities=300,50,7,30", "--synthetic_num_numerical=3",
         "--optimizer=adam", "--learning_rate=0.01", "--seed=7", "--batch_size=96", "--valid_batch_size=300",
@@ -259,11 +259,7 @@ def test_tables_on_disk_equal_memory_and_checkpoints_move_between_tiers(tmp_path
     disk_out = train(disk, *tiered(store), "--checkpoint_every_n_steps=12")
     assert set(disk_units(disk_out)) == {(0, 0), (0, 2), (0, 4), (0, 6)} and "cache hits" in disk_out, disk_out
     assert "cache hits" not in memory_out
-    for step in (12, 24):
-        assert_same_checkpoint(disk / "ckpt" / f"ckpt-{step}", memory / "ckpt" / f"ckpt-{step}")
-    evals = [[(r["step"], r["auc"], r["logloss"]) for r in log_records(out / "log.json") if r["kind"] == "eval"]
-             for out in (memory, disk)]
-    assert evals[0] == evals[1] and [e[0] for e in evals[1]] == [12, 24], evals
+    assert_same_tiered_run(disk, memory)
     assert os.listdir(store) == []
     train(tmp_path / "from_disk", f"--restore_checkpoint_path={disk / 'ckpt' / 'ckpt-12'}")
     train(tmp_path / "to_disk", *tiered(store), f"--restore_checkpoint_path={memory / 'ckpt' / 'ckpt-12'}")
@@ -279,7 +275,8 @@ def test_two_embedding_layers_with_tables_on_disk_at_two_ranks_equal_memory(tmp_
 
     def train(out, *flags):
         args = ["main.py", f"--model={tmp_path / 'two_layers.py'}", *TIER_DATA, *PLACEMENT, *flags,
-                "--checkpoint_every_n_steps=12", f"--save_checkpoint_path={out / 'ckpt'}", f"--log_path={out / 'log.json'}"]
+                "--checkpoint_every_n_steps=12", f"--save_checkpoint_path={out / 'ckpt'}",
+                f"--log_path={out / 'log.json'}"]
         return succeeded(horovodrun(2, args)).stdout
 
     memory, disk, store = tmp_path / "memory", tmp_path / "disk", tmp_path / "store"
@@ -287,11 +284,7 @@ def test_two_embedding_layers_with_tables_on_disk_at_two_ranks_equal_memory(tmp_
     disk_out = train(disk, *tiered(store))
     deep, wide = disk_out.split("layer 'wide'")   # the plans: deep's tables over what wide keeps in memory
     assert disk_units(deep) and not disk_units(wide), disk_out
-    for step in (12, 24):
-        assert_same_checkpoint(disk / "ckpt" / f"ckpt-{step}", memory / "ckpt" / f"ckpt-{step}")
-    evals = [[(r["step"], r["auc"], r["logloss"]) for r in log_records(out / "log.json") if r["kind"] == "eval"]
-             for out in (memory, disk)]
-    assert evals[0] == evals[1] and [e[0] for e in evals[1]] == [12, 24], evals
+    assert_same_tiered_run(disk, memory)
 
 
 def test_tables_on_disk_at_two_ranks_equal_memory_and_one_process(tmp_path):
@@ -310,11 +303,7 @@ def test_tables_on_disk_at_two_ranks_equal_memory_and_one_process(tmp_path):
     units = set(disk_units(disk_out))
     assert {(0, 4), (1, 4)} <= units and disk_units(memory_out) == {}, disk_out   # deep_cat_0: row shards
     assert "cache hits" in disk_out and "2 ranks" in disk_out
-    for step in (12, 24):
-        assert_same_checkpoint(disk / "ckpt" / f"ckpt-{step}", memory / "ckpt" / f"ckpt-{step}")
-    evals = [[(r["step"], r["auc"], r["logloss"]) for r in log_records(out / "log.json") if r["kind"] == "eval"]
-             for out in (memory, disk)]
-    assert evals[0] == evals[1] and [e[0] for e in evals[1]] == [12, 24], evals
+    assert_same_tiered_run(disk, memory)
     assert os.listdir(store) == []
     one = tmp_path / "one"
     train(one, ranks=1)

@@ -57,6 +57,16 @@ def assert_same_checkpoint(got, want):
     assert not differ, differ
 
 
+def assert_same_run(got, want, steps=(12, 24)):
+    """Run folder `got` wrote the checkpoints (`ckpt/ckpt-<step>`) of run folder `want`, bit for bit,
+    and evaluated alike (its log.json's eval records, at exactly `steps`)."""
+    for step in steps:
+        assert_same_checkpoint(got / "ckpt" / f"ckpt-{step}", want / "ckpt" / f"ckpt-{step}")
+    evals = [[(r["step"], r["auc"], r["logloss"]) for r in log_records(out / "log.json") if r["kind"] == "eval"]
+             for out in (want, got)]
+    assert evals[0] == evals[1] and [e[0] for e in evals[1]] == list(steps), evals
+
+
 def log_records(path) -> list:
     with open(path) as f:
         return [json.loads(line) for line in f]
@@ -103,11 +113,7 @@ def test_one_rank_on_disk_equals_memory(one_rank):
     units = disk_units(disk_out)
     assert set(units) == {(0, 0), (0, 2)} and disk_units(memory_out) == {}, disk_out
     assert 256 <= units[(0, 0)] < 3000 // 4 and 256 <= units[(0, 2)] < 2000 // 4, units
-    for step in (12, 24):
-        assert_same_checkpoint(disk / "ckpt" / f"ckpt-{step}", memory / "ckpt" / f"ckpt-{step}")
-    evals = {name: [(r["step"], r["auc"], r["logloss"]) for r in log_records(out / "log.json") if r["kind"] == "eval"]
-             for name, out in (("memory", memory), ("disk", disk))}
-    assert evals["disk"] == evals["memory"] and [e[0] for e in evals["disk"]] == [12, 24], evals
+    assert_same_run(disk, memory)
 
     progress = [line for line in disk_out.splitlines() if line.startswith("step ")]
     assert len(progress) == 6 and all("cache hits" in line for line in progress), disk_out
