@@ -38,6 +38,7 @@ def _main(F):
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     comm = make_collectives()
+    from parallel_embedding.dynamic_table import op_error
     from run.loop import run   # after the collectives, which pick this rank's GPU
     try:
         cfg = run_flags.config_from_flags(comm.size)
@@ -48,7 +49,10 @@ def _main(F):
     except (NonFiniteError, StoreError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
-    except Exception as e:   # a lost rank: one line, not a traceback per collective
+    except Exception as e:   # a dynamic table too small, a lost rank: one line, not a traceback per collective
+        if op_error(e):
+            print(f"error: {op_error(e)}", file=sys.stderr)
+            sys.exit(2)
         failure = comm.failure(e)
         if failure is None or preemption.received() is not None:
             raise

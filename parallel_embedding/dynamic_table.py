@@ -30,6 +30,8 @@ updated_at [capacity, 1] int32.
     table.checkpoint_names(weights_only)    those tensors' names
     table.restore(path)                 the table from a checkpoint (storage.checkpoint.read_tensor):
                                         its live ids take rows 0..L-1 in eviction order
+    op_error(e)                         the one line of an id map op's error (a batch with more ids to
+                                        admit than rows), or None for any other exception
 
 Rows are re-initialised as a static table's: U(-sqrt(1/rows), sqrt(1/rows)), rows = capacity or
 `initializer_rows` (zeros with `zeros_initializer`), the values a hash of (seed, id, step, column)
@@ -39,6 +41,7 @@ docstring. A batch with more distinct ids to admit than rows fails with one line
 LRU needs only the eviction order: it checkpoints no counters.
 """
 import math
+import re
 from typing import Dict, List, Sequence
 
 import numpy as np
@@ -61,6 +64,16 @@ def tensor_names(table: str, policy: str, slots: Sequence[str], weights_only: bo
     optimizer = [] if weights_only else list(slots)
     return [table] + [f"{table}/{k}" for k in optimizer + [UPDATED_AT, IDS] + extra + [CANDIDATES, TOTALS]
                       + ([] if weights_only else [ITERATIONS])]
+
+
+def op_error(e: BaseException):
+    """The one line of the id map op's error `e` (its line naming the table, and for a capacity too
+    small the flag to change), or None when `e` is something else."""
+    line = re.search(r"^dynamic table .*$", e.message, re.M) if isinstance(e, tf.errors.OpError) else None
+    if line is None:
+        return None
+    hint = "; raise its capacity (--dynamic_tables=<feature>:<capacity>)" if "too small" in line[0] else ""
+    return line[0] + hint
 
 
 def _signed(x: int) -> int:

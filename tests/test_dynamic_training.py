@@ -20,6 +20,7 @@ from parallel_embedding.planner import DynamicOptions, PlanError, TierOptions, p
 from storage import checkpoint
 from deployment.exporter.repository import exported_model
 from tests.configs import tiny_config
+from tests.test_cli import SCRIPT_ARGS, run_script
 from utils.errors import ConfigError
 
 
@@ -66,6 +67,16 @@ def test_the_refused_combinations_are_one_line():
         tiny_config(dynamic_tables=["1:2:1:lru:0:3"])
     assert tiny_config(dynamic_tables=["cat_1:10:3:lfu", "3:8:1:ttl:4", "0:9:1:lru:0:3"]).dynamic_tables == {
         1: DynamicOptions(10, 3, "lfu"), 3: DynamicOptions(8, 1, "ttl", 4), 0: DynamicOptions(9, shards=3)}
+
+
+def test_a_capacity_too_small_for_a_batch_is_one_line_naming_the_table():
+    """A batch of 64 with more distinct ids than the table's 8 rows: dlrm.py stops at the first step
+    with one line naming the table and the flag (exit 2), no traceback."""
+    proc = run_script("dlrm.py", *SCRIPT_ARGS, "--dynamic_tables=cat_3:8", "--max_steps=3")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        "error: dynamic table embedding/table_3: capacity 8 rows is too small for one batch's distinct ids (every "
+        "row in use at step 0); raise its capacity (--dynamic_tables=<feature>:<capacity>)"]
 
 
 def test_the_layer_maps_raw_int64_ids_as_the_reference_and_updates_as_the_table_alone():
