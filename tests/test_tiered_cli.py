@@ -180,6 +180,32 @@ def test_eval_and_inference_on_disk(tmp_path, one_rank):
     assert os.listdir(tmp_path / "s") == []
 
 
+def test_dynamic_table_beside_tables_on_disk_equals_memory_and_moves_between_tiers(tmp_path):
+    """--dynamic_tables beside --embedding_memory_budget_gb: table 1 dynamic (32 rows for its 40 ids,
+    K = 2: admitting, evicting and refusing) in memory, tables 0 and 2 on disk, the budget counting
+    the dynamic table's rows, slots and id map. The run equals the same run in memory bit for bit;
+    each one's step-12 checkpoint resumed in the other tier ends as both (step 24)."""
+    dynamic = "--dynamic_tables=1:32:2"
+    memory, disk = tmp_path / "memory", tmp_path / "disk"
+    memory_out = train(memory, dynamic, "--checkpoint_every_n_steps=12").stdout
+    disk_out = train(disk, dynamic, *tiered(tmp_path / "store"), "--checkpoint_every_n_steps=12").stdout
+    assert set(disk_units(disk_out)) == {(0, 0), (0, 2)} and disk_units(memory_out) == {}, disk_out
+    assert re.search(r"\n0\s+1\s+dynamic\s.*\smemory\s", disk_out), disk_out
+    assert_same_run(disk, memory)
+    last = [r for r in log_records(disk / "log.json") if r["kind"] == "step"][-1]
+    assert last["embedding/table_1/evicted"] > 0 and last["embedding/table_1/refused"] > 0 and last["cache_hit_rate"] < 1
+
+    to_disk = train(tmp_path / "to_disk", dynamic, *tiered(tmp_path / "store_2"),
+                    f"--restore_checkpoint_path={memory / 'ckpt' / 'ckpt-12'}", log=False).stdout
+    from_disk = train(tmp_path / "from_disk", dynamic, f"--restore_checkpoint_path={disk / 'ckpt' / 'ckpt-12'}",
+                      log=False).stdout
+    assert set(disk_units(to_disk)) == {(0, 0), (0, 2)} and disk_units(from_disk) == {}, to_disk
+    assert "resuming at batch 12" in to_disk and "resuming at batch 12" in from_disk, from_disk
+    for out in ("to_disk", "from_disk"):
+        assert_same_checkpoint(tmp_path / out / "ckpt", memory / "ckpt" / "ckpt-24")
+    assert os.listdir(tmp_path / "store") == [] and os.listdir(tmp_path / "store_2") == []
+
+
 def one_error(proc: subprocess.CompletedProcess, code: int) -> str:
     """The one error line of a run that exited with `code`."""
     assert proc.returncode == code and "Traceback" not in proc.stderr, proc.stderr[-3000:]
