@@ -206,6 +206,19 @@ def test_dynamic_table_beside_tables_on_disk_equals_memory_and_moves_between_tie
     assert os.listdir(tmp_path / "store") == [] and os.listdir(tmp_path / "store_2") == []
 
 
+def test_two_ranks_dynamic_hash_shards_beside_row_shards_on_disk_equal_memory(tmp_path):
+    """At 2 Gloo ranks: table 1 dynamic in 2 hash shards (16 rows each, one per rank, evicting), tables
+    0 and 2 in row shards on disk on both ranks: the same checkpoint as in memory, bit for bit."""
+    args = [ROW_SLICES, "--dynamic_tables=1:32:2:lru:0:2", "--max_steps=8"]
+    memory = train(tmp_path / "memory", *args, ranks=2, log=False).stdout
+    disk = train(tmp_path / "disk", *args, *tiered(tmp_path / "store"), ranks=2, log=False).stdout
+    assert set(disk_units(disk)) == {(0, 0), (1, 0), (0, 2), (1, 2)} and disk_units(memory) == {}, disk
+    assert_same_checkpoint(tmp_path / "disk" / "ckpt", tmp_path / "memory" / "ckpt")
+    saved = checkpoint.read_tensor(str(tmp_path / "disk" / "ckpt"), "embedding/table_1/shard_1/totals")
+    assert saved[0, 1] > 0   # evictions
+    assert os.listdir(tmp_path / "store") == []
+
+
 def one_error(proc: subprocess.CompletedProcess, code: int) -> str:
     """The one error line of a run that exited with `code`."""
     assert proc.returncode == code and "Traceback" not in proc.stderr, proc.stderr[-3000:]
