@@ -1,8 +1,8 @@
 """The disk tier from the command line (--embedding_memory_budget_gb, --embedding_store_path): a run
 with tables on disk writes the same checkpoints, bit for bit, as the same run in memory, at 1 and 2
 Gloo ranks (row and column slices, multi-hot, LRU and LFU caches); checkpoints move between the tiers
-and rank counts; evaluation gives the same metrics; the store's failures end the run with one error
-line.
+and rank counts; evaluation gives the same metrics; a dynamic table beside tables on disk changes none
+of that; the store's failures end the run with one error line.
 
 BUDGET is 107,374 bytes a rank. With Adam's 2 slots a row of width 8 takes 96 bytes: at 1 rank tables
 0 (3,000 rows, 288,000 bytes) and 2 (2,000 rows, 192,000 bytes) go to disk, each with a cache of at
