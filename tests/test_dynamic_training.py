@@ -78,7 +78,7 @@ def test_a_bad_entry_is_one_line_naming_it(entry, message):
 def test_the_refused_combinations_are_one_line():
     with pytest.raises(ConfigError, match="given twice"):
         tiny_config(dynamic_tables=["1:10", "cat_1:20"])
-    # tables on disk or in host memory beside dynamic ones: accepted (tests/test_tiered_cli.py, test_tiered.py)
+    # tables on disk or in host memory beside dynamic ones: accepted (tests/test_tiered_cli.py; host memory: below)
     assert tiny_config(dynamic_tables=["1:10"], embedding_memory_budget_gb=1.0, embedding_store_path="/tmp/x",
                        cpu_offloading_threshold_gb=1).dynamic_tables == {1: DynamicOptions(10)}
     with pytest.raises(ConfigError, match="shards <= capacity"):
