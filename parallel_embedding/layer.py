@@ -255,6 +255,10 @@ class DistributedEmbedding(tf.Module):
                                      for s in whole]
         self.updated_at += [tf.Variable(tf.zeros([s.num_rows, 1], tf.int32), trainable=False,
                                         name=f"{self.table_name(s.feature)}/{UPDATED_AT}") for s in whole]
+        # Positions in variables_in_order (and updated_at): a dynamic table's variable (its own
+        # optimizer's) and the others (the table optimizer's).
+        self._dynamic_at = {i: self.dynamic[s] for i, s in enumerate(self.shards) if s in self.dynamic}
+        self._static_at = [i for i in range(len(self.variables_in_order)) if i not in self._dynamic_at]
         self.global_features = plan.features_on(self.rank)
         # Static layout of the exchange: W_i, the floats rank i sends per local sample (its shards'
         # widths, each times its table's inputs); rank i's block holds its shards in order, shard s
@@ -497,8 +501,8 @@ class DistributedEmbedding(tf.Module):
         as its rows' updated_at. `compiled` false: the update runs op by op (debugging). `scope`:
         the optimizer's name (its update counter is tensor `<scope>/iterations`)."""
         self._step = step
-        dynamic = {v.ref() for v in self._dynamic_variables()}
-        static = [v for v in self.variables_in_order if v.ref() not in dynamic]
+        static = [self.variables_in_order[i] for i in self._static_at]
+        static_updated_at = [self.updated_at[i] for i in self._static_at]
         self.optimizer = make_optimizer(name, static, scope, beta1, beta2)
         for table in self.dynamic.values():   # its own optimizer state, checkpointed with its live rows
             table.set_optimizer(name, beta1, beta2)
@@ -508,8 +512,7 @@ class DistributedEmbedding(tf.Module):
         def update(grads, lr):
             self.optimizer.apply(zip(grads, static), lr)
             step = tf.cast(self._step + 1, tf.int32)
-            for grad, updated_at in zip(grads, [u for v, u in zip(self.variables_in_order, self.updated_at)
-                                                if v.ref() not in dynamic]):
+            for grad, updated_at in zip(grads, static_updated_at):
                 if updated_at is not None:
                     n = tf.shape(grad.indices)[0]
                     updated_at.scatter_update(tf.IndexedSlices(tf.fill([n, 1], step), grad.indices))
@@ -560,15 +563,9 @@ class DistributedEmbedding(tf.Module):
         optimizer slots, at learning rate `lr`, and records the step counter + 1 as their
         updated_at; `multi_hot`: the batch had a multi-hot feature. A dynamic table updates only
         its rows >= 0 (an id without a row gets no update), by its own optimizer, uncompiled."""
-        dynamic = {v.ref(): table for table, v in zip(self.dynamic.values(), self._dynamic_variables())}
-        for grad, var in zip(grads, self.variables_in_order):
-            if var.ref() in dynamic:
-                dynamic[var.ref()].apply_gradients(grad.indices, grad.values, lr, self._step)
-        self._update[multi_hot]([g for g, v in zip(grads, self.variables_in_order) if v.ref() not in dynamic], lr)
-
-    def _dynamic_variables(self) -> List[tf.Variable]:
-        """The variables of `dynamic`'s tables, in its order."""
-        return [table.variable for table in self.dynamic.values()]
+        for i, table in self._dynamic_at.items():
+            table.apply_gradients(grads[i].indices, grads[i].values, lr, self._step)
+        self._update[multi_hot]([grads[i] for i in self._static_at], lr)
 
     def dynamic_stats(self) -> Dict[str, Dict[str, int]]:
         """Per dynamic table, by table name: its live rows and its admitted, evicted and refused

@@ -41,6 +41,9 @@ how it is stored. The rules apply in this order:
      largest that fits, sizes every disk unit's cache: min(rows, max(min_cache_rows[f], floor(phi rows)));
    - host threshold: while the parameters (no slots) of the replicated tables and the units left in
      memory exceed it, the largest of those units goes to host memory.
+   Dynamic tables are never tiered, but count: their hash shards on the rank, rows x row_bytes plus
+   their id maps (`dynamic_map_bytes`), are fixed memory under the budget, and their parameters
+   stay in memory under the host threshold.
 
 Everything is deterministic. This module is pure Python so that plans can be made and checked
 without TensorFlow.
@@ -56,6 +59,11 @@ TIER_KINDS = ("memory", "host", "disk")
 BYTES_PER_ELEMENT = 4      # float32 tables and optimizer slots
 INDEX_BYTES_PER_ROW = 4    # a disk unit's int32 id -> cache-slot map, one entry per row of the unit
 SLOT_OVERHEAD_BYTES = 32   # per cache slot: the cache's bookkeeping (id, policy state)
+# A dynamic table's id map (tensorflow-id-map/src/id_map.h), per row: its record (id, count, last
+# use, sequence: 32), its place in the free list (4) and up to two eviction-order entries (2 x 24);
+# per bucket (a power of two >= 2 x rows): 16; per admission candidate (K > 1: as many as rows, in
+# a power of two of 4-way sets): 24.
+MAP_ROW_BYTES, MAP_BUCKET_BYTES, MAP_CANDIDATE_BYTES = 84, 16, 24
 
 
 class PlanError(ValueError):
@@ -188,15 +196,24 @@ class Plan:
         return next((t for r, f, t in self.tiers if (r, f) == (rank, feature)), Tier())
 
     def units_on(self, rank: int) -> List[Tuple[int, int, int]]:
-        """(feature, rows, width) of every unit on `rank`, by feature: its shards' rows (equal) and summed widths."""
+        """(feature, rows, width) of every unit on `rank`, by feature: its shards' rows (equal) and summed
+        widths; a dynamic table's hash shards: their summed rows and the table's width."""
         units: Dict[int, Tuple[int, int]] = {}
         for s in self.shards_on(rank):
-            units[s.feature] = (s.num_rows, units.get(s.feature, (0, 0))[1] + s.width)
+            rows, width = units.get(s.feature, (0, 0))
+            units[s.feature] = (rows + s.num_rows, s.width) if self.tables[s.feature].kind == "dynamic" else \
+                (s.num_rows, width + s.width)
         return [(f, rows, width) for f, (rows, width) in units.items()]
+
+    def map_bytes_on(self, rank: int) -> int:
+        """Bytes of the id maps of the dynamic tables' hash shards on `rank` (`dynamic_map_bytes`)."""
+        return sum(dynamic_map_bytes(s.num_rows, self.tables[s.feature].dynamic.admit_after)
+                   for s in self.shards_on(rank) if self.tables[s.feature].kind == "dynamic")
 
     def memory_bytes_on(self, rank: int, slots: int = 0) -> int:
         """Bytes `rank` holds in memory (device or host) at BYTES_PER_ELEMENT: replicated tables, memory
-        and host units, disk units' caches and indexes. Without tiers: `bytes_on(rank, slots=slots)`."""
+        and host units, disk units' caches and indexes, dynamic tables' id maps. Without tiers and
+        dynamic tables: `bytes_on(rank, slots=slots)`."""
         return self._tier_bytes(rank, BYTES_PER_ELEMENT, slots)[0]
 
     def disk_bytes_on(self, rank: int, slots: int = 0) -> int:
@@ -206,6 +223,7 @@ class Plan:
     def _tier_bytes(self, rank: int, bytes_per_element: int, slots: int) -> Tuple[int, int]:
         """(bytes in memory, bytes on disk) of `rank`."""
         memory = sum(self.tables[f].elements for f in self.replicated) * bytes_per_element * (1 + slots)
+        memory += self.map_bytes_on(rank)
         disk = 0
         for f, rows, width in self.units_on(rank):
             in_memory, on_disk = _unit_bytes(rows, width, self.tier(rank, f), bytes_per_element, slots)
@@ -239,6 +257,10 @@ class Plan:
             shards = self.shards_on(rank)
             figures = {f: _unit_bytes(rows, width, self.tier(rank, f), bytes_per_element, slots)
                        for f, rows, width in self.units_on(rank)}
+            for s in shards:   # a dynamic table's id maps
+                if self.tables[s.feature].kind == "dynamic":
+                    map_bytes = dynamic_map_bytes(s.num_rows, self.tables[s.feature].dynamic.admit_after)
+                    figures[s.feature] = (figures[s.feature][0] + map_bytes, 0)
             for i, s in enumerate(shards):
                 tier = self.tier(rank, s.feature)
                 first = i == 0 or shards[i - 1].feature != s.feature
@@ -383,12 +405,15 @@ def assign_tiers(plan: Plan, slots: int, budget_bytes: Optional[int], min_cache_
     tiers = []
     for rank in range(plan.world_size):
         units = [u for u in plan.units_on(rank) if plan.tables[u[0]].kind != "dynamic"]
-        disk = {} if budget_bytes is None else _disk_tiers(rank, units, replicated * (1 + slots), slots,
-                                                            budget_bytes, minimum)
+        dynamic = sum(rows * width for f, rows, width in plan.units_on(rank)
+                      if plan.tables[f].kind == "dynamic") * BYTES_PER_ELEMENT   # parameters, never tiered
+        fixed = {"replicated tables": replicated * (1 + slots),
+                 "dynamic tables (rows, slots, id maps)": dynamic * (1 + slots) + plan.map_bytes_on(rank)}
+        disk = {} if budget_bytes is None else _disk_tiers(rank, units, fixed, slots, budget_bytes, minimum)
         tiers += [(rank, f, tier) for f, tier in disk.items()]
         if host_threshold_bytes is not None:
             in_memory = [(f, rows * width * BYTES_PER_ELEMENT) for f, rows, width in units if f not in disk]
-            params = replicated + sum(b for _, b in in_memory)
+            params = replicated + dynamic + sum(b for _, b in in_memory)
             for f, b in sorted(in_memory, key=lambda u: (-u[1], u[0])):
                 if params <= host_threshold_bytes:
                     break
@@ -397,10 +422,11 @@ def assign_tiers(plan: Plan, slots: int, budget_bytes: Optional[int], min_cache_
     return replace(plan, tiers=tuple(sorted(tiers, key=lambda t: t[:2])))
 
 
-def _disk_tiers(rank: int, units: List[Tuple[int, int, int]], fixed: int, slots: int, budget: int,
+def _disk_tiers(rank: int, units: List[Tuple[int, int, int]], fixed: Dict[str, int], slots: int, budget: int,
                 minimum: List[int]) -> Dict[int, Tier]:
     """feature -> disk tier of the units (feature, rows, width) of `rank` that go to disk so that
-    `fixed` bytes (replicated tables) and the units fit in `budget` bytes; {} if all fit in memory."""
+    the `fixed` bytes (what -> bytes: replicated and dynamic tables) and the units fit in `budget`
+    bytes; {} if all fit in memory."""
     rows = {f: r for f, r, _ in units}
     row_bytes = {f: BYTES_PER_ELEMENT * (1 + slots) * w for f, _, w in units}
     full = {f: rows[f] * row_bytes[f] for f in rows}
@@ -409,7 +435,7 @@ def _disk_tiers(rank: int, units: List[Tuple[int, int, int]], fixed: int, slots:
     def on_disk(f, cache_rows):   # memory of unit f on disk
         return _disk_unit_memory(rows[f], row_bytes[f], cache_rows)
 
-    need = fixed + sum(full.values())
+    need = sum(fixed.values()) + sum(full.values())
     if need <= budget:
         return {}
     disk = []
@@ -420,7 +446,7 @@ def _disk_tiers(rank: int, units: List[Tuple[int, int, int]], fixed: int, slots:
         need += on_disk(f, lowest[f]) - full[f]
     if need > budget:
         kept = sum(full[f] for f in rows if f not in disk)
-        parts = [f"replicated tables {fixed} bytes"] if fixed else []
+        parts = [f"{what} {b} bytes" for what, b in fixed.items() if b]
         parts += [f"tables smaller in memory than on disk {kept} bytes"] if kept else []
         parts += [f"feature {f} on disk {on_disk(f, lowest[f])} bytes (a cache for the {lowest[f]} rows of the "
                   f"batches in flight, {row_bytes[f] + SLOT_OVERHEAD_BYTES} bytes each, plus its index of {rows[f]} "
@@ -446,6 +472,18 @@ def _disk_tiers(rank: int, units: List[Tuple[int, int, int]], fixed: int, slots:
         if low * best[1] > best[0] * rows[f]:
             best = (low, rows[f])
     return {f: Tier("disk", cache(f, *best)) for f in disk}
+
+
+def dynamic_map_bytes(rows: int, admit_after: int) -> int:
+    """Bytes of the id map of a dynamic table's hash shard of `rows` rows admitting ids at their
+    `admit_after`-th sighting: an upper bound (MAP_ROW_BYTES, MAP_BUCKET_BYTES, MAP_CANDIDATE_BYTES)."""
+    candidates = 4 * _power_of_two(-(-rows // 4)) if admit_after > 1 else 0
+    return _power_of_two(2 * rows) * MAP_BUCKET_BYTES + rows * MAP_ROW_BYTES + candidates * MAP_CANDIDATE_BYTES
+
+
+def _power_of_two(n: int) -> int:
+    """The smallest power of two >= max(n, 1)."""
+    return 1 << max(n - 1, 0).bit_length()
 
 
 def _unit_bytes(rows: int, width: int, tier: Tier, bytes_per_element: int, slots: int) -> Tuple[int, int]:

@@ -359,12 +359,6 @@ _RUN_RULES = [
     (lambda c, n, p: c.model.dynamic_tables and c.model.model,
      lambda c, n: f"--dynamic_tables with --model={c.model.model} is not supported yet (a model file's tables are "
                   "static); drop --dynamic_tables"),
-    (lambda c, n, p: c.model.dynamic_tables and c.storage.embedding_memory_budget_gb is not None,
-     lambda c, n: "--dynamic_tables with --embedding_memory_budget_gb is not supported yet (tables on disk beside "
-                  "dynamic tables); drop one of the two"),
-    (lambda c, n, p: c.model.dynamic_tables and c.storage.cpu_offloading_threshold_gb is not None,
-     lambda c, n: "--dynamic_tables with --cpu_offloading_threshold_gb is not supported yet (tables in host memory "
-                  "beside dynamic tables); drop one of the two"),
     (lambda c, n, p: c.parallelism.data_parallel_input and c.storage.embedding_memory_budget_gb is not None,
      lambda c, n: "--data_parallel_input does not work with --embedding_memory_budget_gb: the disk tier stages the "
                   "next batch's ids on the rank that owns them, which data-parallel input only knows inside the "

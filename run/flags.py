@@ -119,8 +119,8 @@ flags.DEFINE_integer("cpu_offloading_threshold_gb", None, "GiB of a rank's embed
                      "on a GPU, the largest tables go to host memory until those left in GPU memory fit; a CPU run "
                      "keeps every table in host memory (a line after the plan says so)")
 flags.DEFINE_float("embedding_memory_budget_gb", None, "GiB of embedding state a rank keeps in memory (tables, "
-                   "optimizer slots, the disk tier's caches and their index); the largest tables above it go to "
-                   "disk, each with an in-memory cache (unset: no limit)")
+                   "optimizer slots, dynamic tables' id maps, the disk tier's caches and their index); the largest "
+                   "tables above it go to disk, each with an in-memory cache (unset: no limit)")
 flags.DEFINE_string("embedding_store_path", None, "directory of the disk tier's files (with "
                     "--embedding_memory_budget_gb; needed when a table goes to disk)")
 flags.DEFINE_enum("embedding_cache_policy", "lru", list(CACHE_POLICIES), "eviction in the disk tier's caches (with "

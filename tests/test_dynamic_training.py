@@ -11,12 +11,15 @@ import pytest
 import tensorflow as tf
 
 import id_map
+import run.assembly as run_assembly
 import run.loop as run_loop
+import run.runtime as run_runtime
 from id_map.reference import Reference, mix
 from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.dynamic_table import DynamicTable, initial_values
 from parallel_embedding.layer import DistributedEmbedding, hash_shards
-from parallel_embedding.planner import DynamicOptions, PlanError, TierOptions, plan_tables
+from parallel_embedding.planner import (BudgetError, DynamicOptions, PlanError, TierOptions, dynamic_map_bytes,
+                                        plan_tables)
 from storage import checkpoint
 from deployment.exporter.repository import exported_model
 from tests.configs import tiny_config
@@ -31,10 +34,27 @@ def test_the_planner_keeps_a_dynamic_table_whole_with_its_capacity_and_never_tie
     assert one.tables[1].rows == 64 and one.tables[1].dynamic == dynamic[1]
     two = plan_tables([10, 1000, 30], [8, 8, 8], 2, row_slice_threshold=1, column_slice_threshold=1,
                       data_parallel_threshold=0, dynamic=dynamic,
-                      tiers=TierOptions(slots=1, budget_bytes=300, min_cache_rows=[1, 1, 1]))
+                      tiers=TierOptions(slots=1, budget_bytes=13_400, min_cache_rows=[1, 1, 1]))
     t = two.tables[1]
     assert t.kind == "dynamic" and len(t.shards) == 1 and (t.shards[0].row_end, t.shards[0].width) == (64, 8)
-    assert {f for _, f, t in two.tiers if t.kind == "disk"} == {0, 2}
+    assert {(r, f) for r, f, t in two.tiers if t.kind == "disk"} == {(0, 0), (0, 2)}   # rank 1: no dynamic table
+    # The budget counts the dynamic table on rank 0: 64 rows x 8 x 4 bytes x (1 + 1 slot), and its id map
+    # (128 buckets of 16 bytes, 64 rows of 84, K = 2: 64 candidates of 24); tables 0 and 2 on disk take
+    # 116 + 156 bytes at least.
+    assert dynamic_map_bytes(64, 2) == 128 * 16 + 64 * 84 + 64 * 24 and dynamic_map_bytes(64, 1) == 7_424
+    assert (two.map_bytes_on(0), two.map_bytes_on(1), two.memory_bytes_on(1, 1)) == (8_960, 0, 1_280)
+    assert one.memory_bytes_on(0, 1) == one.bytes_on(0, slots=1) + 8_960
+    with pytest.raises(BudgetError, match=r"rank 0: .* needs 13328 bytes .*: dynamic tables \(rows, slots, id maps\) "
+                                          r"13056 bytes; feature 0 on disk 116 bytes"):
+        plan_tables([10, 1000, 30], [8, 8, 8], 2, row_slice_threshold=1, column_slice_threshold=1,
+                    data_parallel_threshold=0, dynamic=dynamic,
+                    tiers=TierOptions(slots=1, budget_bytes=13_327, min_cache_rows=[1, 1, 1]))
+    # The host threshold (GPU runs) counts the dynamic table's parameters (2,048 bytes), never moves them:
+    # tables 0 (320 bytes) and 2 (960) go to host memory while the three exceed it.
+    for threshold, host in ((3_328, set()), (3_327, {2}), (2_367, {0, 2}), (0, {0, 2})):
+        host_plan = plan_tables([10, 1000, 30], [8, 8, 8], 1, dynamic=dynamic, tiers=TierOptions(
+            slots=1, budget_bytes=None, min_cache_rows=[1, 1, 1], host_threshold_bytes=threshold))
+        assert {f for _, f, t in host_plan.tiers if t.kind == "host"} == host, threshold
     with pytest.raises(PlanError, match="ttl >= 1 exactly with policy ttl"):
         DynamicOptions(10, 1, "ttl", 0)
     with pytest.raises(PlanError, match="no feature 3"):
@@ -59,10 +79,9 @@ def test_a_bad_entry_is_one_line_naming_it(entry, message):
 def test_the_refused_combinations_are_one_line():
     with pytest.raises(ConfigError, match="given twice"):
         tiny_config(dynamic_tables=["1:10", "cat_1:20"])
-    with pytest.raises(ConfigError, match="--dynamic_tables with --embedding_memory_budget_gb is not supported yet"):
-        tiny_config(dynamic_tables=["1:10"], embedding_memory_budget_gb=1.0, embedding_store_path="/tmp/x")
-    with pytest.raises(ConfigError, match="--dynamic_tables with --cpu_offloading_threshold_gb is not supported yet"):
-        tiny_config(dynamic_tables=["1:10"], cpu_offloading_threshold_gb=1)
+    # tables on disk or in host memory beside dynamic ones: accepted (tests/test_tiered_cli.py; host memory: below)
+    assert tiny_config(dynamic_tables=["1:10"], embedding_memory_budget_gb=1.0, embedding_store_path="/tmp/x",
+                       cpu_offloading_threshold_gb=1).dynamic_tables == {1: DynamicOptions(10)}
     with pytest.raises(ConfigError, match="shards <= capacity"):
         tiny_config(dynamic_tables=["1:2:1:lru:0:3"])
     assert tiny_config(dynamic_tables=["cat_1:10:3:lfu", "3:8:1:ttl:4", "0:9:1:lru:0:3"]).dynamic_tables == {
@@ -236,3 +255,34 @@ def test_while_capacity_does_not_bind_the_shard_count_does_not_change_a_run(tmp_
         logs.append(_losses(log))
     assert len(logs[0]) == 12
     assert logs[1] == logs[0]
+
+
+def test_a_dynamic_table_beside_tables_in_host_memory(tmp_path, monkeypatch, capsys):
+    """--dynamic_tables beside --cpu_offloading_threshold_gb=0, planned as on a GPU (a CPU has no host
+    tier: its memory is the device's): the static tables in host memory (gathered and updated op by
+    op), the dynamic one (K = 2, 40 rows for 50 ids: evicting) beside them. Its map's state equals the
+    in-memory run's exactly (rows never depend on values), the values within float tolerance (the
+    static tables' update uncompiled, as tests/test_tiered.py's host test); each run's step-10
+    checkpoint resumed in the other tier ends as that tier's run."""
+    real = run_runtime.embedding_plan
+    monkeypatch.setattr(run_assembly, "embedding_plan", lambda cfg, n, slots, on_gpu: real(cfg, n, slots, True))
+    settings = dict(dynamic_tables=["1:40:2"], optimizer="adam", learning_rate=0.1, max_steps=20)
+    tiers = {"memory": {}, "host": dict(cpu_offloading_threshold_gb=0)}
+    for name, tier in tiers.items():
+        run_loop.run(tiny_config(**settings, **tier, save_checkpoint_path=str(tmp_path / name),
+                                 checkpoint_every_n_steps=10))
+        assert ("3 in host memory" in capsys.readouterr().out) == (name == "host")
+    for name, tier in tiers.items():   # the other tier's checkpoint of step 10, resumed here
+        other = tmp_path / ("memory" if name == "host" else "host") / "ckpt-10"
+        run_loop.run(tiny_config(**settings, **tier, restore_checkpoint_path=str(other),
+                                 save_checkpoint_path=str(tmp_path / f"{name}_resumed")))
+    pairs = [("host", "memory"), ("host_resumed", "host"), ("memory_resumed", "memory")]
+    for got, want in pairs:
+        a, b = _tensors(str(tmp_path / got)), _tensors(str(tmp_path / want / "ckpt-20"))
+        assert sorted(a) == sorted(b) and a["embedding/table_1/totals"][0, 1] > 0
+        for name in a:
+            if a[name].dtype.kind == "f":
+                np.testing.assert_allclose(a[name], b[name], rtol=1e-4, atol=1e-6, err_msg=(got, name))
+            else:
+                np.testing.assert_array_equal(a[name], b[name], err_msg=(got, name))
+

@@ -1,8 +1,8 @@
 """The disk tier from the command line (--embedding_memory_budget_gb, --embedding_store_path): a run
 with tables on disk writes the same checkpoints, bit for bit, as the same run in memory, at 1 and 2
 Gloo ranks (row and column slices, multi-hot, LRU and LFU caches); checkpoints move between the tiers
-and rank counts; evaluation gives the same metrics; the store's failures end the run with one error
-line.
+and rank counts; evaluation gives the same metrics; a dynamic table beside tables on disk changes none
+of that; the store's failures end the run with one error line.
 
 BUDGET is 107,374 bytes a rank. With Adam's 2 slots a row of width 8 takes 96 bytes: at 1 rank tables
 0 (3,000 rows, 288,000 bytes) and 2 (2,000 rows, 192,000 bytes) go to disk, each with a cache of at
@@ -178,6 +178,45 @@ def test_eval_and_inference_on_disk(tmp_path, one_rank):
     assert set(disk_units(out.stdout)) == {(0, 0), (0, 2)}, out.stdout
     assert [line.split(" | ")[0] for line in out.stdout.splitlines() if re.match(r"\d+ \| ", line)] == ["1", "64"]
     assert os.listdir(tmp_path / "s") == []
+
+
+def test_dynamic_table_beside_tables_on_disk_equals_memory_and_moves_between_tiers(tmp_path):
+    """--dynamic_tables beside --embedding_memory_budget_gb: table 1 dynamic (32 rows for its 40 ids,
+    K = 2: admitting, evicting and refusing) in memory, tables 0 and 2 on disk, the budget counting
+    the dynamic table's rows, slots and id map. The run equals the same run in memory bit for bit;
+    each one's step-12 checkpoint resumed in the other tier ends as both (step 24)."""
+    dynamic = "--dynamic_tables=1:32:2"
+    memory, disk = tmp_path / "memory", tmp_path / "disk"
+    memory_out = train(memory, dynamic, "--checkpoint_every_n_steps=12").stdout
+    disk_out = train(disk, dynamic, *tiered(tmp_path / "store"), "--checkpoint_every_n_steps=12").stdout
+    assert set(disk_units(disk_out)) == {(0, 0), (0, 2)} and disk_units(memory_out) == {}, disk_out
+    assert re.search(r"\n0\s+1\s+dynamic\s.*\smemory\s", disk_out), disk_out
+    assert_same_run(disk, memory)
+    last = [r for r in log_records(disk / "log.json") if r["kind"] == "step"][-1]
+    assert last["embedding/table_1/evicted"] > 0 and last["embedding/table_1/refused"] > 0 and last["cache_hit_rate"] < 1
+
+    to_disk = train(tmp_path / "to_disk", dynamic, *tiered(tmp_path / "store_2"),
+                    f"--restore_checkpoint_path={memory / 'ckpt' / 'ckpt-12'}", log=False).stdout
+    from_disk = train(tmp_path / "from_disk", dynamic, f"--restore_checkpoint_path={disk / 'ckpt' / 'ckpt-12'}",
+                      log=False).stdout
+    assert set(disk_units(to_disk)) == {(0, 0), (0, 2)} and disk_units(from_disk) == {}, to_disk
+    assert "resuming at batch 12" in to_disk and "resuming at batch 12" in from_disk, from_disk
+    for out in ("to_disk", "from_disk"):
+        assert_same_checkpoint(tmp_path / out / "ckpt", memory / "ckpt" / "ckpt-24")
+    assert os.listdir(tmp_path / "store") == [] and os.listdir(tmp_path / "store_2") == []
+
+
+def test_two_ranks_dynamic_hash_shards_beside_row_shards_on_disk_equal_memory(tmp_path):
+    """At 2 Gloo ranks: table 1 dynamic in 2 hash shards (16 rows each, one per rank, evicting), tables
+    0 and 2 in row shards on disk on both ranks: the same checkpoint as in memory, bit for bit."""
+    args = [ROW_SLICES, "--dynamic_tables=1:32:2:lru:0:2", "--max_steps=8"]
+    memory = train(tmp_path / "memory", *args, ranks=2, log=False).stdout
+    disk = train(tmp_path / "disk", *args, *tiered(tmp_path / "store"), ranks=2, log=False).stdout
+    assert set(disk_units(disk)) == {(0, 0), (1, 0), (0, 2), (1, 2)} and disk_units(memory) == {}, disk
+    assert_same_checkpoint(tmp_path / "disk" / "ckpt", tmp_path / "memory" / "ckpt")
+    saved = checkpoint.read_tensor(str(tmp_path / "disk" / "ckpt"), "embedding/table_1/shard_1/totals")
+    assert saved[0, 1] > 0   # evictions
+    assert os.listdir(tmp_path / "store") == []
 
 
 def one_error(proc: subprocess.CompletedProcess, code: int) -> str:
