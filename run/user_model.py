@@ -117,6 +117,8 @@ class UserModel:
             self._match_heads(sorted(outputs) if isinstance(outputs, dict) else None, where)
         self.keras_model = model
         self.embeddings = _Tables(layers, self._feeds(model, layers, where), len(self.features))
+        if not isinstance(model, FunctionalModel):   # its Keras layers built (on first call) before compile
+            self._check_output(where)
         schedule = LearningRateSchedule(training.learning_rate, training.warmup_steps, training.decay_start_step,
                                         training.decay_steps)
         # binary cross-entropy on logits, for each head of a model with heads (a subclass names them in the loss)
@@ -128,7 +130,8 @@ class UserModel:
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
         model.checkpoint_entries()   # a tensor named twice: refused now, not at the first save
-        self._check_output(where)
+        if isinstance(model, FunctionalModel):
+            self._check_output(where)
 
     def _check_inputs(self, model, where: str):
         """The names of the dict a functional model takes (None: a subclassed one, given every input)."""
@@ -216,14 +219,20 @@ class UserModel:
 
     def _check_output(self, where: str):
         """A forward of two samples of id 0 on every rank must give 2 logits per head: one logit
-        for one label, a head per label named as it (any order) for several; sets `heads`."""
+        for one label, a head per label named as it (any order) for several; sets `heads`. A
+        subclassed model's runs before compile, through its `call` (outside the model's name
+        scope): Keras layers built on their first call get their weights now, named as if built
+        in `__init__`, so that compile's optimizer, broadcast and checkpoint entries hold them."""
         numerical = tf.zeros([2, self.features.num_numerical], tf.float32)
         n = self.comm.size
         rows = [2 * n if self.embeddings.input_rows(i) == "global" else 2 for i in range(len(self.features))]
         categorical = [tf.RaggedTensor.from_row_lengths(tf.zeros([r], tf.int64), [1] * r) if f.multi_hot
                        else tf.zeros([r], tf.int64) for f, r in zip(self.features, rows)]
+        model = self.keras_model
+        forward = model if isinstance(model, FunctionalModel) else model.call
         with self.given(numerical, categorical):
-            out = self.keras_model(self.inputs(numerical, categorical), training=False)
+            out = forward(self.inputs(numerical, categorical), **({"training": False} if forward is model or
+                                                                   model._call_has_training_arg else {}))
         self._match_heads(sorted(out) if isinstance(out, dict) else None, where)
         for head, logits in (out.items() if isinstance(out, dict) else [(None, out)]):
             shape = tuple(logits.shape) if hasattr(logits, "shape") else None
