@@ -32,14 +32,12 @@ from nn.trainer import LOSS_SCALE_STATE
 from parallel_embedding.optimizers import slot_names
 from parallel_embedding.planner import BudgetError
 from ranking import CategoricalFeature, Features, HybridEmbedding, Model, TableStorage
-from ranking.features import BUILDER, NUMERICAL, load_builder
+from ranking.features import BUILDER, COMPILE_ARGS, NUMERICAL, compile_args, load_model_file
 from ranking.model import FunctionalModel
 from run.config import RunConfig
 from run.runtime import batch_rows, compute_dtype
 from storage.checkpoint import Entry
 from utils.errors import ConfigError
-
-BCE = "binary_crossentropy_from_logits"   # ranking.Model.compile's default loss
 
 
 def dataset_features(cfg: RunConfig, comm) -> Features:
@@ -92,7 +90,8 @@ class UserModel:
         if self.compute_dtype != tf.float32:
             keras.mixed_precision.set_global_policy(f"mixed_{self.compute_dtype.name}")
         try:
-            model = load_builder(path)(self.features, dict(self.hparams))
+            build, self._compile_args = load_model_file(path)
+            model = build(self.features, dict(self.hparams))
         except ConfigError as e:   # the builder's own (a hyper-parameter, a feature): named with the file
             raise ConfigError(f"--model={path}: {e}") from None
         except BudgetError as e:
@@ -121,12 +120,17 @@ class UserModel:
             self._check_output(where)
         schedule = LearningRateSchedule(training.learning_rate, training.warmup_steps, training.decay_start_step,
                                         training.decay_steps)
-        # binary cross-entropy on logits, for each head of a model with heads (a subclass names them in the loss)
-        loss = BCE if len(self.labels) == 1 else dict.fromkeys(self.labels, BCE)
+        try:
+            chosen, self.head_metrics = compile_args(self._compile_args, self.features, self.hparams, self.heads)
+        except ConfigError as e:
+            raise ConfigError(f"--model={path}: {e}") from None
+        if cfg.checkpoints.keep_best_checkpoint and "auc" not in self.head_metrics:
+            raise ConfigError(f"--keep_best_checkpoint chooses by an AUC; --model={path} evaluates no output by AUC "
+                              f"(its {COMPILE_ARGS} trains each with mean squared error)")
         try:   # --xla of a subclassed model, for one
-            model.compile(optimizer=training.optimizer, learning_rate=schedule, beta_1=training.beta1, loss=loss,
+            model.compile(optimizer=training.optimizer, learning_rate=schedule, beta_1=training.beta1,
                           beta_2=training.beta2, run_eagerly=cfg.runtime.run_eagerly, jit_compile=cfg.runtime.xla,
-                          loss_scale=cfg.runtime.loss_scale)
+                          loss_scale=cfg.runtime.loss_scale, **chosen)
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
         model.checkpoint_entries()   # a tensor named twice: refused now, not at the first save
