@@ -3,8 +3,9 @@ synthetic (--synthetic_labels=2) and a split-binary feature spec whose label cha
 (written, read back, and converted to split TFRecords). It trains with a loss per head (progress
 line and JSON log), evaluates with an exact AUC per head equal to an independent NumPy AUC of the
 same predictions, resumes bit for bit, and at 2 Gloo ranks equals one process; the mismatches of
-heads and labels, the built-in models on two labels and the export of a model with heads are one
-error line."""
+heads and labels and the built-in models on two labels are one error line. The model file's
+compile_args chooses a loss and weight per head (binary cross-entropy: AUC; mean squared error:
+RMSE), checked against NumPy. (Export and serving of heads: tests/test_model_export.py.)"""
 import numpy as np
 import pytest
 
@@ -211,14 +212,6 @@ def test_heads_and_labels_that_do_not_match_are_one_line(tmp_path):
     two_label_spec(tmp_path / "data")
     assert error_line(python(*FILE_DATA, f"--dataset_path={tmp_path / 'data'}", "--synthetic_labels=2")) == (
         "error: --synthetic_labels only applies with --dataset_type=synthetic; remove it or change that flag")
-
-
-def test_the_export_of_a_model_with_heads_is_one_line(tmp_path, uninterrupted):
-    _, ckpt = uninterrupted
-    line = error_line(python(f"--checkpoint={ckpt}", f"--output={tmp_path / 'repo'}", "--model_name=m",
-                             "--model=examples/two_label.py", script="deployment/deploy.py"))
-    assert line == ("error: --model=examples/two_label.py: the model has heads label, label_1; the exported model "
-                    "serves one logit per request: a model with several heads is not exported yet")
 
 
 # examples/two_label.py's compile_args: label by binary cross-entropy, label_1 by mean squared error at weight 0.5
