@@ -6,7 +6,8 @@ from the checkpoint, exported as a delta, is applied by a running server under c
 requests, none failing, after which it answers as the second day's full export. DeepFM, and a
 model file with a table shared by a one-hot and a multi-hot feature (mean combiners, features
 given out of order), export and serve equal predictions; the refusals are one line. A model with
-two heads (one trained with mean squared error) exports and serves a column per head."""
+two heads (one trained with mean squared error) exports and serves a column per head, and takes
+a delta."""
 import json
 import os
 import shutil
@@ -361,3 +362,24 @@ def test_a_model_with_two_heads_served_by_each_frontend(two_heads, frontend, tmp
     np.testing.assert_allclose(out["logits"], outputs, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out["predictions"], np.stack([1 / (1 + np.exp(-outputs[:, 0])), outputs[:, 1]], axis=1),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_with_two_heads_takes_a_delta(two_heads, tmp_path):
+    """A second day continued from it, exported as a delta: applied to the tables form, it answers
+    (both heads, predictions and logits) as the second day's full export."""
+    tmp, _, batch, categorical, _ = two_heads
+    path = "examples/two_label.py"
+    train(path, TWO_HEADS, tmp_path / "ckpt1", "--seed=8", "--synthetic_labels=2",
+          f"--restore_checkpoint_path={tmp / 'ckpt'}", "--restore_mode=continue")
+    python(f"--checkpoint={tmp_path / 'ckpt1'}", f"--output={tmp_path / 'delta1'}", f"--delta_from={tmp / 'repo'}",
+           "--model_name=m", f"--model={path}", script="deployment/deploy.py")
+    python(f"--checkpoint={tmp_path / 'ckpt1'}", f"--output={tmp_path / 'repo1'}", "--model_name=m",
+           f"--model={path}", "--forms=tables", script="deployment/deploy.py")
+    model = Model(str(shutil.copytree(tmp / "repo", tmp_path / "repo0")))
+    before = model.infer(np.asarray(batch["numerical"]), categorical)
+    assert model.apply_delta(read_delta(str(tmp_path / "delta1"))) > 0
+    got = model.infer(np.asarray(batch["numerical"]), categorical)
+    want = Model(str(tmp_path / "repo1")).infer(np.asarray(batch["numerical"]), categorical)
+    for key in ("predictions", "logits"):
+        assert got[key].shape == (300, 2) and not np.array_equal(got[key], before[key])
+        np.testing.assert_array_equal(got[key], want[key])
