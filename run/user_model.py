@@ -9,8 +9,11 @@ The contract (docs/models.md): FILE defines `build_model(features, hparams) -> r
 a dict: "numerical" [b, n] float32 and, per feature it names, ids [b] int64 (multi-hot: ragged
 [b, None] int64); it gives one logit per sample ([b] or [b, 1]), or, on data with H labels, a dict
 of H heads named as the labels (features.labels), one logit per sample each, every head trained
-with binary cross-entropy (their sum the loss) and evaluated on its label. Shapes: b this rank's
-samples.
+on its label with the loss and weight FILE's optional `compile_args(features, hparams)` gives
+(ranking.features.compile_args: binary cross-entropy, evaluated by AUC, the default; or mean
+squared error, evaluated by RMSE), their weighted sum the loss. A subclassed model is called once
+before compile, so that its Keras layers built on their first call have their weights at compile.
+Shapes: b this rank's samples.
 Under --amp the builder runs under Keras' mixed-precision policy of the run's compute dtype
 (run.runtime.compute_dtype); --xla and --loss_scale go to the model's compile.
 
@@ -73,7 +76,8 @@ class UserModel:
     are "numerical" and the dataset's features, a layer whose ids the run gives (model-parallel
     input, tables on disk) takes the model's inputs as they are, and a forward of two samples
     gives one logit per sample per head, its heads the data's labels by name (`heads`: in the
-    order of the labels; None for one output on one label).
+    order of the labels; None for one output on one label), each with a loss main.py evaluates
+    (`head_metrics`: per output, in the order of `heads`, "auc" or "rmse").
 
     A batch of the run: numerical [b, n] and the F features' ids, each of the rows
     `embeddings.input_rows(f)` says ("global" [B] where a model-parallel layer's table on this
