@@ -83,7 +83,8 @@ class ServingClient:
             raise ServingError(f"--{flag} {size} exceeds model {self.model!r}'s max_batch_size {limit}")
 
     def infer(self, numerical: np.ndarray, categorical: np.ndarray, outputs=(LOGITS,)) -> dict:
-        """One request: numerical [b, n] float32, categorical [b, W] int64 -> {output: [b, 1]}."""
+        """One request: numerical [b, n] float32, categorical [b, W] int64 -> {output: [b, 1]} ([b, H]
+        of a model with H heads, the export layout's `heads`)."""
         tensors = []
         for name, value, dtype in ((NUMERICAL, numerical, "FP32"), (CATEGORICAL, categorical, "INT64")):
             tensor = self.api.InferInput(name, list(value.shape), dtype)

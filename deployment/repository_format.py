@@ -6,10 +6,12 @@ Tensors. Requests carry two tensors (Triton's batch dimension first):
     numerical_features    [B, num_numerical] float32
     categorical_features  [B, W] int64: one column per one-hot feature, max_hotness columns per
                           multi-hot feature holding its ids, padded with -1 (PAD) in any slot
-and get back `predictions` [B, 1] (click probability) and `logits` [B, 1], both float32. The
-ensemble's sparse model maps categorical_features to `embeddings` [B, sum of the lookups' widths]
-(lookup order; the built-in models: one lookup per feature, in feature order), which its dense
-model takes with numerical_features.
+and get back `predictions` [B, 1] (click probability) and `logits` [B, 1], both float32; a
+model with H heads (main.py --model=FILE on data with H labels) gives them [B, H], one column per
+head in the order of the layout's `heads` (a head trained with mean squared error predicts a value:
+its column of both is its output). The ensemble's sparse model maps categorical_features to
+`embeddings` [B, sum of the lookups' widths] (lookup order; the built-in models: one lookup per
+feature, in feature order), which its dense model takes with numerical_features.
 
 Files. A full export (deployment/exporter/repository.py) is a directory holding export.json
 (EXPORT_INFO: its name, forms, version, signature, serving layout, settings, and `files`: every
@@ -98,12 +100,19 @@ class ServingLayout:
     categorical feature its cardinality and max_hotness (None: one-hot), the number of numerical
     features, and per lookup (a table's rows for one feature's ids, a slice of `embeddings`) its
     embedding width and the feature it reads (`lookup_features`; None: lookup f reads feature f,
-    the built-in models' one table per feature)."""
+    the built-in models' one table per feature), and the model's `heads` (the columns of
+    predictions and logits [B, H], in order; None: one output, [B, 1])."""
     cardinalities: List[int]
     max_hotness: List[Optional[int]]
     embedding_dims: List[int]
     num_numerical: int
     lookup_features: Optional[List[int]] = None
+    heads: Optional[List[str]] = None
+
+    @property
+    def outputs(self) -> int:
+        """The columns of predictions and logits: H heads, or 1."""
+        return len(self.heads) if self.heads else 1
 
     @property
     def columns(self) -> List[Tuple[int, int]]:

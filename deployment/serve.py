@@ -308,7 +308,8 @@ def serve(repository: str, settings: ServerSettings):
     model, served, updater = open_backend(repository, info["forms"], settings)
     inputs = [TensorSpec(NUMERICAL, np.float32, (layout["num_numerical"],)),
               TensorSpec(CATEGORICAL, np.int64, (categorical_width(layout["max_hotness"]),))]
-    outputs = [TensorSpec(PREDICTIONS, np.float32, (1,)), TensorSpec(LOGITS, np.float32, (1,)),
+    columns = (len(layout.get("heads") or [None]),)   # a column per head (repository_format.ServingLayout)
+    outputs = [TensorSpec(PREDICTIONS, np.float32, columns), TensorSpec(LOGITS, np.float32, columns),
                TensorSpec(MODEL_VERSION, np.int64, (1,))]
     served_model = ServedModel(settings.model_name or info["name"], inputs, outputs,
                                settings.max_batch_size or exported["max_batch_size"], model.infer)

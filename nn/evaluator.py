@@ -9,16 +9,20 @@ from utils.metrics import log_loss, roc_auc, thresholded_auc
 
 
 def evaluate(predict: Callable, batches: Iterable, comm, oracle: bool = False,
-             auc_thresholds: Optional[int] = None, heads: Optional[Sequence[str]] = None) -> Dict[str, float]:
+             auc_thresholds: Optional[int] = None, heads: Optional[Sequence[str]] = None,
+             scores: Optional[Sequence[str]] = None) -> Dict[str, float]:
     """Runs `predict(numerical, categorical) -> logits` over this rank's part of every batch and
     returns AUC and logloss over all ranks' real rows (with `oracle`, also those of the ground-truth
     oracle logits the batches carry: synthetic data only; with `auc_thresholds`, also the
     reference's approximate AUC, `auc_thresholded`). The columns (logit, label[, oracle]) are
     gathered onto rank 0 alone, which computes the metrics and shares them with every rank.
     A model with `heads` H (its logits, labels and oracle logits [b, H], in the order of `heads`)
-    gives each figure per head as "<head>_<figure>" ("click_auc"), and "auc" and "logloss" are
-    its first head's."""
+    gives each figure per head as "<head>_<figure>" ("click_auc"). `scores`: per output (the
+    one, or each head) "auc" (default: a logit of a binary label, the figures above) or "rmse" (a
+    value, e.g. a rating: its root mean squared error against the label, "rmse" alone). "auc" and
+    "logloss" are the first "auc" output's (None without one)."""
     width = len(heads) if heads else 1
+    scores = list(scores or ["auc"] * width)
     columns = []
     for numerical, categorical, y, oracle_logits, valid in batches:
         n = int(valid)
@@ -30,24 +34,32 @@ def evaluate(predict: Callable, batches: Iterable, comm, oracle: bool = False,
     metrics = None
     if comm.rank == 0:   # AUC and logloss do not depend on the order of the samples
         metrics = {"auc": None, "logloss": None, "samples": int(len(gathered))}
-        for h, head in enumerate(heads or [None]):
+        for h, (head, score) in enumerate(zip(heads or [None], scores)):
             logits, labels = gathered[:, h], gathered[:, width + h]
-            figures = {"auc": roc_auc(labels, logits), "logloss": log_loss(labels, logits)}
-            if oracle:
-                truth = gathered[:, 2 * width + h]
-                figures.update(oracle_auc=roc_auc(labels, truth), oracle_logloss=log_loss(labels, truth))
-            if auc_thresholds:
-                figures["auc_thresholded"] = thresholded_auc(labels, logits, auc_thresholds)
+            if score == "rmse":
+                figures = {"rmse": float(np.sqrt(np.mean(np.square(logits.astype(np.float64) - labels))))}
+            else:
+                figures = {"auc": roc_auc(labels, logits), "logloss": log_loss(labels, logits)}
+                if oracle:
+                    truth = gathered[:, 2 * width + h]
+                    figures.update(oracle_auc=roc_auc(labels, truth), oracle_logloss=log_loss(labels, truth))
+                if auc_thresholds:
+                    figures["auc_thresholded"] = thresholded_auc(labels, logits, auc_thresholds)
             metrics.update(figures if head is None else {f"{head}_{k}": v for k, v in figures.items()})
-        if heads:
-            metrics.update(auc=metrics[f"{heads[0]}_auc"], logloss=metrics[f"{heads[0]}_logloss"])
+        first = [head for head, score in zip(heads or [], scores) if score == "auc"][:1]
+        if first:
+            metrics.update(auc=metrics[f"{first[0]}_auc"], logloss=metrics[f"{first[0]}_logloss"])
     return comm.broadcast_object(metrics, "evaluation_metrics")
 
 
-def printed_metrics(oracle: bool, thresholded: bool, heads: Optional[Sequence[str]] = None) -> List[str]:
-    """The keys of `evaluate`'s figures an evaluation line shows (a model with heads: each head's)."""
+def printed_metrics(oracle: bool, thresholded: bool, heads: Optional[Sequence[str]] = None,
+                    scores: Optional[Sequence[str]] = None) -> List[str]:
+    """The keys of `evaluate`'s figures an evaluation line shows (a model with heads: each head's;
+    `scores` as `evaluate`'s)."""
     keys = ["auc", "logloss"] + (["oracle_auc"] if oracle else []) + (["auc_thresholded"] if thresholded else [])
-    return keys if not heads else [f"{head}_{k}" for head in heads for k in keys]
+    scores = scores or ["auc"] * (len(heads) if heads else 1)
+    per_output = [keys if score == "auc" else ["rmse"] for score in scores]
+    return per_output[0] if not heads else [f"{head}_{k}" for head, ks in zip(heads, per_output) for k in ks]
 
 
 def measure_latency(predict: Callable, batch: dict, steps: int, global_batch: int, warmup: int = 5) -> Dict[str, float]:

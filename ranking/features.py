@@ -25,6 +25,10 @@ from utils.errors import ConfigError
 
 NUMERICAL = "numerical"   # the input of the n numerical features, [b, n] float32
 BUILDER = "build_model"   # a model file's function: (Features, hparams dict) -> ranking.Model
+COMPILE_ARGS = "compile_args"   # its optional function: (Features, hparams dict) -> compile's loss, loss_weights
+# The losses main.py trains a head (or the one output) with, and the figure evaluating each: binary
+# cross-entropy on a logit (a binary label): its AUC and logloss; mean squared error (a value: a rating): its RMSE.
+HEAD_LOSSES = {"binary_crossentropy_from_logits": "auc", "mean_squared_error": "rmse"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,8 +162,9 @@ def hyperparameters(given: dict, **defaults) -> dict:
     return out
 
 
-def load_builder(path: str):
-    """`build_model` of the Python file at `path` (ConfigError when it has none)."""
+def load_model_file(path: str):
+    """(`build_model`, `compile_args` or None) of the Python file at `path` (ConfigError when it
+    has no build_model)."""
     name = "user_model_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -167,4 +172,44 @@ def load_builder(path: str):
     builder = getattr(module, BUILDER, None)
     if not callable(builder):
         raise ConfigError(f"defines no function {BUILDER}(features, hparams)")
-    return builder
+    return builder, getattr(module, COMPILE_ARGS, None)
+
+
+def compile_args(chosen, features: Features, hparams: dict, heads: Optional[Sequence[str]]):
+    """A model file's choice of compile's `loss` and `loss_weights` (`chosen`: its `compile_args`
+    function, or None: binary cross-entropy, weight 1, for each head) for a model of `heads` (None:
+    one output) -> (compile's keyword arguments {"loss", and "loss_weights" if chosen}, per output
+    (each of `heads`, in order; or the one) the figure evaluating it: HEAD_LOSSES' "auc" or
+    "rmse"). A loss is one of HEAD_LOSSES (or "mse", keras.losses.BinaryCrossentropy(from_logits=
+    True), keras.losses.MeanSquaredError()), one for every output or a dict by head; anything else
+    is a one-line ConfigError naming it."""
+    given = dict(chosen(features, dict(hparams))) if chosen is not None else {}
+    other = sorted(set(given) - {"loss", "loss_weights"})
+    if other:
+        raise ConfigError(f"{COMPILE_ARGS} gives {other[0]!r}; it chooses compile's loss and loss_weights (the "
+                          f"optimizer, learning rate, XLA and loss scale are the run's flags)")
+    loss = given.get("loss", "binary_crossentropy_from_logits")
+    outputs = [None] if heads is None else list(heads)
+    if isinstance(loss, dict) and (heads is None or sorted(loss) != sorted(heads)):
+        raise ConfigError(f"{COMPILE_ARGS}: loss names heads {', '.join(map(str, sorted(loss)))}; the model has "
+                          + (f"the heads {', '.join(heads)}" if heads else "one output"))
+    losses = loss if isinstance(loss, dict) else dict.fromkeys(outputs, loss)
+    metrics = [_evaluated_by(losses[h], h) for h in outputs]
+    out = {"loss": loss if heads is None or isinstance(loss, dict) else losses}
+    if "loss_weights" in given:
+        out["loss_weights"] = given["loss_weights"]
+    return out, metrics
+
+
+def _evaluated_by(loss, head: Optional[str]) -> str:
+    """The figure (HEAD_LOSSES' value) evaluating an output trained with `loss`; one line otherwise."""
+    if isinstance(loss, keras.losses.BinaryCrossentropy) and loss.from_logits:
+        loss = "binary_crossentropy_from_logits"
+    elif isinstance(loss, keras.losses.MeanSquaredError) or loss == "mse":
+        loss = "mean_squared_error"
+    if isinstance(loss, str) and loss in HEAD_LOSSES:
+        return HEAD_LOSSES[loss]
+    what = "the model's loss" if head is None else f"the loss of head {head!r}"
+    raise ConfigError(f"{COMPILE_ARGS}: {what} is {loss!r}; main.py trains an output with "
+                      f"'binary_crossentropy_from_logits' (a logit of a binary label, evaluated by AUC) or "
+                      f"'mean_squared_error' (a value, evaluated by RMSE)")

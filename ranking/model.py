@@ -342,6 +342,10 @@ class _ProjectStep:
             if self._xla is None:
                 loss, head_losses = self._loss_share(labels, logits)
                 scaled = loss if self.loss_scale is None else loss * self.loss_scale.value
+        late = [w.path for w in self.trainable_variables if w.value.ref() not in self.dense_optimizer.slots]
+        if late:   # a layer built on its first call, after compile: no optimizer state, broadcast or checkpoint
+            raise ConfigError(f"model {self.name!r}: weight {late[0]!r} was made after compile (a layer built on "
+                              f"its first call); build each layer in __init__ before compile: layer.build(input_shape)")
         calls = []
         for layer, rec in zip(trained, records):
             if len(rec.calls) != 1:

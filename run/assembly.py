@@ -64,7 +64,9 @@ class Assembly:
     predict and checkpoint interface): the built-in model (ModelConfig, RankingModel on the plan of
     run.runtime.embedding_plan, Trainer) or a model file's (--model: run.user_model.UserModel as
     model_config and model, UserTrainer); heads: a model file's heads, one per label of the data
-    in its order (None: one output); view (RankInput: this rank's share of a batch).
+    in its order (None: one output); head_metrics: per output the figure evaluating it ("auc" or
+    "rmse": nn.evaluator.evaluate's scores; None: the built-in model's, AUC); view (RankInput:
+    this rank's share of a batch).
     Training only: steps_per_epoch, total (the training batches of this data the run trains up to),
     data_definition (dataloading.position). start_step (the trainer's global step at the start) and
     data_start (the first training batch of this data) are 0 until `restore`."""
@@ -87,6 +89,7 @@ class Assembly:
             self.log.print(f"the {cfg.data.eval_mapping!r} mapping (--eval_mapping) has no rows: training without "
                            "evaluation")
         self.heads = user_model.heads if user_model else None
+        self.head_metrics = user_model.head_metrics if user_model else None
         if user_model is None:
             params = self._builtin_model(cfg, comm)
         else:

@@ -57,9 +57,9 @@ class Run(Assembly):
         batches = self.model.embeddings.staged(self._eval_data(split), training=False)
         thresholds = self.cfg.evaluation.auc_thresholds
         metrics = evaluator.evaluate(self.trainer.predict, batches, self.comm, oracle=self.dataset.has_oracle,
-                                     auc_thresholds=thresholds, heads=self.heads)
+                                     auc_thresholds=thresholds, heads=self.heads, scores=self.head_metrics)
         metrics["seconds"] = time.perf_counter() - t0
-        keys = evaluator.printed_metrics(self.dataset.has_oracle, bool(thresholds), self.heads)
+        keys = evaluator.printed_metrics(self.dataset.has_oracle, bool(thresholds), self.heads, self.head_metrics)
         self.log.print(f"{split} at step {step}: {evaluator.format_metrics(metrics, keys)} | "
                        f"{metrics['samples']:,} samples in {metrics['seconds']:.1f} s")
         self.log.record(split, step, **metrics)

@@ -9,8 +9,11 @@ The contract (docs/models.md): FILE defines `build_model(features, hparams) -> r
 a dict: "numerical" [b, n] float32 and, per feature it names, ids [b] int64 (multi-hot: ragged
 [b, None] int64); it gives one logit per sample ([b] or [b, 1]), or, on data with H labels, a dict
 of H heads named as the labels (features.labels), one logit per sample each, every head trained
-with binary cross-entropy (their sum the loss) and evaluated on its label. Shapes: b this rank's
-samples.
+on its label with the loss and weight FILE's optional `compile_args(features, hparams)` gives
+(ranking.features.compile_args: binary cross-entropy, evaluated by AUC, the default; or mean
+squared error, evaluated by RMSE), their weighted sum the loss. A subclassed model is called once
+before compile, so that its Keras layers built on their first call have their weights at compile.
+Shapes: b this rank's samples.
 Under --amp the builder runs under Keras' mixed-precision policy of the run's compute dtype
 (run.runtime.compute_dtype); --xla and --loss_scale go to the model's compile.
 
@@ -32,14 +35,12 @@ from nn.trainer import LOSS_SCALE_STATE
 from parallel_embedding.optimizers import slot_names
 from parallel_embedding.planner import BudgetError
 from ranking import CategoricalFeature, Features, HybridEmbedding, Model, TableStorage
-from ranking.features import BUILDER, NUMERICAL, load_builder
+from ranking.features import BUILDER, COMPILE_ARGS, NUMERICAL, compile_args, load_model_file
 from ranking.model import FunctionalModel
 from run.config import RunConfig
 from run.runtime import batch_rows, compute_dtype
 from storage.checkpoint import Entry
 from utils.errors import ConfigError
-
-BCE = "binary_crossentropy_from_logits"   # ranking.Model.compile's default loss
 
 
 def dataset_features(cfg: RunConfig, comm) -> Features:
@@ -75,7 +76,8 @@ class UserModel:
     are "numerical" and the dataset's features, a layer whose ids the run gives (model-parallel
     input, tables on disk) takes the model's inputs as they are, and a forward of two samples
     gives one logit per sample per head, its heads the data's labels by name (`heads`: in the
-    order of the labels; None for one output on one label).
+    order of the labels; None for one output on one label), each with a loss main.py evaluates
+    (`head_metrics`: per output, in the order of `heads`, "auc" or "rmse").
 
     A batch of the run: numerical [b, n] and the F features' ids, each of the rows
     `embeddings.input_rows(f)` says ("global" [B] where a model-parallel layer's table on this
@@ -92,7 +94,8 @@ class UserModel:
         if self.compute_dtype != tf.float32:
             keras.mixed_precision.set_global_policy(f"mixed_{self.compute_dtype.name}")
         try:
-            model = load_builder(path)(self.features, dict(self.hparams))
+            build, self._compile_args = load_model_file(path)
+            model = build(self.features, dict(self.hparams))
         except ConfigError as e:   # the builder's own (a hyper-parameter, a feature): named with the file
             raise ConfigError(f"--model={path}: {e}") from None
         except BudgetError as e:
@@ -117,18 +120,26 @@ class UserModel:
             self._match_heads(sorted(outputs) if isinstance(outputs, dict) else None, where)
         self.keras_model = model
         self.embeddings = _Tables(layers, self._feeds(model, layers, where), len(self.features))
+        if not isinstance(model, FunctionalModel):   # its Keras layers built (on first call) before compile
+            self._check_output(where)
         schedule = LearningRateSchedule(training.learning_rate, training.warmup_steps, training.decay_start_step,
                                         training.decay_steps)
-        # binary cross-entropy on logits, for each head of a model with heads (a subclass names them in the loss)
-        loss = BCE if len(self.labels) == 1 else dict.fromkeys(self.labels, BCE)
+        try:
+            chosen, self.head_metrics = compile_args(self._compile_args, self.features, self.hparams, self.heads)
+        except ConfigError as e:
+            raise ConfigError(f"--model={path}: {e}") from None
+        if cfg.checkpoints.keep_best_checkpoint and "auc" not in self.head_metrics:
+            raise ConfigError(f"--keep_best_checkpoint chooses by an AUC; --model={path} evaluates no output by AUC "
+                              f"(its {COMPILE_ARGS} trains each with mean squared error)")
         try:   # --xla of a subclassed model, for one
-            model.compile(optimizer=training.optimizer, learning_rate=schedule, beta_1=training.beta1, loss=loss,
+            model.compile(optimizer=training.optimizer, learning_rate=schedule, beta_1=training.beta1,
                           beta_2=training.beta2, run_eagerly=cfg.runtime.run_eagerly, jit_compile=cfg.runtime.xla,
-                          loss_scale=cfg.runtime.loss_scale)
+                          loss_scale=cfg.runtime.loss_scale, **chosen)
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
         model.checkpoint_entries()   # a tensor named twice: refused now, not at the first save
-        self._check_output(where)
+        if isinstance(model, FunctionalModel):
+            self._check_output(where)
 
     def _check_inputs(self, model, where: str):
         """The names of the dict a functional model takes (None: a subclassed one, given every input)."""
@@ -216,14 +227,20 @@ class UserModel:
 
     def _check_output(self, where: str):
         """A forward of two samples of id 0 on every rank must give 2 logits per head: one logit
-        for one label, a head per label named as it (any order) for several; sets `heads`."""
+        for one label, a head per label named as it (any order) for several; sets `heads`. A
+        subclassed model's runs before compile, through its `call` (outside the model's name
+        scope): Keras layers built on their first call get their weights now, named as if built
+        in `__init__`, so that compile's optimizer, broadcast and checkpoint entries hold them."""
         numerical = tf.zeros([2, self.features.num_numerical], tf.float32)
         n = self.comm.size
         rows = [2 * n if self.embeddings.input_rows(i) == "global" else 2 for i in range(len(self.features))]
         categorical = [tf.RaggedTensor.from_row_lengths(tf.zeros([r], tf.int64), [1] * r) if f.multi_hot
                        else tf.zeros([r], tf.int64) for f, r in zip(self.features, rows)]
+        model = self.keras_model
+        forward = model if isinstance(model, FunctionalModel) else model.call
         with self.given(numerical, categorical):
-            out = self.keras_model(self.inputs(numerical, categorical), training=False)
+            out = forward(self.inputs(numerical, categorical), **({"training": False} if forward is model or
+                                                                   model._call_has_training_arg else {}))
         self._match_heads(sorted(out) if isinstance(out, dict) else None, where)
         for head, logits in (out.items() if isinstance(out, dict) else [(None, out)]):
             shape = tuple(logits.shape) if hasattr(logits, "shape") else None

@@ -5,7 +5,9 @@ serve.py's native frontend predict what the training-time model predicts; a seco
 from the checkpoint, exported as a delta, is applied by a running server under continuous
 requests, none failing, after which it answers as the second day's full export. DeepFM, and a
 model file with a table shared by a one-hot and a multi-hot feature (mean combiners, features
-given out of order), export and serve equal predictions; the refusals are one line."""
+given out of order), export and serve equal predictions; the refusals are one line. A model with
+two heads (one trained with mean squared error) exports and serves a column per head, and takes
+a delta."""
 import json
 import os
 import shutil
@@ -88,12 +90,13 @@ def train(path, params, ckpt, *extra):
     python(*model_args(path, params), *DATA, f"--save_checkpoint_path={ckpt}", *extra)
 
 
-def run_config(path, params):
-    """The run configuration of DATA with model file `path` (for tests.test_deployment_export.reference)."""
+def run_config(path, params, **extra):
+    """The run configuration of DATA (and `extra` flags) with model file `path` (for
+    tests.test_deployment_export.reference)."""
     values = dict(TINY, model=path, model_param=list(params), synthetic_cardinalities=CARDS,
                   synthetic_dataset_hotness=HOTNESS, synthetic_num_numerical=3, batch_size=96, valid_batch_size=300,
-                  synthetic_rows=960, synthetic_eval_rows=300, optimizer="adagrad")
-    return build_config(values, present={"model", "model_param", "synthetic_dataset_hotness"})
+                  synthetic_rows=960, synthetic_eval_rows=300, optimizer="adagrad", **extra)
+    return build_config(values, present={"model", "model_param", "synthetic_dataset_hotness", *extra})
 
 
 def layout_of(repo):
@@ -304,3 +307,79 @@ def test_second_day_delta_applied_live_under_requests(days, tmp_path):
                                np.concatenate([logits1[k::3] for k in range(3)]), rtol=1e-5, atol=1e-5)
     lines = log.read_text().splitlines()
     assert any(line.startswith(f"applied update {updates / 'delta1'} (delta, ") for line in lines)
+
+
+# examples/two_label.py on two synthetic labels: label by binary cross-entropy, label_1 by mean squared error
+TWO_HEADS = ["embedding_dim=4", "hidden=[16,8]", "head=[8]", "second_loss=mean_squared_error", "second_weight=0.5"]
+
+
+@pytest.fixture(scope="module")
+def two_heads(tmp_path_factory):
+    """The two-head model trained and exported in every form: (tmp, its export's layout, an eval
+    batch, its categorical_features, the training-time model's outputs [300, 2])."""
+    tmp = tmp_path_factory.mktemp("two_heads")
+    path = "examples/two_label.py"
+    train(path, TWO_HEADS, tmp / "ckpt", "--seed=7", "--synthetic_labels=2")
+    python(f"--checkpoint={tmp / 'ckpt'}", f"--output={tmp / 'repo'}", "--model_name=m", f"--model={path}",
+           "--forms=monolithic,ensemble,tables", script="deployment/deploy.py")
+    batch, outputs = reference(run_config(path, TWO_HEADS, synthetic_labels=2), str(tmp / "ckpt"), 300)
+    _, layout = layout_of(str(tmp / "repo"))
+    return tmp, layout, batch, categorical_matrix(batch["categorical"], layout.max_hotness), outputs
+
+
+def test_a_model_with_two_heads_exports_a_column_per_head(two_heads, tmp_path):
+    """predictions and logits [B, 2] in the labels' order (the layout's heads, Triton's dims [2]):
+    each head's logit the training-time model's, label's prediction its sigmoid, label_1's (a
+    value: mean squared error) its output; the same from the ensemble and the tables form."""
+    tmp, layout, batch, categorical, outputs = two_heads
+    assert outputs.shape == (300, 2) and layout.heads == ["label", "label_1"]
+    for model in ("m", "m_dense", "m_ensemble"):
+        config = (tmp / "repo" / model / "config.pbtxt").read_text()
+        assert 'name: "predictions" data_type: TYPE_FP32 dims: [ 2 ]' in config
+        assert 'name: "logits" data_type: TYPE_FP32 dims: [ 2 ]' in config
+    out = served(str(tmp / "repo"), batch, layout, tmp_path)
+    np.testing.assert_allclose(out["logits"], outputs, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out["predictions"][:, 0], 1 / (1 + np.exp(-outputs[:, 0])), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["predictions"][:, 1], outputs[:, 1], rtol=1e-5, atol=1e-5)
+    for key in ("logits", "predictions"):
+        np.testing.assert_allclose(out[f"ensemble_{key}"], out[key], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(Model(str(tmp / "repo")).infer(np.asarray(batch["numerical"]), categorical)[key],
+                                   out[key], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("frontend", ["native", "triton"])
+def test_a_model_with_two_heads_served_by_each_frontend(two_heads, frontend, tmp_path):
+    tmp, layout, batch, categorical, outputs = two_heads
+    log, ports = tmp_path / "server.log", free_ports(3)
+    server = start_server(log, ports, f"--model_repository={tmp / 'repo'}", f"--frontend={frontend}")
+    try:
+        client = ServingClient("grpc", f"localhost:{ports[1]}", "m")
+        client.wait_ready(120)
+        out = client.infer(np.asarray(batch["numerical"]), categorical, ("predictions", "logits"))
+        client.close()
+    finally:
+        stop_server(server, ports, log)
+    np.testing.assert_allclose(out["logits"], outputs, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out["predictions"], np.stack([1 / (1 + np.exp(-outputs[:, 0])), outputs[:, 1]], axis=1),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_with_two_heads_takes_a_delta(two_heads, tmp_path):
+    """A second day continued from it, exported as a delta: applied to the tables form, it answers
+    (both heads, predictions and logits) as the second day's full export."""
+    tmp, _, batch, categorical, _ = two_heads
+    path = "examples/two_label.py"
+    train(path, TWO_HEADS, tmp_path / "ckpt1", "--seed=8", "--synthetic_labels=2",
+          f"--restore_checkpoint_path={tmp / 'ckpt'}", "--restore_mode=continue")
+    python(f"--checkpoint={tmp_path / 'ckpt1'}", f"--output={tmp_path / 'delta1'}", f"--delta_from={tmp / 'repo'}",
+           "--model_name=m", f"--model={path}", script="deployment/deploy.py")
+    python(f"--checkpoint={tmp_path / 'ckpt1'}", f"--output={tmp_path / 'repo1'}", "--model_name=m",
+           f"--model={path}", "--forms=tables", script="deployment/deploy.py")
+    model = Model(str(shutil.copytree(tmp / "repo", tmp_path / "repo0")))
+    before = model.infer(np.asarray(batch["numerical"]), categorical)
+    assert model.apply_delta(read_delta(str(tmp_path / "delta1"))) > 0
+    got = model.infer(np.asarray(batch["numerical"]), categorical)
+    want = Model(str(tmp_path / "repo1")).infer(np.asarray(batch["numerical"]), categorical)
+    for key in ("predictions", "logits"):
+        assert got[key].shape == (300, 2) and not np.array_equal(got[key], before[key])
+        np.testing.assert_array_equal(got[key], want[key])

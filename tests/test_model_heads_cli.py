@@ -3,8 +3,9 @@ synthetic (--synthetic_labels=2) and a split-binary feature spec whose label cha
 (written, read back, and converted to split TFRecords). It trains with a loss per head (progress
 line and JSON log), evaluates with an exact AUC per head equal to an independent NumPy AUC of the
 same predictions, resumes bit for bit, and at 2 Gloo ranks equals one process; the mismatches of
-heads and labels, the built-in models on two labels and the export of a model with heads are one
-error line."""
+heads and labels and the built-in models on two labels are one error line. The model file's
+compile_args chooses a loss and weight per head (binary cross-entropy: AUC; mean squared error:
+RMSE), checked against NumPy. (Export and serving of heads: tests/test_model_export.py.)"""
 import numpy as np
 import pytest
 
@@ -213,9 +214,77 @@ def test_heads_and_labels_that_do_not_match_are_one_line(tmp_path):
         "error: --synthetic_labels only applies with --dataset_type=synthetic; remove it or change that flag")
 
 
-def test_the_export_of_a_model_with_heads_is_one_line(tmp_path, uninterrupted):
-    _, ckpt = uninterrupted
-    line = error_line(python(f"--checkpoint={ckpt}", f"--output={tmp_path / 'repo'}", "--model_name=m",
-                             "--model=examples/two_label.py", script="deployment/deploy.py"))
-    assert line == ("error: --model=examples/two_label.py: the model has heads label, label_1; the exported model "
-                    "serves one logit per request: a model with several heads is not exported yet")
+# examples/two_label.py's compile_args: label by binary cross-entropy, label_1 by mean squared error at weight 0.5
+MSE_HEAD = [*MODEL, "--model_param=second_loss=mean_squared_error", "--model_param=second_weight=0.5"]
+
+
+def bce(labels, logits) -> float:
+    return float(np.mean(np.maximum(logits, 0) - logits * labels + np.log1p(np.exp(-np.abs(logits)))))
+
+
+def test_a_loss_and_a_weight_per_head_from_the_model_file_against_numpy():
+    """One step's losses are a NumPy reference's on the model's outputs before it (binary
+    cross-entropy, mean squared error, their sum weighted 1 and 0.5); the evaluation gives label_1
+    its RMSE (no AUC) and label its AUC, each equal to NumPy's of the same predictions."""
+    from run.loop import Run
+    values = {"dataset_type": "synthetic", "synthetic_cardinalities": ["300", "50", "7", "30"],
+              "synthetic_num_numerical": 3, "synthetic_eval_rows": 500, "valid_batch_size": 300, "seed": 7,
+              "synthetic_labels": 2, "model": "examples/two_label.py", "optimizer": "adam", "learning_rate": 0.01,
+              "model_param": ["embedding_dim=4", "hidden=[16,8]", "head=[8]", "second_loss=mean_squared_error",
+                              "second_weight=0.5"]}
+    run = Run(build_config(dict(TINY, **values), set(values)))
+    try:
+        numerical, categorical, y, _, _ = next(iter(run._eval_data()))
+        before, y = run.trainer.predict(numerical, categorical).numpy(), y.numpy()
+        got = {k: float(v) for k, v in run.trainer.train_step(numerical, categorical, y).items()}
+        want = {"label_loss": bce(y[:, 0], before[:, 0]), "label_1_loss": float(np.mean((before[:, 1] - y[:, 1]) ** 2))}
+        want["loss"] = want["label_loss"] + 0.5 * want["label_1_loss"]
+        assert got == pytest.approx(want, rel=1e-5)
+        metrics = run.evaluate(1)
+        after, labels = [], []
+        for numerical, categorical, y, _, valid in run._eval_data():
+            after.append(run.trainer.predict(numerical, categorical).numpy()[:int(valid)])
+            labels.append(y.numpy()[:int(valid)])
+    finally:
+        run.model.embeddings.close()
+    after, labels = np.concatenate(after), np.concatenate(labels)
+    assert after.shape == (500, 2)
+    assert metrics["label_1_rmse"] == pytest.approx(np.sqrt(np.mean((after[:, 1] - labels[:, 1]) ** 2)), rel=1e-9)
+    assert "label_1_auc" not in metrics and "label_1_logloss" not in metrics
+    assert metrics["auc"] == metrics["label_auc"] == pytest.approx(numpy_auc(labels[:, 0], after[:, 0]), abs=1e-12)
+
+
+def test_the_losses_per_head_in_the_progress_line_json_log_and_evaluation(tmp_path):
+    out = succeeded(python(*MSE_HEAD, *TWO_LABELS, f"--log_path={tmp_path / 'log.json'}"))
+    assert " | label loss " in out.stdout and " | label_1 loss " in out.stdout
+    assert [line for line in out.stdout.splitlines() if line.startswith("eval at step")][-1].split(" | ")[:-1] == [
+        f"eval at step {STEPS}: label_auc {last_eval(tmp_path / 'log.json')['label_auc']:.5f}",
+        f"label_logloss {last_eval(tmp_path / 'log.json')['label_logloss']:.5f}",
+        f"label_oracle_auc {last_eval(tmp_path / 'log.json')['label_oracle_auc']:.5f}",
+        f"label_1_rmse {last_eval(tmp_path / 'log.json')['label_1_rmse']:.5f}"]
+    for loss, label, label_1 in steps(tmp_path / "log.json").values():
+        assert loss == pytest.approx(label + 0.5 * label_1, rel=1e-6)
+
+
+ONE_VALUE = ONE_OUTPUT + "\n\ndef compile_args(features, hparams):\n    return {'loss': 'mean_squared_error'}\n"
+
+
+def test_a_one_output_regression_model_and_the_refusals(tmp_path):
+    (tmp_path / "value.py").write_text(ONE_VALUE)
+    value = [f"--model={tmp_path / 'value.py'}", *DATA]
+    out = succeeded(python(*value, f"--log_path={tmp_path / 'log.json'}"))
+    final = last_eval(tmp_path / "log.json")
+    assert final["auc"] is None and 0.0 < final["rmse"] < 1.0
+    assert f"eval at step {STEPS}: rmse {final['rmse']:.5f} | 500 samples" in out.stdout
+    assert error_line(python(*value, "--keep_best_checkpoint", f"--save_checkpoint_path={tmp_path / 'ckpt'}")) == (
+        f"error: --keep_best_checkpoint chooses by an AUC; --model={tmp_path / 'value.py'} evaluates no output by "
+        "AUC (its compile_args trains each with mean squared error)")
+    assert error_line(python(*MODEL, *TWO_LABELS, "--model_param=second_loss=binary_crossentropy")) == (
+        "error: --model=examples/two_label.py: compile_args: the loss of head 'label_1' is 'binary_crossentropy'; "
+        "main.py trains an output with 'binary_crossentropy_from_logits' (a logit of a binary label, evaluated by "
+        "AUC) or 'mean_squared_error' (a value, evaluated by RMSE)")
+    (tmp_path / "optimizer.py").write_text(ONE_OUTPUT + "\n\ndef compile_args(features, hparams):\n"
+                                           "    return {'optimizer': 'sgd'}\n")
+    assert error_line(python(f"--model={tmp_path / 'optimizer.py'}", *DATA)) == (
+        f"error: --model={tmp_path / 'optimizer.py'}: compile_args gives 'optimizer'; it chooses compile's loss and "
+        "loss_weights (the optimizer, learning rate, XLA and loss scale are the run's flags)")

@@ -1,9 +1,12 @@
 """A model file's checkpoint (main.py --model=FILE) as the exporter serves it: FILE's model
-rebuilt on one process from the checkpoint's signature (its features, hyper-parameters), its
-HybridEmbedding layers' tables and lookups read off the built layers, and the dense part
-(ranking FunctionalModel.dense_part) with the checkpoint's Keras weights. Shapes: B requests,
-n numericals, L lookups of widths D_l."""
+rebuilt on one process from the checkpoint's signature (its features, hyper-parameters, and the
+labels of a model with heads), its HybridEmbedding layers' tables and lookups read off the built
+layers, and the dense part (ranking FunctionalModel.dense_part) with the checkpoint's Keras
+weights, giving a column per head (in the labels' order) and predicting a value for a head FILE's
+compile_args trains with mean squared error. Shapes: B requests, n numericals, L lookups of
+widths D_l, H heads."""
 import os
+from typing import List, Optional
 
 import keras
 import tensorflow as tf
@@ -11,25 +14,29 @@ import tensorflow as tf
 from deployment.exporter.model_layout import ExportedModel, Lookup, Table
 from deployment.repository_format import RepositoryError, ServingLayout
 from ranking import CategoricalFeature, Features, HybridEmbedding
-from ranking.features import NUMERICAL, load_builder
+from ranking.features import NUMERICAL, compile_args, load_model_file
 from ranking.model import FunctionalModel
 from storage import checkpoint
 from utils.errors import ConfigError
 
 
 class KerasDense(tf.Module):
-    """numerical_features [B, n], embeddings [B, sum D_l] -> logits [B] float32: a model file's
-    dense part (a keras.Model taking the numericals, if the model does, then one [B, D_l] per
-    lookup)."""
+    """numerical_features [B, n], embeddings [B, sum D_l] -> logits [B] float32, or [B, H] for
+    `heads` (a column per head, in their order): a model file's dense part (a keras.Model taking
+    the numericals, if the model does, then one [B, D_l] per lookup; giving one output, or one per
+    head in the order of their names)."""
 
-    def __init__(self, dense_part: keras.Model, widths, takes_numerical: bool):
+    def __init__(self, dense_part: keras.Model, widths, takes_numerical: bool, heads: Optional[List[str]] = None):
         super().__init__(name="dense")
         self.model, self._widths, self._takes_numerical = dense_part, list(widths), takes_numerical
+        self._columns = None if heads is None else [sorted(heads).index(h) for h in heads]
 
     def __call__(self, numerical: tf.Tensor, embeddings: tf.Tensor) -> tf.Tensor:
         rows = tf.split(embeddings, self._widths, axis=1)
         out = self.model(([numerical] if self._takes_numerical else []) + rows, training=False)
-        return tf.reshape(tf.cast(out, tf.float32), [-1])
+        if self._columns is None:
+            return tf.reshape(tf.cast(out, tf.float32), [-1])
+        return tf.stack([tf.reshape(tf.cast(out[i], tf.float32), [-1]) for i in self._columns], axis=1)
 
 
 def model_file_export(manifest: dict, model_file) -> ExportedModel:
@@ -41,15 +48,18 @@ def model_file_export(manifest: dict, model_file) -> ExportedModel:
     features = Features([CategoricalFeature(n, c, h) for n, c, h in
                          zip(names, signature["cardinalities"], signature["max_hotness"])], signature["num_numerical"],
                         labels=signature.get("labels", ["label"]))
+    heads = signature.get("labels")   # a model with heads: one per label, named as it (run/user_model.py)
     try:
-        model = load_builder(model_file)(features, dict(signature["hparams"]))
+        build, chosen = load_model_file(model_file)
+        model = build(features, dict(signature["hparams"]))
+        outputs = getattr(model, "_outputs_struct", None)
+        built = sorted(outputs) if isinstance(outputs, dict) else None
+        if isinstance(model, FunctionalModel) and built != (None if heads is None else sorted(heads)):
+            raise ConfigError(f"the model gives {'heads ' + ', '.join(built) if built else 'one output'}, the "
+                              f"checkpoint's {'heads ' + ', '.join(heads) if heads else 'one output'}")
+        _, scores = compile_args(chosen, features, signature["hparams"], heads)
     except ConfigError as e:
         raise RepositoryError(f"--model={model_file}: {e}") from None
-    outputs = getattr(model, "_outputs_struct", None)
-    if isinstance(outputs, dict) or "labels" in signature:
-        heads = sorted(outputs) if isinstance(outputs, dict) else signature["labels"]
-        raise RepositoryError(f"--model={model_file}: the model has heads {', '.join(heads)}; the exported model "
-                              f"serves one logit per request: a model with several heads is not exported yet")
     layers = [l for l in model._flatten_layers() if isinstance(l, HybridEmbedding)]
     tables, lookups, widths = [], [], []
     for layer in layers:   # the order dense_part takes their outputs in; tables numbered across layers
@@ -65,15 +75,16 @@ def model_file_export(manifest: dict, model_file) -> ExportedModel:
                                   f"model builds it {(t.rows, t.dim)}")
     inputs = model._inputs_struct
     layout = ServingLayout(signature["cardinalities"], signature["max_hotness"], widths, signature["num_numerical"],
-                           [x.feature for x in lookups])
+                           [x.feature for x in lookups], heads)
 
     def dense(verify: bool) -> KerasDense:
         named = {w.path: w.value for w in model.weights}
         checkpoint.restore(manifest["path"], checkpoint.replicated_entries(named), {}, set(named), extra_ok=True,
                            verify=verify)
-        return KerasDense(model.dense_part(), widths, NUMERICAL in inputs)
+        return KerasDense(model.dense_part(), widths, NUMERICAL in inputs, heads)
 
-    return ExportedModel(layout, tables, lookups, os.path.splitext(signature["model"])[0], dense)
+    return ExportedModel(layout, tables, lookups, os.path.splitext(signature["model"])[0], dense,
+                         tuple(h for h, score in enumerate(scores) if score == "rmse"))
 
 
 def _lookups(model, layer: HybridEmbedding, features: Features, model_file: str, first_table: int):

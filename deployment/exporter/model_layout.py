@@ -6,7 +6,7 @@ signature is an nn.model_config.ModelConfig's; lookup f = feature f = table f) a
 file's (main.py --model=FILE: deployment/exporter/model_file.py builds FILE's model);
 repository.exported_model reads either."""
 import dataclasses
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 from deployment.repository_format import TABLE_DTYPE, ServingLayout
 from nn.model_config import ModelConfig
@@ -38,13 +38,16 @@ class ExportedModel:
     """A checkpoint's model as the exporter serves it: requests by `layout` (its embedding_dims per
     lookup), `tables`, `lookups` (embeddings [B, sum of the lookups' widths], in lookup order),
     `name` (the default model name), and `dense(verify)`: the dense part as a tf.Module with the
-    checkpoint's weights (numerical [B, n], embeddings -> logits [B]; TensorFlow: called last), None
-    for a built-in model (saved_models.Dense, built from the signature)."""
+    checkpoint's weights (numerical [B, n], embeddings -> logits [B], or [B, H] for the layout's H
+    `heads`; TensorFlow: called last), None for a built-in model (saved_models.Dense, built from
+    the signature). `values`: the outputs (columns) trained as values (mean squared error), whose
+    predictions are their outputs; every other one's is the sigmoid of its logit."""
     layout: ServingLayout
     tables: List[Table]
     lookups: List[Lookup]
     name: str
     dense: Optional[Callable[[bool], object]]
+    values: Tuple[int, ...] = ()
 
     @property
     def per_feature(self) -> bool:

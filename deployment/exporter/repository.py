@@ -66,8 +66,8 @@ def _io(layout: ServingLayout) -> Dict[str, str]:
     return {NUMERICAL: _tensor(NUMERICAL, "TYPE_FP32", [layout.num_numerical]),
             CATEGORICAL: _tensor(CATEGORICAL, "TYPE_INT64", [layout.categorical_width]),
             EMBEDDINGS: _tensor(EMBEDDINGS, "TYPE_FP32", [sum(layout.embedding_dims)]),
-            PREDICTIONS: _tensor(PREDICTIONS, "TYPE_FP32", [1]),
-            LOGITS: _tensor(LOGITS, "TYPE_FP32", [1])}
+            PREDICTIONS: _tensor(PREDICTIONS, "TYPE_FP32", [layout.outputs]),
+            LOGITS: _tensor(LOGITS, "TYPE_FP32", [layout.outputs])}
 
 
 def model_config(name: str, inputs: List[str], outputs: List[str], layout: ServingLayout, s: Settings) -> str:
@@ -325,8 +325,10 @@ def _write_content(manifest: dict, model: ExportedModel, tmp: str, name: str, se
 
 
 def _layout_json(layout: ServingLayout) -> dict:
-    """export.json's "layout": without `lookup_features` for the built-in models (one lookup per feature)."""
+    """export.json's "layout": without `lookup_features` for the built-in models (one lookup per
+    feature), without `heads` for a model of one output."""
     out = dataclasses.asdict(layout)
-    if out["lookup_features"] is None:
-        del out["lookup_features"]
+    for optional in ("lookup_features", "heads"):
+        if out[optional] is None:
+            del out[optional]
     return out

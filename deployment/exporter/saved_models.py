@@ -5,7 +5,7 @@ checkpoint's manifest; model_file.KerasDense for a model file's) reads only the 
 the tables (`Lookup`) are read whole from the checkpoint, only for the SavedModels that hold
 them (never the optimizer state). Three SavedModels (tensor names:
 deployment/repository_format.py):
-    monolithic   numerical_features, categorical_features -> predictions, logits
+    monolithic   numerical_features, categorical_features -> predictions, logits ([B, 1]; [B, H] of H heads)
     sparse       categorical_features -> embeddings (the lookups; tables larger than a threshold
                  are placed in host memory, their gathers run on the CPU)
     dense        numerical_features, embeddings -> predictions, logits
@@ -90,8 +90,13 @@ class Dense(tf.Module):
         return self.arch(numerical, tf.split(embeddings, self._dims, axis=1))
 
 
-def _outputs(logits: tf.Tensor) -> dict:
-    return {PREDICTIONS: tf.sigmoid(logits)[:, None], LOGITS: logits[:, None]}
+def _outputs(logits: tf.Tensor, values: Sequence[int] = ()) -> dict:
+    """logits [B] (one output) or [B, H] (heads) -> predictions and logits [B, 1] or [B, H]: each
+    column's prediction the sigmoid of its logit, but the output itself for the columns `values`."""
+    logits = logits[:, None] if logits.shape.rank == 1 else logits
+    predictions = [logits[:, h:h + 1] if h in values else tf.sigmoid(logits[:, h:h + 1])
+                   for h in range(logits.shape[1])]
+    return {PREDICTIONS: predictions[0] if len(predictions) == 1 else tf.concat(predictions, axis=1), LOGITS: logits}
 
 
 class _Serving(tf.Module):
@@ -123,7 +128,7 @@ def serving_modules(manifest: dict, host_bytes: int, with_tables: bool = True, v
     embeddings = tf.TensorSpec([None, sum(layout.embedding_dims)], tf.float32, name=EMBEDDINGS)
 
     def dense_part(numerical_features, embeddings):
-        return _outputs(dense(numerical_features, embeddings))
+        return _outputs(dense(numerical_features, embeddings), model.values)
 
     modules = {"dense": _Serving("dense", dense_part, [numerical, embeddings], dense=dense)}
     if not with_tables:
@@ -132,7 +137,7 @@ def serving_modules(manifest: dict, host_bytes: int, with_tables: bool = True, v
     lookup = Lookup(tables, model, host_bytes)
 
     def monolithic(numerical_features, categorical_features):
-        return _outputs(dense(numerical_features, lookup(categorical_features)))
+        return _outputs(dense(numerical_features, lookup(categorical_features)), model.values)
 
     def sparse(categorical_features):
         return {EMBEDDINGS: lookup(categorical_features)}

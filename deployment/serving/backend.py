@@ -3,6 +3,7 @@ calls, the request check and the model_version output.
 
     infer(numerical_features [B, n] float32, categorical_features [B, W] int64)
         -> {predictions [B, 1] float32, logits [B, 1] float32, model_version [B, 1] int64}
+           (a model with H heads: predictions and logits [B, H], repository_format.ServingLayout.heads)
 
 raising errors.BadRequest for a request it refuses. The frontend (native.py, or Triton's) has
 checked names, dtypes and shapes; the backend checks values.

@@ -243,7 +243,8 @@ def _saved_model(model_dir: str) -> str:
 
 class DenseModel:
     """The dense SavedModel of a model directory (`<dir>/1/model.savedmodel`, or the SavedModel
-    itself): (numerical [B, n], embeddings [B, sum D_f]) -> {predictions, logits} [B, 1], numpy.
+    itself): (numerical [B, n], embeddings [B, sum D_f]) -> {predictions, logits} [B, 1] ([B, H]
+    of H heads), numpy.
     Run once on a row of zeros when loaded, so that its first request is not slower."""
 
     def __init__(self, model_dir: str, layout: ServingLayout):
@@ -282,7 +283,7 @@ class Model:
     newer versions while serving: a backend.Backend.
 
     infer(numerical [B, n] float32, categorical [B, W] int64) -> predictions, logits [B, 1]
-    float32 and model_version [B, 1] int64. Thread-safe: requests and one updater. `log` gets
+    ([B, H] of H heads) float32 and model_version [B, 1] int64. Thread-safe: requests and one updater. `log` gets
     the tiers' lines (Redis down, back).
     """
 
