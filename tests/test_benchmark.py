@@ -78,3 +78,25 @@ def test_api_times_the_example_model_against_the_built_in_one(tmp_path, workload
     assert record["api_samples_per_s"] > 0 and record["builtin_samples_per_s"] > 0
     low, high = record["round_ratio_range"]
     assert low <= record["round_ratio_median"] <= high
+
+
+@pytest.mark.skipif(not os.path.isfile(YARDSTICK), reason="../shared/bench is not beside this checkout")
+@pytest.mark.parametrize("fresh", [0, 1])
+def test_dynamic_times_the_largest_tables_dynamic_against_static(tmp_path, fresh):
+    record, = run_benchmark(tmp_path, ["--workload", "dlrm-kaggle", "--dynamic", "2", "--rounds", "2",
+                                       "--fresh_ids", str(fresh)])
+    assert record["impl"] == "dynamic-vs-static" and record["rounds"] == 2 and record["fresh_ids"] == fresh
+    assert record["dynamic_tables"] == {"0": 100, "2": 30}   # the two largest of 100, 7, 30, capacity = rows
+    assert record["static_samples_per_s"] > 0 and record["dynamic_samples_per_s"] > 0
+    counts = record["dynamic_counts"]["embedding/table_0"]
+    assert counts["refused"] == 0 and counts["evicted"] == counts["admitted"] - counts["live"]
+    # the pool's 2 batches of 64 ids cycle (at most 100 distinct: all hits after the first pass); fresh ids: 5 steps
+    # of new ids, 320 ids in 100 rows
+    assert counts["evicted"] > 0 if fresh else 0 < counts["admitted"] == counts["live"] <= 100
+
+
+def test_dynamic_and_api_are_one_comparison_at_a_time(tmp_path):
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "train_throughput.py"), "--workload",
+                          "dlrm-kaggle", "--dynamic", "3", "--api", "1"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1].endswith("--api and --dynamic: one comparison at a time")
