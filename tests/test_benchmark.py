@@ -100,3 +100,26 @@ def test_dynamic_and_api_are_one_comparison_at_a_time(tmp_path):
                           "dlrm-kaggle", "--dynamic", "3", "--api", "1"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1].endswith("--api and --dynamic: one comparison at a time")
+
+
+def test_dynamic_quality_trains_the_exact_vocabulary_and_each_capacity(tmp_path):
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "dynamic_quality.py"), "--rows", "6000",
+                          "--test_rows", "2000", "--columns", "C3,C12", "--capacities", "50,100", "--batch_size",
+                          "256", "--work", str(tmp_path / "work"), "--clean"],
+                         capture_output=True, text=True, timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    data, *runs = [json.loads(line) for line in lines if line.startswith("{")]
+    assert data["columns"] == {"C3": "cat_2", "C12": "cat_11"} and min(data["distinct_ids"].values()) > 100
+    distinct = sum(data["distinct_ids"].values())
+    assert [r["run"] for r in runs] == ["exact vocabulary", "dynamic 50%", "dynamic 100%"]
+    exact, half, whole = runs
+    assert exact["capacity"] is None and exact["admitted"] == 0 and all(0 < r["auc"] < 1 for r in runs)
+    assert exact["steps"] == half["steps"] == whole["steps"] == 6000 // 256
+    # room for every distinct id: none evicted (the last partial batch is not trained: some never admitted)
+    assert whole["capacity"] == distinct and whole["evicted"] == 0 and whole["admitted"] == whole["live"] <= distinct
+    assert distinct / 2 <= half["capacity"] <= distinct / 2 + 2 and half["live"] == half["capacity"]
+    assert 0 < half["evicted"] == half["admitted"] - half["live"] and half["refused"] == 0
+    table = lines[-5:]
+    assert table[0].startswith("| run | seed | rows of the 2 tables | test AUC |") and len(table) == 5
+    assert not (tmp_path / "work").exists()
