@@ -15,6 +15,8 @@ seed): the vocabulary run, and the raw-id run with those columns' tables dynamic
 (`--dynamic_tables`, `--policy`, K = 1) at each capacity, a share of the column's distinct ids in
 training. Each run's test AUC and log loss come from its JSON log's final record, the dynamic
 tables' admitted, evicted and refused ids (summed over the columns) from its last step record.
+The first line also gives the columns' distinct training ids, the share of training lookups the
+most frequent 25% (50%, ...) of the ids take, and the share of test lookups of unseen ids.
 Prints one JSON line per run, then a table; keeps the files under `--work` unless `--clean`.
 """
 import argparse
@@ -68,10 +70,30 @@ def preprocess(log: str, work: str, columns) -> dict:
     return out
 
 
-def distinct_ids(raw: str, feature: str) -> int:
-    """Distinct raw ids of `feature` in the raw-id dataset's training files."""
-    parts = sorted(glob.glob(os.path.join(raw, "train", f"{feature}.part*.bin")))
-    return len(np.unique(np.concatenate([np.fromfile(p, np.int64) for p in parts])))
+def raw_ids(raw: str, mapping: str, feature: str) -> np.ndarray:
+    """The raw ids [n] int64 of `feature` in the raw-id dataset's `mapping` files."""
+    parts = sorted(glob.glob(os.path.join(raw, mapping, f"{feature}.part*.bin")))
+    return np.concatenate([np.fromfile(p, np.int64) for p in parts])
+
+
+def id_figures(raw: str, features, capacities) -> dict:
+    """Per feature: its distinct training ids; over the features: the share of training lookups
+    that the most frequent `pct`% of each feature's ids take (what a table of that capacity holds
+    at best), and the share of test lookups of ids absent from training."""
+    distinct, top, seen, unseen, tests = {}, dict.fromkeys(capacities, 0), 0, 0, 0
+    for f in features:
+        train, test = raw_ids(raw, "train", f), raw_ids(raw, "test", f)
+        ids, counts = np.unique(train, return_counts=True)
+        counts = np.sort(counts)[::-1]
+        distinct[f] = len(ids)
+        for pct in capacities:
+            top[pct] += int(counts[:math.ceil(pct / 100 * len(ids))].sum())
+        seen += len(train)
+        unseen += int((~np.isin(test, ids)).sum())
+        tests += len(test)
+    return {"distinct_ids": distinct,
+            "train_lookups_in_top_ids": {f"{pct:g}%": round(n / seen, 4) for pct, n in top.items()},
+            "test_lookups_unseen_in_training": round(unseen / tests, 4)}
 
 
 def train(dataset: str, log_path: str, seed: int, args, dynamic: str = "") -> dict:
@@ -120,9 +142,10 @@ def main():
     t0 = time.time()
     data = preprocess(make_log(args.work, args), args.work, args.columns)
     features = [f"cat_{CATEGORICAL_NAMES.index(c)}" for c in args.columns]
-    distinct = {f: distinct_ids(data["raw"], f) for f in features}
+    figures = id_figures(data["raw"], features, capacities)
+    distinct = figures["distinct_ids"]
     print(json.dumps({"rows": args.rows, "test_rows": args.test_rows, "columns": dict(zip(args.columns, features)),
-                      "distinct_ids": distinct, "prepare_seconds": round(time.time() - t0, 1)}), flush=True)
+                      **figures, "prepare_seconds": round(time.time() - t0, 1)}), flush=True)
     results = []
     for seed in seeds:
         runs = [("exact vocabulary", data["exact"], "", {})]

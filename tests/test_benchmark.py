@@ -111,6 +111,9 @@ def test_dynamic_quality_trains_the_exact_vocabulary_and_each_capacity(tmp_path)
     lines = out.stdout.strip().splitlines()
     data, *runs = [json.loads(line) for line in lines if line.startswith("{")]
     assert data["columns"] == {"C3": "cat_2", "C12": "cat_11"} and min(data["distinct_ids"].values()) > 100
+    top = data["train_lookups_in_top_ids"]
+    assert list(top) == ["50%", "100%"] and 0.5 < top["50%"] < top["100%"] == 1.0   # Zipf: the frequent half
+    assert 0 < data["test_lookups_unseen_in_training"] < 1
     distinct = sum(data["distinct_ids"].values())
     assert [r["run"] for r in runs] == ["exact vocabulary", "dynamic 50%", "dynamic 100%"]
     exact, half, whole = runs
