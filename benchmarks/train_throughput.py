@@ -369,7 +369,7 @@ def main():
     ap.add_argument("--scaling", action="store_true", help="2 ranks x 1 thread against 1 rank x 2 threads (W1 "
                     "unless --workload)")
     ap.add_argument("--ranks", type=int, default=1, help="run --workload on this many Gloo ranks (horovodrun)")
-    ap.add_argument("--rounds", type=int, default=3, help="--scaling, --api: alternating rounds")
+    ap.add_argument("--rounds", type=int, default=3, help="--scaling, --api, --dynamic: alternating rounds")
     ap.add_argument("--api", type=int, choices=[0, 1], default=0, help="also build the workload written with the API "
                     "(examples/dlrm.py, examples/dcnv2.py, as main.py --model=FILE runs it) and time both, alternated")
     ap.add_argument("--dynamic", type=int, default=0, metavar="K", help="also build the workload with its K largest "
