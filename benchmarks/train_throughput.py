@@ -8,6 +8,7 @@ workloads specify) on an in-memory pool of synthetic batches, as the yardstick d
     python benchmarks/train_throughput.py --scaling      # W1: 2 ranks x 1 thread against 1 rank x 2 threads
     python benchmarks/train_throughput.py --workload dlrm-kaggle --checks 1   # + the cost of the safety checks
     python benchmarks/train_throughput.py --workload dlrm-kaggle --api 1 --timed 5 --rounds 60   # API vs built-in
+    python benchmarks/train_throughput.py --workload dlrm-kaggle --dynamic 3 --timed 5 --rounds 30   # dynamic vs static
 
 Workload, FLOP accounting and batch pool come from the shared yardstick module, so both sides
 measure the same thing. With `--ranks N` the step runs hybrid-parallel on N Gloo ranks of this
@@ -19,7 +20,9 @@ back by the real loader with and without them) and the train step's non-finite-g
 the same process, the workload written with the Keras API (examples/dlrm.py or examples/dcnv2.py,
 built from the workload's features and shapes as `main.py --model=FILE` builds it, its step as the
 run drives it) beside the built-in model, and times `--rounds` rounds of `timed` steps of each,
-alternated (built-in, API, built-in, API, ...), so that both see the same load.
+alternated (built-in, API, built-in, API, ...), so that both see the same load. `--dynamic K` does
+the same with the workload's model twice: static tables, and its K largest tables dynamic
+(parallel_embedding/dynamic_table.py, capacity = their rows, the pool's ids as raw ids).
 """
 import argparse
 import importlib.util
@@ -80,14 +83,21 @@ def measure(args):
                          interaction="cross" if w["model"] == "dcnv2" else "dot_custom" if args.dot_op else "dot",
                          num_cross_layers=w.get("cross_layers", 0),
                          cross_layer_projection_dim=w.get("cross_projection_dim", 0))
-    model = RankingModel(config, model_tables(config, plan, comm, seed=w["seed"]), seed=w["seed"],
-                         compute_dtype=amp_dtype() if args.amp else tf.float32)
-    trainer = Trainer(model, w["optimizer"]["name"], LearningRateSchedule(w["optimizer"]["lr"], 0, 0, 0),
-                      xla=bool(args.xla), loss_scaling=bool(args.amp) and amp_dtype() == tf.float16)
+
+    def trainer_of(plan):   # the workload's model over the tables `plan` places, and its train step
+        model = RankingModel(config, model_tables(config, plan, comm, seed=w["seed"]), seed=w["seed"],
+                             compute_dtype=amp_dtype() if args.amp else tf.float32)
+        return Trainer(model, w["optimizer"]["name"], LearningRateSchedule(w["optimizer"]["lr"], 0, 0, 0),
+                       xla=bool(args.xla), loss_scaling=bool(args.amp) and amp_dtype() == tf.float16)
+
+    trainer = trainer_of(plan)
+    model = trainer.model
     batch = int(w["batch_size"])
     pool = batch_pool(w, comm, [model.embeddings.input_rows(f) for f in range(len(cards))])
     if args.api:
         return against_api(args, w, comm, trainer.train_step, pool, warmup, timed, model.dense_variables)
+    if args.dynamic:
+        return against_dynamic(args, w, trainer_of, trainer.train_step, pool, warmup, timed)
     times = timed_steps(trainer.train_step, pool, warmup, timed)
     sps = batch * len(times) / sum(times)
     onednn = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default")
@@ -162,36 +172,72 @@ def api_trainer(w, comm):
 
 
 def against_api(args, w, comm, builtin_step, builtin_pool, warmup: int, timed: int, builtin_dense) -> dict:
-    """`args.rounds` rounds of `timed` steps of the built-in model then of the API's (each after
-    its `warmup` steps, once), on the same global batches. Ratios are API / built-in speed: of
-    the median steps, and per round (its median, quartiles and range: the noise; short rounds
-    see the same load on both sides), and of the median CPU seconds per step (this process' threads,
-    which other processes inflate less than wall time). `dense_parameters`: each model's dense
-    weights (the same shapes)."""
+    """The built-in model against the API's (`alternated`, API / built-in speed), on the same
+    global batches. `dense_parameters`: each model's dense weights (the same shapes)."""
     api = api_trainer(w, comm)
     pool = batch_pool(w, comm, [api.model.embeddings.input_rows(f) for f in range(len(w["cardinalities"]))])
-    sides = {"builtin": (builtin_step, builtin_pool), "api": (api.train_step, pool)}
+    return {"impl": "api-vs-builtin", "workload": args.workload, "threads": args.threads,
+            "dense_parameters": {side: sum(int(v.shape.num_elements()) for v in dense) for side, dense in
+                                 (("builtin", builtin_dense), ("api", api.model.dense_variables))},
+            **alternated(args, int(w["batch_size"]), {"builtin": (builtin_step, builtin_pool),
+                                                      "api": (api.train_step, pool)}, warmup, timed)}
+
+
+def against_dynamic(args, w, trainer_of, static_step, pool, warmup: int, timed: int) -> dict:
+    """The workload with static tables against the same workload with its `args.dynamic` largest
+    tables dynamic (`alternated`, dynamic / static speed): each a DynamicTable of capacity = its
+    rows (LRU, K = 1, one hash shard; parallel_embedding/dynamic_table.py), fed the same global
+    batches, their ids taken as raw ids. The pool's ids fit: once the first pass over the pool
+    has admitted them, every lookup is a hit. With `args.fresh_ids` the dynamic side's step k
+    takes the dynamic tables' ids of batch k + cardinality x k instead (int64): ids never seen
+    before, every distinct one admitted (a new row initialised) at its step, the worst case for
+    admission (no eviction while the steps' ids fit in the capacity). The dynamic tables' counts
+    at the end are in `dynamic_counts`."""
+    from parallel_embedding.planner import DynamicOptions, plan_tables
+    cards = w["cardinalities"]
+    if args.dynamic > len(cards):
+        raise SystemExit(f"--dynamic {args.dynamic}: {args.workload} has {len(cards)} tables")
+    largest = sorted(sorted(range(len(cards)), key=lambda f: -cards[f])[:args.dynamic])
+    plan = plan_tables(cards, [w["embedding_dim"]] * len(cards), 1,
+                       dynamic={f: DynamicOptions(capacity=cards[f]) for f in largest})
+    dynamic = trainer_of(plan)
+    fresh = pool
+    if args.fresh_ids:
+        import tensorflow as tf
+        fresh = [(n, [tf.cast(i, tf.int64) + cards[f] * k if f in largest else i for f, i in enumerate(ids)], y)
+                 for k, (n, ids, y) in ((k, pool[k % len(pool)]) for k in range(warmup + args.rounds * timed))]
+    record = alternated(args, int(w["batch_size"]), {"static": (static_step, pool),
+                                                     "dynamic": (dynamic.train_step, fresh)}, warmup, timed)
+    return {"impl": "dynamic-vs-static", "workload": args.workload, "threads": args.threads,
+            "dynamic_tables": {f: cards[f] for f in largest}, "fresh_ids": args.fresh_ids, **record,
+            "dynamic_counts": dynamic.model.embeddings.dynamic_stats()}
+
+
+def alternated(args, batch: int, sides: dict, warmup: int, timed: int) -> dict:
+    """`args.rounds` rounds of `timed` steps of each of the two `sides` (name -> (step, pool)), the
+    first then the second (each after its `warmup` steps, once), so that both see the same load
+    (steps `warmup` + r `timed` ... of the pools, cycling, in round r).
+    Ratios are second / first speed: of the median steps, and per round (its median, quartiles
+    and range: the noise; short rounds see the same load on both sides), and of the median CPU
+    seconds per step (this process' threads, which other processes inflate less than wall time)."""
     for step, batches in sides.values():
         timed_steps(step, batches, warmup, 0)
     times, cpu = {side: [] for side in sides}, {side: [] for side in sides}
     for r in range(args.rounds):
         for side, (step, batches) in sides.items():
             c0 = time.process_time()
-            times[side].append(timed_steps(step, batches, 0, timed, start=r * timed))
+            times[side].append(timed_steps(step, batches, 0, timed, start=warmup + r * timed))
             cpu[side].append((time.process_time() - c0) / timed)
-    batch = int(w["batch_size"])
+    first, second = sides
     steps = {side: sum(rounds, []) for side, rounds in times.items()}
-    ratios = sorted(sum(times["builtin"][r]) / sum(times["api"][r]) for r in range(args.rounds))
+    ratios = sorted(sum(times[first][r]) / sum(times[second][r]) for r in range(args.rounds))
     quartiles = statistics.quantiles(ratios, n=4)[::2] if len(ratios) > 1 else ratios * 2
-    return {"impl": "api-vs-builtin", "workload": args.workload, "threads": args.threads, "batch": batch,
-            "rounds": args.rounds, "timed_steps_per_round": timed,
-            "dense_parameters": {side: sum(int(v.shape.num_elements()) for v in dense) for side, dense in
-                                 (("builtin", builtin_dense), ("api", api.model.dense_variables))},
+    return {"batch": batch, "rounds": args.rounds, "timed_steps_per_round": timed,
             **{f"{side}_samples_per_s": round(batch * len(t) / sum(t), 1) for side, t in steps.items()},
             **{f"{side}_step_ms_median": round(1000 * statistics.median(t), 2) for side, t in steps.items()},
             **{f"{side}_cpu_ms_per_step_median": round(1000 * statistics.median(c), 2) for side, c in cpu.items()},
-            "ratio_of_medians": round(statistics.median(steps["builtin"]) / statistics.median(steps["api"]), 3),
-            "cpu_ratio_of_medians": round(statistics.median(cpu["builtin"]) / statistics.median(cpu["api"]), 3),
+            "ratio_of_medians": round(statistics.median(steps[first]) / statistics.median(steps[second]), 3),
+            "cpu_ratio_of_medians": round(statistics.median(cpu[first]) / statistics.median(cpu[second]), 3),
             "round_ratio_median": round(statistics.median(ratios), 3),
             "round_ratio_quartiles": [round(q, 3) for q in quartiles],
             "round_ratio_range": [round(ratios[0], 3), round(ratios[-1], 3)],
@@ -323,9 +369,13 @@ def main():
     ap.add_argument("--scaling", action="store_true", help="2 ranks x 1 thread against 1 rank x 2 threads (W1 "
                     "unless --workload)")
     ap.add_argument("--ranks", type=int, default=1, help="run --workload on this many Gloo ranks (horovodrun)")
-    ap.add_argument("--rounds", type=int, default=3, help="--scaling, --api: alternating rounds")
+    ap.add_argument("--rounds", type=int, default=3, help="--scaling, --api, --dynamic: alternating rounds")
     ap.add_argument("--api", type=int, choices=[0, 1], default=0, help="also build the workload written with the API "
                     "(examples/dlrm.py, examples/dcnv2.py, as main.py --model=FILE runs it) and time both, alternated")
+    ap.add_argument("--dynamic", type=int, default=0, metavar="K", help="also build the workload with its K largest "
+                    "tables dynamic (capacity = their rows, --dynamic_tables) and time both, alternated")
+    ap.add_argument("--fresh_ids", type=int, choices=[0, 1], default=0, help="--dynamic: the dynamic tables' ids "
+                    "new at every step (every one admitted: the worst case), not the pool's ids cycling (all hits)")
     ap.add_argument("--xla", type=int, choices=[0, 1], default=0)
     ap.add_argument("--amp", type=int, choices=[0, 1], default=0, help="mixed precision (bfloat16 on CPU)")
     ap.add_argument("--onednn", type=int, choices=[0, 1], default=None, help="TF_ENABLE_ONEDNN_OPTS (default: TF's choice)")
@@ -338,8 +388,16 @@ def main():
     ap.add_argument("--timed", type=int)
     ap.add_argument("--bench_dir", default=DEFAULT_BENCH, help="folder holding workloads.yaml and yardstick/")
     args = ap.parse_args()
-    if args.api and (args.xla or args.amp or args.ranks > 1 or args.compare or args.scaling or not args.workload):
-        ap.error("--api 1 times one --workload on one rank, without --xla, --amp, --compare, --scaling")
+    for flag in ("api", "dynamic"):
+        if getattr(args, flag) and (args.xla or args.amp or args.ranks > 1 or args.compare or args.scaling
+                                    or not args.workload):
+            ap.error(f"--{flag} times one --workload on one rank, without --xla, --amp, --compare, --scaling")
+    if args.fresh_ids and not args.dynamic:
+        ap.error("--fresh_ids 1 needs --dynamic K")
+    if args.api and args.dynamic:
+        ap.error("--api and --dynamic: one comparison at a time")
+    if args.dynamic < 0:
+        ap.error(f"--dynamic {args.dynamic}: the number of tables made dynamic, >= 0")
     if args.compare:
         args.workloads = [args.workload] if args.workload else list(WORKLOADS)
         compare(args)

@@ -78,3 +78,51 @@ def test_api_times_the_example_model_against_the_built_in_one(tmp_path, workload
     assert record["api_samples_per_s"] > 0 and record["builtin_samples_per_s"] > 0
     low, high = record["round_ratio_range"]
     assert low <= record["round_ratio_median"] <= high
+
+
+@pytest.mark.skipif(not os.path.isfile(YARDSTICK), reason="../shared/bench is not beside this checkout")
+@pytest.mark.parametrize("fresh", [0, 1])
+def test_dynamic_times_the_largest_tables_dynamic_against_static(tmp_path, fresh):
+    record, = run_benchmark(tmp_path, ["--workload", "dlrm-kaggle", "--dynamic", "2", "--rounds", "2",
+                                       "--fresh_ids", str(fresh)])
+    assert record["impl"] == "dynamic-vs-static" and record["rounds"] == 2 and record["fresh_ids"] == fresh
+    assert record["dynamic_tables"] == {"0": 100, "2": 30}   # the two largest of 100, 7, 30, capacity = rows
+    assert record["static_samples_per_s"] > 0 and record["dynamic_samples_per_s"] > 0
+    counts = record["dynamic_counts"]["embedding/table_0"]
+    assert counts["refused"] == 0 and counts["evicted"] == counts["admitted"] - counts["live"]
+    # the pool's 2 batches of 64 ids cycle (at most 100 distinct: all hits after the first pass); fresh ids: 5 steps
+    # of new ids, 320 ids in 100 rows
+    assert counts["evicted"] > 0 if fresh else 0 < counts["admitted"] == counts["live"] <= 100
+
+
+def test_dynamic_and_api_are_one_comparison_at_a_time(tmp_path):
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "train_throughput.py"), "--workload",
+                          "dlrm-kaggle", "--dynamic", "3", "--api", "1"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1].endswith("--api and --dynamic: one comparison at a time")
+
+
+def test_dynamic_quality_trains_the_exact_vocabulary_and_each_capacity(tmp_path):
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "dynamic_quality.py"), "--rows", "6000",
+                          "--test_rows", "2000", "--columns", "C3,C12", "--capacities", "50,100", "--batch_size",
+                          "256", "--work", str(tmp_path / "work"), "--clean"],
+                         capture_output=True, text=True, timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    data, *runs = [json.loads(line) for line in lines if line.startswith("{")]
+    assert data["columns"] == {"C3": "cat_2", "C12": "cat_11"} and min(data["distinct_ids"].values()) > 100
+    top = data["train_lookups_in_top_ids"]
+    assert list(top) == ["50%", "100%"] and 0.5 < top["50%"] < top["100%"] == 1.0   # Zipf: the frequent half
+    assert 0 < data["test_lookups_unseen_in_training"] < 1
+    distinct = sum(data["distinct_ids"].values())
+    assert [r["run"] for r in runs] == ["exact vocabulary", "dynamic 50%", "dynamic 100%"]
+    exact, half, whole = runs
+    assert exact["capacity"] is None and exact["admitted"] == 0 and all(0 < r["auc"] < 1 for r in runs)
+    assert exact["steps"] == half["steps"] == whole["steps"] == 6000 // 256
+    # room for every distinct id: none evicted (the last partial batch is not trained: some never admitted)
+    assert whole["capacity"] == distinct and whole["evicted"] == 0 and whole["admitted"] == whole["live"] <= distinct
+    assert distinct / 2 <= half["capacity"] <= distinct / 2 + 2 and half["live"] == half["capacity"]
+    assert 0 < half["evicted"] == half["admitted"] - half["live"] and half["refused"] == 0
+    table = lines[-5:]
+    assert table[0].startswith("| run | seed | rows of the 2 tables | test AUC |") and len(table) == 5
+    assert not (tmp_path / "work").exists()

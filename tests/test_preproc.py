@@ -193,6 +193,31 @@ def generated(tmp_path_factory):
     return str(path)
 
 
+def test_generated_labels_follow_the_value_effects():
+    """--value_effects: each value of the named columns has one effect on the label, the same in
+    every file; weight 0 (or none) leaves the lines bit for bit as they were."""
+    assert generate.generate(3000, seed=4, value_effects={"C3": 0.0}).equals(generate.generate(3000, seed=4))
+
+    def positive_rate(table, column="C3", least=400):   # by value, for the values seen at least `least` times
+        labels = np.array(table.column("label").to_pylist()).astype(int)
+        values = np.array(table.column(column).to_pylist(), object)
+        return {v: labels[values == v].mean() for v in set(values) - {None} if (values == v).sum() >= least}
+
+    rates = [positive_rate(generate.generate(40000, seed=s, value_effects={"C3": 3.0})) for s in (1, 2)]
+    plain = [positive_rate(generate.generate(40000, seed=s)) for s in (1, 2)]
+    common = sorted(set(rates[0]) & set(rates[1]) & set(plain[0]) & set(plain[1]))
+    assert len(common) >= 10
+
+    def correlation(a, b):
+        return np.corrcoef([a[v] for v in common], [b[v] for v in common])[0, 1]
+
+    assert correlation(*rates) > 0.9 and abs(correlation(*plain)) < 0.7
+    assert generate.parse_value_effects("C3:1,C21:0.5") == {"C3": 1.0, "C21": 0.5}
+    for bad in ("C0:1", "C3", "C3:x"):
+        with pytest.raises(SystemExit, match=f"^--value_effects entry '{bad}': expected Ck:W"):
+            generate.parse_value_effects(bad)
+
+
 def read_tree(root):
     out = {}
     for folder, _, files in os.walk(root):
