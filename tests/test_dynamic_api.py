@@ -216,6 +216,8 @@ def test_a_model_file_with_a_dynamic_table_exports_and_serves_what_it_predicts(t
     user = np.concatenate([rng.choice(pool, b - 4), [2 ** 61 + 5, -3, 0, 2 ** 63 - 1]])   # the last 4 never seen
     tags = rng.integers(2 ** 50 - 5, 2 ** 50 + 45, (b, 3))   # some never seen
     numerical = rng.normal(size=(b, 2)).astype(np.float32)
+    live = set(checkpoint.read_tensor(ckpt, "embedding_tables/table_0/ids")[:, 0].tolist())
+    assert 0 < sum(u in live for u in user.tolist()) < b - 4   # ids live, ids evicted or never seen
     restored = dataclasses.replace(cfg.checkpoints, restore_checkpoint_path=ckpt, save_checkpoint_path="")
     r = run_loop.Run(dataclasses.replace(cfg, mode="eval", checkpoints=restored))
     want = r.trainer.predict(tf.constant(numerical), [tf.constant(user), tf.constant(np.arange(b) % 5),
