@@ -6,6 +6,7 @@ on synthetic data and on raw-id data (split-binary, `raw_ids: true`), resumes bi
 exported in the tables form and served as it predicts for ids seen and never seen; the refusals
 are one line."""
 import dataclasses
+import json
 
 import keras
 import numpy as np
@@ -269,3 +270,33 @@ def test_model_file_refusals_are_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"^table embedding_tables/table_1 \(feature 1\) is static in this run, "
                                           r"dynamic in the checkpoint"):
         run_loop.run(tiny_config(**WIDE_AND_DEEP, max_steps=4, restore_checkpoint_path=dynamic))
+
+
+def test_a_model_file_at_two_gloo_ranks_equals_one_process(tmp_path):
+    """Wide & Deep with cat_0's tables in 2 hash shards (one per rank, evicting) and cat_3's whole
+    (lfu), model-parallel input: the per-step losses, the maps' state bit for bit, the values
+    within float tolerance and the counts in the JSON log equal one process's."""
+    from tests.horovod_run import horovodrun
+    from tests.test_dynamic_multirank import EXACT
+    from tests.test_model_cli import DATA, model_args, python
+    from tests.test_multirank_cli import records, succeeded
+    args = [*model_args("wide_and_deep"), *DATA, "--max_steps=6", "--dynamic_tables=cat_0:60:2:lru:0:2,cat_3:30:1:lfu"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    succeeded(python(*args, f"--log_path={one}.json", f"--save_checkpoint_path={one}"))
+    out = succeeded(horovodrun(2, ["main.py", *args, f"--log_path={two}.json", f"--save_checkpoint_path={two}"]))
+    assert "2 ranks" in out.stdout
+    want, got = records(f"{one}.json"), records(f"{two}.json")
+    for s in range(1, 7):
+        assert got["step"][s] == pytest.approx(want["step"][s], rel=1e-5, abs=1e-6), s
+    a, b = tensors(two), tensors(one)
+    tables = sorted(n for n in b if n.startswith("embedding_tables/"))
+    assert sorted(n for n in a if n.startswith("embedding_tables/")) == tables
+    assert "embedding_tables/table_4/shard_1/ids" in tables and "embedding_tables/table_7/counts" in tables
+    for name in tables:
+        if name.rsplit("/", 1)[-1] in EXACT:
+            np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+        else:
+            np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    counts = [{k: v for r in map(json.loads, open(f"{run}.json")) if r["kind"] == "step" and r["step"] == 6
+               for k, v in r.items() if k.startswith("embedding/")} for run in (one, two)]
+    assert counts[0] == counts[1] and counts[0]["embedding/deep_cat_0/evicted"] > 0
