@@ -156,7 +156,7 @@ class UserModel:
         if unused:
             raise ConfigError(f"--dynamic_tables: {where} makes no table of feature {unused[0]!r} with "
                               "features.feature_configs(...), which makes its table dynamic")
-        if self._input_names is None:
+        if not flagged or self._input_names is None:
             return
         names = {id(t): name for name, t in model._inputs_struct.items()}
         for layer in layers:
