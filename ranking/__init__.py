@@ -28,14 +28,14 @@ grouped allreduce, non-finite stop), dist_model_parallel.py (NVIDIA distributed-
 `DistributedEmbedding`, `DistributedGradientTape`, `broadcast_variables`: `from ranking import
 dist_model_parallel as dmp`). What works and what remains: docs/models.md.
 """
-from ranking import dist_model_parallel
 from parallel_embedding.planner import DynamicOptions
+from ranking import dist_model_parallel
 from ranking.config import FeatureConfig, TableConfig
 from ranking.embedding import HybridEmbedding, TableStorage
 from ranking.features import CategoricalFeature, Features, hyperparameters
 from nn.layers import MLP, CrossNetwork, DotInteraction, FactorizationMachine
 from ranking.model import Model
 
-__all__ = ["CategoricalFeature", "CrossNetwork", "DotInteraction", "DynamicOptions", "FactorizationMachine", "FeatureConfig", "Features",
-           "HybridEmbedding", "MLP", "Model", "TableConfig", "TableStorage", "dist_model_parallel",
-           "hyperparameters"]
+__all__ = ["CategoricalFeature", "CrossNetwork", "DotInteraction", "DynamicOptions", "FactorizationMachine",
+           "FeatureConfig", "Features", "HybridEmbedding", "MLP", "Model", "TableConfig", "TableStorage",
+           "dist_model_parallel", "hyperparameters"]

@@ -420,7 +420,8 @@ class _ProjectStep:
         gradients. With dynamic tables, each one's counts join the logs every callback sees
         (progress bar, History, TensorBoard), after every batch and epoch: "<table>/live",
         "/admitted", "/evicted", "/refused" (HybridEmbedding.dynamic_stats)."""
-        dynamic = any(t.kind == "dynamic" for l in getattr(self, "embedding_layers", ()) for t in l.embedding.plan.tables)
+        dynamic = any(t.kind == "dynamic" for layer in getattr(self, "embedding_layers", ())
+                      for t in layer.embedding.plan.tables)
         first = [_DynamicCounts()] if dynamic else []
         return super().fit(*args, callbacks=first + list(callbacks or []) + [_StopOnNonFinite()], **kwargs)
 

@@ -287,10 +287,10 @@ class UserModel:
 
 class _Tables:
     """The loop's view of a model file's embeddings, its HybridEmbedding `layers`
-    (nn.model.RankingModel.embeddings' input_rows, staged, store_stats, close). `feeds`: per
-    layer, None (it takes its ids from its inputs) or, for a layer whose ids the run gives (tables
-    on disk, model-parallel input), per input of the layer the index of the dataset's feature it
-    reads; F: the dataset's features."""
+    (nn.model.RankingModel.embeddings' input_rows, staged, store_stats, check_checkpoint, close).
+    `feeds`: per layer, None (it takes its ids from its inputs) or, for a layer whose ids the run
+    gives (tables on disk, model-parallel input), per input of the layer the index of the
+    dataset's feature it reads; F: the dataset's features."""
 
     def __init__(self, layers: List[HybridEmbedding], feeds: List[Optional[List[int]]], num_features: int):
         self.layers, self._feeds, self._num_features = layers, feeds, num_features

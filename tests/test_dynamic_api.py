@@ -22,7 +22,6 @@ from nn.lr_schedule import LearningRateSchedule
 from nn.model import RankingModel, model_tables
 from nn.model_config import ModelConfig, TableConfig as NNTable
 from nn.trainer import Trainer
-from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.planner import DynamicOptions, plan_tables
 from ranking import FeatureConfig, HybridEmbedding, Model, TableConfig
 from storage import checkpoint
@@ -175,7 +174,8 @@ def write_raw_data(folder, rows=96 * 8, seed=0):
                              max_hotness={"tags": 3}, base_dir=str(folder))
     for mapping in ("train", "test"):
         with MappingWriter(spec, mapping) as writer:
-            writer.write({"n0": rng.normal(size=rows).astype(np.float16), "n1": rng.normal(size=rows).astype(np.float16),
+            numerical = rng.normal(size=(2, rows)).astype(np.float16)
+            writer.write({"n0": numerical[0], "n1": numerical[1],
                           "label": (user % 3 == 0) ^ (rng.random(rows) < 0.1), "user": user, "c": np.arange(rows) % 5,
                           "tags": (tags, lengths)})
     spec.to_yaml(str(folder / "feature_spec.yaml"))
