@@ -16,7 +16,8 @@ Shapes: `b` local batch (this rank's samples), `B = N b` over N ranks, feature f
     model.compile(optimizer="adagrad", learning_rate=0.01)
     model.fit(tf.data.Dataset.from_tensor_slices((ids_values, labels)).batch(b))    # labels [b]
 
-Modules: config.py (`TableConfig`, `FeatureConfig` in keras-rs' field names; `planner_tables`),
+Modules: config.py (`TableConfig`, `FeatureConfig` in keras-rs' field names; `planner_tables`;
+a table with `dynamic=DynamicOptions(capacity, ...)` takes raw int64 ids),
 embedding.py (`HybridEmbedding`: a Keras layer over parallel_embedding.DistributedEmbedding;
 `TableStorage`: tables on disk),
 features.py (`Features`: the dataset's features as `main.py --model=FILE`'s builder gets them),
@@ -27,6 +28,7 @@ grouped allreduce, non-finite stop), dist_model_parallel.py (NVIDIA distributed-
 `DistributedEmbedding`, `DistributedGradientTape`, `broadcast_variables`: `from ranking import
 dist_model_parallel as dmp`). What works and what remains: docs/models.md.
 """
+from parallel_embedding.planner import DynamicOptions
 from ranking import dist_model_parallel
 from ranking.config import FeatureConfig, TableConfig
 from ranking.embedding import HybridEmbedding, TableStorage
@@ -34,6 +36,6 @@ from ranking.features import CategoricalFeature, Features, hyperparameters
 from nn.layers import MLP, CrossNetwork, DotInteraction, FactorizationMachine
 from ranking.model import Model
 
-__all__ = ["CategoricalFeature", "CrossNetwork", "DotInteraction", "FactorizationMachine", "FeatureConfig", "Features",
-           "HybridEmbedding", "MLP", "Model", "TableConfig", "TableStorage", "dist_model_parallel",
-           "hyperparameters"]
+__all__ = ["CategoricalFeature", "CrossNetwork", "DotInteraction", "DynamicOptions", "FactorizationMachine",
+           "FeatureConfig", "Features", "HybridEmbedding", "MLP", "Model", "TableConfig", "TableStorage",
+           "dist_model_parallel", "hyperparameters"]

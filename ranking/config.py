@@ -3,11 +3,13 @@
 A `TableConfig` is one embedding table (rows x width, combiner); a `FeatureConfig` is one input
 looked up in a table; several features may name the same table. `planner_tables(features)` gives
 the distinct tables in order of first use ([rows_t], [D_t], combiners) and, per feature, the index
-of its table: the planner places tables, not features.
+of its table: the planner places tables, not features. A table given `dynamic` (a
+parallel_embedding.planner.DynamicOptions) is a dynamic table: its features take raw int64 ids.
 """
 import dataclasses
 from typing import List, Optional, Sequence, Tuple
 
+from parallel_embedding.planner import DynamicOptions
 from utils.errors import ConfigError
 
 COMBINERS = ("sum", "mean")
@@ -26,7 +28,11 @@ class TableConfig:
     - combiner: "sum" or "mean" over a multi-hot sample's ids (keras-rs' default, "mean");
     - placement: "auto" or "default_device": the planner places the table over the ranks;
     - max_ids_per_partition, max_unique_ids_per_partition: SparseCore (TPU) sizing hints,
-      accepted for keras-rs compatibility and checked to be positive; no other effect here.
+      accepted for keras-rs compatibility and checked to be positive; no other effect here;
+    - dynamic (not keras-rs'): None, or a DynamicOptions making the table dynamic (planner rule 2;
+      docs/dynamic_tables.md): its features take raw int64 ids (any value, no vocabulary), mapped
+      to its `capacity` rows (= vocabulary_size) with admission after `admit_after` sightings and
+      eviction by `policy` (lru, lfu, ttl) in `shards` hash shards.
     """
     name: str
     vocabulary_size: int
@@ -37,6 +43,7 @@ class TableConfig:
     placement: str = "auto"
     max_ids_per_partition: int = 256
     max_unique_ids_per_partition: int = 256
+    dynamic: Optional[DynamicOptions] = None
 
     def __post_init__(self):
         where = f"table {self.name!r}"
@@ -57,6 +64,12 @@ class TableConfig:
         if self.placement not in ("auto", "default_device"):
             raise ConfigError(f"{where}: placement must be 'auto' or 'default_device' (the planner places "
                               f"tables), got {self.placement!r}")
+        if self.dynamic is not None and not isinstance(self.dynamic, DynamicOptions):
+            raise ConfigError(f"{where}: dynamic must be None or a parallel_embedding.planner.DynamicOptions, "
+                              f"got {type(self.dynamic).__name__}")
+        if self.dynamic is not None and self.dynamic.capacity != self.vocabulary_size:
+            raise ConfigError(f"{where}: a dynamic table's rows are its capacity: vocabulary_size "
+                              f"{self.vocabulary_size} != dynamic.capacity {self.dynamic.capacity}")
 
 
 @dataclasses.dataclass(frozen=True)

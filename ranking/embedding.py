@@ -82,7 +82,8 @@ class HybridEmbedding(keras.layers.Layer):
     its lookup: their ids concatenated, [k b], its rows [k b, D] split back per feature.
     `data_parallel_input` false: model-parallel input at N > 1 (the module docstring).
     `trainable` false (Keras' attribute): `ranking.Model`'s step neither differentiates nor updates
-    the tables (frozen).
+    the tables (frozen). A table with `dynamic` options (planner rule 2) takes raw int64 ids (no
+    range check), mapped to rows at the model's global step; its counts: `dynamic_stats`.
     """
 
     def __init__(self, features: Union[Mapping[str, FeatureConfig], Sequence[FeatureConfig]], *,
@@ -118,7 +119,8 @@ class HybridEmbedding(keras.layers.Layer):
             for t in range(len(self.tables))], storage.host_threshold_bytes)
         plan = plan_tables([t.vocabulary_size for t in self.tables], [t.embedding_dim for t in self.tables],
                            comm.size, strategy, column_slice_threshold, row_slice_threshold,
-                           data_parallel_threshold, tiers=tiers)
+                           data_parallel_threshold, tiers=tiers,
+                           dynamic={i: t.dynamic for i, t in enumerate(self.tables) if t.dynamic})
         self.model_parallel_input = comm.size > 1 and not data_parallel_input
         self.embedding = DistributedEmbedding(plan, comm, seed=tuple(seed),
                                               data_parallel_input=comm.size > 1 and data_parallel_input,
@@ -158,6 +160,12 @@ class HybridEmbedding(keras.layers.Layer):
         """This rank's table parameters (the `Param #` of `model.summary()`; not in its totals,
         which count Keras weights)."""
         return int(sum(np.prod(v.shape) for v in self.table_variables))
+
+    def dynamic_stats(self) -> dict:
+        """Per dynamic table, by "<layer>/<its TableConfig's name>": its live rows and admitted,
+        evicted and refused ids (DistributedEmbedding.dynamic_stats; at N ranks a collective)."""
+        names = {self.embedding.table_name(t): f"{self.name}/{table.name}" for t, table in enumerate(self.tables)}
+        return {names[name]: counts for name, counts in self.embedding.dynamic_stats().items()}
 
     @contextlib.contextmanager
     def recording(self, tape: tf.GradientTape):
@@ -228,6 +236,8 @@ class HybridEmbedding(keras.layers.Layer):
                          for x in parts]
                 dtype = tf.int64 if any(p.dtype == tf.int64 for p in parts) else parts[0].dtype
                 parts = [tf.cast(p, dtype) for p in parts]
+            if self.tables[t].dynamic:   # raw 64-bit ids
+                parts = [tf.cast(p, tf.int64) for p in parts]
             out.append(parts[0] if len(parts) == 1 else tf.concat(parts, axis=0))
         return out
 

@@ -18,7 +18,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 
 import keras
 
-from parallel_embedding.planner import BYTES_PER_ELEMENT, BudgetError
+from parallel_embedding.planner import BYTES_PER_ELEMENT, BudgetError, DynamicOptions
 from ranking.config import FeatureConfig, TableConfig
 from ranking.embedding import HybridEmbedding, TableStorage
 from utils.errors import ConfigError
@@ -34,10 +34,12 @@ HEAD_LOSSES = {"binary_crossentropy_from_logits": "auc", "mean_squared_error": "
 @dataclasses.dataclass(frozen=True)
 class CategoricalFeature:
     """One categorical feature of the dataset: ids in [0, cardinality); `max_hotness` None for
-    one id per sample, else up to that many (a ragged input)."""
+    one id per sample, else up to that many (a ragged input); `dynamic`: the options of its
+    dynamic table (the run's --dynamic_tables: raw int64 ids, `cardinality` its capacity), or None."""
     name: str
     cardinality: int
     max_hotness: Optional[int] = None
+    dynamic: Optional[DynamicOptions] = None
 
     @property
     def multi_hot(self) -> bool:
@@ -65,6 +67,7 @@ class Features:
         self._storage = storage
         self._layer_settings = dict(data_parallel_input=data_parallel_input, zeros_initializer=zeros_initializer)
         self._planned = False   # whether `embedding` has made a layer
+        self.made_dynamic = set()   # the features with `dynamic` options feature_configs has made a table of
 
     def __iter__(self) -> Iterator[CategoricalFeature]:
         return iter(self.categorical)
@@ -97,13 +100,17 @@ class Features:
     def feature_configs(self, embedding_dim: int, combiner: str = "sum", names: Optional[Sequence[str]] = None,
                         prefix: str = "") -> List[FeatureConfig]:
         """One FeatureConfig (and its own table of `cardinality` rows x `embedding_dim`, `combiner`
-        over a multi-hot sample's ids) per feature of `names` (default: all, in order), each named
-        `prefix` + the feature's name (a prefix tells apart two tables of one feature)."""
+        over a multi-hot sample's ids; dynamic with the feature's `dynamic` options, its rows their
+        capacity) per feature of `names` (default: all, in order), each named `prefix` + the
+        feature's name (a prefix tells apart two tables of one feature)."""
         out = []
         for name in self.names if names is None else names:
             f = self[name]
-            table = TableConfig(name=prefix + f.name, vocabulary_size=f.cardinality, embedding_dim=embedding_dim,
-                                combiner=combiner)
+            rows = f.dynamic.capacity if f.dynamic else f.cardinality
+            if f.dynamic:
+                self.made_dynamic.add(f.name)
+            table = TableConfig(name=prefix + f.name, vocabulary_size=rows, embedding_dim=embedding_dim,
+                                combiner=combiner, dynamic=f.dynamic)
             shape = (None, f.max_hotness) if f.multi_hot else (None,)
             out.append(FeatureConfig(name=prefix + f.name, table=table, input_shape=shape,
                                      output_shape=(None, embedding_dim)))

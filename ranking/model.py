@@ -420,8 +420,20 @@ class _ProjectStep:
             raise NonFiniteError(f"step {step}: non-finite loss or gradients; training stopped")
 
     def fit(self, *args, callbacks=None, **kwargs):
-        """keras.Model.fit, stopped with NonFiniteError after a step with a non-finite loss or gradients."""
-        return super().fit(*args, callbacks=list(callbacks or []) + [_StopOnNonFinite()], **kwargs)
+        """keras.Model.fit, stopped with NonFiniteError after a step with a non-finite loss or
+        gradients. With dynamic tables, each one's counts join the logs every callback sees
+        (progress bar, History, TensorBoard), after every batch and epoch: "<table>/live",
+        "/admitted", "/evicted", "/refused" (HybridEmbedding.dynamic_stats)."""
+        dynamic = any(t.kind == "dynamic" for layer in getattr(self, "embedding_layers", ())
+                      for t in layer.embedding.plan.tables)
+        first = [_DynamicCounts()] if dynamic else []
+        return super().fit(*args, callbacks=first + list(callbacks or []) + [_StopOnNonFinite()], **kwargs)
+
+    def dynamic_stats(self) -> Dict[str, int]:
+        """Every dynamic table's counts, "<table>/<count>" (utils.logger.DYNAMIC_COUNTS), over every
+        HybridEmbedding and rank ({} without dynamic tables; at N ranks a collective). After compile."""
+        return {f"{table}/{k}": v for layer in self.embedding_layers
+                for table, counts in layer.dynamic_stats().items() for k, v in counts.items()}
 
 
 class Model(_ProjectStep, keras.Model):
@@ -583,6 +595,17 @@ def _has_halves(model) -> bool:
         return written != ["call"]
     raise ConfigError(f"model {model.name!r} writes {' and '.join(written) or 'neither call nor the halves'}; a "
                       f"subclassed ranking.Model writes call, or the halves embedding_call and dense_call")
+
+
+class _DynamicCounts(keras.callbacks.Callback):
+    """Adds `Model.dynamic_stats` to the logs of every batch and epoch (first of fit's callbacks)."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        if logs is not None:
+            logs.update(self.model.dynamic_stats())
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.on_train_batch_end(epoch, logs)
 
 
 class _StopOnNonFinite(keras.callbacks.Callback):

@@ -173,8 +173,7 @@ class Assembly:
         weights_only = mode == "weights"
         # weights only: a fresh optimizer, of any kind
         signature = self.model_config.signature(optimizer=None if weights_only else cfg.training.optimizer)
-        if isinstance(self.model, RankingModel):   # a table static in one, dynamic in the other
-            self.model.embeddings.check_checkpoint(manifest["tensors"])
+        self.model.embeddings.check_checkpoint(manifest["tensors"])   # a table static in one, dynamic in the other
         checkpoint.restore(path, self.trainer.checkpoint_entries(weights_only), signature,
                            self.trainer.checkpoint_names(weights_only), extra_ok=weights_only,
                            optional=self.trainer.optional_names(), verify=not ck.skip_checkpoint_checksums,

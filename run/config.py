@@ -356,9 +356,6 @@ _MODEL_RULES = [
      lambda c, n: f"--num_cross_layers must be >= 1 with --interaction=cross, got {c.model.num_cross_layers}"),
 ]
 _RUN_RULES = [
-    (lambda c, n, p: c.model.dynamic_tables and c.model.model,
-     lambda c, n: f"--dynamic_tables with --model={c.model.model} is not supported yet (a model file's tables are "
-                  "static); drop --dynamic_tables"),
     (lambda c, n, p: c.parallelism.data_parallel_input and c.storage.embedding_memory_budget_gb is not None,
      lambda c, n: "--data_parallel_input does not work with --embedding_memory_budget_gb: the disk tier stages the "
                   "next batch's ids on the rank that owns them, which data-parallel input only knows inside the "

@@ -47,7 +47,8 @@ def dataset_features(cfg: RunConfig, comm) -> Features:
     """The run's dataset as a model file's builder sees it, on the run's ranks, seed, placement,
     input layout (--data_parallel_input; off: model-parallel input at N > 1), initial tables
     (--embedding_zeros_initializer) and storage (--embedding_memory_budget_gb: tables on disk; on
-    a GPU, --cpu_offloading_threshold_gb: tables in host memory), as the built-in path's."""
+    a GPU, --cpu_offloading_threshold_gb: tables in host memory) and dynamic tables (--dynamic_tables:
+    the features' options, which `feature_configs` gives their tables), as the built-in path's."""
     shape, p, s = cfg.data.shape, cfg.parallelism, cfg.storage
     placement = dict(strategy=p.dist_strategy, column_slice_threshold=p.column_slice_threshold,
                      row_slice_threshold=p.row_slice_threshold, data_parallel_threshold=p.data_parallel_threshold)
@@ -57,7 +58,9 @@ def dataset_features(cfg: RunConfig, comm) -> Features:
         None if s.embedding_memory_budget_gb is None else max(1, int(s.embedding_memory_budget_gb * 2 ** 30)),
         batch_rows(cfg), len(slot_names(cfg.training.optimizer)), s.embedding_store_path, s.embedding_cache_policy,
         host)
-    categorical = [CategoricalFeature(n, c, h) for n, c, h in zip(shape.names, shape.cardinalities, shape.max_hotness)]
+    dynamic = cfg.dynamic_tables
+    categorical = [CategoricalFeature(n, c, h, dynamic.get(i))
+                   for i, (n, c, h) in enumerate(zip(shape.names, shape.cardinalities, shape.max_hotness))]
     return Features(categorical, shape.num_numerical, collectives=comm, seed=cfg.seed, placement=placement,
                     storage=storage, labels=shape.labels, data_parallel_input=p.data_parallel_input,
                     zeros_initializer=cfg.model.embedding_zeros_initializer)
@@ -115,6 +118,7 @@ class UserModel:
                                   "features.embedding(...)")
             layer.trainable = training.embedding_trainable
         self._input_names = self._check_inputs(model, where)
+        self._check_dynamic(model, layers, where)
         if isinstance(model, FunctionalModel):   # its heads are known before compile; a subclass' after a forward
             outputs = model._outputs_struct
             self._match_heads(sorted(outputs) if isinstance(outputs, dict) else None, where)
@@ -153,6 +157,26 @@ class UserModel:
             if name != NUMERICAL:
                 self.features[name]   # a feature the dataset lacks: one line naming it
         return list(struct)
+
+    def _check_dynamic(self, model, layers: List[HybridEmbedding], where: str):
+        """--dynamic_tables: every feature it names has a table made by `features.feature_configs`
+        (which makes it dynamic), and (a functional model) no static table reads such a feature's
+        ids (raw ids, or ids the flag asks a dynamic table for): one-line ConfigErrors."""
+        flagged = [f.name for f in self.features if f.dynamic]
+        unused = [name for name in flagged if name not in self.features.made_dynamic]
+        if unused:
+            raise ConfigError(f"--dynamic_tables: {where} makes no table of feature {unused[0]!r} with "
+                              "features.feature_configs(...), which makes its table dynamic")
+        if not flagged or self._input_names is None:
+            return
+        names = {id(t): name for name, t in model._inputs_struct.items()}
+        for layer in layers:
+            for f, t, x in zip(layer.features, layer.table_of, layer.call_inputs()):
+                name = names.get(id(x))
+                if name in flagged and not layer.tables[t].dynamic:
+                    raise ConfigError(f"--dynamic_tables: feature {name!r} (dynamic) is read by the static table "
+                                      f"{layer.tables[t].name!r} of layer {layer.name!r} in {where}; make its table "
+                                      "with features.feature_configs(...)")
 
     def _feeds(self, model, layers: List[HybridEmbedding], where: str) -> List[Optional[List[int]]]:
         """Per layer, None where it takes its ids from its inputs, else (tables on disk, whose ids
@@ -280,10 +304,10 @@ class UserModel:
 
 class _Tables:
     """The loop's view of a model file's embeddings, its HybridEmbedding `layers`
-    (nn.model.RankingModel.embeddings' input_rows, staged, store_stats, close). `feeds`: per
-    layer, None (it takes its ids from its inputs) or, for a layer whose ids the run gives (tables
-    on disk, model-parallel input), per input of the layer the index of the dataset's feature it
-    reads; F: the dataset's features."""
+    (nn.model.RankingModel.embeddings' input_rows, staged, store_stats, check_checkpoint, close).
+    `feeds`: per layer, None (it takes its ids from its inputs) or, for a layer whose ids the run
+    gives (tables on disk, model-parallel input), per input of the layer the index of the
+    dataset's feature it reads; F: the dataset's features."""
 
     def __init__(self, layers: List[HybridEmbedding], feeds: List[Optional[List[int]]], num_features: int):
         self.layers, self._feeds, self._num_features = layers, feeds, num_features
@@ -343,12 +367,21 @@ class _Tables:
         return ((e[0], e[2] + e[1]) + tuple(e[3:]) for e in layer.embedding.staged(with_table_ids(), training))
 
     def store_stats(self) -> dict:
-        """The disk tiers' figures since the last call ({} without one): of several layers with
-        tables on disk, their sums, and the lowest cache hit rate."""
-        stats = [layer.embedding.store_stats() for layer in self._staging]
-        if len(stats) < 2:
-            return stats[0] if stats else {}
-        return {k: min(s[k] for s in stats) if k == "cache_hit_rate" else sum(s[k] for s in stats) for k in stats[0]}
+        """The disk tiers' figures since the last call (of several layers with tables on disk,
+        their sums, and the lowest cache hit rate), and every dynamic table's counts
+        ("<table>/live", ...: HybridEmbedding.dynamic_stats; at N ranks a collective); {} without either."""
+        stats = [layer.embedding.tiered.stats() for layer in self._staging]
+        out = stats[0] if len(stats) == 1 else {} if not stats else {
+            k: min(s[k] for s in stats) if k == "cache_hit_rate" else sum(s[k] for s in stats) for k in stats[0]}
+        for layer in self.layers:
+            out.update({f"{table}/{k}": v for table, counts in layer.dynamic_stats().items() for k, v in counts.items()})
+        return out
+
+    def check_checkpoint(self, tensors: dict):
+        """One line naming the table where a checkpoint (its manifest's "tensors") holds a table of
+        a layer as dynamic and this run as static, or the reverse (DistributedEmbedding.check_checkpoint)."""
+        for layer in self.layers:
+            layer.embedding.check_checkpoint(tensors)
 
     def close(self):
         for layer in self.layers:

@@ -4,14 +4,15 @@ labels of a model with heads), its HybridEmbedding layers' tables and lookups re
 layers, and the dense part (ranking FunctionalModel.dense_part) with the checkpoint's Keras
 weights, giving a column per head (in the labels' order) and predicting a value for a head FILE's
 compile_args trains with mean squared error. Shapes: B requests, n numericals, L lookups of
-widths D_l, H heads."""
+widths D_l, H heads. A dynamic table (--dynamic_tables) is rebuilt static and exported as its
+checkpoint holds it: its live rows and their ids (model_layout.with_dynamic_tables)."""
 import os
 from typing import List, Optional
 
 import keras
 import tensorflow as tf
 
-from deployment.exporter.model_layout import ExportedModel, Lookup, Table
+from deployment.exporter.model_layout import DYNAMIC_IDS, ExportedModel, Lookup, Table
 from deployment.repository_format import RepositoryError, ServingLayout
 from ranking import CategoricalFeature, Features, HybridEmbedding
 from ranking.features import NUMERICAL, compile_args, load_model_file
@@ -70,7 +71,8 @@ def model_file_export(manifest: dict, model_file) -> ExportedModel:
         lookups, widths = lookups + more, widths + more_widths
     for t in tables:
         saved = tuple(manifest["tensors"].get(t.tensor, {}).get("shape", ()))
-        if saved != (t.rows, t.dim):
+        dynamic = f"{t.tensor}/{DYNAMIC_IDS}" in manifest["tensors"]   # its rows: the live ones saved
+        if saved != (saved[0] if dynamic and saved else t.rows, t.dim):
             raise RepositoryError(f"--model={model_file}: table {t.tensor} is {saved or 'missing'} in {where}, the "
                                   f"model builds it {(t.rows, t.dim)}")
     inputs = model._inputs_struct
