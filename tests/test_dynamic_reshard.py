@@ -82,8 +82,9 @@ def test_every_live_id_and_candidate_moves_to_its_new_shard_with_its_state(tmp_p
     """3 -> 1, 2 and 3 shards (and 3 -> 2 at 2 ranks, shard s on rank s % 2): the same live ids
     with bit-equal rows, slots and updated_at, the policy's counts or last-used step, each in
     the shard its hash picks; the same candidates; the totals and update counters summed and
-    kept (the candidate tables, of 2400 / S slots, so sparse that no set overflows). Back from 1 shard to 3: every shard's tensors as first saved but the totals (split
-    evenly, their sum kept): each old shard's eviction order survives the merge."""
+    kept (the candidate tables, of 2400 / S slots, so sparse that no set overflows). Back from 1
+    shard to 3: every shard's tensors as first saved but the totals (split evenly, their sum
+    kept): each old shard's eviction order survives the merge."""
     root = str(tmp_path / "three")
     original = _state([_trained(policy, root)])
     live, cands, totals, _ = original
@@ -130,7 +131,8 @@ def test_a_new_shard_given_more_live_ids_than_rows_is_refused_in_one_line(tmp_pa
     emb.set_optimizer("sgd", tf.Variable(0, dtype=tf.int64))
     with pytest.raises(ConfigError, match=rf"^dynamic table embedding/table_0: its checkpoint's 1 hash shard\(s\) "
                                           rf"restored as 2 give hash shard {fuller} {counts[fuller]} live ids for its "
-                                          r"15 rows: restore with 1 shard\(s\) or a larger capacity \(--dynamic_tables\)$"):
+                                          r"15 rows: restore with 1 shard\(s\) or a larger capacity "
+                                          r"\(--dynamic_tables\)$"):
         with emb.restoring(checkpoint.read_manifest(root)["tensors"]):
             checkpoint.restore(root, emb.checkpoint_entries(), {}, emb.checkpoint_names())
 

@@ -33,7 +33,7 @@ from parallel_embedding.dynamic_table import DynamicTable
 from storage import checkpoint
 from tests.horovod_run import ROOT
 from tests.redis_server import RedisServer
-from utils.errors import StoreError
+from utils.errors import CheckpointError, StoreError
 
 D = 4
 CONFIG = ModelConfig(tables=table_configs(cardinalities=[6, 8, 7], dims=[D, D, D], max_hotness=[None, 3, None],
@@ -314,11 +314,11 @@ def test_deploy_refuses_in_one_line_and_says_what_it_wrote(days, tmp_path):
     assert evicted > 0 and f", {evicted:,} ids evicted from 2 dynamic table(s) (" in line
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+@pytest.fixture(scope="module", params=["1:40:2", "1:51:2:lru:0:3"], ids=["whole", "3_hash_shards"])
+def trained(tmp_path_factory, request):
     """A DLRM trained with tables 1 and 2 dynamic (capacities 40, admitted at the second sighting,
-    and 8: table 1 evicting; one process), day 0 of 6 steps and day 1 of 4 more from it:
-    checkpoints, full exports, the delta."""
+    or 51 in 3 hash shards of 17 rows, and 8: table 1 evicting; one process), day 0 of 6 steps and
+    day 1 of 4 more from it: checkpoints, full exports, the delta."""
     import run.loop as run_loop
     from tests.configs import tiny_config
     tmp = tmp_path_factory.mktemp("trained")
@@ -326,7 +326,7 @@ def trained(tmp_path_factory):
     for day, (steps, seed) in enumerate([(6, 5), (4, 6)]):
         restore = {"restore_checkpoint_path": ckpts[-1], "restore_mode": "continue"} if ckpts else {}
         run_loop.run(tiny_config(save_checkpoint_path=str(tmp / f"day{day}"), max_steps=steps, evals_per_epoch=0,
-                                 seed=seed, dynamic_tables=["1:40:2", "2:8"], **restore))
+                                 seed=seed, dynamic_tables=[request.param, "2:8"], **restore))
         ckpts.append(checkpoint.resolve(str(tmp / f"day{day}")))
     repos = [str(tmp / f"repo{day}") for day in range(2)]
     for ckpt, repo in zip(ckpts, repos):
@@ -335,30 +335,44 @@ def trained(tmp_path_factory):
     return ckpts, repos, str(tmp / "delta")
 
 
+def dynamic_tensor(ckpt, f, what=""):
+    """Dynamic table f's `what` ("" its rows) in a checkpoint: its tensor, or its hash shards' concatenated."""
+    tensors = checkpoint.read_manifest(ckpt)["tensors"]
+    shards = sorted((n[:-4] for n in tensors if n.startswith(f"embedding/table_{f}/shard_") and n.endswith("/ids")),
+                    key=lambda n: int(n.rsplit("_", 1)[1])) or [f"embedding/table_{f}"]
+    return np.concatenate([checkpoint.read_tensor(ckpt, f"{p}/{what}" if what else p) for p in shards])
+
+
 def checkpoint_embeddings(ckpt, categorical):
     """embeddings [B, 4 * 8] in NumPy from a checkpoint's tensors: a dynamic table's rows found by
     id in its `/ids` (zeros for an id not there), a static table's by row."""
     manifest = checkpoint.read_manifest(ckpt)
     parts = []
     for f in range(categorical.shape[1]):
-        rows = checkpoint.read_tensor(ckpt, f"embedding/table_{f}")
-        if f"embedding/table_{f}/ids" in manifest["tensors"]:
-            at = {int(i): r for r, i in enumerate(checkpoint.read_tensor(ckpt, f"embedding/table_{f}/ids")[:, 0])}
-            rows = np.concatenate([rows, np.zeros((1, rows.shape[1]), rows.dtype)])
-            parts.append(rows[[at.get(int(i), len(rows) - 1) for i in categorical[:, f]]])
-        else:
-            parts.append(rows[categorical[:, f]])
+        if f"embedding/table_{f}" in manifest["tensors"] and f"embedding/table_{f}/ids" not in manifest["tensors"]:
+            parts.append(checkpoint.read_tensor(ckpt, f"embedding/table_{f}")[categorical[:, f]])
+            continue
+        rows = dynamic_tensor(ckpt, f)
+        at = {int(i): r for r, i in enumerate(dynamic_tensor(ckpt, f, "ids")[:, 0])}
+        rows = np.concatenate([rows, np.zeros((1, rows.shape[1]), rows.dtype)])
+        parts.append(rows[[at.get(int(i), len(rows) - 1) for i in categorical[:, f]]])
     return np.concatenate(parts, 1).astype(np.float32)
 
 
 def test_a_trained_run_served_and_updated_live_equals_its_checkpoints(trained):
+    """Served predictions equal those computed from the checkpoint for ids live, evicted (live on
+    day 0 only) and never seen (2^45, and ids of the synthetic data never admitted); a table in
+    hash shards is exported as one (its shards' live rows and ids in one ids file)."""
     ckpts, repos, delta = trained
-    totals = [checkpoint.read_tensor(c, "embedding/table_1/totals")[0] for c in ckpts]
+    totals = [dynamic_tensor(c, 1, "totals").sum(0) for c in ckpts]
     assert totals[1][1] > totals[0][1]   # table 1 evicted ids on day 1
     rng = np.random.default_rng(3)
-    live1 = np.concatenate([checkpoint.read_tensor(c, "embedding/table_1/ids")[:, 0] for c in ckpts])
+    live = [dynamic_tensor(c, 1, "ids")[:, 0] for c in ckpts]
+    assert len(np.setdiff1d(live[0], live[1])) > 0   # evicted on day 1
+    tables = json.load(open(os.path.join(repos[0], "m_tables", "tables.json")))["tables"]
+    np.testing.assert_array_equal(np.load(os.path.join(repos[0], "m_tables", tables[1]["ids_file"]))[:, 0], live[0])
     categorical = np.stack([rng.integers(0, 20, 64),
-                            rng.choice(np.concatenate([live1, np.arange(50), [2 ** 45]]), 64),
+                            rng.choice(np.concatenate([live[0], live[1], np.arange(50), [2 ** 45]]), 64),
                             rng.choice(np.array([0, 3, 6, 2 ** 40, -9]), 64), rng.integers(0, 30, 64)], 1)
     numerical = rng.normal(size=(64, 3)).astype(np.float32)
     model = Model(repos[0], log=lambda line: None)
@@ -377,14 +391,27 @@ def test_a_trained_run_served_and_updated_live_equals_its_checkpoints(trained):
         model.close()
 
 
-def test_a_dynamic_table_in_hash_shards_is_refused_naming_it(tmp_path):
-    table = DynamicTable("t", 4, D, seed=(0, 1))
-    train_step(table, np.array([5, 2 ** 50]), 1)
-    entries = RankingModel(CONFIG, seed=3).checkpoint_entries()
-    entries = [e for e in entries if e.name != "embedding/table_0"] + [
-        dataclasses.replace(e, name=e.name.replace("t", f"embedding/table_0/shard_{s}", 1))
-        for s in range(2) for e in table.checkpoint_entries()]
-    ckpt = checkpoint.save(str(tmp_path / "c"), entries, 1, CONFIG.signature(), SingleProcess())
-    with pytest.raises(ExportError, match=r": table embedding/table_0 is a dynamic table in hash shards, which "
-                                          r"export does not take yet: train it with 1 shard"):
-        write_repository(ckpt, str(tmp_path / "r"), "m")
+def test_a_dynamic_table_in_hash_shards_is_exported_as_one_and_an_id_in_two_shards_refused(tmp_path):
+    """Shards 0 and 1 of table 0 (two DynamicTables' checkpoints under `shard_<s>`): the tables form
+    writes their rows and ids concatenated in shard order; an id live in both is refused."""
+    shards = [DynamicTable(f"t{s}", 4, D, seed=(0, 1)) for s in range(2)]
+    train_step(shards[0], np.array([5, 2 ** 50]), 1)
+    train_step(shards[1], np.array([-7, 2 ** 40, 9]), 1)
+
+    def saved(name, tables):
+        entries = [e for e in RankingModel(CONFIG, seed=3).checkpoint_entries() if e.name != "embedding/table_0"] + [
+            dataclasses.replace(e, name=e.name.replace(t.table, f"embedding/table_0/shard_{s}", 1))
+            for s, t in enumerate(tables) for e in t.checkpoint_entries()]
+        return checkpoint.save(str(tmp_path / name), entries, 1, CONFIG.signature(), SingleProcess())
+
+    repo = str(tmp_path / "r")
+    write_repository(saved("c", shards), repo, "m")
+    table = json.load(open(os.path.join(repo, "m_tables", "tables.json")))["tables"][0]
+    ids = np.load(os.path.join(repo, "m_tables", table["ids_file"]))
+    np.testing.assert_array_equal(ids[:, 0], np.concatenate([t.map.export()["ids"].numpy() for t in shards]))
+    assert table["rows"] == 5 and (ids[:, 1] == LIVE).all()
+    np.testing.assert_array_equal(np.load(os.path.join(repo, "m_tables", "table_0.npy")), np.concatenate(
+        [tf.gather(t.variable, t.map.export()["rows"]).numpy() for t in shards]))
+    with pytest.raises(CheckpointError, match=r"table embedding/table_0's ids \(embedding/table_0/shard_0/ids, "
+                                              r"embedding/table_0/shard_1/ids\) hold an id twice"):
+        write_repository(saved("twice", [shards[0], shards[0]]), str(tmp_path / "r2"), "m")
