@@ -178,7 +178,8 @@ class DistributedEmbedding(tf.Module):
     is a DynamicTable (`dynamic`, by shard) whose variable is the shard's, mapping the ids of its
     hash range (`hash_shards`) to rows at the global step before the gathers, the others reading
     zeros as a row shard's do; its rows >= 0 are updated by its own optimizer; its checkpoint holds
-    its live rows (`dynamic_name(s)`), its counts are in `dynamic_stats` and `store_stats`.
+    its live rows (`dynamic_name(s)`; restored at another shard count within `restoring`), its
+    counts are in `dynamic_stats` and `store_stats`.
 
     Its collective operations are named after `name` (`<name>_rows`, ...): two embeddings of one
     model need different names.
