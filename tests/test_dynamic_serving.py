@@ -5,7 +5,7 @@ each dynamic table's ids file; the in-memory forms are refused naming the table;
 predictions for raw ids seen, evicted and never seen (zeros), ids >= 2^31 and negative ones,
 equal an in-process computation from the trained tables, in memory and through the lookup
 tiers; deltas (by id: new, changed, evicted) applied live, after evictions, a table growing in
-memory and refused through the tiers, a restart serving what the store holds, two servers sharing
+memory and through the tiers, a restart serving what the store holds, two servers sharing
 Redis; deploy.py's lines; and a run trained with --dynamic_tables exported, served and updated."""
 import dataclasses
 import json
@@ -24,7 +24,7 @@ from deployment.repository_format import CATEGORICAL, LIVE, NUMERICAL, PAD, PRED
 from deployment.serving.id_index import RowIndex
 from deployment.serving.live import DenseModel, Model
 from deployment.serving.native import ServedModel, TensorSpec
-from deployment.serving.tiers import TierConfig
+from deployment.serving.tiers import TierConfig, store_state
 from nn.model import RankingModel
 from nn.model_config import ModelConfig, table_configs
 from parallel_embedding import dynamic_table
@@ -251,15 +251,28 @@ def test_two_servers_sharing_redis_agree_on_rows_across_a_delta(days, tmp_path):
         server.stop()
 
 
-def test_a_delta_needing_more_rows_than_the_store_holds_is_refused_through_the_tiers(days, tmp_path):
+@pytest.mark.parametrize("cache_bytes", [200, 10 ** 6], ids=["cached", "held_whole"])
+def test_a_delta_needing_more_rows_than_the_store_holds_grows_it_through_the_tiers(days, tmp_path, cache_bytes):
+    """Table 1 has 5 rows in day 0's export and 8 live ids on day 1: the store's table and ids files
+    grow to 8 rows (store.json records it), day 1 is served through the cache (rows cached
+    before the delta) or with the table held whole, and after a restart, and day 2's delta on top."""
     repo = str(tmp_path / "repo")
     shutil.copytree(days["repos"][0], repo)
-    model = Model(repo, TierConfig(cache_bytes=200), log=lambda line: None)
+    config = TierConfig(cache_bytes=cache_bytes)
+    model = Model(repo, config, log=lambda line: None)
     try:
-        with pytest.raises(StoreError, match=r"^dynamic table 1: the update needs 8 rows, the store's table file "
-                                             r"holds 5 .*export the model in full$"):
-            model.apply_delta(read_delta(days["deltas"][0]))
         check_serves(model, days, 0)
+        model.apply_delta(read_delta(days["deltas"][0]))
+        check_serves(model, days, 1)
+        assert store_state(repo)["rows"] == {"1": 8}
+        assert np.load(os.path.join(repo, "m_tables", "table_1.npy"), mmap_mode="r").shape == (8, D)
+    finally:
+        model.close()
+    model = Model(repo, config, log=lambda line: None)
+    try:
+        check_serves(model, days, 1)
+        model.apply_delta(read_delta(days["deltas"][1]))
+        check_serves(model, days, 2)
     finally:
         model.close()
 
