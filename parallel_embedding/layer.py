@@ -689,7 +689,7 @@ class DistributedEmbedding(tf.Module):
         self._resharding = {}
         for t in self.plan.tables:
             saved = self._saved_shards(t.feature, tensors)
-            if t.kind == "dynamic" and len(saved) != len(t.shards):
+            if t.kind == "dynamic" and saved and len(saved) != len(t.shards):
                 self._resharding[t.feature] = saved
         try:
             yield self
