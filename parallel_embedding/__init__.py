@@ -26,6 +26,9 @@ Checkpoint entries (storage.checkpoint saves every rank's pieces, restores at an
                                            "<scope>/iterations" [] (default
                                            "table_optimizer/iterations")
     emb.checkpoint_names(weights_only)     every such tensor name, on any rank
+    with emb.restoring(manifest["tensors"]):    around storage.checkpoint.restore: refuses a table
+                                           static in one, dynamic in the other; takes a dynamic
+                                           table saved in another number of hash shards (re-hashed)
     emb.variables_by_name()                this rank's variables and slots, by variable name
 Tables on disk (a plan with tiers, plan_tables(..., tiers=planner.TierOptions(...)); tiered.py):
     batches = emb.staged(batches, training)    elements (numerical, ids, ...) with the ids of tables

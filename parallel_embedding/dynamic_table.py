@@ -32,6 +32,10 @@ updated_at [capacity, 1] int32.
                                         its live ids take rows 0..L-1 in eviction order
     op_error(e)                         the one line of an id map op's error (a batch with more ids to
                                         admit than rows), or None for any other exception
+    reshard(parts, policy, shards, shard_of)    a table's checkpoint tensors in P hash shards -> in
+                                        `shards` (what is kept exactly and what is not: its docstring)
+    resharded_entries(...)              restore-only entries that read P saved shards and restore
+                                        this rank's new ones through `reshard`
 
 Rows are re-initialised as a static table's: U(-sqrt(1/rows), sqrt(1/rows)), rows = capacity or
 `initializer_rows` (zeros with `zeros_initializer`), the values a hash of (seed, id, step, column)
@@ -42,7 +46,7 @@ LRU needs only the eviction order: it checkpoints no counters.
 """
 import math
 import re
-from typing import Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -52,6 +56,7 @@ from parallel_embedding import UPDATED_AT
 from parallel_embedding.optimizers import make_optimizer
 from storage import checkpoint
 from storage.checkpoint import Entry
+from utils.errors import ConfigError
 
 IDS, TOTALS, CANDIDATES, ITERATIONS = "ids", "totals", "candidates", "iterations"
 ORDER_KEY = {"lru": None, "lfu": "counts", "ttl": "last_used"}   # the per-row state a policy needs
@@ -122,17 +127,88 @@ class _Tensor:
 
 
 class _Restoring:
-    """Collects the tensors of one `checkpoint_entries` call as they are restored; once every one
-    has come, the table takes their state (DynamicTable.restore_tensors)."""
+    """Collects the tensors `names` as they are restored; once every one has come, hands them to
+    `done` (tensor name -> value: DynamicTable.restore_tensors, or a re-sharding's)."""
 
-    def __init__(self, table: "DynamicTable", names: List[str]):
-        self.table, self.names, self.values = table, names, {}
+    def __init__(self, names: List[str], done: Callable[[Dict[str, np.ndarray]], None]):
+        self.names, self.done, self.values = names, done, {}
 
     def received(self, name: str, value: np.ndarray):
         self.values[name] = value
         if len(self.values) == len(self.names):
             values, self.values = self.values, {}
-            self.table.restore_tensors(values)
+            self.done(values)
+
+
+def reshard(parts: List[Dict[str, np.ndarray]], policy: str, shards: int,
+            shard_of: Callable[[np.ndarray], np.ndarray]) -> List[Dict[str, np.ndarray]]:
+    """A dynamic table's checkpoint tensors in P = len(parts) hash shards -> the same in `shards`.
+
+    parts[k]: old shard k's tensors by their name after `<shard>/` ("" the rows [L_k, D]; IDS,
+    UPDATED_AT, the slots and the policy's ORDER_KEY [L_k, *], in eviction order; CANDIDATES
+    [M_k, 3]; TOTALS [1, 3]; ITERATIONS [1, 1] where saved). shard_of: ids [n] int64 -> [n] their
+    new shards (the layer's hash_shards). Returns the same names for each new shard.
+
+    Kept exactly: every live id with its row, slots, updated_at and policy state (counts, last-used
+    step); every candidate (id, sightings, last sighting); the totals summed over the shards; the
+    update counter (every shard's is the table's step count: their maximum). Not kept: the order
+    between ids of different old shards, which no checkpoint holds. It is merged by last-used step
+    (ttl: last_used; lru: updated_at, the step after the id's last training lookup; lfu: counts,
+    then updated_at), each old shard's own order kept, ties in old shard order; so an id last used
+    earlier is still evicted first, but two ids last used in one step may swap. A new shard's
+    totals are an even split of the sums (their sum is exact). A candidate a new shard's full set
+    (4 ways) cannot take is dropped, as a full set drops one.
+    """
+    rows_of = [k for k in parts[0] if k not in (CANDIDATES, TOTALS, ITERATIONS)]
+    merged = {k: np.concatenate([p[k] for p in parts]) for k in rows_of}
+    key = merged[UPDATED_AT][:, 0].astype(np.int64)
+    if policy == "ttl":
+        key = merged["last_used"][:, 0].astype(np.int64)
+    elif policy == "lfu":
+        key = (merged["counts"][:, 0].astype(np.int64) << 32) + key
+    old = np.repeat(np.arange(len(parts)), [len(p[IDS]) for p in parts])
+    ends = np.cumsum([len(p[IDS]) for p in parts])
+    key = np.concatenate([np.maximum.accumulate(k) for k in np.split(key, ends[:-1])]) if len(key) else key
+    order = np.lexsort((np.arange(len(key)), old, key))   # a merge: each old shard's order kept
+    new = shard_of(merged[IDS][order, 0])
+    cands = np.concatenate([p[CANDIDATES] for p in parts])
+    cand_new = shard_of(cands[:, 0])
+    totals = np.sum([p[TOTALS][0] for p in parts], axis=0)
+    out = []
+    for s in range(shards):
+        part = {k: v[order][new == s] for k, v in merged.items()}
+        part[CANDIDATES] = cands[cand_new == s]
+        part[TOTALS] = (totals // shards + (s < totals % shards))[None, :].astype(np.int64)
+        if ITERATIONS in parts[0]:
+            part[ITERATIONS] = np.max([p[ITERATIONS] for p in parts], axis=0)
+        out.append(part)
+    return out
+
+
+def resharded_entries(name: str, saved: List[str], names: List[str], tables: Dict[int, "DynamicTable"],
+                      capacities: List[int], shard_of: Callable[[np.ndarray], np.ndarray]) -> List[Entry]:
+    """Restore-only entries of dynamic table `name` checkpointed in hash shards with the tensor
+    prefixes `saved` (by shard) and restored as len(capacities) shards of `capacities` rows, of
+    which this rank holds `tables` (new shard -> its DynamicTable); `names`: each saved shard's
+    tensors after its prefix ("" the rows). Once every saved shard is read (sized by the
+    checkpoint), `reshard` cuts them anew and each table takes its part (restore_tensors). A new
+    shard given more live ids than rows raises ConfigError, one line naming the table and shard."""
+    full = [f"{prefix}/{k}" if k else prefix for prefix in saved for k in names]
+
+    def done(read: Dict[str, np.ndarray]):
+        parts = [{k: read[f"{prefix}/{k}" if k else prefix] for k in names} for prefix in saved]
+        policy = next(iter(tables.values())).policy
+        new = reshard(parts, policy, len(capacities), shard_of)
+        for s, (part, capacity) in enumerate(zip(new, capacities)):
+            if len(part[IDS]) > capacity:
+                raise ConfigError(f"dynamic table {name}: its checkpoint's {len(saved)} hash shard(s) restored as "
+                                  f"{len(capacities)} give hash shard {s} {len(part[IDS])} live ids for its {capacity} "
+                                  f"rows: restore with {len(saved)} shard(s) or a larger capacity (--dynamic_tables)")
+        for s, table in tables.items():
+            table.restore_tensors({f"{table.table}/{k}" if k else table.table: v for k, v in new[s].items()})
+
+    restoring = _Restoring(full, done)
+    return [Entry(n, _Tensor(n, np.zeros((0, 0)), restoring), (0, 0), sized_by_checkpoint=True) for n in full]
 
 
 class DynamicTable(tf.Module):
@@ -216,7 +292,7 @@ class DynamicTable(tf.Module):
         values = {self.table: tf.gather(self.variable, rows).numpy()}
         values.update({f"{self.table}/{k}": v for k, v in column.items()})
         names = self.checkpoint_names(weights_only)
-        restoring = _Restoring(self, names)
+        restoring = _Restoring(names, self.restore_tensors)
         return [Entry(name, _Tensor(name, values[name], restoring), values[name].shape, sized_by_checkpoint=True)
                 for name in names]
 

@@ -33,6 +33,7 @@ all-to-all carries their ids.
 >>> [e.shape for e in emb([tf.constant([3, 7]), tf.ragged.constant([[0, 19, 4], []])], local_batch=2)]
 [TensorShape([2, 16]), TensorShape([2, 16])]
 """
+import contextlib
 import dataclasses
 import math
 from typing import Dict, List, NamedTuple, Optional, Sequence, Set, Union
@@ -42,7 +43,7 @@ import tensorflow as tf
 
 from storage.checkpoint import Entry, replicated_entries
 from parallel_embedding import UPDATED_AT
-from parallel_embedding.dynamic_table import IDS, DynamicTable, mix, shift, tensor_names
+from parallel_embedding.dynamic_table import IDS, DynamicTable, mix, resharded_entries, shift, tensor_names
 from parallel_embedding.optimizers import make_optimizer
 from parallel_embedding.planner import Plan, Shard, plan_tables  # noqa: F401 (plan_tables: the example)
 from parallel_embedding.tiered import DiskTier, Unit
@@ -177,7 +178,8 @@ class DistributedEmbedding(tf.Module):
     is a DynamicTable (`dynamic`, by shard) whose variable is the shard's, mapping the ids of its
     hash range (`hash_shards`) to rows at the global step before the gathers, the others reading
     zeros as a row shard's do; its rows >= 0 are updated by its own optimizer; its checkpoint holds
-    its live rows (`dynamic_name(s)`), its counts are in `dynamic_stats` and `store_stats`.
+    its live rows (`dynamic_name(s)`; restored at another shard count within `restoring`), its
+    counts are in `dynamic_stats` and `store_stats`.
 
     Its collective operations are named after `name` (`<name>_rows`, ...): two embeddings of one
     model need different names.
@@ -274,6 +276,7 @@ class DistributedEmbedding(tf.Module):
         self._features_of = [plan.features_on(r) for r in range(self.size)]
         self._lookup = tf.function(self._lookup_impl, jit_compile=True)
         self.optimizer, self._step = None, None   # set_optimizer
+        self._resharding: Dict[int, List[str]] = {}   # inside `restoring`: feature -> its saved hash shards
 
     def table_name(self, feature: int) -> str:
         """The name of feature's whole table (checkpoints use it for every shard of the table)."""
@@ -604,7 +607,8 @@ class DistributedEmbedding(tf.Module):
         `table_name(f)/k`, cut as the table, the update counter (replicated), and the rows' updated_at
         [rows_f, 1] int32 as tensor `table_name(f)/updated_at`. A dynamic table's hash shard: its
         live rows only (DynamicTable.checkpoint_entries, under `dynamic_name(s)`, sized by the
-        checkpoint on restore)."""
+        checkpoint on restore; inside `restoring`, a table saved in another number of hash shards:
+        entries that read them all and re-hash their ids into this run's shards)."""
         slots = self.optimizer.slots if self.optimizer and not weights_only else {}
         entries = []
         sources = {}
@@ -614,8 +618,11 @@ class DistributedEmbedding(tf.Module):
                 entries.append(Entry(f"{self.table_name(unit.feature)}/{UPDATED_AT}",
                                      self.tiered.updated_at(unit, lambda: int(self._step.numpy())),
                                      (self.cardinalities[unit.feature], 1), unit.row_start))
-        for table in self.dynamic.values():   # its live rows only (dynamic_table.py)
-            entries += table.checkpoint_entries(weights_only or not self.optimizer)
+        for s, table in self.dynamic.items():   # its live rows only (dynamic_table.py)
+            if s.feature not in self._resharding:
+                entries += table.checkpoint_entries(weights_only or not self.optimizer)
+        for f, saved in self._resharding.items():
+            entries += self._resharded_entries(f, saved, weights_only or not self.optimizer)
         for s, var, updated_at in zip(self.shards, self.shard_variables, self.updated_at):
             if s in self.dynamic:
                 continue
@@ -650,21 +657,55 @@ class DistributedEmbedding(tf.Module):
             names.add(self.optimizer.iterations.name.split(":")[0])
         slots = self.optimizer.slot_names if self.optimizer else ()
         for t in tables:
-            for s in t.shards if t.kind == "dynamic" else ():
-                names.update(tensor_names(self.dynamic_name(s), t.dynamic.policy, slots,
-                                          weights_only or not self.optimizer))
+            prefixes = self._resharding.get(t.feature, [self.dynamic_name(s) for s in t.shards]) \
+                if t.kind == "dynamic" else []
+            for prefix in prefixes:
+                names.update(tensor_names(prefix, t.dynamic.policy, slots, weights_only or not self.optimizer))
         return names
+
+    def _resharded_entries(self, feature: int, saved: List[str], weights_only: bool) -> List[Entry]:
+        """Restore-only entries of dynamic table `feature` saved in the hash shards `saved` (their
+        tensor prefixes): every rank holding one of its shards reads them all (dynamic_table.reshard)."""
+        t = self.plan.tables[feature]
+        tables = {t.shards.index(s): table for s, table in self.dynamic.items() if s.feature == feature}
+        if not tables:
+            return []
+        slots = list(next(iter(tables.values())).slots)
+        name = self.table_name(feature)
+        names = [n[len(name):].lstrip("/") for n in tensor_names(name, t.dynamic.policy, slots, weights_only)]
+        return resharded_entries(name, saved, names, tables, [s.num_rows for s in t.shards],
+                                 lambda ids: hash_shards(ids, len(t.shards)).numpy())
+
+    @contextlib.contextmanager
+    def restoring(self, tensors: Dict[str, dict]):
+        """The block that restores a checkpoint whose manifest's "tensors" are `tensors`: checks them
+        (check_checkpoint), and within the block `checkpoint_entries` and `checkpoint_names` take a
+        dynamic table saved in another number of hash shards in the checkpoint's shards (their ids
+        re-hashed into this run's on restore: dynamic_table.reshard says what is kept exactly)."""
+        self.check_checkpoint(tensors)
+        self._resharding = {}
+        for t in self.plan.tables:
+            saved = self._saved_shards(t.feature, tensors)
+            if t.kind == "dynamic" and saved and len(saved) != len(t.shards):
+                self._resharding[t.feature] = saved
+        try:
+            yield self
+        finally:
+            self._resharding = {}
+
+    def _saved_shards(self, feature: int, tensors: Dict[str, dict]) -> List[str]:
+        """The tensor prefixes of a table's dynamic hash shards in a checkpoint (by shard; [] if it
+        holds the table static): the table's name, or `<table>/shard_<k>` for k < P."""
+        name = self.table_name(feature)
+        saved = [n[:-len(IDS) - 1] for n in tensors if n.startswith(f"{name}/") and n.endswith(f"/{IDS}")]
+        return sorted(saved, key=lambda prefix: int(prefix.rsplit("_", 1)[1]) if prefix != name else -1)
 
     def check_checkpoint(self, tensors: Dict[str, dict]):
         """Raises ConfigError, one line naming the table, where a checkpoint's tensors (its manifest's
         "tensors") hold a dynamic table as static or the reverse (a dynamic table checkpoints its ids)."""
         for t in self.plan.tables:
             name = self.table_name(t.feature)
-            saved = [n for n in tensors if n.startswith(f"{name}/") and n.endswith(f"/{IDS}")]   # per hash shard
-            if t.kind == "dynamic" and saved and len(saved) != len(t.shards):
-                raise ConfigError(f"dynamic table {name} (feature {t.feature}) has {len(t.shards)} hash shard(s) in "
-                                  f"this run, {len(saved)} in the checkpoint: the shard count (--dynamic_tables) "
-                                  "cannot change across a restore")
+            saved = self._saved_shards(t.feature, tensors)
             if (name in tensors or saved) and bool(saved) != (t.kind == "dynamic"):
                 raise ConfigError(
                     f"table {name} (feature {t.feature}) is {'dynamic' if t.kind == 'dynamic' else 'static'} in this "

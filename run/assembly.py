@@ -1,5 +1,6 @@
 """The assembly of one run on this rank: the parts `cfg` describes (log, dataset, plan, model,
 trainer), and what a restore puts into them."""
+import contextlib
 import types
 from typing import Optional
 
@@ -173,11 +174,12 @@ class Assembly:
         weights_only = mode == "weights"
         # weights only: a fresh optimizer, of any kind
         signature = self.model_config.signature(optimizer=None if weights_only else cfg.training.optimizer)
-        self.model.embeddings.check_checkpoint(manifest["tensors"])   # a table static in one, dynamic in the other
-        checkpoint.restore(path, self.trainer.checkpoint_entries(weights_only), signature,
-                           self.trainer.checkpoint_names(weights_only), extra_ok=weights_only,
-                           optional=self.trainer.optional_names(), verify=not ck.skip_checkpoint_checksums,
-                           hints={} if cfg.data.dataset_type == "synthetic" else {"cardinalities": VOCABULARY_HINT})
+        # a table static in one, dynamic in the other: refused; a dynamic table in other hash shards: re-hashed
+        with self.model.embeddings.restoring(manifest["tensors"]):
+            checkpoint.restore(path, self.trainer.checkpoint_entries(weights_only), signature,
+                               self.trainer.checkpoint_names(weights_only), extra_ok=weights_only,
+                               optional=self.trainer.optional_names(), verify=not ck.skip_checkpoint_checksums,
+                               hints={} if cfg.data.dataset_type == "synthetic" else {"cardinalities": VOCABULARY_HINT})
         self.start_step = int(self.trainer.step.numpy())
         restart = mode == "continue" and ck.restore_lr_schedule == "restart"
         self.trainer.schedule_origin.assign(self.start_step if restart else saved.get("schedule_origin", 0))

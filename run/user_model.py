@@ -304,7 +304,7 @@ class UserModel:
 
 class _Tables:
     """The loop's view of a model file's embeddings, its HybridEmbedding `layers`
-    (nn.model.RankingModel.embeddings' input_rows, staged, store_stats, check_checkpoint, close).
+    (nn.model.RankingModel.embeddings' input_rows, staged, store_stats, restoring, close).
     `feeds`: per layer, None (it takes its ids from its inputs) or, for a layer whose ids the run
     gives (tables on disk, model-parallel input), per input of the layer the index of the
     dataset's feature it reads; F: the dataset's features."""
@@ -377,11 +377,15 @@ class _Tables:
             out.update({f"{table}/{k}": v for table, counts in layer.dynamic_stats().items() for k, v in counts.items()})
         return out
 
-    def check_checkpoint(self, tensors: dict):
-        """One line naming the table where a checkpoint (its manifest's "tensors") holds a table of
-        a layer as dynamic and this run as static, or the reverse (DistributedEmbedding.check_checkpoint)."""
-        for layer in self.layers:
-            layer.embedding.check_checkpoint(tensors)
+    @contextlib.contextmanager
+    def restoring(self, tensors: dict):
+        """The block restoring a checkpoint whose manifest's "tensors" are `tensors`, for every layer
+        (DistributedEmbedding.restoring: one line naming a table static in one and dynamic in the
+        other; a dynamic table saved in other hash shards re-hashed into this run's)."""
+        with contextlib.ExitStack() as stack:
+            for layer in self.layers:
+                stack.enter_context(layer.embedding.restoring(tensors))
+            yield self
 
     def close(self):
         for layer in self.layers:

@@ -5,7 +5,7 @@ each dynamic table's ids file; the in-memory forms are refused naming the table;
 predictions for raw ids seen, evicted and never seen (zeros), ids >= 2^31 and negative ones,
 equal an in-process computation from the trained tables, in memory and through the lookup
 tiers; deltas (by id: new, changed, evicted) applied live, after evictions, a table growing in
-memory and refused through the tiers, a restart serving what the store holds, two servers sharing
+memory and through the tiers, a restart serving what the store holds, two servers sharing
 Redis; deploy.py's lines; and a run trained with --dynamic_tables exported, served and updated."""
 import dataclasses
 import json
@@ -24,7 +24,7 @@ from deployment.repository_format import CATEGORICAL, LIVE, NUMERICAL, PAD, PRED
 from deployment.serving.id_index import RowIndex
 from deployment.serving.live import DenseModel, Model
 from deployment.serving.native import ServedModel, TensorSpec
-from deployment.serving.tiers import TierConfig
+from deployment.serving.tiers import TierConfig, store_state
 from nn.model import RankingModel
 from nn.model_config import ModelConfig, table_configs
 from parallel_embedding import dynamic_table
@@ -33,7 +33,7 @@ from parallel_embedding.dynamic_table import DynamicTable
 from storage import checkpoint
 from tests.horovod_run import ROOT
 from tests.redis_server import RedisServer
-from utils.errors import StoreError
+from utils.errors import CheckpointError, StoreError
 
 D = 4
 CONFIG = ModelConfig(tables=table_configs(cardinalities=[6, 8, 7], dims=[D, D, D], max_hotness=[None, 3, None],
@@ -251,15 +251,28 @@ def test_two_servers_sharing_redis_agree_on_rows_across_a_delta(days, tmp_path):
         server.stop()
 
 
-def test_a_delta_needing_more_rows_than_the_store_holds_is_refused_through_the_tiers(days, tmp_path):
+@pytest.mark.parametrize("cache_bytes", [200, 10 ** 6], ids=["cached", "held_whole"])
+def test_a_delta_needing_more_rows_than_the_store_holds_grows_it_through_the_tiers(days, tmp_path, cache_bytes):
+    """Table 1 has 5 rows in day 0's export and 8 live ids on day 1: the store's table and ids files
+    grow to 8 rows (store.json records it), day 1 is served through the cache (rows cached
+    before the delta) or with the table held whole, and after a restart, and day 2's delta on top."""
     repo = str(tmp_path / "repo")
     shutil.copytree(days["repos"][0], repo)
-    model = Model(repo, TierConfig(cache_bytes=200), log=lambda line: None)
+    config = TierConfig(cache_bytes=cache_bytes)
+    model = Model(repo, config, log=lambda line: None)
     try:
-        with pytest.raises(StoreError, match=r"^dynamic table 1: the update needs 8 rows, the store's table file "
-                                             r"holds 5 .*export the model in full$"):
-            model.apply_delta(read_delta(days["deltas"][0]))
         check_serves(model, days, 0)
+        model.apply_delta(read_delta(days["deltas"][0]))
+        check_serves(model, days, 1)
+        assert store_state(repo)["rows"] == {"1": 8}
+        assert np.load(os.path.join(repo, "m_tables", "table_1.npy"), mmap_mode="r").shape == (8, D)
+    finally:
+        model.close()
+    model = Model(repo, config, log=lambda line: None)
+    try:
+        check_serves(model, days, 1)
+        model.apply_delta(read_delta(days["deltas"][1]))
+        check_serves(model, days, 2)
     finally:
         model.close()
 
@@ -314,11 +327,11 @@ def test_deploy_refuses_in_one_line_and_says_what_it_wrote(days, tmp_path):
     assert evicted > 0 and f", {evicted:,} ids evicted from 2 dynamic table(s) (" in line
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+@pytest.fixture(scope="module", params=["1:40:2", "1:51:2:lru:0:3"], ids=["whole", "3_hash_shards"])
+def trained(tmp_path_factory, request):
     """A DLRM trained with tables 1 and 2 dynamic (capacities 40, admitted at the second sighting,
-    and 8: table 1 evicting; one process), day 0 of 6 steps and day 1 of 4 more from it:
-    checkpoints, full exports, the delta."""
+    or 51 in 3 hash shards of 17 rows, and 8: table 1 evicting; one process), day 0 of 6 steps and
+    day 1 of 4 more from it: checkpoints, full exports, the delta."""
     import run.loop as run_loop
     from tests.configs import tiny_config
     tmp = tmp_path_factory.mktemp("trained")
@@ -326,7 +339,7 @@ def trained(tmp_path_factory):
     for day, (steps, seed) in enumerate([(6, 5), (4, 6)]):
         restore = {"restore_checkpoint_path": ckpts[-1], "restore_mode": "continue"} if ckpts else {}
         run_loop.run(tiny_config(save_checkpoint_path=str(tmp / f"day{day}"), max_steps=steps, evals_per_epoch=0,
-                                 seed=seed, dynamic_tables=["1:40:2", "2:8"], **restore))
+                                 seed=seed, dynamic_tables=[request.param, "2:8"], **restore))
         ckpts.append(checkpoint.resolve(str(tmp / f"day{day}")))
     repos = [str(tmp / f"repo{day}") for day in range(2)]
     for ckpt, repo in zip(ckpts, repos):
@@ -335,30 +348,44 @@ def trained(tmp_path_factory):
     return ckpts, repos, str(tmp / "delta")
 
 
+def dynamic_tensor(ckpt, f, what=""):
+    """Dynamic table f's `what` ("" its rows) in a checkpoint: its tensor, or its hash shards' concatenated."""
+    tensors = checkpoint.read_manifest(ckpt)["tensors"]
+    shards = sorted((n[:-4] for n in tensors if n.startswith(f"embedding/table_{f}/shard_") and n.endswith("/ids")),
+                    key=lambda n: int(n.rsplit("_", 1)[1])) or [f"embedding/table_{f}"]
+    return np.concatenate([checkpoint.read_tensor(ckpt, f"{p}/{what}" if what else p) for p in shards])
+
+
 def checkpoint_embeddings(ckpt, categorical):
     """embeddings [B, 4 * 8] in NumPy from a checkpoint's tensors: a dynamic table's rows found by
     id in its `/ids` (zeros for an id not there), a static table's by row."""
     manifest = checkpoint.read_manifest(ckpt)
     parts = []
     for f in range(categorical.shape[1]):
-        rows = checkpoint.read_tensor(ckpt, f"embedding/table_{f}")
-        if f"embedding/table_{f}/ids" in manifest["tensors"]:
-            at = {int(i): r for r, i in enumerate(checkpoint.read_tensor(ckpt, f"embedding/table_{f}/ids")[:, 0])}
-            rows = np.concatenate([rows, np.zeros((1, rows.shape[1]), rows.dtype)])
-            parts.append(rows[[at.get(int(i), len(rows) - 1) for i in categorical[:, f]]])
-        else:
-            parts.append(rows[categorical[:, f]])
+        if f"embedding/table_{f}" in manifest["tensors"] and f"embedding/table_{f}/ids" not in manifest["tensors"]:
+            parts.append(checkpoint.read_tensor(ckpt, f"embedding/table_{f}")[categorical[:, f]])
+            continue
+        rows = dynamic_tensor(ckpt, f)
+        at = {int(i): r for r, i in enumerate(dynamic_tensor(ckpt, f, "ids")[:, 0])}
+        rows = np.concatenate([rows, np.zeros((1, rows.shape[1]), rows.dtype)])
+        parts.append(rows[[at.get(int(i), len(rows) - 1) for i in categorical[:, f]]])
     return np.concatenate(parts, 1).astype(np.float32)
 
 
 def test_a_trained_run_served_and_updated_live_equals_its_checkpoints(trained):
+    """Served predictions equal those computed from the checkpoint for ids live, evicted (live on
+    day 0 only) and never seen (2^45, and ids of the synthetic data never admitted); a table in
+    hash shards is exported as one (its shards' live rows and ids in one ids file)."""
     ckpts, repos, delta = trained
-    totals = [checkpoint.read_tensor(c, "embedding/table_1/totals")[0] for c in ckpts]
+    totals = [dynamic_tensor(c, 1, "totals").sum(0) for c in ckpts]
     assert totals[1][1] > totals[0][1]   # table 1 evicted ids on day 1
     rng = np.random.default_rng(3)
-    live1 = np.concatenate([checkpoint.read_tensor(c, "embedding/table_1/ids")[:, 0] for c in ckpts])
+    live = [dynamic_tensor(c, 1, "ids")[:, 0] for c in ckpts]
+    assert len(np.setdiff1d(live[0], live[1])) > 0   # evicted on day 1
+    tables = json.load(open(os.path.join(repos[0], "m_tables", "tables.json")))["tables"]
+    np.testing.assert_array_equal(np.load(os.path.join(repos[0], "m_tables", tables[1]["ids_file"]))[:, 0], live[0])
     categorical = np.stack([rng.integers(0, 20, 64),
-                            rng.choice(np.concatenate([live1, np.arange(50), [2 ** 45]]), 64),
+                            rng.choice(np.concatenate([live[0], live[1], np.arange(50), [2 ** 45]]), 64),
                             rng.choice(np.array([0, 3, 6, 2 ** 40, -9]), 64), rng.integers(0, 30, 64)], 1)
     numerical = rng.normal(size=(64, 3)).astype(np.float32)
     model = Model(repos[0], log=lambda line: None)
@@ -377,14 +404,27 @@ def test_a_trained_run_served_and_updated_live_equals_its_checkpoints(trained):
         model.close()
 
 
-def test_a_dynamic_table_in_hash_shards_is_refused_naming_it(tmp_path):
-    table = DynamicTable("t", 4, D, seed=(0, 1))
-    train_step(table, np.array([5, 2 ** 50]), 1)
-    entries = RankingModel(CONFIG, seed=3).checkpoint_entries()
-    entries = [e for e in entries if e.name != "embedding/table_0"] + [
-        dataclasses.replace(e, name=e.name.replace("t", f"embedding/table_0/shard_{s}", 1))
-        for s in range(2) for e in table.checkpoint_entries()]
-    ckpt = checkpoint.save(str(tmp_path / "c"), entries, 1, CONFIG.signature(), SingleProcess())
-    with pytest.raises(ExportError, match=r": table embedding/table_0 is a dynamic table in hash shards, which "
-                                          r"export does not take yet: train it with 1 shard"):
-        write_repository(ckpt, str(tmp_path / "r"), "m")
+def test_a_dynamic_table_in_hash_shards_is_exported_as_one_and_an_id_in_two_shards_refused(tmp_path):
+    """Shards 0 and 1 of table 0 (two DynamicTables' checkpoints under `shard_<s>`): the tables form
+    writes their rows and ids concatenated in shard order; an id live in both is refused."""
+    shards = [DynamicTable(f"t{s}", 4, D, seed=(0, 1)) for s in range(2)]
+    train_step(shards[0], np.array([5, 2 ** 50]), 1)
+    train_step(shards[1], np.array([-7, 2 ** 40, 9]), 1)
+
+    def saved(name, tables):
+        entries = [e for e in RankingModel(CONFIG, seed=3).checkpoint_entries() if e.name != "embedding/table_0"] + [
+            dataclasses.replace(e, name=e.name.replace(t.table, f"embedding/table_0/shard_{s}", 1))
+            for s, t in enumerate(tables) for e in t.checkpoint_entries()]
+        return checkpoint.save(str(tmp_path / name), entries, 1, CONFIG.signature(), SingleProcess())
+
+    repo = str(tmp_path / "r")
+    write_repository(saved("c", shards), repo, "m")
+    table = json.load(open(os.path.join(repo, "m_tables", "tables.json")))["tables"][0]
+    ids = np.load(os.path.join(repo, "m_tables", table["ids_file"]))
+    np.testing.assert_array_equal(ids[:, 0], np.concatenate([t.map.export()["ids"].numpy() for t in shards]))
+    assert table["rows"] == 5 and (ids[:, 1] == LIVE).all()
+    np.testing.assert_array_equal(np.load(os.path.join(repo, "m_tables", "table_0.npy")), np.concatenate(
+        [tf.gather(t.variable, t.map.export()["rows"]).numpy() for t in shards]))
+    with pytest.raises(CheckpointError, match=r"table embedding/table_0's ids \(embedding/table_0/shard_0/ids, "
+                                              r"embedding/table_0/shard_1/ids\) hold an id twice"):
+        write_repository(saved("twice", [shards[0], shards[0]]), str(tmp_path / "r2"), "m")

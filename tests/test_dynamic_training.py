@@ -227,9 +227,7 @@ def test_hash_shards_in_one_process_train_and_resume_bit_for_bit(tmp_path):
     live = [len(a[f"embedding/table_1/shard_{k}/ids"]) for k in range(3)]
     record = [r for r in map(json.loads, open(whole + ".json")) if r["kind"] == "step"][-1]
     assert record["embedding/table_1/live"] == sum(live) and min(live) > 0
-    with pytest.raises(ConfigError, match="has 2 hash shard.* in this run, 3 in the checkpoint"):
-        run_loop.run(tiny_config(**dict(settings, dynamic_tables=["1:75:2:lru:0:2"]), max_steps=12,
-                                 restore_checkpoint_path=first))
+    # restored at another shard count: tests/test_dynamic_reshard.py
 
 
 def test_initial_values_hash_seed_id_step_and_column_uniformly():

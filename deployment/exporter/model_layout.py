@@ -6,10 +6,13 @@ signature is an nn.model_config.ModelConfig's; lookup f = feature f = table f) a
 file's (main.py --model=FILE: deployment/exporter/model_file.py builds FILE's model);
 repository.exported_model reads either."""
 import dataclasses
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
+
+import numpy as np
 
 from deployment.repository_format import TABLE_DTYPE, ServingLayout
 from nn.model_config import ModelConfig
+from storage import checkpoint
 
 DYNAMIC_IDS = "ids"   # `<table tensor>/ids`: a dynamic table's ids (parallel_embedding/dynamic_table.py's IDS)
 
@@ -17,11 +20,19 @@ DYNAMIC_IDS = "ids"   # `<table tensor>/ids`: a dynamic table's ids (parallel_em
 @dataclasses.dataclass(frozen=True)
 class Table:
     """One embedding table: checkpoint tensor `tensor` [rows, dim]; `dynamic`: a dynamic table's
-    (raw ids; its live rows only, their ids in `<tensor>/ids` [rows, 1] int64)."""
+    (raw ids; its live rows only, their ids in `<tensor>/ids` [rows, 1] int64); `shards`: a dynamic
+    table in S > 1 hash shards, their tensor prefixes (`<tensor>/shard_<s>`, by shard), whose live
+    rows, ids and updated_at, concatenated in shard order, are the table's."""
     tensor: str
     rows: int
     dim: int
     dynamic: bool = False
+    shards: Tuple[str, ...] = ()
+
+    def tensors(self, what: str = "") -> List[str]:
+        """The checkpoint tensors that, concatenated by rows, hold the table's rows (`what` "") or
+        its `<tensor>/<what>` (ids, updated_at)."""
+        return [f"{p}/{what}" if what else p for p in (self.shards or (self.tensor,))]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,14 +79,48 @@ class ExportedModel:
 
 def with_dynamic_tables(model: ExportedModel, manifest: dict) -> ExportedModel:
     """`model` with the tables its checkpoint (manifest) holds as dynamic ones (a tensor
-    `<tensor>/ids`) marked so, their rows the live rows saved."""
+    `<tensor>/ids`, or `<tensor>/shard_<s>/ids` per hash shard) marked so, their rows the live rows
+    saved (of all shards)."""
     tensors = manifest["tensors"]
 
     def table(t: Table) -> Table:
-        if f"{t.tensor}/{DYNAMIC_IDS}" not in tensors:
+        shards = sorted((n[:-len(DYNAMIC_IDS) - 1] for n in tensors
+                         if n.startswith(f"{t.tensor}/shard_") and n.endswith(f"/{DYNAMIC_IDS}")),
+                        key=lambda prefix: int(prefix.rsplit("_", 1)[1]))
+        parts = shards or ([t.tensor] if f"{t.tensor}/{DYNAMIC_IDS}" in tensors else [])
+        if not parts:
             return t
-        return dataclasses.replace(t, rows=int(tensors[f"{t.tensor}/{DYNAMIC_IDS}"]["shape"][0]), dynamic=True)
+        rows = sum(int(tensors[f"{p}/{DYNAMIC_IDS}"]["shape"][0]) for p in parts)
+        return dataclasses.replace(t, rows=rows, dynamic=True, shards=tuple(shards))
     return dataclasses.replace(model, tables=[table(t) for t in model.tables])
+
+
+def read_blocks(manifest: dict, table: Table, what: str = "", dtype=None,
+                verify: bool = True) -> Iterator[Tuple[int, np.ndarray]]:
+    """storage.checkpoint.read_blocks of the table's rows (`what` "") or `<tensor>/<what>`: (start,
+    rows [start, start + n)) over its shards' tensors concatenated."""
+    offset = 0
+    for name in table.tensors(what):
+        for start, block in checkpoint.read_blocks(manifest, name, dtype, verify):
+            yield offset + start, block
+        offset += int(manifest["tensors"][name]["shape"][0])
+
+
+def gather_rows(manifest: dict, table: Table, rows: np.ndarray, dtype=None, verify: bool = True) -> np.ndarray:
+    """storage.checkpoint.gather_rows of the table's rows `rows` ([n] ascending, over its shards'
+    tensors concatenated) -> [n, dim]."""
+    names = table.tensors()
+    ends = np.cumsum([int(manifest["tensors"][n]["shape"][0]) for n in names])
+    cut = np.searchsorted(rows, ends)
+    return np.concatenate([np.zeros((0, table.dim), dtype or np.float32)] + [
+        checkpoint.gather_rows(manifest, name, rows[lo:hi] - (end - length), dtype, verify)
+        for name, lo, hi, end, length in zip(names, np.r_[0, cut[:-1]], cut, ends,
+                                             np.diff(np.r_[0, ends]))])
+
+
+def read_whole(manifest: dict, table: Table, what: str, verify: bool = True) -> np.ndarray:
+    """The table's `<tensor>/<what>` whole (its shards' concatenated)."""
+    return np.concatenate([checkpoint.read_tensor(manifest["path"], n, verify) for n in table.tensors(what)])
 
 
 def is_model_file(signature: dict) -> bool:

@@ -26,13 +26,12 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from deployment.exporter.deltas import base_signature, base_version, checkpoint_version, descends_from, write_delta
-from deployment.exporter.model_layout import (ExportedModel, built_in_export, is_model_file, same_model,
-                                              with_dynamic_tables)
+from deployment.exporter.model_layout import (DYNAMIC_IDS, ExportedModel, Table, built_in_export, gather_rows,
+                                              is_model_file, read_blocks, read_whole, same_model, with_dynamic_tables)
 from deployment.exporter.table_files import write_tables
 from deployment.repository_format import (CATEGORICAL, EMBEDDINGS, EXPORT_INFO, FILES, LOGITS, NUMERICAL,
                                           PREDICTIONS, RepositoryError, ServingLayout, file_entries, live_ids)
 from parallel_embedding import UPDATED_AT
-from storage import checkpoint
 from storage.checkpoint import read_manifest
 from utils.files import move_into_place
 
@@ -105,12 +104,8 @@ def exported_model(manifest: dict, model_file: Optional[str] = None) -> Exported
     """The model of the checkpoint whose manifest (storage.checkpoint.read_manifest) is given; a
     model file's needs `model_file`, the file its signature names (ExportError, one line, before
     TensorFlow is imported, otherwise), and a built-in model's none. Its dynamic tables (model_layout.
-    with_dynamic_tables) are marked so; one in hash shards is refused (ExportError, one line)."""
+    with_dynamic_tables) are marked so, one in hash shards read as one table."""
     signature, where = manifest["signature"], manifest["path"]
-    sharded = sorted({n.split("/shard_")[0] for n in manifest["tensors"] if "/shard_" in n and n.endswith("/ids")})
-    if sharded:   # `<table>/shard_<s>/ids`: a dynamic table in S > 1 hash shards
-        raise ExportError(f"{where}: table {sharded[0]} is a dynamic table in hash shards, which export does not "
-                          "take yet: train it with 1 shard (docs/dynamic_tables.md)")
     if is_model_file(signature):
         if model_file is None:
             raise ExportError(f"{where}: a checkpoint of model file {signature['model']}: pass it as --model=FILE")
@@ -232,17 +227,16 @@ def write_delta_repository(checkpoint_path: str, out: str, base_path: str, name:
     if not descends_from(manifest, base):
         raise ExportError(f"{manifest['path']} ({new}) was not trained on from {base_path} ({base}): "
                           "export it in full instead")
-    names = [f"{t.tensor}/{UPDATED_AT}" for t in model.tables]
-    if any(n not in manifest["tensors"] for n in names):
+    if any(n not in manifest["tensors"] for t in model.tables for n in t.tensors(UPDATED_AT)):
         raise ExportError(f"{manifest['path']}: written without the rows' updated_at (an older checkpoint): "
                           "export it in full instead")
 
     updated_ids = [np.concatenate([np.zeros(0, np.int64)] + [
         start + np.flatnonzero(block[:, 0] > base.step)
-        for start, block in checkpoint.read_blocks(manifest, updated, verify=verify)]) for updated in names]
-    # Dynamic tables: the checkpoint rows (ascending) of the ids new to the base or updated since,
-    # in ascending id order (`order`), and every live id
-    dynamic = {t: _dynamic_update(manifest, table.tensor, live_ids(base_path, t), updated_ids[t], verify)
+        for start, block in read_blocks(manifest, table, UPDATED_AT, verify=verify)]) for table in model.tables]
+    # Dynamic tables: the checkpoint rows (ascending; a table in hash shards: its shards' concatenated)
+    # of the ids new to the base or updated since, in ascending id order (`order`), and every live id
+    dynamic = {t: _dynamic_update(manifest, table, live_ids(base_path, t), updated_ids[t], verify)
                for t, table in enumerate(model.tables) if table.dynamic}
     need = sum(ids.size * (8 + 4 * table.dim) for ids, table in zip(updated_ids, model.tables))   # ids and rows
     need += sum(8 * d[3].size for d in dynamic.values())
@@ -251,10 +245,9 @@ def write_delta_repository(checkpoint_path: str, out: str, base_path: str, name:
         for t, (table, ids) in enumerate(zip(model.tables, updated_ids)):
             if t in dynamic:
                 rows, order, raw = dynamic[t][:3]
-                values = checkpoint.gather_rows(manifest, table.tensor, rows, np.float32, verify)
-                yield t, table.rows, raw, values[order]
+                yield t, table.rows, raw, gather_rows(manifest, table, rows, np.float32, verify)[order]
             else:
-                yield t, table.rows, ids, checkpoint.gather_rows(manifest, table.tensor, ids, np.float32, verify)
+                yield t, table.rows, ids, gather_rows(manifest, table, ids, np.float32, verify)
 
     def write_dense(path):
         from deployment.exporter.saved_models import save, serving_modules   # TensorFlow: after the checks
@@ -265,12 +258,12 @@ def write_delta_repository(checkpoint_path: str, out: str, base_path: str, name:
                                                        {t: d[3:] for t, d in dynamic.items()}), need)
 
 
-def _dynamic_update(manifest: dict, tensor: str, base_live: np.ndarray, updated: np.ndarray, verify: bool):
+def _dynamic_update(manifest: dict, table: Table, base_live: np.ndarray, updated: np.ndarray, verify: bool):
     """A dynamic table's part of a delta: (checkpoint rows [n] ascending, `order` [n] putting them in
     ascending id order, those ids [n], every live id [L] ascending, the count of the base's ids
     evicted), for the ids new to the base (`base_live`: its live ids, ascending) or updated since
     (`updated`: their checkpoint rows)."""
-    ids = checkpoint.read_tensor(manifest["path"], f"{tensor}/ids", verify)[:, 0].astype(np.int64)
+    ids = read_whole(manifest, table, DYNAMIC_IDS, verify)[:, 0].astype(np.int64)
     new = ~np.isin(ids, base_live, assume_unique=True)
     new[updated] = True
     rows = np.flatnonzero(new)

@@ -19,9 +19,8 @@ between requests without a restart:
   A dynamic table (raw 64-bit ids; its ids file names each row's id) is looked up by raw id
   through the snapshot's `RowIndex` (id_index.py), an id not live reading zeros; a delta moves
   the index (rows of evicted ids freed, new ids into free rows: the overlay and the writes are by
-  row) and writes the changed rows' entries into the ids file too. In memory a table grows when
-  a delta brings more new ids than free rows; through the tiers (files of fixed size) such a
-  delta is refused: export in full.
+  row) and writes the changed rows' entries into the ids file too. A table grows when a delta
+  brings more new ids than free rows (through the tiers: its store files, recorded in store.json).
 - a full export with another version: loaded (in memory: whole, memory for both while loading;
   through the tiers: new tiers on its store), swapped in; the old tables are closed once the
   requests using them finished.
@@ -78,8 +77,7 @@ class Tables(Protocol):
         """A dynamic table's entries `rows` [k] become `row_ids` [k, 2], in place (inside `advancing`)."""
 
     def grow(self, feature: int, rows: int):
-        """A dynamic table takes `rows` rows (more than now; the new ones free); StoreError where it
-        cannot (the tiers' files)."""
+        """A dynamic table takes `rows` rows (more than now; the new ones free). Inside `advancing`."""
 
     def stats(self) -> dict:
         """Lookup counts (hits per tier), {} for tables in memory."""
@@ -414,7 +412,7 @@ class Model:
             raise UpdateRefused(f"its base is {delta.base}, serving {served.version}")
         if delta.name != self.name or model_signature(delta.signature) != self._repository.signature:
             raise UpdateRefused(f"it is of another model ({delta.name!r} or its signature), serving {self.name!r}")
-        overlay, index, changed = {}, dict(served.index), {}
+        overlay, index, changed, grown = {}, dict(served.index), {}, {}
         for f in delta.features:
             if not 0 <= f < len(tables.shapes):
                 raise UpdateRefused(f"it updates table {f}, the model has {len(tables.shapes)}")
@@ -430,7 +428,7 @@ class Model:
                 except ValueError as e:
                     raise UpdateRefused(f"dynamic table {f}: it {e}")
                 if index[f].size > tables.shapes[f][0]:
-                    tables.grow(f, index[f].size)
+                    grown[f] = index[f].size
                 order = np.argsort(at)
                 ids, rows = at[order], rows[order]
             elif ids.size and (rows.shape != (len(ids), tables.shapes[f][1]) or ids[-1] >= tables.shapes[f][0]):
@@ -441,6 +439,8 @@ class Model:
         dense.load_weights(delta.dense_model)
         kept = self._keep_dense(tables, delta)
         with tables.advancing(delta.base, delta.new, kept and {KEPT_DENSE: kept}):
+            for f, rows in grown.items():   # before the new index reads them
+                tables.grow(f, rows)
             self._swap(Snapshot(delta.new, dense, tables, index, overlay))
             self._wait_for_retired()   # from here on, no request uses `served` (its dense model is the standby)
             self._standby = served.dense

@@ -20,8 +20,8 @@ table f [rows_f, D_f] float32, ids integers in [0, rows_f) of any shape.
     with tiers.advancing(base, new, record):     moves every tier from Version `base` to `new`
         tiers.update(f, ids, rows)           ids [n] unique, rows [n, D_f]
         tiers.update_ids(f, rows, row_ids)   a dynamic table's ids file: rows [k], row_ids [k, 2] int64
+        tiers.grow(f, rows)                  a dynamic table's files grow to `rows` rows (the new ones free)
     tiers.row_ids(f) -> [R, 2] int64         a dynamic table's ids file (per row: raw id, LIVE or FREE)
-    tiers.grow(f, rows)                      refused (StoreError): the files keep their size
     tiers.version; tiers.stats() (per tier its counts); tiers.close()
 Settings and the store on its own:
     TierConfig(cache_bytes, policy, redis_url, ...)   or TierConfig.from_file(path); policy one of POLICIES

@@ -200,9 +200,23 @@ class LookupTiers:
         self.store.write_ids(feature, rows, row_ids)
 
     def grow(self, feature: int, rows: int):
-        """Refused (StoreError): the store's files keep their size."""
-        raise StoreError(f"dynamic table {feature}: the update needs {rows} rows, the store's table file holds "
-                         f"{self.shapes[feature][0]} (its size is fixed): export the model in full")
+        """A dynamic table takes `rows` rows (more than now; the new ones free): the store's files
+        grow (RowStore.grow), a table held whole is copied larger, and a cached table's group
+        starts an empty cache (its tables' rows are the cache's keys). Inside `advancing`."""
+        if not self._advancing:
+            raise StoreError(f"{self.store.directory}: a table grown outside advancing(base, new)")
+        self.store.grow(feature, rows)
+        self.shapes = self.store.shapes
+        if feature in self._whole:
+            grown = _Whole(np.array(self.store.tables[feature].array))
+            grown.lookups = self._whole[feature].lookups
+            self._whole = {**self._whole, feature: grown}
+            return
+        old = self._group_of[feature]
+        group = _Group(old.features, [self.shapes[f][0] for f in old.features], old.dim, old.cache.capacity,
+                       self.config.policy)
+        self._groups = [group if g is old else g for g in self._groups]
+        self._group_of = {f: group for g in self._groups for f in g.features}
 
     def stats(self) -> dict:
         """Counts since start-up: per tier its lookups and hits (cache: ids as requested; Redis:

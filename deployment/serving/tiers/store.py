@@ -9,9 +9,11 @@ the new version after the last, so a store left between is refused at start-up. 
 missing, half-written (a file's header or size), mid-update or of another export or version than
 expected is refused at start-up with one line (StoreError). A dynamic table's ids file ([R, 2]
 int64: per row its raw id, LIVE or FREE) is memory-mapped beside its rows and updated in place
-with them (`write_ids`).
+with them (`write_ids`); a delta bringing more new ids than free rows grows both files (`grow`,
+inside `advancing`: the new rows free, zeros), and store.json records the table's rows.
 """
 import contextlib
+import io
 import mmap
 import os
 from typing import Dict, Iterator, List, Optional, Tuple
@@ -104,7 +106,9 @@ class RowStore:
                              "(export the model again)")
         self.version = Version.from_json(state["holds"])
         self._state_path, self._state = state_path, state
-        self.shapes = [(t["rows"], t["dim"]) for t in info["tables"]]
+        grown = state.get("rows", {})   # dynamic tables grown by deltas: feature -> rows
+        self.shapes = [(grown.get(str(f), t["rows"]), t["dim"]) for f, t in enumerate(info["tables"])]
+        self._files = [(t["file"], t.get("ids_file")) for t in info["tables"]]
         writable = os.access(self.directory, os.W_OK)
         self.tables: List[NpyTable] = []
         self.ids: Dict[int, np.memmap] = {}   # per dynamic table its ids file
@@ -143,6 +147,21 @@ class RowStore:
         """A dynamic table's ids file entries `rows` [k] become `row_ids` [k, 2] (inside `advancing`)."""
         self.ids[feature][rows] = row_ids
 
+    def grow(self, feature: int, rows: int):
+        """A dynamic table's files take `rows` rows (more than now), the new ones zeros (FREE in the
+        ids file); store.json records it. Inside `advancing` (an interruption leaves the store
+        refused as mid-update). The old mappings are left to lookups in flight."""
+        if not self._state.get("updating"):
+            raise StoreError(f"{self.directory}: a table grown outside advancing(base, new)")
+        dim = self.shapes[feature][1]
+        table_file, ids_file = (os.path.join(self.directory, name) for name in self._files[feature])
+        _grow_npy(table_file, rows)
+        _grow_npy(ids_file, rows)
+        self.tables[feature] = NpyTable(table_file, (rows, dim), True)
+        self.ids[feature] = _ids_file(ids_file, rows, True)
+        self.shapes[feature] = (rows, dim)
+        self._save(rows={**self._state.get("rows", {}), str(feature): rows})
+
     def _save(self, **changes):
         self._state = dict(self._state, **changes)
         write_json(self._state_path, self._state)
@@ -151,6 +170,25 @@ class RowStore:
         for table in self.tables:
             table.close()
         self.tables, self.ids = [], {}
+
+
+def _grow_npy(path: str, rows: int):
+    """Extends the .npy file `path` (format 1.0, C order) to `rows` rows of zeros: its header
+    rewritten in place (numpy leaves room for the first axis's digits), the file lengthened."""
+    with open(path, "r+b") as f:
+        np.lib.format.read_magic(f)
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        offset = f.tell()
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(header, {"descr": np.lib.format.dtype_to_descr(dtype),
+                                                      "fortran_order": fortran, "shape": (rows, *shape[1:])})
+        if len(header.getvalue()) != offset or fortran or rows < shape[0]:
+            raise StoreError(f"{path}: cannot grow from {shape[0]} to {rows} rows in place")
+        f.seek(0)
+        f.write(header.getvalue())
+        f.truncate(offset + rows * int(np.prod(shape[1:])) * dtype.itemsize)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _ids_file(path: str, rows: int, writable: bool) -> np.memmap:
