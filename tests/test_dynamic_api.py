@@ -162,6 +162,23 @@ def test_a_model_file_trains_with_dynamic_tables_and_resumes_bit_for_bit(tmp_pat
     assert "| embedding/wide_cat_1: 40 live, " in lines[0] and "| embedding/deep_cat_0: " in lines[0], lines
 
 
+def test_a_model_file_restored_at_another_hash_shard_count_trains_on_as_at_its_own(tmp_path):
+    """Wide & Deep with cat_0 dynamic in 3 hash shards (its capacity never binding), resumed at 3 and
+    at 1 shard: the same losses, exactly (tests/test_dynamic_reshard.py says why), through the model
+    file's layers (run.user_model's restoring)."""
+    first = str(tmp_path / "first")
+    run_loop.run(tiny_config(**WIDE_AND_DEEP, dynamic_tables=["cat_0:600:1:lru:0:3"], max_steps=6,
+                             save_checkpoint_path=first))
+    assert "embedding_tables/table_0/shard_2/ids" in checkpoint.read_manifest(first)["tensors"]
+    losses = {}
+    for shards in (3, 1):
+        out = str(tmp_path / str(shards))
+        run_loop.run(tiny_config(**WIDE_AND_DEEP, dynamic_tables=[f"cat_0:600:1:lru:0:{shards}"], max_steps=12,
+                                 restore_checkpoint_path=first, save_checkpoint_path=out, log_path=out + ".json"))
+        losses[shards] = [r["loss"] for r in map(json.loads, open(out + ".json")) if r["kind"] == "step"]
+    assert len(losses[3]) == 6 and losses[1] == losses[3]
+
+
 def write_raw_data(folder, rows=96 * 8, seed=0):
     """A split-binary dataset: "user" raw 64-bit ids (a few hundred values near +-2^62), "c" (5
     rows), "tags" multi-hot raw ids (up to 3); 2 numericals; labels depending on the user."""
