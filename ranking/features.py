@@ -98,8 +98,8 @@ class Features:
                 else keras.Input((), dtype="int64", name=f.name)
         return out
 
-    def feature_configs(self, embedding_dim: Union[int, Sequence[int]], combiner: str = "sum", names: Optional[Sequence[str]] = None,
-                        prefix: str = "") -> List[FeatureConfig]:
+    def feature_configs(self, embedding_dim: Union[int, Sequence[int]], combiner: str = "sum",
+                        names: Optional[Sequence[str]] = None, prefix: str = "") -> List[FeatureConfig]:
         """One FeatureConfig (and its own table of `cardinality` rows x `embedding_dim`, `combiner`
         over a multi-hot sample's ids) per feature of `names` (default: all, in order), each named
         `prefix` + the feature's name (a prefix tells apart two tables of one feature).

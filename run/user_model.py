@@ -1,8 +1,7 @@
-"""A model file's model in the run (--model=FILE): built from the dataset's features and its
-hyper-parameters, compiled with the run's optimizer and schedule, and seen by the run through the
-interface of the built-in path (nn.model.RankingModel's `embeddings`, nn.trainer.Trainer's step,
-predict and checkpoint methods, nn.model_config.ModelConfig's `signature`), so that run/loop.py
-and run/checkpoint_policy.py drive either alike.
+"""The run's model: a model file's (--model=FILE; dlrm.py / dcnv2.py: examples/dlrm.py /
+dcnv2.py, run/assembly.py), built from the dataset's features and its hyper-parameters, compiled
+with the run's optimizer and schedule, and seen by run/loop.py and run/checkpoint_policy.py
+through `UserModel` (`embeddings`, `signature`) and `UserTrainer` (step, predict, checkpoint).
 
 The contract (docs/models.md): FILE defines `build_model(features, hparams) -> ranking.Model`,
 `features` a ranking.Features, `hparams` a dict (--model_params, --model_param). The model takes
@@ -272,11 +271,10 @@ class UserModel:
 
 
 class _Tables:
-    """The loop's view of a model file's embeddings, its HybridEmbedding `layers`
-    (nn.model.RankingModel.embeddings' input_rows, staged, store_stats, close). `feeds`: per
-    layer, None (it takes its ids from its inputs) or, for a layer whose ids the run gives (tables
-    on disk, model-parallel input), per input of the layer the index of the dataset's feature it
-    reads; F: the dataset's features."""
+    """The loop's view of a model file's embeddings, its HybridEmbedding `layers` (input_rows,
+    staged, store_stats, close). `feeds`: per layer, None (it takes its ids from its inputs) or,
+    for a layer whose ids the run gives (tables on disk, model-parallel input), per input of the
+    layer the index of the dataset's feature it reads; F: the dataset's features."""
 
     def __init__(self, layers: List[HybridEmbedding], feeds: List[Optional[List[int]]], num_features: int):
         self.layers, self._feeds, self._num_features = layers, feeds, num_features
@@ -353,12 +351,11 @@ class _Tables:
 
 
 class UserTrainer:
-    """The run's trainer (nn.trainer.Trainer's interface) over a UserModel: `train_step(numerical,
-    categorical, labels) -> the global batch's mean loss` (a model with heads, labels [b, H]: a
-    dict of it, "loss", and each head's, "<head>_loss"), `predict(numerical, categorical) ->
-    logits [b]` ([b, H]), `step` and `schedule_origin` (the compiled ranking.Model's variables),
-    `loss_scale` (nn.trainer.LossScale, None: no loss scaling), `learning_rate`, `check_finite`, and
-    the checkpoint entries and names."""
+    """The run's trainer over a UserModel: `train_step(numerical, categorical, labels) -> the
+    global batch's mean loss` (a model with heads, labels [b, H]: a dict of it, "loss", and each
+    head's, "<head>_loss"), `predict(numerical, categorical) -> logits [b]` ([b, H]), `step` and
+    `schedule_origin` (the compiled ranking.Model's variables), `loss_scale` (nn.trainer.LossScale,
+    None: no loss scaling), `learning_rate`, `check_finite`, and the checkpoint entries and names."""
 
     def __init__(self, model: UserModel, run_eagerly: bool = False):
         self.model, self.keras_model = model, model.keras_model
