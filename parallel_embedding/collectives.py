@@ -112,8 +112,9 @@ class HorovodCollectives(SingleProcess):
             return None
         # Gloo's own reason (peer closed the connection, a receive timed out) when it is there.
         reason = re.search(r"gloo/[\w/.]+:\d+\] ([^\n]+)", text)
-        # The op: a graph node's name, or an eager call's ("{{function_node __wrapped__<op>_device_...}}").
-        node = re.search(r"\{\{node (\w+)\}\}", text) or \
+        # The op: a graph node's name (less the name scopes of the Keras layers it runs in), or an
+        # eager call's ("{{function_node __wrapped__<op>_device_...}}").
+        node = re.search(r"\{\{node (?:[\w.-]+/)*(\w+)\}\}", text) or \
             re.search(r"\{\{function_node __wrapped__(\w+?)_device_", text)
         where = f"the collective {node.group(1)!r}" if node else "a collective operation"
         lines = [re.sub(r"\{\{[^}]*\}\}\s*", "", line).strip() for line in text.splitlines()]

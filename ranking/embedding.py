@@ -17,6 +17,10 @@ through `given_table_ids`, per table as `input_rows(t)` says: its features' ids 
 batch ([k_t B]) where this rank holds a shard of table t, of the local batch ([k_t b]) where t is
 replicated; the inputs still give b. The run (run/user_model.py) reads them from the data.
 
+A layer may instead be handed its tables built (`embedding`: a DistributedEmbedding on the plan
+of the caller's one planner call, as the built-in DLRM / DCNv2's, run/assembly.py): it then plans
+nothing, and its tables keep that embedding's checkpoint names ("embedding/table_<t>").
+
 With `storage` (a `TableStorage`), the planner puts the tables that exceed a memory budget on
 disk (parallel_embedding/tiered.py); their ids must then be staged before each step: the run
 stages each batch's `table_ids` and hands the step the cache slots through `given_table_ids`.
@@ -84,6 +88,11 @@ class HybridEmbedding(keras.layers.Layer):
     `trainable` false (Keras' attribute): `ranking.Model`'s step neither differentiates nor updates
     the tables (frozen). A table with `dynamic` options (planner rule 2) takes raw int64 ids (no
     range check), mapped to rows at the model's global step; its counts: `dynamic_stats`.
+    `embedding`: the tables built (a DistributedEmbedding, one table per feature in feature order,
+    each of the feature table's (rows, dim), a dynamic one of its capacity's rows; its
+    collectives, plan, tiers, input layout, initial values, combiners and names are its own):
+    nothing is planned, and the placement, storage, seed and initializer arguments are not taken.
+    Other tables: a one-line ConfigError.
     """
 
     def __init__(self, features: Union[Mapping[str, FeatureConfig], Sequence[FeatureConfig]], *,
@@ -91,7 +100,7 @@ class HybridEmbedding(keras.layers.Layer):
                  column_slice_threshold: Optional[int] = None, row_slice_threshold: Optional[int] = None,
                  data_parallel_threshold: Optional[int] = None, storage: Optional[TableStorage] = None,
                  data_parallel_input: bool = True, zeros_initializer: bool = False,
-                 name: str = "hybrid_embedding", **kwargs):
+                 embedding: Optional[DistributedEmbedding] = None, name: str = "hybrid_embedding", **kwargs):
         super().__init__(name=name, **kwargs)
         if isinstance(features, Mapping):
             for key, f in features.items():
@@ -103,7 +112,7 @@ class HybridEmbedding(keras.layers.Layer):
         if not self.features:
             raise ConfigError("HybridEmbedding: no features given")
         self.tables, self.table_of = planner_tables(self.features)
-        comm = collectives or ONE_PROCESS
+        comm = collectives or (embedding.comm if embedding is not None else ONE_PROCESS)
         zeros = {t.initializer == "zeros" for t in self.tables}
         if len(zeros) > 1:
             raise ConfigError(f"table {next(t.name for t in self.tables if t.initializer == 'zeros')!r}: "
@@ -114,30 +123,47 @@ class HybridEmbedding(keras.layers.Layer):
                               f"updates every table")
         self.table_optimizer = next(iter(optimizers), None)
         self.storage = storage
-        tiers = None if storage is None else TierOptions(storage.slots, storage.budget_bytes, [
-            2 * storage.batch_rows * sum(f.ids_per_sample for f, i in zip(self.features, self.table_of) if i == t)
-            for t in range(len(self.tables))], storage.host_threshold_bytes)
-        plan = plan_tables([t.vocabulary_size for t in self.tables], [t.embedding_dim for t in self.tables],
-                           comm.size, strategy, column_slice_threshold, row_slice_threshold,
-                           data_parallel_threshold, tiers=tiers,
-                           dynamic={i: t.dynamic for i, t in enumerate(self.tables) if t.dynamic})
-        self.model_parallel_input = comm.size > 1 and not data_parallel_input
-        self.embedding = DistributedEmbedding(plan, comm, seed=tuple(seed),
-                                              data_parallel_input=comm.size > 1 and data_parallel_input,
-                                              combiners=[t.combiner for t in self.tables],
-                                              zeros_initializer=zeros == {True} or zeros_initializer,
-                                              make_variable=self._table_variable,
-                                              store_path=storage and storage.store_path,
-                                              cache_policy=storage.cache_policy if storage else "lru",
-                                              inputs_per_table=[self.table_of.count(t)
-                                                                for t in range(len(self.tables))],
-                                              name=f"{name}_tables")
+        self._handed_tables = embedding is not None
+        if embedding is not None:
+            self.storage = None
+            self.model_parallel_input = comm.size > 1 and not embedding.data_parallel_input
+            self.embedding = self._handed(embedding, comm)
+        else:
+            tiers = None if storage is None else TierOptions(storage.slots, storage.budget_bytes, [
+                2 * storage.batch_rows * sum(f.ids_per_sample for f, i in zip(self.features, self.table_of) if i == t)
+                for t in range(len(self.tables))], storage.host_threshold_bytes)
+            plan = plan_tables([t.vocabulary_size for t in self.tables], [t.embedding_dim for t in self.tables],
+                               comm.size, strategy, column_slice_threshold, row_slice_threshold,
+                               data_parallel_threshold, tiers=tiers,
+                               dynamic={i: t.dynamic for i, t in enumerate(self.tables) if t.dynamic})
+            self.model_parallel_input = comm.size > 1 and not data_parallel_input
+            self.embedding = DistributedEmbedding(plan, comm, seed=tuple(seed),
+                                                  data_parallel_input=comm.size > 1 and data_parallel_input,
+                                                  combiners=[t.combiner for t in self.tables],
+                                                  zeros_initializer=zeros == {True} or zeros_initializer,
+                                                  make_variable=self._table_variable,
+                                                  store_path=storage and storage.store_path,
+                                                  cache_policy=storage.cache_policy if storage else "lru",
+                                                  inputs_per_table=[self.table_of.count(t)
+                                                                    for t in range(len(self.tables))],
+                                                  name=f"{name}_tables")
         # The rows of features sharing a table travel as one input: one-hot ones become ragged
         # rows of one id when another feature of their table is multi-hot.
         self._ragged_table = [any(f.multi_hot for f, t in zip(self.features, self.table_of) if t == i)
                               for i in range(len(self.tables))]
         self._recorded: Optional[Recorded] = None
         self._given_ids: Optional[list] = None
+
+    def _handed(self, embedding: DistributedEmbedding, comm) -> DistributedEmbedding:
+        """`embedding`, checked to hold the features' own tables (one per feature, of its shape) on `comm`."""
+        want = [(t.vocabulary_size, t.embedding_dim) for t in self.tables]
+        got = [(None if t.kind == "dynamic" else t.rows, t.dim) for t in embedding.plan.tables]
+        if embedding.comm is not comm or len(self.tables) != len(self.features) or len(got) != len(want) or any(
+                g != w and g != (None, w[1]) for g, w in zip(got, want)):
+            raise ConfigError(f"layer {self.name!r}: the embedding handed to it holds tables (rows, dim) "
+                              f"{[(g[0] or 'dynamic', g[1]) for g in got]}, not its features' {want} on its "
+                              f"collectives")
+        return embedding
 
     def _table_variable(self, initial_value: tf.Tensor, name: str) -> tf.Variable:
         """One table variable (or shard) of the embedding: here a tf.Variable, no Keras weight."""
@@ -162,8 +188,11 @@ class HybridEmbedding(keras.layers.Layer):
         return int(sum(np.prod(v.shape) for v in self.table_variables))
 
     def dynamic_stats(self) -> dict:
-        """Per dynamic table, by "<layer>/<its TableConfig's name>": its live rows and admitted,
-        evicted and refused ids (DistributedEmbedding.dynamic_stats; at N ranks a collective)."""
+        """Per dynamic table, by "<layer>/<its TableConfig's name>" (tables handed to the layer: by
+        their own names): its live rows and admitted, evicted and refused ids
+        (DistributedEmbedding.dynamic_stats; at N ranks a collective)."""
+        if self._handed_tables:
+            return self.embedding.dynamic_stats()
         names = {self.embedding.table_name(t): f"{self.name}/{table.name}" for t, table in enumerate(self.tables)}
         return {names[name]: counts for name, counts in self.embedding.dynamic_stats().items()}
 

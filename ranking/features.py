@@ -14,7 +14,7 @@ embedding `embedding` builds is planned over the run's ranks as the built-in mod
 import dataclasses
 import importlib.util
 import os
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence, Union
 
 import keras
 
@@ -53,12 +53,14 @@ class Features:
     arguments of HybridEmbedding's planner: strategy and thresholds; `storage`: the tiers, None
     for all in memory; `data_parallel_input`, `zeros_initializer`: HybridEmbedding's). The
     storage's budgets are the rank's for all the layers `embedding` makes: each is planned within
-    what the layers before it left (on the fullest rank)."""
+    what the layers before it left (on the fullest rank). `tables`: the run's tables built (a
+    parallel_embedding DistributedEmbedding on the run's one planner call: the built-in DLRM /
+    DCNv2's), handed to the one layer `embedding` makes."""
 
     def __init__(self, categorical: Sequence[CategoricalFeature], num_numerical: int, *, collectives=None,
                  seed: int = 0, placement: Optional[dict] = None, storage: Optional[TableStorage] = None,
                  labels: Sequence[str] = ("label",), data_parallel_input: bool = True,
-                 zeros_initializer: bool = False):
+                 zeros_initializer: bool = False, tables=None):
         self.categorical = list(categorical)
         self.num_numerical = num_numerical
         self.labels = list(labels)
@@ -68,6 +70,7 @@ class Features:
         self._layer_settings = dict(data_parallel_input=data_parallel_input, zeros_initializer=zeros_initializer)
         self._planned = False   # whether `embedding` has made a layer
         self.made_dynamic = set()   # the features with `dynamic` options feature_configs has made a table of
+        self._tables = tables
 
     def __iter__(self) -> Iterator[CategoricalFeature]:
         return iter(self.categorical)
@@ -79,6 +82,11 @@ class Features:
         if name not in self._by_name:
             raise ConfigError(f"feature {name!r} is not in the dataset (its features: {self.names_line()})")
         return self._by_name[name]
+
+    @property
+    def seed(self) -> int:
+        """The run's seed (--seed): the built-in models' layers are seeded (seed, k)."""
+        return self._seed
 
     @property
     def names(self) -> List[str]:
@@ -97,14 +105,19 @@ class Features:
                 else keras.Input((), dtype="int64", name=f.name)
         return out
 
-    def feature_configs(self, embedding_dim: int, combiner: str = "sum", names: Optional[Sequence[str]] = None,
-                        prefix: str = "") -> List[FeatureConfig]:
+    def feature_configs(self, embedding_dim: Union[int, Sequence[int]], combiner: str = "sum",
+                        names: Optional[Sequence[str]] = None, prefix: str = "") -> List[FeatureConfig]:
         """One FeatureConfig (and its own table of `cardinality` rows x `embedding_dim`, `combiner`
         over a multi-hot sample's ids; dynamic with the feature's `dynamic` options, its rows their
         capacity) per feature of `names` (default: all, in order), each named `prefix` + the
-        feature's name (a prefix tells apart two tables of one feature)."""
+        feature's name (a prefix tells apart two tables of one feature).
+        `embedding_dim`: one width, or one per feature of `names`."""
         out = []
-        for name in self.names if names is None else names:
+        names = self.names if names is None else list(names)
+        dims = [embedding_dim] * len(names) if isinstance(embedding_dim, int) else list(embedding_dim)
+        if len(dims) != len(names):
+            raise ConfigError(f"feature_configs: {len(dims)} embedding widths for {len(names)} features")
+        for name, embedding_dim in zip(names, dims):
             f = self[name]
             rows = f.dynamic.capacity if f.dynamic else f.cardinality
             if f.dynamic:
@@ -120,7 +133,13 @@ class Features:
         """A HybridEmbedding of `feature_configs` (called with their ids in the same order: a list
         in, a list of [b, D] out) on the run's ranks, placement, storage and seed. A model may have several,
         each of its own `name` (its tables' checkpoint names start with it). Its tables start as
-        the built-in models' of the same seed and shapes."""
+        the built-in models' of the same seed and shapes; the run's `tables`, where given, are
+        this layer's (a second layer: ConfigError)."""
+        if self._tables is not None:
+            if self._planned:
+                raise ConfigError(f"layer {name!r}: the run's tables are built for one layer, made before it")
+            self._planned = True
+            return HybridEmbedding(list(feature_configs), embedding=self._tables, name=name)
         try:
             layer = HybridEmbedding(list(feature_configs), collectives=self._collectives, seed=(self._seed, 1000),
                                     storage=self._storage, name=name, **self._placement, **self._layer_settings)

@@ -29,6 +29,7 @@ outside it.
 `predict` this rank's outputs, float32 (`inference`).
 """
 import contextlib
+import math
 from typing import Dict, List, Optional, Set, Union
 
 import keras
@@ -104,7 +105,10 @@ class _ProjectStep:
         # The update with global index `step` runs at schedule(step - schedule_origin) (a run
         # continued from a checkpoint may restart the schedule there).
         self.schedule_origin = tf.Variable(0, dtype=tf.int64, trainable=False, name="schedule_origin")
+        # The first step (counted from 1; 0: none) whose loss or gradients were not finite, and its
+        # loss: kept on the device, read by check_finite, so that no step waits for the host.
         self.first_nonfinite_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="first_nonfinite_step")
+        self.first_nonfinite_loss = tf.Variable(0.0, trainable=False, name="first_nonfinite_loss")
         dtypes = sorted({l.compute_dtype for l in self._flatten_layers()})
         if loss_scale is not None and "float16" not in dtypes:
             raise ConfigError(f"compile: loss_scale applies to a model computing in float16 (built under Keras' "
@@ -390,6 +394,7 @@ class _ProjectStep:
             good = tf.math.is_finite(loss)
         first = tf.logical_and(tf.logical_not(good), self.first_nonfinite_step == 0)
         self.first_nonfinite_step.assign(tf.where(first, self.global_step + 1, self.first_nonfinite_step))
+        self.first_nonfinite_loss.assign(tf.where(first, loss, self.first_nonfinite_loss))
         self.global_step.assign_add(1)
         return loss, head_losses, keras.tree.map_structure(lambda t: tf.cast(t, tf.float32), logits)
 
@@ -414,10 +419,17 @@ class _ProjectStep:
         return keras.tree.map_structure(lambda t: tf.cast(t, tf.float32), outputs)
 
     def check_finite(self):
-        """Raises NonFiniteError naming the first step whose loss or gradients were not finite."""
+        """Raises NonFiniteError, naming the step, its loss (where not finite, else its gradients)
+        and learning rate, if a step so far had a non-finite loss or, without loss scaling,
+        non-finite gradients. The run (run/loop.py) calls it at every progress line and before
+        every save and evaluation; `fit` after every step."""
         step = int(self.first_nonfinite_step.numpy())
         if step:
-            raise NonFiniteError(f"step {step}: non-finite loss or gradients; training stopped")
+            loss = float(self.first_nonfinite_loss.numpy())
+            what = f"loss ({loss})" if not math.isfinite(loss) else "gradients"
+            lr = float(self.learning_rate(step - 1))
+            raise NonFiniteError(f"step {step}: non-finite {what} at learning rate {lr:g}; "
+                                 f"training stopped, nothing saved from step {step} on")
 
     def fit(self, *args, callbacks=None, **kwargs):
         """keras.Model.fit, stopped with NonFiniteError after a step with a non-finite loss or

@@ -1,17 +1,16 @@
 """The assembly of one run on this rank: the parts `cfg` describes (log, dataset, plan, model,
 trainer), and what a restore puts into them."""
-import contextlib
+import os
 import types
-from typing import Optional
+from typing import Optional, Tuple
 
 import tensorflow as tf
 
-import nn.trainer   # its amp_dtype read when called (tests pose as a GPU)
 from dataloading import position
 from dataloading.batches import RankInput, steps_per_epoch
 from dataloading.open import open_dataset
-from nn.lr_schedule import LearningRateSchedule
-from nn.model import RankingModel, model_tables
+from nn.interaction import DOT_KERNELS, interaction_op
+from nn.model import model_tables
 from nn.model_config import ModelConfig, table_configs
 from parallel_embedding.optimizers import slot_names
 from run.config import RunConfig
@@ -39,6 +38,25 @@ def model_config(cfg: RunConfig) -> ModelConfig:
                        cross_layer_projection_dim=model.cross_layer_projection_dim)
 
 
+# The built-in models' files: DLRM and DCNv2 written with the ranking/ API.
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+
+
+def builtin_model_file(cfg: RunConfig) -> Tuple[str, dict]:
+    """The model file of the flags' built-in model and its hyper-parameters: examples/dcnv2.py
+    (--interaction=cross) or examples/dlrm.py (a dot interaction, its kernel the flag's), sized by
+    --embedding_dim, --bottom_mlp_dims, --top_mlp_dims (less its last entry, the logit),
+    --num_cross_layers, --cross_layer_projection_dim and --multi_hot_combiner."""
+    m = cfg.model
+    common = dict(bottom=list(m.bottom_mlp_dims), top=list(m.top_mlp_dims[:-1]), combiner=m.multi_hot_combiner or "sum")
+    if m.interaction == "cross":
+        return os.path.join(EXAMPLES, "dcnv2.py"), dict(common, embedding_dims=list(m.embedding_dims),
+                                                        num_cross_layers=m.num_cross_layers,
+                                                        projection_dim=m.cross_layer_projection_dim)
+    return os.path.join(EXAMPLES, "dlrm.py"), dict(common, embedding_dim=m.embedding_dims[0],
+                                                   kernel=DOT_KERNELS[m.interaction])
+
+
 def dataset_request(cfg: RunConfig) -> types.SimpleNamespace:
     """What dataloading.open.open_dataset reads, flat (as deployment/client.py gives it too); the
     "validation" mapping is asked for with --keep_best_checkpoint (it chooses the best on it)."""
@@ -61,13 +79,13 @@ class Assembly:
     "eval", and "validation" with --keep_best_checkpoint where the data has that mapping);
     evaluating: whether there are evaluation rows; best_split: the split whose AUC
     --keep_best_checkpoint chooses by ("validation" where it has rows, else "eval");
-    model_config (its `signature`), model (its `embeddings`), trainer (nn.trainer.Trainer's step,
-    predict and checkpoint interface): the built-in model (ModelConfig, RankingModel on the plan of
-    run.runtime.embedding_plan, Trainer) or a model file's (--model: run.user_model.UserModel as
-    model_config and model, UserTrainer); heads: a model file's heads, one per label of the data
-    in its order (None: one output); head_metrics: per output the figure evaluating it ("auc" or
-    "rmse": nn.evaluator.evaluate's scores; None: the built-in model's, AUC); view (RankInput:
-    this rank's share of a batch).
+    model_config (its `signature`), model (run.user_model.UserModel: its `embeddings`), trainer
+    (run.user_model.UserTrainer: step, predict and checkpoint interface): a model file's (--model;
+    UserModel as model_config too) or the built-in model's (ModelConfig; the ranking.Model of
+    `builtin_model_file`, handed its tables on the plan of run.runtime.embedding_plan); heads: a
+    model file's heads, one per label of the data in its order (None: one output); head_metrics: per
+    output the figure evaluating it ("auc" or "rmse": nn.evaluator.evaluate's scores; None: the
+    built-in model's, AUC); view (RankInput: this rank's share of a batch).
     Training only: steps_per_epoch, total (the training batches of this data the run trains up to),
     data_definition (dataloading.position). start_step (the trainer's global step at the start) and
     data_start (the first training batch of this data) are 0 until `restore`."""
@@ -125,8 +143,9 @@ class Assembly:
         self.data_start = 0
 
     def _builtin_model(self, cfg: RunConfig, comm) -> int:
-        """Builds the flags' DLRM / DCNv2 (model_config, model, trainer) and prints its plan; returns
-        its parameters."""
+        """Builds the flags' DLRM / DCNv2 (model_config, model, trainer: `builtin_model_file`'s
+        model handed its tables, placed and tiered by the run's one planner call) and prints its
+        plan; returns its parameters."""
         runtime, training = cfg.runtime, cfg.training
         compute_dtype = run.runtime.compute_dtype(cfg)
         on_gpu = bool(tf.config.list_physical_devices("GPU"))
@@ -137,14 +156,12 @@ class Assembly:
                               zeros_initializer=cfg.model.embedding_zeros_initializer,
                               store_path=cfg.storage.embedding_store_path,
                               cache_policy=cfg.storage.embedding_cache_policy)
-        self.model = RankingModel(self.model_config, tables, seed=cfg.seed, compute_dtype=compute_dtype)
-        schedule = LearningRateSchedule(training.learning_rate, training.warmup_steps, training.decay_start_step,
-                                        training.decay_steps)
-        self.trainer = nn.trainer.Trainer(
-            self.model, training.optimizer, schedule, training.beta1, training.beta2, xla=runtime.xla,
-            loss_scaling=compute_dtype == tf.float16, static_loss_scale=runtime.loss_scale,
-            train_tables=training.embedding_trainable, run_eagerly=runtime.run_eagerly)
-        self.log.print(plan.format(slots=len(self.model.embeddings.optimizer.slot_names)))
+        if cfg.model.interaction != "cross":   # the op's error (and fallback warning) name the flags
+            interaction_op(DOT_KERNELS[cfg.model.interaction])
+        path, hparams = builtin_model_file(cfg)
+        self.model = UserModel(cfg, comm, path, hparams, tables)
+        self.trainer = UserTrainer(self.model, run_eagerly=runtime.run_eagerly)
+        self.log.print(plan.format(slots=len(slot_names(training.optimizer))))
         if cfg.storage.cpu_offloading_threshold_gb is not None:
             self.log.print(offloading_line(cfg.storage.cpu_offloading_threshold_gb, plan.bytes_on(comm.rank),
                                            comm.rank, on_gpu))

@@ -1,8 +1,7 @@
-"""A model file's model in the run (--model=FILE): built from the dataset's features and its
-hyper-parameters, compiled with the run's optimizer and schedule, and seen by the run through the
-interface of the built-in path (nn.model.RankingModel's `embeddings`, nn.trainer.Trainer's step,
-predict and checkpoint methods, nn.model_config.ModelConfig's `signature`), so that run/loop.py
-and run/checkpoint_policy.py drive either alike.
+"""The run's model: a model file's (--model=FILE; dlrm.py / dcnv2.py: examples/dlrm.py /
+dcnv2.py, run/assembly.py), built from the dataset's features and its hyper-parameters, compiled
+with the run's optimizer and schedule, and seen by run/loop.py and run/checkpoint_policy.py
+through `UserModel` (`embeddings`, `signature`) and `UserTrainer` (step, predict, checkpoint).
 
 The contract (docs/models.md): FILE defines `build_model(features, hparams) -> ranking.Model`,
 `features` a ranking.Features, `hparams` a dict (--model_params, --model_param). The model takes
@@ -32,6 +31,7 @@ import tensorflow as tf
 
 from nn.lr_schedule import LearningRateSchedule
 from nn.trainer import LOSS_SCALE_STATE
+from parallel_embedding import UPDATED_AT
 from parallel_embedding.optimizers import slot_names
 from parallel_embedding.planner import BudgetError
 from ranking import CategoricalFeature, Features, HybridEmbedding, Model, TableStorage
@@ -43,12 +43,14 @@ from storage.checkpoint import Entry
 from utils.errors import ConfigError
 
 
-def dataset_features(cfg: RunConfig, comm) -> Features:
+def dataset_features(cfg: RunConfig, comm, tables=None) -> Features:
     """The run's dataset as a model file's builder sees it, on the run's ranks, seed, placement,
     input layout (--data_parallel_input; off: model-parallel input at N > 1), initial tables
     (--embedding_zeros_initializer) and storage (--embedding_memory_budget_gb: tables on disk; on
     a GPU, --cpu_offloading_threshold_gb: tables in host memory) and dynamic tables (--dynamic_tables:
-    the features' options, which `feature_configs` gives their tables), as the built-in path's."""
+    the features' options, which `feature_configs` gives their tables), as the built-in path's;
+    `tables`: the run's tables built (the built-in models', run/assembly.py), handed to the model's
+    layer."""
     shape, p, s = cfg.data.shape, cfg.parallelism, cfg.storage
     placement = dict(strategy=p.dist_strategy, column_slice_threshold=p.column_slice_threshold,
                      row_slice_threshold=p.row_slice_threshold, data_parallel_threshold=p.data_parallel_threshold)
@@ -63,15 +65,17 @@ def dataset_features(cfg: RunConfig, comm) -> Features:
                    for i, (n, c, h) in enumerate(zip(shape.names, shape.cardinalities, shape.max_hotness))]
     return Features(categorical, shape.num_numerical, collectives=comm, seed=cfg.seed, placement=placement,
                     storage=storage, labels=shape.labels, data_parallel_input=p.data_parallel_input,
-                    zeros_initializer=cfg.model.embedding_zeros_initializer)
+                    zeros_initializer=cfg.model.embedding_zeros_initializer, tables=tables)
 
 
 class UserModel:
     """A model file's compiled ranking.Model (`keras_model`) as the run sees a model: `embeddings`
     (the loop's input_rows / staged / store_stats / close: _Tables), `dense_variables`,
-    `parameters`, `signature`.
+    `table_variables`, `parameters`, `signature`.
 
-    Built on every rank of `comm` from `cfg` (the same seed on every rank; compile gives every
+    Built on every rank of `comm` from `cfg` (the model file `path` with `hparams`: default
+    --model's with --model_params'; `tables`: the run's tables built, handed to its layer, as the
+    built-in DLRM / DCNv2's, run/assembly.py) (the same seed on every rank; compile gives every
     rank rank 0's Keras weights), under --amp with Keras' policy "mixed_<compute_dtype>"
     (`compute_dtype`); --embedding_trainable=false freezes every HybridEmbedding (Keras'
     `trainable`). Checks, before any data is read, each a one-line ConfigError: the builder
@@ -86,11 +90,12 @@ class UserModel:
     `embeddings.input_rows(f)` says ("global" [B] where a model-parallel layer's table on this
     rank reads it, else "local" [b]), then the staged table ids of the layers with tables on disk."""
 
-    def __init__(self, cfg: RunConfig, comm):
-        path, training = cfg.model.model, cfg.training
-        self.path, self.comm, self.hparams = path, comm, cfg.model.hparams
+    def __init__(self, cfg: RunConfig, comm, path: Optional[str] = None, hparams: Optional[dict] = None,
+                 tables=None):
+        path, training = path or cfg.model.model, cfg.training
+        self.path, self.comm, self.hparams = path, comm, cfg.model.hparams if hparams is None else hparams
         self.labels = list(cfg.data.shape.labels)
-        self.features = dataset_features(cfg, comm)
+        self.features = dataset_features(cfg, comm, tables)
         self.compute_dtype = compute_dtype(cfg)
         keras.utils.set_random_seed(cfg.seed)
         policy = keras.mixed_precision.global_policy()
@@ -278,6 +283,11 @@ class UserModel:
         return self.keras_model.dense_variables
 
     @property
+    def table_variables(self) -> List[tf.Variable]:
+        """This rank's table variables, layer by layer (HybridEmbedding.table_variables)."""
+        return [v for layer in self.embeddings.layers for v in layer.table_variables]
+
+    @property
     def parameters(self) -> int:
         """Every rank's table parameters and the Keras weights."""
         tables = sum(t.vocabulary_size * t.embedding_dim for layer in self.embeddings.layers for t in layer.tables)
@@ -303,11 +313,10 @@ class UserModel:
 
 
 class _Tables:
-    """The loop's view of a model file's embeddings, its HybridEmbedding `layers`
-    (nn.model.RankingModel.embeddings' input_rows, staged, store_stats, restoring, close).
-    `feeds`: per layer, None (it takes its ids from its inputs) or, for a layer whose ids the run
-    gives (tables on disk, model-parallel input), per input of the layer the index of the
-    dataset's feature it reads; F: the dataset's features."""
+    """The loop's view of a model file's embeddings, its HybridEmbedding `layers` (input_rows,
+    staged, store_stats, restoring, close). `feeds`: per layer, None (it takes its ids from its
+    inputs) or, for a layer whose ids the run gives (tables on disk, model-parallel input), per
+    input of the layer the index of the dataset's feature it reads; F: the dataset's features."""
 
     def __init__(self, layers: List[HybridEmbedding], feeds: List[Optional[List[int]]], num_features: int):
         self.layers, self._feeds, self._num_features = layers, feeds, num_features
@@ -393,16 +402,17 @@ class _Tables:
 
 
 class UserTrainer:
-    """The run's trainer (nn.trainer.Trainer's interface) over a UserModel: `train_step(numerical,
-    categorical, labels) -> the global batch's mean loss` (a model with heads, labels [b, H]: a
-    dict of it, "loss", and each head's, "<head>_loss"), `predict(numerical, categorical) ->
-    logits [b]` ([b, H]), `step` and `schedule_origin` (the compiled ranking.Model's variables),
-    `learning_rate`, `check_finite`, and the checkpoint entries and names."""
+    """The run's trainer over a UserModel: `train_step(numerical, categorical, labels) -> the
+    global batch's mean loss` (a model with heads, labels [b, H]: a dict of it, "loss", and each
+    head's, "<head>_loss"), `predict(numerical, categorical) -> logits [b]` ([b, H]), `step` and
+    `schedule_origin` (the compiled ranking.Model's variables), `loss_scale` (nn.trainer.LossScale,
+    None: no loss scaling), `learning_rate`, `check_finite`, and the checkpoint entries and names."""
 
     def __init__(self, model: UserModel, run_eagerly: bool = False):
         self.model, self.keras_model = model, model.keras_model
         self.step = self.keras_model.global_step
         self.schedule_origin = self.keras_model.schedule_origin
+        self.loss_scale = self.keras_model.loss_scale
         self.train_step = self._train_step if run_eagerly else tf.function(self._train_step, reduce_retracing=True)
         self.predict = model.logits if run_eagerly else tf.function(model.logits, reduce_retracing=True)
 
@@ -425,9 +435,11 @@ class UserTrainer:
         return self.keras_model.checkpoint_names(weights_only)
 
     def optional_names(self) -> Set[str]:
-        """Tensors a checkpoint may lack: float16 loss scaling's state (a run with or without it
-        restores the other's checkpoints, as the built-in path's)."""
-        return set(LOSS_SCALE_STATE)
+        """Tensors a checkpoint may lack (their variables then keep their values): float16 loss
+        scaling's state (a run with or without it restores the other's checkpoints), and the
+        tables' updated_at (checkpoints written before rows' updates were recorded)."""
+        return set(LOSS_SCALE_STATE) | {n for layer in self.model.embeddings.layers
+                                        for n in layer.embedding.checkpoint_names() if n.endswith(UPDATED_AT)}
 
     def broadcast_replicated(self):
         """Sets every rank's replicated state (Keras weights, replicated tables, slots, counters) to rank 0's."""

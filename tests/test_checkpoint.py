@@ -184,7 +184,7 @@ def test_weights_mode_restores_the_weights_with_a_fresh_optimizer(tmp_path):
     assert run.train()["steps"] == 40
     run.log.close()
     reference = run_loop.Run(tiny_config(optimizer="adagrad", save_checkpoint_path=ref))
-    emb = reference.model.embeddings
+    emb = reference.model.embeddings.layers[0].embedding
     weights = {v.name.split(":")[0] for v in reference.model.dense_variables} | {emb.table_name(f) for f in range(4)}
     for e in reference.trainer.checkpoint_entries():   # one process: each table is one variable
         if e.name in weights:

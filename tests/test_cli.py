@@ -492,13 +492,12 @@ def test_run_eagerly(out):
     import tensorflow as tf
     for run_eagerly, calls in ((True, [True] * 3), (False, [False])):
         r = run_loop.Run(config(run_eagerly=run_eagerly, max_steps=3, evals_per_epoch=0))
-        seen, forward = [], r.model.predict_from_embeddings
+        seen, forward = [], r.model.keras_model.step_on
 
-        def recorded(*args, training=False, **options):
-            if training:
-                seen.append(tf.executing_eagerly())
-            return forward(*args, training=training, **options)
-        r.model.predict_from_embeddings = recorded
+        def recorded(*args, **options):   # the training step of the model
+            seen.append(tf.executing_eagerly())
+            return forward(*args, **options)
+        r.model.keras_model.step_on = recorded
         assert r.train()["steps"] == 3
         r.log.close()
         assert seen == calls
@@ -510,7 +509,7 @@ def test_reference_interaction_names(out, interaction, kernel):
     """dot_tensorflow never uses the custom op (same model as dot); dot_custom_cuda is dot_custom."""
     r = run_loop.Run(config(interaction=interaction))
     r.log.close()
-    assert (r.model.interaction._op is None) == (kernel == "TensorFlow ops")
+    assert (r.model.keras_model.get_layer("interaction").engine._op is None) == (kernel == "TensorFlow ops")
     assert parameters(out.readouterr().out) == TINY_PARAMS
     assert r.model_config.signature()["interaction"] == "dot"
 

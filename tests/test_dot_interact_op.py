@@ -178,10 +178,10 @@ def test_training_uses_the_op_and_matches_tensorflow():
     for kernel in ("auto", "tf"):
         r = run_loop.Run(cfg)
         if kernel == "tf":
-            r.model.interaction._op = None
-        assert (r.model.interaction._op is dot_based_interact) == (kernel == "auto")
+            r.model.keras_model.get_layer("interaction").engine._op = None
+        assert (r.model.keras_model.get_layer("interaction").engine._op is dot_based_interact) == (kernel == "auto")
         r.train()
-        runs.append({k: v.numpy() for k, v in r.trainer.variables_by_name().items()})
+        runs.append({e.name: e.variable.numpy() for e in r.trainer.checkpoint_entries()})
     assert runs[0].keys() == runs[1].keys()
     for name in runs[0]:
         np.testing.assert_allclose(runs[0][name], runs[1][name], rtol=1e-5, atol=1e-6, err_msg=name)
@@ -301,7 +301,7 @@ def test_saved_model_serves_without_the_op(tmp_path):
     from deployment.exporter.repository import write_repository
     r = run_loop.Run(tiny_config(save_checkpoint_path=str(tmp_path / "ckpt")))
     r.train()   # trained with the op
-    assert r.model.interaction._op is dot_based_interact
+    assert r.model.keras_model.get_layer("interaction").engine._op is dot_based_interact
     write_repository(str(tmp_path / "ckpt"), str(tmp_path / "repo"), "dlrm", forms=("monolithic",))
     model_dir = tmp_path / "repo" / "dlrm" / "1" / "model.savedmodel"
     with open(model_dir / "saved_model.pb", "rb") as f:
@@ -312,7 +312,7 @@ def test_saved_model_serves_without_the_op(tmp_path):
     np.savez(tmp_path / "batch.npz", numerical=numerical, categorical=categorical)
     subprocess.run([sys.executable, "-c", SERVE, str(model_dir), str(tmp_path / "batch.npz"),
                     str(tmp_path / "out.npy")], check=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    expected = r.model(tf.constant(numerical), list(tf.unstack(categorical.astype(np.int32), axis=1))).numpy()
+    expected = r.trainer.predict(tf.constant(numerical), list(tf.unstack(categorical.astype(np.int32), axis=1))).numpy()
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), expected, rtol=1e-6, atol=1e-6)
 
 

@@ -69,7 +69,7 @@ def test_embedding_trainable_false_freezes_the_tables_only():
         np.testing.assert_array_equal(v.numpy(), t)
     for v, d in zip(r.model.dense_variables, dense):
         assert not np.array_equal(v.numpy(), d), v.name
-    slots = r.model.embeddings.optimizer.variables_by_name()
+    slots = r.model.embeddings.layers[0].embedding.optimizer.variables_by_name()
     assert slots and not any(np.any(v.numpy()) for name, v in slots.items() if "table" in name), list(slots)
 
 
