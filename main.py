@@ -50,8 +50,9 @@ def _main(F):
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     except Exception as e:   # a dynamic table too small, a lost rank: one line, not a traceback per collective
-        if op_error(e):
-            print(f"error: {op_error(e)}", file=sys.stderr)
+        line = op_error(e)
+        if line:
+            print(f"error: {line}", file=sys.stderr)
             sys.exit(2)
         failure = comm.failure(e)
         if failure is None or preemption.received() is not None:

@@ -57,6 +57,15 @@ def uninterrupted(tmp_path_factory):
     return path / "log.json", path / "ckpt"
 
 
+def eval_outputs(run):
+    """The run's model's outputs [n, H] and the labels [n, H] over its evaluation data (padding cut)."""
+    outputs, labels = [], []
+    for numerical, categorical, y, _, valid in run._eval_data():
+        outputs.append(run.trainer.predict(numerical, categorical).numpy()[:int(valid)])
+        labels.append(y.numpy()[:int(valid)])
+    return np.concatenate(outputs), np.concatenate(labels)
+
+
 def test_two_labels_train_with_a_loss_per_head_and_evaluate_an_auc_per_head(uninterrupted):
     log, _ = uninterrupted
     got = steps(log)
@@ -84,13 +93,9 @@ def test_each_heads_auc_is_the_numpy_auc_of_the_same_predictions(uninterrupted):
     run = Run(build_config(dict(TINY, **values), set(values)))
     try:
         metrics = run.evaluate(run.start_step)
-        logits, labels = [], []
-        for numerical, categorical, y, _, valid in run._eval_data():
-            logits.append(run.trainer.predict(numerical, categorical).numpy()[:int(valid)])
-            labels.append(y.numpy()[:int(valid)])
+        logits, labels = eval_outputs(run)
     finally:
         run.model.embeddings.close()
-    logits, labels = np.concatenate(logits), np.concatenate(labels)
     assert logits.shape == labels.shape == (500, 2)
     trained = last_eval(log)
     for h, head in enumerate(HEADS):
@@ -241,13 +246,9 @@ def test_a_loss_and_a_weight_per_head_from_the_model_file_against_numpy():
         want["loss"] = want["label_loss"] + 0.5 * want["label_1_loss"]
         assert got == pytest.approx(want, rel=1e-5)
         metrics = run.evaluate(1)
-        after, labels = [], []
-        for numerical, categorical, y, _, valid in run._eval_data():
-            after.append(run.trainer.predict(numerical, categorical).numpy()[:int(valid)])
-            labels.append(y.numpy()[:int(valid)])
+        after, labels = eval_outputs(run)
     finally:
         run.model.embeddings.close()
-    after, labels = np.concatenate(after), np.concatenate(labels)
     assert after.shape == (500, 2)
     assert metrics["label_1_rmse"] == pytest.approx(np.sqrt(np.mean((after[:, 1] - labels[:, 1]) ** 2)), rel=1e-9)
     assert "label_1_auc" not in metrics and "label_1_logloss" not in metrics
