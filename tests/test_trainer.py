@@ -1,25 +1,31 @@
-"""Train step variants (graph, XLA, AMP, float16 loss scaling) against the float32 eager step."""
+"""The run's train step (run.user_model.UserTrainer over the built-in DLRM / DCNv2, examples/dlrm.py
+/ dcnv2.py) in its variants (graph, XLA, AMP, float16 loss scaling) against the float32 eager step."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from dataloading.synthetic import SyntheticDataset
-from nn.lr_schedule import LearningRateSchedule
-from nn.model import RankingModel
-from nn.model_config import ModelConfig, table_configs
-from nn.trainer import Trainer
+from tests.builtin import builtin_trainer
 from tests.compiled import xla_compiled_ops
 
 CARDS = [40, 30, 20]
 DATA = SyntheticDataset(CARDS, 4, 0.0, seed=2)
 
 
-def make_trainer(interaction, compute_dtype=tf.float32, xla=False, loss_scaling=False, **options):
-    config = ModelConfig(tables=table_configs(cardinalities=CARDS, dims=[8, 8, 8]), num_numerical=4,
-                         bottom_mlp_dims=(32, 8), top_mlp_dims=(32, 16, 1), interaction=interaction,
-                         num_cross_layers=2, cross_layer_projection_dim=6)
-    model = RankingModel(config, seed=11, compute_dtype=compute_dtype)
-    return Trainer(model, "sgd", LearningRateSchedule(0.5, 0, 0, 0), xla=xla, loss_scaling=loss_scaling, **options)
+def make_trainer(interaction, compute_dtype=tf.float32, xla=False, **flags):
+    """The built-in model of `interaction` ("dot": DLRM, "cross": DCNv2) trained by SGD at 0.5,
+    computing in `compute_dtype` (not float32: --amp computing in it); `flags` the run's others."""
+    cross = dict(num_cross_layers=2, cross_layer_projection_dim=6) if interaction == "cross" else {}
+    amp = dict(amp=True, compute_dtype=compute_dtype) if compute_dtype != tf.float32 else {}
+    return builtin_trainer(synthetic_cardinalities=[str(c) for c in CARDS], synthetic_num_numerical=4,
+                           embedding_dim=["8"], bottom_mlp_dims=["32", "8"], top_mlp_dims=["32", "16", "1"],
+                           interaction=interaction, seed=11, optimizer="sgd", learning_rate=0.5, warmup_steps=0,
+                           decay_steps=0, xla=xla, **cross, **amp, **flags)
+
+
+def variables_by_name(trainer) -> dict:
+    """Every variable of the trainer's checkpoint by its tensor's name."""
+    return {e.name: e.variable for e in trainer.checkpoint_entries()}
 
 
 def batch_tensors(start=0, size=64):
@@ -27,11 +33,10 @@ def batch_tensors(start=0, size=64):
     return tf.constant(b["numerical"]), [tf.constant(c) for c in b["categorical"]], tf.constant(b["labels"])
 
 
-def one_step(trainer, eager=False):
-    before = {k: v.numpy().copy() for k, v in trainer.variables_by_name().items()}
-    step = trainer._train_step if eager else trainer.train_step
-    loss = float(step(*batch_tensors()))
-    delta = {k: v.numpy() - before[k] for k, v in trainer.variables_by_name().items() if v.dtype == tf.float32}
+def one_step(trainer):
+    before = {k: v.numpy().copy() for k, v in variables_by_name(trainer).items()}
+    loss = float(trainer.train_step(*batch_tensors()))
+    delta = {k: v.numpy() - before[k] for k, v in variables_by_name(trainer).items() if v.dtype == tf.float32}
     return loss, delta
 
 
@@ -46,7 +51,7 @@ def cosine(a, b):
 @pytest.mark.parametrize("interaction", ["dot", "cross"])
 @pytest.mark.parametrize("variant", ["graph", "xla", "amp_bfloat16", "amp_float16"])
 def test_step_variants_close_to_float32_eager(interaction, variant):
-    ref_loss, ref_delta = one_step(make_trainer(interaction), eager=True)
+    ref_loss, ref_delta = one_step(make_trainer(interaction, run_eagerly=True))
     if variant == "graph":
         trainer, tol = make_trainer(interaction), 1e-4
     elif variant == "xla":
@@ -55,7 +60,7 @@ def test_step_variants_close_to_float32_eager(interaction, variant):
         trainer, tol = make_trainer(interaction, tf.bfloat16), None   # 8-bit mantissa: direction only
     else:
         # 10-bit mantissa: through two cross layers the deltas differ by up to ~3% (seed-dependent).
-        trainer, tol = make_trainer(interaction, tf.float16, loss_scaling=True), 0.05
+        trainer, tol = make_trainer(interaction, tf.float16), 0.05   # dynamic loss scaling
     loss, delta = one_step(trainer)
     assert loss == pytest.approx(ref_loss, rel=tol / 5 if tol else 5e-3)
     for name, ref in ref_delta.items():
@@ -64,15 +69,18 @@ def test_step_variants_close_to_float32_eager(interaction, variant):
                 assert relative_error(delta[name], ref) < tol, name
             else:
                 assert cosine(delta[name], ref) > 0.95, name
-    assert trainer.model.compute_dtype == {"amp_bfloat16": tf.bfloat16, "amp_float16": tf.float16}.get(variant, tf.float32)
+    dtype = {"amp_bfloat16": tf.bfloat16, "amp_float16": tf.float16}.get(variant, tf.float32)
+    assert trainer.model.compute_dtype == dtype
+    assert {trainer.keras_model.get_layer(name).compute_dtype for name in ("bottom_mlp", "top_mlp")} == {dtype.name}
+    assert (trainer.loss_scale is not None) == (variant == "amp_float16")
 
 
 def test_float16_overflow_skips_the_update_and_halves_the_scale():
-    trainer = make_trainer("dot", tf.float16, loss_scaling=True)
+    trainer = make_trainer("dot", tf.float16)
     trainer.loss_scale.scale.assign(2.0 ** 40)   # scaled float16 gradients overflow to inf
-    before = {k: v.numpy().copy() for k, v in trainer.variables_by_name().items()}
+    before = {k: v.numpy().copy() for k, v in variables_by_name(trainer).items()}
     trainer.train_step(*batch_tensors())
-    after = trainer.variables_by_name()
+    after = variables_by_name(trainer)
     assert float(trainer.loss_scale.scale.numpy()) == 2.0 ** 39
     for name in ("embedding/table_0", "top_mlp/dense_0/kernel", "bottom_mlp/dense_1/bias"):
         np.testing.assert_array_equal(after[name].numpy(), before[name])
@@ -80,7 +88,7 @@ def test_float16_overflow_skips_the_update_and_halves_the_scale():
 
 
 def test_loss_scale_grows_after_finite_interval():
-    trainer = make_trainer("dot", tf.float16, loss_scaling=True)
+    trainer = make_trainer("dot", tf.float16)
     trainer.loss_scale.growth_interval = 3
     scale0 = float(trainer.loss_scale.scale.numpy())
     for i in range(3):
@@ -90,28 +98,33 @@ def test_loss_scale_grows_after_finite_interval():
 
 
 def test_static_loss_scale_steps_equal_the_unscaled_ones():
-    """--loss_scale: a power-of-two scale is exact, so the updates equal those without scaling."""
-    plain, scaled = make_trainer("dot"), make_trainer("dot", loss_scaling=True, static_loss_scale=2.0 ** 10)
+    """--loss_scale: a power-of-two scale is exact, so the updates do not depend on it (the run
+    takes --loss_scale only for float16, whose steps two such scales must give bit for bit)."""
+    low, high = make_trainer("dot", tf.float16, loss_scale=2.0 ** 10), make_trainer("dot", tf.float16,
+                                                                                    loss_scale=2.0 ** 13)
+    before = {k: v.numpy().copy() for k, v in variables_by_name(low).items()}
     for i in range(3):
-        plain.train_step(*batch_tensors(64 * i))
-        scaled.train_step(*batch_tensors(64 * i))
-    after = scaled.variables_by_name()
-    for name, v in plain.variables_by_name().items():
-        np.testing.assert_array_equal(after[name].numpy(), v.numpy(), err_msg=name)
-    assert float(scaled.loss_scale.value.numpy()) == 2.0 ** 10
+        low.train_step(*batch_tensors(64 * i))
+        high.train_step(*batch_tensors(64 * i))
+    after = variables_by_name(high)
+    for name, v in variables_by_name(low).items():
+        if not name.startswith("loss_scale/"):   # the scale's own state, below
+            np.testing.assert_array_equal(after[name].numpy(), v.numpy(), err_msg=name)
+    assert not np.array_equal(after["top_mlp/dense_0/kernel"].numpy(), before["top_mlp/dense_0/kernel"])
+    assert (float(low.loss_scale.value.numpy()), float(high.loss_scale.value.numpy())) == (2.0 ** 10, 2.0 ** 13)
 
 
 def test_static_loss_scale_never_changes():
     """Unlike the dynamic scale (halved above), a static one stays on overflow and after any
     number of finite steps; the overflowing step is skipped."""
-    trainer = make_trainer("dot", tf.float16, loss_scaling=True, static_loss_scale=2.0 ** 40)
-    before = {k: v.numpy().copy() for k, v in trainer.variables_by_name().items()}
+    trainer = make_trainer("dot", tf.float16, loss_scale=2.0 ** 40)
+    before = {k: v.numpy().copy() for k, v in variables_by_name(trainer).items()}
     trainer.train_step(*batch_tensors())
-    after = trainer.variables_by_name()
+    after = variables_by_name(trainer)
     for name in ("embedding/table_0", "top_mlp/dense_0/kernel"):
         np.testing.assert_array_equal(after[name].numpy(), before[name])
     assert float(trainer.loss_scale.value.numpy()) == 2.0 ** 40
-    trainer = make_trainer("dot", tf.float16, loss_scaling=True, static_loss_scale=8.0)
+    trainer = make_trainer("dot", tf.float16, loss_scale=8.0)
     trainer.loss_scale.growth_interval = 1
     trainer.loss_scale.scale.assign(3.0)   # a restored scale is not used either
     loss, delta = one_step(trainer)
@@ -121,9 +134,9 @@ def test_static_loss_scale_never_changes():
 
 @pytest.mark.parametrize("xla", [False, True])
 def test_frozen_tables_stay_and_the_mlps_train_as_usual(xla):
-    """train_tables=False (--embedding_trainable=false): the tables and their optimizer state never
+    """--embedding_trainable=false: the tables and their optimizer state never
     change; a step's dense update is the trainable model's (it does not depend on the tables' update)."""
-    frozen, trainable = make_trainer("dot", xla=xla, train_tables=False), make_trainer("dot", xla=xla)
+    frozen, trainable = make_trainer("dot", xla=xla, embedding_trainable=False), make_trainer("dot", xla=xla)
     _, delta = one_step(frozen)
     _, reference = one_step(trainable)
     for name, d in delta.items():
@@ -159,8 +172,9 @@ def test_run_eagerly_runs_the_step_op_by_op():
     """The Python of an eager step runs at every step, eagerly; the default step runs it once,
     while tracing. Both train the same."""
     def record(trainer):
-        calls, forward = [], trainer.model.predict_from_embeddings
-        trainer.model.predict_from_embeddings = lambda *a, **k: calls.append(tf.executing_eagerly()) or forward(*a, **k)
+        calls, layer = [], trainer.keras_model.get_layer("top_mlp")
+        forward = layer.call
+        layer.call = lambda *a, **k: calls.append(tf.executing_eagerly()) or forward(*a, **k)
         return calls
     eager, graph = make_trainer("dot", run_eagerly=True), make_trainer("dot")
     eager_calls, graph_calls = record(eager), record(graph)
