@@ -44,3 +44,8 @@ def builtin_trainer(plan=None, max_hotness: Optional[Sequence[Optional[int]]] = 
     with posed:
         model = UserModel(cfg, comm, path, hparams, tables)
     return UserTrainer(model, run_eagerly=cfg.runtime.run_eagerly)
+
+
+def variables_by_name(trainer: UserTrainer) -> dict:
+    """Every variable of the trainer's checkpoint by its tensor's name (one process: each whole)."""
+    return {e.name: e.variable for e in trainer.checkpoint_entries()}

@@ -90,18 +90,19 @@ def test_a_diverging_learning_rate_stops_at_the_step_and_keeps_the_good_checkpoi
 
 def test_non_finite_gradients_with_a_finite_loss_stop_float32_training(monkeypatch):
     trainer = make_trainer("dot")
-    forward_backward = trainer._forward_backward
+    layer = trainer.keras_model.get_layer("bottom_mlp")
+    forward = layer.call
 
-    def overflowing(*args):   # the loss stays finite, one dense gradient overflows
-        loss, embedding_grads, dense_grads = forward_backward(*args)
-        return loss, embedding_grads, [dense_grads[0] * np.inf] + list(dense_grads[1:])
+    @tf.custom_gradient
+    def overflowing_backward(y):   # the forward as it is (the loss stays finite); the bottom MLP's gradients overflow
+        return y, lambda grad: grad * np.inf
 
     trainer.train_step(*batch_tensors())
     trainer.check_finite()   # a good step passes
-    monkeypatch.setattr(trainer, "_forward_backward", overflowing)
-    trainer.train_step = tf.function(trainer._train_step)   # retrace with the patched function
+    monkeypatch.setattr(layer, "call", lambda *a, **k: overflowing_backward(forward(*a, **k)))
+    trainer.train_step = tf.function(trainer._train_step)   # retrace with the patched layer
     assert np.isfinite(float(trainer.train_step(*batch_tensors(64))))
-    monkeypatch.setattr(trainer, "_forward_backward", forward_backward)
+    monkeypatch.setattr(layer, "call", forward)
     trainer.train_step = tf.function(trainer._train_step)
     trainer.train_step(*batch_tensors(128))   # a later good step: the first bad one is reported
     with pytest.raises(NonFiniteError, match=r"^step 2: non-finite gradients at learning rate 0.5; training "
@@ -110,7 +111,7 @@ def test_non_finite_gradients_with_a_finite_loss_stop_float32_training(monkeypat
 
 
 def test_float16_overflow_under_loss_scaling_is_skipped_not_stopped():
-    trainer = make_trainer("dot", tf.float16, loss_scaling=True)
+    trainer = make_trainer("dot", tf.float16)
     trainer.loss_scale.scale.assign(2.0 ** 40)   # scaled float16 gradients overflow: a skipped step
     trainer.train_step(*batch_tensors())
     assert float(trainer.loss_scale.scale.numpy()) == 2.0 ** 39

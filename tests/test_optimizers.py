@@ -1,15 +1,21 @@
-"""Optimizers: values against NumPy, and sparsity (untouched rows and slots bit-identical)."""
+"""Optimizers: values against NumPy, and sparsity (untouched rows and slots bit-identical) in the
+run's step (run.user_model.UserTrainer over the built-in DLRM, examples/dlrm.py)."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from nn.lr_schedule import LearningRateSchedule
-from nn.model import RankingModel
-from nn.model_config import ModelConfig, table_configs
 from parallel_embedding.optimizers import make_optimizer
-from nn.trainer import Trainer
+from tests.builtin import builtin_trainer, variables_by_name
 
 EPS, B1, B2 = 1e-7, 0.8, 0.95
+
+
+def dlrm(cards, num_numerical, dim, bottom, top, optimizer="sgd", **flags):
+    """The run's trainer of the built-in DLRM of these sizes, at learning rate 0.1 (no warm-up or decay)."""
+    return builtin_trainer(synthetic_cardinalities=[str(c) for c in cards], synthetic_num_numerical=num_numerical,
+                           embedding_dim=[str(dim)], bottom_mlp_dims=[str(d) for d in bottom],
+                           top_mlp_dims=[str(d) for d in top], optimizer=optimizer, learning_rate=0.1,
+                           warmup_steps=0, decay_steps=0, **flags)
 
 
 def numpy_step(name, w, state, g, lr, t):
@@ -71,13 +77,11 @@ def test_sparse_and_dense_updates_match_numpy(name, mode):
 @pytest.mark.parametrize("name", ["sgd", "adagrad", "adam"])
 def test_train_step_leaves_untouched_rows_and_slots_bit_identical(name, xla):
     cards = [50, 40, 30]
-    model = RankingModel(ModelConfig(tables=table_configs(cardinalities=cards, dims=[8, 8, 8]), num_numerical=4,
-                                     bottom_mlp_dims=(16, 8), top_mlp_dims=(16, 1)), seed=3)
-    trainer = Trainer(model, name, LearningRateSchedule(0.1, 0, 0, 0), xla=xla)
-    before = {k: v.numpy().copy() for k, v in trainer.variables_by_name().items()}
+    trainer = dlrm(cards, 4, 8, (16, 8), (16, 1), name, xla=xla, seed=3)
+    before = {k: v.numpy().copy() for k, v in variables_by_name(trainer).items()}
     ids = [tf.constant([1, 3, 3, 7], tf.int32), tf.constant([0, 0, 0, 0], tf.int32), tf.constant([29, 5, 6, 7], tf.int32)]
     trainer.train_step(tf.random.stateless_normal([4, 4], seed=(1, 1)), ids, tf.constant([1.0, 0.0, 1.0, 0.0]))
-    after = trainer.variables_by_name()
+    after = variables_by_name(trainer)
     for f, (card, id_t) in enumerate(zip(cards, ids)):
         touched = np.unique(id_t.numpy())
         untouched = np.setdiff1d(np.arange(card), touched)
@@ -93,20 +97,27 @@ def test_train_step_leaves_untouched_rows_and_slots_bit_identical(name, xla):
 
 
 def test_table_gradients_stay_indexed_slices():
-    model = RankingModel(ModelConfig(tables=table_configs(cardinalities=[1000], dims=[4]), num_numerical=2,
-                                     bottom_mlp_dims=(4,), top_mlp_dims=(4, 1)), seed=0)
+    """The model's gradients with respect to its tables, and those the step hands the table
+    optimizer, are the looked-up rows' (IndexedSlices), not dense [rows, D] ones."""
+    trainer = dlrm([1000], 2, 4, (4,), (4, 1), run_eagerly=True, seed=0)
+    numerical, ids = tf.ones([2, 2]), [tf.constant([3, 4])]
     with tf.GradientTape() as tape:
-        out = model(tf.ones([2, 2]), [tf.constant([3, 4])])
-    grad = tape.gradient(out, model.table_variables)[0]
+        out = trainer.keras_model(trainer.model.inputs(numerical, ids))
+    grad = tape.gradient(out, trainer.model.table_variables)[0]
+    assert isinstance(grad, tf.IndexedSlices)
+    assert grad.values.shape == (2, 4)
+    embedding, applied = trainer.model.embeddings.layers[0].embedding, []
+    apply_gradients = embedding.apply_gradients
+    embedding.apply_gradients = lambda grads, *a: applied.append(grads) or apply_gradients(grads, *a)
+    trainer.train_step(numerical, ids, tf.constant([1.0, 0.0]))
+    [[grad]] = applied
     assert isinstance(grad, tf.IndexedSlices)
     assert grad.values.shape == (2, 4)
 
 
 @pytest.mark.parametrize("bad_id", [30, -1])
 def test_out_of_range_ids_fail_naming_the_feature(bad_id):
-    model = RankingModel(ModelConfig(tables=table_configs(cardinalities=[50, 30], dims=[4, 4]), num_numerical=2,
-                                     bottom_mlp_dims=(4,), top_mlp_dims=(4, 1)), seed=0)
-    trainer = Trainer(model, "sgd", LearningRateSchedule(0.1, 0, 0, 0))
+    trainer = dlrm([50, 30], 2, 4, (4,), (4, 1), seed=0)
     ids = [tf.constant([1, 2], tf.int32), tf.constant([3, bad_id], tf.int32)]
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"out of range.*features \(0-based\):.*\[1\]"):
         trainer.train_step(tf.ones([2, 2]), ids, tf.constant([1.0, 0.0]))

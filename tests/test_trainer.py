@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from dataloading.synthetic import SyntheticDataset
-from tests.builtin import builtin_trainer
+from tests.builtin import builtin_trainer, variables_by_name
 from tests.compiled import xla_compiled_ops
 
 CARDS = [40, 30, 20]
@@ -21,11 +21,6 @@ def make_trainer(interaction, compute_dtype=tf.float32, xla=False, **flags):
                            embedding_dim=["8"], bottom_mlp_dims=["32", "8"], top_mlp_dims=["32", "16", "1"],
                            interaction=interaction, seed=11, optimizer="sgd", learning_rate=0.5, warmup_steps=0,
                            decay_steps=0, xla=xla, **cross, **amp, **flags)
-
-
-def variables_by_name(trainer) -> dict:
-    """Every variable of the trainer's checkpoint by its tensor's name."""
-    return {e.name: e.variable for e in trainer.checkpoint_entries()}
 
 
 def batch_tensors(start=0, size=64):
