@@ -9,13 +9,10 @@ import pytest
 import tensorflow as tf
 
 from dataloading.synthetic import SyntheticDataset
-from nn.lr_schedule import LearningRateSchedule
-from nn.model import RankingModel
-from nn.model_config import ModelConfig, TableConfig
-from nn.trainer import Trainer
 from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.layer import DistributedEmbedding
 from parallel_embedding.planner import plan_tables
+from tests.builtin import builtin_trainer, variables_by_name
 from tests.multi_hot import multi_hot_ids
 
 CARDS, DIMS = [30, 7], [4, 6]
@@ -48,11 +45,12 @@ def test_lookup_and_gradient_match_the_dense_formulation(combiner):
 
 
 def train(multi_hot_as_ragged: bool, optimizer: str):
-    """Five steps on features 0 (multi-hot, mean) and 1 (one-hot, fed as ragged if asked)."""
-    tables = (TableConfig(cardinality=CARDS[0], dim=8, combiner="mean"), TableConfig(cardinality=CARDS[1], dim=8))
-    model = RankingModel(ModelConfig(tables=tables, num_numerical=3, bottom_mlp_dims=(16, 8), top_mlp_dims=(16, 1)),
-                         seed=4)
-    trainer = Trainer(model, optimizer, LearningRateSchedule(0.1, 0, 0, 0))
+    """Five steps of the run's built-in DLRM on features 0 (multi-hot, mean) and 1 (one-hot; if
+    asked, a multi-hot feature, of up to 2 ids, fed as ragged rows of one id)."""
+    trainer = builtin_trainer(max_hotness=[3, 2 if multi_hot_as_ragged else None], multi_hot_combiner="mean",
+                              synthetic_cardinalities=[str(c) for c in CARDS], synthetic_num_numerical=3,
+                              embedding_dim=["8"], bottom_mlp_dims=["16", "8"], top_mlp_dims=["16", "1"], seed=4,
+                              optimizer=optimizer, learning_rate=0.1, warmup_steps=0, decay_steps=0)
     data, losses = SyntheticDataset(CARDS, 3, seed=5), []
     for step in range(5):
         batch = data.batch("train", 16 * step, 16)
@@ -63,7 +61,7 @@ def train(multi_hot_as_ragged: bool, optimizer: str):
         losses.append(float(trainer.train_step(tf.constant(batch["numerical"]), categorical,
                                                tf.constant(batch["labels"]))))
     assert trainer.train_step.experimental_get_tracing_count() <= 2   # not one trace per id count
-    return losses, {k: v.numpy() for k, v in trainer.variables_by_name().items()}
+    return losses, {k: v.numpy() for k, v in variables_by_name(trainer).items()}
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
