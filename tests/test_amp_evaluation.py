@@ -4,20 +4,17 @@ import numpy as np
 import tensorflow as tf
 
 import run.loop as run_loop
-from nn.lr_schedule import LearningRateSchedule
-from nn.model import RankingModel
-from nn.model_config import ModelConfig, table_configs
-from nn.trainer import Trainer
-from tests.configs import tiny_config
+from tests.builtin import builtin_trainer
+from tests.configs import TINY, tiny_config
 
-CARDS, B = [20, 50, 7, 30], 256
+CARDS, B = [int(c) for c in TINY["synthetic_cardinalities"]], 256
 
 
-def model(compute_dtype, interaction):
-    config = ModelConfig(tables=table_configs(cardinalities=CARDS, dims=[8] * 4), num_numerical=3,
-                         bottom_mlp_dims=(16, 8), top_mlp_dims=(16, 1), interaction=interaction, num_cross_layers=2,
-                         cross_layer_projection_dim=4)
-    return RankingModel(config, seed=3, compute_dtype=compute_dtype)
+def trainer(interaction, xla=False, **amp):
+    """The run's trainer of tiny_config's built-in model of `interaction`: Adam at 0.01; `amp`:
+    amp=True, compute_dtype=... (a float32 model without)."""
+    return builtin_trainer(interaction=interaction, xla=xla, seed=3, learning_rate=0.01, warmup_steps=0,
+                           decay_steps=0, **amp)
 
 
 def batch(seed):
@@ -27,21 +24,26 @@ def batch(seed):
 
 
 def test_amp_predictions_are_the_float32_forward():
+    """Against the float32 model (Keras' float32 policy, called eagerly) given the AMP model's weights."""
     for interaction in ("dot", "cross"):
         for xla in (False, True):
-            amp = Trainer(model(tf.bfloat16, interaction), "adam", LearningRateSchedule(0.01, 0, 0, 0), xla=xla)
+            amp = trainer(interaction, xla, amp=True, compute_dtype=tf.bfloat16)
+            assert amp.keras_model.get_layer("top_mlp").compute_dtype == "bfloat16"
             for step in range(3):   # trained in bfloat16: weights no float32 run would reach
                 amp.train_step(*batch(step))
-            reference = model(tf.float32, interaction)
+            reference = trainer(interaction).model
             for v, r in zip(amp.model.table_variables + amp.model.dense_variables,
-                            reference.table_variables + reference.dense_variables):
+                            reference.table_variables + reference.dense_variables, strict=True):
                 r.assign(v)
             numerical, categorical, _ = batch(10)
             logits = amp.predict(numerical, categorical).numpy()
             assert logits.dtype == np.float32
-            np.testing.assert_allclose(logits, reference(numerical, categorical).numpy(), rtol=1e-6, atol=1e-6,
+            expected = reference.keras_model(reference.inputs(numerical, categorical), training=False)
+            assert expected.dtype == tf.float32
+            np.testing.assert_allclose(logits, tf.reshape(expected, [-1]).numpy(), rtol=1e-6, atol=1e-6,
                                        err_msg=f"{interaction} xla={xla}")
-            assert len(np.unique(logits)) == B   # no ties (bfloat16 logits had many)
+            assert len(np.unique(logits)) == B   # no ties, which the model's bfloat16 forward has
+            assert len(np.unique(amp.keras_model(amp.model.inputs(numerical, categorical)).numpy())) < B
 
 
 def test_amp_run_evaluates_like_its_checkpoint_in_float32(tmp_path):
