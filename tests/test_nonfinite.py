@@ -94,7 +94,7 @@ def test_non_finite_gradients_with_a_finite_loss_stop_float32_training(monkeypat
     forward = layer.call
 
     @tf.custom_gradient
-    def overflowing_backward(y):   # the forward as it is (the loss stays finite); the bottom MLP's gradients overflow
+    def overflowing_backward(y):   # the forward unchanged (the loss stays finite), the bottom MLP's gradients inf
         return y, lambda grad: grad * np.inf
 
     trainer.train_step(*batch_tensors())

@@ -1,4 +1,5 @@
-"""The disk tier (parallel_embedding/tiered.py) in one process.
+"""The disk tier (parallel_embedding/tiered.py) in one process, under the run's step (the built-in
+DLRM, examples/dlrm.py, handed its tables on the plan: run.user_model.UserTrainer).
 
 - Training and evaluation through caches of the rows of the batches in flight (constant
   eviction) are bit-identical to the in-memory tables: every loss, logit and checkpoint tensor.
@@ -10,6 +11,7 @@
 import collections
 import functools
 import os
+import re
 import types
 
 import numpy as np
@@ -17,15 +19,15 @@ import pytest
 import tensorflow as tf
 
 from storage import checkpoint
-from nn.lr_schedule import LearningRateSchedule
-from nn.model import RankingModel, model_tables
+from nn.model import model_tables
 from nn.model_config import ModelConfig, table_configs
-from nn.trainer import LOSS_SCALE_STATE, Trainer
 from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.planner import (BYTES_PER_ELEMENT, INDEX_BYTES_PER_ROW, SLOT_OVERHEAD_BYTES, assign_tiers,
                                         plan_tables)
 from parallel_embedding import tiered
 from parallel_embedding.tiered import DiskTier, Unit
+from run.user_model import UserTrainer
+from tests.builtin import builtin_trainer
 from utils.errors import ConfigError, DatasetError, StoreError
 
 # Features 1 and 2 go to disk (600 and 1,000 rows, caches of 2 x batch x hotness rows); 0 and 3 stay in
@@ -90,21 +92,29 @@ def directory(tmp_path, name: str) -> str:
 
 
 def build(hot: str, optimizer: str, store=None, rows_in_flight: int = 2 * BATCH, policy: str = "lru",
-          xla: bool = False, amp: bool = False) -> Trainer:
-    """A trainer of model_config(hot), in memory, or with the disk plan if `store` (a directory)."""
-    plan = disk_plan(hot, SLOTS[optimizer], rows_in_flight) if store else None
-    config = model_config(hot)
-    model = RankingModel(config, model_tables(config, plan, seed=3, store_path=store, cache_policy=policy), seed=3,
-                         compute_dtype=tf.bfloat16 if amp else tf.float32)
-    return Trainer(model, optimizer, LearningRateSchedule(0.1, 0, 100, 100), xla=xla)
+          xla: bool = False, amp: bool = False, plan=None) -> UserTrainer:
+    """The run's trainer of the built-in DLRM of model_config(hot), in memory, or with the disk
+    plan if `store` (a directory), or on `plan`."""
+    plan = plan or (disk_plan(hot, SLOTS[optimizer], rows_in_flight) if store else None)
+    hotness = HOTNESS[hot]
+    return builtin_trainer(plan, max_hotness=hotness, multi_hot_combiner="mean" if any(hotness) else None,
+                           store_path=store, cache_policy=policy, synthetic_cardinalities=[str(c) for c in CARDS],
+                           embedding_dim=[str(DIM)], seed=3, optimizer=optimizer, learning_rate=0.1, warmup_steps=0,
+                           decay_start_step=100, decay_steps=100, xla=xla,
+                           **(dict(amp=True, compute_dtype=tf.bfloat16) if amp else {}))
 
 
-def train(trainer: Trainer, elements) -> list:
+def tables(trainer: UserTrainer):
+    """The trainer's tables (the DistributedEmbedding of its model's layer)."""
+    return trainer.model.embeddings.layers[0].embedding
+
+
+def train(trainer: UserTrainer, elements) -> list:
     """Losses of train steps on `elements`, staged."""
     return [float(trainer.train_step(*e)) for e in trainer.model.embeddings.staged(iter(elements), training=True)]
 
 
-def state(trainer: Trainer, weights_only: bool = False) -> dict:
+def state(trainer: UserTrainer, weights_only: bool = False) -> dict:
     """Every checkpoint tensor's part this trainer holds, by (name, row_start, col_start)."""
     out = {}
     for e in trainer.checkpoint_entries(weights_only):
@@ -127,10 +137,10 @@ def in_memory(hot: str, optimizer: str, xla: bool = False, amp: bool = False):
     return train(trainer, batches(hot)), state(trainer)
 
 
-def check_evicted(trainer: Trainer):
+def check_evicted(trainer: UserTrainer):
     """The run read and wrote back more rows than its caches hold."""
     stats = trainer.model.embeddings.store_stats()
-    units = trainer.model.embeddings.tiered.units.values()
+    units = tables(trainer).tiered.units.values()
     assert stats["store_rows_written"] > 0 and stats["store_rows_read"] > 2 * sum(u.capacity for u in units)
 
 
@@ -174,15 +184,16 @@ def test_evaluation_between_training_steps_is_bit_identical(tmp_path):
 
 # Checkpoints across tiers ------------------------------------------------------------------------------
 
-def save(trainer: Trainer, root, weights_only: bool = False) -> str:
+def save(trainer: UserTrainer, root, weights_only: bool = False) -> str:
     return checkpoint.save(str(root), trainer.checkpoint_entries(weights_only), int(trainer.step.numpy()),
                            model_config("multi").signature(None if weights_only else "adam"), SingleProcess())
 
 
-def restore(trainer: Trainer, path: str, weights_only: bool = False):
+def restore(trainer: UserTrainer, path: str, weights_only: bool = False):
     checkpoint.restore(path, trainer.checkpoint_entries(weights_only),
                        model_config("multi").signature(None if weights_only else "adam"),
-                       trainer.checkpoint_names(weights_only), extra_ok=weights_only, optional=set(LOSS_SCALE_STATE))
+                       trainer.checkpoint_names(weights_only), extra_ok=weights_only,
+                       optional=trainer.optional_names())
 
 
 def test_checkpoints_move_between_tiers(tmp_path):
@@ -367,7 +378,7 @@ def test_store_statistics_count_what_the_caches_held(tmp_path):
     rows written the evictions (every cached row is dirty in training)."""
     trainer = build("multi", "adam", str(tmp_path))
     emb = trainer.model.embeddings
-    units, before = emb.tiered.units, []
+    units, before = tables(trainer).tiered.units, []
 
     def source():   # runs in the staging thread: before[t] is what the caches held when batch t came
         for element in batches("multi"):
@@ -396,18 +407,27 @@ def test_store_statistics_count_what_the_caches_held(tmp_path):
 
 # Errors -----------------------------------------------------------------------------------------------
 
+def assert_refused(message: str, store, plan):
+    """The tables on `plan` with files under `store`, opened as the model's compile opens them
+    (DistributedEmbedding.set_optimizer), refuse with exactly `message`; the run's built-in model
+    with a ConfigError ending with it (run/user_model.py prefixes the model file, examples/dlrm.py)."""
+    embedding = model_tables(model_config("one"), plan, seed=3, store_path=store)
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        embedding.set_optimizer("sgd", tf.Variable(0, dtype=tf.int64))
+    with pytest.raises(ConfigError, match=f"(^|: ){re.escape(message)}$"):
+        build("one", "sgd", store, plan=plan)
+
+
 @pytest.mark.parametrize("make", [lambda p: p / "missing", lambda p: (p / "file").write_text("") or p / "file"],
                          ids=["missing", "file"])
 def test_a_store_path_that_is_no_directory_is_a_config_error(tmp_path, make):
     path = str(make(tmp_path))
-    with pytest.raises(ConfigError, match=f"^--embedding_store_path={path}: no such directory$"):
-        build("one", "sgd", path)
+    assert_refused(f"--embedding_store_path={path}: no such directory", path, disk_plan("one", 0, 2 * BATCH))
 
 
 def test_no_store_path_is_a_config_error():
-    model = RankingModel(model_config("one"), model_tables(model_config("one"), disk_plan("one", 0, 2 * BATCH)))
-    with pytest.raises(ConfigError, match="^the embedding plan puts tables on disk: --embedding_store_path is needed$"):
-        Trainer(model, "sgd", LearningRateSchedule(0.1, 0, 0, 0))
+    assert_refused("the embedding plan puts tables on disk: --embedding_store_path is needed", None,
+                   disk_plan("one", 0, 2 * BATCH))
 
 
 def test_too_little_free_space_is_a_config_error_naming_the_bytes(tmp_path, monkeypatch):
@@ -462,10 +482,8 @@ def test_tables_in_host_memory_train_as_in_memory():
     run op by op, may round differently from the compiled one)."""
     plan = assign_tiers(plan_tables(CARDS, [DIM] * 4, 1), SLOTS["adam"], None, [1] * 4, host_threshold_bytes=0)
     assert {(f, t.kind) for _, f, t in plan.tiers} == {(f, "host") for f in range(len(CARDS))}
-    config = model_config("one")
-    trainer = Trainer(RankingModel(config, model_tables(config, plan, seed=3), seed=3), "adam",
-                      LearningRateSchedule(0.1, 0, 100, 100))
-    emb = trainer.model.embeddings
+    trainer = build("one", "adam", plan=plan)
+    emb = tables(trainer)
     slots = [s for v in emb.shard_variables for s in emb.optimizer.slots[v.ref()].values()]
     assert all(v.device.endswith("CPU:0") for v in emb.shard_variables + slots)
     losses = train(trainer, batches("one"))
