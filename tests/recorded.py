@@ -24,8 +24,8 @@ def recorded(module: str) -> dict:
 
 
 def digest(x) -> str:
-    """"<dtype>[<shape>] <the first 16 hex digits of the sha256 of its C-order bytes>": equal
-    digests are the same values, bit for bit."""
+    """`x`'s record, "<dtype>[<shape>] <the first 16 hex digits of the sha256 of its C-order
+    bytes>": equal records are the same values, bit for bit."""
     x = np.ascontiguousarray(x)
     return f"{x.dtype.name}{list(x.shape)} {hashlib.sha256(x.tobytes()).hexdigest()[:16]}"
 
