@@ -1,11 +1,14 @@
 """Run under `horovodrun -np N`: hybrid-parallel training against one process with the whole batch.
 
-For every case (a JSON list in argv[1]) each rank builds the model on N ranks with the case's
-plan options and, beside it, the single-process model (same seed: the same initial weights at
-any world size). Both train the same global batches; each rank checks its logits, the global
-loss and, at the end, every one of its variables (table shards, optimizer slots, dense weights)
-against the matching region of the single-process model's. Exits non-zero on a mismatch.
+For every case (a JSON list in argv[1]) each rank builds the run's model and trainer (the built-in
+DLRM / DCNv2 as run/assembly.py builds them: examples/dlrm.py or dcnv2.py handed its tables, in a
+run.user_model.UserModel trained by its UserTrainer) on N ranks with the case's plan options and,
+beside it, the single-process one (same seed: the same initial weights at any world size). Both
+train the same global batches; each rank checks its logits, the global loss and, at the end, every
+one of its variables (table shards, optimizer slots, dense weights) against the matching region of
+the single-process model's. Exits non-zero on a mismatch.
 """
+import dataclasses
 import json
 import sys
 
@@ -14,28 +17,43 @@ import tensorflow as tf
 
 from dataloading.batches import RankInput, rank_batch
 from dataloading.synthetic import SyntheticDataset
-from nn.lr_schedule import LearningRateSchedule
-from nn.model import RankingModel, model_tables
-from nn.model_config import ModelConfig, TableConfig
-from nn.trainer import Trainer
+from nn.model import model_tables
 from parallel_embedding.collectives import SingleProcess, make_collectives
 from parallel_embedding.planner import plan_tables
+from run.assembly import builtin_model_file, model_config
+from run.config import build_config
+from run.user_model import UserModel, UserTrainer
+from tests.configs import TINY
 from tests.multi_hot import multi_hot_ids
 
 TOLERANCE = 1e-5
 
 
-def build(case, comm, plan):
+def build(case, comm, plan) -> UserTrainer:
+    """The run's trainer of the case's model on the ranks of `comm`, its tables on `plan` (None:
+    every table whole): the flags of the case (tables, hotness, interaction, optimizer, learning
+    rate, input layout; seed 3), its tables' combiners the case's (per table, which the flags
+    cannot give)."""
     cards, dims = case["cardinalities"], case["dims"]
-    cross = case["interaction"] == "cross"
+    hotness = case.get("hotness") or [1] * len(cards)
+    flags = dict(synthetic_cardinalities=cards, embedding_dim=dims, synthetic_num_numerical=3,
+                 bottom_mlp_dims=[16, dims[0]], top_mlp_dims=[16, 1], interaction=case["interaction"],
+                 optimizer=case["optimizer"], learning_rate=case.get("lr", 0.05), warmup_steps=0, decay_steps=0,
+                 seed=3, batch_size=case.get("batch_size", 48))
+    if case["interaction"] == "cross":
+        flags.update(num_cross_layers=2, cross_layer_projection_dim=4)
+    if max(hotness) > 1:
+        flags.update(synthetic_dataset_hotness=hotness)
+    if comm.size > 1:
+        flags.update(data_parallel_input=case.get("data_parallel_input", False))
+    cfg = build_config(dict(TINY, **flags), present=set(flags), world_size=comm.size)
+    config = model_config(cfg)
     combiners = case.get("combiners") or ["sum"] * len(cards)
-    tables = tuple(TableConfig(cardinality=c, dim=d, combiner=k) for c, d, k in zip(cards, dims, combiners))
-    config = ModelConfig(tables=tables, num_numerical=3, bottom_mlp_dims=(16, dims[0]), top_mlp_dims=(16, 1),
-                         interaction=case["interaction"], num_cross_layers=2,
-                         cross_layer_projection_dim=4 if cross else 0)
-    model = RankingModel(config, model_tables(config, plan, comm, seed=3,
-                                              data_parallel_input=case.get("data_parallel_input", False)), seed=3)
-    return Trainer(model, case["optimizer"], LearningRateSchedule(case.get("lr", 0.05), 0, 0, 0))
+    config = dataclasses.replace(config, tables=tuple(dataclasses.replace(t, combiner=k)
+                                                      for t, k in zip(config.tables, combiners)))
+    tables = model_tables(config, plan, comm, seed=cfg.seed, data_parallel_input=cfg.parallelism.data_parallel_input)
+    path, hparams = builtin_model_file(cfg)
+    return UserTrainer(UserModel(cfg, comm, path, hparams, tables))
 
 
 def tensors(batch, case, scopes, global_start, local_start):
@@ -43,7 +61,7 @@ def tensors(batch, case, scopes, global_start, local_start):
     "global": the B samples from global_start, "local": the b from local_start)."""
     categorical = [tf.constant(c) for c in batch["categorical"]]
     for f, h in enumerate(case.get("hotness", [])):
-        if h > 1 and scopes[f] != "none":
+        if h > 1:
             first = global_start if scopes[f] == "global" else local_start
             categorical[f] = multi_hot_ids(case["cardinalities"][f], h, f, first, len(batch["categorical"][f]))
     return tf.constant(batch["numerical"]), categorical, tf.constant(batch["labels"])

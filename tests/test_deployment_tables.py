@@ -1,7 +1,9 @@
 """deployment/deploy.py --forms=tables: the dense SavedModel, built without the tables, and one
 .npy file per table streamed from a checkpoint written at 2 ranks (row, column and replicated
 pieces), which a lookup in NumPy turns into the monolithic export's predictions; the limit on
-tables held in memory, and the repository written whole or not at all."""
+tables held in memory, and the repository written whole or not at all. The checkpoint is the
+built-in DCNv2's as the run builds it (examples/dcnv2.py handed its tables: `builtin_model`)."""
+import dataclasses
 import json
 import os
 import shutil
@@ -18,10 +20,15 @@ from tensorflow.core.protobuf import saved_model_pb2
 from deployment.exporter.model_layout import table_tensor
 from deployment.exporter.repository import ExportError, write_repository
 from deployment.repository_format import PAD, ServingLayout
-from storage import checkpoint
-from nn.model import RankingModel, model_tables
+from nn.model import model_tables
 from nn.model_config import ModelConfig, table_configs
+from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.planner import plan_tables
+from ranking.features import load_model_file
+from run.assembly import builtin_model_file, model_config
+from run.user_model import dataset_features
+from storage import checkpoint
+from tests.configs import tiny_config
 from tests.horovod_run import ROOT
 from utils.errors import CheckpointError
 
@@ -32,9 +39,31 @@ CONFIG = ModelConfig(tables=table_configs(cardinalities=[20, 50, 7, 30], dims=[4
 SEED = 3
 
 
+def builtin_model(config: ModelConfig, tables, seed: int = SEED):
+    """The built-in model of `config` (DLRM, or DCNv2 for interaction "cross") as the run builds it
+    (run/assembly.py): the ranking.Model of builtin_model_file's example file for the flags of
+    `config` and --seed=`seed`, handed `tables` (nn.model.model_tables), on their collectives;
+    not compiled."""
+    s = config.signature()
+    flags = dict(synthetic_cardinalities=s["cardinalities"], synthetic_num_numerical=s["num_numerical"],
+                 embedding_dim=s["embedding_dim"], bottom_mlp_dims=s["bottom_mlp_dims"], top_mlp_dims=s["top_mlp_dims"],
+                 interaction=s["interaction"], seed=seed)
+    if s["multi_hot_combiner"]:
+        flags.update(synthetic_dataset_hotness=[h or 1 for h in s["max_hotness"]])
+    if s["interaction"] == "cross":
+        flags.update(num_cross_layers=s["num_cross_layers"], cross_layer_projection_dim=s["cross_layer_projection_dim"])
+    cfg = tiny_config(**flags)
+    # the combiner a feature spec's data may have (--multi_hot_combiner: not of synthetic data)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, multi_hot_combiner=s["multi_hot_combiner"]))
+    assert model_config(cfg) == config
+    path, hparams = builtin_model_file(cfg)
+    build, _ = load_model_file(path)
+    return build(dataset_features(cfg, tables.comm, tables), hparams)
+
+
 class ThreadRank:
     """Rank `rank` of ranks run as threads sharing `group` (a barrier and a box): what
-    checkpoint.save needs of collectives."""
+    checkpoint.save and ranking.Model.compile (its broadcast) need of collectives."""
 
     def __init__(self, rank: int, size: int, group: dict):
         self.rank, self.size, self._group = rank, size, group
@@ -54,24 +83,39 @@ class ThreadRank:
         self.barrier(name)
         return [self._group[r] for r in range(self.size)]
 
+    def broadcast_variables(self, variables):
+        for v, value in zip(variables, self.broadcast_object([v.numpy() for v in variables], "variables")):
+            v.assign(value)
+        self.barrier("variables")   # every rank has read rank 0's values
+
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    """A checkpoint of CONFIG (seeded initial weights) written by 2 ranks: table 1 cut in rows,
-    table 3 in columns, table 2 replicated, table 0 whole on one rank."""
+    """A checkpoint of CONFIG's weights (seeded initial weights) written by 2 ranks: table 1 cut in
+    rows, table 3 in columns, table 2 replicated, table 0 whole on one rank."""
     plan = plan_tables(CONFIG.cardinalities, CONFIG.embedding_dims, 2, column_slice_threshold=100,
                        row_slice_threshold=300, data_parallel_threshold=45)
     assert [t.kind for t in plan.tables] == ["whole", "row", "replicated", "column"]
     group = {"barrier": threading.Barrier(2)}
     ranks = [ThreadRank(r, 2, group) for r in range(2)]
-    models = [RankingModel(CONFIG, model_tables(CONFIG, plan, rank, seed=SEED), seed=SEED) for rank in ranks]
+    models = [builtin_model(CONFIG, model_tables(CONFIG, plan, rank, seed=SEED)) for rank in ranks]
     root = str(tmp_path_factory.mktemp("ckpt"))
+
+    def save(model, rank):
+        model.compile(optimizer="sgd")   # every rank starts from rank 0's Keras weights
+        return checkpoint.save(root, model.checkpoint_entries(weights_only=True), 4, CONFIG.signature(), rank)
+
     with ThreadPoolExecutor(2) as pool:
-        saves = [pool.submit(checkpoint.save, root, m.checkpoint_entries(), 4, CONFIG.signature(), rank)
-                 for m, rank in zip(models, ranks)]
-        paths = [s.result() for s in saves]
+        paths = [s.result() for s in [pool.submit(save, m, rank) for m, rank in zip(models, ranks)]]
     assert checkpoint.read_manifest(paths[0])["world_size"] == 2
     return paths[0]
+
+
+def one_process_model():
+    """The checkpoint's model (the same seed) on one process, compiled."""
+    model = builtin_model(CONFIG, model_tables(CONFIG, collectives=SingleProcess(), seed=SEED))
+    model.compile(optimizer="sgd")
+    return model
 
 
 def npy_files(repo):
@@ -113,9 +157,9 @@ def test_table_files_equal_the_checkpoint_read_a_block_at_a_time(ckpt, tmp_path,
     proto = saved_model_pb2.SavedModel()   # the dense SavedModel holds the dense weights, no table
     proto.ParseFromString((tmp_path / "repo" / "m_dense" / "1" / "model.savedmodel" / "saved_model.pb").read_bytes())
     names = sorted(n.variable.name for n in proto.meta_graphs[0].object_graph_def.nodes if n.HasField("variable"))
-    model = RankingModel(CONFIG, seed=SEED)
+    model = one_process_model()
     assert names == sorted(v.name.split(":")[0] for v in model.dense_variables)
-    assert model.checkpoint_names() == set(names) | {table_tensor(f) for f in range(4)}
+    assert model.checkpoint_names(weights_only=True) == set(names) | {table_tensor(f) for f in range(4)}
 
 
 def test_tables_json(ckpt, tmp_path):
@@ -178,9 +222,9 @@ def test_dense_model_and_table_files_predict_as_the_monolithic_model(ckpt, tmp_p
     np.testing.assert_allclose(dense["logits"], mono["logits"], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(dense["predictions"], mono["predictions"], rtol=1e-6, atol=1e-6)
     # the training model's dense part, on the same embeddings
-    model = RankingModel(CONFIG, seed=SEED)
-    expected = model.predict_from_embeddings(numerical, tf.split(embeddings, layout.embedding_dims, axis=1))
-    np.testing.assert_allclose(dense["logits"][:, 0], expected.numpy(), rtol=1e-5, atol=1e-5)
+    parts = [tf.constant(numerical)] + tf.split(embeddings, layout.embedding_dims, axis=1)
+    expected = one_process_model().dense_part()(parts)
+    np.testing.assert_allclose(dense["logits"][:, 0], expected.numpy()[:, 0], rtol=1e-5, atol=1e-5)
     assert np.std(dense["logits"]) > 1e-3
 
 

@@ -1,10 +1,10 @@
 """Dynamic tables in the Keras API (ranking/) and in model files (main.py --model=FILE with
 --dynamic_tables): a ranking.Model whose table is dynamic (TableConfig(dynamic=DynamicOptions))
-trains bit for bit as the built-in RankingModel + Trainer on the same plan, raw ids far outside any
-cardinality under constant eviction, its counts in fit's logs; a model file trains with the flag
-on synthetic data and on raw-id data (split-binary, `raw_ids: true`), resumes bit for bit, is
-exported in the tables form and served as it predicts for ids seen and never seen; the refusals
-are one line."""
+trains bit for bit as the built-in RankingModel + Trainer on the same plan (its steps recorded
+before it was removed: tests/recorded.py), raw ids far outside any cardinality under constant
+eviction, its counts in fit's logs; a model file trains with the flag on synthetic data and on
+raw-id data (split-binary, `raw_ids: true`), resumes bit for bit, is exported in the tables form
+and served as it predicts for ids seen and never seen; the refusals are one line."""
 import dataclasses
 import json
 
@@ -18,16 +18,14 @@ from dataloading.feature_spec import split_binary_spec
 from dataloading.writer import MappingWriter
 from deployment.exporter.repository import write_repository
 from deployment.serving.live import Model as ServedTables
-from nn.lr_schedule import LearningRateSchedule
-from nn.model import RankingModel, model_tables
-from nn.model_config import ModelConfig, TableConfig as NNTable
-from nn.trainer import Trainer
-from parallel_embedding.planner import DynamicOptions, plan_tables
+from parallel_embedding.planner import DynamicOptions
 from ranking import FeatureConfig, HybridEmbedding, Model, TableConfig
 from storage import checkpoint
 from tests.configs import tiny_config
 from tests.multi_hot import multi_hot_ids
-from tests.test_ranking_api import B, BOTTOM, CARDS, COMBINERS, DATA, DIMS, HOTNESS, TOP
+from tests.recorded import assert_as_recorded, model_state, recorded
+from tests.test_ranking_api import (B, BOTTOM, CARDS, COMBINERS, DATA, DIMS, HOTNESS, TOP, builtin_name,
+                                    seeded_as_the_builtin)
 from tests.test_tiered_cli import assert_same_checkpoint
 from utils.errors import ConfigError
 
@@ -46,19 +44,9 @@ def raw_batches(steps=12):
     return out
 
 
-def builtin(optimizer):
-    """The built-in DCNv2 without cross layers (tests.test_ranking_api.today) with table 1 dynamic."""
-    tables = tuple(NNTable(cardinality=c, dim=d, combiner=k, max_hotness=h if h > 1 else None)
-                   for c, d, k, h in zip(CARDS, DIMS, COMBINERS, HOTNESS))
-    config = ModelConfig(tables=tables, num_numerical=3, bottom_mlp_dims=BOTTOM, top_mlp_dims=TOP,
-                         interaction="cross", num_cross_layers=0)
-    plan = plan_tables(CARDS, DIMS, 1, dynamic={1: DYNAMIC})
-    model = RankingModel(config, model_tables(config, plan, seed=3), seed=3)
-    return Trainer(model, optimizer, LearningRateSchedule(0.1, 0, 0, 0))
-
-
-def api_model(trainer):
-    """The same model with Keras' layers over HybridEmbedding, table t1 dynamic, the trainer's weights."""
+def api_model():
+    """tests.test_ranking_api's model (the built-in DCNv2 without cross layers, its initial
+    weights) with table t1 dynamic: its rows the capacity's."""
     tables = [TableConfig(name=f"t{f}", vocabulary_size=DYNAMIC.capacity if f == 1 else c, embedding_dim=d,
                           combiner=k, dynamic=DYNAMIC if f == 1 else None)
               for f, (c, d, k) in enumerate(zip(CARDS, DIMS, COMBINERS))]
@@ -77,34 +65,30 @@ def api_model(trainer):
     for layer in top:
         x = layer(x)
     model = Model([numerical] + ids, x)
-    for layers, mlp in ((bottom, trainer.model.dense.bottom_mlp), (top, trainer.model.dense.top_mlp)):
-        for layer, kernel, bias in zip(layers, mlp.kernels, mlp.biases):
-            layer.kernel.assign(kernel)
-            layer.bias.assign(bias)
+    seeded_as_the_builtin(bottom, top)
     return model
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_a_dynamic_table_in_the_api_trains_as_the_builtin_one_bit_for_bit(optimizer):
     """Raw ids near 2^40, 24 rows for 30 ids, K = 2: the losses, the tables, the maps' counts and
-    each live id's row equal the built-in trainer's on the same plan; fit's logs carry the counts."""
+    each live id's row equal the built-in trainer's on the same plan (table 1 dynamic, recorded);
+    fit's logs carry the counts."""
     data = raw_batches()
-    trainer = builtin(optimizer)
-    model = api_model(trainer)
+    want = recorded("dynamic_api")
+    model = api_model()
     emb = model.get_layer("hybrid_embedding")
+    assert_as_recorded(model_state(model, builtin_name), want["initial"], "initial")
     model.compile(optimizer=optimizer, learning_rate=0.1)
-    want = [float(trainer.train_step(*batch)) for batch in data]
     got = [model.train_on_batch((n,) + tuple(ids), labels, return_dict=True)["loss"] for n, ids, labels in data]
-    assert got == want
-    for w, g in zip(trainer.model.table_variables, emb.table_variables):
-        np.testing.assert_array_equal(g.numpy(), w.numpy())
-    counts = trainer.model.embeddings.dynamic_stats()["embedding/table_1"]
+    assert got == want[optimizer]["losses"]
+    assert_as_recorded(model_state(model, builtin_name), want[optimizer]["final"], f"after {len(data)} steps")
+    counts = want[optimizer]["counts"]   # the built-in's embedding/table_1
     assert emb.dynamic_stats() == {"hybrid_embedding/t1": counts}
     assert counts["live"] == DYNAMIC.capacity and counts["evicted"] > 0 and counts["refused"] > 0
-    found = [e.dynamic[e.shards[1]].rows(tf.constant(RAW), None, False).numpy()
-             for e in (trainer.model.embeddings, emb.embedding)]
-    np.testing.assert_array_equal(found[1], found[0])
-    assert (found[0] >= 0).sum() == DYNAMIC.capacity
+    found = emb.embedding.dynamic[emb.embedding.shards[1]].rows(tf.constant(RAW), None, False).numpy()
+    np.testing.assert_array_equal(found, want[optimizer]["raw_rows"])
+    assert (found >= 0).sum() == DYNAMIC.capacity
     n, ids, labels = data[0]
     history = model.fit(tf.data.Dataset.from_tensors(((n,) + tuple(ids), labels)), verbose=0, shuffle=False)
     logs = history.history

@@ -25,7 +25,7 @@ from deployment.serving.id_index import RowIndex
 from deployment.serving.live import DenseModel, Model
 from deployment.serving.native import ServedModel, TensorSpec
 from deployment.serving.tiers import TierConfig, store_state
-from nn.model import RankingModel
+from nn.model import model_tables
 from nn.model_config import ModelConfig, table_configs
 from parallel_embedding import dynamic_table
 from parallel_embedding.collectives import SingleProcess
@@ -33,6 +33,7 @@ from parallel_embedding.dynamic_table import DynamicTable
 from storage import checkpoint
 from tests.horovod_run import ROOT
 from tests.redis_server import RedisServer
+from tests.test_deployment_tables import builtin_model
 from utils.errors import CheckpointError, StoreError
 
 D = 4
@@ -46,6 +47,14 @@ U1 = np.array([3 * 2 ** 33 + k for k in range(14)] + [-(2 ** 62)], np.int64)    
 UNSEEN = np.array([17, 2 ** 35, -2 ** 63], np.int64)
 STEPS = {0: range(1, 4), 1: range(4, 7), 2: range(7, 10)}   # day: its training steps
 RUNS = ["r0" * 16, "r1" * 16, "r2" * 16]
+
+
+def weights():
+    """The checkpoint entries of the weights of CONFIG's built-in model (seed 3) as the run builds
+    it (its tables "embedding/table_<t>", its dense weights by name), on one process."""
+    model = builtin_model(CONFIG, model_tables(CONFIG, seed=3), seed=3)
+    model.compile(optimizer="sgd")
+    return model.checkpoint_entries(weights_only=True)
 
 
 def train_step(table, ids, step):
@@ -83,8 +92,7 @@ def days(tmp_path_factory):
     0 and 1, the deltas 0 -> 1 and 1 -> 2 (the latter against the first delta), and per day the
     expected embeddings of requests()."""
     tmp = tmp_path_factory.mktemp("dyn")
-    model = RankingModel(CONFIG, seed=3)
-    static = model.checkpoint_entries() + [   # table 2 is never updated
+    static = weights() + [   # table 2 is never updated
         checkpoint.Entry("embedding/table_2/updated_at", tf.Variable(tf.zeros([7, 1], tf.int32)), (7, 1))]
     tables = [DynamicTable(f"t{t}", CAPACITY[t], D, seed=(t, 9), policy="lru") for t in range(2)]
     rng = np.random.default_rng(5)
@@ -412,7 +420,7 @@ def test_a_dynamic_table_in_hash_shards_is_exported_as_one_and_an_id_in_two_shar
     train_step(shards[1], np.array([-7, 2 ** 40, 9]), 1)
 
     def saved(name, tables):
-        entries = [e for e in RankingModel(CONFIG, seed=3).checkpoint_entries() if e.name != "embedding/table_0"] + [
+        entries = [e for e in weights() if e.name != "embedding/table_0"] + [
             dataclasses.replace(e, name=e.name.replace(t.table, f"embedding/table_0/shard_{s}", 1))
             for s, t in enumerate(tables) for e in t.checkpoint_entries()]
         return checkpoint.save(str(tmp_path / name), entries, 1, CONFIG.signature(), SingleProcess())

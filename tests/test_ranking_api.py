@@ -1,6 +1,7 @@
 """ranking/ (the Keras 3 API): a functional Keras model over HybridEmbedding, trained by Keras'
-fit through ranking.Model's step, equals today's RankingModel + Trainer on the same batches;
-the configuration's errors; Keras' variable tracking; a subclassed model with Keras' layers."""
+fit through ranking.Model's step, equals the built-in RankingModel + Trainer on the same batches
+(its steps recorded before it was removed: tests/recorded.py); the configuration's errors; Keras'
+variable tracking; a subclassed model with Keras' layers."""
 import json
 
 import keras
@@ -9,15 +10,13 @@ import pytest
 import tensorflow as tf
 
 from dataloading.synthetic import SyntheticDataset
-from nn.lr_schedule import LearningRateSchedule
-from nn.model import RankingModel
-from nn.model_config import ModelConfig, TableConfig as NNTable
-from nn.trainer import Trainer
+from nn.mlp import dense_initial_values
 from parallel_embedding.collectives import SingleProcess
 from ranking import FeatureConfig, HybridEmbedding, Model, TableConfig, TableStorage
 from storage import checkpoint
 from tests.horovod_run import horovodrun
 from tests.multi_hot import multi_hot_ids
+from tests.recorded import assert_as_recorded, model_state, recorded
 from utils.errors import ConfigError, NonFiniteError
 
 CARDS, DIMS, COMBINERS, HOTNESS = [40, 30, 20], [8, 4, 6], ["sum", "sum", "mean"], [1, 1, 3]
@@ -43,17 +42,27 @@ def features():
             for f, (c, d, k, h) in enumerate(zip(CARDS, DIMS, COMBINERS, HOTNESS))]
 
 
-def today(optimizer):
-    """DCNv2 without cross layers: concat(bottom MLP, embeddings) -> top MLP, as RankingModel."""
-    tables = tuple(NNTable(cardinality=c, dim=d, combiner=k, max_hotness=h if h > 1 else None)
-                   for c, d, k, h in zip(CARDS, DIMS, COMBINERS, HOTNESS))
-    config = ModelConfig(tables=tables, num_numerical=3, bottom_mlp_dims=BOTTOM, top_mlp_dims=TOP,
-                         interaction="cross", num_cross_layers=0)
-    return Trainer(RankingModel(config, seed=3), optimizer, LearningRateSchedule(0.1, 0, 0, 0))
+def seeded_as_the_builtin(bottom, top):
+    """Gives the Keras Dense layers `bottom` and `top` (built) the initial weights of the built-in
+    model's MLPs seeded 3 (nn.layers.MLP: the bottom MLP (3, 0), the top MLP (3, 100))."""
+    for layers, seed in ((bottom, (3, 0)), (top, (3, 100))):
+        for i, layer in enumerate(layers):
+            kernel, bias = dense_initial_values(layer.kernel.shape[0], layer.kernel.shape[1], i, seed)
+            layer.kernel.assign(kernel)
+            layer.bias.assign(bias)
 
 
-def keras_model(trainer):
-    """The same model written with Keras' layers over HybridEmbedding, with the trainer's initial weights."""
+def builtin_name(path: str) -> str:
+    """The built-in model's name of keras_model's weight `path` ("top_1/kernel": "top_mlp/dense_1/kernel")."""
+    layer, weight = path.split("/")
+    kind, index = layer.split("_")
+    return f"{kind}_mlp/dense_{index}/{weight}"
+
+
+def keras_model():
+    """DCNv2 without cross layers (concat(bottom MLP, embeddings) -> top MLP, as the built-in
+    RankingModel(seed=3) with interaction "cross" and no cross layers) written with Keras' layers
+    over HybridEmbedding, with the built-in model's initial weights."""
     numerical = keras.Input((3,), name="numerical")
     ids = [keras.Input((None,), dtype="int32", ragged=True, name=f"f{f}") if h > 1 else
            keras.Input((), dtype="int32", name=f"f{f}") for f, h in enumerate(HOTNESS)]
@@ -68,44 +77,29 @@ def keras_model(trainer):
     for layer in top:
         x = layer(x)
     model = Model([numerical] + ids, x)
-    nn = trainer.model.dense
-    for layers, mlp in ((bottom, nn.bottom_mlp), (top, nn.top_mlp)):
-        for layer, kernel, bias in zip(layers, mlp.kernels, mlp.biases):
-            layer.kernel.assign(kernel)
-            layer.bias.assign(bias)
+    seeded_as_the_builtin(bottom, top)
     return model
 
 
-def tables_of(trainer):
-    return [v.numpy() for v in trainer.model.table_variables]
-
-
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
-def test_fit_equals_todays_trainer(optimizer):
+def test_fit_equals_the_builtin_trainer(optimizer):
+    """The built-in trainer's losses, tables and dense weights on these batches, bit for bit (recorded)."""
     data = batches()
-    trainer = today(optimizer)
-    model = keras_model(trainer)
-    emb = model.get_layer("hybrid_embedding")
-    for want, got in zip(tables_of(trainer), emb.table_variables):   # same seed: the same tables
-        np.testing.assert_array_equal(got.numpy(), want)
+    want = recorded("ranking_api")
+    model = keras_model()
+    # same seed: the same tables; the built-in model's initial dense weights
+    assert_as_recorded(model_state(model, builtin_name), want["initial"], "initial")
     model.compile(optimizer=optimizer, learning_rate=0.1)
-    want_losses = [float(trainer.train_step(*batch)) for batch in data]
     got_losses = [model.train_on_batch((n,) + tuple(ids), labels, return_dict=True)["loss"] for n, ids, labels in data]
-    assert got_losses == want_losses   # bit for bit, as the tables and weights
-    for want, got in zip(tables_of(trainer), emb.table_variables):
-        np.testing.assert_array_equal(got.numpy(), want)
-    dense = [v.numpy() for v in trainer.model.dense.bottom_mlp.kernels + trainer.model.dense.top_mlp.kernels]
-    got = [l.kernel.numpy() for l in model.layers if isinstance(l, keras.layers.Dense)]
-    for want, g in zip(dense, got):
-        np.testing.assert_array_equal(g, want)
+    assert got_losses == want[optimizer]["losses"]   # bit for bit, as the tables and weights
+    assert_as_recorded(model_state(model, builtin_name), want[optimizer]["final"], f"after {STEPS} steps")
     assert int(model.global_step.numpy()) == STEPS
 
 
 def test_fit_on_tf_data_trains_like_train_on_batch():
     """Keras' fit over a tf.data of the same batches (ragged ids included) takes the same steps."""
     data = batches()
-    trainer = today("adagrad")
-    model_a, model_b = keras_model(trainer), keras_model(trainer)
+    model_a, model_b = keras_model(), keras_model()
     for m in (model_a, model_b):
         m.compile(optimizer="adagrad", learning_rate=0.1)
     for n, ids, labels in data:
@@ -125,7 +119,7 @@ def test_fit_on_tf_data_trains_like_train_on_batch():
 
 
 def test_tables_are_not_keras_weights():
-    model = keras_model(today("sgd"))
+    model = keras_model()
     emb = model.get_layer("hybrid_embedding")
     table_refs = {v.ref() for v in emb.table_variables}
     assert not table_refs & {v.value.ref() for v in model.trainable_variables}
@@ -187,8 +181,7 @@ def test_subclassed_model_with_keras_layers():
 
 
 def test_fit_stops_after_a_non_finite_step():
-    trainer = today("sgd")
-    model = keras_model(trainer)
+    model = keras_model()
     model.compile(optimizer="sgd", learning_rate=0.1)
     n, ids, labels = batches()[0]
     bad = tf.tensor_scatter_nd_update(labels, [[5]], [float("nan")])
@@ -241,8 +234,7 @@ def test_checkpoint_restores_and_training_continues(tmp_path):
     """Saved after two steps and restored into a fresh model, the next steps' losses and every
     tensor equal the uninterrupted model's (tables, slots, Keras weights, dense slots, step)."""
     data = batches()
-    trainer = today("adam")
-    run, resumed = keras_model(trainer), keras_model(trainer)
+    run, resumed = keras_model(), keras_model()
     for m in (run, resumed):
         m.compile(optimizer="adam", learning_rate=0.1)
     for n, ids, labels in data[:2]:
@@ -256,7 +248,7 @@ def test_checkpoint_restores_and_training_continues(tmp_path):
     got = {e.name: e.variable.numpy() for e in resumed.checkpoint_entries()}
     want = {e.name: e.variable.numpy() for e in run.checkpoint_entries()}
     assert got.keys() == want.keys() and "global_step" in got and "top_1/kernel/m" in got
-    assert "table_optimizer/iterations" in got   # one layer: the name nn/trainer.py's checkpoints have
+    assert "table_optimizer/iterations" in got   # one layer: the name the built-in models' checkpoints have
     assert "hybrid_embedding_tables/table_2/v" in got
     for name in want:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
@@ -264,7 +256,7 @@ def test_checkpoint_restores_and_training_continues(tmp_path):
 
 def test_dense_part_exports_and_serves_the_models_logits(tmp_path):
     """The dense part (numerical + the embeddings' rows -> logit) as a SavedModel gives the model's logits."""
-    model = keras_model(today("sgd"))
+    model = keras_model()
     model.compile(optimizer="sgd", learning_rate=0.1)
     n, ids, labels = batches()[0]
     model.train_on_batch((n,) + tuple(ids), labels)

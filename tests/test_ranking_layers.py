@@ -1,8 +1,9 @@
 """nn/layers.py (the ranking/ API's building blocks): MLP, DotInteraction, CrossNetwork and
 FactorizationMachine against NumPy and against nn/'s arithmetic on the same weights; the dot
-interaction's op against TensorFlow's ops; DLRM written with the API equals today's
-RankingModel + Trainer; a DeepFM-shaped model learns a pairwise interaction; inputs that cannot
-interact are one-line errors naming the layer."""
+interaction's op against TensorFlow's ops; DLRM written with the API equals the built-in
+RankingModel + Trainer (its steps recorded before it was removed: tests/recorded.py); a
+DeepFM-shaped model learns a pairwise interaction; inputs that cannot interact are one-line errors
+naming the layer."""
 import sys
 
 import keras
@@ -13,14 +14,11 @@ import tensorflow as tf
 import nn.interaction as nn_interaction
 from dataloading.synthetic import SyntheticDataset
 from nn.interaction import dot_interaction_width
-from nn.lr_schedule import LearningRateSchedule
 from nn.mlp import dense_initial_values, mlp_forward
-from nn.model import RankingModel
-from nn.model_config import ModelConfig, TableConfig as NNTable
-from nn.trainer import Trainer
 from ranking import (CrossNetwork, DotInteraction, FactorizationMachine, FeatureConfig, HybridEmbedding, MLP, Model,
                      TableConfig)
 from tests.multi_hot import multi_hot_ids
+from tests.recorded import assert_as_recorded, model_state, recorded
 from tests.test_interaction import numpy_cross, numpy_dot_interaction
 from utils.errors import ConfigError
 
@@ -148,7 +146,8 @@ def test_factorization_machine_matches_numpy():
     np.testing.assert_allclose(got[:, 0], pairs, rtol=1e-5, atol=1e-5)
 
 
-# DLRM written with the API against today's RankingModel + Trainer (interaction "dot").
+# DLRM written with the API against the built-in RankingModel(seed=3) + Trainer (interaction "dot",
+# learning rate 0.1; tables of width DIM, feature 2's combined by "mean"), recorded.
 CARDS, HOTNESS, DIM, BOTTOM, TOP, B, STEPS = [40, 30, 20], [1, 1, 3], 4, (8, 4), (16, 1), 32, 4
 DATA = SyntheticDataset(CARDS, 3, 0.0, seed=11)
 
@@ -162,15 +161,6 @@ def dlrm_batches():
         ids[2] = tf.cast(multi_hot_ids(CARDS[2], HOTNESS[2], 2, step * B, B), tf.int32)
         out.append((tf.constant(b["numerical"]), ids, tf.constant(b["labels"])))
     return out
-
-
-def todays_dlrm(optimizer, compute_dtype=tf.float32, **trainer_options):
-    """Today's RankingModel(seed=3) + Trainer (computing in `compute_dtype`: the built-in --amp)."""
-    tables = tuple(NNTable(cardinality=c, dim=DIM, combiner="mean" if h > 1 else "sum",
-                           max_hotness=h if h > 1 else None) for c, h in zip(CARDS, HOTNESS))
-    config = ModelConfig(tables=tables, num_numerical=3, bottom_mlp_dims=BOTTOM, top_mlp_dims=TOP, interaction="dot")
-    return Trainer(RankingModel(config, seed=3, compute_dtype=compute_dtype), optimizer,
-                   LearningRateSchedule(0.1, 0, 0, 0), **trainer_options)
 
 
 def api_dlrm():
@@ -210,33 +200,24 @@ def running_means(losses):
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
-def test_dlrm_written_with_the_api_equals_todays(optimizer):
+def test_dlrm_written_with_the_api_equals_the_builtin(optimizer):
     data = dlrm_batches()
-    trainer = todays_dlrm(optimizer)
+    want = recorded("ranking_layers")
     model = api_dlrm()
-    nn_dense = {v.name.split(":")[0]: v for v in trainer.model.dense_variables}
-    assert {w.path for w in model.weights} == set(nn_dense)
-    for w in model.weights:   # the same seeds: the same initial weights and tables
-        np.testing.assert_array_equal(w.numpy(), nn_dense[w.path].numpy())
-    emb = model.get_layer("hybrid_embedding")
-    for got, want in zip(emb.table_variables, trainer.model.table_variables):
-        np.testing.assert_array_equal(got.numpy(), want.numpy())
-    assert model.get_layer("interaction").engine._op is trainer.model.interaction._op
+    assert {w.path for w in model.weights} == set(want["dense_entries"])
+    assert_as_recorded(model_state(model), want["initial"], "initial")   # the same seeds: the same weights, tables
+    assert model.get_layer("interaction").engine._op is nn_interaction.interaction_op("auto")   # --interaction=dot
     model.compile(optimizer=optimizer, learning_rate=0.1)
-    todays_dense = {e.name for e in trainer.model.checkpoint_entries() if e.replicated}
-    assert {e.name for e in model.checkpoint_entries(weights_only=True) if e.replicated} == todays_dense
-    want_losses = [float(trainer.train_step(*batch)) for batch in data]
+    assert sorted(e.name for e in model.checkpoint_entries(weights_only=True) if e.replicated) == want["dense_entries"]
     dataset = tf.data.Dataset.from_tensor_slices(
         ((tf.concat([n for n, _, _ in data], 0),) + tuple(
             tf.concat([ids[f] for _, ids, _ in data], 0) for f in range(len(CARDS))),
          tf.concat([labels for _, _, labels in data], 0))).batch(B)
     recorder = _BatchLosses()
     model.fit(dataset, epochs=1, verbose=0, shuffle=False, callbacks=[recorder])
-    assert recorder.means == running_means(want_losses)   # bit for bit, as the weights
-    for w in model.weights:
-        np.testing.assert_array_equal(w.numpy(), nn_dense[w.path].numpy(), err_msg=w.path)
-    for got, want in zip(emb.table_variables, trainer.model.table_variables):
-        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    case = want[f"float32/{optimizer}"]
+    assert recorder.means == running_means(case["losses"])   # bit for bit, as the weights
+    assert_as_recorded(model_state(model), case["final"], f"after {STEPS} steps")
 
 
 def test_dlrm_dense_part_exports_without_the_op(tmp_path):

@@ -1,9 +1,11 @@
 """AMP and XLA on the Keras model API (ranking/model.py; run/user_model.py for main.py --model):
-DLRM written with the API under Keras' mixed precision equals today's Trainer under AMP (bfloat16;
-float16 with its loss scaling, skipped overflowing steps, static scale); evaluation computes in
+DLRM written with the API under Keras' mixed precision equals the built-in Trainer under AMP
+(bfloat16; float16 with its loss scaling: its steps recorded before it was removed,
+tests/recorded.py; skipped overflowing steps, static scale); evaluation computes in
 float32; XLA compiles the dense part and equals the plain step; main.py --model with --amp and
 --xla trains as without, and a float16 checkpoint restores without --amp."""
 import json
+import os
 
 import keras
 import numpy as np
@@ -15,7 +17,8 @@ import run.loop as run_loop
 from ranking import FeatureConfig, HybridEmbedding, Model, TableConfig
 from tests.compiled import xla_compiled_ops
 from tests.configs import TINY, make_config
-from tests.test_ranking_layers import api_dlrm, dlrm_batches, todays_dlrm
+from tests.recorded import FIXTURE, assert_as_recorded, model_state, recorded
+from tests.test_ranking_layers import api_dlrm, dlrm_batches
 from utils.errors import ConfigError
 
 
@@ -34,28 +37,18 @@ def api_steps(model, data):
     return [float(step([n] + ids, labels)[0]) for n, ids, labels in data]
 
 
-def assert_same_state(model, trainer, atol):
-    nn_dense = {v.name.split(":")[0]: v for v in trainer.model.dense_variables}
-    for w in model.weights:
-        np.testing.assert_allclose(w.numpy(), nn_dense[w.path].numpy(), rtol=0, atol=atol, err_msg=w.path)
-    emb = model.get_layer("hybrid_embedding")
-    for got, want in zip(emb.table_variables, trainer.model.table_variables):
-        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=0, atol=atol)
-
-
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_mixed_bfloat16_equals_todays_dlrm(optimizer):
+def test_mixed_bfloat16_equals_the_builtin_dlrm(optimizer):
     """Keras' "mixed_bfloat16" policy computes what the built-in --amp computes on the CPU:
-    the same per-step losses, tables and dense weights (float32), bit for bit."""
+    the same per-step losses, tables and dense weights (float32), bit for bit (recorded)."""
     data = dlrm_batches()
     model = built_under("mixed_bfloat16")
     assert model.get_layer("top_mlp").compute_dtype == "bfloat16"
     model.compile(optimizer=optimizer, learning_rate=0.1)
     assert model.loss_scale is None   # bfloat16 needs no loss scaling
-    trainer = todays_dlrm(optimizer, tf.bfloat16)
-    want = [float(trainer.train_step(*batch)) for batch in data]
-    assert api_steps(model, data) == want
-    assert_same_state(model, trainer, atol=0)
+    want = recorded("ranking_layers")[f"bfloat16/{optimizer}"]
+    assert api_steps(model, data) == want["losses"]
+    assert_as_recorded(model_state(model), want["final"], f"after {len(data)} steps")
     assert all(w.value.dtype == tf.float32 for w in model.weights)
     assert all(t.dtype == tf.float32 for t in model.get_layer("hybrid_embedding").table_variables)
 
@@ -72,17 +65,19 @@ def test_amp_losses_are_close_to_float32():
         np.testing.assert_allclose(losses[policy], losses["float32"], rtol=2e-2, err_msg=policy)
 
 
-def test_mixed_float16_scales_the_loss_as_todays_trainer():
+def test_mixed_float16_scales_the_loss_as_the_builtin_trainer():
     """float16: dynamic loss scaling (the built-in's LossScale), the same losses and updates
-    as the built-in float16 trainer within float16's rounding."""
+    as the built-in float16 trainer (SGD, loss scaling; its values recorded) within float16's rounding."""
     data = dlrm_batches()
     model = built_under("mixed_float16")
     model.compile(optimizer="sgd", learning_rate=0.1)
-    trainer = todays_dlrm("sgd", tf.float16, loss_scaling=True)
-    want = [float(trainer.train_step(*batch)) for batch in data]
-    np.testing.assert_allclose(api_steps(model, data), want, rtol=0, atol=1e-6)
-    assert_same_state(model, trainer, atol=1e-6)
-    assert float(model.loss_scale.scale.numpy()) == float(trainer.loss_scale.scale.numpy()) == 2.0 ** 15
+    want = dict(np.load(os.path.join(FIXTURE, "ranking_layers_float16_sgd.npz")))
+    np.testing.assert_allclose(api_steps(model, data), want.pop("losses"), rtol=0, atol=1e-6)
+    assert float(model.loss_scale.scale.numpy()) == float(want.pop("loss_scale")) == 2.0 ** 15
+    state = model_state(model)
+    assert sorted(state) == sorted(want)
+    for name, value in want.items():
+        np.testing.assert_allclose(state[name], value, rtol=0, atol=1e-6, err_msg=name)
     assert {"loss_scale/scale", "loss_scale/good_steps"} <= {e.name for e in model.checkpoint_entries()}
 
 
