@@ -3,8 +3,8 @@ memory, deciding in the step as in memory, its rows and optimizer slots in the s
 32 of its 48 rows (parallel_embedding/tiered.py, DynamicUnit). A run with it evicting and refusing
 equals the same run in memory bit for bit: the losses, every evaluation (the one after step 48 with
 batch 49 read ahead into the cache) and both checkpoints (the map's state, live rows, slots,
-updated_at); a checkpoint resumed in the other tier ends as both; at 2 Gloo ranks, one hash shard on
-disk on each, the same checkpoint as in memory.
+updated_at); a checkpoint resumed in the other tier ends as both; deploy.py exports its checkpoints
+and a delta; at 2 Gloo ranks, one hash shard on disk on each, the same checkpoint as in memory.
 
 BUDGET (28,561 bytes) holds, at 1 rank, the dynamic table's id map (7,616 bytes), tables 1 and 3 in
 memory, table 2 on disk (a cache of 32 rows, 2 x (8 + 8) ids in flight) and table 0 on disk: 48 rows
@@ -104,6 +104,19 @@ def test_eval_of_a_checkpoint_with_a_dynamic_table_on_disk(tmp_path, runs):
     got = [r for r in log_records(tmp_path / "eval.json") if r["kind"] == "eval"][-1]
     want = [r for r in log_records(memory / "log.json") if r["kind"] == "eval"][-1]
     assert (got["auc"], got["logloss"]) == (want["auc"], want["logloss"])
+
+
+def test_export_and_a_delta_of_checkpoints_written_on_disk(tmp_path, runs):
+    """deploy.py reads a checkpoint written with the table on disk as any: the tables form of step 48,
+    then a delta to step 96 carrying the ids evicted in between."""
+    ckpt = runs["disk"][0] / "ckpt"
+
+    def deploy(*args):
+        return succeeded(one_process("deployment/deploy.py", *args)).stdout.strip().splitlines()[-1]
+    assert "tables form chosen" in deploy(f"--checkpoint={ckpt / 'ckpt-48'}", f"--output={tmp_path / 'r'}")
+    line = deploy(f"--checkpoint={ckpt / 'ckpt-96'}", f"--output={tmp_path / 'd'}", f"--delta_from={tmp_path / 'r'}")
+    evicted = re.search(r", ([\d,]+) ids evicted from 1 dynamic table", line)
+    assert evicted and int(evicted[1].replace(",", "")) > 0, line
 
 
 def test_two_ranks_hash_shards_on_disk_equal_memory(tmp_path):
