@@ -4,7 +4,8 @@ DistributedEmbedding holds one per hash shard of a table of kind "dynamic"). Its
 updated_at [capacity, 1] int32.
 
     table = DynamicTable(name, capacity, dim, seed, admit_after=1, policy="lru", ttl=0,
-                         candidate_slots=0, optimizer="sgd", zeros_initializer=False, initializer_rows=0)
+                         candidate_slots=0, optimizer="sgd", zeros_initializer=False, initializer_rows=0,
+                         cache_rows=0)      cache_rows C > 0: its rows on disk (below)
     rows, emb = table.lookup(ids, step, training)   ids [n] int64 raw -> rows [n] int32 (-1: no row),
                                         emb [n, D]; an id without a row (refused: not yet admitted,
                                         or no row to reuse under ttl; unknown, not training) reads
@@ -15,6 +16,7 @@ updated_at [capacity, 1] int32.
     rows = table.rows(ids, step, training)  the rows alone (lookup's first half: admission, eviction,
                                         re-initialisation; the caller gathers rows >= 0)
     table.set_optimizer(name, beta1, beta2, scope)  replaces the constructor's optimizer (fresh slots)
+    table.parts                         [variable, slot variables...] (on disk: a row's parts)
     table.counts()                      {live, capacity, candidates, admitted, evicted, refused}
     entries = table.checkpoint_entries(weights_only)    storage.checkpoint entries of the live rows
                                         only (a snapshot, taken now; sized by the checkpoint when

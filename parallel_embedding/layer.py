@@ -179,7 +179,9 @@ class DistributedEmbedding(tf.Module):
     hash range (`hash_shards`) to rows at the global step before the gathers, the others reading
     zeros as a row shard's do; its rows >= 0 are updated by its own optimizer; its checkpoint holds
     its live rows (`dynamic_name(s)`; restored at another shard count within `restoring`), its
-    counts are in `dynamic_stats` and `store_stats`.
+    counts are in `dynamic_stats` and `store_stats`. A hash shard the plan puts on disk (one a rank)
+    keeps its rows and slots in the store and its DynamicTable's variable is the cache
+    (tiered.DynamicUnit); its map stays in memory and decides in the step, as in memory.
 
     Its collective operations are named after `name` (`<name>_rows`, ...): two embeddings of one
     model need different names.
