@@ -4,7 +4,8 @@ memory, deciding in the step as in memory, its rows and optimizer slots in the s
 equals the same run in memory bit for bit: the losses, every evaluation (the one after step 48 with
 batch 49 read ahead into the cache) and both checkpoints (the map's state, live rows, slots,
 updated_at); a checkpoint resumed in the other tier ends as both; deploy.py exports its checkpoints
-and a delta; at 2 Gloo ranks, one hash shard on disk on each, the same checkpoint as in memory.
+and a delta; at 2 Gloo ranks, one hash shard on disk on each, the same checkpoint as in memory, which
+restored at 1 rank as 1 hash shard on disk trains on as in memory.
 
 BUDGET (28,561 bytes) holds, at 1 rank, the dynamic table's id map (7,616 bytes), tables 1 and 3 in
 memory, table 2 on disk (a cache of 32 rows, 2 x (8 + 8) ids in flight) and table 0 on disk: 48 rows
@@ -119,15 +120,17 @@ def test_export_and_a_delta_of_checkpoints_written_on_disk(tmp_path, runs):
     assert evicted and int(evicted[1].replace(",", "")) > 0, line
 
 
-def test_two_ranks_hash_shards_on_disk_equal_memory(tmp_path):
+def test_two_ranks_hash_shards_on_disk_equal_memory_and_restore_as_one_shard(tmp_path):
     """At 2 Gloo ranks: table 0 in 2 hash shards of 64 rows (K = 1, evicting), one a rank, each on disk
     with a cache of 32 rows beside table 2's row shard on disk (table 3 as large as table 1, so that
-    both ranks need the same): the same checkpoint as in memory, bit for bit."""
-    args = ["--synthetic_cardinalities=400,40,2000,40", "--max_steps=64", "--row_slice_threshold=1000"]
-    dynamic = "--dynamic_tables=0:128:1:lru:0:2"
-    memory = run(tmp_path / "memory", *args, ranks=2, log=False, dynamic=dynamic)
+    both ranks need the same): the same checkpoint as in memory, bit for bit. That checkpoint (step
+    64) restored at 1 rank as 1 hash shard of 128 rows (dynamic_table.reshard), on disk and in memory,
+    trains on to the same checkpoint (step 96)."""
+    args = ["--synthetic_cardinalities=400,40,2000,40"]
+    dynamic, sliced = "--dynamic_tables=0:128:1:lru:0:2", ["--max_steps=64", "--row_slice_threshold=1000"]
+    memory = run(tmp_path / "memory", *args, *sliced, ranks=2, log=False, dynamic=dynamic)
     os.makedirs(tmp_path / "store")
-    disk = run(tmp_path / "disk", *args, "--embedding_memory_budget_gb=0.0000225",
+    disk = run(tmp_path / "disk", *args, *sliced, "--embedding_memory_budget_gb=0.0000225",
                f"--embedding_store_path={tmp_path / 'store'}", ranks=2, log=False, dynamic=dynamic)
     for rank in (0, 1):
         assert re.search(rf"\n(\[\d\]<stdout>:)?{rank}\s+0\s+dynamic\s.*\sdisk\s", disk), disk
@@ -135,6 +138,15 @@ def test_two_ranks_hash_shards_on_disk_equal_memory(tmp_path):
     totals = [checkpoint.read_tensor(str(tmp_path / "disk" / "ckpt"), f"embedding/table_0/shard_{s}/totals")
               for s in (0, 1)]
     assert all(t[0, 1] > 0 for t in totals), totals   # evictions in both shards
+    assert os.listdir(tmp_path / "store") == []
+
+    restore = f"--restore_checkpoint_path={tmp_path / 'disk' / 'ckpt'}"
+    whole = run(tmp_path / "whole_disk", *args, restore, "--embedding_memory_budget_gb=0.000037",
+                f"--embedding_store_path={tmp_path / 'store'}", log=False, dynamic="--dynamic_tables=0:128:1")
+    assert re.search(r"\sdynamic\s.*\sdisk\s", plan_line(whole, 0)) and "resuming at batch 64" in whole, whole
+    run(tmp_path / "whole_memory", *args, restore, log=False, dynamic="--dynamic_tables=0:128:1")
+    assert_same_checkpoint(tmp_path / "whole_disk" / "ckpt", tmp_path / "whole_memory" / "ckpt")
+    assert checkpoint.read_manifest(str(tmp_path / "whole_disk" / "ckpt"))["step"] == 96
     assert os.listdir(tmp_path / "store") == []
 
 
