@@ -33,7 +33,8 @@ updated_at [capacity, 1] int32.
     table.restore(path)                 the table from a checkpoint (storage.checkpoint.read_tensor):
                                         its live ids take rows 0..L-1 in eviction order
     op_error(e)                         the one line of an id map op's error (a batch with more ids to
-                                        admit than rows), or None for any other exception
+                                        admit than rows) or of the disk tier's in the step, or None
+                                        for any other exception
     reshard(parts, policy, shards, shard_of)    a table's checkpoint tensors in P hash shards -> in
                                         `shards` (what is kept exactly and what is not: its docstring)
     resharded_entries(...)              restore-only entries that read P saved shards and restore
@@ -88,8 +89,14 @@ def tensor_names(table: str, policy: str, slots: Sequence[str], weights_only: bo
 
 def op_error(e: BaseException):
     """The one line of the id map op's error `e` (its line naming the table, and for a capacity too
-    small the flag to change), or None when `e` is something else."""
-    line = re.search(r"^dynamic table .*$", e.message, re.M) if isinstance(e, tf.errors.OpError) else None
+    small the flag to change) or of the disk tier's in the step (a StoreError of `store.place`, e.g.
+    a cache too small for a step's rows), or None when `e` is something else."""
+    if not isinstance(e, tf.errors.OpError):
+        return None
+    store = re.search(r"StoreError: (.*)$", e.message, re.M)
+    if store:
+        return store[1]
+    line = re.search(r"^dynamic table .*$", e.message, re.M)
     if line is None:
         return None
     hint = "; raise its capacity (--dynamic_tables=<feature>:<capacity>)" if "too small" in line[0] else ""

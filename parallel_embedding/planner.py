@@ -412,7 +412,7 @@ def assign_tiers(plan: Plan, slots: int, budget_bytes: Optional[int], min_cache_
         hashed = sum(rows * width for f, rows, width in plan.units_on(rank)   # several hash shards: in memory
                      if plan.tables[f].kind == "dynamic" and shards.count(f) > 1) * BYTES_PER_ELEMENT
         fixed = {"replicated tables": replicated * (1 + slots),
-                 "dynamic tables (id maps; rows and slots of several hash shards a rank)":
+                 "dynamic tables' id maps" + (" and hash shards in memory (rows, slots)" if hashed else ""):
                      hashed * (1 + slots) + plan.map_bytes_on(rank)}
         disk = {} if budget_bytes is None else _disk_tiers(rank, units, fixed, slots, budget_bytes, minimum)
         tiers += [(rank, f, tier) for f, tier in disk.items()]

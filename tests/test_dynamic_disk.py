@@ -15,7 +15,12 @@ import os
 import re
 
 import pytest
+import tensorflow as tf
 
+from parallel_embedding.collectives import SingleProcess
+from parallel_embedding.dynamic_table import op_error
+from parallel_embedding.layer import DistributedEmbedding
+from parallel_embedding.planner import DynamicOptions, TierOptions, plan_tables
 from storage import checkpoint
 from tests.horovod_run import horovodrun
 from tests.test_multirank_cli import one_process, succeeded
@@ -154,3 +159,23 @@ def test_a_missing_store_is_one_error_line(tmp_path):
     missing = tmp_path / "missing"
     line = one_error(one_process("dlrm.py", *MODEL, *DATA, DYNAMIC, BUDGET, f"--embedding_store_path={missing}"), 2)
     assert f"--embedding_store_path={missing}" in line and "no such directory" in line, line
+
+
+def test_a_cache_too_small_for_a_step_is_one_line(tmp_path):
+    """A dynamic table on disk whose cache (2 rows, a plan made with a minimum below one batch's ids)
+    cannot hold a step's rows: the step fails, and its error's one line (dynamic_table.op_error, what
+    main.py prints) names the feature, the cache and the rank."""
+    plan = plan_tables([0, 10], [4, 4], 1, dynamic={0: DynamicOptions(64)},
+                       tiers=TierOptions(slots=0, budget_bytes=7_936, min_cache_rows=[2, 10]))
+    assert plan.tier(0, 0).kind == "disk" and plan.tier(0, 0).cache_rows == 2, plan.tiers
+    emb = DistributedEmbedding(plan, SingleProcess(), seed=(1, 2), store_path=str(tmp_path))
+    emb.set_optimizer("sgd", tf.Variable(0, dtype=tf.int64))
+    try:
+        lookup = tf.function(lambda ids: emb.lookup(ids, training=True).shard_rows)
+        lookup([tf.constant([5, 6], tf.int64), tf.constant([1, 2])])   # 2 rows: they fit
+        with pytest.raises(tf.errors.OpError) as e:
+            lookup([tf.constant([7, 8, 9], tf.int64), tf.constant([1, 2, 3])])
+        assert re.fullmatch(r"feature 0: the cache of 2 rows on rank 0 cannot hold the rows of the batches in flight "
+                            r"\(\d more needed\)", op_error(e.value)), e.value.message
+    finally:
+        emb.close()

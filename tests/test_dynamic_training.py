@@ -46,8 +46,8 @@ def test_the_planner_keeps_a_dynamic_table_whole_with_its_capacity_and_may_put_i
     assert two.disk_bytes_on(0, 1) == 4_096 and two.memory_bytes_on(0, 1) == 8_960 + 30 * (64 + 32) + 64 * 4 + 20 * 64
     assert one.memory_bytes_on(0, 1) == one.bytes_on(0, slots=1) + 8_960
     # The smallest plan: the map (fixed), tables 0, 1 and 2 on disk with caches of 1 row.
-    with pytest.raises(BudgetError, match=r"rank 0: .* needs 9584 bytes .*: dynamic tables \(id maps; rows and slots of "
-                                          r"several hash shards a rank\) 8960 bytes; feature 0 on disk 116 bytes .*; "
+    with pytest.raises(BudgetError, match=r"rank 0: .* needs 9584 bytes .*: dynamic tables' id maps 8960 bytes; "
+                                          r"feature 0 on disk 116 bytes .*; "
                                           r"feature 1 on disk 352 bytes .*; feature 2 on disk 156 bytes"):
         plan_tables([10, 1000, 30], [8, 8, 8], 2, row_slice_threshold=1, column_slice_threshold=1,
                     data_parallel_threshold=0, dynamic=dynamic,
