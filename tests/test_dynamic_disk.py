@@ -4,8 +4,9 @@ memory, deciding in the step as in memory, its rows and optimizer slots in the s
 equals the same run in memory bit for bit: the losses, every evaluation (the one after step 48 with
 batch 49 read ahead into the cache) and both checkpoints (the map's state, live rows, slots,
 updated_at); a checkpoint resumed in the other tier ends as both; deploy.py exports its checkpoints
-and a delta; at 2 Gloo ranks, one hash shard on disk on each, the same checkpoint as in memory, which
-restored at 1 rank as 1 hash shard on disk trains on as in memory.
+and a delta; a model file (examples/dlrm.py) with the table on disk trains as dlrm.py in memory; at 2
+Gloo ranks, one hash shard on disk on each, the same checkpoint as in memory, which restored at 1
+rank as 1 hash shard on disk trains on as in memory.
 
 BUDGET (28,561 bytes) holds, at 1 rank, the dynamic table's id map (7,616 bytes), tables 1 and 3 in
 memory, table 2 on disk (a cache of 32 rows, 2 x (8 + 8) ids in flight) and table 0 on disk: 48 rows
@@ -110,6 +111,22 @@ def test_eval_of_a_checkpoint_with_a_dynamic_table_on_disk(tmp_path, runs):
     got = [r for r in log_records(tmp_path / "eval.json") if r["kind"] == "eval"][-1]
     want = [r for r in log_records(memory / "log.json") if r["kind"] == "eval"][-1]
     assert (got["auc"], got["logloss"]) == (want["auc"], want["logloss"])
+
+
+def test_a_model_file_with_the_table_on_disk_equals_the_built_in_in_memory(tmp_path, runs):
+    """main.py --model=examples/dlrm.py (its tables staged by run/user_model.py) with table 0 on disk:
+    the losses and evaluations of dlrm.py in memory, bit for bit."""
+    data = [a for a in MODEL if not a.startswith(("--embedding_dim", "--bottom_mlp_dims", "--top_mlp_dims"))]
+    out = succeeded(one_process("main.py", "--model=examples/dlrm.py", "--model_param=embedding_dim=8",
+                                "--model_param=bottom=[16,8]", "--model_param=top=[16]", *data, *DATA, DYNAMIC,
+                                *on_disk(tmp_path / "store"), f"--log_path={tmp_path / 'log.json'}")).stdout
+    assert re.search(r"\sdynamic\s.*\sdisk\s", plan_line(out, 0)), out
+
+    def figures(path):
+        return [(r["kind"], r["step"], r.get("loss"), r.get("auc"), r.get("logloss")) for r in log_records(path)
+                if r["kind"] in ("step", "eval")]
+    assert figures(tmp_path / "log.json") == figures(runs["memory"][0] / "log.json")
+    assert os.listdir(tmp_path / "store") == []
 
 
 def test_export_and_a_delta_of_checkpoints_written_on_disk(tmp_path, runs):
