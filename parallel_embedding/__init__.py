@@ -32,7 +32,9 @@ Checkpoint entries (storage.checkpoint saves every rank's pieces, restores at an
     emb.variables_by_name()                this rank's variables and slots, by variable name
 Tables on disk (a plan with tiers, plan_tables(..., tiers=planner.TierOptions(...)); tiered.py):
     batches = emb.staged(batches, training)    elements (numerical, ids, ...) with the ids of tables
-                                               on disk as cache rows, staged one element ahead
+                                               on disk as cache rows, staged one element ahead (a
+                                               dynamic table on disk: its raw ids kept, its live
+                                               rows read ahead; its map decides in the step)
     emb.store_stats()                      hit rate, rows and MB read/written, staging time and wait
     emb.close()                            removes the store's files
 

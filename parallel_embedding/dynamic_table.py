@@ -4,7 +4,8 @@ DistributedEmbedding holds one per hash shard of a table of kind "dynamic"). Its
 updated_at [capacity, 1] int32.
 
     table = DynamicTable(name, capacity, dim, seed, admit_after=1, policy="lru", ttl=0,
-                         candidate_slots=0, optimizer="sgd", zeros_initializer=False, initializer_rows=0)
+                         candidate_slots=0, optimizer="sgd", zeros_initializer=False, initializer_rows=0,
+                         cache_rows=0)      cache_rows C > 0: its rows on disk (below)
     rows, emb = table.lookup(ids, step, training)   ids [n] int64 raw -> rows [n] int32 (-1: no row),
                                         emb [n, D]; an id without a row (refused: not yet admitted,
                                         or no row to reuse under ttl; unknown, not training) reads
@@ -15,6 +16,7 @@ updated_at [capacity, 1] int32.
     rows = table.rows(ids, step, training)  the rows alone (lookup's first half: admission, eviction,
                                         re-initialisation; the caller gathers rows >= 0)
     table.set_optimizer(name, beta1, beta2, scope)  replaces the constructor's optimizer (fresh slots)
+    table.parts                         [variable, slot variables...] (on disk: a row's parts)
     table.counts()                      {live, capacity, candidates, admitted, evicted, refused}
     entries = table.checkpoint_entries(weights_only)    storage.checkpoint entries of the live rows
                                         only (a snapshot, taken now; sized by the checkpoint when
@@ -31,11 +33,25 @@ updated_at [capacity, 1] int32.
     table.restore(path)                 the table from a checkpoint (storage.checkpoint.read_tensor):
                                         its live ids take rows 0..L-1 in eviction order
     op_error(e)                         the one line of an id map op's error (a batch with more ids to
-                                        admit than rows), or None for any other exception
+                                        admit than rows) or of the disk tier's in the step, or None
+                                        for any other exception
     reshard(parts, policy, shards, shard_of)    a table's checkpoint tensors in P hash shards -> in
                                         `shards` (what is kept exactly and what is not: its docstring)
     resharded_entries(...)              restore-only entries that read P saved shards and restore
                                         this rank's new ones through `reshard`
+
+On disk (`cache_rows` C > 0; parallel_embedding/tiered.py): the map stays in memory and runs in
+the step as above, the variable and slots [C, D] are a cache of the rows, updated_at is kept per
+row by the store, and `store` (a RowStore, set by the disk tier) holds the rest:
+    store.place(rows [n], step, codes [n]) -> slots [n] int32   the map's rows (-1: none) as cache
+                                        slots, in the step (codes None: not training): missing rows
+                                        read, admitted rows (codes ADMITTED, EVICTED) given a slot
+                                        unread (the step re-initialises it); training: updated_at
+                                        of the rows >= 0 becomes step + 1
+    store.read(rows [L]) -> (parts [L, 1 + k, D] float32, updated_at [L] int32)   the rows with
+                                        their k slots (`parts`' order), through the cache
+    store.write(parts [L, 1 + k, D], updated_at [L])   rows 0..L-1 (a restore; the cache emptied)
+So the step computes exactly what it computes in memory, on cache slots instead of rows.
 
 Rows are re-initialised as a static table's: U(-sqrt(1/rows), sqrt(1/rows)), rows = capacity or
 `initializer_rows` (zeros with `zeros_initializer`), the values a hash of (seed, id, step, column)
@@ -73,8 +89,14 @@ def tensor_names(table: str, policy: str, slots: Sequence[str], weights_only: bo
 
 def op_error(e: BaseException):
     """The one line of the id map op's error `e` (its line naming the table, and for a capacity too
-    small the flag to change), or None when `e` is something else."""
-    line = re.search(r"^dynamic table .*$", e.message, re.M) if isinstance(e, tf.errors.OpError) else None
+    small the flag to change) or of the disk tier's in the step (a StoreError of `store.place`, e.g.
+    a cache too small for a step's rows), or None when `e` is something else."""
+    if not isinstance(e, tf.errors.OpError):
+        return None
+    store = re.search(r"StoreError: (.*)$", e.message, re.M)
+    if store:
+        return store[1]
+    line = re.search(r"^dynamic table .*$", e.message, re.M)
     if line is None:
         return None
     hint = "; raise its capacity (--dynamic_tables=<feature>:<capacity>)" if "too small" in line[0] else ""
@@ -216,14 +238,17 @@ class DynamicTable(tf.Module):
 
     def __init__(self, name: str, capacity: int, dim: int, seed: Sequence[int], admit_after: int = 1,
                  policy: str = "lru", ttl: int = 0, candidate_slots: int = 0, optimizer: str = "sgd",
-                 zeros_initializer: bool = False, initializer_rows: int = 0):
+                 zeros_initializer: bool = False, initializer_rows: int = 0, cache_rows: int = 0):
         super().__init__()   # `name` may hold "/": the module keeps its class's name
         self.table, self.capacity, self.dim, self.policy = name, capacity, dim, policy
         self.map = id_map.IdMap(name, capacity, admit_after, policy, ttl, candidate_slots)
         self._seed = tf.constant(seed, tf.int64)
         self._limit = 0.0 if zeros_initializer else math.sqrt(1.0 / (initializer_rows or capacity))
-        self.variable = tf.Variable(tf.zeros([capacity, dim]), name=name)   # a row is initialised when admitted
-        self.updated_at = tf.Variable(tf.zeros([capacity, 1], tf.int32), trainable=False, name=f"{name}/{UPDATED_AT}")
+        # a row is initialised when admitted; on disk (`cache_rows`) the variable and slots are the cache
+        self.variable = tf.Variable(tf.zeros([cache_rows or capacity, dim]), name=name)
+        self.updated_at = None if cache_rows else \
+            tf.Variable(tf.zeros([capacity, 1], tf.int32), trainable=False, name=f"{name}/{UPDATED_AT}")
+        self.store = None   # on disk: its RowStore (the module's docstring), set by the disk tier
         self.set_optimizer(optimizer)
 
     def set_optimizer(self, name: str, beta1: float = 0.9, beta2: float = 0.999, scope: str = ""):
@@ -253,25 +278,47 @@ class DynamicTable(tf.Module):
                 rows, codes, _ = self.map.find_or_insert(ids, step)
             except tf.errors.InvalidArgumentError as e:   # eagerly: the op's line alone
                 raise ValueError(e.message.split("}} ")[-1].split(" [Op:")[0]) from None
+            rows = self._placed(rows, step, codes)
             new = (codes == id_map.ADMITTED) | (codes == id_map.EVICTED)
             self._reset(tf.boolean_mask(rows, new), self._initial_rows(tf.boolean_mask(ids, new), step))
             return rows
-        return self.map.find(ids)
+        return self._placed(self.map.find(ids), step)
+
+    def _placed(self, rows, step, codes=None):
+        """The map's rows [n] int32 (codes [n]: the map's in training) as the variable's indices:
+        themselves in memory, their cache slots on disk (`store.place`, a host call in the step)."""
+        if self.store is None:
+            return rows
+
+        def place(r, s, *c):
+            return self.store.place(r.numpy(), int(s.numpy()), c[0].numpy() if c else None)
+        slots = tf.py_function(place, [rows, tf.cast(step, tf.int64)] + ([codes] if codes is not None else []),
+                               tf.int32)
+        slots.set_shape(rows.shape)
+        return slots
 
     def _reset(self, rows, values):
-        """New rows [k] take `values` [k, D], their slots the initial value, updated_at 0."""
+        """New rows [k] take `values` [k, D], their slots the initial value, updated_at 0 (on disk:
+        set by `store.place`)."""
         self.variable.scatter_update(tf.IndexedSlices(values, rows))
         for slot, var in self.slots.items():
             var.scatter_update(tf.IndexedSlices(self.optimizer._slot_init(slot, values), rows))
-        self.updated_at.scatter_update(tf.IndexedSlices(tf.zeros_like(rows)[:, None], rows))
+        if self.updated_at is not None:
+            self.updated_at.scatter_update(tf.IndexedSlices(tf.zeros_like(rows)[:, None], rows))
 
     def apply_gradients(self, rows, grads, lr, step):
         """rows [n] int32 from lookup, grads [n, D]: the rows >= 0 take the optimizer's update."""
         found = rows >= 0
         kept = tf.boolean_mask(rows, found)
         self.optimizer.apply([(tf.IndexedSlices(tf.boolean_mask(grads, found), kept), self.variable)], lr)
-        self.updated_at.scatter_update(
-            tf.IndexedSlices(tf.fill([tf.size(kept), 1], tf.cast(step, tf.int32) + 1), kept))
+        if self.updated_at is not None:
+            self.updated_at.scatter_update(
+                tf.IndexedSlices(tf.fill([tf.size(kept), 1], tf.cast(step, tf.int32) + 1), kept))
+
+    @property
+    def parts(self) -> List[tf.Variable]:
+        """The variable and its optimizer slots, in the order of a row's parts on disk."""
+        return [self.variable] + list(self.slots.values())
 
     def counts(self) -> Dict[str, int]:
         return self.map.stats()
@@ -282,14 +329,19 @@ class DynamicTable(tf.Module):
     def checkpoint_entries(self, weights_only: bool = False) -> List[Entry]:
         state = {k: v.numpy() for k, v in self.map.export().items()}
         rows = state["rows"]
-        column = {IDS: state["ids"][:, None], UPDATED_AT: tf.gather(self.updated_at, rows).numpy(),
+        if self.store is None:
+            parts = np.stack([tf.gather(v, rows).numpy() for v in self.parts], axis=1)
+            updated_at = tf.gather(self.updated_at, rows).numpy()[:, 0]
+        else:
+            parts, updated_at = self.store.read(rows)
+        column = {IDS: state["ids"][:, None], UPDATED_AT: updated_at[:, None],
                   CANDIDATES: np.stack([state["candidate_ids"], state["candidate_sightings"],
                                         state["candidate_last_seen"]], axis=1),
                   TOTALS: state["totals"][None, :], ITERATIONS: self.optimizer.iterations.numpy().reshape(1, 1)}
         if ORDER_KEY[self.policy]:
             column[ORDER_KEY[self.policy]] = state[ORDER_KEY[self.policy]].astype(np.int32)[:, None]
-        column.update({slot: tf.gather(var, rows).numpy() for slot, var in self.slots.items()})
-        values = {self.table: tf.gather(self.variable, rows).numpy()}
+        column.update({slot: parts[:, j + 1] for j, slot in enumerate(self.slots)})
+        values = {self.table: parts[:, 0]}
         values.update({f"{self.table}/{k}": v for k, v in column.items()})
         names = self.checkpoint_names(weights_only)
         restoring = _Restoring(names, self.restore_tensors)
@@ -322,10 +374,15 @@ class DynamicTable(tf.Module):
                           "last_used": per_row if key == "last_used" else np.full(live, -1, np.int64),
                           "candidate_ids": cands[:, 0], "candidate_sightings": cands[:, 1],
                           "candidate_last_seen": cands[:, 2], "totals": read[f"{self.table}/{TOTALS}"][0]})
-        self.variable[:live].assign(read[self.table])
-        for slot, var in self.slots.items():
-            saved = read.get(f"{self.table}/{slot}")
-            var[:live].assign(saved if saved is not None else self.optimizer._slot_init(slot, read[self.table]))
-        self.updated_at[:live].assign(read[f"{self.table}/{UPDATED_AT}"])
+        rows = read[self.table]
+        parts = [rows] + [read[f"{self.table}/{slot}"] if f"{self.table}/{slot}" in read
+                          else self.optimizer._slot_init(slot, rows).numpy() for slot in self.slots]
+        updated_at = read[f"{self.table}/{UPDATED_AT}"]
+        if self.store is None:
+            for var, value in zip(self.parts, parts):
+                var[:live].assign(value)
+            self.updated_at[:live].assign(updated_at)
+        else:
+            self.store.write(np.stack(parts, axis=1), updated_at[:, 0])
         if f"{self.table}/{ITERATIONS}" in read:
             self.optimizer.iterations.assign(read[f"{self.table}/{ITERATIONS}"][0, 0])

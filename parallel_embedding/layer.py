@@ -46,7 +46,7 @@ from parallel_embedding import UPDATED_AT
 from parallel_embedding.dynamic_table import IDS, DynamicTable, mix, resharded_entries, shift, tensor_names
 from parallel_embedding.optimizers import make_optimizer
 from parallel_embedding.planner import Plan, Shard, plan_tables  # noqa: F401 (plan_tables: the example)
-from parallel_embedding.tiered import DiskTier, Unit
+from parallel_embedding.tiered import DiskTier, DynamicUnit, Unit
 from utils.errors import ConfigError
 from utils.logger import DYNAMIC_COUNTS
 
@@ -179,7 +179,9 @@ class DistributedEmbedding(tf.Module):
     hash range (`hash_shards`) to rows at the global step before the gathers, the others reading
     zeros as a row shard's do; its rows >= 0 are updated by its own optimizer; its checkpoint holds
     its live rows (`dynamic_name(s)`; restored at another shard count within `restoring`), its
-    counts are in `dynamic_stats` and `store_stats`.
+    counts are in `dynamic_stats` and `store_stats`. A hash shard the plan puts on disk (one a rank)
+    keeps its rows and slots in the store and its DynamicTable's variable is the cache
+    (tiered.DynamicUnit); its map stays in memory and decides in the step, as in memory.
 
     Its collective operations are named after `name` (`<name>_rows`, ...): two embeddings of one
     model need different names.
@@ -227,9 +229,14 @@ class DistributedEmbedding(tf.Module):
                 d = table.dynamic
                 self.dynamic[s] = DynamicTable(
                     self.dynamic_name(s), s.num_rows, s.width, (seed[0], seed[1] + s.feature), d.admit_after,
-                    d.policy, d.ttl, zeros_initializer=zeros_initializer, initializer_rows=d.capacity)
+                    d.policy, d.ttl, zeros_initializer=zeros_initializer, initializer_rows=d.capacity,
+                    cache_rows=tier.cache_rows)
                 self.shard_variables.append(self.dynamic[s].variable)
                 self.updated_at.append(None)
+                if tier.kind == "disk":   # its rows in the store, its cache the table's variable (one shard a rank)
+                    k, n = table.shards.index(s), len(table.shards)
+                    units[s.feature] = DynamicUnit(s.feature, self.dynamic[s], tier.cache_rows, None if n == 1 else
+                                                   lambda ids, k=k, n=n: hash_shards(ids, n).numpy() == k)
                 continue
             if tier.kind == "disk":   # a cache of C rows and the spare row, filled by staging
                 value = tf.zeros([tier.cache_rows + 1, s.width])
@@ -529,12 +536,13 @@ class DistributedEmbedding(tf.Module):
         """Creates the disk tier's files: tables from their initial values, slots as fresh slot rows."""
         slots = self.optimizer.slots
         shards = {f: [s for s in self.shards if s.feature == f] for f in self.tiered.units}
-        parts = {f: [[v] + list(slots[v.ref()].values()) for v in unit.variables]
+        parts = {f: [unit.table.parts] if isinstance(unit, DynamicUnit) else
+                 [[v] + list(slots[v.ref()].values()) for v in unit.variables]
                  for f, unit in self.tiered.units.items()}
 
-        def initial_rows(unit, i, j, start, stop):
+        def initial_rows(unit, i, j, start, stop):   # a dynamic table's rows: zeros until admitted
             s = shards[unit.feature][i]
-            if j == 0:
+            if j == 0 and not isinstance(unit, DynamicUnit):
                 return self._initial_value(dataclasses.replace(s, row_start=s.row_start + start,
                                                                row_end=s.row_start + stop)).numpy()
             return np.broadcast_to(parts[unit.feature][i][j][0].numpy(), (stop - start, s.width))
@@ -595,7 +603,8 @@ class DistributedEmbedding(tf.Module):
         named = {v.name.split(":")[0]: v for v in self.variables_in_order + self.updated_at if v is not None}
         named.update(self.optimizer.variables_by_name() if self.optimizer else {})
         for table in self.dynamic.values():
-            named.update({v.name.split(":")[0]: v for v in [table.updated_at] + list(table.slots.values())})
+            named.update({v.name.split(":")[0]: v for v in [table.updated_at] + list(table.slots.values())
+                          if v is not None})
             named.update(table.optimizer.variables_by_name())
         return named
 
@@ -613,6 +622,8 @@ class DistributedEmbedding(tf.Module):
         entries = []
         sources = {}
         for unit in (self.tiered.units.values() if self.tiered else ()):
+            if isinstance(unit, DynamicUnit):   # its DynamicTable's entries, below
+                continue
             sources.update({v.ref(): parts for v, parts in zip(unit.variables, self.tiered.sources(unit))})
             if slots and any(s.feature == unit.feature and s.col_start == 0 for s in self.shards):
                 entries.append(Entry(f"{self.table_name(unit.feature)}/{UPDATED_AT}",

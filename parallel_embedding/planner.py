@@ -8,7 +8,8 @@ how it is stored. The rules apply in this order:
    parallel_embedding/dynamic_table.py) has `capacity` rows (its `rows[f]` is ignored), cut into
    its `shards` S hash shards (S independent of the world size): shard s holds rows s of S
    contiguous near-equal ranges and the ids whose mixed hash falls in the s-th of S equal ranges
-   of [0, 2^64) (layer.hash_shards), on rank s % N. Never replicated, sliced by columns or tiered.
+   of [0, 2^64) (layer.hash_shards), on rank s % N. Never replicated or sliced by columns; on disk
+   only by rule 7.
 3. "replicated": elements <= `data_parallel_threshold`. A full copy on every rank, no shards.
 4. "row": elements > `row_slice_threshold` and rows >= N. One full-width shard per rank, rank r
    holding the r-th of N contiguous near-equal row ranges (the first rows % N ranks one row more).
@@ -41,9 +42,11 @@ how it is stored. The rules apply in this order:
      largest that fits, sizes every disk unit's cache: min(rows, max(min_cache_rows[f], floor(phi rows)));
    - host threshold: while the parameters (no slots) of the replicated tables and the units left in
      memory exceed it, the largest of those units goes to host memory.
-   Dynamic tables are never tiered, but count: their hash shards on the rank, rows x row_bytes plus
-   their id maps (`dynamic_map_bytes`), are fixed memory under the budget, and their parameters
-   stay in memory under the host threshold.
+   Dynamic tables: their id maps (`dynamic_map_bytes`) are fixed memory under the budget. A rank's
+   one hash shard of a dynamic table is a unit as above (its rows: the shard's capacity), which the
+   budget may put on disk (its rows and slots in the store, its cache in memory; the map stays in
+   memory); several hash shards of one table on a rank stay in memory, rows x row_bytes each, fixed.
+   Dynamic tables never go to host memory: their parameters in memory count under the host threshold.
 
 Everything is deterministic. This module is pure Python so that plans can be made and checked
 without TensorFlow.
@@ -260,7 +263,7 @@ class Plan:
             for s in shards:   # a dynamic table's id maps
                 if self.tables[s.feature].kind == "dynamic":
                     map_bytes = dynamic_map_bytes(s.num_rows, self.tables[s.feature].dynamic.admit_after)
-                    figures[s.feature] = (figures[s.feature][0] + map_bytes, 0)
+                    figures[s.feature] = (figures[s.feature][0] + map_bytes, figures[s.feature][1])
             for i, s in enumerate(shards):
                 tier = self.tier(rank, s.feature)
                 first = i == 0 or shards[i - 1].feature != s.feature
@@ -404,15 +407,19 @@ def assign_tiers(plan: Plan, slots: int, budget_bytes: Optional[int], min_cache_
     replicated = sum(plan.tables[f].elements for f in plan.replicated) * BYTES_PER_ELEMENT
     tiers = []
     for rank in range(plan.world_size):
-        units = [u for u in plan.units_on(rank) if plan.tables[u[0]].kind != "dynamic"]
-        dynamic = sum(rows * width for f, rows, width in plan.units_on(rank)
-                      if plan.tables[f].kind == "dynamic") * BYTES_PER_ELEMENT   # parameters, never tiered
+        shards = [s.feature for s in plan.shards_on(rank)]
+        units = [u for u in plan.units_on(rank) if plan.tables[u[0]].kind != "dynamic" or shards.count(u[0]) == 1]
+        hashed = sum(rows * width for f, rows, width in plan.units_on(rank)   # several hash shards: in memory
+                     if plan.tables[f].kind == "dynamic" and shards.count(f) > 1) * BYTES_PER_ELEMENT
         fixed = {"replicated tables": replicated * (1 + slots),
-                 "dynamic tables (rows, slots, id maps)": dynamic * (1 + slots) + plan.map_bytes_on(rank)}
+                 "dynamic tables' id maps" + (" and hash shards in memory (rows, slots)" if hashed else ""):
+                     hashed * (1 + slots) + plan.map_bytes_on(rank)}
         disk = {} if budget_bytes is None else _disk_tiers(rank, units, fixed, slots, budget_bytes, minimum)
         tiers += [(rank, f, tier) for f, tier in disk.items()]
         if host_threshold_bytes is not None:
             in_memory = [(f, rows * width * BYTES_PER_ELEMENT) for f, rows, width in units if f not in disk]
+            dynamic = hashed + sum(b for f, b in in_memory if plan.tables[f].kind == "dynamic")   # never on host
+            in_memory = [(f, b) for f, b in in_memory if plan.tables[f].kind != "dynamic"]
             params = replicated + dynamic + sum(b for _, b in in_memory)
             for f, b in sorted(in_memory, key=lambda u: (-u[1], u[0])):
                 if params <= host_threshold_bytes:

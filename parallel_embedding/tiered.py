@@ -19,6 +19,19 @@ table's rows (same values, same order of summation), so training is bit-identica
 in-memory table. Batches t and t+1 stay pinned until the consumer asks for batch t+2: their
 slots are never victims. Which rows are cached, and the victims (LRU or LFU), are the unit's
 row cache (storage/row_cache.py), so a step costs O(its ids), not O(C).
+
+A dynamic table's hash shard on disk (`DynamicUnit`, parallel_embedding/dynamic_table.py) is a
+unit of R = its capacity rows (the id map's rows) whose cache is the DynamicTable's variable and
+slots [C, w] (no spare row: an id without a row reads zeros). Its id map stays in memory and
+decides in the step, exactly as in memory; the step's host call `DynamicStore.place` turns the
+map's rows into cache slots (reading a row the read-ahead missed, giving an admitted row a slot
+without reading it: the step re-initialises it). Staging does not change its ids: it only reads
+ahead, the map's `find` (which changes nothing) giving the rows of batch t+1's ids that are live
+now, read into pinned slots. So the map's state, and what an evaluation or a checkpoint between
+steps sees, never depends on staging; a row the read-ahead missed (an id the map takes after the
+read-ahead ran) costs a read in the step, not a different result. A lookup's slots stay pinned
+until the table's next lookup (its step is over by then). updated_at is per row in host memory,
+set by `place` for the rows a training step updates.
 """
 import atexit
 import collections
@@ -34,6 +47,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+import id_map
 from storage.row_cache import POLICIES, CacheFull, RowCache
 from utils.errors import ConfigError, DatasetError, StoreError
 
@@ -171,12 +185,76 @@ class Unit(RowCache):
         self.dirty.fill(False)
 
 
+class DynamicUnit(Unit):
+    """A dynamic table's hash shard on disk: `table` (a DynamicTable whose variable and slots are
+    the cache of `cache_rows` slots) and `mine`, ids [n] int64 -> [n] bool, the ids of its hash
+    shard (None: every id); `step_pins`, the slots its last lookup pinned."""
+
+    def __init__(self, feature: int, table, cache_rows: int, mine: Optional[Callable[[np.ndarray], np.ndarray]]):
+        super().__init__(feature, 0, table.capacity, cache_rows)
+        self.table, self.mine = table, mine
+        self.variables.append(table.variable)
+        self.step_pins = np.zeros(0, np.int64)
+
+
+class DynamicStore:
+    """A DynamicUnit's rows as its DynamicTable's RowStore (place, read, write: dynamic_table.py)."""
+
+    def __init__(self, tables: "DiskTier", unit: DynamicUnit):
+        self._tables, self._unit = tables, unit
+
+    def place(self, rows: np.ndarray, step: int, codes: Optional[np.ndarray]) -> np.ndarray:
+        """rows [n] int32 (-1: none), the map's codes [n] (None: not training) -> cache slots [n] int32
+        (-1: none); run in the lookup's step, after the map."""
+        unit, tables = self._unit, self._tables
+        with tables._lock:
+            unit.unpin(unit.step_pins)   # the table's previous lookup is over
+            found = rows >= 0
+            fresh = found & np.isin(codes, (id_map.ADMITTED, id_map.EVICTED)) if codes is not None else \
+                np.zeros(len(rows), bool)
+            kept = tables._bring(unit, np.unique(rows[found & ~fresh]), count=False)
+            new = np.unique(rows[fresh])   # a slot, unread: the step re-initialises the row
+            slots = unit.slot_of[new]
+            unit.use(slots[slots >= 0])
+            unit.pin(slots[slots >= 0])
+            if (slots < 0).any():
+                unit.pin(tables._load(unit, new[slots < 0], read=False))
+            unit.step_pins = np.concatenate([kept, unit.slot_of[new]]).astype(np.int64)
+            out = np.where(found, unit.slot_of[np.maximum(rows, 0)], -1).astype(np.int32)
+            if codes is not None:
+                unit.dirty[out[found]] = True
+                unit.updated_at[rows[found]] = step + 1
+        return out
+
+    def read(self, rows: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """rows [L] -> (their parts [L, 1 + k, w] float32 from the cache or the file, updated_at [L] int32)."""
+        unit = self._unit
+        with self._tables._lock:
+            slots = unit.slot_of[rows]
+            cached = slots >= 0
+            out = np.empty((len(rows),) + unit.files[0].shape[1:], np.float32)
+            out[~cached] = unit.files[0].read(rows[~cached])
+            if cached.any():
+                out[cached] = np.stack([tf.gather(v, slots[cached]).numpy() for v in unit.parts[0]], axis=1)
+            return out, unit.updated_at[rows].copy()
+
+    def write(self, parts: np.ndarray, updated_at: np.ndarray):
+        """Rows 0..L-1 take `parts` [L, 1 + k, w] and `updated_at` [L] (a restore); the cache is emptied."""
+        unit = self._unit
+        with self._tables._lock:
+            unit.unpin(unit.step_pins)
+            unit.step_pins = np.zeros(0, np.int64)
+            unit.reset()
+            unit.files[0].write(slice(0, len(parts)), parts)
+            unit.updated_at[:len(parts)] = updated_at
+
+
 class DiskTier:
     """The disk-tier units of one rank, their store files and the staging of batches.
 
-    `units`: feature -> Unit. `open` creates and fills the files once the optimizer's slots
-    exist; `staged` wraps a batch stream; `flush` writes dirty cache rows back; `stats` counts
-    since its last call.
+    `units`: feature -> Unit (a DynamicUnit: its table's store is set here). `open` creates and
+    fills the files once the optimizer's slots exist; `staged` wraps a batch stream; `flush` writes
+    dirty cache rows back; `stats` counts since its last call.
     """
 
     def __init__(self, units: Dict[int, Unit], cardinalities: Sequence[int], store_path: str, policy: str,
@@ -191,6 +269,9 @@ class DiskTier:
                                       "bytes_written"), 0)
         self._seconds = {"staging": 0.0, "waited": 0.0, "steps": 0}
         self._next_step = 1   # the global step the next staged training batch updates
+        for unit in units.values():
+            if isinstance(unit, DynamicUnit):
+                unit.table.store = DynamicStore(self, unit)
 
     # Start-up ------------------------------------------------------------------------------------
 
@@ -301,6 +382,9 @@ class DiskTier:
                 x = ids[f]
                 ragged = isinstance(x, tf.RaggedTensor)
                 values = np.asarray(x.values if ragged else x)
+                if isinstance(unit, DynamicUnit):   # raw ids stay (the map decides in the step): read ahead
+                    pins[f] = self._read_ahead(unit, values)
+                    continue
                 slots, pins[f] = self._stage_unit(unit, values)
                 unit.dirty[pins[f]] |= training
                 if training:
@@ -323,26 +407,43 @@ class DiskTier:
         local = values.astype(np.int64) - unit.row_start
         inside = (local >= 0) & (local < unit.rows)
         local_in = local[inside]
-        rows = np.unique(local_in)
+        slots = self._bring(unit, np.unique(local_in))
+        out = np.full(len(values), unit.capacity, np.int64)
+        out[inside] = unit.slot_of[local_in]
+        return out, slots
+
+    def _read_ahead(self, unit: DynamicUnit, values: np.ndarray) -> np.ndarray:
+        """values [K] raw ids of a dynamic unit's feature -> the slots now pinned of the rows its map
+        holds for them (`find`: the map unchanged)."""
+        for file in unit.files:
+            file.check()
+        values = values.astype(np.int64)
+        if unit.mine is not None:
+            values = values[unit.mine(values)]
+        rows = unit.table.map.find(tf.constant(values, tf.int64)).numpy()
+        return self._bring(unit, np.unique(rows[rows >= 0]))
+
+    def _bring(self, unit: Unit, rows: np.ndarray, count: bool = True) -> np.ndarray:
+        """rows [m] (unique, sorted) -> their slots [m], cached and pinned (missing ones read from
+        disk); `count`: in the hit rate."""
         unit.tick()
         slots = unit.slot_of[rows]
         hit = slots >= 0
         unit.use(slots[hit])
         unit.pin(slots[hit])
         miss = rows[~hit]
-        self._counts["ids"] += len(rows)
-        self._counts["misses"] += len(miss)
-        self._counts["hits"] += len(rows) - len(miss)
+        if count:
+            self._counts["ids"] += len(rows)
+            self._counts["misses"] += len(miss)
+            self._counts["hits"] += len(rows) - len(miss)
         if len(miss):
             unit.pin(self._load(unit, miss))
-        slots = unit.slot_of[rows]
-        out = np.full(len(values), unit.capacity, np.int64)
-        out[inside] = unit.slot_of[local_in]
-        return out, slots
+        return unit.slot_of[rows]
 
-    def _load(self, unit: Unit, miss: np.ndarray) -> np.ndarray:
+    def _load(self, unit: Unit, miss: np.ndarray, read: bool = True) -> np.ndarray:
         """Reads rows `miss` (sorted) from disk into free or evicted cache slots, dirty evicted rows
-        written back first; returns the slots."""
+        written back first; returns the slots. `read` false: the slots are only assigned (a dynamic
+        table's admitted rows, which the step initialises)."""
         try:
             victims, old = unit.admit(miss, self.policy)
         except CacheFull as e:
@@ -357,12 +458,12 @@ class DiskTier:
                 file.write(rows, values)
                 self._counts["bytes_written"] += values.nbytes
             self._counts["rows_written"] += len(write)
-        for file, parts in zip(unit.files, unit.parts):
+        for file, parts in zip(unit.files, unit.parts if read else ()):
             values = file.read(miss)
             self._counts["bytes_read"] += values.nbytes
             for j, v in enumerate(parts):
                 v.scatter_update(tf.IndexedSlices(values[:, j], victims))
-        self._counts["rows_read"] += len(miss)
+        self._counts["rows_read"] += len(miss) if read else 0
         unit.dirty[victims] = False
         return victims
 

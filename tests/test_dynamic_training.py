@@ -18,7 +18,7 @@ from id_map.reference import Reference, mix
 from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.dynamic_table import DynamicTable, initial_values
 from parallel_embedding.layer import DistributedEmbedding, hash_shards
-from parallel_embedding.planner import (BudgetError, DynamicOptions, PlanError, TierOptions, dynamic_map_bytes,
+from parallel_embedding.planner import (BudgetError, DynamicOptions, PlanError, Tier, TierOptions, dynamic_map_bytes,
                                         plan_tables)
 from storage import checkpoint
 from deployment.exporter.repository import exported_model
@@ -27,7 +27,7 @@ from tests.test_cli import SCRIPT_ARGS, run_script
 from utils.errors import ConfigError
 
 
-def test_the_planner_keeps_a_dynamic_table_whole_with_its_capacity_and_never_tiers_it():
+def test_the_planner_keeps_a_dynamic_table_whole_with_its_capacity_and_may_put_it_on_disk():
     dynamic = {1: DynamicOptions(64, 2, "ttl", 5)}
     one = plan_tables([10, 1000, 30], [8, 8, 8], 1, dynamic=dynamic)
     assert [t.kind for t in one.tables] == ["whole", "dynamic", "whole"]
@@ -37,18 +37,26 @@ def test_the_planner_keeps_a_dynamic_table_whole_with_its_capacity_and_never_tie
                       tiers=TierOptions(slots=1, budget_bytes=13_400, min_cache_rows=[1, 1, 1]))
     t = two.tables[1]
     assert t.kind == "dynamic" and len(t.shards) == 1 and (t.shards[0].row_end, t.shards[0].width) == (64, 8)
-    assert {(r, f) for r, f, t in two.tiers if t.kind == "disk"} == {(0, 0), (0, 2)}   # rank 1: no dynamic table
-    # The budget counts the dynamic table on rank 0: 64 rows x 8 x 4 bytes x (1 + 1 slot), and its id map
-    # (128 buckets of 16 bytes, 64 rows of 84, K = 2: 64 candidates of 24); tables 0 and 2 on disk take
-    # 116 + 156 bytes at least.
+    # Rule 7: the dynamic table's one hash shard on rank 0 is a unit like the others, the largest (64 rows
+    # x 8 x 4 bytes x (1 + 1 slot) = 4,096 bytes): it goes to disk first, its id map staying in memory
+    # (128 buckets of 16 bytes, 64 rows of 84, K = 2: 64 candidates of 24), its cache the rest.
+    assert two.tiers == ((0, 1, Tier("disk", 30)),)   # rank 1: no dynamic table
     assert dynamic_map_bytes(64, 2) == 128 * 16 + 64 * 84 + 64 * 24 and dynamic_map_bytes(64, 1) == 7_424
     assert (two.map_bytes_on(0), two.map_bytes_on(1), two.memory_bytes_on(1, 1)) == (8_960, 0, 1_280)
+    assert two.disk_bytes_on(0, 1) == 4_096 and two.memory_bytes_on(0, 1) == 8_960 + 30 * (64 + 32) + 64 * 4 + 20 * 64
     assert one.memory_bytes_on(0, 1) == one.bytes_on(0, slots=1) + 8_960
-    with pytest.raises(BudgetError, match=r"rank 0: .* needs 13328 bytes .*: dynamic tables \(rows, slots, id maps\) "
-                                          r"13056 bytes; feature 0 on disk 116 bytes"):
+    # The smallest plan: the map (fixed), tables 0, 1 and 2 on disk with caches of 1 row.
+    with pytest.raises(BudgetError, match=r"rank 0: .* needs 9584 bytes .*: dynamic tables' id maps 8960 bytes; "
+                                          r"feature 0 on disk 116 bytes .*; "
+                                          r"feature 1 on disk 352 bytes .*; feature 2 on disk 156 bytes"):
         plan_tables([10, 1000, 30], [8, 8, 8], 2, row_slice_threshold=1, column_slice_threshold=1,
                     data_parallel_threshold=0, dynamic=dynamic,
-                    tiers=TierOptions(slots=1, budget_bytes=13_327, min_cache_rows=[1, 1, 1]))
+                    tiers=TierOptions(slots=1, budget_bytes=9_583, min_cache_rows=[1, 1, 1]))
+    # Two hash shards of it on one rank stay in memory, fixed with the maps (2 x 4,480 bytes): the static
+    # tables go to disk around them.
+    shards = plan_tables([10, 1000, 30], [8, 8, 8], 1, dynamic={1: DynamicOptions(64, 2, "ttl", 5, shards=2)},
+                         tiers=TierOptions(slots=1, budget_bytes=13_408, min_cache_rows=[1, 1, 1]))
+    assert {f for _, f, t in shards.tiers if t.kind == "disk"} == {0, 2} and shards.map_bytes_on(0) == 8_960
     # The host threshold (GPU runs) counts the dynamic table's parameters (2,048 bytes), never moves them:
     # tables 0 (320 bytes) and 2 (960) go to host memory while the three exceed it.
     for threshold, host in ((3_328, set()), (3_327, {2}), (2_367, {0, 2}), (0, {0, 2})):
