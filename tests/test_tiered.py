@@ -20,12 +20,13 @@ from storage import checkpoint
 from nn.lr_schedule import LearningRateSchedule
 from nn.model import RankingModel, model_tables
 from nn.model_config import ModelConfig, table_configs
-from nn.trainer import LOSS_SCALE_STATE, Trainer
+from nn.trainer import Trainer
 from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.planner import (BYTES_PER_ELEMENT, INDEX_BYTES_PER_ROW, SLOT_OVERHEAD_BYTES, assign_tiers,
                                         plan_tables)
 from parallel_embedding import tiered
 from parallel_embedding.tiered import DiskTier, Unit
+from ranking.precision import LOSS_SCALE_STATE
 from utils.errors import ConfigError, DatasetError, StoreError
 
 # Features 1 and 2 go to disk (600 and 1,000 rows, caches of 2 x batch x hotness rows); 0 and 3 stay in
