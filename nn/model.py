@@ -1,6 +1,9 @@
 """DLRM and DCNv2 ranking models: their dense part made of nn.layers' Keras layers (the
-ranking/ API's building blocks) over a DistributedEmbedding."""
-from typing import List, Optional, Set
+ranking/ API's building blocks) over a DistributedEmbedding. The built-in models (dlrm.py,
+dcnv2.py) are the example model files `builtin_model_file` names, handed the tables of
+`model_tables`."""
+import os
+from typing import List, Optional, Set, Tuple
 
 import tensorflow as tf
 
@@ -55,6 +58,26 @@ class DenseArch(tf.Module):
         bottom = self.bottom_mlp(tf.cast(numerical, compute_dtype))
         x = self.interaction([bottom] + embeddings, training=training)
         return tf.cast(tf.squeeze(self.top_mlp(x), axis=1), tf.float32)
+
+
+# The built-in models' files: DLRM and DCNv2 written with the ranking/ API.
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+
+
+def builtin_model_file(config: ModelConfig) -> Tuple[str, dict]:
+    """The model file of the built-in model `config` describes and its hyper-parameters:
+    examples/dcnv2.py (interaction "cross") or examples/dlrm.py (a dot interaction, its kernel
+    the interaction's: DOT_KERNELS), sized by the config's embedding widths, bottom MLP, top MLP
+    (less its last entry, the logit), cross layers and multi-hot combiner."""
+    multi_hot = [t.combiner for t in config.tables if t.max_hotness]
+    common = dict(bottom=list(config.bottom_mlp_dims), top=list(config.top_mlp_dims[:-1]),
+                  combiner=multi_hot[0] if multi_hot else "sum")
+    if config.interaction == "cross":
+        return os.path.join(EXAMPLES, "dcnv2.py"), dict(common, embedding_dims=list(config.embedding_dims),
+                                                        num_cross_layers=config.num_cross_layers,
+                                                        projection_dim=config.cross_layer_projection_dim)
+    return os.path.join(EXAMPLES, "dlrm.py"), dict(common, embedding_dim=config.embedding_dims[0],
+                                                   kernel=DOT_KERNELS[config.interaction])
 
 
 def model_tables(config: ModelConfig, plan: Optional[Plan] = None, collectives=None, *, seed: int = 0,
