@@ -1,7 +1,5 @@
-"""DLRM and DCNv2 ranking models: their dense part made of nn.layers' Keras layers (the
-ranking/ API's building blocks) over a DistributedEmbedding. The built-in models (dlrm.py,
-dcnv2.py) are the example model files `builtin_model_file` names, handed the tables of
-`model_tables`."""
+"""The built-in DLRM and DCNv2 (dlrm.py, dcnv2.py): the example model files `builtin_model_file`
+names (ranking.Model's made of nn.layers' Keras layers), handed the tables of `model_tables`."""
 import os
 from typing import List, Optional, Set, Tuple
 
@@ -82,11 +80,11 @@ def builtin_model_file(config: ModelConfig) -> Tuple[str, dict]:
 
 def model_tables(config: ModelConfig, plan: Optional[Plan] = None, collectives=None, *, seed: int = 0,
                  **options) -> DistributedEmbedding:
-    """The tables of the model `config` describes, as the DistributedEmbedding a RankingModel is
-    handed: placed by `plan` (default: every table whole) over the ranks of `collectives`
-    (default: one process), seeded as RankingModel(seed=seed) seeds (seed, 1000), combined by the
-    config's combiners. `options`: DistributedEmbedding's (data_parallel_input,
-    zeros_initializer, store_path, cache_policy)."""
+    """The tables of the model `config` describes, as the DistributedEmbedding the built-in model's
+    HybridEmbedding is handed: placed by `plan` (default: every table whole) over the ranks of
+    `collectives` (default: one process), seeded (seed, 1000) as the built-in models' tables with
+    --seed=seed, combined by the config's combiners. `options`: DistributedEmbedding's
+    (data_parallel_input, zeros_initializer, store_path, cache_policy)."""
     collectives = collectives or SingleProcess()
     plan = plan or plan_tables(config.cardinalities, config.embedding_dims, collectives.size)
     return DistributedEmbedding(plan, collectives, seed=(seed, 1000), combiners=config.combiners, **options)
