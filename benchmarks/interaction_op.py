@@ -9,8 +9,9 @@ gradient in, the inputs' gradients out, inside one tf.function. The two alternat
 rounds of `calls` calls each, so that load from other processes hits both alike; reported: the
 median and the minimum over all calls, and the load average when the shape finished.
 
-`--workloads`: the whole train step of those workloads (train_throughput.py's set-up), built
-twice in one process (the op, and the TensorFlow pair), one step of each in turn `--steps`
+`--workloads`: the whole train step of those workloads as dlrm.py runs them (train_throughput.py's
+set-up: the example model examples/dlrm.py the run trains), built twice in one process
+(--interaction=dot_custom: the op; dot_tensorflow: the TensorFlow pair), one step of each in turn `--steps`
 times; reported: the median of the paired differences (TF step - op step), how many pairs the
 op won, and each side's median and minimum. Paired steps cancel the slow swings of a shared
 machine's load that separate processes (train_throughput.py --dot_op 1|0) cannot.
@@ -19,9 +20,12 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
-from utils.tensorflow_startup import import_tensorflow
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # this checkout's modules
+from benchmarks.train_throughput import DEFAULT_BENCH  # noqa: E402
+from utils.tensorflow_startup import import_tensorflow  # noqa: E402
 
 SHAPES = ["4096,27,16", "4096,27,128", "8192,27,16", "8192,27,128"]   # W1 and W2: B, F+1, D
 
@@ -34,6 +38,8 @@ def main():
     ap.add_argument("--shapes", nargs="+", default=SHAPES, help="B,F+1,D")
     ap.add_argument("--workloads", nargs="*", default=[], help="time these train steps instead of --shapes")
     ap.add_argument("--steps", type=int, default=100, help="--workloads: paired steps")
+    ap.add_argument("--bench_dir", default=DEFAULT_BENCH, help="--workloads: the folder holding workloads.yaml and "
+                    "yardstick/")
     args = ap.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import_tensorflow()   # its start-up lines once, held to TF_CPP_MIN_LOG_LEVEL
@@ -42,45 +48,25 @@ def main():
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     for workload in args.workloads:
-        train_step_pairs(workload, args.steps, args.threads)
+        train_step_pairs(workload, args.steps, args.threads, args.bench_dir)
     if not args.workloads:
         interaction_shapes(args)
 
 
-def train_step_pairs(workload, steps, threads):
+def train_step_pairs(workload, steps, threads, bench_dir):
     """One JSON line: `steps` pairs of train steps of `workload`, with and without the op."""
-    import numpy as np
-    import_tensorflow()   # its start-up lines once, held to TF_CPP_MIN_LOG_LEVEL
-    import tensorflow as tf
-    from benchmarks.train_throughput import DEFAULT_BENCH, yardstick_module
-    from nn.lr_schedule import LearningRateSchedule
-    from nn.model import RankingModel, model_tables
-    from nn.model_config import ModelConfig, table_configs
-    from nn.trainer import Trainer
+    import types
+    from benchmarks.train_throughput import batch_pool, run_trainer, yardstick_module
     from parallel_embedding.collectives import make_collectives
-    from parallel_embedding.planner import plan_tables
 
-    w = yardstick_module(DEFAULT_BENCH).load_workload(workload, threads)
-    cards, dims = w["cardinalities"], [w["embedding_dim"]] * len(w["cardinalities"])
+    w = yardstick_module(bench_dir).load_workload(workload, threads)
+    if w["model"] != "dlrm":
+        raise SystemExit(f"--workloads {workload}: a {w['model']} workload has no dot interaction")
     comm = make_collectives()
-    trainers = {}
-    for kernel in ("op", "tf"):
-        config = ModelConfig(tables=table_configs(cardinalities=cards, dims=dims), num_numerical=w["num_dense"],
-                             bottom_mlp_dims=tuple(w["bottom_mlp"]), top_mlp_dims=tuple(w["top_mlp"]),
-                             interaction="dot_custom")
-        model = RankingModel(config, model_tables(config, plan_tables(cards, dims, comm.size), comm, seed=w["seed"]),
-                             seed=w["seed"])
-        if kernel == "tf":
-            model.interaction._op = None   # DotInteraction's XLA-compiled TensorFlow pair
-        trainers[kernel] = Trainer(model, w["optimizer"]["name"], LearningRateSchedule(w["optimizer"]["lr"], 0, 0, 0))
-    rng = np.random.default_rng(w["seed"])
-    batch, card = int(w["batch_size"]), np.asarray(cards, dtype=np.int64)
-    pool = []
-    for _ in range(4):
-        ids = np.minimum((rng.random((batch, len(card))) * card).astype(np.int64), card - 1).astype(np.int32)
-        pool.append((tf.constant(rng.standard_normal((batch, w["num_dense"]), dtype=np.float32)),
-                     [tf.constant(ids[:, f]) for f in range(len(cards))],
-                     tf.constant(rng.integers(0, 2, size=batch).astype(np.float32))))
+    trainers = {kernel: run_trainer(types.SimpleNamespace(dot_op=kernel == "op", xla=0, amp=0), w, comm)[1]
+                for kernel in ("op", "tf")}   # tf: DotInteraction's XLA-compiled TensorFlow pair
+    batch = int(w["batch_size"])
+    pool = batch_pool(w, comm, [trainers["op"].model.embeddings.input_rows(f) for f in range(len(w["cardinalities"]))])
     times = {"op": [], "tf": []}
     for i in range(3 + steps):
         for kernel in (("op", "tf") if i % 2 else ("tf", "op")):

@@ -1,13 +1,14 @@
 """Training throughput on the shared workloads (../shared/bench/workloads.yaml), one JSON line each.
 
-Runs this project's real train step (nn.model.RankingModel + nn.trainer.Trainer, SGD as the
-workloads specify) on an in-memory pool of synthetic batches, as the yardstick does:
+Runs the train step dlrm.py / dcnv2.py run (the example model examples/dlrm.py or
+examples/dcnv2.py at the workload's shapes, handed its tables by run/assembly.py's builtin_model
+from the run's flags; its step run.user_model.UserTrainer.train_step; SGD as the workloads
+specify) on an in-memory pool of synthetic batches, as the yardstick does:
 
     python benchmarks/train_throughput.py --workload dlrm-kaggle [--xla 1] [--onednn 0|1] [--threads 2]
     python benchmarks/train_throughput.py --compare      # also runs the yardstick's modes, prints ratios
     python benchmarks/train_throughput.py --scaling      # W1: 2 ranks x 1 thread against 1 rank x 2 threads
     python benchmarks/train_throughput.py --workload dlrm-kaggle --checks 1   # + the cost of the safety checks
-    python benchmarks/train_throughput.py --workload dlrm-kaggle --api 1 --timed 5 --rounds 60   # API vs built-in
     python benchmarks/train_throughput.py --workload dlrm-kaggle --dynamic 3 --timed 5 --rounds 30   # dynamic vs static
 
 Workload, FLOP accounting and batch pool come from the shared yardstick module, so both sides
@@ -16,13 +17,11 @@ machine (`horovodrun`, tables placed by the default plan, model-parallel input: 
 holds only the ids its tables need); samples/s counts the global batch. `--checks 1` also times,
 per step, the loader's per-batch value checks (the pool written as split-binary files and read
 back by the real loader with and without them) and the train step's non-finite-gradients flag
-(the same reduction over gradient-shaped tensors), as fractions of the step. `--api 1` builds, in
-the same process, the workload written with the Keras API (examples/dlrm.py or examples/dcnv2.py,
-built from the workload's features and shapes as `main.py --model=FILE` builds it, its step as the
-run drives it) beside the built-in model, and times `--rounds` rounds of `timed` steps of each,
-alternated (built-in, API, built-in, API, ...), so that both see the same load. `--dynamic K` does
-the same with the workload's model twice: static tables, and its K largest tables dynamic
-(parallel_embedding/dynamic_table.py, capacity = their rows, the pool's ids as raw ids).
+(the same reduction over gradient-shaped tensors), as fractions of the step. `--dynamic K` builds
+the workload's model twice in one process: static tables, and its K largest tables dynamic
+(parallel_embedding/dynamic_table.py, capacity = their rows, the pool's ids as raw ids), and times
+`--rounds` rounds of `timed` steps of each, alternated (static, dynamic, static, ...), so that
+both see the same load.
 """
 import argparse
 import importlib.util
@@ -60,12 +59,7 @@ def measure(args):
         os.environ["TF_ENABLE_ONEDNN_OPTS"] = str(args.onednn)
     import_tensorflow()   # its start-up lines once, held to TF_CPP_MIN_LOG_LEVEL
     import tensorflow as tf
-    from nn.lr_schedule import LearningRateSchedule
-    from nn.model import RankingModel, model_tables
-    from nn.model_config import ModelConfig, table_configs
-    from nn.trainer import Trainer, amp_dtype
     from parallel_embedding.collectives import make_collectives
-    from parallel_embedding.planner import plan_tables
 
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
@@ -73,31 +67,14 @@ def measure(args):
     w = ys.load_workload(args.workload, args.threads)
     warmup = args.warmup if args.warmup is not None else w["warmup_steps"]
     timed = args.timed if args.timed is not None else w["timed_steps"]
-    cards, dims = w["cardinalities"], [w["embedding_dim"]] * len(w["cardinalities"])
+    cards = w["cardinalities"]
     comm = make_collectives()
-    plan = plan_tables(cards, dims, comm.size)
-    if not args.dot_op:   # as on a machine without the op library: DotInteraction's TensorFlow path
-        sys.modules["dot_based_interact"] = None
-    config = ModelConfig(tables=table_configs(cardinalities=cards, dims=dims), num_numerical=w["num_dense"],
-                         bottom_mlp_dims=tuple(w["bottom_mlp"]), top_mlp_dims=tuple(w["top_mlp"]),
-                         interaction="cross" if w["model"] == "dcnv2" else "dot_custom" if args.dot_op else "dot",
-                         num_cross_layers=w.get("cross_layers", 0),
-                         cross_layer_projection_dim=w.get("cross_projection_dim", 0))
-
-    def trainer_of(plan):   # the workload's model over the tables `plan` places, and its train step
-        model = RankingModel(config, model_tables(config, plan, comm, seed=w["seed"]), seed=w["seed"],
-                             compute_dtype=amp_dtype() if args.amp else tf.float32)
-        return Trainer(model, w["optimizer"]["name"], LearningRateSchedule(w["optimizer"]["lr"], 0, 0, 0),
-                       xla=bool(args.xla), loss_scaling=bool(args.amp) and amp_dtype() == tf.float16)
-
-    trainer = trainer_of(plan)
+    plan, trainer = run_trainer(args, w, comm)
     model = trainer.model
     batch = int(w["batch_size"])
     pool = batch_pool(w, comm, [model.embeddings.input_rows(f) for f in range(len(cards))])
-    if args.api:
-        return against_api(args, w, comm, trainer.train_step, pool, warmup, timed, model.dense_variables)
     if args.dynamic:
-        return against_dynamic(args, w, trainer_of, trainer.train_step, pool, warmup, timed)
+        return against_dynamic(args, w, comm, trainer.train_step, pool, warmup, timed)
     times = timed_steps(trainer.train_step, pool, warmup, timed)
     sps = batch * len(times) / sum(times)
     onednn = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default")
@@ -151,56 +128,52 @@ def timed_steps(step, pool, warmup: int, timed: int, start: int = 0) -> list:
     return times
 
 
-def api_trainer(w, comm):
-    """The workload's model written with the API (examples/dlrm.py or examples/dcnv2.py at the
-    workload's shapes) as `main.py --model=FILE` builds, compiles and steps it: the run's
-    configuration from main.py's flags, run/user_model.py's UserModel and UserTrainer."""
+def run_trainer(args, w, comm, dynamic=()):
+    """(plan, trainer) of the workload as dlrm.py / dcnv2.py run it: the run's configuration from
+    their flags at the workload's shapes (synthetic data, its optimizer at a constant learning
+    rate, --xla and --amp as asked; --interaction=dot_custom, or dot_tensorflow with --dot_op 0;
+    `dynamic`: the features whose tables --dynamic_tables makes dynamic, capacity = their rows),
+    the run's plan (run.runtime.embedding_plan), run.assembly.builtin_model and its UserTrainer."""
+    import tensorflow as tf
+    from parallel_embedding.optimizers import slot_names
     from run import flags as run_flags
-    from run.user_model import UserModel, UserTrainer
-    example = "dcnv2" if w["model"] == "dcnv2" else "dlrm"
-    params = {"embedding_dim": w["embedding_dim"], "bottom": list(w["bottom_mlp"]), "top": list(w["top_mlp"][:-1])}
-    if example == "dcnv2":
-        params.update(num_cross_layers=w["cross_layers"], projection_dim=w["cross_projection_dim"])
-    argv = ["main.py", f"--model={os.path.join(ROOT, 'examples', example + '.py')}",
-            *[f"--model_param={k}={json.dumps(v)}" for k, v in params.items()],
-            "--dataset_type=synthetic", f"--synthetic_cardinalities={','.join(map(str, w['cardinalities']))}",
+    from run.assembly import builtin_model
+    from run.runtime import embedding_plan
+    from run.user_model import UserTrainer
+    cards, dcn = w["cardinalities"], w["model"] == "dcnv2"
+    argv = ["dlrm.py", f"--interaction={'cross' if dcn else 'dot_custom' if args.dot_op else 'dot_tensorflow'}",
+            f"--embedding_dim={w['embedding_dim']}", f"--bottom_mlp_dims={','.join(map(str, w['bottom_mlp']))}",
+            f"--top_mlp_dims={','.join(map(str, w['top_mlp']))}",
+            *([f"--num_cross_layers={w['cross_layers']}",
+               f"--cross_layer_projection_dim={w['cross_projection_dim']}"] if dcn else []),
+            "--dataset_type=synthetic", f"--synthetic_cardinalities={','.join(map(str, cards))}",
             f"--synthetic_num_numerical={w['num_dense']}", f"--batch_size={w['batch_size']}",
             f"--optimizer={w['optimizer']['name']}", f"--learning_rate={w['optimizer']['lr']}",
-            "--warmup_steps=0", "--decay_steps=0", f"--seed={w['seed']}"]
+            "--warmup_steps=0", "--decay_steps=0", f"--seed={w['seed']}", f"--xla={bool(args.xla)}",
+            f"--amp={bool(args.amp)}", f"--dynamic_tables={','.join(f'{f}:{cards[f]}' for f in dynamic)}"]
+    run_flags.FLAGS.unparse_flags()
     run_flags.FLAGS(argv)
-    return UserTrainer(UserModel(run_flags.config_from_flags(comm.size), comm))
+    cfg = run_flags.config_from_flags(comm.size)
+    plan = embedding_plan(cfg, comm.size, len(slot_names(cfg.training.optimizer)),
+                          bool(tf.config.list_physical_devices("GPU")))
+    return plan, UserTrainer(builtin_model(cfg, comm, plan))
 
 
-def against_api(args, w, comm, builtin_step, builtin_pool, warmup: int, timed: int, builtin_dense) -> dict:
-    """The built-in model against the API's (`alternated`, API / built-in speed), on the same
-    global batches. `dense_parameters`: each model's dense weights (the same shapes)."""
-    api = api_trainer(w, comm)
-    pool = batch_pool(w, comm, [api.model.embeddings.input_rows(f) for f in range(len(w["cardinalities"]))])
-    return {"impl": "api-vs-builtin", "workload": args.workload, "threads": args.threads,
-            "dense_parameters": {side: sum(int(v.shape.num_elements()) for v in dense) for side, dense in
-                                 (("builtin", builtin_dense), ("api", api.model.dense_variables))},
-            **alternated(args, int(w["batch_size"]), {"builtin": (builtin_step, builtin_pool),
-                                                      "api": (api.train_step, pool)}, warmup, timed)}
-
-
-def against_dynamic(args, w, trainer_of, static_step, pool, warmup: int, timed: int) -> dict:
+def against_dynamic(args, w, comm, static_step, pool, warmup: int, timed: int) -> dict:
     """The workload with static tables against the same workload with its `args.dynamic` largest
     tables dynamic (`alternated`, dynamic / static speed): each a DynamicTable of capacity = its
-    rows (LRU, K = 1, one hash shard; parallel_embedding/dynamic_table.py), fed the same global
+    rows (--dynamic_tables=<f>:<rows>: LRU, K = 1, one hash shard; parallel_embedding/dynamic_table.py), fed the same global
     batches, their ids taken as raw ids. The pool's ids fit: once the first pass over the pool
     has admitted them, every lookup is a hit. With `args.fresh_ids` the dynamic side's step k
     takes the dynamic tables' ids of batch k + cardinality x k instead (int64): ids never seen
     before, every distinct one admitted (a new row initialised) at its step, the worst case for
     admission (no eviction while the steps' ids fit in the capacity). The dynamic tables' counts
     at the end are in `dynamic_counts`."""
-    from parallel_embedding.planner import DynamicOptions, plan_tables
     cards = w["cardinalities"]
     if args.dynamic > len(cards):
         raise SystemExit(f"--dynamic {args.dynamic}: {args.workload} has {len(cards)} tables")
     largest = sorted(sorted(range(len(cards)), key=lambda f: -cards[f])[:args.dynamic])
-    plan = plan_tables(cards, [w["embedding_dim"]] * len(cards), 1,
-                       dynamic={f: DynamicOptions(capacity=cards[f]) for f in largest})
-    dynamic = trainer_of(plan)
+    _, dynamic = run_trainer(args, w, comm, largest)
     fresh = pool
     if args.fresh_ids:
         import tensorflow as tf
@@ -210,7 +183,7 @@ def against_dynamic(args, w, trainer_of, static_step, pool, warmup: int, timed: 
                                                      "dynamic": (dynamic.train_step, fresh)}, warmup, timed)
     return {"impl": "dynamic-vs-static", "workload": args.workload, "threads": args.threads,
             "dynamic_tables": {f: cards[f] for f in largest}, "fresh_ids": args.fresh_ids, **record,
-            "dynamic_counts": dynamic.model.embeddings.dynamic_stats()}
+            "dynamic_counts": dynamic.model.embeddings.layers[0].embedding.dynamic_stats()}
 
 
 def alternated(args, batch: int, sides: dict, warmup: int, timed: int) -> dict:
@@ -258,7 +231,7 @@ def check_costs(w, pool, times, rounds: int = 7) -> dict:
     from dataloading.feature_spec import split_binary_spec
     from dataloading.split_binary import SplitBinaryDataset
     from dataloading.writer import MappingWriter
-    from nn.trainer import gradient_sum
+    from ranking.precision import gradient_sum
     cards, batch = w["cardinalities"], int(w["batch_size"])
     spec = split_binary_spec([f"n{k}" for k in range(w["num_dense"])], {f"c{k}": c for k, c in enumerate(cards)},
                              mappings=["train"], base_dir=tempfile.mkdtemp(prefix="check_cost_"))
@@ -369,9 +342,7 @@ def main():
     ap.add_argument("--scaling", action="store_true", help="2 ranks x 1 thread against 1 rank x 2 threads (W1 "
                     "unless --workload)")
     ap.add_argument("--ranks", type=int, default=1, help="run --workload on this many Gloo ranks (horovodrun)")
-    ap.add_argument("--rounds", type=int, default=3, help="--scaling, --api, --dynamic: alternating rounds")
-    ap.add_argument("--api", type=int, choices=[0, 1], default=0, help="also build the workload written with the API "
-                    "(examples/dlrm.py, examples/dcnv2.py, as main.py --model=FILE runs it) and time both, alternated")
+    ap.add_argument("--rounds", type=int, default=3, help="--scaling, --dynamic: alternating rounds")
     ap.add_argument("--dynamic", type=int, default=0, metavar="K", help="also build the workload with its K largest "
                     "tables dynamic (capacity = their rows, --dynamic_tables) and time both, alternated")
     ap.add_argument("--fresh_ids", type=int, choices=[0, 1], default=0, help="--dynamic: the dynamic tables' ids "
@@ -388,14 +359,10 @@ def main():
     ap.add_argument("--timed", type=int)
     ap.add_argument("--bench_dir", default=DEFAULT_BENCH, help="folder holding workloads.yaml and yardstick/")
     args = ap.parse_args()
-    for flag in ("api", "dynamic"):
-        if getattr(args, flag) and (args.xla or args.amp or args.ranks > 1 or args.compare or args.scaling
-                                    or not args.workload):
-            ap.error(f"--{flag} times one --workload on one rank, without --xla, --amp, --compare, --scaling")
+    if args.dynamic and (args.xla or args.amp or args.ranks > 1 or args.compare or args.scaling or not args.workload):
+        ap.error("--dynamic times one --workload on one rank, without --xla, --amp, --compare, --scaling")
     if args.fresh_ids and not args.dynamic:
         ap.error("--fresh_ids 1 needs --dynamic K")
-    if args.api and args.dynamic:
-        ap.error("--api and --dynamic: one comparison at a time")
     if args.dynamic < 0:
         ap.error(f"--dynamic {args.dynamic}: the number of tables made dynamic, >= 0")
     if args.compare:

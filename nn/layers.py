@@ -12,9 +12,9 @@ Their arithmetic is nn.mlp's (initial values, forward) and nn.interaction's (the
 with its custom op in training, the cross network's initial values and forward). Each is built
 lazily from its input shapes; an input it cannot take is a one-line ConfigError naming the layer,
 at build time. Weights are named by Keras path ("bottom_mlp/dense_0/kernel", "cross/layer_0/U"),
-which is also their tf.Variable's name and their checkpoint name. Built with `autocast=False` (as
-the built-in model builds them), a layer computes in its input's dtype. Keras' own layers (Dense,
-Dropout, BatchNormalization, Concatenate, Add, ...) go between them.
+which is also their tf.Variable's name and their checkpoint name. Built with `autocast=False`, a
+layer computes in its input's dtype. Keras' own layers (Dense, Dropout, BatchNormalization,
+Concatenate, Add, ...) go between them.
 """
 import random
 from typing import List, Optional, Sequence, Tuple

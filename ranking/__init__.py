@@ -23,8 +23,9 @@ embedding.py (`HybridEmbedding`: a Keras layer over parallel_embedding.Distribut
 features.py (`Features`: the dataset's features as `main.py --model=FILE`'s builder gets them),
 nn/layers.py (building blocks: `MLP`, `DotInteraction`, `CrossNetwork`, `FactorizationMachine`;
 the built-in DLRM / DCNv2 are made of them too),
-model.py (`Model`: keras.Model whose fit runs nn/trainer.py's step: sparse row updates, one
-grouped allreduce, non-finite stop), dist_model_parallel.py (NVIDIA distributed-embeddings'
+model.py (`Model`: keras.Model whose fit runs the project's step: sparse row updates, one
+grouped allreduce, non-finite stop), precision.py (the AMP dtype, float16 loss scaling, the
+gradients' non-finite sum), dist_model_parallel.py (NVIDIA distributed-embeddings'
 `DistributedEmbedding`, `DistributedGradientTape`, `broadcast_variables`: `from ranking import
 dist_model_parallel as dmp`). What works and what remains: docs/models.md.
 """

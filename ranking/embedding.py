@@ -29,7 +29,7 @@ The tables are not Keras weights: `model.trainable_variables` holds only the den
 Keras (or any dense optimizer) never touches them; `table_variables` lists this rank's, and
 `ranking.Model`'s train step updates their looked-up rows with the embedding's sparse optimizer.
 During that step the layer records what it looked up (`recording`): the step differentiates the
-loss with respect to the looked-up rows, not the tables, as nn/trainer.py does.
+loss with respect to the looked-up rows, not the tables.
 """
 import contextlib
 import dataclasses

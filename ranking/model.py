@@ -5,9 +5,9 @@
                   loss=keras.losses.BinaryCrossentropy(from_logits=True))
     model.fit(dataset)                               # elements (x, labels [b]); x as the inputs
 
-The step (`train_step`, run by Keras' `fit`) is nn/trainer.py's: every `HybridEmbedding` of the
-model looks up its rows outside the gradient tape and exchanges them; the dense forward and
-backward run under the tape with respect to those rows and the Keras weights
+The step (`train_step`, run by Keras' `fit`): every `HybridEmbedding` of the model looks up
+its rows outside the gradient tape and exchanges them; the dense forward and backward run under
+the tape with respect to those rows and the Keras weights
 (`trainable_variables`, which never include the tables); the reverse all-to-all turns the rows'
 gradients into IndexedSlices, applied by the embedding's sparse optimizer; the dense gradients,
 the loss and the sum of all gradients (non-finite check) travel in one grouped allreduce; the
@@ -18,12 +18,11 @@ summed and divided by B = N b, so that summed over the N ranks it is one process
 AMP is Keras' mixed precision: a model built under `keras.mixed_precision.set_global_policy(
 "mixed_bfloat16")` (or "mixed_float16") computes its Keras layers in that dtype, with float32
 weights; the tables and the looked-up rows stay float32 and the loss is computed on float32
-logits. A model computing in float16 anywhere scales its loss (nn.trainer.LossScale: dynamic, or
-static with `compile(loss_scale=...)`); a step whose scaled gradients are not finite is skipped
-and the scale halved, as the built-in trainer does. `compile(jit_compile=True)` XLA-compiles the
-dense part (forward and backward, the loss), as the built-in trainer's --xla: a functional
-model's `dense_part`, a subclass' `dense_call`; the lookups, exchanges, allreduce and updates run
-outside it.
+logits. A model computing in float16 anywhere scales its loss (ranking.precision.LossScale:
+dynamic, or static with `compile(loss_scale=...)`); a step whose scaled gradients are not finite
+is skipped and the scale halved. `compile(jit_compile=True)` XLA-compiles the dense part (forward
+and backward, the loss), as the run's --xla: a functional model's `dense_part`, a subclass'
+`dense_call`; the lookups, exchanges, allreduce and updates run outside it.
 
 `evaluate` gives the loss and the exact AUC over every rank's samples (main.py's evaluation);
 `predict` this rank's outputs, float32 (`inference`).
@@ -41,11 +40,11 @@ from keras.src.models.model import functional_init_arguments
 from keras.src.utils.python_utils import pythonify_logs
 
 from nn.lr_schedule import LearningRateSchedule
-from nn.trainer import LOSS_SCALE_STATE, LossScale, gradient_sum, scale_gradient
 from parallel_embedding.optimizers import make_optimizer, slot_names
 from storage.checkpoint import Entry, replicated_entries
 from ranking.config import TABLE_OPTIMIZERS
 from ranking.embedding import HybridEmbedding
+from ranking.precision import LOSS_SCALE_STATE, LossScale, gradient_sum, scale_gradient
 from utils.errors import ConfigError, NonFiniteError
 from utils.metrics import roc_auc
 
@@ -119,7 +118,7 @@ class _ProjectStep:
             _has_halves(self)   # call, or both halves: a one-line error otherwise
         self._xla = _DenseSplit.of(self) if jit_compile else None
         self._eval_batch = None   # evaluate's step, made at its first call
-        for layer in self.embedding_layers:   # one layer: the counter's name as nn/trainer.py's
+        for layer in self.embedding_layers:   # one layer: the built-in checkpoints' counter name
             scope = "table_optimizer" if len(self.embedding_layers) == 1 else f"{layer.name}_table_optimizer"
             layer.embedding.set_optimizer(optimizer, self.global_step, beta_1, beta_2, compiled=not run_eagerly,
                                           scope=scope)
@@ -170,7 +169,7 @@ class _ProjectStep:
         update counter ("table_optimizer/iterations"; with several layers
         "<layer>_table_optimizer/iterations" each); then, replicated, the Keras weights by path
         ("top_0/kernel") and, unless `weights_only`, the dense optimizer's slots and counter,
-        "global_step" and, scaling the loss, its state (nn.trainer.LOSS_SCALE_STATE: optional in a
+        "global_step" and, scaling the loss, its state (ranking.precision.LOSS_SCALE_STATE: optional in a
         checkpoint). After compile.
         Name the layers: a Keras auto-name ("dense_3") depends on the layers made before it in
         the process."""

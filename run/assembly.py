@@ -1,8 +1,7 @@
 """The assembly of one run on this rank: the parts `cfg` describes (log, dataset, plan, model,
 trainer), and what a restore puts into them."""
-import os
 import types
-from typing import Optional, Tuple
+from typing import Optional
 
 import tensorflow as tf
 
@@ -10,9 +9,10 @@ from dataloading import position
 from dataloading.batches import RankInput, steps_per_epoch
 from dataloading.open import open_dataset
 from nn.interaction import DOT_KERNELS, interaction_op
-from nn.model import model_tables
+from nn.model import builtin_model_file, model_tables
 from nn.model_config import ModelConfig, table_configs
 from parallel_embedding.optimizers import slot_names
+from parallel_embedding.planner import Plan
 from run.config import RunConfig
 import run.runtime
 from run.runtime import embedding_plan, offloading_line
@@ -38,23 +38,17 @@ def model_config(cfg: RunConfig) -> ModelConfig:
                        cross_layer_projection_dim=model.cross_layer_projection_dim)
 
 
-# The built-in models' files: DLRM and DCNv2 written with the ranking/ API.
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-
-
-def builtin_model_file(cfg: RunConfig) -> Tuple[str, dict]:
-    """The model file of the flags' built-in model and its hyper-parameters: examples/dcnv2.py
-    (--interaction=cross) or examples/dlrm.py (a dot interaction, its kernel the flag's), sized by
-    --embedding_dim, --bottom_mlp_dims, --top_mlp_dims (less its last entry, the logit),
-    --num_cross_layers, --cross_layer_projection_dim and --multi_hot_combiner."""
-    m = cfg.model
-    common = dict(bottom=list(m.bottom_mlp_dims), top=list(m.top_mlp_dims[:-1]), combiner=m.multi_hot_combiner or "sum")
-    if m.interaction == "cross":
-        return os.path.join(EXAMPLES, "dcnv2.py"), dict(common, embedding_dims=list(m.embedding_dims),
-                                                        num_cross_layers=m.num_cross_layers,
-                                                        projection_dim=m.cross_layer_projection_dim)
-    return os.path.join(EXAMPLES, "dlrm.py"), dict(common, embedding_dim=m.embedding_dims[0],
-                                                   kernel=DOT_KERNELS[m.interaction])
+def builtin_model(cfg: RunConfig, comm, plan: Plan) -> UserModel:
+    """The flags' DLRM / DCNv2 on rank `comm.rank`: the ranking.Model of nn.model.builtin_model_file
+    (the flags' shapes), handed its tables placed and tiered by `plan` (nn.model.model_tables)."""
+    config = model_config(cfg)
+    tables = model_tables(config, plan, comm, seed=cfg.seed, data_parallel_input=cfg.parallelism.data_parallel_input,
+                          zeros_initializer=cfg.model.embedding_zeros_initializer,
+                          store_path=cfg.storage.embedding_store_path, cache_policy=cfg.storage.embedding_cache_policy)
+    if cfg.model.interaction != "cross":   # the op's error (and fallback warning) name the flags
+        interaction_op(DOT_KERNELS[cfg.model.interaction])
+    path, hparams = builtin_model_file(config)
+    return UserModel(cfg, comm, path, hparams, tables)
 
 
 def dataset_request(cfg: RunConfig) -> types.SimpleNamespace:
@@ -82,7 +76,7 @@ class Assembly:
     model_config (its `signature`), model (run.user_model.UserModel: its `embeddings`), trainer
     (run.user_model.UserTrainer: step, predict and checkpoint interface): a model file's (--model;
     UserModel as model_config too) or the built-in model's (ModelConfig; the ranking.Model of
-    `builtin_model_file`, handed its tables on the plan of run.runtime.embedding_plan); heads: a
+    `builtin_model`, handed its tables on the plan of run.runtime.embedding_plan); heads: a
     model file's heads, one per label of the data in its order (None: one output); head_metrics: per
     output the figure evaluating it ("auc" or "rmse": nn.evaluator.evaluate's scores; None: the
     built-in model's, AUC); view (RankInput: this rank's share of a batch).
@@ -143,23 +137,14 @@ class Assembly:
         self.data_start = 0
 
     def _builtin_model(self, cfg: RunConfig, comm) -> int:
-        """Builds the flags' DLRM / DCNv2 (model_config, model, trainer: `builtin_model_file`'s
-        model handed its tables, placed and tiered by the run's one planner call) and prints its
-        plan; returns its parameters."""
+        """Builds the flags' DLRM / DCNv2 (model_config, model, trainer: `builtin_model` on the
+        run's one planner call) and prints its plan; returns its parameters."""
         runtime, training = cfg.runtime, cfg.training
         compute_dtype = run.runtime.compute_dtype(cfg)
         on_gpu = bool(tf.config.list_physical_devices("GPU"))
         plan = embedding_plan(cfg, comm.size, len(slot_names(training.optimizer)), on_gpu)
         self.model_config = model_config(cfg)
-        tables = model_tables(self.model_config, plan, comm, seed=cfg.seed,
-                              data_parallel_input=cfg.parallelism.data_parallel_input,
-                              zeros_initializer=cfg.model.embedding_zeros_initializer,
-                              store_path=cfg.storage.embedding_store_path,
-                              cache_policy=cfg.storage.embedding_cache_policy)
-        if cfg.model.interaction != "cross":   # the op's error (and fallback warning) name the flags
-            interaction_op(DOT_KERNELS[cfg.model.interaction])
-        path, hparams = builtin_model_file(cfg)
-        self.model = UserModel(cfg, comm, path, hparams, tables)
+        self.model = builtin_model(cfg, comm, plan)
         self.trainer = UserTrainer(self.model, run_eagerly=runtime.run_eagerly)
         self.log.print(plan.format(slots=len(slot_names(training.optimizer))))
         if cfg.storage.cpu_offloading_threshold_gb is not None:

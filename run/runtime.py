@@ -14,11 +14,11 @@ PROFILED_STEPS = 100   # as the reference
 
 
 def compute_dtype(cfg: RunConfig):
-    """The dense part's compute dtype: float32, or under --amp nn.trainer.amp_dtype() (float16 on
-    a GPU, bfloat16 on the CPU). --loss_scale without float16 is a ConfigError."""
-    import nn.trainer   # its amp_dtype read when called (tests pose as a GPU)
+    """The dense part's compute dtype: float32, or under --amp ranking.precision.amp_dtype()
+    (float16 on a GPU, bfloat16 on the CPU). --loss_scale without float16 is a ConfigError."""
+    import ranking.precision   # its amp_dtype read when called (tests pose as a GPU)
     import tensorflow as tf
-    dtype = nn.trainer.amp_dtype() if cfg.runtime.amp else tf.float32
+    dtype = ranking.precision.amp_dtype() if cfg.runtime.amp else tf.float32
     if cfg.runtime.loss_scale is not None and dtype != tf.float16:
         raise ConfigError(f"--loss_scale applies to float16 AMP (--amp on a GPU); this run computes in "
                           f"{dtype.name}, which needs no loss scaling")

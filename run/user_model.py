@@ -30,13 +30,13 @@ import numpy as np
 import tensorflow as tf
 
 from nn.lr_schedule import LearningRateSchedule
-from nn.trainer import LOSS_SCALE_STATE
 from parallel_embedding import UPDATED_AT
 from parallel_embedding.optimizers import slot_names
 from parallel_embedding.planner import BudgetError
 from ranking import CategoricalFeature, Features, HybridEmbedding, Model, TableStorage
 from ranking.features import BUILDER, COMPILE_ARGS, NUMERICAL, compile_args, load_model_file
 from ranking.model import FunctionalModel
+from ranking.precision import LOSS_SCALE_STATE
 from run.config import RunConfig
 from run.runtime import batch_rows, compute_dtype
 from storage.checkpoint import Entry
@@ -405,7 +405,7 @@ class UserTrainer:
     """The run's trainer over a UserModel: `train_step(numerical, categorical, labels) -> the
     global batch's mean loss` (a model with heads, labels [b, H]: a dict of it, "loss", and each
     head's, "<head>_loss"), `predict(numerical, categorical) -> logits [b]` ([b, H]), `step` and
-    `schedule_origin` (the compiled ranking.Model's variables), `loss_scale` (nn.trainer.LossScale,
+    `schedule_origin` (the compiled ranking.Model's variables), `loss_scale` (ranking.precision.LossScale,
     None: no loss scaling), `learning_rate`, `check_finite`, and the checkpoint entries and names."""
 
     def __init__(self, model: UserModel, run_eagerly: bool = False):

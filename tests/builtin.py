@@ -7,10 +7,10 @@ from typing import Optional, Sequence
 from unittest import mock
 
 import run.user_model
-from nn.model import model_tables
+from nn.model import builtin_model_file, model_tables
 from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.optimizers import slot_names
-from run.assembly import builtin_model_file, model_config
+from run.assembly import model_config
 from run.runtime import embedding_plan
 from run.user_model import UserModel, UserTrainer
 from tests.configs import tiny_config
@@ -38,7 +38,7 @@ def builtin_trainer(plan=None, max_hotness: Optional[Sequence[Optional[int]]] = 
                           zeros_initializer=cfg.model.embedding_zeros_initializer,
                           store_path=store_path or storage.embedding_store_path,
                           cache_policy=cache_policy or storage.embedding_cache_policy)
-    path, hparams = builtin_model_file(cfg)
+    path, hparams = builtin_model_file(model_config(cfg))
     posed = mock.patch.object(run.user_model, "compute_dtype", lambda _: compute_dtype) if compute_dtype \
         else contextlib.nullcontext()
     with posed:

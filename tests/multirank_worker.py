@@ -17,10 +17,10 @@ import tensorflow as tf
 
 from dataloading.batches import RankInput, rank_batch
 from dataloading.synthetic import SyntheticDataset
-from nn.model import model_tables
+from nn.model import builtin_model_file, model_tables
 from parallel_embedding.collectives import SingleProcess, make_collectives
 from parallel_embedding.planner import plan_tables
-from run.assembly import builtin_model_file, model_config
+from run.assembly import model_config
 from run.config import build_config
 from run.user_model import UserModel, UserTrainer
 from tests.configs import TINY
@@ -52,7 +52,7 @@ def build(case, comm, plan) -> UserTrainer:
     config = dataclasses.replace(config, tables=tuple(dataclasses.replace(t, combiner=k)
                                                       for t, k in zip(config.tables, combiners)))
     tables = model_tables(config, plan, comm, seed=cfg.seed, data_parallel_input=cfg.parallelism.data_parallel_input)
-    path, hparams = builtin_model_file(cfg)
+    path, hparams = builtin_model_file(model_config(cfg))
     return UserTrainer(UserModel(cfg, comm, path, hparams, tables))
 
 

@@ -57,12 +57,12 @@ def test_float16_checkpoint_restores_without_amp_and_back(tmp_path, monkeypatch)
     """A float16 AMP run (a GPU's; faked here by its compute dtype) checkpoints its loss scale:
     evaluating or resuming it without --amp leaves the scale unread, and an AMP run resumes a
     checkpoint without one from the initial scale."""
-    import nn.trainer
+    import ranking.precision
     from storage import checkpoint
     fp16, plain = str(tmp_path / "fp16"), str(tmp_path / "plain")
-    monkeypatch.setattr(nn.trainer, "amp_dtype", lambda: tf.float16)
+    monkeypatch.setattr(ranking.precision, "amp_dtype", lambda: tf.float16)
     trained = run_loop.run(tiny_config(amp=True, save_checkpoint_path=fp16, max_steps=10))
-    assert set(nn.trainer.LOSS_SCALE_STATE) <= set(checkpoint.read_manifest(fp16)["tensors"])
+    assert set(ranking.precision.LOSS_SCALE_STATE) <= set(checkpoint.read_manifest(fp16)["tensors"])
     run_loop.run(tiny_config(save_checkpoint_path=plain, max_steps=10))
     assert run_loop.run(tiny_config(amp=True, restore_checkpoint_path=plain, max_steps=20))["steps"] == 20
     monkeypatch.undo()

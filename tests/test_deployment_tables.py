@@ -20,12 +20,12 @@ from tensorflow.core.protobuf import saved_model_pb2
 from deployment.exporter.model_layout import table_tensor
 from deployment.exporter.repository import ExportError, write_repository
 from deployment.repository_format import PAD, ServingLayout
-from nn.model import model_tables
+from nn.model import builtin_model_file, model_tables
 from nn.model_config import ModelConfig, table_configs
 from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.planner import plan_tables
 from ranking.features import load_model_file
-from run.assembly import builtin_model_file, model_config
+from run.assembly import model_config
 from run.user_model import dataset_features
 from storage import checkpoint
 from tests.configs import tiny_config
@@ -56,7 +56,7 @@ def builtin_model(config: ModelConfig, tables, seed: int = SEED):
     # the combiner a feature spec's data may have (--multi_hot_combiner: not of synthetic data)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, multi_hot_combiner=s["multi_hot_combiner"]))
     assert model_config(cfg) == config
-    path, hparams = builtin_model_file(cfg)
+    path, hparams = builtin_model_file(model_config(cfg))
     build, _ = load_model_file(path)
     return build(dataset_features(cfg, tables.comm, tables), hparams)
 

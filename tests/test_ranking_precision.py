@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import nn.trainer
+import ranking.precision
 import run.loop as run_loop
 from ranking import FeatureConfig, HybridEmbedding, Model, TableConfig
 from tests.compiled import xla_compiled_ops
@@ -200,14 +200,14 @@ def test_model_file_with_amp_and_xla(tmp_path, monkeypatch):
     amp, _ = run_losses(tmp_path, "amp", amp=True)
     assert np.all(np.isfinite(amp))
     np.testing.assert_allclose(amp, plain, rtol=2e-2)
-    monkeypatch.setattr(nn.trainer, "amp_dtype", lambda: tf.float16)
+    monkeypatch.setattr(ranking.precision, "amp_dtype", lambda: tf.float16)
     fp16, trained = run_losses(tmp_path, "fp16", amp=True, loss_scale=1024.0,
                                save_checkpoint_path=str(tmp_path / "ck"))
     np.testing.assert_allclose(fp16, plain, rtol=2e-2)
     # evaluated in float32 by the run, as by a float32 run restoring its checkpoint (no loss scale read)
     evaluated = run_loop.run(make_config(DLRM, mode="eval", restore_checkpoint_path=str(tmp_path / "ck")))
     assert (evaluated["auc"], evaluated["logloss"]) == (trained["auc"], trained["logloss"])
-    monkeypatch.setattr(nn.trainer, "amp_dtype", lambda: tf.bfloat16)
+    monkeypatch.setattr(ranking.precision, "amp_dtype", lambda: tf.bfloat16)
     with pytest.raises(ConfigError, match=r"^--loss_scale applies to float16 AMP \(--amp on a GPU\); this run "
                                           r"computes in bfloat16, which needs no loss scaling$"):
         run_loop.run(make_config(DLRM, amp=True, loss_scale=1024.0))

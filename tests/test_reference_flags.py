@@ -42,8 +42,8 @@ def test_loss_scale_on_the_cpu_is_refused():
 
 def test_loss_scale_is_the_static_float16_scale(monkeypatch):
     import tensorflow as tf
-    import nn.trainer
-    monkeypatch.setattr(nn.trainer, "amp_dtype", lambda: tf.float16)   # as on a GPU
+    import ranking.precision
+    monkeypatch.setattr(ranking.precision, "amp_dtype", lambda: tf.float16)   # as on a GPU
     r = run_loop.Run(config(amp=True, loss_scale=256.0, max_steps=4))
     assert r.trainer.loss_scale.static == 256.0
     result = r.train()

@@ -5,7 +5,10 @@ layers, and the dense part (ranking FunctionalModel.dense_part) with the checkpo
 weights, giving a column per head (in the labels' order) and predicting a value for a head FILE's
 compile_args trains with mean squared error. Shapes: B requests, n numericals, L lookups of
 widths D_l, H heads. A dynamic table (--dynamic_tables) is rebuilt static and exported as its
-checkpoint holds it: its live rows and their ids (model_layout.with_dynamic_tables)."""
+checkpoint holds it: its live rows and their ids (model_layout.with_dynamic_tables).
+A built-in model's checkpoint (dlrm.py, dcnv2.py) has its dense part built the same way
+(`builtin_dense`), from the example model file those train (nn.model.builtin_model_file)."""
+import dataclasses
 import os
 from typing import List, Optional
 
@@ -14,6 +17,8 @@ import tensorflow as tf
 
 from deployment.exporter.model_layout import DYNAMIC_IDS, ExportedModel, Lookup, Table
 from deployment.repository_format import RepositoryError, ServingLayout
+from nn.model import builtin_model_file
+from nn.model_config import ModelConfig
 from ranking import CategoricalFeature, Features, HybridEmbedding
 from ranking.features import NUMERICAL, compile_args, load_model_file
 from ranking.model import FunctionalModel
@@ -80,13 +85,35 @@ def model_file_export(manifest: dict, model_file) -> ExportedModel:
                            [x.feature for x in lookups], heads)
 
     def dense(verify: bool) -> KerasDense:
-        named = {w.path: w.value for w in model.weights}
-        checkpoint.restore(manifest["path"], checkpoint.replicated_entries(named), {}, set(named), extra_ok=True,
-                           verify=verify)
-        return KerasDense(model.dense_part(), widths, NUMERICAL in inputs, heads)
+        return _restored_dense(model, manifest, verify, widths, NUMERICAL in inputs, heads)
 
     return ExportedModel(layout, tables, lookups, os.path.splitext(signature["model"])[0], dense,
                          tuple(h for h, score in enumerate(scores) if score == "rmse"))
+
+
+def builtin_dense(manifest: dict, verify: bool = True) -> KerasDense:
+    """The dense part of a built-in model's checkpoint (manifest; its signature a ModelConfig's):
+    the example model the run trains for it (nn.model.builtin_model_file; its dot interaction in
+    TensorFlow's ops, which serve without the op library), built with one-row tables (the dense
+    part reads none: the checkpoint's tables are streamed by the exporter), with the checkpoint's
+    Keras weights: numerical_features [B, n], embeddings [B, sum D_f] -> logits [B]."""
+    config = ModelConfig.from_signature(manifest["signature"])
+    path, hparams = builtin_model_file(config if config.interaction == "cross" else
+                                       dataclasses.replace(config, interaction="dot_tensorflow"))
+    features = Features([CategoricalFeature(f"cat_{f}", 1, t.max_hotness) for f, t in enumerate(config.tables)],
+                        config.num_numerical)
+    model = load_model_file(path)[0](features, hparams)
+    return _restored_dense(model, manifest, verify, config.embedding_dims, True)
+
+
+def _restored_dense(model, manifest: dict, verify: bool, widths, takes_numerical: bool,
+                    heads: Optional[List[str]] = None) -> KerasDense:
+    """KerasDense of the functional `model`'s dense part, its Keras weights read from the
+    checkpoint (manifest) by path; `verify`: their checksums checked."""
+    named = {w.path: w.value for w in model.weights}
+    checkpoint.restore(manifest["path"], checkpoint.replicated_entries(named), {}, set(named), extra_ok=True,
+                       verify=verify)
+    return KerasDense(model.dense_part(), widths, takes_numerical, heads)
 
 
 def _lookups(model, layer: HybridEmbedding, features: Features, model_file: str, first_table: int):

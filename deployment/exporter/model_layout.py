@@ -50,8 +50,8 @@ class ExportedModel:
     lookup), `tables`, `lookups` (embeddings [B, sum of the lookups' widths], in lookup order),
     `name` (the default model name), and `dense(verify)`: the dense part as a tf.Module with the
     checkpoint's weights (numerical [B, n], embeddings -> logits [B], or [B, H] for the layout's H
-    `heads`; TensorFlow: called last), None for a built-in model (saved_models.Dense, built from
-    the signature). `values`: the outputs (columns) trained as values (mean squared error), whose
+    `heads`; TensorFlow and Keras: called last; model_file.KerasDense), None for a built-in
+    model (model_file.builtin_dense, from the signature). `values`: the outputs (columns) trained as values (mean squared error), whose
     predictions are their outputs; every other one's is the sigmoid of its logit."""
     layout: ServingLayout
     tables: List[Table]
@@ -136,7 +136,8 @@ def same_model(a: dict, b: dict) -> bool:
 
 
 def built_in_export(manifest: dict) -> ExportedModel:
-    """The ExportedModel of a built-in model's checkpoint (its dense part: saved_models.Dense)."""
+    """The ExportedModel of a built-in model's checkpoint (its dense part: model_file.builtin_dense,
+    the example model the run trains)."""
     config = ModelConfig.from_signature(manifest["signature"])
     layout = ServingLayout(config.cardinalities, [t.max_hotness for t in config.tables], config.embedding_dims,
                            config.num_numerical)
@@ -146,5 +147,5 @@ def built_in_export(manifest: dict) -> ExportedModel:
 
 
 def table_tensor(feature: int) -> str:
-    """Feature's table in a RankingModel checkpoint (its DistributedEmbedding's table_name)."""
+    """Feature's table in a built-in model's checkpoint (its DistributedEmbedding's table_name)."""
     return f"embedding/table_{feature}"

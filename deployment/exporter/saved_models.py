@@ -1,7 +1,7 @@
 """A checkpoint (written at any number of ranks) -> SavedModels that serve it.
 
-The dense part (`Dense` for the built-in models, built from the model's signature in the
-checkpoint's manifest; model_file.KerasDense for a model file's) reads only the dense weights;
+The dense part (model_file.KerasDense: the Keras model's part after its embeddings; for a built-in
+model the example model file it trained, model_file.builtin_dense) reads only the dense weights;
 the tables (`Lookup`) are read whole from the checkpoint, only for the SavedModels that hold
 them (never the optimizer state). Three SavedModels (tensor names:
 deployment/repository_format.py):
@@ -14,17 +14,15 @@ construction; every one checks its ids (an out-of-range id fails the request, na
 feature) and computes in float32, whatever precision trained the model.
 """
 import contextlib
-import dataclasses
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
+from deployment.exporter.model_file import builtin_dense
 from deployment.exporter.model_layout import ExportedModel, built_in_export
 from deployment.repository_format import CATEGORICAL, EMBEDDINGS, LOGITS, NUMERICAL, PAD, PREDICTIONS
-from nn.model import DenseArch
-from nn.model_config import ModelConfig
 from parallel_embedding.layer import check_ids, combine, flatten_ids
 from storage import checkpoint
 
@@ -67,29 +65,6 @@ class Lookup(tf.Module):
         return tf.concat(rows, axis=1)
 
 
-class Dense(tf.Module):
-    """numerical_features [B, n], embeddings [B, sum D_f] -> logits [B]: RankingModel's dense part (DenseArch)
-    (bottom MLP, interaction, top MLP; variables named as its), built from the model's config
-    without its tables. Dot interactions use TensorFlow's ops (training = False does anyway)."""
-
-    def __init__(self, config: ModelConfig):
-        super().__init__(name="dense")
-        if config.interaction != "cross":
-            config = dataclasses.replace(config, interaction="dot_tensorflow")
-        self.arch = DenseArch(config)
-        self._dims = config.embedding_dims
-
-    def restore(self, manifest: dict, verify: bool = True):
-        """Reads the dense weights (only) of the checkpoint whose manifest is given (their checksums
-        verified unless `verify` is False)."""
-        named = {v.name.split(":")[0]: v for v in self.arch.dense_variables}
-        checkpoint.restore(manifest["path"], checkpoint.replicated_entries(named), {}, set(named), extra_ok=True,
-                           verify=verify)
-
-    def __call__(self, numerical: tf.Tensor, embeddings: tf.Tensor) -> tf.Tensor:
-        return self.arch(numerical, tf.split(embeddings, self._dims, axis=1))
-
-
 def _outputs(logits: tf.Tensor, values: Sequence[int] = ()) -> dict:
     """logits [B] (one output) or [B, H] (heads) -> predictions and logits [B, 1] or [B, H]: each
     column's prediction the sigmoid of its logit, but the output itself for the columns `values`."""
@@ -118,11 +93,7 @@ def serving_modules(manifest: dict, host_bytes: int, with_tables: bool = True, v
     manifest)."""
     model = model or built_in_export(manifest)
     layout = model.layout
-    if model.dense is None:
-        dense = Dense(ModelConfig.from_signature(manifest["signature"]))
-        dense.restore(manifest, verify)
-    else:
-        dense = model.dense(verify)
+    dense = builtin_dense(manifest, verify) if model.dense is None else model.dense(verify)
     numerical = tf.TensorSpec([None, layout.num_numerical], tf.float32, name=NUMERICAL)
     categorical = tf.TensorSpec([None, layout.categorical_width], tf.int64, name=CATEGORICAL)
     embeddings = tf.TensorSpec([None, sum(layout.embedding_dims)], tf.float32, name=EMBEDDINGS)
