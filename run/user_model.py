@@ -144,8 +144,8 @@ class UserModel:
             model.compile(optimizer=training.optimizer, learning_rate=schedule, beta_1=training.beta1,
                           beta_2=training.beta2, run_eagerly=cfg.runtime.run_eagerly, jit_compile=cfg.runtime.xla,
                           loss_scale=cfg.runtime.loss_scale, **chosen)
-        except ConfigError as e:
-            raise ConfigError(f"{where}: {e}") from None
+        except ConfigError as e:   # the tables' own (a store path, its space) name no file of dlrm.py's
+            raise ConfigError(f"{where}: {e}" if tables is None else str(e)) from None
         model.checkpoint_entries()   # a tensor named twice: refused now, not at the first save
         if isinstance(model, FunctionalModel):
             self._check_output(where)
