@@ -51,14 +51,13 @@ class ExportedModel:
     `name` (the default model name), and `dense(verify)`: the dense part as a tf.Module with the
     checkpoint's weights (numerical [B, n], embeddings -> logits [B], or [B, H] for the layout's H
     `heads`; TensorFlow: called last), None for a built-in model (saved_models.Dense, built from
-    the signature). `values`: the outputs (columns) trained as values (mean squared error), whose
-    predictions are their outputs; every other one's is the sigmoid of its logit."""
+    the signature). Its layout's `values`: the outputs (columns) trained as values (mean squared
+    error), whose predictions are their outputs; every other one's is the sigmoid of its logit."""
     layout: ServingLayout
     tables: List[Table]
     lookups: List[Lookup]
     name: str
     dense: Optional[Callable[[bool], object]]
-    values: Tuple[int, ...] = ()
 
     @property
     def per_feature(self) -> bool:
