@@ -7,7 +7,7 @@ heads and labels and the built-in models on two labels are one error line. The m
 compile_args chooses a loss and weight per head (binary cross-entropy: AUC; mean squared error:
 RMSE), checked against NumPy; exported and served (native frontend and Triton), the model is scored
 by deployment/evaluate_accuracy.py per head with its metric as main.py --mode=eval scores its
-checkpoint. (Export and serving of heads: tests/test_model_export.py.)"""
+checkpoint (a one-output regression model: by its RMSE). (Export and serving of heads: tests/test_model_export.py.)"""
 import json
 
 import numpy as np
@@ -339,10 +339,25 @@ ONE_VALUE = ONE_OUTPUT + "\n\ndef compile_args(features, hparams):\n    return {
 def test_a_one_output_regression_model_and_the_refusals(tmp_path):
     (tmp_path / "value.py").write_text(ONE_VALUE)
     value = [f"--model={tmp_path / 'value.py'}", *DATA]
-    out = succeeded(python(*value, f"--log_path={tmp_path / 'log.json'}"))
+    out = succeeded(python(*value, f"--log_path={tmp_path / 'log.json'}", f"--save_checkpoint_path={tmp_path / 'c'}"))
     final = last_eval(tmp_path / "log.json")
     assert final["auc"] is None and 0.0 < final["rmse"] < 1.0
     assert f"eval at step {STEPS}: rmse {final['rmse']:.5f} | 500 samples" in out.stdout
+    # exported (export.json: layout.values [0]) and served, evaluate_accuracy.py scores its output by RMSE
+    succeeded(python(f"--checkpoint={tmp_path / 'c'}", f"--output={tmp_path / 'repo'}", "--model_name=m",
+                     f"--model={tmp_path / 'value.py'}", "--forms=monolithic", script="deployment/deploy.py"))
+    assert json.loads((tmp_path / "repo" / "export.json").read_text())["layout"]["values"] == [0]
+    log, ports = tmp_path / "server.log", free_ports(3)
+    server = start_server(log, ports, f"--model_repository={tmp_path / 'repo'}", "--frontend=native")
+    try:
+        served = script("evaluate_accuracy.py", *EVAL_DATA, f"--model_repository={tmp_path / 'repo'}",
+                        f"--url=localhost:{ports[0]}", "--wait_s=120", f"--output_json={tmp_path / 'm.json'}")
+        assert served.returncode == 0, served.stderr[-3000:]
+    finally:
+        stop_server(server, ports, log)
+    figures = json.loads((tmp_path / "m.json").read_text())
+    assert figures["auc"] is None and figures["rmse"] == pytest.approx(final["rmse"], abs=1e-6)
+    assert f"served m over http: rmse {final['rmse']:.5f} | 500 samples" in served.stdout
     assert error_line(python(*value, "--keep_best_checkpoint", f"--save_checkpoint_path={tmp_path / 'ckpt'}")) == (
         f"error: --keep_best_checkpoint chooses by an AUC; --model={tmp_path / 'value.py'} evaluates no output by "
         "AUC (its compile_args trains each with mean squared error)")
