@@ -4,7 +4,7 @@ to an input fed as it is and a ragged one; the dense part also takes a value com
 ids. Under compile(jit_compile=True) it trains as without (losses, weights, tables within the
 1e-4 of the other XLA tests), XLA compiling the dense ops and their gradients but not the id
 arithmetic, lookups or updates, and infers as without; ids computed from looked-up rows are one
-line."""
+line. main.py --model=FILE --xla with such a model file trains as without."""
 import keras
 import numpy as np
 import pytest
@@ -13,7 +13,7 @@ import tensorflow as tf
 from ranking import FeatureConfig, HybridEmbedding, MLP, Model, TableConfig
 from tests.compiled import xla_compiled_nodes, xla_compiled_ops
 from tests.test_ranking_layers import BOTTOM, CARDS, DIM, HOTNESS, dlrm_batches
-from tests.test_ranking_precision import api_steps
+from tests.test_ranking_precision import api_steps, run_losses
 from utils.errors import ConfigError
 
 CROSSED = 97   # rows of the table of the crossed feature (f0, f1)
@@ -83,3 +83,32 @@ def test_ids_computed_from_looked_up_rows_are_one_line():
     with pytest.raises(ConfigError, match=r"^compile: jit_compile \(XLA\) runs the lookups before the dense part; "
                                           r"model 'nested' computes ids it looks up from layer 'first''s outputs$"):
         model.compile(jit_compile=True)
+
+
+# A model file whose HybridEmbedding is fed a crossed feature hashed in the model from cat_0 and cat_1.
+CROSSED_FILE = '''import keras, ranking
+
+def build_model(features, hparams):
+    x = features.inputs()
+    n = features.names
+    crossed = keras.ops.mod(x[n[0]] * 31 + x[n[1]], 97)
+    table = ranking.TableConfig(name="crossed", vocabulary_size=97, embedding_dim=4)
+    configs = features.feature_configs(4) + [ranking.FeatureConfig(name="crossed", table=table, input_shape=(None,),
+                                                                   output_shape=(None, 4))]
+    emb = features.embedding(configs)([x[f] for f in n] + [crossed])
+    h = keras.layers.Dense(8, activation="relu", name="hidden")(keras.layers.Concatenate(name="c")(
+        emb + [x["numerical"]]))
+    return ranking.Model(x, keras.layers.Dense(1, name="logit")(h))
+'''
+
+
+def test_main_py_with_xla_trains_a_model_file_fed_computed_ids_as_without(tmp_path):
+    """main.py --model=FILE --xla (in process: run.loop.run): the losses and evaluation of the run
+    without --xla, within the other XLA tests' 1e-4."""
+    (tmp_path / "crossed.py").write_text(CROSSED_FILE)
+    model = {"model": str(tmp_path / "crossed.py"), "model_param": []}
+    plain, plain_eval = run_losses(tmp_path, "plain", **model)
+    xla, xla_eval = run_losses(tmp_path, "xla", xla=True, **model)
+    assert len(plain) == 12 and len(set(plain)) > 1
+    np.testing.assert_allclose(xla, plain, rtol=1e-4, atol=0)
+    assert xla_eval["auc"] == pytest.approx(plain_eval["auc"], abs=1e-4)
