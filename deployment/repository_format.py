@@ -9,9 +9,10 @@ Tensors. Requests carry two tensors (Triton's batch dimension first):
 and get back `predictions` [B, 1] (click probability) and `logits` [B, 1], both float32; a
 model with H heads (main.py --model=FILE on data with H labels) gives them [B, H], one column per
 head in the order of the layout's `heads` (a head trained with mean squared error predicts a value:
-its column of both is its output; the layout's `values` lists those columns). The ensemble's sparse model maps categorical_features to
-`embeddings` [B, sum of the lookups' widths] (lookup order; the built-in models: one lookup per
-feature, in feature order), which its dense model takes with numerical_features.
+its column of both is its output; the layout's `values` lists those columns). The ensemble's
+sparse model maps categorical_features to `embeddings` [B, sum of the lookups' widths] (lookup
+order; the built-in models: one lookup per feature, in feature order), which its dense model
+takes with numerical_features.
 
 Files. A full export (deployment/exporter/repository.py) is a directory holding export.json
 (EXPORT_INFO: its name, forms, version, signature, serving layout, settings, and `files`: every

@@ -8,9 +8,9 @@ Shapes: `b` local batch (this rank's samples), `B = N b`, feature f of width D_f
 
 The tables are a `parallel_embedding.DistributedEmbedding` placed by one `plan_tables` call over
 the ranks of `collectives` (default: one process); the layers of a `TableGroup` (a model's layers
-made by ranking.Features.embedding) are placed by one call over all their tables. Every rank feeds its own b samples of every
-feature (data-parallel input); the embedding exchanges ids and rows with the all-to-alls of
-today's plan. Features sharing a table are looked up together, their ids concatenated (the
+made by ranking.Features.embedding) are placed by one call over all their tables. Every rank
+feeds its own b samples of every feature (data-parallel input); the embedding exchanges ids and
+rows with the all-to-alls of today's plan. Features sharing a table are looked up together, their ids concatenated (the
 embedding's `inputs_per_table`: one lookup, exchange and update per table at any N).
 
 Model-parallel input (`data_parallel_input=False`, N > 1): the layer looks up only ids given
@@ -111,10 +111,9 @@ class TableGroup:
                                tiers=tiers, dynamic={i: t.dynamic for i, t in enumerate(tables) if t.dynamic},
                                **self.placement)
         except BudgetError as e:
-            if len(self.layers) == 1:
-                raise
-            raise BudgetError(f"layers {', '.join(repr(l.name) for l in self.layers)} (their tables numbered "
-                              f"across them in that order): {e}") from None
+            names = ", ".join(repr(l.name) for l in self.layers)
+            raise BudgetError(f"layer {names}: {e}" if len(self.layers) == 1 else
+                              f"layers {names} (their tables numbered across them in that order): {e}") from None
         self.planned = True
         first = 0
         for layer in self.layers:

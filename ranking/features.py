@@ -53,8 +53,8 @@ class Features:
     arguments of HybridEmbedding's planner: strategy and thresholds; `storage`: the tiers, None
     for all in memory; `data_parallel_input`, `zeros_initializer`: HybridEmbedding's). The layers
     `embedding` makes are one TableGroup: one planner call over all their tables, made at the
-    first use of one (or by `plan`), the storage's budgets the rank's for all of them. `tables`: the run's tables built (a
-    parallel_embedding DistributedEmbedding on the run's one planner call: the built-in DLRM /
+    first use of one (or by `plan`), the storage's budgets the rank's for all of them. `tables`:
+    the run's tables built (a parallel_embedding DistributedEmbedding on the run's one planner call: the built-in DLRM /
     DCNv2's), handed to the one layer `embedding` makes."""
 
     def __init__(self, categorical: Sequence[CategoricalFeature], num_numerical: int, *, collectives=None,

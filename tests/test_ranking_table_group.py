@@ -34,7 +34,8 @@ def test_the_layers_are_parts_of_one_plan_under_one_budget():
     assert wide.embedding.plan == want.part(0, 3) and deep.embedding.plan == want.part(3, 3)
     # the budget's largest units go to disk whichever layer holds them: deep's tables 0 and 2, then wide's 0
     assert [(f, t.kind) for _, f, t in want.tiers] == [(0, "disk"), (3, "disk"), (5, "disk")]
-    assert [f for _, f, _ in wide.embedding.plan.tiers] == [0] and [f for _, f, _ in deep.embedding.plan.tiers] == [0, 2]
+    assert [f for _, f, _ in wide.embedding.plan.tiers] == [0]
+    assert [f for _, f, _ in deep.embedding.plan.tiers] == [0, 2]
 
 
 def test_a_part_of_a_plan_at_two_ranks_keeps_its_placement_renumbered():
