@@ -67,10 +67,17 @@ class ServingClient:
 
     def input_shapes(self) -> dict:
         """The served model's inputs: name -> dims (without the batch dimension)."""
+        return self._shapes("inputs")
+
+    def output_shapes(self) -> dict:
+        """The served model's outputs: name -> dims (without the batch dimension)."""
+        return self._shapes("outputs")
+
+    def _shapes(self, which: str) -> dict:
         metadata = self.client.get_model_metadata(self.model, headers=self.headers)
-        inputs = metadata["inputs"] if isinstance(metadata, dict) else [
-            {"name": i.name, "shape": list(i.shape)} for i in metadata.inputs]
-        return {i["name"]: [int(d) for d in i["shape"]][1:] for i in inputs}
+        tensors = metadata[which] if isinstance(metadata, dict) else [
+            {"name": t.name, "shape": list(t.shape)} for t in getattr(metadata, which)]
+        return {t["name"]: [int(d) for d in t["shape"]][1:] for t in tensors}
 
     def max_batch_size(self) -> int:
         config = self.client.get_model_config(self.model, headers=self.headers)
@@ -126,15 +133,18 @@ def open_eval_data(flags) -> Tuple[object, int]:
     from run.config import feature_spec_path, parse_int_list
     if flags.dataset_type == "synthetic":
         cards = parse_int_list("synthetic_cardinalities", flags.synthetic_cardinalities)
+        labels = flags.synthetic_labels
+        if labels < 1:
+            raise ConfigError(f"--synthetic_labels must be positive, got {labels}")
         num_numerical = flags.synthetic_num_numerical
     else:
         if not flags.dataset_path and not flags.feature_spec:
             raise ConfigError(f"--dataset_type={flags.dataset_type} needs --dataset_path (a directory with "
                               "feature_spec.yaml) or --feature_spec")
-        cards, num_numerical = None, None
+        cards, num_numerical, labels = None, None, 1
     cfg = types.SimpleNamespace(   # what open_dataset reads for evaluation
         mode="eval", dataset_type=flags.dataset_type, cardinalities=cards, num_numerical=num_numerical,
-        max_hotness=None, synthetic_alpha=flags.synthetic_alpha, synthetic_labels=1, seed=flags.seed,
+        max_hotness=None, synthetic_alpha=flags.synthetic_alpha, synthetic_labels=labels, seed=flags.seed,
         synthetic_rows=0, synthetic_eval_rows=flags.synthetic_eval_rows, eval_mapping=flags.eval_mapping,
         feature_spec_path=feature_spec_path(flags.dataset_path, flags.feature_spec))
     dataset, rows = open_dataset(cfg)
@@ -142,8 +152,8 @@ def open_eval_data(flags) -> Tuple[object, int]:
 
 
 def request_batches(dataset, rows: int, batch_size: int) -> Iterator[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """The first `rows` evaluation samples in order as (numerical, categorical_features, labels)
-    batches of at most `batch_size`."""
+    """The first `rows` evaluation samples in order as (numerical, categorical_features, labels [n],
+    or [n, H] of a dataset of H labels) batches of at most `batch_size`."""
     from dataloading.batches import RankInput, eval_batches
     view = RankInput.single_process(len(dataset.cardinalities))
     for batch in eval_batches(dataset, view, rows=rows, batch_size=batch_size):

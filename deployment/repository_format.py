@@ -9,9 +9,10 @@ Tensors. Requests carry two tensors (Triton's batch dimension first):
 and get back `predictions` [B, 1] (click probability) and `logits` [B, 1], both float32; a
 model with H heads (main.py --model=FILE on data with H labels) gives them [B, H], one column per
 head in the order of the layout's `heads` (a head trained with mean squared error predicts a value:
-its column of both is its output). The ensemble's sparse model maps categorical_features to
-`embeddings` [B, sum of the lookups' widths] (lookup order; the built-in models: one lookup per
-feature, in feature order), which its dense model takes with numerical_features.
+its column of both is its output; the layout's `values` lists those columns). The ensemble's
+sparse model maps categorical_features to `embeddings` [B, sum of the lookups' widths] (lookup
+order; the built-in models: one lookup per feature, in feature order), which its dense model
+takes with numerical_features.
 
 Files. A full export (deployment/exporter/repository.py) is a directory holding export.json
 (EXPORT_INFO: its name, forms, version, signature, serving layout, settings, and `files`: every
@@ -100,14 +101,18 @@ class ServingLayout:
     categorical feature its cardinality and max_hotness (None: one-hot), the number of numerical
     features, and per lookup (a table's rows for one feature's ids, a slice of `embeddings`) its
     embedding width and the feature it reads (`lookup_features`; None: lookup f reads feature f,
-    the built-in models' one table per feature), and the model's `heads` (the columns of
-    predictions and logits [B, H], in order; None: one output, [B, 1])."""
+    the built-in models' one table per feature), the model's `heads` (the columns of
+    predictions and logits [B, H], in order; None: one output, [B, 1]), and `values`: the columns
+    trained as values (mean squared error: prediction = output, scored by RMSE), every other one a
+    logit of a binary label (prediction = its sigmoid, scored by AUC and logloss); None: none (or an
+    export written before the layout said so)."""
     cardinalities: List[int]
     max_hotness: List[Optional[int]]
     embedding_dims: List[int]
     num_numerical: int
     lookup_features: Optional[List[int]] = None
     heads: Optional[List[str]] = None
+    values: Optional[List[int]] = None
 
     @property
     def outputs(self) -> int:

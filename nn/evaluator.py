@@ -5,7 +5,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from utils.metrics import log_loss, roc_auc, thresholded_auc
+from utils.metrics import log_loss, output_figures, roc_auc, thresholded_auc
 
 
 def evaluate(predict: Callable, batches: Iterable, comm, oracle: bool = False,
@@ -20,9 +20,8 @@ def evaluate(predict: Callable, batches: Iterable, comm, oracle: bool = False,
     gives each figure per head as "<head>_<figure>" ("click_auc"). `scores`: per output (the
     one, or each head) "auc" (default: a logit of a binary label, the figures above) or "rmse" (a
     value, e.g. a rating: its root mean squared error against the label, "rmse" alone). "auc" and
-    "logloss" are the first "auc" output's (None without one)."""
+    "logloss" are the first "auc" output's (None without one): utils.metrics.output_figures."""
     width = len(heads) if heads else 1
-    scores = list(scores or ["auc"] * width)
     columns = []
     for numerical, categorical, y, oracle_logits, valid in batches:
         n = int(valid)
@@ -33,22 +32,16 @@ def evaluate(predict: Callable, batches: Iterable, comm, oracle: bool = False,
     gathered = comm.gather(local, "evaluation_columns")   # [all rows, 2 or 3 per head] on rank 0
     metrics = None
     if comm.rank == 0:   # AUC and logloss do not depend on the order of the samples
+        def more(h, labels, logits):   # output h's figures besides its AUC and logloss
+            figures = {}
+            if oracle:
+                truth = gathered[:, 2 * width + h]
+                figures.update(oracle_auc=roc_auc(labels, truth), oracle_logloss=log_loss(labels, truth))
+            if auc_thresholds:
+                figures["auc_thresholded"] = thresholded_auc(labels, logits, auc_thresholds)
+            return figures
         metrics = {"auc": None, "logloss": None, "samples": int(len(gathered))}
-        for h, (head, score) in enumerate(zip(heads or [None], scores)):
-            logits, labels = gathered[:, h], gathered[:, width + h]
-            if score == "rmse":
-                figures = {"rmse": float(np.sqrt(np.mean(np.square(logits.astype(np.float64) - labels))))}
-            else:
-                figures = {"auc": roc_auc(labels, logits), "logloss": log_loss(labels, logits)}
-                if oracle:
-                    truth = gathered[:, 2 * width + h]
-                    figures.update(oracle_auc=roc_auc(labels, truth), oracle_logloss=log_loss(labels, truth))
-                if auc_thresholds:
-                    figures["auc_thresholded"] = thresholded_auc(labels, logits, auc_thresholds)
-            metrics.update(figures if head is None else {f"{head}_{k}": v for k, v in figures.items()})
-        first = [head for head, score in zip(heads or [], scores) if score == "auc"][:1]
-        if first:
-            metrics.update(auc=metrics[f"{first[0]}_auc"], logloss=metrics[f"{first[0]}_logloss"])
+        metrics.update(output_figures(gathered[:, :width], gathered[:, width:2 * width], heads, scores, more))
     return comm.broadcast_object(metrics, "evaluation_metrics")
 
 

@@ -172,6 +172,16 @@ class Plan:
     tables: Tuple[TablePlacement, ...]
     tiers: Tuple[Tuple[int, int, Tier], ...] = ()
 
+    def part(self, first: int, count: int) -> "Plan":
+        """The plan of tables first .. first + count - 1 alone, numbered from 0 (their placements and
+        tiers unchanged): one layer's share of a plan made for the tables of several."""
+        def renumbered(s):
+            return replace(s, feature=s.feature - first)
+        tables = tuple(replace(t, feature=t.feature - first, shards=tuple(renumbered(s) for s in t.shards))
+                       for t in self.tables[first:first + count])
+        tiers = tuple((r, f - first, t) for r, f, t in self.tiers if first <= f < first + count)
+        return Plan(self.world_size, self.strategy, tables, tiers)
+
     def shards_on(self, rank: int) -> List[Shard]:
         """The model-parallel shards owned by `rank`, sorted by (feature, col_start, row_start)."""
         if not 0 <= rank < self.world_size:

@@ -7,9 +7,10 @@ Shapes: `b` local batch (this rank's samples), `B = N b`, feature f of width D_f
     out["user"]: [b, D_user] float32; a list of features in gives a list out, in that order.
 
 The tables are a `parallel_embedding.DistributedEmbedding` placed by one `plan_tables` call over
-the ranks of `collectives` (default: one process). Every rank feeds its own b samples of every
-feature (data-parallel input); the embedding exchanges ids and rows with the all-to-alls of
-today's plan. Features sharing a table are looked up together, their ids concatenated (the
+the ranks of `collectives` (default: one process); the layers of a `TableGroup` (a model's layers
+made by ranking.Features.embedding) are placed by one call over all their tables. Every rank
+feeds its own b samples of every feature (data-parallel input); the embedding exchanges ids and
+rows with the all-to-alls of today's plan. Features sharing a table are looked up together, their ids concatenated (the
 embedding's `inputs_per_table`: one lookup, exchange and update per table at any N).
 
 Model-parallel input (`data_parallel_input=False`, N > 1): the layer looks up only ids given
@@ -41,7 +42,7 @@ import tensorflow as tf
 
 from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.layer import DistributedEmbedding, LookedUp, num_samples
-from parallel_embedding.planner import TierOptions, plan_tables
+from parallel_embedding.planner import BudgetError, TierOptions, plan_tables
 from ranking.config import FeatureConfig, planner_tables
 from utils.errors import ConfigError
 
@@ -74,6 +75,52 @@ class Recorded:
         self.calls: List[tuple] = []   # (LookedUp, rows per table)
 
 
+class TableGroup:
+    """The HybridEmbedding layers of one model planned together: one `plan_tables` call over all
+    their tables (the layers in the order they were made, each one's tables in its order) on the
+    ranks of `collectives` (default: one process), with the keyword arguments `placement`
+    (strategy and thresholds) and the tiers of `storage` (its budgets a rank's for all the layers),
+    made at the first use of any layer's `embedding` (or by `plan`); each layer's tables are its
+    part of that plan (Plan.part). A layer made without a group is a group of its own, planned at
+    once. A layer added after the plan is made: a one-line ConfigError; a budget too small for the
+    layers: BudgetError naming them."""
+
+    def __init__(self, collectives=None, storage: Optional[TableStorage] = None, **placement):
+        self.comm, self.storage, self.placement = collectives or ONE_PROCESS, storage, placement
+        self.layers: List["HybridEmbedding"] = []
+        self.planned = False
+
+    def add(self, layer: "HybridEmbedding"):
+        if self.planned:
+            raise ConfigError(f"layer {layer.name!r}: made after the tables of layer(s) "
+                              f"{', '.join(repr(l.name) for l in self.layers)} were planned (at the first use of "
+                              f"one): make every HybridEmbedding of the model before using any")
+        self.layers.append(layer)
+
+    def plan(self):
+        """Plans the tables of every layer added and builds each layer's (once)."""
+        if self.planned:
+            return
+        tables = [t for layer in self.layers for t in layer.tables]
+        storage = self.storage
+        tiers = None if storage is None else TierOptions(storage.slots, storage.budget_bytes, [
+            rows for layer in self.layers for rows in layer._min_cache_rows(storage.batch_rows)],
+            storage.host_threshold_bytes)
+        try:
+            plan = plan_tables([t.vocabulary_size for t in tables], [t.embedding_dim for t in tables], self.comm.size,
+                               tiers=tiers, dynamic={i: t.dynamic for i, t in enumerate(tables) if t.dynamic},
+                               **self.placement)
+        except BudgetError as e:
+            names = ", ".join(repr(l.name) for l in self.layers)
+            raise BudgetError(f"layer {names}: {e}" if len(self.layers) == 1 else
+                              f"layers {names} (their tables numbered across them in that order): {e}") from None
+        self.planned = True
+        first = 0
+        for layer in self.layers:
+            layer._build_tables(plan.part(first, len(layer.tables)))
+            first += len(layer.tables)
+
+
 class HybridEmbedding(keras.layers.Layer):
     """Features (`FeatureConfig`s: a dict by name or a list) -> one [b, D_f] float32 per feature.
 
@@ -92,7 +139,8 @@ class HybridEmbedding(keras.layers.Layer):
     each of the feature table's (rows, dim), a dynamic one of its capacity's rows; its
     collectives, plan, tiers, input layout, initial values, combiners and names are its own):
     nothing is planned, and the placement, storage, seed and initializer arguments are not taken.
-    Other tables: a one-line ConfigError.
+    Other tables: a one-line ConfigError. `group`: a TableGroup planning the layer's tables with
+    its other layers' (its collectives, placement and storage, not the layer's own).
     """
 
     def __init__(self, features: Union[Mapping[str, FeatureConfig], Sequence[FeatureConfig]], *,
@@ -100,7 +148,8 @@ class HybridEmbedding(keras.layers.Layer):
                  column_slice_threshold: Optional[int] = None, row_slice_threshold: Optional[int] = None,
                  data_parallel_threshold: Optional[int] = None, storage: Optional[TableStorage] = None,
                  data_parallel_input: bool = True, zeros_initializer: bool = False,
-                 embedding: Optional[DistributedEmbedding] = None, name: str = "hybrid_embedding", **kwargs):
+                 embedding: Optional[DistributedEmbedding] = None, group: Optional["TableGroup"] = None,
+                 name: str = "hybrid_embedding", **kwargs):
         super().__init__(name=name, **kwargs)
         if isinstance(features, Mapping):
             for key, f in features.items():
@@ -112,7 +161,12 @@ class HybridEmbedding(keras.layers.Layer):
         if not self.features:
             raise ConfigError("HybridEmbedding: no features given")
         self.tables, self.table_of = planner_tables(self.features)
-        comm = collectives or (embedding.comm if embedding is not None else ONE_PROCESS)
+        if group is not None and (collectives, storage, strategy, column_slice_threshold, row_slice_threshold,
+                                  data_parallel_threshold) != (None, None, "memory_balanced", None, None, None):
+            raise ConfigError(f"layer {self.name!r}: a layer of a TableGroup takes the group's collectives, "
+                              f"placement and storage, not its own")
+        comm = embedding.comm if embedding is not None else group.comm if group is not None else \
+            collectives or ONE_PROCESS
         zeros = {t.initializer == "zeros" for t in self.tables}
         if len(zeros) > 1:
             raise ConfigError(f"table {next(t.name for t in self.tables if t.initializer == 'zeros')!r}: "
@@ -122,37 +176,54 @@ class HybridEmbedding(keras.layers.Layer):
             raise ConfigError(f"tables name different optimizers {sorted(optimizers)}: one sparse optimizer "
                               f"updates every table")
         self.table_optimizer = next(iter(optimizers), None)
-        self.storage = storage
         self._handed_tables = embedding is not None
+        self._embedding: Optional[DistributedEmbedding] = None
         if embedding is not None:
-            self.storage = None
+            self.storage, self._group = None, None
             self.model_parallel_input = comm.size > 1 and not embedding.data_parallel_input
-            self.embedding = self._handed(embedding, comm)
+            self._embedding = self._handed(embedding, comm)
         else:
-            tiers = None if storage is None else TierOptions(storage.slots, storage.budget_bytes, [
-                2 * storage.batch_rows * sum(f.ids_per_sample for f, i in zip(self.features, self.table_of) if i == t)
-                for t in range(len(self.tables))], storage.host_threshold_bytes)
-            plan = plan_tables([t.vocabulary_size for t in self.tables], [t.embedding_dim for t in self.tables],
-                               comm.size, strategy, column_slice_threshold, row_slice_threshold,
-                               data_parallel_threshold, tiers=tiers,
-                               dynamic={i: t.dynamic for i, t in enumerate(self.tables) if t.dynamic})
+            self._group = group or TableGroup(collectives, storage, strategy=strategy,
+                                              column_slice_threshold=column_slice_threshold,
+                                              row_slice_threshold=row_slice_threshold,
+                                              data_parallel_threshold=data_parallel_threshold)
+            self.storage = self._group.storage
             self.model_parallel_input = comm.size > 1 and not data_parallel_input
-            self.embedding = DistributedEmbedding(plan, comm, seed=tuple(seed),
-                                                  data_parallel_input=comm.size > 1 and data_parallel_input,
-                                                  combiners=[t.combiner for t in self.tables],
-                                                  zeros_initializer=zeros == {True} or zeros_initializer,
-                                                  make_variable=self._table_variable,
-                                                  store_path=storage and storage.store_path,
-                                                  cache_policy=storage.cache_policy if storage else "lru",
-                                                  inputs_per_table=[self.table_of.count(t)
-                                                                    for t in range(len(self.tables))],
-                                                  name=f"{name}_tables")
+            self._table_settings = dict(seed=tuple(seed), data_parallel_input=comm.size > 1 and data_parallel_input,
+                                        zeros_initializer=zeros == {True} or zeros_initializer)
+            self._group.add(self)
+            if group is None:   # a layer of its own: planned now
+                self._group.plan()
         # The rows of features sharing a table travel as one input: one-hot ones become ragged
         # rows of one id when another feature of their table is multi-hot.
         self._ragged_table = [any(f.multi_hot for f, t in zip(self.features, self.table_of) if t == i)
                               for i in range(len(self.tables))]
         self._recorded: Optional[Recorded] = None
         self._given_ids: Optional[list] = None
+
+    @property
+    def embedding(self) -> DistributedEmbedding:
+        """The tables built: handed to the layer, or on its part of its group's plan (made now if
+        this is the first use of a layer of the group)."""
+        if self._embedding is None:
+            self._group.plan()
+        return self._embedding
+
+    def _min_cache_rows(self, batch_rows: int) -> List[int]:
+        """Per table, the rows of the ids of twice `batch_rows` samples (a disk table's fewest cache rows)."""
+        return [2 * batch_rows * sum(f.ids_per_sample for f, i in zip(self.features, self.table_of) if i == t)
+                for t in range(len(self.tables))]
+
+    def _build_tables(self, plan):
+        """Makes the layer's DistributedEmbedding on `plan` (its tables' part of its group's plan)."""
+        storage = self._group.storage
+        self._embedding = DistributedEmbedding(plan, self._group.comm, combiners=[t.combiner for t in self.tables],
+                                               make_variable=self._table_variable,
+                                               store_path=storage and storage.store_path,
+                                               cache_policy=storage.cache_policy if storage else "lru",
+                                               inputs_per_table=[self.table_of.count(t)
+                                                                 for t in range(len(self.tables))],
+                                               name=f"{self.name}_tables", **self._table_settings)
 
     def _handed(self, embedding: DistributedEmbedding, comm) -> DistributedEmbedding:
         """`embedding`, checked to hold the features' own tables (one per feature, of its shape) on `comm`."""

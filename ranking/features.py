@@ -18,9 +18,9 @@ from typing import Dict, Iterator, List, Optional, Sequence, Union
 
 import keras
 
-from parallel_embedding.planner import BYTES_PER_ELEMENT, BudgetError, DynamicOptions
+from parallel_embedding.planner import DynamicOptions
 from ranking.config import FeatureConfig, TableConfig
-from ranking.embedding import HybridEmbedding, TableStorage
+from ranking.embedding import HybridEmbedding, TableGroup, TableStorage
 from utils.errors import ConfigError
 
 NUMERICAL = "numerical"   # the input of the n numerical features, [b, n] float32
@@ -51,10 +51,10 @@ class Features:
     labels' names: one, "label", or several, each for a head named as it) of the run's
     dataset, with the run's embedding settings (`collectives`, `seed`, `placement`: the keyword
     arguments of HybridEmbedding's planner: strategy and thresholds; `storage`: the tiers, None
-    for all in memory; `data_parallel_input`, `zeros_initializer`: HybridEmbedding's). The
-    storage's budgets are the rank's for all the layers `embedding` makes: each is planned within
-    what the layers before it left (on the fullest rank). `tables`: the run's tables built (a
-    parallel_embedding DistributedEmbedding on the run's one planner call: the built-in DLRM /
+    for all in memory; `data_parallel_input`, `zeros_initializer`: HybridEmbedding's). The layers
+    `embedding` makes are one TableGroup: one planner call over all their tables, made at the
+    first use of one (or by `plan`), the storage's budgets the rank's for all of them. `tables`:
+    the run's tables built (a parallel_embedding DistributedEmbedding on the run's one planner call: the built-in DLRM /
     DCNv2's), handed to the one layer `embedding` makes."""
 
     def __init__(self, categorical: Sequence[CategoricalFeature], num_numerical: int, *, collectives=None,
@@ -65,10 +65,10 @@ class Features:
         self.num_numerical = num_numerical
         self.labels = list(labels)
         self._by_name = {f.name: f for f in self.categorical}
-        self._collectives, self._seed, self._placement = collectives, seed, dict(placement or {})
-        self._storage = storage
+        self._seed = seed
+        self._group = TableGroup(collectives, storage, **dict(placement or {}))
         self._layer_settings = dict(data_parallel_input=data_parallel_input, zeros_initializer=zeros_initializer)
-        self._planned = False   # whether `embedding` has made a layer
+        self._planned = False   # whether `embedding` has made a layer of the run's `tables`
         self.made_dynamic = set()   # the features with `dynamic` options feature_configs has made a table of
         self._tables = tables
 
@@ -140,32 +140,14 @@ class Features:
                 raise ConfigError(f"layer {name!r}: the run's tables are built for one layer, made before it")
             self._planned = True
             return HybridEmbedding(list(feature_configs), embedding=self._tables, name=name)
-        try:
-            layer = HybridEmbedding(list(feature_configs), collectives=self._collectives, seed=(self._seed, 1000),
-                                    storage=self._storage, name=name, **self._placement, **self._layer_settings)
-        except BudgetError as e:
-            raise BudgetError(f"layer {name!r}{' (within what the layers before it left)' if self._planned else ''}: "
-                              f"{e}") from None
-        self._planned = True
-        if self._storage is not None:
-            self._storage = _left_over(self._storage, layer.embedding.plan)
-        return layer
+        return HybridEmbedding(list(feature_configs), group=self._group, seed=(self._seed, 1000), name=name,
+                               **self._layer_settings)
 
-
-def _left_over(storage: TableStorage, plan) -> TableStorage:
-    """`storage` less what `plan` keeps on its fullest rank: embedding state in memory from the
-    budget, parameters in device memory (neither on disk nor in host memory) from the host
-    threshold (at least 1 byte left: a budget too small for the next layer fails its plan)."""
-    ranks = range(plan.world_size)
-    budget, threshold = storage.budget_bytes, storage.host_threshold_bytes
-    if budget is not None:
-        budget = max(1, budget - max(plan.memory_bytes_on(r, storage.slots) for r in ranks))
-    if threshold is not None:
-        replicated = sum(plan.tables[f].elements for f in plan.replicated)
-        device = [replicated + sum(rows * width for f, rows, width in plan.units_on(r)
-                                   if plan.tier(r, f).kind == "memory") for r in ranks]
-        threshold = max(0, threshold - BYTES_PER_ELEMENT * max(device))
-    return dataclasses.replace(storage, budget_bytes=budget, host_threshold_bytes=threshold)
+    def plan(self):
+        """Plans the tables of the layers `embedding` made (one planner call; BudgetError naming
+        them), if no use of one has yet."""
+        if self._group.layers:
+            self._group.plan()
 
 
 def hyperparameters(given: dict, **defaults) -> dict:

@@ -529,8 +529,9 @@ class _DenseSplit:
     the dense part, forward and backward, is one XLA-compiled function (`forward_backward`,
     `forward`). A functional model is cut by its graph (FunctionalModel.dense_part), a subclassed
     one by its halves (Model.embedding_call, Model.dense_call). Built by compile; a one-line
-    ConfigError for a subclassed model without the halves or a functional one whose embedding is
-    not fed the model's inputs."""
+    ConfigError for a subclassed model without the halves. A functional model's HybridEmbedding
+    may be fed ids computed from its inputs: that computation (`_ids_part`) runs outside XLA with
+    the lookups; the dense part recomputes from the inputs whatever else it takes of it."""
 
     def __init__(self, model, embed, dense, models):
         """`embed(x, training)` -> the dense part's inputs; `dense(embedded, training)` -> the model's
@@ -548,17 +549,19 @@ class _DenseSplit:
                                   f"{model.name!r} writes only call")
             return cls(model, model.embedding_call, model.dense_call, [model])
         position = {id(t): i for i, t in enumerate(model.inputs)}
-        for layer in model.embedding_layers:
-            if not all(id(t) in position for t in keras.tree.flatten(layer.input)):
-                raise ConfigError(f"compile: jit_compile needs layer {layer.name!r} fed the model's inputs, "
-                                  f"not tensors computed from them")
+        computed = [t for layer in model.embedding_layers for t in keras.tree.flatten(layer.input)
+                    if id(t) not in position]
+        ids = _ids_part(model, computed) if computed else None
         dense = model.dense_part()
         n_other = len(dense.inputs) - sum(len(keras.tree.flatten(l.output)) for l in model.embedding_layers)
         other = [position[id(t)] for t in dense.inputs[:n_other]]
 
         def embed(x, training):   # the model's other inputs, then every HybridEmbedding's outputs
             flat = keras.tree.flatten(x)
-            out = [layer(keras.tree.map_structure(lambda t: flat[position[id(t)]], layer.input), training=training)
+            fed = {id(t): v for t, v in zip(model.inputs, flat)}
+            if ids is not None:   # the ids computed in the model, from its inputs
+                fed.update(zip(map(id, computed), keras.tree.flatten(ids(flat, training=training))))
+            out = [layer(keras.tree.map_structure(lambda t: fed[id(t)], layer.input), training=training)
                    for layer in model.embedding_layers]
             return [flat[i] for i in other] + keras.tree.flatten(out)
 
@@ -596,6 +599,19 @@ class _DenseSplit:
         with _computing_in_float32(*self._models):
             outputs = self._dense(embedded, training=False)
         return keras.tree.map_structure(lambda t: tf.cast(t, tf.float32), outputs)
+
+
+def _ids_part(model, computed) -> keras.Model:
+    """The part of functional `model` that computes the tensors `computed` (ids [b] or [b, k] a
+    HybridEmbedding is fed, computed from the model's inputs): a keras.Model from `model.inputs`
+    to them, run outside XLA before the lookups; a one-line ConfigError if it holds a
+    HybridEmbedding (ids computed from looked-up rows)."""
+    part = keras.Model(model.inputs, computed, name=f"{model.name}_ids")
+    inside = [l.name for l in part._flatten_layers() if isinstance(l, HybridEmbedding)]
+    if inside:
+        raise ConfigError(f"compile: jit_compile (XLA) runs the lookups before the dense part; model "
+                          f"{model.name!r} computes ids it looks up from layer {inside[0]!r}'s outputs")
+    return part
 
 
 def _has_halves(model) -> bool:

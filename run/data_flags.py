@@ -20,3 +20,5 @@ flags.DEFINE_list("synthetic_cardinalities",
 flags.DEFINE_integer("synthetic_num_numerical", 13, "synthetic numerical features")
 flags.DEFINE_integer("synthetic_eval_rows", 2 ** 18, "synthetic evaluation samples")
 flags.DEFINE_float("synthetic_alpha", 1.05, "power-law exponent of synthetic ids (0: uniform)")
+flags.DEFINE_integer("synthetic_labels", 1, "synthetic labels per sample (label, label_1, ...), each from its own "
+                     "planted logit over the same features; several need a model file with a head per label (--model)")

@@ -80,8 +80,6 @@ flags.DEFINE_bool("train_last_partial_batch", False, "also train on the last, sm
 flags.DEFINE_enum("multi_hot_combiner", None, list(COMBINERS), "how a multi-hot feature's embeddings are combined "
                   "(default sum); only for datasets with multi-hot features")
 flags.DEFINE_integer("synthetic_rows", 2 ** 21, "synthetic training samples per epoch")
-flags.DEFINE_integer("synthetic_labels", 1, "synthetic labels per sample (label, label_1, ...), each from its own "
-                     "planted logit over the same features; several need a model file with a head per label (--model)")
 # The reference's names for the synthetic data (run.config.REFERENCE_SYNTHETIC maps them onto ours).
 flags.DEFINE_bool("synthetic_dataset_use_feature_spec", False, "synthetic data shaped by the feature spec at "
                   "--dataset_path/--feature_spec (cardinalities, numerical count, hotness, alpha)")

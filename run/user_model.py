@@ -104,6 +104,7 @@ class UserModel:
         try:
             build, self._compile_args = load_model_file(path)
             model = build(self.features, dict(self.hparams))
+            self.features.plan()   # one planner call over every layer's tables
         except ConfigError as e:   # the builder's own (a hyper-parameter, a feature): named with the file
             raise ConfigError(f"--model={path}: {e}") from None
         except BudgetError as e:

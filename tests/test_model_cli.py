@@ -268,8 +268,8 @@ def test_tables_on_disk_equal_memory_and_checkpoints_move_between_tiers(tmp_path
 
 
 def test_two_embedding_layers_with_tables_on_disk_at_two_ranks_equal_memory(tmp_path):
-    """Both layers' tables within one budget ("deep" planned within what "wide", made first, left:
-    its tables partly on disk) at 2 ranks: the checkpoints and evaluations of the same run in
+    """Both layers' tables within one budget (one planner call over both: "deep"'s larger tables
+    partly on disk) at 2 ranks: the checkpoints and evaluations of the same run in
     memory, bit for bit."""
     (tmp_path / "two_layers.py").write_text(TWO_LAYERS)
 

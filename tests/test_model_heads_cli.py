@@ -5,7 +5,11 @@ line and JSON log), evaluates with an exact AUC per head equal to an independent
 same predictions, resumes bit for bit, and at 2 Gloo ranks equals one process; the mismatches of
 heads and labels and the built-in models on two labels are one error line. The model file's
 compile_args chooses a loss and weight per head (binary cross-entropy: AUC; mean squared error:
-RMSE), checked against NumPy. (Export and serving of heads: tests/test_model_export.py.)"""
+RMSE), checked against NumPy; exported and served (native frontend and Triton), the model is scored
+by deployment/evaluate_accuracy.py per head with its metric as main.py --mode=eval scores its
+checkpoint (a one-output regression model: by its RMSE). (Export and serving of heads: tests/test_model_export.py.)"""
+import json
+
 import numpy as np
 import pytest
 
@@ -15,11 +19,13 @@ from dataloading.split_binary import SplitBinaryDataset
 from dataloading.split_tfrecords import open_split_tfrecords
 from dataloading.synthetic import SyntheticDataset
 from dataloading.to_tfrecords import convert
+from deployment.client import free_ports
 from run.config import build_config
 from tests.configs import TINY
 from tests.horovod_run import horovodrun
 from tests.test_model_cli import DATA, FILE_DATA, PLACEMENT, STEPS, error_line, python
 from tests.test_multirank_cli import succeeded
+from tests.test_serving import script, start_server, stop_server
 from tests.test_tiered_cli import assert_same_checkpoint, log_records
 
 MODEL = ["--model=examples/two_label.py", "--model_param=embedding_dim=4", "--model_param=hidden=[16,8]",
@@ -255,16 +261,76 @@ def test_a_loss_and_a_weight_per_head_from_the_model_file_against_numpy():
     assert metrics["auc"] == metrics["label_auc"] == pytest.approx(numpy_auc(labels[:, 0], after[:, 0]), abs=1e-12)
 
 
-def test_the_losses_per_head_in_the_progress_line_json_log_and_evaluation(tmp_path):
-    out = succeeded(python(*MSE_HEAD, *TWO_LABELS, f"--log_path={tmp_path / 'log.json'}"))
+@pytest.fixture(scope="module")
+def value_head(tmp_path_factory):
+    """MSE_HEAD trained on two synthetic labels and exported (monolithic and tables form, model m):
+    (the run, its log, its checkpoint, the export, main.py --mode=eval's figures of the checkpoint)."""
+    from run.loop import Run
+    path = tmp_path_factory.mktemp("value_head")
+    out = succeeded(python(*MSE_HEAD, *TWO_LABELS, f"--save_checkpoint_path={path / 'ckpt'}",
+                           f"--log_path={path / 'log.json'}"))
+    succeeded(python(f"--checkpoint={path / 'ckpt'}", f"--output={path / 'repo'}", "--model_name=m",
+                     "--model=examples/two_label.py", "--forms=monolithic,tables", script="deployment/deploy.py"))
+    values = {"mode": "eval", "dataset_type": "synthetic", "synthetic_cardinalities": ["300", "50", "7", "30"],
+              "synthetic_num_numerical": 3, "synthetic_eval_rows": 500, "valid_batch_size": 300, "seed": 7,
+              "synthetic_labels": 2, "model": "examples/two_label.py", "restore_checkpoint_path": str(path / "ckpt"),
+              "model_param": [p.split("=", 1)[1] for p in MSE_HEAD if p.startswith("--model_param=")]}
+    run = Run(build_config(dict(TINY, **values), set(values)))
+    try:
+        offline = run.evaluate(run.start_step)
+    finally:
+        run.model.embeddings.close()
+    return out, path / "log.json", path / "ckpt", path / "repo", offline
+
+
+def test_the_losses_per_head_in_the_progress_line_json_log_and_evaluation(value_head):
+    out, log, _, _, _ = value_head
     assert " | label loss " in out.stdout and " | label_1 loss " in out.stdout
     assert [line for line in out.stdout.splitlines() if line.startswith("eval at step")][-1].split(" | ")[:-1] == [
-        f"eval at step {STEPS}: label_auc {last_eval(tmp_path / 'log.json')['label_auc']:.5f}",
-        f"label_logloss {last_eval(tmp_path / 'log.json')['label_logloss']:.5f}",
-        f"label_oracle_auc {last_eval(tmp_path / 'log.json')['label_oracle_auc']:.5f}",
-        f"label_1_rmse {last_eval(tmp_path / 'log.json')['label_1_rmse']:.5f}"]
-    for loss, label, label_1 in steps(tmp_path / "log.json").values():
+        f"eval at step {STEPS}: label_auc {last_eval(log)['label_auc']:.5f}",
+        f"label_logloss {last_eval(log)['label_logloss']:.5f}",
+        f"label_oracle_auc {last_eval(log)['label_oracle_auc']:.5f}",
+        f"label_1_rmse {last_eval(log)['label_1_rmse']:.5f}"]
+    for loss, label, label_1 in steps(log).values():
         assert loss == pytest.approx(label + 0.5 * label_1, rel=1e-6)
+
+
+EVAL_DATA = ["--dataset_type=synthetic", "--synthetic_cardinalities=300,50,7,30", "--synthetic_num_numerical=3",
+             "--synthetic_eval_rows=500", "--seed=7", "--model_name=m", "--batch_size=200"]
+
+
+@pytest.mark.parametrize("frontend,protocol", [("native", "grpc"), ("triton", "http")])
+def test_evaluate_accuracy_scores_each_served_head_as_the_in_process_evaluation(value_head, frontend, protocol,
+                                                                                tmp_path):
+    """Each head by its metric (label: AUC and logloss; label_1, trained with mean squared error:
+    RMSE) within 1e-6 of main.py --mode=eval's of the checkpoint; a model with heads evaluated
+    without its export, or on data whose labels are not its heads, is one line."""
+    _, _, _, repo, offline = value_head
+    log, ports = tmp_path / "server.log", free_ports(3)
+    server = start_server(log, ports, f"--model_repository={repo}", f"--frontend={frontend}")
+    try:
+        url = f"--url=localhost:{ports[0 if protocol == 'http' else 1]}"
+        result = script("evaluate_accuracy.py", *EVAL_DATA, "--synthetic_labels=2", f"--model_repository={repo}",
+                        f"--protocol={protocol}", url, "--wait_s=120", f"--output_json={tmp_path / 'm.json'}")
+        assert result.returncode == 0, result.stderr[-3000:]
+        errors = [] if frontend != "native" else [
+            script("evaluate_accuracy.py", *EVAL_DATA, "--synthetic_labels=2", f"--protocol={protocol}", url),
+            script("evaluate_accuracy.py", *EVAL_DATA, f"--model_repository={repo}", f"--protocol={protocol}", url)]
+    finally:
+        stop_server(server, ports, log)
+    served = json.loads((tmp_path / "m.json").read_text())
+    assert served["samples"] == offline["samples"] == 500
+    figures = ("label_auc", "label_logloss", "label_1_rmse", "auc", "logloss")
+    assert served.keys() - {"seconds", "samples_per_s"} == set(figures) | {"samples"}
+    for k in figures:
+        assert served[k] == pytest.approx(offline[k], abs=1e-6), k
+    assert f"served m over {protocol}: label_auc {offline['label_auc']:.5f} | label_logloss " \
+           f"{offline['label_logloss']:.5f} | label_1_rmse {offline['label_1_rmse']:.5f} | 500 samples" in result.stdout
+    assert [error_line(e) for e in errors] == ([] if frontend != "native" else [
+        "error: model 'm' gives 2 outputs a sample (heads): name its export with --model_repository (its export.json "
+        "names the heads and how each is scored)",
+        "error: model 'm''s heads (label, label_1) are not the data's labels (label): evaluate it on data with a label "
+        "per head, named as it"])
 
 
 ONE_VALUE = ONE_OUTPUT + "\n\ndef compile_args(features, hparams):\n    return {'loss': 'mean_squared_error'}\n"
@@ -273,10 +339,25 @@ ONE_VALUE = ONE_OUTPUT + "\n\ndef compile_args(features, hparams):\n    return {
 def test_a_one_output_regression_model_and_the_refusals(tmp_path):
     (tmp_path / "value.py").write_text(ONE_VALUE)
     value = [f"--model={tmp_path / 'value.py'}", *DATA]
-    out = succeeded(python(*value, f"--log_path={tmp_path / 'log.json'}"))
+    out = succeeded(python(*value, f"--log_path={tmp_path / 'log.json'}", f"--save_checkpoint_path={tmp_path / 'c'}"))
     final = last_eval(tmp_path / "log.json")
     assert final["auc"] is None and 0.0 < final["rmse"] < 1.0
     assert f"eval at step {STEPS}: rmse {final['rmse']:.5f} | 500 samples" in out.stdout
+    # exported (export.json: layout.values [0]) and served, evaluate_accuracy.py scores its output by RMSE
+    succeeded(python(f"--checkpoint={tmp_path / 'c'}", f"--output={tmp_path / 'repo'}", "--model_name=m",
+                     f"--model={tmp_path / 'value.py'}", "--forms=monolithic", script="deployment/deploy.py"))
+    assert json.loads((tmp_path / "repo" / "export.json").read_text())["layout"]["values"] == [0]
+    log, ports = tmp_path / "server.log", free_ports(3)
+    server = start_server(log, ports, f"--model_repository={tmp_path / 'repo'}", "--frontend=native")
+    try:
+        served = script("evaluate_accuracy.py", *EVAL_DATA, f"--model_repository={tmp_path / 'repo'}",
+                        f"--url=localhost:{ports[0]}", "--wait_s=120", f"--output_json={tmp_path / 'm.json'}")
+        assert served.returncode == 0, served.stderr[-3000:]
+    finally:
+        stop_server(server, ports, log)
+    figures = json.loads((tmp_path / "m.json").read_text())
+    assert figures["auc"] is None and figures["rmse"] == pytest.approx(final["rmse"], abs=1e-6)
+    assert f"served m over http: rmse {final['rmse']:.5f} | 500 samples" in served.stdout
     assert error_line(python(*value, "--keep_best_checkpoint", f"--save_checkpoint_path={tmp_path / 'ckpt'}")) == (
         f"error: --keep_best_checkpoint chooses by an AUC; --model={tmp_path / 'value.py'} evaluates no output by "
         "AUC (its compile_args trains each with mean squared error)")

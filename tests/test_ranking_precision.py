@@ -165,14 +165,6 @@ def test_xla_refusals_name_the_model_or_layer():
                                           r"which it writes as the halves embedding_call and dense_call "
                                           r"\(docs/models.md\); model 'sub' writes only call$"):
         model.compile(jit_compile=True)
-    ids = keras.Input((), dtype="int32", name="f")
-    table = TableConfig(name="t", vocabulary_size=10, embedding_dim=4)
-    layer = HybridEmbedding([FeatureConfig(name="f", table=table, input_shape=(None,), output_shape=(None, 4))],
-                            name="emb")
-    model = Model(ids, keras.layers.Dense(1)(layer([keras.layers.Identity()(ids)])[0]))
-    with pytest.raises(ConfigError, match="^compile: jit_compile needs layer 'emb' fed the model's inputs, not "
-                                          "tensors computed from them$"):
-        model.compile(jit_compile=True)
 
 
 # main.py --model=examples/dlrm.py with --amp, --xla (in process: run.loop.run).

@@ -1,4 +1,6 @@
 """Exact evaluation metrics over every sample (NumPy)."""
+from typing import Callable, Optional, Sequence
+
 import numpy as np
 
 
@@ -42,3 +44,26 @@ def log_loss(labels: np.ndarray, logits: np.ndarray) -> float:
     y = np.asarray(labels, dtype=np.float64).ravel()
     z = np.asarray(logits, dtype=np.float64).ravel()
     return float(np.mean(np.logaddexp(0.0, z) - y * z))
+
+
+def output_figures(logits: np.ndarray, labels: np.ndarray, heads: Optional[Sequence[str]] = None,
+                   scores: Optional[Sequence[str]] = None,
+                   more: Optional[Callable[[int, np.ndarray, np.ndarray], dict]] = None) -> dict:
+    """The figures of a model's outputs, logits and labels [n, H] (H = len(heads), or 1 without
+    heads): per output by its score, "auc" (default: a logit of a binary label: "auc", "logloss",
+    and `more(h, labels[:, h], logits[:, h])`'s) or "rmse" (a value: its root mean squared error
+    against the label), named "<head>_<figure>" for a model with heads ("click_auc"); "auc" and
+    "logloss" are the first "auc" output's (None without one)."""
+    scores = list(scores or ["auc"] * (len(heads) if heads else 1))
+    metrics = {"auc": None, "logloss": None}
+    for h, (head, score) in enumerate(zip(heads or [None], scores)):
+        out, y = logits[:, h], labels[:, h]
+        if score == "rmse":
+            figures = {"rmse": float(np.sqrt(np.mean(np.square(out.astype(np.float64) - y))))}
+        else:
+            figures = {"auc": roc_auc(y, out), "logloss": log_loss(y, out), **(more(h, y, out) if more else {})}
+        metrics.update(figures if head is None else {f"{head}_{k}": v for k, v in figures.items()})
+    first = [head for head, score in zip(heads or [], scores) if score == "auc"][:1]
+    if first:
+        metrics.update(auc=metrics[f"{first[0]}_auc"], logloss=metrics[f"{first[0]}_logloss"])
+    return metrics

@@ -82,13 +82,13 @@ def model_file_export(manifest: dict, model_file) -> ExportedModel:
                                   f"model builds it {(t.rows, t.dim)}")
     inputs = model._inputs_struct
     layout = ServingLayout(signature["cardinalities"], signature["max_hotness"], widths, signature["num_numerical"],
-                           [x.feature for x in lookups], heads)
+                           [x.feature for x in lookups], heads,
+                           [h for h, score in enumerate(scores) if score == "rmse"] or None)
 
     def dense(verify: bool) -> KerasDense:
         return _restored_dense(model, manifest, verify, widths, NUMERICAL in inputs, heads)
 
-    return ExportedModel(layout, tables, lookups, os.path.splitext(signature["model"])[0], dense,
-                         tuple(h for h, score in enumerate(scores) if score == "rmse"))
+    return ExportedModel(layout, tables, lookups, os.path.splitext(signature["model"])[0], dense)
 
 
 def builtin_dense(manifest: dict, verify: bool = True) -> KerasDense:

@@ -51,14 +51,14 @@ class ExportedModel:
     `name` (the default model name), and `dense(verify)`: the dense part as a tf.Module with the
     checkpoint's weights (numerical [B, n], embeddings -> logits [B], or [B, H] for the layout's H
     `heads`; TensorFlow and Keras: called last; model_file.KerasDense), None for a built-in
-    model (model_file.builtin_dense, from the signature). `values`: the outputs (columns) trained as values (mean squared error), whose
-    predictions are their outputs; every other one's is the sigmoid of its logit."""
+    model (model_file.builtin_dense, from the signature). Its layout's `values`: the outputs
+    (columns) trained as values (mean squared error), whose predictions are their outputs; every
+    other one's is the sigmoid of its logit."""
     layout: ServingLayout
     tables: List[Table]
     lookups: List[Lookup]
     name: str
     dense: Optional[Callable[[bool], object]]
-    values: Tuple[int, ...] = ()
 
     @property
     def per_feature(self) -> bool:

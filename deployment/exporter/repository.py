@@ -319,9 +319,9 @@ def _write_content(manifest: dict, model: ExportedModel, tmp: str, name: str, se
 
 def _layout_json(layout: ServingLayout) -> dict:
     """export.json's "layout": without `lookup_features` for the built-in models (one lookup per
-    feature), without `heads` for a model of one output."""
+    feature), without `heads` for a model of one output, without `values` for one of logits alone."""
     out = dataclasses.asdict(layout)
-    for optional in ("lookup_features", "heads"):
+    for optional in ("lookup_features", "heads", "values"):
         if out[optional] is None:
             del out[optional]
     return out

@@ -99,7 +99,7 @@ def serving_modules(manifest: dict, host_bytes: int, with_tables: bool = True, v
     embeddings = tf.TensorSpec([None, sum(layout.embedding_dims)], tf.float32, name=EMBEDDINGS)
 
     def dense_part(numerical_features, embeddings):
-        return _outputs(dense(numerical_features, embeddings), model.values)
+        return _outputs(dense(numerical_features, embeddings), model.layout.values or ())
 
     modules = {"dense": _Serving("dense", dense_part, [numerical, embeddings], dense=dense)}
     if not with_tables:
@@ -108,7 +108,7 @@ def serving_modules(manifest: dict, host_bytes: int, with_tables: bool = True, v
     lookup = Lookup(tables, model, host_bytes)
 
     def monolithic(numerical_features, categorical_features):
-        return _outputs(dense(numerical_features, lookup(categorical_features)), model.values)
+        return _outputs(dense(numerical_features, lookup(categorical_features)), model.layout.values or ())
 
     def sparse(categorical_features):
         return {EMBEDDINGS: lookup(categorical_features)}
