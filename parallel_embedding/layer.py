@@ -368,7 +368,8 @@ class DistributedEmbedding(tf.Module):
         on large batches; one-hot only, since multi-hot id counts vary from batch to batch); ids
         outside [0, cardinality) fail a check either way. A dynamic table's ids are raw int64 values
         (any): its DynamicTable maps them to rows at the global step (training: admitting and
-        evicting), before the gathers."""
+        evicting), before the gathers; a routed table's (`_route`) after one all-to-all that gives
+        each hash shard's owner its own ids only."""
         ids, exchange_checks = list(ids), []
         if self.data_parallel_input and self.size > 1:
             ids, exchange_checks = self._exchange_ids(ids)
@@ -422,11 +423,12 @@ class DistributedEmbedding(tf.Module):
             per_input = tf.reshape(tf.math.unsorted_segment_sum(tf.ones_like(key), key, len(shards) * m[f]),
                                    [len(shards), m[f]])
             per_shard = tf.reduce_sum(per_input, axis=1)
-            parts = [tf.split(tf.gather(v, order), per_shard, num=len(shards)) if v is not None else [None] * len(shards)
+            parts = [[None] * len(shards) if v is None else tf.split(tf.gather(v, order), per_shard, num=len(shards))
                      for v in (x.ids, samples, x.weights)]
             for k, s in enumerate(shards):
                 pieces[s], counts[s], sent[s] = parts[0][k], per_input[k], Sent(parts[1][k], parts[2][k])
-        send = [tf.concat([tf.cast(counts[s], tf.int64) for s in shards] + [tf.cast(pieces[s], tf.int64) for s in shards], 0)
+        send = [tf.concat([tf.cast(counts[s], tf.int64) for s in shards] + [tf.cast(pieces[s], tf.int64)
+                                                                            for s in shards], 0)
                 if shards else tf.zeros([0], tf.int64) for shards in self._routed_on]
         received = self.comm.alltoall(tf.concat(send, 0), tf.stack([tf.size(x) for x in send]),
                                       f"{self.name}_routed_ids")
@@ -632,7 +634,7 @@ class DistributedEmbedding(tf.Module):
         from) rank r (`mine`), or of rank r's routed shards from (or to) this rank."""
         if mine:
             return tf.add_n([tf.constant(0)] + [o.counts[r] * s.width for s, o in
-                                                zip(self._routed_on[self.rank], routes.owned)])
+                                                zip(self._routed_on[self.rank], routes.owned if routes else [])])
         sent = dict(zip(self._routed, routes.sent if routes else []))
         return tf.add_n([tf.constant(0)] + [tf.size(sent[s].positions) * s.width for s in self._routed_on[r]])
 
@@ -656,8 +658,8 @@ class DistributedEmbedding(tf.Module):
             return received, []
         n, me = self.size, self.rank
         if mine:
-            sizes = [[b * self._widths[me]] + [o.counts[r] * s.width for s, o in zip(self._routed_on[me], routes.owned)]
-                     for r in range(n)]
+            sizes = [[b * self._widths[me]] + [o.counts[r] * s.width
+                                               for s, o in zip(self._routed_on[me], routes.owned)] for r in range(n)]
         else:
             sent = dict(zip(self._routed, routes.sent))
             sizes = [[b * self._widths[r]] + [tf.size(sent[s].positions) * s.width for s in self._routed_on[r]]
@@ -670,11 +672,11 @@ class DistributedEmbedding(tf.Module):
             routed.append(parts[k + 1:k + len(xs)])
             k += len(xs)
         if mine:   # per shard of this rank: its rows from every rank (wire order) -> global batch order
-            routed = [tf.gather(tf.reshape(tf.concat([parts[t] for parts in routed], 0), [-1, s.width]), o.order)
+            routed = [tf.gather(tf.reshape(tf.concat([of_rank[t] for of_rank in routed], 0), [-1, s.width]), o.order)
                       for t, (s, o) in enumerate(zip(self._routed_on[me], routes.owned))]
         else:
-            routed = [tf.reshape(x, [-1, s.width]) for parts, shards in zip(routed, self._routed_on)
-                      for x, s in zip(parts, shards)]
+            routed = [tf.reshape(x, [-1, s.width]) for of_rank, shards in zip(routed, self._routed_on)
+                      for x, s in zip(of_rank, shards)]
         return tf.concat(static, 0), routed
 
     def _by_rank(self, rows: tf.Tensor, m: int) -> tf.Tensor:
