@@ -55,8 +55,9 @@ def main():
             self.sent[name].assign_add(tf.size(tensor, out_type=tf.int64) * tensor.dtype.size)
             return super().alltoall(tensor, counts, name)
 
-    with open(WORKLOADS) as f:
-        cards = [yaml.safe_load(f)["workloads"]["dlrm-kaggle"]["cardinalities"][f] for f in FEATURES]
+    with open(WORKLOADS) as stream:
+        w1 = yaml.safe_load(stream)["workloads"]["dlrm-kaggle"]["cardinalities"]
+    cards = [w1[f] for f in FEATURES]
     comm = Counted()
     n, b = comm.size, BATCH // comm.size
     options = DynamicOptions(args.capacity, shards=args.shards)

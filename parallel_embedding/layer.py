@@ -461,13 +461,15 @@ class DistributedEmbedding(tf.Module):
         rank, a count, then those shards' samples. Their rows follow by the rows' all-to-all."""
         n, m = self.size, self.inputs_per_table
         owned, owned_ids, send = [], [], [[] for _ in range(n)]
+        hashed = {s.feature: hash_shards(flat[s.feature].ids, len(self.plan.tables[s.feature].shards))
+                  for s in self._routed_on[self.rank]}   # once per table, whatever its shards here
         for s in self._routed_on[self.rank]:
             x, shards = flat[s.feature], self.plan.tables[s.feature].shards
             samples = tf.range(tf.size(x.ids)) if x.sample is None else tf.cast(x.sample, tf.int32)
             big_b = tf.maximum((tf.size(x.ids) if x.sample is None else tf.cast(x.num_samples, tf.int32))
                                // m[s.feature], 1)
             b = tf.maximum(big_b // n, 1)
-            own = tf.equal(hash_shards(x.ids, len(shards)), shards.index(s))
+            own = tf.equal(hashed[s.feature], shards.index(s))
             samples = tf.boolean_mask(samples, own)
             rank = samples % big_b // b
             wire = tf.argsort(rank, stable=True)
@@ -616,7 +618,7 @@ class DistributedEmbedding(tf.Module):
                       for r in range(self.size)]), f"{self.name}_rows")
         received, routed = self._from_ranks(received, b, looked_up.routes, mine=False)
         pieces = tf.split(received, tf.stack([b * m[s.feature] * s.width for s in self._all_shards]),
-                          num=len(self._all_shards))
+                          num=len(self._all_shards)) if self._all_shards else []
         for f, parts in self._pieces.items():
             if parts:
                 parts = [tf.reshape(pieces[k], [-1, s.width]) for k, s in parts]

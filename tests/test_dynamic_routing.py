@@ -90,12 +90,41 @@ def train(emb, step, inputs, grads, results):
         step.assign_add(1)
 
 
-def embedding(plan, comm, data_parallel):
-    emb = DistributedEmbedding(plan, comm, seed=(1, 100), data_parallel_input=data_parallel, combiners=COMBINERS,
-                               inputs_per_table=INPUTS)
+def embedding(plan, comm, data_parallel, combiners=COMBINERS, inputs=INPUTS):
+    emb = DistributedEmbedding(plan, comm, seed=(1, 100), data_parallel_input=data_parallel, combiners=combiners,
+                               inputs_per_table=inputs)
     step = tf.Variable(0, dtype=tf.int64)
     emb.set_optimizer("adagrad", step)
     return emb, step
+
+
+def run_ranks(ranks, embs, data, grads, data_parallel, inputs):
+    """`train` on every rank, each a thread, from the global batches `data` and feature gradients
+    `grads`; returns each rank's features per step."""
+    n, got, errors = ranks.n, [[] for _ in range(ranks.n)], []
+
+    def rank(r):
+        emb, step = embs[r]
+
+        def ids(x, f):
+            if data_parallel or emb.input_rows(f) == "local":
+                return rows_of(x, r, n, inputs[f])
+            return x if emb.input_rows(f) == "global" else tf.zeros([0], tf.int64)
+        try:
+            train(emb, step, [[ids(x, f) for f, x in enumerate(batch)] for batch in data],
+                  [[rows_of(g, r, n, m) for g, m in zip(gs, inputs)] for gs in grads], got[r])
+        except BaseException as e:   # noqa: BLE001 (raised below)
+            errors.append(e)
+            ranks.barrier.abort()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return got
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -112,28 +141,7 @@ def test_routed_hash_shards_equal_one_process_and_send_each_row_once(n, data_par
     ranks, plan = Ranks(n), plan_tables([60, 50, 100], DIMS, n, dynamic=DYNAMIC)
     embs = [embedding(plan, ranks.comm(r), data_parallel) for r in range(n)]
     assert [len(emb.dynamic) for emb, _ in embs] == ([3, 2] if n == 2 else [2, 2, 1])
-    got, errors = [[] for _ in range(n)], []
-
-    def rank(r):
-        emb, step = embs[r]
-        def ids(x, f):
-            if data_parallel or emb.input_rows(f) == "local":
-                return rows_of(x, r, n, INPUTS[f])
-            return x if emb.input_rows(f) == "global" else tf.zeros([0], tf.int64)
-        try:
-            train(emb, step, [[ids(x, f) for f, x in enumerate(batch)] for batch in data],
-                  [[rows_of(g, r, n, m) for g, m in zip(gs, INPUTS)] for gs in grads], got[r])
-        except BaseException as e:   # noqa: BLE001 (reported below)
-            errors.append(e)
-            ranks.barrier.abort()
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    got = run_ranks(ranks, embs, data, grads, data_parallel, INPUTS)
     for s in range(STEPS):   # the features of the global batch: bit for bit but the combiner's sums
         for f, m in enumerate(INPUTS):
             rows = tf.concat([got[r][s][f][i * (B // n):(i + 1) * (B // n)] for i in range(m) for r in range(n)], 0)
@@ -162,3 +170,22 @@ def test_routed_hash_shards_equal_one_process_and_send_each_row_once(n, data_par
         assert ranks.sent["embedding_routed_ids"] == counts + B * STEPS + ids
     else:   # the owners send each rank its ids' samples, after a count per shard
         assert ranks.sent["embedding_routed_positions"] == n * 5 * STEPS + B * STEPS + ids
+
+
+@pytest.mark.parametrize("data_parallel", [False, True], ids=["model_parallel", "data_parallel"])
+def test_a_plan_of_routed_tables_alone(data_parallel):
+    """No static table beside the routed one: the rows' all-to-all carries routed rows only."""
+    data = [batch[:1] for batch in batches()]
+    grads = [[tf.constant(np.random.default_rng(s).normal(size=(B, DIMS[0])), tf.float32)] for s in range(STEPS)]
+    dynamic = {0: DYNAMIC[0]}
+    one, one_step = embedding(plan_tables([60], DIMS[:1], 1, dynamic=dynamic), SingleProcess(), False, ["sum"], [1])
+    want = []
+    train(one, one_step, data, grads, want)
+    ranks = Ranks(2)
+    plan = plan_tables([60], DIMS[:1], 2, dynamic=dynamic)
+    embs = [embedding(plan, ranks.comm(r), data_parallel, ["sum"], [1]) for r in range(2)]
+    got = run_ranks(ranks, embs, data, grads, data_parallel, [1])
+    for s in range(STEPS):
+        np.testing.assert_allclose(tf.concat([got[0][s][0], got[1][s][0]], 0).numpy(), want[s][0].numpy(),
+                                   rtol=1e-6, atol=1e-7, err_msg=str(s))
+    assert ranks.sent["embedding_rows"] == B * DIMS[0] * STEPS
