@@ -40,6 +40,8 @@ def main():
     ap.add_argument("--code", default=ROOT, help="the checkout whose modules are measured")
     args = ap.parse_args()
     sys.path.insert(0, os.path.abspath(args.code))
+    from utils.tensorflow_startup import import_tensorflow
+    import_tensorflow()   # its start-up lines once, held to TF_CPP_MIN_LOG_LEVEL
     import tensorflow as tf
     from parallel_embedding.collectives import HorovodCollectives
     from parallel_embedding.layer import DistributedEmbedding

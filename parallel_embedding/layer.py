@@ -410,8 +410,9 @@ class DistributedEmbedding(tf.Module):
         Example, N = 2, b = 3, m = 1, S = 2 (shard k on rank k): rank 0's ids a b c hash to shards
         1 0 1, rank 1's d e f to 0 0 1. Rank 0 sends [1 | b] to rank 0 and [2 | a c] to rank 1;
         rank 1 sends [2 | d e] to rank 0 and [1 | f] to rank 1. Rank 0 receives [1 b 2 d e]: shard
-        0's ids b d e (wire order = global order, m being 1), and returns their rows [1 | b] and
-        [2 | d e] by the rows' all-to-all; rank 0 places its rows of a c at samples 0 2 (`Sent`)."""
+        0's ids b d e (wire order = global order, m being 1); by the rows' all-to-all it returns b's
+        row to rank 0 and d's and e's to rank 1. Rank 0 adds the rows of a c from rank 1 at its
+        samples 0 2, and b's at 1 (`Sent`)."""
         n, m = self.size, self.inputs_per_table
         pieces, counts, sent = {}, {}, {}
         for f in sorted(self._routed_features):
