@@ -1,8 +1,10 @@
 """Dynamic tables at 2 Gloo ranks (dlrm.py under horovodrun): a table in hash shards spread over
 the ranks, another whole on one rank, equal one process holding the same shards on the same
 global batches (per-step losses; the tables' ids, admission, eviction and counts exactly, their
-values within float tolerance), with model-parallel and with data-parallel input, and a
-checkpoint written at 2 ranks resumes at 1 rank as the uninterrupted run."""
+values within float tolerance), with model-parallel and with data-parallel input (and the table in
+3 hash shards under eviction, rank 0 owning two), and a checkpoint written at 2 ranks resumes at 1
+rank as the uninterrupted run. Each hash shard's owner receives only its shards' ids (routed:
+tests/test_dynamic_routing.py counts the traffic)."""
 import json
 
 import numpy as np
@@ -78,3 +80,20 @@ def test_two_ranks_with_data_parallel_input_equal_one_process(tmp_path, one):
     for s in range(1, 7):
         assert got["step"][s] == pytest.approx(want["step"][s], rel=1e-5, abs=1e-6), s
     assert_same_tables(_tensors(str(two)), _tensors(f"{one}/ckpt-6"))
+
+
+def test_three_hash_shards_at_two_ranks_under_eviction_equal_one_process(tmp_path):
+    """Table 0 in 3 hash shards (rank 0 owns two), evicting, data-parallel input: each owner
+    receives only its shards' ids (routed), and the maps equal one process's bit for bit."""
+    dynamic = ["--dynamic_tables=0:60:2:lru:0:3,cat_3:30:1:lfu"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    succeeded(one_process("dlrm.py", *MODEL, *DATA, *dynamic, "--max_steps=6", f"--log_path={one}.json",
+                          f"--save_checkpoint_path={one}"))
+    succeeded(horovodrun(2, ["dlrm.py", *MODEL, *DATA, *dynamic, "--data_parallel_input", "--max_steps=6",
+                             f"--log_path={two}.json", f"--save_checkpoint_path={two}"]))
+    want, got = records(f"{one}.json"), records(f"{two}.json")
+    for s in range(1, 7):
+        assert got["step"][s] == pytest.approx(want["step"][s], rel=1e-5, abs=1e-6), s
+    assert_same_tables(_tensors(str(two)), _tensors(str(one)), present=("table_0/shard_2/ids", "table_3/counts"))
+    counts = [r for r in map(json.loads, open(f"{one}.json")) if r["kind"] == "step" and r["step"] == 6]
+    assert counts[0]["embedding/table_0/evicted"] > 0
