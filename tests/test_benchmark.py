@@ -68,19 +68,6 @@ def test_checks_adds_the_safety_checks_costs(tmp_path):
 
 
 @pytest.mark.skipif(not os.path.isfile(YARDSTICK), reason="../shared/bench is not beside this checkout")
-@pytest.mark.parametrize("workload", ["dlrm-kaggle", "dcnv2-nvidia"])
-def test_api_times_the_example_model_against_the_built_in_one(tmp_path, workload):
-    record, = run_benchmark(tmp_path, ["--workload", workload, "--api", "1", "--rounds", "3"])
-    assert record["impl"] == "api-vs-builtin" and record["rounds"] == 3 and record["timed_steps_per_round"] == 2
-    # the same shapes: DLRM 13-16-8 and 16-16-1 over 8 + 6 pairs padded to 16 (649); DCNv2 with its cross layers
-    params = record["dense_parameters"]
-    assert params["api"] == params["builtin"] and (workload != "dlrm-kaggle" or params["api"] == 649)
-    assert record["api_samples_per_s"] > 0 and record["builtin_samples_per_s"] > 0
-    low, high = record["round_ratio_range"]
-    assert low <= record["round_ratio_median"] <= high
-
-
-@pytest.mark.skipif(not os.path.isfile(YARDSTICK), reason="../shared/bench is not beside this checkout")
 @pytest.mark.parametrize("fresh", [0, 1])
 def test_dynamic_times_the_largest_tables_dynamic_against_static(tmp_path, fresh):
     record, = run_benchmark(tmp_path, ["--workload", "dlrm-kaggle", "--dynamic", "2", "--rounds", "2",
@@ -93,13 +80,6 @@ def test_dynamic_times_the_largest_tables_dynamic_against_static(tmp_path, fresh
     # the pool's 2 batches of 64 ids cycle (at most 100 distinct: all hits after the first pass); fresh ids: 5 steps
     # of new ids, 320 ids in 100 rows
     assert counts["evicted"] > 0 if fresh else 0 < counts["admitted"] == counts["live"] <= 100
-
-
-def test_dynamic_and_api_are_one_comparison_at_a_time(tmp_path):
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "train_throughput.py"), "--workload",
-                          "dlrm-kaggle", "--dynamic", "3", "--api", "1"], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2
-    assert out.stderr.strip().splitlines()[-1].endswith("--api and --dynamic: one comparison at a time")
 
 
 def test_dynamic_quality_trains_the_exact_vocabulary_and_each_capacity(tmp_path):
