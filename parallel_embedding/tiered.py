@@ -212,14 +212,11 @@ class DynamicStore:
             found = rows >= 0
             fresh = found & np.isin(codes, (id_map.ADMITTED, id_map.EVICTED)) if codes is not None else \
                 np.zeros(len(rows), bool)
+            unit.tick()
             kept = tables._bring(unit, np.unique(rows[found & ~fresh]), count=False)
-            new = np.unique(rows[fresh])   # a slot, unread: the step re-initialises the row
-            slots = unit.slot_of[new]
-            unit.use(slots[slots >= 0])
-            unit.pin(slots[slots >= 0])
-            if (slots < 0).any():
-                unit.pin(tables._load(unit, new[slots < 0], read=False))
-            unit.step_pins = np.concatenate([kept, unit.slot_of[new]]).astype(np.int64)
+            # a slot, unread: the step re-initialises the row
+            new = tables._bring(unit, np.unique(rows[fresh]), count=False, read=False)
+            unit.step_pins = np.concatenate([kept, new]).astype(np.int64)
             out = np.where(found, unit.slot_of[np.maximum(rows, 0)], -1).astype(np.int32)
             if codes is not None:
                 unit.dirty[out[found]] = True
@@ -407,6 +404,7 @@ class DiskTier:
         local = values.astype(np.int64) - unit.row_start
         inside = (local >= 0) & (local < unit.rows)
         local_in = local[inside]
+        unit.tick()
         slots = self._bring(unit, np.unique(local_in))
         out = np.full(len(values), unit.capacity, np.int64)
         out[inside] = unit.slot_of[local_in]
@@ -421,12 +419,13 @@ class DiskTier:
         if unit.mine is not None:
             values = values[unit.mine(values)]
         rows = unit.table.map.find(tf.constant(values, tf.int64)).numpy()
+        unit.tick()
         return self._bring(unit, np.unique(rows[rows >= 0]))
 
-    def _bring(self, unit: Unit, rows: np.ndarray, count: bool = True) -> np.ndarray:
-        """rows [m] (unique, sorted) -> their slots [m], cached and pinned (missing ones read from
-        disk); `count`: in the hit rate."""
-        unit.tick()
+    def _bring(self, unit: Unit, rows: np.ndarray, count: bool = True, read: bool = True) -> np.ndarray:
+        """rows [m] (unique, sorted) -> their slots [m], cached and pinned at the unit's clock (the
+        caller ticks it once per use), missing ones read from disk (`read` false: only given slots,
+        as `_load`'s); `count`: in the hit rate."""
         slots = unit.slot_of[rows]
         hit = slots >= 0
         unit.use(slots[hit])
@@ -437,7 +436,7 @@ class DiskTier:
             self._counts["misses"] += len(miss)
             self._counts["hits"] += len(rows) - len(miss)
         if len(miss):
-            unit.pin(self._load(unit, miss))
+            unit.pin(self._load(unit, miss, read))
         return unit.slot_of[rows]
 
     def _load(self, unit: Unit, miss: np.ndarray, read: bool = True) -> np.ndarray:
