@@ -71,8 +71,9 @@ def builtin_tables(cfg: RunConfig, plan=None, comm=None, combiners: Optional[Seq
 
 
 def builtin_model(cfg: RunConfig, plan=None, comm=None):
-    """The bare ranking.Model of `cfg`'s model file handed builtin_tables(cfg, plan, comm); not
-    compiled (no UserModel: its compile broadcasts, which ranks built one after another cannot)."""
+    """The bare ranking.Model of `cfg`'s model file handed builtin_tables(cfg, plan, comm), not
+    compiled: its caller compiles it (ranks run as threads, together: a UserModel compiles, and so
+    broadcasts, as it is built)."""
     tables = builtin_tables(cfg, plan, comm)
     path, hparams = builtin_model_file(model_config(cfg))
     build, _ = load_model_file(path)
