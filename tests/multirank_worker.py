@@ -8,7 +8,6 @@ train the same global batches; each rank checks its logits, the global loss and,
 one of its variables (table shards, optimizer slots, dense weights) against the matching region of
 the single-process model's. Exits non-zero on a mismatch.
 """
-import dataclasses
 import json
 import sys
 
@@ -17,13 +16,10 @@ import tensorflow as tf
 
 from dataloading.batches import RankInput, rank_batch
 from dataloading.synthetic import SyntheticDataset
-from nn.model import builtin_model_file, model_tables
 from parallel_embedding.collectives import SingleProcess, make_collectives
 from parallel_embedding.planner import plan_tables
-from run.assembly import model_config
-from run.config import build_config
-from run.user_model import UserModel, UserTrainer
-from tests.configs import TINY
+from run.user_model import UserTrainer
+from tests.builtin import builtin_trainer
 from tests.multi_hot import multi_hot_ids
 
 TOLERANCE = 1e-5
@@ -31,9 +27,9 @@ TOLERANCE = 1e-5
 
 def build(case, comm, plan) -> UserTrainer:
     """The run's trainer of the case's model on the ranks of `comm`, its tables on `plan` (None:
-    every table whole): the flags of the case (tables, hotness, interaction, optimizer, learning
-    rate, input layout; seed 3), its tables' combiners the case's (per table, which the flags
-    cannot give)."""
+    the flags', every table whole): the flags of the case (tables, hotness, interaction, optimizer,
+    learning rate, input layout; seed 3), its tables' combiners the case's (per table, which the
+    flags cannot give)."""
     cards, dims = case["cardinalities"], case["dims"]
     hotness = case.get("hotness") or [1] * len(cards)
     flags = dict(synthetic_cardinalities=cards, embedding_dim=dims, synthetic_num_numerical=3,
@@ -46,14 +42,7 @@ def build(case, comm, plan) -> UserTrainer:
         flags.update(synthetic_dataset_hotness=hotness)
     if comm.size > 1:
         flags.update(data_parallel_input=case.get("data_parallel_input", False))
-    cfg = build_config(dict(TINY, **flags), present=set(flags), world_size=comm.size)
-    config = model_config(cfg)
-    combiners = case.get("combiners") or ["sum"] * len(cards)
-    config = dataclasses.replace(config, tables=tuple(dataclasses.replace(t, combiner=k)
-                                                      for t, k in zip(config.tables, combiners)))
-    tables = model_tables(config, plan, comm, seed=cfg.seed, data_parallel_input=cfg.parallelism.data_parallel_input)
-    path, hparams = builtin_model_file(model_config(cfg))
-    return UserTrainer(UserModel(cfg, comm, path, hparams, tables))
+    return builtin_trainer(plan, comm, combiners=case.get("combiners"), **flags)
 
 
 def tensors(batch, case, scopes, global_start, local_start):

@@ -26,12 +26,12 @@ def batch(seed):
 def test_amp_predictions_are_the_float32_forward():
     """Against the float32 model (Keras' float32 policy, called eagerly) given the AMP model's weights."""
     for interaction in ("dot", "cross"):
+        reference = trainer(interaction).model   # given each AMP model's weights in turn, every one
         for xla in (False, True):
             amp = trainer(interaction, xla, amp=True, compute_dtype=tf.bfloat16)
             assert amp.keras_model.get_layer("top_mlp").compute_dtype == "bfloat16"
             for step in range(3):   # trained in bfloat16: weights no float32 run would reach
                 amp.train_step(*batch(step))
-            reference = trainer(interaction).model
             for v, r in zip(amp.model.table_variables + amp.model.dense_variables,
                             reference.table_variables + reference.dense_variables, strict=True):
                 r.assign(v)

@@ -2,8 +2,7 @@
 .npy file per table streamed from a checkpoint written at 2 ranks (row, column and replicated
 pieces), which a lookup in NumPy turns into the monolithic export's predictions; the limit on
 tables held in memory, and the repository written whole or not at all. The checkpoint is the
-built-in DCNv2's as the run builds it (examples/dcnv2.py handed its tables: `builtin_model`)."""
-import dataclasses
+built-in DCNv2's as the run builds it (examples/dcnv2.py handed its tables: tests/builtin.py)."""
 import json
 import os
 import shutil
@@ -20,15 +19,10 @@ from tensorflow.core.protobuf import saved_model_pb2
 from deployment.exporter.model_layout import table_tensor
 from deployment.exporter.repository import ExportError, write_repository
 from deployment.repository_format import PAD, ServingLayout
-from nn.model import builtin_model_file, model_tables
 from nn.model_config import ModelConfig, table_configs
-from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.planner import plan_tables
-from ranking.features import load_model_file
-from run.assembly import model_config
-from run.user_model import dataset_features
 from storage import checkpoint
-from tests.configs import tiny_config
+from tests.builtin import builtin_config, builtin_model
 from tests.horovod_run import ROOT
 from utils.errors import CheckpointError
 
@@ -36,29 +30,7 @@ CONFIG = ModelConfig(tables=table_configs(cardinalities=[20, 50, 7, 30], dims=[4
                                           max_hotness=[3, None, None, 2], multi_hot_combiner="mean"),
                      num_numerical=3, bottom_mlp_dims=(16, 8), top_mlp_dims=(16, 1), interaction="cross",
                      num_cross_layers=2, cross_layer_projection_dim=4)
-SEED = 3
-
-
-def builtin_model(config: ModelConfig, tables, seed: int = SEED):
-    """The built-in model of `config` (DLRM, or DCNv2 for interaction "cross") as the run builds it
-    (run/assembly.py): the ranking.Model of builtin_model_file's example file for the flags of
-    `config` and --seed=`seed`, handed `tables` (nn.model.model_tables), on their collectives;
-    not compiled."""
-    s = config.signature()
-    flags = dict(synthetic_cardinalities=s["cardinalities"], synthetic_num_numerical=s["num_numerical"],
-                 embedding_dim=s["embedding_dim"], bottom_mlp_dims=s["bottom_mlp_dims"], top_mlp_dims=s["top_mlp_dims"],
-                 interaction=s["interaction"], seed=seed)
-    if s["multi_hot_combiner"]:
-        flags.update(synthetic_dataset_hotness=[h or 1 for h in s["max_hotness"]])
-    if s["interaction"] == "cross":
-        flags.update(num_cross_layers=s["num_cross_layers"], cross_layer_projection_dim=s["cross_layer_projection_dim"])
-    cfg = tiny_config(**flags)
-    # the combiner a feature spec's data may have (--multi_hot_combiner: not of synthetic data)
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, multi_hot_combiner=s["multi_hot_combiner"]))
-    assert model_config(cfg) == config
-    path, hparams = builtin_model_file(model_config(cfg))
-    build, _ = load_model_file(path)
-    return build(dataset_features(cfg, tables.comm, tables), hparams)
+CFG = builtin_config(CONFIG, seed=3)   # the run's configuration of CONFIG
 
 
 class ThreadRank:
@@ -98,7 +70,7 @@ def ckpt(tmp_path_factory):
     assert [t.kind for t in plan.tables] == ["whole", "row", "replicated", "column"]
     group = {"barrier": threading.Barrier(2)}
     ranks = [ThreadRank(r, 2, group) for r in range(2)]
-    models = [builtin_model(CONFIG, model_tables(CONFIG, plan, rank, seed=SEED)) for rank in ranks]
+    models = [builtin_model(CFG, plan, rank) for rank in ranks]
     root = str(tmp_path_factory.mktemp("ckpt"))
 
     def save(model, rank):
@@ -113,7 +85,7 @@ def ckpt(tmp_path_factory):
 
 def one_process_model():
     """The checkpoint's model (the same seed) on one process, compiled."""
-    model = builtin_model(CONFIG, model_tables(CONFIG, collectives=SingleProcess(), seed=SEED))
+    model = builtin_model(CFG)
     model.compile(optimizer="sgd")
     return model
 

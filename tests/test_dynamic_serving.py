@@ -25,15 +25,14 @@ from deployment.serving.id_index import RowIndex
 from deployment.serving.live import DenseModel, Model
 from deployment.serving.native import ServedModel, TensorSpec
 from deployment.serving.tiers import TierConfig, store_state
-from nn.model import model_tables
 from nn.model_config import ModelConfig, table_configs
 from parallel_embedding import dynamic_table
 from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.dynamic_table import DynamicTable
 from storage import checkpoint
+from tests.builtin import builtin_config, builtin_model
 from tests.horovod_run import ROOT
 from tests.redis_server import RedisServer
-from tests.test_deployment_tables import builtin_model
 from utils.errors import CheckpointError, StoreError
 
 D = 4
@@ -52,7 +51,7 @@ RUNS = ["r0" * 16, "r1" * 16, "r2" * 16]
 def weights():
     """The checkpoint entries of the weights of CONFIG's built-in model (seed 3) as the run builds
     it (its tables "embedding/table_<t>", its dense weights by name), on one process."""
-    model = builtin_model(CONFIG, model_tables(CONFIG, seed=3), seed=3)
+    model = builtin_model(builtin_config(CONFIG, seed=3))
     model.compile(optimizer="sgd")
     return model.checkpoint_entries(weights_only=True)
 
