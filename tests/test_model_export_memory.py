@@ -88,12 +88,18 @@ def test_a_table_shape_unlike_the_checkpoints_is_one_line(trained):
 
 
 def test_one_row_tables_keep_the_models_shapes():
-    """Features(one_row_tables=True): each table variable [1, D]; the layers' configs as the model gives them."""
+    """Features(one_row_tables=True): each table variable [1, D] (a dynamic one's static); the
+    layers' configs as the model gives them."""
+    from parallel_embedding.planner import DynamicOptions
     from ranking import CategoricalFeature, Features
-    features = Features([CategoricalFeature("a", ROWS), CategoricalFeature("b", 7, 3)], 2, one_row_tables=True)
+    features = Features([CategoricalFeature("a", ROWS), CategoricalFeature("b", 7, 3),
+                         CategoricalFeature("c", 0, dynamic=DynamicOptions(ROWS, shards=2))], 2, one_row_tables=True)
     wide = features.embedding(features.feature_configs(1, prefix="wide_"), name="wide")
-    deep = features.embedding(features.feature_configs([16, 4]), name="deep")
-    assert [(t.vocabulary_size, t.embedding_dim) for t in wide.tables + deep.tables] == [(ROWS, 1), (7, 1),
-                                                                                         (ROWS, 16), (7, 4)]
-    assert [tuple(v.shape) for v in wide.table_variables + deep.table_variables] == [(1, 1), (1, 1), (1, 16), (1, 4)]
+    deep = features.embedding(features.feature_configs([16, 4, 8]), name="deep")
+    assert [(t.vocabulary_size, t.embedding_dim) for t in wide.tables + deep.tables] == [
+        (ROWS, 1), (7, 1), (ROWS, 1), (ROWS, 16), (7, 4), (ROWS, 8)]
+    assert deep.tables[2].dynamic == DynamicOptions(ROWS, shards=2)
+    assert [tuple(v.shape) for v in wide.table_variables + deep.table_variables] == [
+        (1, 1), (1, 1), (1, 1), (1, 16), (1, 4), (1, 8)]
+    assert [t.kind for t in deep.embedding.plan.tables] == ["whole"] * 3
     assert deep.embedding.table_name(1) == "deep_tables/table_1"
