@@ -83,10 +83,18 @@ class TableGroup:
     made at the first use of any layer's `embedding` (or by `plan`); each layer's tables are its
     part of that plan (Plan.part). A layer made without a group is a group of its own, planned at
     once. A layer added after the plan is made: a one-line ConfigError; a budget too small for the
-    layers: BudgetError naming them."""
+    layers: BudgetError naming them.
+    `one_row`: every table is built static, in memory and of one row [1, D_t] (no `storage`; the
+    layers' `tables` keep their configs' shapes): a model built for its dense part and its tables'
+    configs and names, never to look up (the exporter's: its tables are streamed from a checkpoint,
+    so that exporting needs no memory for them)."""
 
-    def __init__(self, collectives=None, storage: Optional[TableStorage] = None, **placement):
+    def __init__(self, collectives=None, storage: Optional[TableStorage] = None, one_row: bool = False,
+                 **placement):
+        if one_row and storage is not None:
+            raise ValueError("TableGroup: one-row tables are in memory: no storage")
         self.comm, self.storage, self.placement = collectives or ONE_PROCESS, storage, placement
+        self.one_row = one_row
         self.layers: List["HybridEmbedding"] = []
         self.planned = False
 
@@ -107,8 +115,9 @@ class TableGroup:
             rows for layer in self.layers for rows in layer._min_cache_rows(storage.batch_rows)],
             storage.host_threshold_bytes)
         try:
-            plan = plan_tables([t.vocabulary_size for t in tables], [t.embedding_dim for t in tables], self.comm.size,
-                               tiers=tiers, dynamic={i: t.dynamic for i, t in enumerate(tables) if t.dynamic},
+            plan = plan_tables([1 if self.one_row else t.vocabulary_size for t in tables],
+                               [t.embedding_dim for t in tables], self.comm.size, tiers=tiers,
+                               dynamic={i: t.dynamic for i, t in enumerate(tables) if t.dynamic and not self.one_row},
                                **self.placement)
         except BudgetError as e:
             names = ", ".join(repr(l.name) for l in self.layers)

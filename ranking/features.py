@@ -55,18 +55,20 @@ class Features:
     `embedding` makes are one TableGroup: one planner call over all their tables, made at the
     first use of one (or by `plan`), the storage's budgets the rank's for all of them. `tables`:
     the run's tables built (a parallel_embedding DistributedEmbedding on the run's one planner call: the built-in DLRM /
-    DCNv2's), handed to the one layer `embedding` makes."""
+    DCNv2's), handed to the one layer `embedding` makes. `one_row_tables`: those layers' tables are
+    built of one row each (TableGroup's `one_row`; the layers' `tables` keep the shapes the model
+    gives them): the model of a checkpoint's export, which reads its tables from the checkpoint."""
 
     def __init__(self, categorical: Sequence[CategoricalFeature], num_numerical: int, *, collectives=None,
                  seed: int = 0, placement: Optional[dict] = None, storage: Optional[TableStorage] = None,
                  labels: Sequence[str] = ("label",), data_parallel_input: bool = True,
-                 zeros_initializer: bool = False, tables=None):
+                 zeros_initializer: bool = False, tables=None, one_row_tables: bool = False):
         self.categorical = list(categorical)
         self.num_numerical = num_numerical
         self.labels = list(labels)
         self._by_name = {f.name: f for f in self.categorical}
         self._seed = seed
-        self._group = TableGroup(collectives, storage, **dict(placement or {}))
+        self._group = TableGroup(collectives, storage, one_row=one_row_tables, **dict(placement or {}))
         self._layer_settings = dict(data_parallel_input=data_parallel_input, zeros_initializer=zeros_initializer)
         self._planned = False   # whether `embedding` has made a layer of the run's `tables`
         self.made_dynamic = set()   # the features with `dynamic` options feature_configs has made a table of

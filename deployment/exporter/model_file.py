@@ -1,11 +1,13 @@
 """A model file's checkpoint (main.py --model=FILE) as the exporter serves it: FILE's model
 rebuilt on one process from the checkpoint's signature (its features, hyper-parameters, and the
 labels of a model with heads), its HybridEmbedding layers' tables and lookups read off the built
-layers, and the dense part (ranking FunctionalModel.dense_part) with the checkpoint's Keras
-weights, giving a column per head (in the labels' order) and predicting a value for a head FILE's
-compile_args trains with mean squared error. Shapes: B requests, n numericals, L lookups of
-widths D_l, H heads. A dynamic table (--dynamic_tables) is rebuilt static and exported as its
-checkpoint holds it: its live rows and their ids (model_layout.with_dynamic_tables).
+layers, whose tables are built of one row each (Features' `one_row_tables`: the exporter streams
+the checkpoint's rows, so that the model needs no memory for its tables), and the dense part
+(ranking FunctionalModel.dense_part) with the checkpoint's Keras weights, giving a column per head
+(in the labels' order) and predicting a value for a head FILE's compile_args trains with mean
+squared error. Shapes: B requests, n numericals, L lookups of widths D_l, H heads. A dynamic
+table (--dynamic_tables) is rebuilt static and exported as its checkpoint holds it: its live
+rows and their ids (model_layout.with_dynamic_tables).
 A built-in model's checkpoint (dlrm.py, dcnv2.py) has its dense part built the same way
 (`builtin_dense`), from the example model file those train (nn.model.builtin_model_file)."""
 import dataclasses
@@ -53,7 +55,7 @@ def model_file_export(manifest: dict, model_file) -> ExportedModel:
     names = signature.get("features") or [f"cat_{i}" for i in range(len(signature["cardinalities"]))]
     features = Features([CategoricalFeature(n, c, h) for n, c, h in
                          zip(names, signature["cardinalities"], signature["max_hotness"])], signature["num_numerical"],
-                        labels=signature.get("labels", ["label"]))
+                        labels=signature.get("labels", ["label"]), one_row_tables=True)
     heads = signature.get("labels")   # a model with heads: one per label, named as it (run/user_model.py)
     try:
         build, chosen = load_model_file(model_file)
@@ -94,14 +96,15 @@ def model_file_export(manifest: dict, model_file) -> ExportedModel:
 def builtin_dense(manifest: dict, verify: bool = True) -> KerasDense:
     """The dense part of a built-in model's checkpoint (manifest; its signature a ModelConfig's):
     the example model the run trains for it (nn.model.builtin_model_file; its dot interaction in
-    TensorFlow's ops, which serve without the op library), built with one-row tables (the dense
-    part reads none: the checkpoint's tables are streamed by the exporter), with the checkpoint's
-    Keras weights: numerical_features [B, n], embeddings [B, sum D_f] -> logits [B]."""
+    TensorFlow's ops, which serve without the op library), built with one-row tables (Features'
+    `one_row_tables`: the dense part reads none, the checkpoint's tables are streamed by the
+    exporter), with the checkpoint's Keras weights: numerical_features [B, n], embeddings
+    [B, sum D_f] -> logits [B]."""
     config = ModelConfig.from_signature(manifest["signature"])
     path, hparams = builtin_model_file(config if config.interaction == "cross" else
                                        dataclasses.replace(config, interaction="dot_tensorflow"))
-    features = Features([CategoricalFeature(f"cat_{f}", 1, t.max_hotness) for f, t in enumerate(config.tables)],
-                        config.num_numerical)
+    features = Features([CategoricalFeature(f"cat_{f}", t.cardinality, t.max_hotness)
+                         for f, t in enumerate(config.tables)], config.num_numerical, one_row_tables=True)
     model = load_model_file(path)[0](features, hparams)
     return _restored_dense(model, manifest, verify, config.embedding_dims, True)
 
