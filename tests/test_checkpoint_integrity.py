@@ -477,3 +477,14 @@ def test_enospc_on_one_of_two_ranks(two_ranks_trained, tmp_path):
     codes, outputs = resumed_at_two_ranks(root, tmp_path, before=["-c", ENOSPC_ON_RANK_1])
     assert_failed_at_two_ranks(codes, outputs, no_space_line(root, 12, size, rank=1))
     assert_left_as_it_was(root, "ckpt-6", before)
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 8192, 8193, 3 * 4096 + 17])
+def test_file_crc32_over_windows_equals_zlibs_of_the_whole_file(tmp_path, monkeypatch, size):
+    """file_crc32 maps a file a window at a time (here 8 KiB): its CRC is zlib's of all the bytes,
+    whether the file is empty, shorter than a window, a window exactly or windows and a tail."""
+    from utils import files
+    monkeypatch.setattr(files, "CRC_WINDOW", 8192)
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    (tmp_path / "f").write_bytes(data)
+    assert files.file_crc32(str(tmp_path / "f")) == zlib.crc32(data)

@@ -53,10 +53,17 @@ class Checksummed:
         return self.file.write(data)
 
 
+CRC_WINDOW = 64 << 20   # bytes of a file mapped at a time by file_crc32 (a multiple of mmap's granularity)
+
+
 def file_crc32(path: str) -> int:
-    """zlib's CRC-32 of the file at `path`, read memory-mapped (no copy out of the page cache)."""
+    """zlib's CRC-32 of the file at `path`, read memory-mapped a window of CRC_WINDOW bytes at a time
+    (no copy out of the page cache, and no more than a window of it mapped)."""
+    crc = 0
     with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            return 0
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m, memoryview(m) as view:
-            return zlib.crc32(view)
+        size = os.fstat(f.fileno()).st_size
+        for start in range(0, size, CRC_WINDOW):
+            with mmap.mmap(f.fileno(), min(CRC_WINDOW, size - start), access=mmap.ACCESS_READ, offset=start) as m, \
+                    memoryview(m) as view:
+                crc = zlib.crc32(view, crc)
+    return crc
