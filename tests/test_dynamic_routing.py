@@ -1,4 +1,4 @@
-"""A dynamic table in hash shards at N ranks is routed (parallel_embedding/layer.py, `_route`):
+"""A dynamic table in hash shards at N ranks is routed (parallel_embedding/routing.py):
 each shard's owner receives, maps and returns only the ids of its hash range. Two and three ranks
 run as threads of this process over collectives that record what every rank sends, against one
 process holding the same shards: the features and the maps' state equal bit for bit, the values

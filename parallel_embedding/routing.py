@@ -1,0 +1,266 @@
+"""Routed hash shards: a dynamic table in S > 1 hash shards at N > 1 ranks sends each shard's
+owner only the ids of its hash range and brings each id's row back only to the rank whose sample
+it is (one table's traffic, not S [B, D] blocks). DistributedEmbedding (layer.py) owns the tables
+and the all-to-alls of rows and gradients; a `Router` says what each carries for the routed shards.
+
+Shapes: `N` ranks, `b` local batch, `B = N b`; a routed table f, read by m_f inputs, D_f wide;
+`K_s` the ids of hash shard s in the global batch (their order: global batch order, as one
+process sees them), `c` those of one rank's samples; the wire order of a shard's ids: rank by rank.
+
+    router = Router(plan, collectives, inputs_per_table, data_parallel_input, name)
+    router.features, router.on[r], router.shards      routed tables; rank r's routed shards; all, rank by rank
+    routes, owned_ids, checks = router.route(flat)    flat ids per feature (layer.FlatIds, [m_f B] model-
+                                                      parallel, [m_f b] data-parallel) -> `Routes`, per
+                                                      shard of this rank its [K_s] ids; one all-to-all
+    wire = router.to_wire(rows, routes)               per shard here [K_s, D] -> per rank r its flat rows
+    router.floats(r, routes, mine)                    floats of routed rows to/from rank r
+    static, routed = router.from_ranks(received, static_sizes, routes, mine)   split an all-to-all's output
+    router.combine(routed, routes, b)                 {f: [m_f b, D_f]}: each id's row summed at its sample
+    router.gradients_to(r, feature_grads, routes)     flat gradients ([c, D] a shard) for rank r's shards
+    router.owned_gradients(routed, routes)            {shard here: [K_s, D]} in global batch order
+    hash_shards(ids, S)                               [n] int64 -> [n] int32: each id's hash shard
+"""
+from typing import Dict, List, NamedTuple, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from parallel_embedding.dynamic_table import mix, shift
+from parallel_embedding.planner import Plan, Shard
+
+
+def hash_shards(ids, shards: int) -> tf.Tensor:
+    """ids [n] int64 -> [n] int32: the hash shard of each id among `shards` (< 2^31): h * shards
+    // 2^64 of h, the id's 64 bits mixed by splitmix64's finaliser (id_map.reference.mix), so that
+    shard s holds the s-th of `shards` equal ranges of hashes."""
+    x = mix(tf.cast(ids, tf.int64))
+    high, low = shift(x, 32), tf.bitwise.bitwise_and(x, 0xFFFFFFFF)
+    return tf.cast(shift(high * shards + shift(low * shards, 32), 32), tf.int32)
+
+
+class Owned(NamedTuple):
+    """A routed hash shard of this rank, its owner's side: its K ids (from every rank) in global
+    batch order, and the wire order in which their rows go to (and gradients come from) the ranks:
+    rank by rank, each rank's ids as that rank sent them (data-parallel input) or in batch order."""
+    order: tf.Tensor                   # [K] int32: each id's place in the wire order
+    counts: tf.Tensor                  # [N] int32: its ids from (rows to) each rank
+    weights: Optional[tf.Tensor]       # [K] combiner weights applied here (model-parallel "mean"), or None
+
+
+class Sent(NamedTuple):
+    """This rank's ids of one routed hash shard of the plan, in the wire order (the sample side)."""
+    positions: tf.Tensor               # [c] int32: each id's sample in this rank's [m b] output
+    weights: Optional[tf.Tensor]       # [c] combiner weights applied here (data-parallel "mean"), or None
+
+
+class Routes(NamedTuple):
+    """Where a routed table's ids went (`Router.route`): read by the exchange and the gradients."""
+    owned: List[Owned]                 # per routed shard of this rank (`on[rank]`)
+    sent: List[Sent]                   # per routed shard of the plan (`shards`, rank by rank)
+
+
+def assert_size(received: tf.Tensor, expected, what: str, exchange: str = "the data-parallel input exchange"):
+    """Checks that an all-to-all delivered `expected` elements (None when run eagerly)."""
+    return tf.debugging.assert_equal(tf.size(received, out_type=tf.int64), tf.cast(expected, tf.int64),
+                                     message=f"{exchange} received a wrong number of {what}")
+
+
+def split_by_source(received: tf.Tensor, headers: Sequence[int]):
+    """An all-to-all's output whose part from rank n is `headers[n]` counts, then as many elements
+    as they sum to -> per rank n (its counts [headers[n]], its elements), and the size that makes
+    (the received size, if every rank sent what it counted)."""
+    parts, start = [], tf.constant(0, tf.int64)
+    for h in headers:
+        counts = received[start:start + h]
+        size = tf.reduce_sum(tf.cast(counts, tf.int64))
+        parts.append((counts, received[start + h:start + h + size]))
+        start = start + h + size
+    return parts, start
+
+
+class Router:
+    """The routed shards of `plan` (the dynamic tables in S > 1 hash shards, at N > 1 ranks) seen
+    from rank `collectives.rank`; its all-to-all is named `<name>_routed_ids` (data-parallel
+    input) or `<name>_routed_positions`."""
+
+    def __init__(self, plan: Plan, collectives, inputs_per_table: Sequence[int], data_parallel_input: bool,
+                 name: str):
+        self.plan, self.comm, self.name = plan, collectives, name
+        self.rank, self.size = collectives.rank, collectives.size
+        self.inputs_per_table, self.data_parallel_input = list(inputs_per_table), data_parallel_input
+        self.features = {t.feature for t in plan.tables if t.kind == "dynamic" and len(t.shards) > 1} \
+            if self.size > 1 else set()
+        self.on = [[s for s in plan.shards_on(r) if s.feature in self.features] for r in range(self.size)]
+        self.shards = [s for shards in self.on for s in shards]
+
+    def route(self, flat: Dict[int, "FlatIds"]):  # noqa: F821 (layer.FlatIds)
+        """The routed tables' ids -> (Routes, per routed shard of this rank its K ids in global batch
+        order, checks of the amounts received). One all-to-all; every rank takes part."""
+        return self._route_ids(flat) if self.data_parallel_input else self._route_positions(flat)
+
+    def _route_ids(self, flat):
+        """Data-parallel input: each rank sends each routed shard's owner its ids of that shard (flat
+        ids of feature f, [K_f] locally), input by input, after a count per input: to rank r, for
+        each shard of r, m_f counts, then those shards' ids. The owner puts every shard's ids in
+        global batch order, (input, rank, sample, place in the sample): the order in which one
+        process holding the shard would see them, so its id map decides alike.
+
+        Example, N = 2, b = 3, m = 1, S = 2 (shard k on rank k): rank 0's ids a b c hash to shards
+        1 0 1, rank 1's d e f to 0 0 1. Rank 0 sends [1 | b] to rank 0 and [2 | a c] to rank 1;
+        rank 1 sends [2 | d e] to rank 0 and [1 | f] to rank 1. Rank 0 receives [1 b 2 d e]: shard
+        0's ids b d e (wire order = global order, m being 1); by the rows' all-to-all it returns b's
+        row to rank 0 and d's and e's to rank 1. Rank 0 adds the rows of a c from rank 1 at its
+        samples 0 2, and b's at 1 (`Sent`)."""
+        n, m = self.size, self.inputs_per_table
+        pieces, counts, sent = {}, {}, {}
+        for f in sorted(self.features):
+            x, shards = flat[f], self.plan.tables[f].shards
+            samples = tf.range(tf.size(x.ids)) if x.sample is None else tf.cast(x.sample, tf.int32)
+            b = tf.maximum((tf.size(x.ids) if x.sample is None else tf.cast(x.num_samples, tf.int32)) // m[f], 1)
+            key = hash_shards(x.ids, len(shards)) * m[f] + samples // b   # (shard, input)
+            order = tf.argsort(key, stable=True)
+            per_input = tf.reshape(tf.math.unsorted_segment_sum(tf.ones_like(key), key, len(shards) * m[f]),
+                                   [len(shards), m[f]])
+            per_shard = tf.reduce_sum(per_input, axis=1)
+            parts = [[None] * len(shards) if v is None else tf.split(tf.gather(v, order), per_shard, num=len(shards))
+                     for v in (x.ids, samples, x.weights)]
+            for k, s in enumerate(shards):
+                pieces[s], counts[s], sent[s] = parts[0][k], per_input[k], Sent(parts[1][k], parts[2][k])
+        send = [tf.concat([tf.cast(counts[s], tf.int64) for s in shards] + [tf.cast(pieces[s], tf.int64)
+                                                                            for s in shards], 0)
+                if shards else tf.zeros([0], tf.int64) for shards in self.on]
+        received = self.comm.alltoall(tf.concat(send, 0), tf.stack([tf.size(x) for x in send]),
+                                      f"{self.name}_routed_ids")
+        mine = self.on[self.rank]
+        header = sum(m[s.feature] for s in mine)
+        parts, end = split_by_source(received, [header] * n)
+        owned, owned_ids = [], []
+        by_source = [tf.split(ids, [tf.reduce_sum(head[o:o + m[s.feature]]) for s, o in self._offsets(mine)],
+                              num=len(mine)) if mine else [] for head, ids in parts]
+        for t, (s, o) in enumerate(self._offsets(mine)):
+            per_input = tf.cast(tf.stack([head[o:o + m[s.feature]] for head, _ in parts]), tf.int32)   # [N, m]
+            starts = tf.reshape(tf.cumsum(tf.reshape(per_input, [-1]), exclusive=True), [n, m[s.feature]])
+            # wire order: (rank, input); global order: (input, rank)
+            order = tf.ragged.range(tf.reshape(tf.transpose(starts), [-1]),
+                                    tf.reshape(tf.transpose(starts + per_input), [-1])).flat_values
+            owned.append(Owned(order, tf.reduce_sum(per_input, axis=1), None))
+            owned_ids.append(tf.gather(tf.concat([ids[t] for ids in by_source], 0), order))
+        return Routes(owned, [sent[s] for s in self.shards]), owned_ids, \
+            [assert_size(received, end, "routed ids")]
+
+    def _offsets(self, shards: Sequence[Shard]):
+        """(shard, where its m_f counts start in a header of m counts per shard) for `shards`."""
+        offsets = np.cumsum([0] + [self.inputs_per_table[s.feature] for s in shards])
+        return list(zip(shards, offsets[:-1].tolist()))
+
+    def _route_positions(self, flat):
+        """Model-parallel input: each routed shard's owner, which holds its feature's global ids
+        ([m_f B] flat), keeps its own in global batch order and sends each rank the samples (in
+        that rank's [m_f b] output) of the ones that are that rank's: to rank r, per shard of this
+        rank, a count, then those shards' samples. Their rows follow by the rows' all-to-all."""
+        n, m = self.size, self.inputs_per_table
+        owned, owned_ids, send = [], [], [[] for _ in range(n)]
+        hashed = {s.feature: hash_shards(flat[s.feature].ids, len(self.plan.tables[s.feature].shards))
+                  for s in self.on[self.rank]}   # once per table, whatever its shards here
+        for s in self.on[self.rank]:
+            x, shards = flat[s.feature], self.plan.tables[s.feature].shards
+            samples = tf.range(tf.size(x.ids)) if x.sample is None else tf.cast(x.sample, tf.int32)
+            big_b = tf.maximum((tf.size(x.ids) if x.sample is None else tf.cast(x.num_samples, tf.int32))
+                               // m[s.feature], 1)
+            b = tf.maximum(big_b // n, 1)
+            own = tf.equal(hashed[s.feature], shards.index(s))
+            samples = tf.boolean_mask(samples, own)
+            rank = samples % big_b // b
+            wire = tf.argsort(rank, stable=True)
+            counts = tf.math.unsorted_segment_sum(tf.ones_like(rank), rank, n)
+            positions = tf.split(tf.gather(samples // big_b * b + samples % big_b % b, wire), counts, num=n)
+            for r in range(n):
+                send[r].append((counts[r], positions[r]))
+            owned.append(Owned(tf.math.invert_permutation(wire), counts,
+                               None if x.weights is None else tf.boolean_mask(x.weights, own)))
+            owned_ids.append(tf.boolean_mask(x.ids, own))
+        send = [tf.concat([tf.reshape(c, [1]) for c, _ in parts] + [p for _, p in parts], 0) if parts
+                else tf.zeros([0], tf.int32) for parts in send]
+        received = self.comm.alltoall(tf.concat(send, 0), tf.stack([tf.size(x) for x in send]),
+                                      f"{self.name}_routed_positions")
+        parts, end = split_by_source(received, [len(shards) for shards in self.on])
+        sent = [Sent(p, None) for (head, positions), shards in zip(parts, self.on) if shards
+                for p in tf.split(positions, head, num=len(shards))]
+        return Routes(owned, sent), owned_ids, \
+            [assert_size(received, end, "routed samples", "the routed tables' all-to-all")]
+
+    def floats(self, r: int, routes: Optional[Routes], mine: bool):
+        """Floats of routed rows between this rank and rank r: of this rank's routed shards to (or
+        from) rank r (`mine`), or of rank r's routed shards from (or to) this rank."""
+        if mine:
+            return tf.add_n([tf.constant(0)] + [o.counts[r] * s.width for s, o in
+                                                zip(self.on[self.rank], routes.owned if routes else [])])
+        sent = dict(zip(self.shards, routes.sent if routes else []))
+        return tf.add_n([tf.constant(0)] + [tf.size(sent[s].positions) * s.width for s in self.on[r]])
+
+    def to_wire(self, rows: Sequence[tf.Tensor], routes: Optional[Routes]) -> List[List[tf.Tensor]]:
+        """This rank's routed shards' [K, w] rows in global batch order -> per rank, flat, each shard's
+        rows of that rank's ids in the wire order."""
+        out = [[] for _ in range(self.size)]
+        for x, owned in zip(rows, routes.owned if routes else []):
+            parts = tf.split(tf.gather(x, tf.math.invert_permutation(owned.order)), owned.counts, num=self.size)
+            for r in range(self.size):
+                out[r].append(tf.reshape(parts[r], [-1]))
+        return out
+
+    def from_ranks(self, received: tf.Tensor, static_sizes: Sequence, routes: Optional[Routes], mine: bool):
+        """An all-to-all's output holding, per rank r, `static_sizes[r]` floats of the static layout,
+        then routed rows: of rank r's routed shards (`mine` false: the rows of this rank's ids, per
+        shard [c, w]) or of this rank's (`mine`: from rank r; per shard of this rank, its [K, w]
+        rows from every rank, in global batch order) -> (the static floats, rank by rank; the
+        routed rows per shard)."""
+        if not self.shards:
+            return received, []
+        n, me = self.size, self.rank
+        if mine:
+            sizes = [[static_sizes[r]] + [o.counts[r] * s.width for s, o in zip(self.on[me], routes.owned)]
+                     for r in range(n)]
+        else:
+            sent = dict(zip(self.shards, routes.sent))
+            sizes = [[static_sizes[r]] + [tf.size(sent[s].positions) * s.width for s in self.on[r]]
+                     for r in range(n)]
+        parts = tf.split(received, tf.stack([tf.cast(x, tf.int32) for xs in sizes for x in xs]),
+                         num=sum(len(xs) for xs in sizes))
+        static, routed, k = [], [], 0
+        for xs in sizes:
+            static.append(parts[k])
+            routed.append(parts[k + 1:k + len(xs)])
+            k += len(xs)
+        if mine:   # per shard of this rank: its rows from every rank (wire order) -> global batch order
+            routed = [tf.gather(tf.reshape(tf.concat([of_rank[t] for of_rank in routed], 0), [-1, s.width]), o.order)
+                      for t, (s, o) in enumerate(zip(self.on[me], routes.owned))]
+        else:
+            routed = [tf.reshape(x, [-1, s.width]) for of_rank, shards in zip(routed, self.on)
+                      for x, s in zip(of_rank, shards)]
+        return tf.concat(static, 0), routed
+
+    def combine(self, routed: Sequence[tf.Tensor], routes: Routes, b) -> Dict[int, tf.Tensor]:
+        """`from_ranks`' routed rows of this rank's ids (per shard of the plan, [c, D_f]) -> per routed
+        table f its [m_f b, D_f] rows: each id's row summed into its sample's."""
+        out = {}
+        for f in sorted(self.features):
+            sent = [(rows, route) for s, rows, route in zip(self.shards, routed, routes.sent) if s.feature == f]
+            out[f] = tf.math.unsorted_segment_sum(
+                tf.concat([rows if r.weights is None else rows * r.weights[:, None] for rows, r in sent], 0),
+                tf.concat([r.positions for _, r in sent], 0), b * self.inputs_per_table[f])
+        return out
+
+    def gradients_to(self, r: int, feature_grads: Sequence[tf.Tensor], routes: Optional[Routes]) -> List[tf.Tensor]:
+        """Per routed shard of rank r, flat: the gradients [c, w] of this rank's ids' rows (wire order)."""
+        sent = dict(zip(self.shards, routes.sent if routes else []))
+        out = []
+        for s in self.on[r]:
+            g = tf.gather(feature_grads[s.feature], sent[s].positions)
+            out.append(tf.reshape(g if sent[s].weights is None else g * sent[s].weights[:, None], [-1]))
+        return out
+
+    def owned_gradients(self, routed: Sequence[tf.Tensor], routes: Optional[Routes]) -> Dict[Shard, tf.Tensor]:
+        """`from_ranks`' routed gradients (`mine`) -> per routed shard of this rank its [K, w] in global
+        batch order, the combiner's weights applied where the ids are (model-parallel "mean")."""
+        return {s: g if owned.weights is None else g * owned.weights[:, None]
+                for s, g, owned in zip(self.on[self.rank], routed, routes.owned if routes else [])}
