@@ -476,8 +476,11 @@ class DistributedEmbedding(tf.Module):
             tf.concat([tf.concat([static[r]] + routed[r], 0) for r in range(self.size)], 0),
             tf.stack([b * self._widths[self.rank] + self.router.floats(r, looked_up.routes, mine=True)
                       for r in range(self.size)]), f"{self.name}_rows")
-        received, routed = self.router.from_ranks(received, [b * w for w in self._widths], looked_up.routes,
-                                                  mine=False)
+        received, routed, checks = self.router.from_ranks(received, [b * w for w in self._widths], looked_up.routes,
+                                                          mine=False)
+        if checks:
+            with tf.control_dependencies(checks):
+                received, routed = tf.identity(received), [tf.identity(x) for x in routed]
         pieces = tf.split(received, tf.stack([b * m[s.feature] * s.width for s in self._all_shards]),
                           num=len(self._all_shards)) if self._all_shards else []
         for f, parts in self._pieces.items():
@@ -525,8 +528,8 @@ class DistributedEmbedding(tf.Module):
         received = self.comm.alltoall(tf.concat(send, axis=0) if send else tf.zeros([0]),
                                       tf.stack([b * w + self.router.floats(r, routes, mine=False)
                                                 for r, w in enumerate(self._widths)]), f"{self.name}_grads")
-        received, routed = self.router.from_ranks(received, [b * self._widths[self.rank]] * self.size, routes,
-                                                  mine=True)
+        received, routed, _ = self.router.from_ranks(received, [b * self._widths[self.rank]] * self.size, routes,
+                                                     mine=True)
         static = self._static_on[self.rank]
         out = {}
         if static:

@@ -11,10 +11,12 @@ process sees them), `c` those of one rank's samples; the wire order of a shard's
     router.features, router.on[r], router.shards      routed tables; rank r's routed shards; all, rank by rank
     routes, owned_ids, checks = router.route(flat)    flat ids per feature (layer.FlatIds, [m_f B] model-
                                                       parallel, [m_f b] data-parallel) -> `Routes`, per
-                                                      shard of this rank its [K_s] ids; one all-to-all
+                                                      shard of this rank its [K_s] ids; data-parallel
+                                                      input: one all-to-all, model-parallel: none (the
+                                                      ids' samples go with their rows)
     wire = router.to_wire(rows, routes)               per shard here [K_s, D] -> per rank r its flat rows
     router.floats(r, routes, mine)                    floats of routed rows to/from rank r
-    static, routed = router.from_ranks(received, static_sizes, routes, mine)   split an all-to-all's output
+    static, routed, checks = router.from_ranks(received, static_sizes, routes, mine)   an all-to-all's output
     router.combine(routed, routes, b)                 {f: [m_f b, D_f]}: each id's row summed at its sample
     router.gradients_to(r, feature_grads, routes)     flat gradients ([c, D] a shard) for rank r's shards
     router.owned_gradients(routed, routes)            {shard here: [K_s, D]} in global batch order
@@ -45,6 +47,8 @@ class Owned(NamedTuple):
     order: tf.Tensor                   # [K] int32: each id's place in the wire order
     counts: tf.Tensor                  # [N] int32: its ids from (rows to) each rank
     weights: Optional[tf.Tensor]       # [K] combiner weights applied here (model-parallel "mean"), or None
+    positions: Optional[tf.Tensor] = None   # [K] int32, wire order: each id's sample in its rank's [m b]
+    #                                         output (model-parallel: sent with the rows), or None
 
 
 class Sent(NamedTuple):
@@ -54,7 +58,9 @@ class Sent(NamedTuple):
 
 
 class Routes(NamedTuple):
-    """Where a routed table's ids went (`Router.route`): read by the exchange and the gradients."""
+    """Where a routed table's ids went (`Router.route`): read by the exchange and the gradients.
+    With model-parallel input `sent` is filled by the rows' all-to-all (`from_ranks`), which
+    brings each rank its ids' samples with their rows."""
     owned: List[Owned]                 # per routed shard of this rank (`on[rank]`)
     sent: List[Sent]                   # per routed shard of the plan (`shards`, rank by rank)
 
@@ -80,8 +86,9 @@ def split_by_source(received: tf.Tensor, headers: Sequence[int]):
 
 class Router:
     """The routed shards of `plan` (the dynamic tables in S > 1 hash shards, at N > 1 ranks) seen
-    from rank `collectives.rank`; its all-to-all is named `<name>_routed_ids` (data-parallel
-    input) or `<name>_routed_positions`."""
+    from rank `collectives.rank`. Data-parallel input: `route` is one all-to-all, `<name>_routed_ids`;
+    model-parallel input: none (each owner holds its tables' global ids; the samples of the ids it
+    keeps travel with their rows)."""
 
     def __init__(self, plan: Plan, collectives, inputs_per_table: Sequence[int], data_parallel_input: bool,
                  name: str):
@@ -95,8 +102,9 @@ class Router:
 
     def route(self, flat: Dict[int, "FlatIds"]):  # noqa: F821 (layer.FlatIds)
         """The routed tables' ids -> (Routes, per routed shard of this rank its K ids in global batch
-        order, checks of the amounts received). One all-to-all; every rank takes part."""
-        return self._route_ids(flat) if self.data_parallel_input else self._route_positions(flat)
+        order, checks of the amounts received). Data-parallel input: one all-to-all, every rank
+        taking part; model-parallel input: none."""
+        return self._route_ids(flat) if self.data_parallel_input else self._keep_own(flat)
 
     def _route_ids(self, flat):
         """Data-parallel input: each rank sends each routed shard's owner its ids of that shard (flat
@@ -153,13 +161,12 @@ class Router:
         offsets = np.cumsum([0] + [self.inputs_per_table[s.feature] for s in shards])
         return list(zip(shards, offsets[:-1].tolist()))
 
-    def _route_positions(self, flat):
+    def _keep_own(self, flat):
         """Model-parallel input: each routed shard's owner, which holds its feature's global ids
-        ([m_f B] flat), keeps its own in global batch order and sends each rank the samples (in
-        that rank's [m_f b] output) of the ones that are that rank's: to rank r, per shard of this
-        rank, a count, then those shards' samples. Their rows follow by the rows' all-to-all."""
+        ([m_f B] flat), keeps its own in global batch order, and for each the sample (in its
+        rank's [m_f b] output) that its row goes to: they travel with the rows (`to_wire`)."""
         n, m = self.size, self.inputs_per_table
-        owned, owned_ids, send = [], [], [[] for _ in range(n)]
+        owned, owned_ids = [], []
         hashed = {s.feature: hash_shards(flat[s.feature].ids, len(self.plan.tables[s.feature].shards))
                   for s in self.on[self.rank]}   # once per table, whatever its shards here
         for s in self.on[self.rank]:
@@ -173,39 +180,39 @@ class Router:
             rank = samples % big_b // b
             wire = tf.argsort(rank, stable=True)
             counts = tf.math.unsorted_segment_sum(tf.ones_like(rank), rank, n)
-            positions = tf.split(tf.gather(samples // big_b * b + samples % big_b % b, wire), counts, num=n)
-            for r in range(n):
-                send[r].append((counts[r], positions[r]))
+            positions = tf.gather(samples // big_b * b + samples % big_b % b, wire)
             owned.append(Owned(tf.math.invert_permutation(wire), counts,
-                               None if x.weights is None else tf.boolean_mask(x.weights, own)))
+                               None if x.weights is None else tf.boolean_mask(x.weights, own), positions))
             owned_ids.append(tf.boolean_mask(x.ids, own))
-        send = [tf.concat([tf.reshape(c, [1]) for c, _ in parts] + [p for _, p in parts], 0) if parts
-                else tf.zeros([0], tf.int32) for parts in send]
-        received = self.comm.alltoall(tf.concat(send, 0), tf.stack([tf.size(x) for x in send]),
-                                      f"{self.name}_routed_positions")
-        parts, end = split_by_source(received, [len(shards) for shards in self.on])
-        sent = [Sent(p, None) for (head, positions), shards in zip(parts, self.on) if shards
-                for p in tf.split(positions, head, num=len(shards))]
-        return Routes(owned, sent), owned_ids, \
-            [assert_size(received, end, "routed samples", "the routed tables' all-to-all")]
+        return Routes(owned, []), owned_ids, []
 
     def floats(self, r: int, routes: Optional[Routes], mine: bool):
         """Floats of routed rows between this rank and rank r: of this rank's routed shards to (or
-        from) rank r (`mine`), or of rank r's routed shards from (or to) this rank."""
+        from) rank r (`mine`; model-parallel input: rows to r with their samples, after a count
+        per shard), or of rank r's routed shards from (or to) this rank."""
         if mine:
-            return tf.add_n([tf.constant(0)] + [o.counts[r] * s.width for s, o in
-                                                zip(self.on[self.rank], routes.owned if routes else [])])
+            owned = list(zip(self.on[self.rank], routes.owned if routes else []))
+            if self.data_parallel_input or not owned:
+                return tf.add_n([tf.constant(0)] + [o.counts[r] * s.width for s, o in owned])
+            # a count per shard, then a sample and a row per id
+            return tf.add_n([tf.constant(len(owned))] + [o.counts[r] * (s.width + 1) for s, o in owned])
         sent = dict(zip(self.shards, routes.sent if routes else []))
         return tf.add_n([tf.constant(0)] + [tf.size(sent[s].positions) * s.width for s in self.on[r]])
 
     def to_wire(self, rows: Sequence[tf.Tensor], routes: Optional[Routes]) -> List[List[tf.Tensor]]:
         """This rank's routed shards' [K, w] rows in global batch order -> per rank, flat, each shard's
-        rows of that rank's ids in the wire order."""
-        out = [[] for _ in range(self.size)]
-        for x, owned in zip(rows, routes.owned if routes else []):
-            parts = tf.split(tf.gather(x, tf.math.invert_permutation(owned.order)), owned.counts, num=self.size)
-            for r in range(self.size):
+        rows of that rank's ids in the wire order; model-parallel input: after a count per shard
+        and each shard's samples of those ids (int32 bit patterns as floats, `tf.bitcast`)."""
+        n, owned = self.size, routes.owned if routes else []
+        out = [[] for _ in range(n)]
+        for x, o in zip(rows, owned):
+            parts = tf.split(tf.gather(x, tf.math.invert_permutation(o.order)), o.counts, num=n)
+            for r in range(n):
                 out[r].append(tf.reshape(parts[r], [-1]))
+        if owned and not self.data_parallel_input:
+            positions = [tf.split(tf.bitcast(o.positions, tf.float32), o.counts, num=n) for o in owned]
+            counts = tf.bitcast(tf.stack([o.counts for o in owned], axis=1), tf.float32)   # [N, shards]
+            out = [[counts[r]] + [p[r] for p in positions] + out[r] for r in range(n)]
         return out
 
     def from_ranks(self, received: tf.Tensor, static_sizes: Sequence, routes: Optional[Routes], mine: bool):
@@ -213,9 +220,12 @@ class Router:
         then routed rows: of rank r's routed shards (`mine` false: the rows of this rank's ids, per
         shard [c, w]) or of this rank's (`mine`: from rank r; per shard of this rank, its [K, w]
         rows from every rank, in global batch order) -> (the static floats, rank by rank; the
-        routed rows per shard)."""
+        routed rows per shard; checks of the amount received). Model-parallel input, not `mine`:
+        the rows come with their samples, which fill `routes.sent`."""
         if not self.shards:
-            return received, []
+            return received, [], []
+        if not mine and not self.data_parallel_input:
+            return self._with_samples(received, static_sizes, routes)
         n, me = self.size, self.rank
         if mine:
             sizes = [[static_sizes[r]] + [o.counts[r] * s.width for s, o in zip(self.on[me], routes.owned)]
@@ -237,7 +247,29 @@ class Router:
         else:
             routed = [tf.reshape(x, [-1, s.width]) for of_rank, shards in zip(routed, self.on)
                       for x, s in zip(of_rank, shards)]
-        return tf.concat(static, 0), routed
+        return tf.concat(static, 0), routed, []
+
+    def _with_samples(self, received: tf.Tensor, static_sizes: Sequence, routes: Routes):
+        """`from_ranks` of the rows' all-to-all with model-parallel input: from rank r, its static
+        floats, then for its routed shards a count each, their samples, their rows (`to_wire`)."""
+        static, routed, sent, start = [], [], [], tf.constant(0, tf.int64)
+        for r, shards in enumerate(self.on):
+            end = start + tf.cast(static_sizes[r], tf.int64)
+            static.append(received[start:end])
+            if not shards:
+                start = end
+                continue
+            counts = tf.bitcast(received[end:end + len(shards)], tf.int32)
+            start = end + len(shards)
+            end = start + tf.reduce_sum(tf.cast(counts, tf.int64))
+            sent += [Sent(p, None) for p in tf.split(tf.bitcast(received[start:end], tf.int32), counts,
+                                                     num=len(shards))]
+            floats = counts * tf.constant([s.width for s in shards])
+            start = end + tf.reduce_sum(tf.cast(floats, tf.int64))
+            routed += [tf.reshape(x, [-1, s.width]) for x, s in
+                       zip(tf.split(received[end:start], floats, num=len(shards)), shards)]
+        routes.sent[:] = sent
+        return tf.concat(static, 0), routed, [assert_size(received, start, "routed rows", "the rows' all-to-all")]
 
     def combine(self, routed: Sequence[tf.Tensor], routes: Routes, b) -> Dict[int, tf.Tensor]:
         """`from_ranks`' routed rows of this rank's ids (per shard of the plan, [c, D_f]) -> per routed
