@@ -45,10 +45,13 @@ class Owned(NamedTuple):
     batch order, and the wire order in which their rows go to (and gradients come from) the ranks:
     rank by rank, each rank's ids as that rank sent them (data-parallel input) or in batch order."""
     order: tf.Tensor                   # [K] int32: each id's place in the wire order
-    counts: tf.Tensor                  # [N] int32: its ids from (rows to) each rank
+    counts: tf.Tensor                  # [N] int32: its ids from (rows to) each rank; with `segments`
+    #                                    its rows to each rank (one a sample)
     weights: Optional[tf.Tensor]       # [K] combiner weights applied here (model-parallel "mean"), or None
-    positions: Optional[tf.Tensor] = None   # [K] int32, wire order: each id's sample in its rank's [m b]
+    positions: Optional[tf.Tensor] = None   # [U] int32, wire order: each row's sample in its rank's [m b]
     #                                         output (model-parallel: sent with the rows), or None
+    segments: Optional[tf.Tensor] = None    # [K] int32, wire order: each id's row among the U (multi-hot,
+    #                                         model-parallel: its sample's ids' rows summed here), or None
 
 
 class Sent(NamedTuple):
@@ -164,7 +167,9 @@ class Router:
     def _keep_own(self, flat):
         """Model-parallel input: each routed shard's owner, which holds its feature's global ids
         ([m_f B] flat), keeps its own in global batch order, and for each the sample (in its
-        rank's [m_f b] output) that its row goes to: they travel with the rows (`to_wire`)."""
+        rank's [m_f b] output) that its row goes to: they travel with the rows (`to_wire`). A
+        multi-hot table's rows are summed per sample here first (`segments`): one row a sample and
+        shard travels, its ids' rows added in batch order, as one process adds them."""
         n, m = self.size, self.inputs_per_table
         owned, owned_ids = [], []
         hashed = {s.feature: hash_shards(flat[s.feature].ids, len(self.plan.tables[s.feature].shards))
@@ -179,10 +184,16 @@ class Router:
             samples = tf.boolean_mask(samples, own)
             rank = samples % big_b // b
             wire = tf.argsort(rank, stable=True)
-            counts = tf.math.unsorted_segment_sum(tf.ones_like(rank), rank, n)
             positions = tf.gather(samples // big_b * b + samples % big_b % b, wire)
+            rank, segments = tf.gather(rank, wire), None
+            if x.sample is not None:   # ids of one (rank, sample) are adjacent in the wire order
+                key = rank * (m[s.feature] * b) + positions
+                first = tf.concat([tf.ones_like(key[:1], tf.bool), tf.not_equal(key[1:], key[:-1])], 0)
+                segments = tf.cumsum(tf.cast(first, tf.int32)) - 1
+                positions, rank = tf.boolean_mask(positions, first), tf.boolean_mask(rank, first)
+            counts = tf.math.unsorted_segment_sum(tf.ones_like(rank), rank, n)
             owned.append(Owned(tf.math.invert_permutation(wire), counts,
-                               None if x.weights is None else tf.boolean_mask(x.weights, own), positions))
+                               None if x.weights is None else tf.boolean_mask(x.weights, own), positions, segments))
             owned_ids.append(tf.boolean_mask(x.ids, own))
         return Routes(owned, []), owned_ids, []
 
@@ -206,7 +217,10 @@ class Router:
         n, owned = self.size, routes.owned if routes else []
         out = [[] for _ in range(n)]
         for x, o in zip(rows, owned):
-            parts = tf.split(tf.gather(x, tf.math.invert_permutation(o.order)), o.counts, num=n)
+            x = tf.gather(x, tf.math.invert_permutation(o.order))
+            if o.segments is not None:   # a row a sample
+                x = tf.math.unsorted_segment_sum(x, o.segments, tf.size(o.positions))
+            parts = tf.split(x, o.counts, num=n)
             for r in range(n):
                 out[r].append(tf.reshape(parts[r], [-1]))
         if owned and not self.data_parallel_input:
@@ -242,8 +256,10 @@ class Router:
             routed.append(parts[k + 1:k + len(xs)])
             k += len(xs)
         if mine:   # per shard of this rank: its rows from every rank (wire order) -> global batch order
-            routed = [tf.gather(tf.reshape(tf.concat([of_rank[t] for of_rank in routed], 0), [-1, s.width]), o.order)
-                      for t, (s, o) in enumerate(zip(self.on[me], routes.owned))]
+            routed = [tf.reshape(tf.concat([of_rank[t] for of_rank in routed], 0), [-1, s.width])
+                      for t, s in enumerate(self.on[me])]
+            routed = [tf.gather(x if o.segments is None else tf.gather(x, o.segments), o.order)
+                      for x, o in zip(routed, routes.owned)]
         else:
             routed = [tf.reshape(x, [-1, s.width]) for of_rank, shards in zip(routed, self.on)
                       for x, s in zip(of_rank, shards)]
@@ -273,10 +289,14 @@ class Router:
 
     def combine(self, routed: Sequence[tf.Tensor], routes: Routes, b) -> Dict[int, tf.Tensor]:
         """`from_ranks`' routed rows of this rank's ids (per shard of the plan, [c, D_f]) -> per routed
-        table f its [m_f b, D_f] rows: each id's row summed into its sample's."""
+        table f its [m_f b, D_f] rows: each row summed into its sample's, shard by shard (the
+        order in which one process adds its hash shards' rows)."""
         out = {}
         for f in sorted(self.features):
-            sent = [(rows, route) for s, rows, route in zip(self.shards, routed, routes.sent) if s.feature == f]
+            sent = sorted([(self.plan.tables[f].shards.index(s), rows, route)
+                           for s, rows, route in zip(self.shards, routed, routes.sent) if s.feature == f],
+                          key=lambda x: x[0])
+            sent = [(rows, route) for _, rows, route in sent]
             out[f] = tf.math.unsorted_segment_sum(
                 tf.concat([rows if r.weights is None else rows * r.weights[:, None] for rows, r in sent], 0),
                 tf.concat([r.positions for _, r in sent], 0), b * self.inputs_per_table[f])

@@ -15,6 +15,7 @@ import tensorflow as tf
 from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.layer import DistributedEmbedding
 from parallel_embedding.planner import DynamicOptions, plan_tables
+from parallel_embedding.routing import hash_shards
 
 B, STEPS = 12, 8
 DIMS = [8, 4, 6]
@@ -142,10 +143,12 @@ def test_routed_hash_shards_equal_one_process_and_send_each_row_once(n, data_par
     embs = [embedding(plan, ranks.comm(r), data_parallel) for r in range(n)]
     assert [len(emb.dynamic) for emb, _ in embs] == ([3, 2] if n == 2 else [2, 2, 1])
     got = run_ranks(ranks, embs, data, grads, data_parallel, INPUTS)
-    for s in range(STEPS):   # the features of the global batch: bit for bit but the combiner's sums
+    for s in range(STEPS):   # the features of the global batch: bit for bit (data-parallel: but the combiner's sums)
         for f, m in enumerate(INPUTS):
             rows = tf.concat([got[r][s][f][i * (B // n):(i + 1) * (B // n)] for i in range(m) for r in range(n)], 0)
             np.testing.assert_allclose(rows.numpy(), want[s][f].numpy(), rtol=1e-6, atol=1e-7, err_msg=f"{s} {f}")
+            if not data_parallel:   # the owner sums a sample's ids' rows as one process does
+                np.testing.assert_array_equal(rows.numpy(), want[s][f].numpy(), err_msg=f"{s} {f}")
     for emb, _ in embs:   # each hash shard's map bit for bit, its rows within tolerance
         for shard, table in emb.dynamic.items():
             reference = one.dynamic[next(s for s in one.dynamic if s.feature == shard.feature and
@@ -158,21 +161,25 @@ def test_routed_hash_shards_equal_one_process_and_send_each_row_once(n, data_par
 
     # Traffic: the rows' and gradients' all-to-alls carry the static layout's blocks and each id's
     # row once: B D_0 for table 0 (one table's) and (its ids) D_2 for table 2, where every hash
-    # shard sent its [m B, D] block before (S_0 B D_0 + S_2 2B D_2).
+    # shard sent its [m B, D] block before (S_0 B D_0 + S_2 2B D_2); model-parallel input: one row
+    # per sample and hash shard of table 2 (its ids' rows summed by their owner).
     emb = embs[0][0]
     static = sum(n * (B // n) * w for w in emb._widths) * STEPS
     ids = sum(int(batch[2].values.shape[0]) for batch in data)
-    routed = B * STEPS * DIMS[0] + ids * DIMS[2]
+    samples = sum(len(set(zip(batch[2].value_rowids().numpy(), hash_shards(batch[2].values, 2).numpy())))
+                  for batch in data)   # (sample, shard) pairs of table 2
+    assert samples < ids
+    routed = B * STEPS * DIMS[0] + (ids if data_parallel else samples) * DIMS[2]
     assert routed < (3 * B * DIMS[0] + 2 * 2 * B * DIMS[2]) * STEPS
     assert ranks.sent["embedding_grads"] == static + routed
     counts = n * (3 * INPUTS[0] + 2 * INPUTS[2]) * STEPS   # data-parallel: per rank and shard, a count per input
     if data_parallel:
         assert ranks.sent["embedding_routed_ids"] == counts + B * STEPS + ids
         assert ranks.sent["embedding_rows"] == static + routed
-    else:   # no all-to-all of its own: the owners send each rank its ids' samples with their rows,
-        # after a count per shard (the elements an all-to-all of samples carried before)
+    else:   # no all-to-all of its own: the owners send each rank its rows' samples with the rows,
+        # after a count per shard (an all-to-all of samples carried as many, a sample an id, before)
         assert "embedding_routed_positions" not in ranks.sent
-        assert ranks.sent["embedding_rows"] == static + routed + n * 5 * STEPS + B * STEPS + ids
+        assert ranks.sent["embedding_rows"] == static + routed + n * 5 * STEPS + B * STEPS + samples
 
 
 @pytest.mark.parametrize("data_parallel", [False, True], ids=["model_parallel", "data_parallel"])
