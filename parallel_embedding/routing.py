@@ -47,17 +47,17 @@ class Owned(NamedTuple):
     order: tf.Tensor                   # [K] int32: each id's place in the wire order
     counts: tf.Tensor                  # [N] int32: its ids from (rows to) each rank; with `segments`
     #                                    its rows to each rank (one a sample)
-    weights: Optional[tf.Tensor]       # [K] combiner weights applied here (model-parallel "mean"), or None
+    weights: Optional[tf.Tensor]       # [K] combiner weights applied here ("mean"), or None
     positions: Optional[tf.Tensor] = None   # [U] int32, wire order: each row's sample in its rank's [m b]
     #                                         output (model-parallel: sent with the rows), or None
-    segments: Optional[tf.Tensor] = None    # [K] int32, wire order: each id's row among the U (multi-hot,
-    #                                         model-parallel: its sample's ids' rows summed here), or None
+    segments: Optional[tf.Tensor] = None    # [K] int32, wire order: each id's row among the U (multi-hot:
+    #                                         its sample's ids' rows summed here), or None
 
 
 class Sent(NamedTuple):
-    """This rank's ids of one routed hash shard of the plan, in the wire order (the sample side)."""
-    positions: tf.Tensor               # [c] int32: each id's sample in this rank's [m b] output
-    weights: Optional[tf.Tensor]       # [c] combiner weights applied here (data-parallel "mean"), or None
+    """This rank's rows of one routed hash shard of the plan, in the wire order (the sample side):
+    an id's, or a multi-hot table's sum of a sample's ids' rows in the shard."""
+    positions: tf.Tensor               # [c] int32: each row's sample in this rank's [m b] output
 
 
 class Routes(NamedTuple):
@@ -74,17 +74,25 @@ def assert_size(received: tf.Tensor, expected, what: str, exchange: str = "the d
                                      message=f"{exchange} received a wrong number of {what}")
 
 
-def split_by_source(received: tf.Tensor, headers: Sequence[int]):
+def split_by_source(received: tf.Tensor, headers: Sequence[int], per_count: Optional[Sequence[int]] = None):
     """An all-to-all's output whose part from rank n is `headers[n]` counts, then as many elements
-    as they sum to -> per rank n (its counts [headers[n]], its elements), and the size that makes
-    (the received size, if every rank sent what it counted)."""
+    as they sum to (count k standing for `per_count[k]` elements each) -> per rank n (its counts
+    [headers[n]], its elements), and the size that makes (the received size, if every rank sent
+    what it counted)."""
     parts, start = [], tf.constant(0, tf.int64)
     for h in headers:
         counts = received[start:start + h]
-        size = tf.reduce_sum(tf.cast(counts, tf.int64))
+        size = tf.reduce_sum(tf.cast(counts, tf.int64) * (1 if per_count is None else
+                                                          tf.constant(per_count, tf.int64)))
         parts.append((counts, received[start + h:start + h + size]))
         start = start + h + size
     return parts, start
+
+
+def _starts(major: tf.Tensor, minor: tf.Tensor) -> tf.Tensor:
+    """[K] bool: where the (major, minor) pairs, equal ones adjacent, change (the first of each run)."""
+    changed = tf.logical_or(tf.not_equal(major[1:], major[:-1]), tf.not_equal(minor[1:], minor[:-1]))
+    return tf.concat([tf.ones_like(major[:1], tf.bool), changed], 0)
 
 
 class Router:
@@ -121,22 +129,37 @@ class Router:
         rank 1 sends [2 | d e] to rank 0 and [1 | f] to rank 1. Rank 0 receives [1 b 2 d e]: shard
         0's ids b d e (wire order = global order, m being 1); by the rows' all-to-all it returns b's
         row to rank 0 and d's and e's to rank 1. Rank 0 adds the rows of a c from rank 1 at its
-        samples 0 2, and b's at 1 (`Sent`)."""
+        samples 0 2, and b's at 1 (`Sent`).
+
+        A multi-hot table's ids go with, each, its sample in the sender's [m_f b] and its "mean"
+        weight (`_packed`: after the shard's ids, as many int64s), so that the owner sums a
+        sample's ids' rows, weighted as one process weighs them (`segments`), and returns one row
+        a sample and shard."""
         n, m = self.size, self.inputs_per_table
+        multi = {f: flat[f].sample is not None for f in self.features}   # the same on every rank
         pieces, counts, sent = {}, {}, {}
         for f in sorted(self.features):
             x, shards = flat[f], self.plan.tables[f].shards
             samples = tf.range(tf.size(x.ids)) if x.sample is None else tf.cast(x.sample, tf.int32)
             b = tf.maximum((tf.size(x.ids) if x.sample is None else tf.cast(x.num_samples, tf.int32)) // m[f], 1)
-            key = hash_shards(x.ids, len(shards)) * m[f] + samples // b   # (shard, input)
+            hashed = hash_shards(x.ids, len(shards))
+            key = hashed * m[f] + samples // b   # (shard, input)
             order = tf.argsort(key, stable=True)
             per_input = tf.reshape(tf.math.unsorted_segment_sum(tf.ones_like(key), key, len(shards) * m[f]),
                                    [len(shards), m[f]])
             per_shard = tf.reduce_sum(per_input, axis=1)
-            parts = [[None] * len(shards) if v is None else tf.split(tf.gather(v, order), per_shard, num=len(shards))
-                     for v in (x.ids, samples, x.weights)]
+            ids = tf.split(tf.gather(x.ids, order), per_shard, num=len(shards))
+            if multi[f]:   # the ids with their samples and weights; a sample's rows come back summed
+                packed = tf.split(tf.gather(self._packed(x, samples), order), per_shard, num=len(shards))
+                ids = [tf.concat([i, p], 0) for i, p in zip(ids, packed)]
+                hashed, samples = tf.gather(hashed, order), tf.gather(samples, order)
+                first = _starts(hashed, samples)
+                per_shard = tf.math.unsorted_segment_sum(tf.cast(first, tf.int32), hashed, len(shards))
+                positions = tf.split(tf.boolean_mask(samples, first), per_shard, num=len(shards))
+            else:
+                positions = tf.split(tf.gather(samples, order), per_shard, num=len(shards))
             for k, s in enumerate(shards):
-                pieces[s], counts[s], sent[s] = parts[0][k], per_input[k], Sent(parts[1][k], parts[2][k])
+                pieces[s], counts[s], sent[s] = ids[k], per_input[k], Sent(positions[k])
         send = [tf.concat([tf.cast(counts[s], tf.int64) for s in shards] + [tf.cast(pieces[s], tf.int64)
                                                                             for s in shards], 0)
                 if shards else tf.zeros([0], tf.int64) for shards in self.on]
@@ -144,20 +167,45 @@ class Router:
                                       f"{self.name}_routed_ids")
         mine = self.on[self.rank]
         header = sum(m[s.feature] for s in mine)
-        parts, end = split_by_source(received, [header] * n)
+        per_count = [1 + multi[s.feature] for s in mine for _ in range(m[s.feature])]
+        parts, end = split_by_source(received, [header] * n, per_count)
         owned, owned_ids = [], []
-        by_source = [tf.split(ids, [tf.reduce_sum(head[o:o + m[s.feature]]) for s, o in self._offsets(mine)],
-                              num=len(mine)) if mine else [] for head, ids in parts]
+        by_source = [tf.split(ids, [tf.reduce_sum(head[o:o + m[s.feature]]) * (1 + multi[s.feature])
+                                    for s, o in self._offsets(mine)], num=len(mine)) if mine else []
+                     for head, ids in parts]
         for t, (s, o) in enumerate(self._offsets(mine)):
             per_input = tf.cast(tf.stack([head[o:o + m[s.feature]] for head, _ in parts]), tf.int32)   # [N, m]
             starts = tf.reshape(tf.cumsum(tf.reshape(per_input, [-1]), exclusive=True), [n, m[s.feature]])
             # wire order: (rank, input); global order: (input, rank)
             order = tf.ragged.range(tf.reshape(tf.transpose(starts), [-1]),
                                     tf.reshape(tf.transpose(starts + per_input), [-1])).flat_values
-            owned.append(Owned(order, tf.reduce_sum(per_input, axis=1), None))
-            owned_ids.append(tf.gather(tf.concat([ids[t] for ids in by_source], 0), order))
+            per_rank = tf.reduce_sum(per_input, axis=1)
+            blocks = [ids[t] for ids in by_source]
+            if not multi[s.feature]:
+                owned.append(Owned(order, per_rank, None))
+                owned_ids.append(tf.gather(tf.concat(blocks, 0), order))
+                continue
+            halves = [tf.split(x, 2) for x in blocks]   # per rank: its ids, then their samples and weights
+            wire, packed = tf.concat([h[0] for h in halves], 0), tf.concat([h[1] for h in halves], 0)
+            rank = tf.repeat(tf.range(n), per_rank)
+            first = _starts(rank, tf.bitwise.bitwise_and(packed, 0xFFFFFFFF))
+            weights = None
+            if flat[s.feature].weights is not None:   # "mean": the sender's weights, bit for bit
+                weights = tf.gather(tf.bitcast(tf.cast(shift(packed, 32), tf.int32), tf.float32), order)
+            owned.append(Owned(order, tf.math.unsorted_segment_sum(tf.cast(first, tf.int32), rank, n), weights,
+                               None, tf.cumsum(tf.cast(first, tf.int32)) - 1))
+            owned_ids.append(tf.gather(wire, order))
         return Routes(owned, [sent[s] for s in self.shards]), owned_ids, \
             [assert_size(received, end, "routed ids")]
+
+    @staticmethod
+    def _packed(x, samples: tf.Tensor) -> tf.Tensor:
+        """A multi-hot feature's flat ids (layer.FlatIds) -> [K] int64: each id's sample (in [m b])
+        in the low 32 bits, its combiner weight's float32 bits ("mean"; else 0) in the high ones."""
+        if x.weights is None:
+            return tf.cast(samples, tf.int64)
+        weights = tf.bitwise.bitwise_and(tf.cast(tf.bitcast(x.weights, tf.int32), tf.int64), 0xFFFFFFFF)
+        return tf.cast(samples, tf.int64) + weights * (1 << 32)
 
     def _offsets(self, shards: Sequence[Shard]):
         """(shard, where its m_f counts start in a header of m counts per shard) for `shards`."""
@@ -187,8 +235,7 @@ class Router:
             positions = tf.gather(samples // big_b * b + samples % big_b % b, wire)
             rank, segments = tf.gather(rank, wire), None
             if x.sample is not None:   # ids of one (rank, sample) are adjacent in the wire order
-                key = rank * (m[s.feature] * b) + positions
-                first = tf.concat([tf.ones_like(key[:1], tf.bool), tf.not_equal(key[1:], key[:-1])], 0)
+                first = _starts(rank, positions)
                 segments = tf.cumsum(tf.cast(first, tf.int32)) - 1
                 positions, rank = tf.boolean_mask(positions, first), tf.boolean_mask(rank, first)
             counts = tf.math.unsorted_segment_sum(tf.ones_like(rank), rank, n)
@@ -219,7 +266,7 @@ class Router:
         for x, o in zip(rows, owned):
             x = tf.gather(x, tf.math.invert_permutation(o.order))
             if o.segments is not None:   # a row a sample
-                x = tf.math.unsorted_segment_sum(x, o.segments, tf.size(o.positions))
+                x = tf.math.unsorted_segment_sum(x, o.segments, tf.reduce_sum(o.counts))
             parts = tf.split(x, o.counts, num=n)
             for r in range(n):
                 out[r].append(tf.reshape(parts[r], [-1]))
@@ -278,7 +325,7 @@ class Router:
             counts = tf.bitcast(received[end:end + len(shards)], tf.int32)
             start = end + len(shards)
             end = start + tf.reduce_sum(tf.cast(counts, tf.int64))
-            sent += [Sent(p, None) for p in tf.split(tf.bitcast(received[start:end], tf.int32), counts,
+            sent += [Sent(p) for p in tf.split(tf.bitcast(received[start:end], tf.int32), counts,
                                                      num=len(shards))]
             floats = counts * tf.constant([s.width for s in shards])
             start = end + tf.reduce_sum(tf.cast(floats, tf.int64))
@@ -298,7 +345,7 @@ class Router:
                           key=lambda x: x[0])
             sent = [(rows, route) for _, rows, route in sent]
             out[f] = tf.math.unsorted_segment_sum(
-                tf.concat([rows if r.weights is None else rows * r.weights[:, None] for rows, r in sent], 0),
+                tf.concat([rows for rows, _ in sent], 0),
                 tf.concat([r.positions for _, r in sent], 0), b * self.inputs_per_table[f])
         return out
 
@@ -308,7 +355,7 @@ class Router:
         out = []
         for s in self.on[r]:
             g = tf.gather(feature_grads[s.feature], sent[s].positions)
-            out.append(tf.reshape(g if sent[s].weights is None else g * sent[s].weights[:, None], [-1]))
+            out.append(tf.reshape(g, [-1]))
         return out
 
     def owned_gradients(self, routed: Sequence[tf.Tensor], routes: Optional[Routes]) -> Dict[Shard, tf.Tensor]:
