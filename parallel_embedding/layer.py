@@ -13,7 +13,8 @@ Forward, on every rank:
 2. `exchange`: one all-to-all sends each rank its b rows of every shard; column slices are
    re-joined, row shards summed, and the F features come back in feature order ([b, D_f]).
    A routed shard's rows travel in the same all-to-all, each only to the rank whose sample it
-   is, and are summed into that rank's [b, D_f] at their samples: one table's traffic, not S.
+   is (a multi-hot table's summed per sample by the owner first), and are summed into that
+   rank's [b, D_f] at their samples: one table's traffic, not S.
 
 Backward (`gradients`): the reverse all-to-all brings every shard the gradient of its B rows
 (a routed shard: of its K_s ids); the table gradients are IndexedSlices applied by the owner

@@ -1,11 +1,14 @@
 """Routed hash shards: a dynamic table in S > 1 hash shards at N > 1 ranks sends each shard's
 owner only the ids of its hash range and brings each id's row back only to the rank whose sample
-it is (one table's traffic, not S [B, D] blocks). DistributedEmbedding (layer.py) owns the tables
-and the all-to-alls of rows and gradients; a `Router` says what each carries for the routed shards.
+it is (one table's traffic, not S [B, D] blocks; a multi-hot table's rows summed per sample by the
+owner first, in batch order, so the sums are one process's). DistributedEmbedding (layer.py) owns
+the tables and the all-to-alls of rows and gradients; a `Router` says what each carries for the
+routed shards: with model-parallel input it adds no all-to-all (the samples go with the rows).
 
 Shapes: `N` ranks, `b` local batch, `B = N b`; a routed table f, read by m_f inputs, D_f wide;
 `K_s` the ids of hash shard s in the global batch (their order: global batch order, as one
-process sees them), `c` those of one rank's samples; the wire order of a shard's ids: rank by rank.
+process sees them), `c` the rows of one rank's samples in one shard (one an id, or for a multi-hot
+table one a sample: its ids' rows summed); the wire order of a shard's ids and rows: rank by rank.
 
     router = Router(plan, collectives, inputs_per_table, data_parallel_input, name)
     router.features, router.on[r], router.shards      routed tables; rank r's routed shards; all, rank by rank
@@ -14,10 +17,10 @@ process sees them), `c` those of one rank's samples; the wire order of a shard's
                                                       shard of this rank its [K_s] ids; data-parallel
                                                       input: one all-to-all, model-parallel: none (the
                                                       ids' samples go with their rows)
-    wire = router.to_wire(rows, routes)               per shard here [K_s, D] -> per rank r its flat rows
+    wire = router.to_wire(rows, routes)               per shard here [K_s, D] -> per rank r its flat [c, D]
     router.floats(r, routes, mine)                    floats of routed rows to/from rank r
     static, routed, checks = router.from_ranks(received, static_sizes, routes, mine)   an all-to-all's output
-    router.combine(routed, routes, b)                 {f: [m_f b, D_f]}: each id's row summed at its sample
+    router.combine(routed, routes, b)                 {f: [m_f b, D_f]}: each row summed at its sample
     router.gradients_to(r, feature_grads, routes)     flat gradients ([c, D] a shard) for rank r's shards
     router.owned_gradients(routed, routes)            {shard here: [K_s, D]} in global batch order
     hash_shards(ids, S)                               [n] int64 -> [n] int32: each id's hash shard
@@ -252,15 +255,16 @@ class Router:
             owned = list(zip(self.on[self.rank], routes.owned if routes else []))
             if self.data_parallel_input or not owned:
                 return tf.add_n([tf.constant(0)] + [o.counts[r] * s.width for s, o in owned])
-            # a count per shard, then a sample and a row per id
+            # a count per shard, then per row its sample and its w floats
             return tf.add_n([tf.constant(len(owned))] + [o.counts[r] * (s.width + 1) for s, o in owned])
         sent = dict(zip(self.shards, routes.sent if routes else []))
         return tf.add_n([tf.constant(0)] + [tf.size(sent[s].positions) * s.width for s in self.on[r]])
 
     def to_wire(self, rows: Sequence[tf.Tensor], routes: Optional[Routes]) -> List[List[tf.Tensor]]:
         """This rank's routed shards' [K, w] rows in global batch order -> per rank, flat, each shard's
-        rows of that rank's ids in the wire order; model-parallel input: after a count per shard
-        and each shard's samples of those ids (int32 bit patterns as floats, `tf.bitcast`)."""
+        [c, w] rows of that rank's samples in the wire order (a multi-hot table's summed per sample);
+        model-parallel input: after a count per shard and each shard's c samples (int32 bit
+        patterns as floats, `tf.bitcast`)."""
         n, owned = self.size, routes.owned if routes else []
         out = [[] for _ in range(n)]
         for x, o in zip(rows, owned):
