@@ -27,6 +27,7 @@ import yaml
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKLOADS = os.path.join(os.path.dirname(ROOT), "shared", "bench", "workloads.yaml")
 BATCH, DIM, FEATURES = 4096, 16, (2, 11, 20)
+# routed_positions: the samples' own all-to-all of model-parallel input before 0ae6613 (measured with --code)
 EXCHANGES = ("ids", "multi_hot_ids", "routed_ids", "routed_positions", "rows", "grads")
 
 

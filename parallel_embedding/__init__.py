@@ -39,10 +39,12 @@ Tables on disk (a plan with tiers, plan_tables(..., tiers=planner.TierOptions(..
     emb.close()                            removes the store's files
 
 Modules: planner.py (`plan_tables`, with `TierOptions` the tiers too: pure Python), collectives.py
-(the one seam to Horovod), layer.py (`DistributedEmbedding`), tiered.py (`DiskTier`: the disk tier,
-its caches storage/row_cache.py's), optimizers.py (SGD, Adagrad, Adam: lazy sparse row updates,
-and the dense form, which the trainer uses for the MLPs), dynamic_table.py (`DynamicTable`: raw
-64-bit ids, admission and eviction over the id map op; one per hash shard of the layer's tables
-of kind "dynamic", planner rule 2: their ids any int64, `emb.dynamic_stats()` their counts).
+(the one seam to Horovod), layer.py (`DistributedEmbedding`), routing.py (`Router`: a dynamic table
+in hash shards at N ranks, each shard's owner receiving and returning only its own ids' rows;
+`hash_shards`), tiered.py (`DiskTier`: the disk tier, its caches storage/row_cache.py's),
+optimizers.py (SGD, Adagrad, Adam: lazy sparse row updates, and the dense form, which the trainer
+uses for the MLPs), dynamic_table.py (`DynamicTable`: raw 64-bit ids, admission and eviction over
+the id map op; one per hash shard of the layer's tables of kind "dynamic", planner rule 2: their
+ids any int64, `emb.dynamic_stats()` their counts).
 """
 UPDATED_AT = "updated_at"   # tensor `<table>/updated_at` [rows, 1] int32: the step that last updated each row

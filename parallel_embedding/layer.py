@@ -9,18 +9,19 @@ Forward, on every rank:
    its row range; the others read a spare row and are zeroed, so the N partial results sum to
    the full lookup. A dynamic table in S > 1 hash shards at N > 1 ranks is routed instead: each
    hash shard's owner holds only its own K_s ids (in global batch order) and looks up [K_s, D]
-   (`_route`).
+   (routing.py).
 2. `exchange`: one all-to-all sends each rank its b rows of every shard; column slices are
    re-joined, row shards summed, and the F features come back in feature order ([b, D_f]).
    A routed shard's rows travel in the same all-to-all, each only to the rank whose sample it
-   is, and are summed into that rank's [b, D_f] at their samples: one table's traffic, not S.
+   is (a multi-hot table's summed per sample by the owner first), and are summed into that
+   rank's [b, D_f] at their samples: one table's traffic, not S.
 
 Backward (`gradients`): the reverse all-to-all brings every shard the gradient of its B rows
 (a routed shard: of its K_s ids); the table gradients are IndexedSlices applied by the owner
 (replicated tables: the b-row slices of all ranks, gathered) with `apply_gradients`, the
 optimizer of `set_optimizer`. With data-parallel input each rank starts from ids of its own b
 rows of every feature; one all-to-all of ids gives each shard's owner the global batch first (a
-routed shard: only its own ids, from every rank, `_route_ids`).
+routed shard: only its own ids, from every rank: routing.py).
 
 Features sharing a table (`inputs_per_table` m_f > 1) give it the ids of its m_f inputs
 concatenated input by input: [m_f b] locally, [m_f B] globally (each input's B rows in global
@@ -49,9 +50,10 @@ import tensorflow as tf
 
 from storage.checkpoint import Entry, replicated_entries
 from parallel_embedding import UPDATED_AT
-from parallel_embedding.dynamic_table import IDS, DynamicTable, mix, resharded_entries, shift, tensor_names
+from parallel_embedding.dynamic_table import IDS, DynamicTable, resharded_entries, tensor_names
 from parallel_embedding.optimizers import make_optimizer
 from parallel_embedding.planner import Plan, Shard, plan_tables  # noqa: F401 (plan_tables: the example)
+from parallel_embedding.routing import Router, Routes, assert_size, hash_shards
 from parallel_embedding.tiered import DiskTier, DynamicUnit, Unit
 from utils.errors import ConfigError
 from utils.logger import DYNAMIC_COUNTS
@@ -77,15 +79,6 @@ def shard_initial_value(rows: int, dim: int, shard: Shard, seed) -> tf.Tensor:
         lo, hi = max(shard.row_start - start, 0), min(shard.row_end - start, n)
         parts.append(values[lo:hi, shard.col_start:shard.col_end])
     return tf.concat(parts, axis=0) if parts else tf.zeros([0, shard.width])
-
-
-def hash_shards(ids, shards: int) -> tf.Tensor:
-    """ids [n] int64 -> [n] int32: the hash shard of each id among `shards` (< 2^31): h * shards
-    // 2^64 of h, the id's 64 bits mixed by splitmix64's finaliser (id_map.reference.mix), so that
-    shard s holds the s-th of `shards` equal ranges of hashes."""
-    x = mix(tf.cast(ids, tf.int64))
-    high, low = shift(x, 32), tf.bitwise.bitwise_and(x, 0xFFFFFFFF)
-    return tf.cast(shift(high * shards + shift(low * shards, 32), 32), tf.int32)
 
 
 class FlatIds(NamedTuple):
@@ -144,27 +137,6 @@ def check_ids(features: Sequence[int], ids: Sequence[tf.Tensor], cardinalities: 
         "min/max ids:", id_range, "cardinalities:", cardinalities], summarize=64)]
 
 
-class Owned(NamedTuple):
-    """A routed hash shard of this rank, its owner's side: its K ids (from every rank) in global
-    batch order, and the wire order in which their rows go to (and gradients come from) the ranks:
-    rank by rank, each rank's ids as that rank sent them (data-parallel input) or in batch order."""
-    order: tf.Tensor                   # [K] int32: each id's place in the wire order
-    counts: tf.Tensor                  # [N] int32: its ids from (rows to) each rank
-    weights: Optional[tf.Tensor]       # [K] combiner weights applied here (model-parallel "mean"), or None
-
-
-class Sent(NamedTuple):
-    """This rank's ids of one routed hash shard of the plan, in the wire order (the sample side)."""
-    positions: tf.Tensor               # [c] int32: each id's sample in this rank's [m b] output
-    weights: Optional[tf.Tensor]       # [c] combiner weights applied here (data-parallel "mean"), or None
-
-
-class Routes(NamedTuple):
-    """Where a routed table's ids went (`_route`): read by `exchange` and `gradients`."""
-    owned: List[Owned]                 # per routed shard of this rank (`_routed_on[rank]`)
-    sent: List[Sent]                   # per routed shard of the plan (`_routed`, rank by rank)
-
-
 class LookedUp(NamedTuple):
     """What `lookup` returns: rows and the variable indices they came from (for gradients)."""
     shard_rows: List[tf.Tensor]        # per local shard: [B, w] (a routed shard: [K, w], its ids')
@@ -173,25 +145,6 @@ class LookedUp(NamedTuple):
     replicated_rows: List[tf.Tensor]   # per replicated table: [b, D_f]
     replicated_ids: List[FlatIds]      # per replicated table: its feature's ids
     routes: Optional[Routes] = None    # the routed shards' (None: the plan has none at this world size)
-
-
-def _assert_size(received: tf.Tensor, expected, what: str, exchange: str = "the data-parallel input exchange"):
-    """Checks that an all-to-all delivered `expected` elements (None when run eagerly)."""
-    return tf.debugging.assert_equal(tf.size(received, out_type=tf.int64), tf.cast(expected, tf.int64),
-                                     message=f"{exchange} received a wrong number of {what}")
-
-
-def split_by_source(received: tf.Tensor, headers: Sequence[int]):
-    """An all-to-all's output whose part from rank n is `headers[n]` counts, then as many elements
-    as they sum to -> per rank n (its counts [headers[n]], its elements), and the size that makes
-    (the received size, if every rank sent what it counted)."""
-    parts, start = [], tf.constant(0, tf.int64)
-    for h in headers:
-        counts = received[start:start + h]
-        size = tf.reduce_sum(tf.cast(counts, tf.int64))
-        parts.append((counts, received[start + h:start + h + size]))
-        start = start + h + size
-    return parts, start
 
 
 class DistributedEmbedding(tf.Module):
@@ -219,7 +172,7 @@ class DistributedEmbedding(tf.Module):
     is a DynamicTable (`dynamic`, by shard) whose variable is the shard's, mapping the ids of its
     hash range (`hash_shards`) to rows at the global step before the gathers, the others reading
     zeros as a row shard's do; at N > 1 ranks a table of S > 1 hash shards is routed instead (each
-    owner receives, maps and returns only its shards' ids: `_route`); its rows >= 0 are updated by
+    owner receives, maps and returns only its shards' ids: routing.py); its rows >= 0 are updated by
     its own optimizer; its checkpoint holds
     its live rows (`dynamic_name(s)`; restored at another shard count within `restoring`), its
     counts are in `dynamic_stats` and `store_stats`. A hash shard the plan puts on disk (one a rank)
@@ -313,17 +266,13 @@ class DistributedEmbedding(tf.Module):
         self._static_at = [i for i in range(len(self.variables_in_order)) if i not in self._dynamic_at]
         self.global_features = plan.features_on(self.rank)
         # Routed: the dynamic tables in S > 1 hash shards at N > 1 ranks (their shards rank by rank).
-        self._routed_features = {t.feature for t in tables if t.kind == "dynamic" and len(t.shards) > 1} \
-            if self.size > 1 else set()
-        self._routed_on = [[s for s in plan.shards_on(r) if s.feature in self._routed_features]
-                           for r in range(self.size)]
-        self._routed = [s for shards in self._routed_on for s in shards]
+        self.router = Router(plan, collectives, self.inputs_per_table, data_parallel_input, name)
         # Static layout of the exchange: W_i, the floats rank i sends per local sample (its shards'
         # widths, each times its table's inputs; routed shards apart); rank i's block holds its shards
         # in order, shard s as [m_f b, w_s]; for every feature, the (index in every rank's shards,
         # shard) pairs that make it up.
         m = self.inputs_per_table
-        self._static_on = [[s for s in plan.shards_on(r) if s.feature not in self._routed_features]
+        self._static_on = [[s for s in plan.shards_on(r) if s.feature not in self.router.features]
                            for r in range(self.size)]
         self._widths = [sum(m[s.feature] * s.width for s in shards) for shards in self._static_on]
         self._all_shards = [s for shards in self._static_on for s in shards]
@@ -332,7 +281,7 @@ class DistributedEmbedding(tf.Module):
             pieces[s.feature].append((k, s))
         # Column slices may sit on any ranks: join them in column order.
         self._pieces = {f: sorted(p, key=lambda piece: piece[1].col_start) for f, p in pieces.items()}
-        self._features_of = [[f for f in plan.features_on(r) if f not in self._routed_features]
+        self._features_of = [[f for f in plan.features_on(r) if f not in self.router.features]
                              for r in range(self.size)]   # the ids `_exchange_ids` carries
         self._lookup = tf.function(self._lookup_impl, jit_compile=True)
         self.optimizer, self._step = None, None   # set_optimizer
@@ -375,7 +324,7 @@ class DistributedEmbedding(tf.Module):
         on large batches; one-hot only, since multi-hot id counts vary from batch to batch); ids
         outside [0, cardinality) fail a check either way. A dynamic table's ids are raw int64 values
         (any): its DynamicTable maps them to rows at the global step (training: admitting and
-        evicting), before the gathers; a routed table's (`_route`) after one all-to-all that gives
+        evicting), before the gathers; a routed table's (routing.py) after one all-to-all that gives
         each hash shard's owner its own ids only."""
         ids, exchange_checks = list(ids), []
         if self.data_parallel_input and self.size > 1:
@@ -383,8 +332,8 @@ class DistributedEmbedding(tf.Module):
         checked = self.global_features + self.replicated if not self.data_parallel_input or self.size == 1 \
             else list(range(len(ids)))
         flat = {f: flatten_ids(ids[f], self.combiners[f]) for f in checked}
-        routes, owned_ids, route_checks = self._route(flat) if self._routed else (None, [], [])
-        shard_ids = [None if s.feature in self._routed_features else
+        routes, owned_ids, route_checks = self.router.route(flat) if self.router.shards else (None, [], [])
+        shard_ids = [None if s.feature in self.router.features else
                      self._dynamic_rows(s, flat[s.feature], training) if s in self.dynamic else flat[s.feature]
                      for s in self.shards]
         replicated_ids = [flat[f] for f in self.replicated]
@@ -394,109 +343,13 @@ class DistributedEmbedding(tf.Module):
         checks = check_ids(ranged, [flat[f].ids for f in ranged], [self.cardinalities[f] for f in ranged])
         with tf.control_dependencies(checks + exchange_checks + route_checks):
             rows, indices, replicated_rows = lookup(shard_ids, replicated_ids)
-            for s, owned, ids_s in zip(self._routed_on[self.rank], routes.owned if routes else [], owned_ids):
+            for s, owned, ids_s in zip(self.router.on[self.rank], routes.owned if routes else [], owned_ids):
                 # a routed shard's own ids (varying in number: outside the compiled gathers); -1 reads zeros
                 i, k = self.dynamic[s].rows(ids_s, self._step, training), self.shards.index(s)
                 gathered = tf.where((i >= 0)[:, None], tf.gather(self.shard_variables[k], tf.maximum(i, 0)), 0.0)
                 rows[k] = gathered if owned.weights is None else gathered * owned.weights[:, None]
                 indices[k], shard_ids[k] = i, FlatIds(i, None, None, None)
         return LookedUp(rows, indices, shard_ids, replicated_rows, replicated_ids, routes)
-
-    def _route(self, flat: Dict[int, FlatIds]):
-        """The routed tables' ids -> (Routes, per routed shard of this rank its K ids in global batch
-        order, checks of the amounts received). One all-to-all; every rank takes part."""
-        return self._route_ids(flat) if self.data_parallel_input else self._route_positions(flat)
-
-    def _route_ids(self, flat: Dict[int, FlatIds]):
-        """Data-parallel input: each rank sends each routed shard's owner its ids of that shard (flat
-        ids of feature f, [K_f] locally), input by input, after a count per input: to rank r, for
-        each shard of r, m_f counts, then those shards' ids. The owner puts every shard's ids in
-        global batch order, (input, rank, sample, place in the sample): the order in which one
-        process holding the shard would see them, so its id map decides alike.
-
-        Example, N = 2, b = 3, m = 1, S = 2 (shard k on rank k): rank 0's ids a b c hash to shards
-        1 0 1, rank 1's d e f to 0 0 1. Rank 0 sends [1 | b] to rank 0 and [2 | a c] to rank 1;
-        rank 1 sends [2 | d e] to rank 0 and [1 | f] to rank 1. Rank 0 receives [1 b 2 d e]: shard
-        0's ids b d e (wire order = global order, m being 1); by the rows' all-to-all it returns b's
-        row to rank 0 and d's and e's to rank 1. Rank 0 adds the rows of a c from rank 1 at its
-        samples 0 2, and b's at 1 (`Sent`)."""
-        n, m = self.size, self.inputs_per_table
-        pieces, counts, sent = {}, {}, {}
-        for f in sorted(self._routed_features):
-            x, shards = flat[f], self.plan.tables[f].shards
-            samples = tf.range(tf.size(x.ids)) if x.sample is None else tf.cast(x.sample, tf.int32)
-            b = tf.maximum((tf.size(x.ids) if x.sample is None else tf.cast(x.num_samples, tf.int32)) // m[f], 1)
-            key = hash_shards(x.ids, len(shards)) * m[f] + samples // b   # (shard, input)
-            order = tf.argsort(key, stable=True)
-            per_input = tf.reshape(tf.math.unsorted_segment_sum(tf.ones_like(key), key, len(shards) * m[f]),
-                                   [len(shards), m[f]])
-            per_shard = tf.reduce_sum(per_input, axis=1)
-            parts = [[None] * len(shards) if v is None else tf.split(tf.gather(v, order), per_shard, num=len(shards))
-                     for v in (x.ids, samples, x.weights)]
-            for k, s in enumerate(shards):
-                pieces[s], counts[s], sent[s] = parts[0][k], per_input[k], Sent(parts[1][k], parts[2][k])
-        send = [tf.concat([tf.cast(counts[s], tf.int64) for s in shards] + [tf.cast(pieces[s], tf.int64)
-                                                                            for s in shards], 0)
-                if shards else tf.zeros([0], tf.int64) for shards in self._routed_on]
-        received = self.comm.alltoall(tf.concat(send, 0), tf.stack([tf.size(x) for x in send]),
-                                      f"{self.name}_routed_ids")
-        mine = self._routed_on[self.rank]
-        header = sum(m[s.feature] for s in mine)
-        parts, end = split_by_source(received, [header] * n)
-        owned, owned_ids = [], []
-        by_source = [tf.split(ids, [tf.reduce_sum(head[o:o + m[s.feature]]) for s, o in self._offsets(mine)],
-                              num=len(mine)) if mine else [] for head, ids in parts]
-        for t, (s, o) in enumerate(self._offsets(mine)):
-            per_input = tf.cast(tf.stack([head[o:o + m[s.feature]] for head, _ in parts]), tf.int32)   # [N, m]
-            starts = tf.reshape(tf.cumsum(tf.reshape(per_input, [-1]), exclusive=True), [n, m[s.feature]])
-            # wire order: (rank, input); global order: (input, rank)
-            order = tf.ragged.range(tf.reshape(tf.transpose(starts), [-1]),
-                                    tf.reshape(tf.transpose(starts + per_input), [-1])).flat_values
-            owned.append(Owned(order, tf.reduce_sum(per_input, axis=1), None))
-            owned_ids.append(tf.gather(tf.concat([ids[t] for ids in by_source], 0), order))
-        return Routes(owned, [sent[s] for s in self._routed]), owned_ids, \
-            [_assert_size(received, end, "routed ids")]
-
-    def _offsets(self, shards: Sequence[Shard]):
-        """(shard, where its m_f counts start in a header of m counts per shard) for `shards`."""
-        offsets = np.cumsum([0] + [self.inputs_per_table[s.feature] for s in shards])
-        return list(zip(shards, offsets[:-1].tolist()))
-
-    def _route_positions(self, flat: Dict[int, FlatIds]):
-        """Model-parallel input: each routed shard's owner, which holds its feature's global ids
-        ([m_f B] flat), keeps its own in global batch order and sends each rank the samples (in
-        that rank's [m_f b] output) of the ones that are that rank's: to rank r, per shard of this
-        rank, a count, then those shards' samples. Their rows follow by the rows' all-to-all."""
-        n, m = self.size, self.inputs_per_table
-        owned, owned_ids, send = [], [], [[] for _ in range(n)]
-        hashed = {s.feature: hash_shards(flat[s.feature].ids, len(self.plan.tables[s.feature].shards))
-                  for s in self._routed_on[self.rank]}   # once per table, whatever its shards here
-        for s in self._routed_on[self.rank]:
-            x, shards = flat[s.feature], self.plan.tables[s.feature].shards
-            samples = tf.range(tf.size(x.ids)) if x.sample is None else tf.cast(x.sample, tf.int32)
-            big_b = tf.maximum((tf.size(x.ids) if x.sample is None else tf.cast(x.num_samples, tf.int32))
-                               // m[s.feature], 1)
-            b = tf.maximum(big_b // n, 1)
-            own = tf.equal(hashed[s.feature], shards.index(s))
-            samples = tf.boolean_mask(samples, own)
-            rank = samples % big_b // b
-            wire = tf.argsort(rank, stable=True)
-            counts = tf.math.unsorted_segment_sum(tf.ones_like(rank), rank, n)
-            positions = tf.split(tf.gather(samples // big_b * b + samples % big_b % b, wire), counts, num=n)
-            for r in range(n):
-                send[r].append((counts[r], positions[r]))
-            owned.append(Owned(tf.math.invert_permutation(wire), counts,
-                               None if x.weights is None else tf.boolean_mask(x.weights, own)))
-            owned_ids.append(tf.boolean_mask(x.ids, own))
-        send = [tf.concat([tf.reshape(c, [1]) for c, _ in parts] + [p for _, p in parts], 0) if parts
-                else tf.zeros([0], tf.int32) for parts in send]
-        received = self.comm.alltoall(tf.concat(send, 0), tf.stack([tf.size(x) for x in send]),
-                                      f"{self.name}_routed_positions")
-        parts, end = split_by_source(received, [len(shards) for shards in self._routed_on])
-        sent = [Sent(p, None) for (head, positions), shards in zip(parts, self._routed_on) if shards
-                for p in tf.split(positions, head, num=len(shards))]
-        return Routes(owned, sent), owned_ids, \
-            [_assert_size(received, end, "routed samples", "the routed tables' all-to-all")]
 
     def _dynamic_rows(self, s: Shard, flat: FlatIds, training: bool) -> FlatIds:
         """A dynamic table's hash shard `s`: raw ids -> its rows (-1: none, or another shard's id),
@@ -568,7 +421,7 @@ class DistributedEmbedding(tf.Module):
         dtype = tf.int64 if any(i.dtype == tf.int64 for i in flat_ids) else tf.int32
         m, n = self.inputs_per_table, self.size
         b = num_samples(ids[0]) // m[0]
-        features = [f for f in self.global_features if f not in self._routed_features]
+        features = [f for f in self.global_features if f not in self.router.features]
         inputs = [f for f in features for _ in range(m[f])]   # this rank's tables' inputs
         first = {f: inputs.index(f) for f in features}
         send = [tf.cast(ids[f].row_lengths() if ragged[f] else ids[f], dtype)
@@ -577,7 +430,7 @@ class DistributedEmbedding(tf.Module):
         received = self.comm.alltoall(tf.concat(send, 0) if send else tf.zeros([0], dtype), counts,
                                       f"{self.name}_ids")
         by_input = tf.reshape(tf.transpose(tf.reshape(received, [n, len(inputs), b]), [1, 0, 2]), [len(inputs), -1])
-        checks = [_assert_size(received, n * len(inputs) * b, "ids")]
+        checks = [assert_size(received, n * len(inputs) * b, "ids")]
         out = list(ids)
         for f in features:
             out[f] = tf.reshape(by_input[first[f]:first[f] + m[f]], [-1])
@@ -589,7 +442,7 @@ class DistributedEmbedding(tf.Module):
                 tf.stack([tf.add_n([tf.size(v) for v in vs]) if vs else 0 for vs in values]),
                 f"{self.name}_multi_hot_ids")
             expected = tf.reduce_sum(tf.gather(by_input, multi)) if multi else 0
-            checks.append(_assert_size(received, expected, "multi-hot ids"))
+            checks.append(assert_size(received, expected, "multi-hot ids"))
             if multi:   # received in (source rank, input, row) order; rebuild each input's B rows
                 lengths = tf.reshape(tf.gather(by_input, multi), [len(multi), n, b])
                 rows = tf.RaggedTensor.from_row_lengths(received, tf.reshape(tf.transpose(lengths, [1, 0, 2]), [-1]))
@@ -610,84 +463,35 @@ class DistributedEmbedding(tf.Module):
             for s, rows in zip(self.shards, looked_up.shard_rows):
                 out[s.feature] = rows if out[s.feature] is None else out[s.feature] + rows
             return out
-        if not any(self._widths) and not self._routed:
+        if not any(self._widths) and not self.router.shards:
             return out
         b, m = local_batch, self.inputs_per_table
         # Each shard's [m B, w] rows (input, rank, row) -> [N, m b w]: rank r's m x b rows in a row;
         # then, to each rank, the rows of its ids in the routed shards here (wire order).
         static = [self._by_rank(rows, m[s.feature]) for s, rows in zip(self.shards, looked_up.shard_rows)
-                  if s.feature not in self._routed_features]
+                  if s.feature not in self.router.features]
         static = tf.concat(static, axis=1) if static else tf.zeros([self.size, 0])
-        routed = self._to_wire([looked_up.shard_rows[self.shards.index(s)] for s in self._routed_on[self.rank]],
-                               looked_up.routes)
+        routed = self.router.to_wire([looked_up.shard_rows[self.shards.index(s)] for s in self.router.on[self.rank]],
+                                     looked_up.routes)
         received = self.comm.alltoall(
             tf.concat([tf.concat([static[r]] + routed[r], 0) for r in range(self.size)], 0),
-            tf.stack([b * self._widths[self.rank] + self._routed_size(r, looked_up.routes, mine=True)
+            tf.stack([b * self._widths[self.rank] + self.router.floats(r, looked_up.routes, mine=True)
                       for r in range(self.size)]), f"{self.name}_rows")
-        received, routed = self._from_ranks(received, b, looked_up.routes, mine=False)
+        received, routed, checks = self.router.from_ranks(received, [b * w for w in self._widths], looked_up.routes,
+                                                          mine=False)
+        if checks:
+            with tf.control_dependencies(checks):
+                received, routed = tf.identity(received), [tf.identity(x) for x in routed]
         pieces = tf.split(received, tf.stack([b * m[s.feature] * s.width for s in self._all_shards]),
                           num=len(self._all_shards)) if self._all_shards else []
         for f, parts in self._pieces.items():
             if parts:
                 parts = [tf.reshape(pieces[k], [-1, s.width]) for k, s in parts]
                 out[f] = tf.add_n(parts) if self.plan.tables[f].kind in ("row", "dynamic") else tf.concat(parts, axis=1)
-        for f in sorted(self._routed_features):   # each id's row summed into its sample's
-            sent = [(rows, route) for s, rows, route in zip(self._routed, routed, looked_up.routes.sent)
-                    if s.feature == f]
-            out[f] = tf.math.unsorted_segment_sum(
-                tf.concat([rows if r.weights is None else rows * r.weights[:, None] for rows, r in sent], 0),
-                tf.concat([r.positions for _, r in sent], 0), b * m[f])
+        if self.router.shards:   # each id's row summed into its sample's
+            for f, rows in self.router.combine(routed, looked_up.routes, b).items():
+                out[f] = rows
         return out
-
-    def _routed_size(self, r: int, routes: Optional[Routes], mine: bool):
-        """Floats of routed rows between this rank and rank r: of this rank's routed shards to (or
-        from) rank r (`mine`), or of rank r's routed shards from (or to) this rank."""
-        if mine:
-            return tf.add_n([tf.constant(0)] + [o.counts[r] * s.width for s, o in
-                                                zip(self._routed_on[self.rank], routes.owned if routes else [])])
-        sent = dict(zip(self._routed, routes.sent if routes else []))
-        return tf.add_n([tf.constant(0)] + [tf.size(sent[s].positions) * s.width for s in self._routed_on[r]])
-
-    def _to_wire(self, rows: Sequence[tf.Tensor], routes: Optional[Routes]) -> List[List[tf.Tensor]]:
-        """This rank's routed shards' [K, w] rows in global batch order -> per rank, flat, each shard's
-        rows of that rank's ids in the wire order."""
-        out = [[] for _ in range(self.size)]
-        for x, owned in zip(rows, routes.owned if routes else []):
-            parts = tf.split(tf.gather(x, tf.math.invert_permutation(owned.order)), owned.counts, num=self.size)
-            for r in range(self.size):
-                out[r].append(tf.reshape(parts[r], [-1]))
-        return out
-
-    def _from_ranks(self, received: tf.Tensor, b, routes: Optional[Routes], mine: bool):
-        """An all-to-all's output holding, per rank r, the [b W] floats of the static layout, then
-        routed rows: of rank r's routed shards (`mine` false: the rows of this rank's ids, per
-        shard [c, w]) or of this rank's (`mine`: from rank r; per shard of this rank, its [K, w]
-        rows from every rank, in global batch order) -> (the static floats, rank by rank; the
-        routed rows per shard)."""
-        if not self._routed:
-            return received, []
-        n, me = self.size, self.rank
-        if mine:
-            sizes = [[b * self._widths[me]] + [o.counts[r] * s.width
-                                               for s, o in zip(self._routed_on[me], routes.owned)] for r in range(n)]
-        else:
-            sent = dict(zip(self._routed, routes.sent))
-            sizes = [[b * self._widths[r]] + [tf.size(sent[s].positions) * s.width for s in self._routed_on[r]]
-                     for r in range(n)]
-        parts = tf.split(received, tf.stack([tf.cast(x, tf.int32) for xs in sizes for x in xs]),
-                         num=sum(len(xs) for xs in sizes))
-        static, routed, k = [], [], 0
-        for xs in sizes:
-            static.append(parts[k])
-            routed.append(parts[k + 1:k + len(xs)])
-            k += len(xs)
-        if mine:   # per shard of this rank: its rows from every rank (wire order) -> global batch order
-            routed = [tf.gather(tf.reshape(tf.concat([of_rank[t] for of_rank in routed], 0), [-1, s.width]), o.order)
-                      for t, (s, o) in enumerate(zip(self._routed_on[me], routes.owned))]
-        else:
-            routed = [tf.reshape(x, [-1, s.width]) for of_rank, shards in zip(routed, self._routed_on)
-                      for x, s in zip(of_rank, shards)]
-        return tf.concat(static, 0), routed
 
     def _by_rank(self, rows: tf.Tensor, m: int) -> tf.Tensor:
         """[m B, w] rows in (input, rank, row) order -> [N, m b w] in (rank, input, row) order."""
@@ -714,21 +518,19 @@ class DistributedEmbedding(tf.Module):
         its ids' rows in global batch order) (the reverse all-to-all)."""
         if self.size == 1:
             return [feature_grads[s.feature] for s in self.shards]
-        if not any(self._widths) and not self._routed:
+        if not any(self._widths) and not self.router.shards:
             return []
         m = self.inputs_per_table
         b = tf.shape(feature_grads[0])[0] // m[0]
-        sent = dict(zip(self._routed, routes.sent if routes else []))
         send = []
         for r in range(self.size):   # to rank r: its static shards' [m b, w], then its routed shards' [c, w]
             send += [tf.reshape(feature_grads[s.feature][:, s.col_start:s.col_end], [-1]) for s in self._static_on[r]]
-            for s in self._routed_on[r]:
-                g = tf.gather(feature_grads[s.feature], sent[s].positions)
-                send.append(tf.reshape(g if sent[s].weights is None else g * sent[s].weights[:, None], [-1]))
+            send += self.router.gradients_to(r, feature_grads, routes)
         received = self.comm.alltoall(tf.concat(send, axis=0) if send else tf.zeros([0]),
-                                      tf.stack([b * w + self._routed_size(r, routes, mine=False)
+                                      tf.stack([b * w + self.router.floats(r, routes, mine=False)
                                                 for r, w in enumerate(self._widths)]), f"{self.name}_grads")
-        received, routed = self._from_ranks(received, b, routes, mine=True)
+        received, routed, _ = self.router.from_ranks(received, [b * self._widths[self.rank]] * self.size, routes,
+                                                     mine=True)
         static = self._static_on[self.rank]
         out = {}
         if static:
@@ -737,8 +539,7 @@ class DistributedEmbedding(tf.Module):
             # [N, m b w] (rank, input, row) -> [m B, w] (input, rank, row)
             out = {s: tf.reshape(tf.transpose(tf.reshape(x, [self.size, m[s.feature], -1]), [1, 0, 2]), [-1, s.width])
                    for x, s in zip(blocks, static)}
-        for s, g, owned in zip(self._routed_on[self.rank], routed, routes.owned if routes else []):
-            out[s] = g if owned.weights is None else g * owned.weights[:, None]
+        out.update(self.router.owned_gradients(routed, routes))
         return [out[s] for s in self.shards]
 
     # Optimizer and checkpoints ---------------------------------------------------------------

@@ -8,7 +8,7 @@ how it is stored. The rules apply in this order:
    parallel_embedding/dynamic_table.py) has `capacity` rows (its `rows[f]` is ignored), cut into
    its `shards` S hash shards (S independent of the world size): shard s holds rows s of S
    contiguous near-equal ranges and the ids whose mixed hash falls in the s-th of S equal ranges
-   of [0, 2^64) (layer.hash_shards), on rank s % N. Never replicated or sliced by columns; on disk
+   of [0, 2^64) (routing.hash_shards), on rank s % N. Never replicated or sliced by columns; on disk
    only by rule 7.
 3. "replicated": elements <= `data_parallel_threshold`. A full copy on every rank, no shards.
 4. "row": elements > `row_slice_threshold` and rows >= N. One full-width shard per rank, rank r

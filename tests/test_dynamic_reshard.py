@@ -12,8 +12,9 @@ import tensorflow as tf
 
 import run.loop as run_loop
 from parallel_embedding.collectives import SingleProcess
-from parallel_embedding.layer import DistributedEmbedding, hash_shards
+from parallel_embedding.layer import DistributedEmbedding
 from parallel_embedding.planner import DynamicOptions, plan_tables
+from parallel_embedding.routing import hash_shards
 from storage import checkpoint
 from tests.configs import tiny_config
 from utils.errors import ConfigError

@@ -1,10 +1,11 @@
-"""A dynamic table in hash shards at N ranks is routed (parallel_embedding/layer.py, `_route`):
+"""A dynamic table in hash shards at N ranks is routed (parallel_embedding/routing.py):
 each shard's owner receives, maps and returns only the ids of its hash range. Two and three ranks
 run as threads of this process over collectives that record what every rank sends, against one
-process holding the same shards: the features and the maps' state equal bit for bit, the values
-within float tolerance, under eviction, with one-hot ids, multi-hot ids ("mean") of a table read
-by two inputs, and a static table beside them, for model- and data-parallel input; and the rows'
-and gradients' all-to-alls carry each id's row once (one table's traffic), not S [B, D] blocks."""
+process holding the same shards: the features, the maps' state and the tables' values equal bit
+for bit, under eviction, with one-hot ids, multi-hot ids ("mean") of a table read by two inputs,
+and a static table beside them, for model- and data-parallel input; and the rows' and gradients'
+all-to-alls carry each id's row once (one table's traffic), not S [B, D] blocks, a multi-hot
+table's summed per sample and hash shard by the shard's owner."""
 import collections
 import threading
 
@@ -15,6 +16,7 @@ import tensorflow as tf
 from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.layer import DistributedEmbedding
 from parallel_embedding.planner import DynamicOptions, plan_tables
+from parallel_embedding.routing import hash_shards
 
 B, STEPS = 12, 8
 DIMS = [8, 4, 6]
@@ -142,34 +144,41 @@ def test_routed_hash_shards_equal_one_process_and_send_each_row_once(n, data_par
     embs = [embedding(plan, ranks.comm(r), data_parallel) for r in range(n)]
     assert [len(emb.dynamic) for emb, _ in embs] == ([3, 2] if n == 2 else [2, 2, 1])
     got = run_ranks(ranks, embs, data, grads, data_parallel, INPUTS)
-    for s in range(STEPS):   # the features of the global batch: bit for bit but the combiner's sums
-        for f, m in enumerate(INPUTS):
+    for s in range(STEPS):   # the features of the global batch, bit for bit: the owners sum a sample's
+        for f, m in enumerate(INPUTS):   # ids' rows, and the ranks the shards' sums, as one process does
             rows = tf.concat([got[r][s][f][i * (B // n):(i + 1) * (B // n)] for i in range(m) for r in range(n)], 0)
-            np.testing.assert_allclose(rows.numpy(), want[s][f].numpy(), rtol=1e-6, atol=1e-7, err_msg=f"{s} {f}")
-    for emb, _ in embs:   # each hash shard's map bit for bit, its rows within tolerance
+            np.testing.assert_array_equal(rows.numpy(), want[s][f].numpy(), err_msg=f"{s} {f}")
+    for emb, _ in embs:   # each hash shard's map and rows bit for bit
         for shard, table in emb.dynamic.items():
             reference = one.dynamic[next(s for s in one.dynamic if s.feature == shard.feature and
                                          s.row_start == shard.row_start)]
             state, expected = table.map.export(), reference.map.export()
             for k in expected:
                 np.testing.assert_array_equal(state[k].numpy(), expected[k].numpy(), err_msg=k)
-            np.testing.assert_allclose(table.variable.numpy(), reference.variable.numpy(), rtol=1e-5, atol=1e-6)
+            np.testing.assert_array_equal(table.variable.numpy(), reference.variable.numpy())
     assert one.dynamic_stats()["embedding/table_0"]["evicted"] > 0
 
     # Traffic: the rows' and gradients' all-to-alls carry the static layout's blocks and each id's
     # row once: B D_0 for table 0 (one table's) and (its ids) D_2 for table 2, where every hash
-    # shard sent its [m B, D] block before (S_0 B D_0 + S_2 2B D_2).
+    # shard sent its [m B, D] block before (S_0 B D_0 + S_2 2B D_2); table 2 (multi-hot): one row
+    # per sample and hash shard (its ids' rows summed by their owner).
     emb = embs[0][0]
     static = sum(n * (B // n) * w for w in emb._widths) * STEPS
     ids = sum(int(batch[2].values.shape[0]) for batch in data)
-    routed = B * STEPS * DIMS[0] + ids * DIMS[2]
-    assert ranks.sent["embedding_rows"] == ranks.sent["embedding_grads"] == static + routed
+    samples = sum(len(set(zip(batch[2].value_rowids().numpy(), hash_shards(batch[2].values, 2).numpy())))
+                  for batch in data)   # (sample, shard) pairs of table 2
+    assert samples < ids
+    routed = B * STEPS * DIMS[0] + samples * DIMS[2]
     assert routed < (3 * B * DIMS[0] + 2 * 2 * B * DIMS[2]) * STEPS
+    assert ranks.sent["embedding_grads"] == static + routed
     counts = n * (3 * INPUTS[0] + 2 * INPUTS[2]) * STEPS   # data-parallel: per rank and shard, a count per input
-    if data_parallel:
-        assert ranks.sent["embedding_routed_ids"] == counts + B * STEPS + ids
-    else:   # the owners send each rank its ids' samples, after a count per shard
-        assert ranks.sent["embedding_routed_positions"] == n * 5 * STEPS + B * STEPS + ids
+    if data_parallel:   # table 2's ids each with its sample and the sample's id count (one int64)
+        assert ranks.sent["embedding_routed_ids"] == counts + B * STEPS + 2 * ids
+        assert ranks.sent["embedding_rows"] == static + routed
+    else:   # no all-to-all of its own: the owners send each rank its rows' samples with the rows,
+        # after a count per shard (an all-to-all of samples carried as many, a sample an id, before)
+        assert "embedding_routed_positions" not in ranks.sent
+        assert ranks.sent["embedding_rows"] == static + routed + n * 5 * STEPS + B * STEPS + samples
 
 
 @pytest.mark.parametrize("data_parallel", [False, True], ids=["model_parallel", "data_parallel"])
@@ -188,4 +197,6 @@ def test_a_plan_of_routed_tables_alone(data_parallel):
     for s in range(STEPS):
         np.testing.assert_allclose(tf.concat([got[0][s][0], got[1][s][0]], 0).numpy(), want[s][0].numpy(),
                                    rtol=1e-6, atol=1e-7, err_msg=str(s))
-    assert ranks.sent["embedding_rows"] == B * DIMS[0] * STEPS
+    # model-parallel input: with the rows, per owner and rank a count per shard (3) and a sample per id
+    assert ranks.sent["embedding_rows"] == (B * DIMS[0] + (0 if data_parallel else 2 * 3 + B)) * STEPS
+    assert ranks.sent["embedding_grads"] == B * DIMS[0] * STEPS

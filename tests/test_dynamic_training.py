@@ -17,9 +17,10 @@ import run.runtime as run_runtime
 from id_map.reference import Reference, mix
 from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.dynamic_table import DynamicTable, initial_values
-from parallel_embedding.layer import DistributedEmbedding, hash_shards
+from parallel_embedding.layer import DistributedEmbedding
 from parallel_embedding.planner import (BudgetError, DynamicOptions, PlanError, Tier, TierOptions, dynamic_map_bytes,
                                         plan_tables)
+from parallel_embedding.routing import hash_shards
 from storage import checkpoint
 from deployment.exporter.repository import exported_model
 from tests.configs import tiny_config
