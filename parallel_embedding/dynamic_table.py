@@ -57,7 +57,7 @@ row by the store, and `store` (a RowStore, set by the disk tier) holds the rest:
     store.read(rows [n], j) -> [n, D] float32   part j (0: the row, then the k slots, `parts`'
                                         order) of rows [n], through the cache (a checkpoint's block)
     store.clear()                       empties the cache (a restore begins)
-    store.write(rows [n], j, values [n, D])   part j of rows [n] in the file (a restore's block)
+    store.write(rows, j, values [n, D])  part j of rows (a slice, or [n]) in the file (a restore's block)
     store.updated_at                    [capacity] int32, per row, in host memory
 So the step computes exactly what it computes in memory, on cache slots instead of rows.
 
@@ -267,8 +267,8 @@ def resharded_entries(name: str, saved: List[str], names: List[str], tables: Dic
     where = {}   # "to_shard", "to_row" [G] and "start" [P] (saved shard k's first row in G), once read
 
     def done(read: Dict[str, np.ndarray]):
-        new, where["to_shard"], where["to_row"] = reshard([{k: read[full(prefix, k)] for k in small} for prefix in saved],
-                                                          some.policy, len(capacities), shard_of)
+        saved_parts = [{k: read[full(prefix, k)] for k in small} for prefix in saved]
+        new, where["to_shard"], where["to_row"] = reshard(saved_parts, some.policy, len(capacities), shard_of)
         where["start"] = np.cumsum([0] + [len(read[full(prefix, IDS)]) for prefix in saved])
         for s, (part, capacity) in enumerate(zip(new, capacities)):
             if len(part[IDS]) > capacity:
@@ -289,8 +289,8 @@ def resharded_entries(name: str, saved: List[str], names: List[str], tables: Dic
     restoring = _Restoring([full(prefix, k) for prefix in saved for k in small], done)
     return [Entry(n, _Tensor(n, np.zeros((0, 0)), restoring), (0, 0), sized_by_checkpoint=True)
             for n in restoring.names] + \
-        [Entry(full(prefix, k), _Streamed(full(prefix, k), (0, some.dim), np.float32, restoring, None, writer(i, j)),
-               (0, some.dim), sized_by_checkpoint=True)
+        [Entry(full(prefix, k), _Streamed(full(prefix, k), (0, int(some.dim)), np.float32, restoring, None, writer(i, j)),
+               (0, int(some.dim)), sized_by_checkpoint=True)
          for i, prefix in enumerate(saved) for k in parts for j in [some.part_index(k)]]
 
 
@@ -397,14 +397,17 @@ class DynamicTable(tf.Module):
             return self.store.read(rows, part)
         return tf.gather(self.parts[part], rows).numpy()
 
-    def write_part(self, part: int, rows: np.ndarray, values: np.ndarray, fresh: Sequence[str] = ()):
-        """rows [n] take `values` [n, D] as their part `part` of `parts` (on disk in the store, its
-        cache emptied first: restore_tensors); the slots `fresh` (with part 0) their initial value."""
+    def write_part(self, part: int, rows, values: np.ndarray, fresh: Sequence[str] = ()):
+        """rows (a slice, or [n] int64) take `values` [n, D] as their part `part` of `parts` (on disk
+        in the store, its cache emptied first: restore_tensors); the slots `fresh` (with part 0)
+        their initial value."""
         values = np.asarray(values, np.float32)
         writes = [(part, values)] + [(self.part_index(k), self.optimizer._slot_init(k, values).numpy()) for k in fresh]
         for j, value in writes:
             if self.store is not None:
                 self.store.write(rows, j, value)
+            elif isinstance(rows, slice):
+                self.parts[j][rows].assign(value)
             else:
                 self.parts[j].scatter_update(tf.IndexedSlices(value, rows))
 
@@ -424,7 +427,7 @@ class DynamicTable(tf.Module):
         small = {f"{self.table}/{k}": v for k, v in column.items() if f"{self.table}/{k}" in names}
         restoring = _Restoring(list(small), self.restore_tensors)
         fresh = [k for k in self.slots if f"{self.table}/{k}" not in names]
-        shape, live = (len(rows), int(self.dim)), lambda start, n: np.arange(start, start + n)
+        shape, live = (len(rows), int(self.dim)), lambda start, n: slice(start, start + n)
 
         def part(j: int) -> tuple:   # (read, write) of part j of `parts`
             return (lambda start, stop: self.read_part(j, rows[start:stop]),
@@ -444,12 +447,12 @@ class DynamicTable(tf.Module):
             return self.store.updated_at[rows]
         return tf.gather(self.updated_at, rows).numpy()[:, 0]
 
-    def _set_updated_at(self, rows: np.ndarray, values: np.ndarray):
-        """rows [n] take updated_at `values` [n] int32."""
+    def _set_updated_at(self, rows: slice, values: np.ndarray):
+        """Rows `rows` take updated_at `values` [n] int32."""
         if self.store is not None:
             self.store.updated_at[rows] = values
         else:
-            self.updated_at.scatter_update(tf.IndexedSlices(np.asarray(values, np.int32)[:, None], rows))
+            self.updated_at[rows].assign(np.asarray(values, np.int32)[:, None])
 
     def restore(self, path: str):
         """Replaces the table's state with its checkpoint's at `path` (a checkpoint folder or root)."""
@@ -482,6 +485,6 @@ class DynamicTable(tf.Module):
                           "candidate_ids": cands[:, 0], "candidate_sightings": cands[:, 1],
                           "candidate_last_seen": cands[:, 2], "totals": read[f"{self.table}/{TOTALS}"][0]})
         if f"{self.table}/{UPDATED_AT}" in read:
-            self._set_updated_at(np.arange(live), read[f"{self.table}/{UPDATED_AT}"][:, 0])
+            self._set_updated_at(slice(0, live), read[f"{self.table}/{UPDATED_AT}"][:, 0])
         if f"{self.table}/{ITERATIONS}" in read:
             self.optimizer.iterations.assign(read[f"{self.table}/{ITERATIONS}"][0, 0])

@@ -251,8 +251,9 @@ class DynamicStore:
             unit.step_pins = np.zeros(0, np.int64)
             unit.reset()
 
-    def write(self, rows: np.ndarray, part: int, values: np.ndarray):
-        """rows [n] take `values` [n, w] as their part `part` in the file (a restore's block, after `clear`)."""
+    def write(self, rows, part: int, values: np.ndarray):
+        """rows (a slice, or [n] int64) take `values` [n, w] as their part `part` in the file (a
+        restore's block, after `clear`)."""
         with self._tables._lock:
             self._unit.files[0].write(rows, values, part)
 

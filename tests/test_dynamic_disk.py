@@ -6,7 +6,8 @@ batch 49 read ahead into the cache) and both checkpoints (the map's state, live 
 updated_at); a checkpoint resumed in the other tier ends as both; deploy.py exports its checkpoints
 and a delta; a model file (examples/dlrm.py) with the table on disk trains as dlrm.py in memory; at 2
 Gloo ranks, one hash shard on disk on each, the same checkpoint as in memory, which restored at 1
-rank as 1 hash shard on disk trains on as in memory.
+rank as 1 hash shard on disk trains on as in memory. A checkpoint streams the table's live rows
+between the store and its files a block at a time, re-sharded on restore too.
 
 BUDGET (28,561 bytes) holds, at 1 rank, the dynamic table's id map (7,616 bytes), tables 1 and 3 in
 memory, table 2 on disk (a cache of 32 rows, 2 x (8 + 8) ids in flight) and table 0 on disk: 48 rows
