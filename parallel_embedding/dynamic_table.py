@@ -19,26 +19,32 @@ updated_at [capacity, 1] int32.
     table.parts                         [variable, slot variables...] (on disk: a row's parts)
     table.counts()                      {live, capacity, candidates, admitted, evicted, refused}
     entries = table.checkpoint_entries(weights_only)    storage.checkpoint entries of the live rows
-                                        only (a snapshot, taken now; sized by the checkpoint when
-                                        restored: storage.checkpoint.restore assigns them all, then
-                                        the table takes their state): tensors `<name>` [L, D], `<name>/<slot>`
-                                        [L, D], `<name>/updated_at` [L, 1] int32, `<name>/ids` [L, 1]
-                                        int64 (in eviction order), `<name>/counts` (lfu) or
-                                        `<name>/last_used` (ttl) [L, 1] int32, `<name>/candidates`
-                                        [M, 3] int64 (id, sightings, last seen), `<name>/totals` [1, 3]
-                                        int64, `<name>/iterations` [1, 1] int64 (the optimizer's updates);
-                                        `weights_only`: without the slots and `iterations` (restored:
-                                        the live rows' slots start fresh)
+                                        only, sized by the checkpoint when restored: tensors `<name>`
+                                        [L, D], `<name>/<slot>` [L, D], `<name>/updated_at` [L, 1]
+                                        int32, `<name>/ids` [L, 1] int64 (in eviction order),
+                                        `<name>/counts` (lfu) or `<name>/last_used` (ttl) [L, 1] int32,
+                                        `<name>/candidates` [M, 3] int64 (id, sightings, last seen),
+                                        `<name>/totals` [1, 3] int64, `<name>/iterations` [1, 1] int64
+                                        (the optimizer's updates); `weights_only`: without the slots
+                                        and `iterations` (restored: the live rows' slots start fresh).
+                                        The ids and the rest of [L, 1] or less are a snapshot taken now,
+                                        restored first (the table takes their state: restore_tensors);
+                                        the rows, slots and updated_at are streamed (RowSources): saved
+                                        from the live rows of the snapshot and restored into rows
+                                        0..L-1 a block of rows at a time (storage.checkpoint.BLOCK_BYTES;
+                                        on disk between the store and the files, never L rows at once)
     table.checkpoint_names(weights_only)    those tensors' names
-    table.restore(path)                 the table from a checkpoint (storage.checkpoint.read_tensor):
-                                        its live ids take rows 0..L-1 in eviction order
+    table.restore(path)                 the table from a checkpoint (storage.checkpoint.restore of its
+                                        entries): its live ids take rows 0..L-1 in eviction order
     op_error(e)                         the one line of an id map op's error (a batch with more ids to
                                         admit than rows) or of the disk tier's in the step, or None
                                         for any other exception
-    reshard(parts, policy, shards, shard_of)    a table's checkpoint tensors in P hash shards -> in
-                                        `shards` (what is kept exactly and what is not: its docstring)
+    reshard(parts, policy, shards, shard_of)    a table's in-memory checkpoint tensors in P hash
+                                        shards -> in `shards`, and each saved live row's new shard
+                                        and row (what is kept exactly and what is not: its docstring)
     resharded_entries(...)              restore-only entries that read P saved shards and restore
-                                        this rank's new ones through `reshard`
+                                        this rank's new ones through `reshard`, the rows and slots
+                                        streamed into their new rows a block at a time
 
 On disk (`cache_rows` C > 0; parallel_embedding/tiered.py): the map stays in memory and runs in
 the step as above, the variable and slots [C, D] are a cache of the rows, updated_at is kept per
@@ -48,9 +54,11 @@ row by the store, and `store` (a RowStore, set by the disk tier) holds the rest:
                                         read, admitted rows (codes ADMITTED, EVICTED) given a slot
                                         unread (the step re-initialises it); training: updated_at
                                         of the rows >= 0 becomes step + 1
-    store.read(rows [L]) -> (parts [L, 1 + k, D] float32, updated_at [L] int32)   the rows with
-                                        their k slots (`parts`' order), through the cache
-    store.write(parts [L, 1 + k, D], updated_at [L])   rows 0..L-1 (a restore; the cache emptied)
+    store.read(rows [n], j) -> [n, D] float32   part j (0: the row, then the k slots, `parts`'
+                                        order) of rows [n], through the cache (a checkpoint's block)
+    store.clear()                       empties the cache (a restore begins)
+    store.write(rows, j, values [n, D])  part j of rows (a slice, or [n]) in the file (a restore's block)
+    store.updated_at                    [capacity] int32, per row, in host memory
 So the step computes exactly what it computes in memory, on cache slots instead of rows.
 
 Rows are re-initialised as a static table's: U(-sqrt(1/rows), sqrt(1/rows)), rows = capacity or
@@ -62,7 +70,7 @@ LRU needs only the eviction order: it checkpoints no counters.
 """
 import math
 import re
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -72,7 +80,7 @@ from parallel_embedding import UPDATED_AT
 from parallel_embedding.optimizers import make_optimizer
 from storage import checkpoint
 from storage.checkpoint import Entry
-from utils.errors import ConfigError
+from utils.errors import CheckpointError, ConfigError
 
 IDS, TOTALS, CANDIDATES, ITERATIONS = "ids", "totals", "candidates", "iterations"
 ORDER_KEY = {"lru": None, "lfu": "counts", "ttl": "last_used"}   # the per-row state a policy needs
@@ -135,7 +143,8 @@ def initial_values(ids, step, seed, dim: int, limit: float) -> tf.Tensor:
 
 
 class _Tensor:
-    """One tensor of a table's checkpoint as an entry's variable: storage.checkpoint saves
+    """One of a table's checkpoint tensors held in memory (ids, policy state, candidates, totals,
+    iterations; in a re-sharding, updated_at) as an entry's variable: storage.checkpoint saves
     `numpy()` (the snapshot) and restores through `assign`, which hands the value to `restoring`."""
 
     def __init__(self, name: str, value: np.ndarray, restoring: "_Restoring"):
@@ -148,28 +157,55 @@ class _Tensor:
         self._restoring.received(self.name, np.asarray(value))
 
 
+class _Streamed:
+    """One of a table's per-row checkpoint tensors [L, w] (rows, slots; updated_at) as an entry's
+    storage.checkpoint.RowSource, saved and restored a block of rows at a time: `read(start, stop)`
+    gives rows [start, stop) (None: restore-only), `write(start, values)` takes them, only once
+    `restoring` has the in-memory tensors (storage.checkpoint.restore restores entries in order:
+    they come first)."""
+
+    def __init__(self, name: str, shape: tuple, dtype, restoring: "_Restoring",
+                 read: Optional[Callable[[int, int], np.ndarray]], write: Callable[[int, np.ndarray], None]):
+        self.name, self.shape, self.dtype, self._restoring = name, shape, np.dtype(dtype), restoring
+        self._read, self._write = read, write
+
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        return self._read(start, stop)
+
+    def write_rows(self, start: int, values: np.ndarray):
+        if not self._restoring.done_once:
+            raise CheckpointError(f"{self.name}: restored before its table's ids (entries out of order)")
+        self._write(start, values)
+
+
 class _Restoring:
-    """Collects the tensors `names` as they are restored; once every one has come, hands them to
-    `done` (tensor name -> value: DynamicTable.restore_tensors, or a re-sharding's)."""
+    """Collects the in-memory tensors `names` as they are restored; once every one has come, hands
+    them to `done` (tensor name -> value: DynamicTable.restore_tensors, or a re-sharding's), before
+    the streamed tensors are written."""
 
     def __init__(self, names: List[str], done: Callable[[Dict[str, np.ndarray]], None]):
-        self.names, self.done, self.values = names, done, {}
+        self.names, self.done, self.values, self.done_once = names, done, {}, False
 
     def received(self, name: str, value: np.ndarray):
         self.values[name] = value
         if len(self.values) == len(self.names):
             values, self.values = self.values, {}
             self.done(values)
+            self.done_once = True
 
 
 def reshard(parts: List[Dict[str, np.ndarray]], policy: str, shards: int,
-            shard_of: Callable[[np.ndarray], np.ndarray]) -> List[Dict[str, np.ndarray]]:
-    """A dynamic table's checkpoint tensors in P = len(parts) hash shards -> the same in `shards`.
+            shard_of: Callable[[np.ndarray], np.ndarray]
+            ) -> Tuple[List[Dict[str, np.ndarray]], np.ndarray, np.ndarray]:
+    """A dynamic table's checkpoint tensors in P = len(parts) hash shards -> the same in `shards`,
+    and where each saved live row goes.
 
-    parts[k]: old shard k's tensors by their name after `<shard>/` ("" the rows [L_k, D]; IDS,
-    UPDATED_AT, the slots and the policy's ORDER_KEY [L_k, *], in eviction order; CANDIDATES
-    [M_k, 3]; TOTALS [1, 3]; ITERATIONS [1, 1] where saved). shard_of: ids [n] int64 -> [n] their
-    new shards (the layer's hash_shards). Returns the same names for each new shard.
+    parts[k]: old shard k's in-memory tensors by their name after `<shard>/` (IDS, UPDATED_AT and
+    the policy's ORDER_KEY [L_k, *], in eviction order; CANDIDATES [M_k, 3]; TOTALS [1, 3];
+    ITERATIONS [1, 1] where saved; any other per-row tensor moves as these). shard_of: ids [n] int64
+    -> [n] their new shards (the layer's hash_shards). Returns the same names for each new shard,
+    and (to_shard [G], to_row [G]): the new shard and row of each saved live row, G = sum L_k, old
+    shard 0's rows first (its rows and slots go there: resharded_entries streams them).
 
     Kept exactly: every live id with its row, slots, updated_at and policy state (counts, last-used
     step); every candidate (id, sightings, last sighting); the totals summed over the shards; the
@@ -196,15 +232,18 @@ def reshard(parts: List[Dict[str, np.ndarray]], policy: str, shards: int,
     cands = np.concatenate([p[CANDIDATES] for p in parts])
     cand_new = shard_of(cands[:, 0])
     totals = np.sum([p[TOTALS][0] for p in parts], axis=0)
+    to_shard, to_row = np.empty(len(key), np.int64), np.empty(len(key), np.int64)
     out = []
     for s in range(shards):
-        part = {k: v[order][new == s] for k, v in merged.items()}
+        mine = order[new == s]
+        to_shard[mine], to_row[mine] = s, np.arange(len(mine))
+        part = {k: v[mine] for k, v in merged.items()}
         part[CANDIDATES] = cands[cand_new == s]
         part[TOTALS] = (totals // shards + (s < totals % shards))[None, :].astype(np.int64)
         if ITERATIONS in parts[0]:
             part[ITERATIONS] = np.max([p[ITERATIONS] for p in parts], axis=0)
         out.append(part)
-    return out
+    return out, to_shard, to_row
 
 
 def resharded_entries(name: str, saved: List[str], names: List[str], tables: Dict[int, "DynamicTable"],
@@ -212,25 +251,47 @@ def resharded_entries(name: str, saved: List[str], names: List[str], tables: Dic
     """Restore-only entries of dynamic table `name` checkpointed in hash shards with the tensor
     prefixes `saved` (by shard) and restored as len(capacities) shards of `capacities` rows, of
     which this rank holds `tables` (new shard -> its DynamicTable); `names`: each saved shard's
-    tensors after its prefix ("" the rows). Once every saved shard is read (sized by the
-    checkpoint), `reshard` cuts them anew and each table takes its part (restore_tensors). A new
-    shard given more live ids than rows raises ConfigError, one line naming the table and shard."""
-    full = [f"{prefix}/{k}" if k else prefix for prefix in saved for k in names]
+    tensors after its prefix ("" the rows). First every saved shard's in-memory tensors (ids,
+    updated_at, policy state, candidates, totals: sized by the checkpoint); once all are read,
+    `reshard` cuts them anew and each table takes its part (restore_tensors). Then the saved rows
+    and slots, streamed a block at a time, each row written into the new shard and row `reshard`
+    gave it where this rank holds that shard. A new shard given more live ids than rows raises
+    ConfigError, one line naming the table and shard."""
+    some = next(iter(tables.values()))
+    parts = [""] + [k for k in some.slots if k in names]   # streamed; the rest in memory
+    small = [k for k in names if k not in parts]
+    fresh = [k for k in some.slots if k not in names]
+
+    def full(prefix: str, k: str) -> str:
+        return f"{prefix}/{k}" if k else prefix
+    where = {}   # "to_shard", "to_row" [G] and "start" [P] (saved shard k's first row in G), once read
 
     def done(read: Dict[str, np.ndarray]):
-        parts = [{k: read[f"{prefix}/{k}" if k else prefix] for k in names} for prefix in saved]
-        policy = next(iter(tables.values())).policy
-        new = reshard(parts, policy, len(capacities), shard_of)
+        saved_parts = [{k: read[full(prefix, k)] for k in small} for prefix in saved]
+        new, where["to_shard"], where["to_row"] = reshard(saved_parts, some.policy, len(capacities), shard_of)
+        where["start"] = np.cumsum([0] + [len(read[full(prefix, IDS)]) for prefix in saved])
         for s, (part, capacity) in enumerate(zip(new, capacities)):
             if len(part[IDS]) > capacity:
                 raise ConfigError(f"dynamic table {name}: its checkpoint's {len(saved)} hash shard(s) restored as "
                                   f"{len(capacities)} give hash shard {s} {len(part[IDS])} live ids for its {capacity} "
                                   f"rows: restore with {len(saved)} shard(s) or a larger capacity (--dynamic_tables)")
         for s, table in tables.items():
-            table.restore_tensors({f"{table.table}/{k}" if k else table.table: v for k, v in new[s].items()})
+            table.restore_tensors({full(table.table, k): v for k, v in new[s].items()})
 
-    restoring = _Restoring(full, done)
-    return [Entry(n, _Tensor(n, np.zeros((0, 0)), restoring), (0, 0), sized_by_checkpoint=True) for n in full]
+    def writer(k: int, j: int):
+        def write(start: int, values: np.ndarray):
+            g = where["start"][k] + start + np.arange(len(values))
+            for s, table in tables.items():
+                mine = where["to_shard"][g] == s
+                table.write_part(j, where["to_row"][g[mine]], values[mine], fresh if j == 0 else ())
+        return write
+
+    restoring = _Restoring([full(prefix, k) for prefix in saved for k in small], done)
+    return [Entry(n, _Tensor(n, np.zeros((0, 0)), restoring), (0, 0), sized_by_checkpoint=True)
+            for n in restoring.names] + \
+        [Entry(full(prefix, k), _Streamed(full(prefix, k), (0, int(some.dim)), np.float32, restoring, None, writer(i, j)),
+               (0, int(some.dim)), sized_by_checkpoint=True)
+         for i, prefix in enumerate(saved) for k in parts for j in [some.part_index(k)]]
 
 
 class DynamicTable(tf.Module):
@@ -326,27 +387,72 @@ class DynamicTable(tf.Module):
     def checkpoint_names(self, weights_only: bool = False) -> List[str]:
         return tensor_names(self.table, self.policy, list(self.slots), weights_only)
 
+    def part_index(self, slot: str) -> int:
+        """The index in `parts` of optimizer slot `slot` ("": the rows, 0)."""
+        return 1 + list(self.slots).index(slot) if slot else 0
+
+    def read_part(self, part: int, rows: np.ndarray) -> np.ndarray:
+        """rows [n] -> their part `part` of `parts` [n, D] (on disk through the store)."""
+        if self.store is not None:
+            return self.store.read(rows, part)
+        return tf.gather(self.parts[part], rows).numpy()
+
+    def write_part(self, part: int, rows, values: np.ndarray, fresh: Sequence[str] = ()):
+        """rows (a slice, or [n] int64) take `values` [n, D] as their part `part` of `parts` (on disk
+        in the store, its cache emptied first: restore_tensors); the slots `fresh` (with part 0)
+        their initial value."""
+        values = np.asarray(values, np.float32)
+        writes = [(part, values)] + [(self.part_index(k), self.optimizer._slot_init(k, values).numpy()) for k in fresh]
+        for j, value in writes:
+            if self.store is not None:
+                self.store.write(rows, j, value)
+            elif isinstance(rows, slice):
+                self.parts[j][rows].assign(value)
+            else:
+                self.parts[j].scatter_update(tf.IndexedSlices(value, rows))
+
     def checkpoint_entries(self, weights_only: bool = False) -> List[Entry]:
+        """See the module's docstring. The per-row tensors (rows, slots, updated_at) are streamed:
+        saved from the live rows now in blocks of rows (on disk from the cache or the store) and
+        restored into rows 0..L-1 likewise, after the ids and the rest (held in memory)."""
         state = {k: v.numpy() for k, v in self.map.export().items()}
         rows = state["rows"]
-        if self.store is None:
-            parts = np.stack([tf.gather(v, rows).numpy() for v in self.parts], axis=1)
-            updated_at = tf.gather(self.updated_at, rows).numpy()[:, 0]
-        else:
-            parts, updated_at = self.store.read(rows)
-        column = {IDS: state["ids"][:, None], UPDATED_AT: updated_at[:, None],
+        column = {IDS: state["ids"][:, None],
                   CANDIDATES: np.stack([state["candidate_ids"], state["candidate_sightings"],
                                         state["candidate_last_seen"]], axis=1),
                   TOTALS: state["totals"][None, :], ITERATIONS: self.optimizer.iterations.numpy().reshape(1, 1)}
         if ORDER_KEY[self.policy]:
             column[ORDER_KEY[self.policy]] = state[ORDER_KEY[self.policy]].astype(np.int32)[:, None]
-        column.update({slot: parts[:, j + 1] for j, slot in enumerate(self.slots)})
-        values = {self.table: parts[:, 0]}
-        values.update({f"{self.table}/{k}": v for k, v in column.items()})
         names = self.checkpoint_names(weights_only)
-        restoring = _Restoring(names, self.restore_tensors)
-        return [Entry(name, _Tensor(name, values[name], restoring), values[name].shape, sized_by_checkpoint=True)
-                for name in names]
+        small = {f"{self.table}/{k}": v for k, v in column.items() if f"{self.table}/{k}" in names}
+        restoring = _Restoring(list(small), self.restore_tensors)
+        fresh = [k for k in self.slots if f"{self.table}/{k}" not in names]
+        shape, live = (len(rows), int(self.dim)), lambda start, n: slice(start, start + n)
+
+        def part(j: int) -> tuple:   # (read, write) of part j of `parts`
+            return (lambda start, stop: self.read_part(j, rows[start:stop]),
+                    lambda start, values: self.write_part(j, live(start, len(values)), values, fresh if j == 0 else ()))
+        streamed = {f"{self.table}/{k}" if k else self.table: (shape, np.float32, *part(self.part_index(k)))
+                    for k in [""] + [k for k in self.slots if k not in fresh]}
+        streamed[f"{self.table}/{UPDATED_AT}"] = (
+            (len(rows), 1), np.int32, lambda start, stop: self._updated_at(rows[start:stop])[:, None],
+            lambda start, values: self._set_updated_at(live(start, len(values)), values[:, 0]))
+        return [Entry(n, _Tensor(n, v, restoring), v.shape, sized_by_checkpoint=True) for n, v in small.items()] + \
+            [Entry(n, _Streamed(n, shape, dtype, restoring, read, write), shape, sized_by_checkpoint=True)
+             for n, (shape, dtype, read, write) in streamed.items()]
+
+    def _updated_at(self, rows: np.ndarray) -> np.ndarray:
+        """rows [n] -> their updated_at [n] int32 (on disk kept by the store)."""
+        if self.store is not None:
+            return self.store.updated_at[rows]
+        return tf.gather(self.updated_at, rows).numpy()[:, 0]
+
+    def _set_updated_at(self, rows: slice, values: np.ndarray):
+        """Rows `rows` take updated_at `values` [n] int32."""
+        if self.store is not None:
+            self.store.updated_at[rows] = values
+        else:
+            self.updated_at[rows].assign(np.asarray(values, np.int32)[:, None])
 
     def restore(self, path: str):
         """Replaces the table's state with its checkpoint's at `path` (a checkpoint folder or root)."""
@@ -356,11 +462,13 @@ class DynamicTable(tf.Module):
         if missing:
             raise ValueError(f"dynamic table {self.table}: {checkpoint.resolve(path)} lacks {missing[0]} "
                              f"(a static table's checkpoint, or another eviction policy's)")
-        self.restore_tensors({n: checkpoint.read_tensor(path, n) for n in names})
+        checkpoint.restore(path, self.checkpoint_entries(), {}, set(names), extra_ok=True)
 
     def restore_tensors(self, read: Dict[str, np.ndarray]):
-        """Replaces the table's state with `read`: tensor name -> value, as `checkpoint_entries`
-        names them (without the slots and `iterations`: the live rows' slots start fresh)."""
+        """Replaces the table's state but its rows and slots with `read`: tensor name -> value, as
+        `checkpoint_entries` names them (ids, the policy's state, candidates, totals; updated_at and
+        `iterations` where given). Its live ids take rows 0..L-1, whose rows and slots `write_part`
+        sets next (on disk the cache is emptied first)."""
         ids = read[f"{self.table}/{IDS}"][:, 0]
         live = len(ids)
         if live > self.capacity:
@@ -369,20 +477,14 @@ class DynamicTable(tf.Module):
         key = ORDER_KEY[self.policy]
         per_row = read[f"{self.table}/{key}"][:, 0].astype(np.int64) if key else None
         cands = read[f"{self.table}/{CANDIDATES}"]
+        if self.store is not None:
+            self.store.clear()
         self.map.restore({"ids": ids, "rows": np.arange(live, dtype=np.int32),
                           "counts": per_row if key == "counts" else np.ones(live, np.int64),
                           "last_used": per_row if key == "last_used" else np.full(live, -1, np.int64),
                           "candidate_ids": cands[:, 0], "candidate_sightings": cands[:, 1],
                           "candidate_last_seen": cands[:, 2], "totals": read[f"{self.table}/{TOTALS}"][0]})
-        rows = read[self.table]
-        parts = [rows] + [read[f"{self.table}/{slot}"] if f"{self.table}/{slot}" in read
-                          else self.optimizer._slot_init(slot, rows).numpy() for slot in self.slots]
-        updated_at = read[f"{self.table}/{UPDATED_AT}"]
-        if self.store is None:
-            for var, value in zip(self.parts, parts):
-                var[:live].assign(value)
-            self.updated_at[:live].assign(updated_at)
-        else:
-            self.store.write(np.stack(parts, axis=1), updated_at[:, 0])
+        if f"{self.table}/{UPDATED_AT}" in read:
+            self._set_updated_at(slice(0, live), read[f"{self.table}/{UPDATED_AT}"][:, 0])
         if f"{self.table}/{ITERATIONS}" in read:
             self.optimizer.iterations.assign(read[f"{self.table}/{ITERATIONS}"][0, 0])

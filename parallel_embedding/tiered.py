@@ -31,7 +31,9 @@ now, read into pinned slots. So the map's state, and what an evaluation or a che
 steps sees, never depends on staging; a row the read-ahead missed (an id the map takes after the
 read-ahead ran) costs a read in the step, not a different result. A lookup's slots stay pinned
 until the table's next lookup (its step is over by then). updated_at is per row in host memory,
-set by `place` for the rows a training step updates.
+set by `place` for the rows a training step updates. Its checkpoint streams: a save reads a block of
+live rows at a time from the cache or the file (`DynamicStore.read`), a restore empties the cache
+and writes a block at a time into the file (`clear`, `write`).
 """
 import atexit
 import collections
@@ -88,14 +90,18 @@ class ShardFile:
         self.array = np.ndarray(self.shape, np.float32, buffer=self._map)
         self._touched = 0
 
-    def read(self, rows) -> np.ndarray:
-        """Rows `rows` (an index array or a slice): [n, parts, w], copied."""
-        values = self.array[rows]
+    def read(self, rows, part: Optional[int] = None) -> np.ndarray:
+        """Rows `rows` (an index array or a slice): [n, parts, w] (`part` j: only part j, [n, w]), copied."""
+        values = self.array[rows] if part is None else self.array[rows, part]
         self._touch(rows, values.nbytes)
         return np.array(values) if isinstance(rows, slice) else values
 
-    def write(self, rows, values: np.ndarray):
-        self.array[rows] = values
+    def write(self, rows, values: np.ndarray, part: Optional[int] = None):
+        """Rows `rows` take `values` [n, parts, w] (`part` j: only part j, [n, w])."""
+        if part is None:
+            self.array[rows] = values
+        else:
+            self.array[rows, part] = values
         self._touch(rows, values.nbytes)
 
     def _touch(self, rows, nbytes: int):
@@ -198,7 +204,8 @@ class DynamicUnit(Unit):
 
 
 class DynamicStore:
-    """A DynamicUnit's rows as its DynamicTable's RowStore (place, read, write: dynamic_table.py)."""
+    """A DynamicUnit's rows as its DynamicTable's RowStore (place, read, clear, write, updated_at:
+    dynamic_table.py)."""
 
     def __init__(self, tables: "DiskTier", unit: DynamicUnit):
         self._tables, self._unit = tables, unit
@@ -223,27 +230,37 @@ class DynamicStore:
                 unit.updated_at[rows[found]] = step + 1
         return out
 
-    def read(self, rows: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-        """rows [L] -> (their parts [L, 1 + k, w] float32 from the cache or the file, updated_at [L] int32)."""
+    def read(self, rows: np.ndarray, part: int) -> np.ndarray:
+        """rows [n] -> their part `part` (0: the row, j: slot j) [n, w] float32, from the cache or the file
+        (a checkpoint's block)."""
         unit = self._unit
         with self._tables._lock:
             slots = unit.slot_of[rows]
             cached = slots >= 0
-            out = np.empty((len(rows),) + unit.files[0].shape[1:], np.float32)
-            out[~cached] = unit.files[0].read(rows[~cached])
+            out = np.empty((len(rows), unit.files[0].shape[2]), np.float32)
+            out[~cached] = unit.files[0].read(rows[~cached], part)
             if cached.any():
-                out[cached] = np.stack([tf.gather(v, slots[cached]).numpy() for v in unit.parts[0]], axis=1)
-            return out, unit.updated_at[rows].copy()
+                out[cached] = tf.gather(unit.parts[0][part], slots[cached]).numpy()
+            return out
 
-    def write(self, parts: np.ndarray, updated_at: np.ndarray):
-        """Rows 0..L-1 take `parts` [L, 1 + k, w] and `updated_at` [L] (a restore); the cache is emptied."""
+    def clear(self):
+        """Empties the cache (a restore begins: the file's rows are overwritten next)."""
         unit = self._unit
         with self._tables._lock:
             unit.unpin(unit.step_pins)
             unit.step_pins = np.zeros(0, np.int64)
             unit.reset()
-            unit.files[0].write(slice(0, len(parts)), parts)
-            unit.updated_at[:len(parts)] = updated_at
+
+    def write(self, rows, part: int, values: np.ndarray):
+        """rows (a slice, or [n] int64) take `values` [n, w] as their part `part` in the file (a
+        restore's block, after `clear`)."""
+        with self._tables._lock:
+            self._unit.files[0].write(rows, values, part)
+
+    @property
+    def updated_at(self) -> np.ndarray:
+        """[R] int32 per row, in host memory: the step after the last training lookup of each row."""
+        return self._unit.updated_at
 
 
 class DiskTier:

@@ -578,7 +578,10 @@ def restore(path: str, entries: Sequence[Entry], signature: dict, expected: Set[
     Everything is checked before any variable changes: the signature, the tensor names against
     `expected` (every logical tensor of the model), shapes, every piece file this rank reads (and
     its checksum, unless `verify` is False), and that the pieces cover each entry's region.
-    Streamed entries are written a block at a time; entries sized by the checkpoint take its shapes.
+    Then the entries are restored in their order (a dynamic table lists its ids before its
+    streamed rows, which need them): streamed entries are written a block at a time; entries
+    sized by the checkpoint take its shapes (streamed too: their rows [0, L) as saved, L from the
+    manifest).
     `extra_ok`: tensors beyond `expected` are left unread (a model without its optimizer state).
     `optional`: tensors that either side may lack (a variable the checkpoint lacks keeps its value).
     `hints`: signature key -> why it may differ, appended to that key's mismatch line.

@@ -106,3 +106,14 @@ def test_dynamic_quality_trains_the_exact_vocabulary_and_each_capacity(tmp_path)
     table = lines[-5:]
     assert table[0].startswith("| run | seed | rows of the 2 tables | test AUC |") and len(table) == 5
     assert not (tmp_path / "work").exists()
+
+
+def test_dynamic_checkpoint_saves_and_restores_a_table_on_disk(tmp_path):
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "dynamic_checkpoint.py"), "--dir",
+                          str(tmp_path / "work"), "--rows", "4000", "--dim", "8", "--batch", "1000"],
+                         capture_output=True, text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    record = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (record["rows"], record["dim"], record["parts"]) == (4000, 8, 3)
+    assert record["save_s"] > 0 and record["restore_s"] > 0 and record["save_peak_mib"] >= 0
+    assert not (tmp_path / "work").exists()

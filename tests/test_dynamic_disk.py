@@ -6,15 +6,18 @@ batch 49 read ahead into the cache) and both checkpoints (the map's state, live 
 updated_at); a checkpoint resumed in the other tier ends as both; deploy.py exports its checkpoints
 and a delta; a model file (examples/dlrm.py) with the table on disk trains as dlrm.py in memory; at 2
 Gloo ranks, one hash shard on disk on each, the same checkpoint as in memory, which restored at 1
-rank as 1 hash shard on disk trains on as in memory.
+rank as 1 hash shard on disk trains on as in memory. A checkpoint streams the table's live rows
+between the store and its files a block at a time, re-sharded on restore too.
 
 BUDGET (28,561 bytes) holds, at 1 rank, the dynamic table's id map (7,616 bytes), tables 1 and 3 in
 memory, table 2 on disk (a cache of 32 rows, 2 x (8 + 8) ids in flight) and table 0 on disk: 48 rows
 of 96 bytes in memory would be 4,608 bytes, on disk 32 cache rows of 128 and an index of 4 a row,
 4,288."""
+import contextlib
 import os
 import re
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -22,6 +25,7 @@ from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.dynamic_table import op_error
 from parallel_embedding.layer import DistributedEmbedding
 from parallel_embedding.planner import DynamicOptions, TierOptions, plan_tables
+from parallel_embedding.tiered import ShardFile
 from storage import checkpoint
 from tests.horovod_run import horovodrun
 from tests.test_multirank_cli import one_process, succeeded
@@ -196,3 +200,106 @@ def test_a_cache_too_small_for_a_step_is_one_line(tmp_path):
                             r"\(\d more needed\)", op_error(e.value)), e.value.message
     finally:
         emb.close()
+
+
+def _embedding(store=None, shards=1):
+    """A dynamic table of 400 rows (K = 2, LRU, Adam) in `shards` hash shards beside a static table of
+    10 rows, at 1 rank: on disk in `store` with a cache of 32 rows, or in memory (store None)."""
+    tiers = TierOptions(slots=2, budget_bytes=66_912, min_cache_rows=[32, 10]) if store else None
+    plan = plan_tables([0, 10], [4, 4], 1, dynamic={0: DynamicOptions(400, 2, shards=shards)}, tiers=tiers)
+    assert (plan.tier(0, 0).kind == "disk" and plan.tier(0, 0).cache_rows == 32) == bool(store), plan.tiers
+    emb = DistributedEmbedding(plan, SingleProcess(), seed=(1, 2), store_path=store)
+    emb.set_optimizer("adam", tf.Variable(0, dtype=tf.int64))
+    return emb
+
+
+def _train(emb, steps, first=0):
+    """`steps` steps of 16 raw ids from a pool of 450 (admitting and evicting) and 16 static ids."""
+    rng = np.random.default_rng(first)
+    pool = (2 ** 61 + np.arange(450) * 7919).astype(np.int64)
+    for step in range(first, first + steps):
+        emb._step.assign(step)
+        looked = emb.lookup([tf.constant(rng.choice(pool, 16)), tf.constant(rng.integers(0, 10, 16))], training=True)
+        grads = emb.gradients(looked, [tf.constant(rng.normal(size=(16, 4)), tf.float32) for _ in range(2)])
+        emb.apply_gradients(grads, tf.constant(0.05), False)
+
+
+@contextlib.contextmanager
+def _store_accesses():
+    """The rows of every read and write of a store file (tiered.ShardFile) in the block: a list of counts."""
+    counts, read, write = [], ShardFile.read, ShardFile.write
+
+    def rows(r):
+        return r.stop - r.start if isinstance(r, slice) else len(r)
+    ShardFile.read = lambda self, r, *a, **k: counts.append(rows(r)) or read(self, r, *a, **k)
+    ShardFile.write = lambda self, r, *a, **k: counts.append(rows(r)) or write(self, r, *a, **k)
+    try:
+        yield counts
+    finally:
+        ShardFile.read, ShardFile.write = read, write
+
+
+def _same_checkpoints(a, b):
+    names = sorted(checkpoint.read_manifest(a)["tensors"])
+    assert names == sorted(checkpoint.read_manifest(b)["tensors"])
+    for name in names:
+        np.testing.assert_array_equal(checkpoint.read_tensor(a, name), checkpoint.read_tensor(b, name), err_msg=name)
+
+
+def test_a_checkpoint_streams_the_live_rows_between_the_store_and_its_files(tmp_path, monkeypatch):
+    """A dynamic table on disk (400 rows, a cache of 32) checkpoints its live rows, slots and updated_at
+    a block at a time (storage.checkpoint.BLOCK_BYTES, here 8 rows of 4 floats): no read or write of
+    its store file during a save or a restore takes more than 8 rows, though more than 300 are live.
+    The checkpoint equals the in-memory run's bit for bit; restored on disk (from memory's) and in
+    memory (from disk's) each trains on to the in-memory run's next checkpoint; a checkpoint of 2
+    hash shards in memory restored as 1 on disk (dynamic_table.reshard) equals it restored in memory."""
+    monkeypatch.setattr(checkpoint, "BLOCK_BYTES", 8 * 4 * 4)
+    (tmp_path / "a").mkdir()
+    memory, disk = _embedding(), _embedding(str(tmp_path / "a"))
+    try:
+        for emb in (memory, disk):
+            _train(emb, 100)
+        live = disk.dynamic_stats()["embedding/table_0"]["live"]
+        assert live > 300 and disk.dynamic_stats() == memory.dynamic_stats(), disk.dynamic_stats()
+        assert disk.dynamic_stats()["embedding/table_0"]["evicted"] > 0
+        with _store_accesses() as saving:
+            checkpoint.save(str(tmp_path / "disk"), disk.checkpoint_entries(), 100, {}, SingleProcess())
+        checkpoint.save(str(tmp_path / "memory"), memory.checkpoint_entries(), 100, {}, SingleProcess())
+        assert saving and max(saving) <= 8, saving
+        _same_checkpoints(str(tmp_path / "disk"), str(tmp_path / "memory"))
+
+        _train(memory, 6, first=100)
+        checkpoint.save(str(tmp_path / "memory_106"), memory.checkpoint_entries(), 106, {}, SingleProcess())
+        for source, store in (("memory", str(tmp_path / "b")), ("disk", None)):
+            if store:
+                os.makedirs(store)
+            emb = _embedding(store)
+            try:
+                with _store_accesses() as restoring:
+                    checkpoint.restore(str(tmp_path / source), emb.checkpoint_entries(), {}, emb.checkpoint_names())
+                assert not store or (restoring and max(restoring) <= 8), restoring
+                _train(emb, 6, first=100)
+                checkpoint.save(str(tmp_path / f"from_{source}"), emb.checkpoint_entries(), 106, {}, SingleProcess())
+                _same_checkpoints(str(tmp_path / f"from_{source}"), str(tmp_path / "memory_106"))
+            finally:
+                emb.close()
+    finally:
+        disk.close()
+
+    two = _embedding(shards=2)
+    _train(two, 100)
+    checkpoint.save(str(tmp_path / "two"), two.checkpoint_entries(), 100, {}, SingleProcess())
+    tensors = checkpoint.read_manifest(str(tmp_path / "two"))["tensors"]
+    for name, store in (("one_disk", str(tmp_path / "c")), ("one_memory", None)):
+        if store:
+            os.makedirs(store)
+        emb = _embedding(store)
+        try:
+            with _store_accesses() as restoring, emb.restoring(tensors):
+                checkpoint.restore(str(tmp_path / "two"), emb.checkpoint_entries(), {}, emb.checkpoint_names())
+            assert not store or (restoring and max(restoring) <= 8), restoring
+            checkpoint.save(str(tmp_path / name), emb.checkpoint_entries(), 100, {}, SingleProcess())
+        finally:
+            emb.close()
+    assert checkpoint.read_tensor(str(tmp_path / "one_disk"), "embedding/table_0/ids").shape[0] > 300
+    _same_checkpoints(str(tmp_path / "one_disk"), str(tmp_path / "one_memory"))
