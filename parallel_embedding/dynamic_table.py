@@ -203,7 +203,7 @@ def reshard(parts: List[Dict[str, np.ndarray]], policy: str, shards: int,
     parts[k]: old shard k's in-memory tensors by their name after `<shard>/` (IDS, UPDATED_AT and
     the policy's ORDER_KEY [L_k, *], in eviction order; CANDIDATES [M_k, 3]; TOTALS [1, 3];
     ITERATIONS [1, 1] where saved; any other per-row tensor moves as these). shard_of: ids [n] int64
-    -> [n] their new shards (the layer's hash_shards). Returns the same names for each new shard,
+    -> [n] their new shards (routing.hash_shards). Returns the same names for each new shard,
     and (to_shard [G], to_row [G]): the new shard and row of each saved live row, G = sum L_k, old
     shard 0's rows first (its rows and slots go there: resharded_entries streams them).
 
