@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from nn.lr_schedule import LearningRateSchedule
 from parallel_embedding import UPDATED_AT
+from parallel_embedding.dynamic_table import IDS
 from parallel_embedding.optimizers import slot_names
 from parallel_embedding.planner import BudgetError
 from ranking import CategoricalFeature, Features, HybridEmbedding, Model, TableStorage
@@ -437,10 +438,13 @@ class UserTrainer:
 
     def optional_names(self) -> Set[str]:
         """Tensors a checkpoint may lack (their variables then keep their values): float16 loss
-        scaling's state (a run with or without it restores the other's checkpoints), and the
-        tables' updated_at (checkpoints written before rows' updates were recorded)."""
-        return set(LOSS_SCALE_STATE) | {n for layer in self.model.embeddings.layers
-                                        for n in layer.embedding.checkpoint_names() if n.endswith(UPDATED_AT)}
+        scaling's state (a run with or without it restores the other's checkpoints), and the static
+        tables' updated_at (checkpoints written before rows' updates were recorded; a dynamic
+        table's, beside its ids, has been saved since there are dynamic tables, and orders their
+        eviction: never optional)."""
+        names = {n for layer in self.model.embeddings.layers for n in layer.embedding.checkpoint_names()}
+        return set(LOSS_SCALE_STATE) | {n for n in names if n.endswith(UPDATED_AT)
+                                        and n[:-len(UPDATED_AT)] + IDS not in names}
 
     def broadcast_replicated(self):
         """Sets every rank's replicated state (Keras weights, replicated tables, slots, counters) to rank 0's."""

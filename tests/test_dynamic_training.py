@@ -5,6 +5,7 @@ and in the JSON log, a run equal to a static run where it must be (zero initial 
 >= distinct ids, K = 1), a resumed run equal to an uninterrupted one bit for bit, and the
 one-line refusals."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ from storage import checkpoint
 from deployment.exporter.repository import exported_model
 from tests.configs import tiny_config
 from tests.test_cli import SCRIPT_ARGS, run_script
-from utils.errors import ConfigError
+from utils.errors import CheckpointError, ConfigError
 
 
 def test_the_planner_keeps_a_dynamic_table_whole_with_its_capacity_and_may_put_it_on_disk():
@@ -293,3 +294,28 @@ def test_a_dynamic_table_beside_tables_in_host_memory(tmp_path, monkeypatch, cap
             else:
                 np.testing.assert_array_equal(a[name], b[name], err_msg=(got, name))
 
+
+
+def test_a_dynamic_checkpoint_lacking_updated_at_is_refused_naming_it(tmp_path):
+    """A static table's updated_at may be missing (checkpoints written before rows' updates were
+    recorded: the rows keep their values); a dynamic table's orders its eviction and has been saved
+    since there are dynamic tables: a checkpoint lacking it is refused in one line naming it, in
+    memory as in another number of hash shards."""
+    for shards in ("1", "2"):
+        root = str(tmp_path / shards)
+        run_loop.run(tiny_config(max_steps=2, save_checkpoint_path=root, dynamic_tables=[f"2:16:1:lru:0:{shards}"]))
+        path = os.path.join(checkpoint.resolve(root), "manifest.json")
+        with open(path) as f:
+            manifest = json.load(f)
+        static_gone = manifest["tensors"].pop("embedding/table_1/updated_at")
+        assert static_gone
+        with open(path, "w") as f:
+            json.dump(manifest, f)
+        resumed = tiny_config(max_steps=4, restore_checkpoint_path=root, dynamic_tables=["2:16:1:lru:0:1"])
+        run_loop.run(resumed)   # a static table's updated_at is optional
+        dynamic = "embedding/table_2/updated_at" if shards == "1" else "embedding/table_2/shard_0/updated_at"
+        manifest["tensors"].pop(dynamic)
+        with open(path, "w") as f:
+            json.dump(manifest, f)
+        with pytest.raises(CheckpointError, match=rf"tensors differ from this model's \(missing \['{dynamic}'\]"):
+            run_loop.run(resumed)
