@@ -9,10 +9,11 @@ each dynamic (`--capacity` rows in `--shards` hash shards, LRU, K = 1, SGD). A s
 tf.function: `lookup` of the global batch (4096 samples, each table's ids Zipf(1.1) over its
 cardinality as raw int64 ids; 16 batches cycled), `exchange`, `gradients` of a stand-in loss (the
 features' sum), `apply_gradients`. The collectives are Horovod's, each all-to-all counting the bytes
-this rank sends under its name. `--code DIR`: measure the parallel_embedding/ (and the rest) of
-another checkout, e.g. an earlier commit's tree (`git archive <commit> | tar -x -C DIR`): this
-script uses only DistributedEmbedding's interface. One JSON line per rank: bytes per step by
-all-to-all and in all, median step time (and quartiles), the load average.
+this rank sends, and its calls, under its name. `--code DIR`: measure the parallel_embedding/ (and
+the rest) of another checkout, e.g. an earlier commit's tree (`git archive <commit> | tar -x -C
+DIR`): this script uses only DistributedEmbedding's interface. One JSON line per rank: bytes per
+step by all-to-all and in all, the all-to-alls a step by name (an empty one included), median step
+time (and quartiles), the load average.
 """
 import argparse
 import json
@@ -49,13 +50,16 @@ def main():
     from parallel_embedding.planner import DynamicOptions, plan_tables
 
     class Counted(HorovodCollectives):
-        """Horovod's collectives; each all-to-all adds the bytes this rank sends to its counter."""
+        """Horovod's collectives; each all-to-all adds the bytes this rank sends, and a call, to its
+        counters (an empty one counts a call)."""
         def __init__(self):
             super().__init__()
             self.sent = {f"embedding_{x}": tf.Variable(0, dtype=tf.int64) for x in EXCHANGES}
+            self.calls = {name: tf.Variable(0, dtype=tf.int64) for name in self.sent}
 
         def alltoall(self, tensor, counts, name):
             self.sent[name].assign_add(tf.size(tensor, out_type=tf.int64) * tensor.dtype.size)
+            self.calls[name].assign_add(1)
             return super().alltoall(tensor, counts, name)
 
     with open(WORKLOADS) as stream:
@@ -87,6 +91,7 @@ def main():
     for k in range(args.warmup):
         train(batches[k % 16]).numpy()
     before = {k: int(v.numpy()) for k, v in comm.sent.items()}
+    calls_before = {k: int(v.numpy()) for k, v in comm.calls.items()}
     times = []
     for k in range(args.steps):
         comm.barrier(f"step_{k}")
@@ -95,10 +100,13 @@ def main():
         times.append(time.perf_counter() - start)
     sent = {k: (int(v.numpy()) - before[k]) / args.steps for k, v in comm.sent.items()}
     sent = {k: v for k, v in sent.items() if v}
+    calls = {k: (int(v.numpy()) - calls_before[k]) / args.steps for k, v in comm.calls.items()}
     q = statistics.quantiles(times, n=4)
     print(json.dumps({"rank": comm.rank, "ranks": n, "code": os.path.abspath(args.code), "shards": args.shards,
                       "data_parallel_input": args.data_parallel_input, "bytes_per_step": sent,
-                      "total_bytes_per_step": sum(sent.values()), "step_ms_median": 1e3 * statistics.median(times),
+                      "total_bytes_per_step": sum(sent.values()),
+                      "all_to_alls_per_step": {k: v for k, v in calls.items() if v},
+                      "step_ms_median": 1e3 * statistics.median(times),
                       "step_ms_quartiles": [1e3 * q[0], 1e3 * q[2]], "load": os.getloadavg()[0],
                       "dynamic_counts": emb.dynamic_stats()}), flush=True)
 

@@ -21,7 +21,7 @@ Backward (`gradients`): the reverse all-to-all brings every shard the gradient o
 (replicated tables: the b-row slices of all ranks, gathered) with `apply_gradients`, the
 optimizer of `set_optimizer`. With data-parallel input each rank starts from ids of its own b
 rows of every feature; one all-to-all of ids gives each shard's owner the global batch first (a
-routed shard: only its own ids, from every rank: routing.py).
+routed shard: only its own ids, from every rank, in the same all-to-all: routing.py).
 
 Features sharing a table (`inputs_per_table` m_f > 1) give it the ids of its m_f inputs
 concatenated input by input: [m_f b] locally, [m_f B] globally (each input's B rows in global
@@ -324,15 +324,17 @@ class DistributedEmbedding(tf.Module):
         on large batches; one-hot only, since multi-hot id counts vary from batch to batch); ids
         outside [0, cardinality) fail a check either way. A dynamic table's ids are raw int64 values
         (any): its DynamicTable maps them to rows at the global step (training: admitting and
-        evicting), before the gathers; a routed table's (routing.py) after one all-to-all that gives
-        each hash shard's owner its own ids only."""
-        ids, exchange_checks = list(ids), []
-        if self.data_parallel_input and self.size > 1:
-            ids, exchange_checks = self._exchange_ids(ids)
+        evicting), before the gathers; a routed table's (routing.py) after the data-parallel input
+        exchange gives each hash shard's owner its own ids only (model-parallel input: the owner
+        keeps its own of the global ids)."""
+        ids, exchange_checks, routes, owned_ids = list(ids), [], None, []
+        if self.data_parallel_input and self.size > 1:   # the routed tables' ids in the same exchange
+            ids, routes, owned_ids, exchange_checks = self._exchange_ids(ids)
         checked = self.global_features + self.replicated if not self.data_parallel_input or self.size == 1 \
             else list(range(len(ids)))
         flat = {f: flatten_ids(ids[f], self.combiners[f]) for f in checked}
-        routes, owned_ids, route_checks = self.router.route(flat) if self.router.shards else (None, [], [])
+        if self.router.shards and not self.data_parallel_input:
+            routes, owned_ids = self.router.keep_own(flat)
         shard_ids = [None if s.feature in self.router.features else
                      self._dynamic_rows(s, flat[s.feature], training) if s in self.dynamic else flat[s.feature]
                      for s in self.shards]
@@ -341,7 +343,7 @@ class DistributedEmbedding(tf.Module):
         lookup = self._lookup if training and one_hot and not self._on_host else self._lookup_impl
         ranged = [f for f in checked if self.plan.tables[f].kind != "dynamic"]   # a dynamic table takes any int64
         checks = check_ids(ranged, [flat[f].ids for f in ranged], [self.cardinalities[f] for f in ranged])
-        with tf.control_dependencies(checks + exchange_checks + route_checks):
+        with tf.control_dependencies(checks + exchange_checks):
             rows, indices, replicated_rows = lookup(shard_ids, replicated_ids)
             for s, owned, ids_s in zip(self.router.on[self.rank], routes.owned if routes else [], owned_ids):
                 # a routed shard's own ids (varying in number: outside the compiled gathers); -1 reads zeros
@@ -394,11 +396,15 @@ class DistributedEmbedding(tf.Module):
 
     def _exchange_ids(self, ids: List[tf.Tensor]):
         """Data-parallel input: every rank's b rows of ids -> (the B rows of the features this rank
-        holds, checks of the amounts received, which the lookup must wait for).
-        One all-to-all carries the one-hot ids and the multi-hot row lengths ([b] each), a second
-        one (only if there are multi-hot features) the multi-hot ids. Every rank takes part in
-        both, even one that receives nothing; the checks consume every result, so graph
-        optimisation never prunes an all-to-all on one rank (the others would wait forever).
+        holds; the routed tables' Routes (None if the plan routes none) and, per routed shard of
+        this rank, its ids (routing.py); checks of the amounts received, which the lookup must
+        wait for).
+        One all-to-all carries the one-hot ids and the multi-hot row lengths ([b] each), and after
+        them, to each rank, this rank's ids of the routed shards there (`Router.outgoing_ids`: a
+        count per shard and input, then the ids; the message int64 then); a second one (only if
+        a feature exchanged here is multi-hot) the multi-hot ids. Every rank takes part in both,
+        even one that receives nothing; the checks consume every result, so graph optimisation
+        never prunes an all-to-all on one rank (the others would wait forever).
 
         Example, N = 2, b = 2: rank 0 holds feature 0 (one-hot), rank 1 features 1 and 2
         (multi-hot). Global rows 0-1 are rank 0's input, rows 2-3 rank 1's:
@@ -424,17 +430,21 @@ class DistributedEmbedding(tf.Module):
         features = [f for f in self.global_features if f not in self.router.features]
         inputs = [f for f in features for _ in range(m[f])]   # this rank's tables' inputs
         first = {f: inputs.index(f) for f in features}
-        send = [tf.cast(ids[f].row_lengths() if ragged[f] else ids[f], dtype)
-                for r in range(n) for f in self._features_of[r]]
-        counts = tf.stack([b * sum(m[f] for f in self._features_of[r]) for r in range(n)])
-        received = self.comm.alltoall(tf.concat(send, 0) if send else tf.zeros([0], dtype), counts,
+        routed = self.router.outgoing_ids({f: flatten_ids(ids[f], self.combiners[f]) for f in self.router.features})
+        wire = tf.int64 if self.router.shards else dtype   # the routed ids: int64
+        send = [tf.cast(x, wire) for r in range(n) for x in
+                [ids[f].row_lengths() if ragged[f] else ids[f] for f in self._features_of[r]] + routed.send[r]]
+        counts = tf.stack([b * sum(m[f] for f in self._features_of[r]) + sum(tf.size(x) for x in routed.send[r])
+                           for r in range(n)])
+        received = self.comm.alltoall(tf.concat(send, 0) if send else tf.zeros([0], wire), counts,
                                       f"{self.name}_ids")
+        received, routes, owned_ids, checks = self.router.incoming_ids(received, b * len(inputs), routed)
+        received = tf.cast(received, dtype)
         by_input = tf.reshape(tf.transpose(tf.reshape(received, [n, len(inputs), b]), [1, 0, 2]), [len(inputs), -1])
-        checks = [assert_size(received, n * len(inputs) * b, "ids")]
         out = list(ids)
         for f in features:
             out[f] = tf.reshape(by_input[first[f]:first[f] + m[f]], [-1])
-        if any(ragged):
+        if any(ragged[f] for fs in self._features_of for f in fs):
             multi = [k for k, f in enumerate(inputs) if ragged[f]]
             values = [[tf.cast(flat_ids[f], dtype) for f in self._features_of[r] if ragged[f]] for r in range(n)]
             received = self.comm.alltoall(
@@ -452,7 +462,7 @@ class DistributedEmbedding(tf.Module):
                     if ragged[f]:
                         j = multi.index(first[f])
                         out[f] = tf.gather(rows, tf.reshape(order[j:j + m[f]], [-1]))
-        return out, [c for c in checks if c is not None]
+        return out, routes, owned_ids, [c for c in checks if c is not None]
 
     def exchange(self, looked_up: LookedUp, local_batch) -> List[tf.Tensor]:
         """This rank's rows -> the F features of the local batch (`local_batch` = b rows, [b, D_f])."""

@@ -3,7 +3,8 @@ owner only the ids of its hash range and brings each id's row back only to the r
 it is (one table's traffic, not S [B, D] blocks; a multi-hot table's rows summed per sample by the
 owner first, in batch order, so the sums are one process's). DistributedEmbedding (layer.py) owns
 the tables and the all-to-alls of rows and gradients; a `Router` says what each carries for the
-routed shards: with model-parallel input it adds no all-to-all (the samples go with the rows).
+routed shards: it adds no all-to-all (data-parallel input: the ids ride in the ids' all-to-all;
+model-parallel input: the samples go with the rows).
 
 Shapes: `N` ranks, `b` local batch, `B = N b`; a routed table f, read by m_f inputs, D_f wide;
 `K_s` the ids of hash shard s in the global batch (their order: global batch order, as one
@@ -12,11 +13,14 @@ table one a sample: its ids' rows summed); the wire order of a shard's ids and r
 
     router = Router(plan, collectives, inputs_per_table, data_parallel_input, name)
     router.features, router.on[r], router.shards      routed tables; rank r's routed shards; all, rank by rank
-    routes, owned_ids, checks = router.route(flat)    flat ids per feature (layer.FlatIds, [m_f B] model-
-                                                      parallel, [m_f b] data-parallel) -> `Routes`, per
-                                                      shard of this rank its [K_s] ids; data-parallel
-                                                      input: one all-to-all, model-parallel: none (the
-                                                      ids' samples go with their rows)
+    routes, owned_ids = router.keep_own(flat)         model-parallel input, flat ids per feature
+                                                      (layer.FlatIds, [m_f B]) -> `Routes`, per shard of
+                                                      this rank its [K_s] ids; no all-to-all (the ids'
+                                                      samples go with their rows)
+    outgoing = router.outgoing_ids(flat)              data-parallel input ([m_f b] flat): per rank r the
+                                                      int64 ids it gets of r's shards, which ride in the
+                                                      data-parallel input exchange (layer.py)
+    static, routes, owned_ids, checks = router.incoming_ids(received, lead, outgoing)   its output
     wire = router.to_wire(rows, routes)               per shard here [K_s, D] -> per rank r its flat [c, D]
     router.floats(r, routes, mine)                    floats of routed rows to/from rank r
     static, routed, checks = router.from_ranks(received, static_sizes, routes, mine)   an all-to-all's output
@@ -63,8 +67,18 @@ class Sent(NamedTuple):
     positions: tf.Tensor               # [c] int32: each row's sample in this rank's [m b] output
 
 
+class Outgoing(NamedTuple):
+    """The routed tables' ids this rank sends with data-parallel input (`Router.outgoing_ids`)."""
+    send: List[List[tf.Tensor]]        # per rank r, int64: per routed shard of r m_f counts, then per
+    #                                    shard its ids (multi-hot: then as many samples and weights)
+    sent: List[Sent]                   # per routed shard of the plan (`shards`, rank by rank)
+    multi: Dict[int, bool]             # per routed table: multi-hot
+    weighted: Dict[int, bool]          # per routed table: "mean" weights travel with its ids
+
+
 class Routes(NamedTuple):
-    """Where a routed table's ids went (`Router.route`): read by the exchange and the gradients.
+    """Where a routed table's ids went (`Router.keep_own`, `Router.incoming_ids`): read by the
+    exchange and the gradients.
     With model-parallel input `sent` is filled by the rows' all-to-all (`from_ranks`), which
     brings each rank its ids' samples with their rows."""
     owned: List[Owned]                 # per routed shard of this rank (`on[rank]`)
@@ -77,18 +91,19 @@ def assert_size(received: tf.Tensor, expected, what: str, exchange: str = "the d
                                      message=f"{exchange} received a wrong number of {what}")
 
 
-def split_by_source(received: tf.Tensor, headers: Sequence[int], per_count: Optional[Sequence[int]] = None):
-    """An all-to-all's output whose part from rank n is `headers[n]` counts, then as many elements
-    as they sum to (count k standing for `per_count[k]` elements each) -> per rank n (its counts
-    [headers[n]], its elements), and the size that makes (the received size, if every rank sent
-    what it counted)."""
-    parts, start = [], tf.constant(0, tf.int64)
+def split_by_source(received: tf.Tensor, headers: Sequence[int], per_count: Optional[Sequence[int]] = None,
+                    lead=0):
+    """An all-to-all's output whose part from rank n is `lead` elements, then `headers[n]` counts,
+    then as many elements as they sum to (count k standing for `per_count[k]` elements each) -> per
+    rank n (its [lead] elements, its counts [headers[n]], its elements), and the size that makes
+    (the received size, if every rank sent what it counted)."""
+    parts, start, lead = [], tf.constant(0, tf.int64), tf.cast(lead, tf.int64)
     for h in headers:
-        counts = received[start:start + h]
+        counts = received[start + lead:start + lead + h]
         size = tf.reduce_sum(tf.cast(counts, tf.int64) * (1 if per_count is None else
                                                           tf.constant(per_count, tf.int64)))
-        parts.append((counts, received[start + h:start + h + size]))
-        start = start + h + size
+        parts.append((received[start:start + lead], counts, received[start + lead + h:start + lead + h + size]))
+        start = start + lead + h + size
     return parts, start
 
 
@@ -100,9 +115,10 @@ def _starts(major: tf.Tensor, minor: tf.Tensor) -> tf.Tensor:
 
 class Router:
     """The routed shards of `plan` (the dynamic tables in S > 1 hash shards, at N > 1 ranks) seen
-    from rank `collectives.rank`. Data-parallel input: `route` is one all-to-all, `<name>_routed_ids`;
-    model-parallel input: none (each owner holds its tables' global ids; the samples of the ids it
-    keeps travel with their rows)."""
+    from rank `collectives.rank`. No all-to-all of its own: with data-parallel input the ids travel
+    in the data-parallel input exchange (`outgoing_ids`, `incoming_ids`); with model-parallel input
+    each owner holds its tables' global ids (`keep_own`), and the samples of the ids it keeps travel
+    with their rows."""
 
     def __init__(self, plan: Plan, collectives, inputs_per_table: Sequence[int], data_parallel_input: bool,
                  name: str):
@@ -114,31 +130,28 @@ class Router:
         self.on = [[s for s in plan.shards_on(r) if s.feature in self.features] for r in range(self.size)]
         self.shards = [s for shards in self.on for s in shards]
 
-    def route(self, flat: Dict[int, "FlatIds"]):  # noqa: F821 (layer.FlatIds)
-        """The routed tables' ids -> (Routes, per routed shard of this rank its K ids in global batch
-        order, checks of the amounts received). Data-parallel input: one all-to-all, every rank
-        taking part; model-parallel input: none."""
-        return self._route_ids(flat) if self.data_parallel_input else self._keep_own(flat)
-
-    def _route_ids(self, flat):
-        """Data-parallel input: each rank sends each routed shard's owner its ids of that shard (flat
-        ids of feature f, [K_f] locally), input by input, after a count per input: to rank r, for
-        each shard of r, m_f counts, then those shards' ids. The owner puts every shard's ids in
-        global batch order, (input, rank, sample, place in the sample): the order in which one
-        process holding the shard would see them, so its id map decides alike.
+    def outgoing_ids(self, flat: Dict[int, "FlatIds"]) -> "Outgoing":  # noqa: F821 (layer.FlatIds)
+        """Data-parallel input: the routed tables' local ids ([m_f b] flat per feature) -> what this
+        rank sends each shard's owner in the data-parallel input exchange (after the static layout's
+        ids, layer.py `_exchange_ids`): its ids of that owner's shards, input by input, after a
+        count per input: to rank r, for each shard of r, m_f counts, then those shards' ids. The
+        owner puts every shard's ids in global batch order, (input, rank, sample, place in the
+        sample): the order in which one process holding the shard would see them, so its id map
+        decides alike (`incoming_ids`).
 
         Example, N = 2, b = 3, m = 1, S = 2 (shard k on rank k): rank 0's ids a b c hash to shards
         1 0 1, rank 1's d e f to 0 0 1. Rank 0 sends [1 | b] to rank 0 and [2 | a c] to rank 1;
-        rank 1 sends [2 | d e] to rank 0 and [1 | f] to rank 1. Rank 0 receives [1 b 2 d e]: shard
-        0's ids b d e (wire order = global order, m being 1); by the rows' all-to-all it returns b's
-        row to rank 0 and d's and e's to rank 1. Rank 0 adds the rows of a c from rank 1 at its
-        samples 0 2, and b's at 1 (`Sent`).
+        rank 1 sends [2 | d e] to rank 0 and [1 | f] to rank 1 (each after its static ids for
+        that rank). Rank 0 receives [1 b 2 d e] (the static ids aside): shard 0's ids b d e (wire
+        order = global order, m being 1); by the rows' all-to-all it returns b's row to rank 0 and
+        d's and e's to rank 1. Rank 0 adds the rows of a c from rank 1 at its samples 0 2, and b's
+        at 1 (`Sent`).
 
         A multi-hot table's ids go with, each, its sample in the sender's [m_f b] and its "mean"
         weight (`_packed`: after the shard's ids, as many int64s), so that the owner sums a
         sample's ids' rows, weighted as one process weighs them (`segments`), and returns one row
         a sample and shard."""
-        n, m = self.size, self.inputs_per_table
+        m = self.inputs_per_table
         multi = {f: flat[f].sample is not None for f in self.features}   # the same on every rank
         pieces, counts, sent = {}, {}, {}
         for f in sorted(self.features):
@@ -163,21 +176,29 @@ class Router:
                 positions = tf.split(tf.gather(samples, order), per_shard, num=len(shards))
             for k, s in enumerate(shards):
                 pieces[s], counts[s], sent[s] = ids[k], per_input[k], Sent(positions[k])
-        send = [tf.concat([tf.cast(counts[s], tf.int64) for s in shards] + [tf.cast(pieces[s], tf.int64)
-                                                                            for s in shards], 0)
-                if shards else tf.zeros([0], tf.int64) for shards in self.on]
-        received = self.comm.alltoall(tf.concat(send, 0), tf.stack([tf.size(x) for x in send]),
-                                      f"{self.name}_routed_ids")
+        send = [[tf.cast(counts[s], tf.int64) for s in shards] + [tf.cast(pieces[s], tf.int64) for s in shards]
+                for shards in self.on]
+        return Outgoing(send, [sent[s] for s in self.shards], multi,
+                        {f: flat[f].weights is not None for f in self.features})
+
+    def incoming_ids(self, received: tf.Tensor, lead, outgoing: "Outgoing"):
+        """The data-parallel input exchange's output: from each rank `lead` elements of the static
+        layout, then (if the plan routes any table) its `outgoing_ids` part for this rank ->
+        (the static elements, rank by rank; Routes; per routed shard of this rank its K ids in
+        global batch order; checks of the amount received)."""
+        n, m, multi = self.size, self.inputs_per_table, outgoing.multi
+        if not self.shards:
+            return received, None, [], [assert_size(received, n * lead, "ids")]
         mine = self.on[self.rank]
         header = sum(m[s.feature] for s in mine)
         per_count = [1 + multi[s.feature] for s in mine for _ in range(m[s.feature])]
-        parts, end = split_by_source(received, [header] * n, per_count)
+        parts, end = split_by_source(received, [header] * n, per_count, lead)
         owned, owned_ids = [], []
         by_source = [tf.split(ids, [tf.reduce_sum(head[o:o + m[s.feature]]) * (1 + multi[s.feature])
                                     for s, o in self._offsets(mine)], num=len(mine)) if mine else []
-                     for head, ids in parts]
+                     for _, head, ids in parts]
         for t, (s, o) in enumerate(self._offsets(mine)):
-            per_input = tf.cast(tf.stack([head[o:o + m[s.feature]] for head, _ in parts]), tf.int32)   # [N, m]
+            per_input = tf.cast(tf.stack([head[o:o + m[s.feature]] for _, head, _ in parts]), tf.int32)   # [N, m]
             starts = tf.reshape(tf.cumsum(tf.reshape(per_input, [-1]), exclusive=True), [n, m[s.feature]])
             # wire order: (rank, input); global order: (input, rank)
             order = tf.ragged.range(tf.reshape(tf.transpose(starts), [-1]),
@@ -193,13 +214,13 @@ class Router:
             rank = tf.repeat(tf.range(n), per_rank)
             first = _starts(rank, tf.bitwise.bitwise_and(packed, 0xFFFFFFFF))
             weights = None
-            if flat[s.feature].weights is not None:   # "mean": the sender's weights, bit for bit
+            if outgoing.weighted[s.feature]:   # "mean": the sender's weights, bit for bit
                 weights = tf.gather(tf.bitcast(tf.cast(shift(packed, 32), tf.int32), tf.float32), order)
             owned.append(Owned(order, tf.math.unsorted_segment_sum(tf.cast(first, tf.int32), rank, n), weights,
                                None, tf.cumsum(tf.cast(first, tf.int32)) - 1))
             owned_ids.append(tf.gather(wire, order))
-        return Routes(owned, [sent[s] for s in self.shards]), owned_ids, \
-            [assert_size(received, end, "routed ids")]
+        return tf.concat([static for static, _, _ in parts], 0), Routes(owned, outgoing.sent), owned_ids, \
+            [assert_size(received, end, "ids")]
 
     @staticmethod
     def _packed(x, samples: tf.Tensor) -> tf.Tensor:
@@ -215,12 +236,14 @@ class Router:
         offsets = np.cumsum([0] + [self.inputs_per_table[s.feature] for s in shards])
         return list(zip(shards, offsets[:-1].tolist()))
 
-    def _keep_own(self, flat):
-        """Model-parallel input: each routed shard's owner, which holds its feature's global ids
-        ([m_f B] flat), keeps its own in global batch order, and for each the sample (in its
-        rank's [m_f b] output) that its row goes to: they travel with the rows (`to_wire`). A
-        multi-hot table's rows are summed per sample here first (`segments`): one row a sample and
-        shard travels, its ids' rows added in batch order, as one process adds them."""
+    def keep_own(self, flat: Dict[int, "FlatIds"]):  # noqa: F821 (layer.FlatIds)
+        """Model-parallel input, flat ids per feature ([m_f B]) -> (Routes, per routed shard of this
+        rank its K ids in global batch order), with no all-to-all: each routed shard's owner, which
+        holds its feature's global ids, keeps its own in global batch order, and for each the
+        sample (in its rank's [m_f b] output) that its row goes to: they travel with the rows
+        (`to_wire`). A multi-hot table's rows are summed per sample here first (`segments`): one
+        row a sample and shard travels, its ids' rows added in batch order, as one process adds
+        them."""
         n, m = self.size, self.inputs_per_table
         owned, owned_ids = [], []
         hashed = {s.feature: hash_shards(flat[s.feature].ids, len(self.plan.tables[s.feature].shards))
@@ -245,7 +268,7 @@ class Router:
             owned.append(Owned(tf.math.invert_permutation(wire), counts,
                                None if x.weights is None else tf.boolean_mask(x.weights, own), positions, segments))
             owned_ids.append(tf.boolean_mask(x.ids, own))
-        return Routes(owned, []), owned_ids, []
+        return Routes(owned, []), owned_ids
 
     def floats(self, r: int, routes: Optional[Routes], mine: bool):
         """Floats of routed rows between this rank and rank r: of this rank's routed shards to (or

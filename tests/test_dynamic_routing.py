@@ -172,8 +172,14 @@ def test_routed_hash_shards_equal_one_process_and_send_each_row_once(n, data_par
     assert routed < (3 * B * DIMS[0] + 2 * 2 * B * DIMS[2]) * STEPS
     assert ranks.sent["embedding_grads"] == static + routed
     counts = n * (3 * INPUTS[0] + 2 * INPUTS[2]) * STEPS   # data-parallel: per rank and shard, a count per input
-    if data_parallel:   # table 2's ids each with its sample and the sample's id count (one int64)
-        assert ranks.sent["embedding_routed_ids"] == counts + B * STEPS + 2 * ids
+    if data_parallel:   # the routed ids ride in the ids' all-to-all (an all-to-all of their own before), after
+        # table 1's B ids for each rank holding a shard of it: table 0's ids, table 2's each with its sample
+        # and the sample's id count (one int64); no multi-hot ids' all-to-all either (the only multi-hot
+        # table is routed: that all-to-all sent nothing before)
+        assert "embedding_routed_ids" not in ranks.sent and "embedding_multi_hot_ids" not in ranks.sent
+        assert {f for fs in emb._features_of for f in fs} == {1}
+        static_ids = sum(len(fs) for fs in emb._features_of) * B * STEPS
+        assert ranks.sent["embedding_ids"] == static_ids + counts + B * STEPS + 2 * ids
         assert ranks.sent["embedding_rows"] == static + routed
     else:   # no all-to-all of its own: the owners send each rank its rows' samples with the rows,
         # after a count per shard (an all-to-all of samples carried as many, a sample an id, before)
@@ -200,3 +206,6 @@ def test_a_plan_of_routed_tables_alone(data_parallel):
     # model-parallel input: with the rows, per owner and rank a count per shard (3) and a sample per id
     assert ranks.sent["embedding_rows"] == (B * DIMS[0] + (0 if data_parallel else 2 * 3 + B)) * STEPS
     assert ranks.sent["embedding_grads"] == B * DIMS[0] * STEPS
+    if data_parallel:   # the ids' all-to-all carries only routed ids: per rank a count per shard (3), and the ids
+        assert ranks.sent["embedding_ids"] == (2 * 3 + B) * STEPS
+    assert set(ranks.sent) == {"embedding_rows", "embedding_grads"} | ({"embedding_ids"} if data_parallel else set())
