@@ -10,7 +10,7 @@ import sys
 from absl import app
 
 from run import flags as run_flags
-from utils import preemption
+from utils import launcher, preemption
 from utils.errors import CheckpointError, ConfigError, NonFiniteError, StoreError
 from utils.tensorflow_startup import import_tensorflow
 
@@ -29,6 +29,12 @@ def main(argv):
 
 
 def _main(F):
+    size = launcher.world_size()
+    try:   # the flags' errors before TensorFlow starts, where the launcher names the rank count
+        cfg = run_flags.config_from_flags(size) if size else None
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     import_tensorflow()   # first, so that its start-up lines honour TF_CPP_MIN_LOG_LEVEL
     from parallel_embedding.collectives import make_collectives
     from run.runtime import configure_tensorflow
@@ -41,7 +47,8 @@ def _main(F):
     from parallel_embedding.dynamic_table import op_error
     from run.loop import run   # after the collectives, which pick this rank's GPU
     try:
-        cfg = run_flags.config_from_flags(comm.size)
+        if cfg is None or comm.size != size:
+            cfg = run_flags.config_from_flags(comm.size)
         run(cfg, comm)
     except (ConfigError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)

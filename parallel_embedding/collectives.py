@@ -13,6 +13,8 @@ from typing import Any, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from utils.launcher import launched
+
 
 class SingleProcess:
     """World size 1: every collective is the identity."""
@@ -181,18 +183,10 @@ def pin_to_local_share(local_rank: int, local_size: int) -> Optional[List[int]]:
     return share
 
 
-_LAUNCHER_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-
-
-def launched_by_horovod() -> bool:
-    """True inside a process started by horovodrun (Gloo) or an MPI launcher."""
-    return any(v in os.environ for v in _LAUNCHER_VARIABLES)
-
-
 def make_collectives():
     """Horovod's collectives when launched by horovodrun/mpirun, else the single process; either
     way this process's GPU is chosen (use_one_gpu), so call it before any TensorFlow op."""
-    if launched_by_horovod():
+    if launched():
         return HorovodCollectives()
     use_one_gpu(0)
     return SingleProcess()
