@@ -34,8 +34,10 @@ demo: setup
 	  --inference_batch_sizes=1,64,1024 --inference_steps=50
 	$(PY) deployment/deploy.py --checkpoint=$(RUN_DIR)/checkpoints --output=$(RUN_DIR)/model_repository
 
+# The slowest tests printed at the end (docs/setup.md: how the suite runs); PYTEST_ARGS for more
+# (.ci/run: a JUnit XML of the run).
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=40 $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) benchmarks/train_throughput.py

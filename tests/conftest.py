@@ -1,5 +1,7 @@
 import os
 
+import pytest
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # The scripts and workers the tests start import this checkout, as the tests do (pytest.ini's
 # pythonpath), whether the environment has the project installed (make setup) or not, or another
@@ -9,3 +11,57 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(os.path
 
 # tests/fake_gpus.py fakes GPUs in the process that imports it: never in pytest's (--doctest-modules).
 collect_ignore = ["fake_gpus.py"]
+
+# Subprocesses started as `[*tests.warm_python.PYTHON, ...]` are forked by servers that imported
+# TensorFlow once, one per rank slot (tests/warm_python.py); started before collection, so that the
+# environments the test modules copy at import name them.
+_WARM = {}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"slow: the test may take over {SLOW_S} s (others fail the run when they do)")
+    import tempfile
+    from tests import warm_python
+    _WARM["directory"] = tempfile.mkdtemp(prefix="warm-python-")
+    _WARM["servers"] = warm_python.start_servers(3, _WARM["directory"])
+
+
+def pytest_unconfigure(config):
+    import shutil
+    for server in _WARM.pop("servers", []):
+        server.kill()
+        server.wait()
+    if "directory" in _WARM:
+        shutil.rmtree(_WARM.pop("directory"), ignore_errors=True)
+
+
+# A test not marked slow that takes over SLOW_S seconds (its setup, call and teardown) fails the
+# run, named in the summary; `make test` prints the slowest tests.
+SLOW_S = 60
+_durations, _over = {}, []
+
+
+def pytest_runtest_logreport(report):
+    _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+    if report.when == "teardown" and _durations[report.nodeid] > SLOW_S and "slow" not in report.keywords:
+        _over.append((report.nodeid, _durations[report.nodeid]))
+
+
+def pytest_terminal_summary(terminalreporter):
+    for nodeid, seconds in _over:
+        terminalreporter.write_line(f"error: {nodeid} took {seconds:.0f} s, over {SLOW_S} s, and is not marked slow")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _over and exitstatus == 0:
+        session.exitstatus = 1
+
+
+@pytest.fixture(scope="session")
+def spark_local():
+    """One local Spark session (2 cores, no UI) for every module of a pytest process; a module's
+    `spark` fixture sets its shuffle partitions."""
+    from preproc.session import spark_session
+    session = spark_session("local[2]", {"spark.ui.enabled": "false"})
+    yield session
+    session.stop()

@@ -6,6 +6,9 @@ import shutil
 import subprocess
 import sys
 
+from tests.warm_python import PYTHON
+
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -17,13 +20,14 @@ def horovodrun(np: int, args, timeout: int = 600, env=None) -> subprocess.Comple
     """`horovodrun -np np -H localhost:np --gloo python *args` from the repository root."""
     launcher = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     assert shutil.which(launcher), "horovodrun missing: the set-up did not install Horovod"
-    return subprocess.run([launcher, "-np", str(np), "-H", f"localhost:{np}", "--gloo", sys.executable, *args],
+    return subprocess.run([*PYTHON, launcher, "-np", str(np), "-H", f"localhost:{np}", "--gloo", *PYTHON, *args],
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=_environment(env))
 
 
 class Ranks:
-    """`python *args` as np Gloo ranks, each its own process (what horovodrun sets up, without its
-    supervision): `processes[r]` is rank r, its output (stdout and stderr) goes to `logs[r]`."""
+    """`python *args` as np Gloo ranks, each its own fresh interpreter (what horovodrun sets up,
+    without its supervision; a test stops, kills and names these very processes): `processes[r]`
+    is rank r, its output (stdout and stderr) goes to `logs[r]`."""
 
     def __init__(self, np: int, args, log_dir: str, env=None):
         from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts

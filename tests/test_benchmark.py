@@ -1,10 +1,11 @@
 """The throughput benchmark runs our real train step on a (tiny) shared-format workload."""
 import json
+import math
 import os
 import subprocess
-import sys
 
 import pytest
+from tests.warm_python import PYTHON
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 YARDSTICK = os.path.join(os.path.dirname(ROOT), "shared", "bench", "yardstick", "yardstick.py")
@@ -25,7 +26,7 @@ def run_benchmark(tmp_path, flags):
     (tmp_path / "yardstick").mkdir()
     (tmp_path / "yardstick" / "yardstick.py").symlink_to(YARDSTICK)   # it reads ../workloads.yaml
     (tmp_path / "workloads.yaml").write_text(TINY_WORKLOADS)
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "train_throughput.py"),
+    out = subprocess.run([*PYTHON, os.path.join(ROOT, "benchmarks", "train_throughput.py"),
                           "--bench_dir", str(tmp_path)] + flags,
                          capture_output=True, text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert out.returncode == 0, out.stderr[-2000:]
@@ -41,6 +42,7 @@ def test_benchmark_prints_one_json_record(tmp_path, workload, flags):
     assert record["samples_per_s"] > 0 and record["achieved_gflops"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isfile(YARDSTICK), reason="../shared/bench is not beside this checkout")
 def test_scaling_runs_two_ranks_against_one(tmp_path):
     one, two, summary = run_benchmark(tmp_path, ["--scaling", "--rounds", "1"])
@@ -82,8 +84,9 @@ def test_dynamic_times_the_largest_tables_dynamic_against_static(tmp_path, fresh
     assert counts["evicted"] > 0 if fresh else 0 < counts["admitted"] == counts["live"] <= 100
 
 
+@pytest.mark.slow
 def test_dynamic_quality_trains_the_exact_vocabulary_and_each_capacity(tmp_path):
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "dynamic_quality.py"), "--rows", "6000",
+    out = subprocess.run([*PYTHON, os.path.join(ROOT, "benchmarks", "dynamic_quality.py"), "--rows", "6000",
                           "--test_rows", "2000", "--columns", "C3,C12", "--capacities", "50,100", "--batch_size",
                           "256", "--work", str(tmp_path / "work"), "--clean"],
                          capture_output=True, text=True, timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
@@ -109,11 +112,13 @@ def test_dynamic_quality_trains_the_exact_vocabulary_and_each_capacity(tmp_path)
 
 
 def test_dynamic_checkpoint_saves_and_restores_a_table_on_disk(tmp_path):
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "dynamic_checkpoint.py"), "--dir",
+    out = subprocess.run([*PYTHON, os.path.join(ROOT, "benchmarks", "dynamic_checkpoint.py"), "--dir",
                           str(tmp_path / "work"), "--rows", "4000", "--dim", "8", "--batch", "1000"],
                          capture_output=True, text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert out.returncode == 0, out.stderr[-2000:]
     record = json.loads(out.stdout.strip().splitlines()[-1])
     assert (record["rows"], record["dim"], record["parts"]) == (4000, 8, 3)
-    assert record["save_s"] > 0 and record["restore_s"] > 0 and record["save_peak_mib"] >= 0
+    # its figures present and finite (times rounded to 0.01 s read 0.0 on a fast machine)
+    figures = ("save_s", "restore_s", "save_peak_mib", "save_peak_anon_mib", "restore_peak_mib", "restore_peak_anon_mib")
+    assert all(math.isfinite(record[k]) and record[k] >= 0 for k in figures), record
     assert not (tmp_path / "work").exists()

@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from tests.warm_python import PYTHON
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE = os.path.join(ROOT, "tests", "data", "builtin_bef252e")
@@ -40,7 +41,7 @@ def train(name: str, out: str) -> str:
     os.makedirs(os.path.join(work, "store"))
     args = [a.replace("STORE", os.path.join(work, "store")) for a in COMMON + args]
     log = os.path.join(work, "log.json")
-    proc = subprocess.run([sys.executable, script, *args, f"--save_checkpoint_path={work}/ck", f"--log_path={log}"],
+    proc = subprocess.run([*PYTHON, script, *args, f"--save_checkpoint_path={work}/ck", f"--log_path={log}"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert proc.returncode == 0, proc.stderr

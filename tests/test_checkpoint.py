@@ -94,6 +94,7 @@ def test_resuming_a_finished_run_is_one_error_line(tmp_path):
     assert manifest["step"] == 40 and all(np.array_equal(after[n], before[n]) for n in before)
 
 
+@pytest.mark.slow
 def test_resume_into_the_next_epoch_equals_the_uninterrupted_run(tmp_path):
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
     run_loop.run(tiny_config(save_checkpoint_path=full, epochs=2))
@@ -133,6 +134,7 @@ def documented_lr(step, lr=0.003, warmup=5, decay_start=20, decay=60):
     return lr * min(1.0, (step + 1) / warmup, min(1.0, max(0.0, (decay_start + decay - step) / decay)) ** 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lr_schedule,origin", [("restart", 40), ("continue", 0)])
 def test_continue_training_counts_its_own_data_and_sets_the_schedule(tmp_path, lr_schedule, origin):
     """One more epoch of the same data with --restore_mode=continue: 40 more steps from the

@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import zlib
 
 import numpy as np
@@ -27,6 +26,7 @@ from tests.horovod_run import ROOT, Ranks, horovodrun
 from tests.test_checkpoint_pruning import scripted_auc  # noqa: F401 (a fixture)
 from tests.test_multirank_cli import DATA, MODEL, PLACEMENT
 from utils.errors import CheckpointError, StoreError
+from tests.warm_python import PYTHON
 
 TABLE, KERNEL, BIAS, SLOT = "embedding/table_1", "top_mlp/dense_0/kernel", "top_mlp/dense_0/bias", \
     "bottom_mlp/dense_1/kernel/m"
@@ -117,17 +117,17 @@ def test_a_changed_byte_is_one_error_line_on_the_command_line(trained, tmp_path)
     model = ["--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1", "--dataset_type=synthetic",
              "--synthetic_cardinalities=20,50,7,30", "--synthetic_num_numerical=3", "--synthetic_eval_rows=1000",
              "--valid_batch_size=500", "--optimizer=adam", "--mode=eval", f"--restore_checkpoint_path={root}"]
-    out = subprocess.run([sys.executable, "dlrm.py", *model], cwd=ROOT, capture_output=True, text=True, timeout=300,
+    out = subprocess.run([*PYTHON, "dlrm.py", *model], cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert out.returncode == 2 and error_lines(out) == [f"error: {mismatch(path, TABLE, root)}"], out.stderr[-3000:]
-    skipped = subprocess.run([sys.executable, "dlrm.py", *model, "--skip_checkpoint_checksums"], cwd=ROOT,
+    skipped = subprocess.run([*PYTHON, "dlrm.py", *model, "--skip_checkpoint_checksums"], cwd=ROOT,
                              capture_output=True, text=True, timeout=300,
                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert skipped.returncode == 0 and "not verified: --skip_checkpoint_checksums" in skipped.stdout, skipped.stderr
 
 
 def deploy(*args):
-    return subprocess.run([sys.executable, "deployment/deploy.py", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([*PYTHON, "deployment/deploy.py", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
 
 
@@ -448,6 +448,7 @@ def assert_failed_at_two_ranks(codes, outputs, pattern):
     assert re.fullmatch(pattern, errors[0][0][len("error: "):]), errors[0][0]
 
 
+@pytest.mark.slow
 def test_a_full_disk_at_two_ranks(two_ranks_trained, small_disk):
     root = copy(two_ranks_trained, small_disk / "ck")
     before, size = all_tensors(root), pieces_bytes(root)
@@ -470,6 +471,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
+@pytest.mark.slow
 def test_enospc_on_one_of_two_ranks(two_ranks_trained, tmp_path):
     """Rank 1 alone runs out of space: both ranks agree, and end with the same line."""
     root = copy(two_ranks_trained, tmp_path / "ck")

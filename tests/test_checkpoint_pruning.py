@@ -4,7 +4,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from storage import checkpoint
 from tests.configs import tiny_config
 from tests.horovod_run import ROOT
 from utils.errors import ConfigError
+from tests.warm_python import PYTHON
 
 
 def checkpoints(root):
@@ -192,7 +192,7 @@ def test_best_pointer_on_the_command_line(tmp_path):
              "--decay_start_step=10", "--decay_steps=10"]
 
     def run(*args):
-        return subprocess.run([sys.executable, "dlrm.py", *model, *args], cwd=ROOT, capture_output=True, text=True,
+        return subprocess.run([*PYTHON, "dlrm.py", *model, *args], cwd=ROOT, capture_output=True, text=True,
                               timeout=600)
     out = run(*train, "--keep_best_checkpoint")
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr

@@ -13,6 +13,7 @@ import run.loop as run_loop
 from utils import logger as run_logger
 from tests.configs import TINY as TINY_BASE, make_config
 from utils.errors import CheckpointError
+from tests.warm_python import PYTHON
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
@@ -70,7 +71,7 @@ def build_model(out, **overrides):
 # Entry points, as subprocesses.
 
 def run_script(*args, timeout=120):
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
+    return subprocess.run([*PYTHON, *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
                           timeout=timeout)
 
 

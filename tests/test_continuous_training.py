@@ -12,12 +12,15 @@ import time
 
 import numpy as np
 
+import pytest
+
 from deployment.client import ServingClient, free_ports
 from deployment.exporter.repository import write_repository
 from deployment.serving.live import Model
 from storage import checkpoint
 from tests.horovod_run import ROOT
 from tests.test_serving import start_server, stop_server
+from tests import warm_python
 
 SCRIPT = os.path.join(ROOT, "tools", "continuous_training.sh")
 TRAIN_FLAGS = ("--embedding_dim=8 --bottom_mlp_dims=16,8 --top_mlp_dims=16,1 --optimizer=adagrad --learning_rate=0.02 "
@@ -25,7 +28,7 @@ TRAIN_FLAGS = ("--embedding_dim=8 --bottom_mlp_dims=16,8 --top_mlp_dims=16,1 --o
 
 
 def day(work, n, launch=""):
-    env = dict(os.environ, PYTHON=sys.executable, ROWS="12000", CAPACITY="1.3", TRAIN_FLAGS=TRAIN_FLAGS,
+    env = dict(os.environ, PYTHON=warm_python.executable(), ROWS="12000", CAPACITY="1.3", TRAIN_FLAGS=TRAIN_FLAGS,
                LAUNCH=launch, TF_CPP_MIN_LOG_LEVEL="3")
     result = subprocess.run(["bash", SCRIPT, str(work), str(n)], cwd=ROOT, capture_output=True, text=True,
                             timeout=600, env=env)
@@ -59,6 +62,7 @@ class Client(threading.Thread):
             time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_days_trained_exported_as_deltas_and_served_live(tmp_path):
     work = tmp_path / "work"
     day(work, 0)
@@ -73,7 +77,7 @@ def test_days_trained_exported_as_deltas_and_served_live(tmp_path):
         client.start()
         client.wait_for_version(info["step"])
         steps = [info["step"]]
-        for n, launch in ((1, f"{os.path.dirname(sys.executable)}/horovodrun -np 2 -H localhost:2 --gloo"), (2, "")):
+        for n, launch in ((1, f"{warm_python.executable()} {os.path.dirname(sys.executable)}/horovodrun -np 2 -H localhost:2 --gloo"), (2, "")):
             output = day(work, n, launch)
             assert f"vocabulary generation {n}:" in output
             delta = json.loads((work / "updates" / f"day_{n}" / "delta.json").read_text())

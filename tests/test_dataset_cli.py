@@ -4,7 +4,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from tests.configs import TINY
 from tests.horovod_run import ROOT, horovodrun
 from run.config import build_config
 from utils.errors import CheckpointError, ConfigError
+from tests.warm_python import PYTHON
 
 CARDS = [20, 50, 7, 30]
 ROWS, EVAL_ROWS, BATCH = 128 * 12, 500, 128
@@ -72,6 +72,7 @@ def test_files_train_exactly_like_the_synthetic_data_they_hold(one_hot):
     assert "oracle_auc" not in files
 
 
+@pytest.mark.slow
 def test_batch_order_flags(one_hot):
     base = run_loop.run(file_config(one_hot))
     unshuffled = run_loop.run(file_config(one_hot, shuffle_batch_order=False))
@@ -194,7 +195,7 @@ def test_feature_spec_is_a_name_in_the_dataset_directory_or_an_absolute_path(one
 
 
 def dlrm(*args):
-    return subprocess.run([sys.executable, "dlrm.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+    return subprocess.run([*PYTHON, "dlrm.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
 
 
@@ -209,6 +210,7 @@ def final(log_path):
     return {r["step"]: r["loss"] for r in records if r["kind"] == "step"}, records[-1]
 
 
+@pytest.mark.slow
 def test_dlrm_trains_on_split_binary_and_two_ranks_match_one(multi_hot, tmp_path):
     """dlrm.py end to end on a multi-hot dataset, and the same run as 2 Gloo ranks (tables split
     over them, each rank reading its tables' ids for the global batch): same losses and metrics."""

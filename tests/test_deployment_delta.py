@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -22,6 +21,7 @@ from utils.errors import CheckpointError
 from tests.configs import tiny_config
 from tests.test_checkpoint_integrity import flip, piece_path
 from tests.horovod_run import ROOT, horovodrun
+from tests.warm_python import PYTHON
 
 CARDS = ["3000", "5000", "7", "400"]   # large enough that a few steps leave most rows untouched
 
@@ -121,7 +121,7 @@ def test_deltas_that_do_not_apply_are_refused(days):
     run_loop.run(other)
     with pytest.raises(ExportError, match="another model"):
         write_delta_repository(str(tmp / "other"), str(tmp / "other_delta"), repos[0])
-    result = subprocess.run([sys.executable, "deployment/deploy.py", f"--checkpoint={ckpts[0]}",
+    result = subprocess.run([*PYTHON, "deployment/deploy.py", f"--checkpoint={ckpts[0]}",
                              f"--delta_from={repos[1]}", f"--output={tmp / 'cli_delta'}", "--forms=tables"],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
@@ -143,6 +143,7 @@ def test_a_delta_of_a_changed_checkpoint_is_refused_unless_verification_is_skipp
     assert info["new"]["step"] == 14 and read_delta(str(tmp_path / "delta")).new.step == 14
 
 
+@pytest.mark.slow
 def test_a_delta_from_a_run_at_two_ranks(days, tmp_path):
     """Day 1 trained at 2 Gloo ranks from the 1-rank day 0 (tables cut in rows and columns): its delta
     applied to day 0's export gives its full export."""

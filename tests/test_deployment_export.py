@@ -5,7 +5,6 @@ import dataclasses
 import json
 import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -20,6 +19,7 @@ from tests.configs import TINY, tiny_config
 from tests.horovod_run import ROOT, horovodrun
 from tests.test_dataset_cli import MODEL, write_dataset
 from run.config import build_config
+from tests.warm_python import PYTHON
 
 DCN = ["--interaction=cross", "--embedding_dim=4,8,6,5", "--num_cross_layers=2", "--cross_layer_projection_dim=4"]
 PREDICT = """
@@ -38,7 +38,7 @@ np.savez(out, logits=mono["logits"], predictions=mono["predictions"], ensemble_l
 
 
 def deploy(*args):
-    return subprocess.run([sys.executable, "deployment/deploy.py", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([*PYTHON, "deployment/deploy.py", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
 
 
@@ -56,7 +56,7 @@ def served(repo, batch, layout, tmp_path):
     """Predictions of the repository's SavedModels, loaded in a fresh process."""
     np.savez(tmp_path / "inputs.npz", numerical=batch["numerical"],
              categorical=categorical_matrix(batch["categorical"], layout.max_hotness))
-    subprocess.run([sys.executable, "-c", PREDICT, repo, "m", str(tmp_path / "inputs.npz"),
+    subprocess.run([*PYTHON, "-c", PREDICT, repo, "m", str(tmp_path / "inputs.npz"),
                     str(tmp_path / "out.npz")], check=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     return np.load(tmp_path / "out.npz")
 
@@ -92,6 +92,7 @@ def test_dlrm_export_round_trip(tmp_path):
     check_configs(tmp_path / "repo", "m", layout)
 
 
+@pytest.mark.slow
 def test_dcnv2_multi_hot_unequal_dims_written_at_two_ranks(tmp_path):
     """A DCNv2 checkpoint written by 2 Gloo ranks (tables split over them), multi-hot features
     (sum of rows, -1 padding) and per-feature widths."""

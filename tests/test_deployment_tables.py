@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -25,6 +24,7 @@ from storage import checkpoint
 from tests.builtin import builtin_config, builtin_model
 from tests.horovod_run import ROOT
 from utils.errors import CheckpointError
+from tests.warm_python import PYTHON
 
 CONFIG = ModelConfig(tables=table_configs(cardinalities=[20, 50, 7, 30], dims=[4, 8, 6, 5],
                                           max_hotness=[3, None, None, 2], multi_hot_combiner="mean"),
@@ -213,7 +213,7 @@ def test_in_memory_forms_are_refused_above_the_limit(ckpt, tmp_path):
 
 
 def deploy(*args):
-    return subprocess.run([sys.executable, "deployment/deploy.py", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([*PYTHON, "deployment/deploy.py", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
 
 

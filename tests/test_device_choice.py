@@ -5,6 +5,8 @@ initialised TensorFlow before it."""
 import json
 import re
 
+import pytest
+
 from tests.horovod_run import horovodrun
 from tests.test_multirank_cli import DATA, MODEL, one_process, succeeded
 
@@ -26,6 +28,7 @@ def test_one_process_takes_the_first_gpu_before_any_op():
     assert calls == choice(0)
 
 
+@pytest.mark.slow
 def test_each_rank_takes_its_local_gpu_before_any_op():
     out = horovodrun(2, ["-c", FAKED_DLRM, *MODEL, *DATA], timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -15,6 +15,7 @@ import nn.interaction as interaction
 from nn.interaction import DotInteraction, dot_interaction_width
 from tests.configs import tiny_config
 from utils.errors import ConfigError
+from tests.warm_python import PYTHON
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OP_DIR = os.path.join(ROOT, "tensorflow-dot-based-interact")
@@ -156,7 +157,7 @@ print("ok")
 def test_other_instruction_sets(isa):
     """The kernels this CPU would not pick (DOT_INTERACT_ISA chooses them; a CPU without AVX2
     runs the portable ones either way)."""
-    p = subprocess.run([sys.executable, "-c", ISA_CHECK], cwd=ROOT, capture_output=True, text=True,
+    p = subprocess.run([*PYTHON, "-c", ISA_CHECK], cwd=ROOT, capture_output=True, text=True,
                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", DOT_INTERACT_ISA=isa))
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
 
@@ -208,7 +209,7 @@ def test_dot_custom_cli_error_line(tmp_path):
             "runpy.run_path('dlrm.py', run_name='__main__')")
     args = ["--interaction=dot_custom", "--dataset_type=synthetic", "--synthetic_cardinalities=5,6",
             "--embedding_dim=4", "--bottom_mlp_dims=8,4", "--top_mlp_dims=8,1", "--batch_size=64", "--synthetic_rows=128"]
-    p = subprocess.run([sys.executable, "-c", code] + args, cwd=ROOT, capture_output=True, text=True,
+    p = subprocess.run([*PYTHON, "-c", code] + args, cwd=ROOT, capture_output=True, text=True,
                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert p.returncode == 2, p.stderr
     assert p.stderr.strip().splitlines()[-1].startswith("error: --interaction=dot_custom: the dot interaction op")
@@ -310,7 +311,7 @@ def test_saved_model_serves_without_the_op(tmp_path):
     numerical = rng.standard_normal((50, 3)).astype(np.float32)
     categorical = np.stack([rng.integers(0, c, 50) for c in (20, 50, 7, 30)], 1)
     np.savez(tmp_path / "batch.npz", numerical=numerical, categorical=categorical)
-    subprocess.run([sys.executable, "-c", SERVE, str(model_dir), str(tmp_path / "batch.npz"),
+    subprocess.run([*PYTHON, "-c", SERVE, str(model_dir), str(tmp_path / "batch.npz"),
                     str(tmp_path / "out.npy")], check=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     expected = r.trainer.predict(tf.constant(numerical), list(tf.unstack(categorical.astype(np.int32), axis=1))).numpy()
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), expected, rtol=1e-6, atol=1e-6)

@@ -146,6 +146,7 @@ def test_a_model_file_trains_with_dynamic_tables_and_resumes_bit_for_bit(tmp_pat
     assert "| embedding/wide_cat_1: 40 live, " in lines[0] and "| embedding/deep_cat_0: " in lines[0], lines
 
 
+@pytest.mark.slow
 def test_a_model_file_restored_at_another_hash_shard_count_trains_on_as_at_its_own(tmp_path):
     """Wide & Deep with cat_0 dynamic in 3 hash shards (its capacity never binding), resumed at 3 and
     at 1 shard: the same losses, exactly (tests/test_dynamic_reshard.py says why), through the model
@@ -273,6 +274,7 @@ def test_model_file_refusals_are_one_line(tmp_path):
         run_loop.run(tiny_config(**WIDE_AND_DEEP, max_steps=4, restore_checkpoint_path=dynamic))
 
 
+@pytest.mark.slow
 def test_a_model_file_at_two_gloo_ranks_equals_one_process(tmp_path):
     """Wide & Deep with cat_0's tables in 2 hash shards (one per rank, evicting) and cat_3's whole
     (lfu), model-parallel input: the per-step losses, the maps' state bit for bit, the values

@@ -146,6 +146,7 @@ def test_export_and_a_delta_of_checkpoints_written_on_disk(tmp_path, runs):
     assert evicted and int(evicted[1].replace(",", "")) > 0, line
 
 
+@pytest.mark.slow
 def test_two_ranks_hash_shards_on_disk_equal_memory_and_restore_as_one_shard(tmp_path):
     """At 2 Gloo ranks: table 0 in 2 hash shards of 64 rows (K = 1, evicting), one a rank, each on disk
     with a cache of 32 rows beside table 2's row shard on disk (table 3 as large as table 1, so that

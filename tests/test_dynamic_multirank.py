@@ -45,6 +45,7 @@ def one(tmp_path_factory):
     return one
 
 
+@pytest.mark.slow
 def test_two_ranks_equal_one_process_and_resume_at_one(tmp_path, one):
     two, resumed = (tmp_path / n for n in ("two", "resumed"))
     run = succeeded(horovodrun(2, ["dlrm.py", *MODEL, *DATA, *DYNAMIC, "--max_steps=6", f"--log_path={two}.json",
@@ -70,6 +71,7 @@ def test_two_ranks_equal_one_process_and_resume_at_one(tmp_path, one):
     assert_same_tables(_tensors(str(resumed)), _tensors(f"{one}/ckpt-{STEPS}"))
 
 
+@pytest.mark.slow
 def test_two_ranks_with_data_parallel_input_equal_one_process(tmp_path, one):
     """Each rank reads its local batch of every feature; the ids reach the shards' owners by the
     all-to-all of ids first."""
@@ -82,6 +84,7 @@ def test_two_ranks_with_data_parallel_input_equal_one_process(tmp_path, one):
     assert_same_tables(_tensors(str(two)), _tensors(f"{one}/ckpt-6"))
 
 
+@pytest.mark.slow
 def test_three_hash_shards_at_two_ranks_under_eviction_equal_one_process(tmp_path):
     """Table 0 in 3 hash shards (rank 0 owns two), evicting, data-parallel input: each owner
     receives only its shards' ids (routed), and the maps equal one process's bit for bit."""

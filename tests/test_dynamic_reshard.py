@@ -142,6 +142,7 @@ def _losses(log):
     return [r["loss"] for r in map(json.loads, open(log)) if r["kind"] == "step"]
 
 
+@pytest.mark.slow
 def test_a_run_restored_at_another_shard_count_trains_on_as_at_its_own(tmp_path):
     """Trained 6 steps at 3 shards (K = 2, Adam; the capacity never binds), resumed to 14 at 3, 1
     and 2 shards: the same losses, exactly: each id's row, slots and updated_at are restored

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -33,7 +32,8 @@ from storage import checkpoint
 from tests.builtin import builtin_config, builtin_model
 from tests.horovod_run import ROOT
 from tests.redis_server import RedisServer
-from utils.errors import CheckpointError, StoreError
+from utils.errors import CheckpointError
+from tests.warm_python import PYTHON
 
 D = 4
 CONFIG = ModelConfig(tables=table_configs(cardinalities=[6, 8, 7], dims=[D, D, D], max_hotness=[None, 3, None],
@@ -313,7 +313,7 @@ def test_the_native_frontend_takes_raw_ids_past_int32_as_json(days):
 
 
 def deploy(*args):
-    return subprocess.run([sys.executable, "deployment/deploy.py", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([*PYTHON, "deployment/deploy.py", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
 
 

@@ -221,6 +221,7 @@ def test_hash_shards_cut_the_mixed_hash_range_as_the_reference():
     assert counts.min() > 9500   # sequential ids spread evenly
 
 
+@pytest.mark.slow
 def test_hash_shards_in_one_process_train_and_resume_bit_for_bit(tmp_path):
     """A table in 3 hash shards on one rank: each shard its own map and rows (the counts summed
     per table), a run resumed at step 6 equals an uninterrupted one."""
@@ -296,6 +297,7 @@ def test_a_dynamic_table_beside_tables_in_host_memory(tmp_path, monkeypatch, cap
 
 
 
+@pytest.mark.slow
 def test_a_dynamic_checkpoint_lacking_updated_at_is_refused_naming_it(tmp_path):
     """A static table's updated_at may be missing (checkpoints written before rows' updates were
     recorded: the rows keep their values); a dynamic table's orders its eviction and has been saved

@@ -288,6 +288,7 @@ def wait_for(condition, what, timeout=120):
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_serve_swaps_versions_while_requests_run(exports, tmp_path):
     """serve.py --updates: a delta, a corrupt delta, a stale delta and a full export dropped into the
     updates directory under continuous requests: none fails, every response is exactly the

@@ -8,7 +8,6 @@ any data is read."""
 import os
 import re
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from storage import checkpoint
 from tests.horovod_run import ROOT, horovodrun
 from tests.test_multirank_cli import assert_same_losses, assert_same_run, records, succeeded
 from tests.test_tiered_cli import assert_same_checkpoint, assert_same_run as assert_same_tiered_run, disk_units, tiered
+from tests.warm_python import PYTHON
 
 DATA = ["--dataset_type=synthetic", "--synthetic_cardinalities=300,50,7,30", "--synthetic_num_numerical=3",
         "--optimizer=adam", "--learning_rate=0.01", "--seed=7", "--batch_size=96", "--valid_batch_size=300",
@@ -42,7 +42,7 @@ def model_args(name):
 
 
 def python(*args, script="main.py"):
-    return subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
+    return subprocess.run([*PYTHON, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
 
 
@@ -69,6 +69,7 @@ def uninterrupted(tmp_path_factory):
     return run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_example_trains_evaluates_its_checkpoint_and_resumes_exactly(tmp_path, uninterrupted, name):
     want, ckpt = uninterrupted(name)
@@ -94,6 +95,7 @@ def test_example_trains_evaluates_its_checkpoint_and_resumes_exactly(tmp_path, u
     assert_same_run(resumed, want, range(7, STEPS + 1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ranks", [1, 2])
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_example_at_one_and_two_gloo_ranks_equals_one_process_and_its_checkpoint_restores_at_the_other(
@@ -132,6 +134,7 @@ FILE_DATA = ["--dataset_type=split_binary", "--optimizer=adagrad", "--learning_r
              "--valid_batch_size=100", "--warmup_steps=0", "--decay_steps=0", "--print_freq=4"]
 
 
+@pytest.mark.slow
 def test_movielens_mlp_on_a_feature_spec_with_a_multi_hot_feature_at_one_and_two_ranks(tmp_path):
     data = spec_dataset(tmp_path / "data")
     out = succeeded(python(*model_args("movielens_mlp"), *FILE_DATA, f"--dataset_path={data}",
@@ -182,6 +185,7 @@ def test_a_bad_model_file_is_one_line_before_any_data_is_read(tmp_path, file):
     assert line == f"error: --model={tmp_path / file}: {message}"
 
 
+@pytest.mark.slow
 def test_unsupported_flags_and_bad_hyper_parameters_are_one_line(tmp_path):
     line = error_line(python(*model_args("dlrm"), *DATA, "--interaction=cross", "--embedding_dim=8",
                              "--bottom_mlp_dims=8"))
@@ -221,6 +225,7 @@ def build_model(features, hparams):
 '''
 
 
+@pytest.mark.slow
 def test_two_embedding_layers_and_a_shared_table(tmp_path):
     """Trains, checkpoints and resumes exactly; at 2 ranks, with model-parallel input (the
     default) and with --data_parallel_input, equals one process."""
@@ -246,6 +251,7 @@ TIER_DATA = ["--dataset_type=synthetic", "--synthetic_cardinalities=3000,40,2000
              "--decay_steps=8", "--print_freq=4", "--evals_per_epoch=2"]
 
 
+@pytest.mark.slow
 def test_tables_on_disk_equal_memory_and_checkpoints_move_between_tiers(tmp_path):
     """DeepFM (every feature read by two tables) with tables on disk writes the in-memory run's
     checkpoints bit for bit and evaluates alike; a checkpoint written on disk resumes in memory,
@@ -267,6 +273,7 @@ def test_tables_on_disk_equal_memory_and_checkpoints_move_between_tiers(tmp_path
         assert_same_checkpoint(tmp_path / resumed / "ckpt", memory / "ckpt" / "ckpt-24")
 
 
+@pytest.mark.slow
 def test_two_embedding_layers_with_tables_on_disk_at_two_ranks_equal_memory(tmp_path):
     """Both layers' tables within one budget (one planner call over both: "deep"'s larger tables
     partly on disk) at 2 ranks: the checkpoints and evaluations of the same run in
@@ -287,6 +294,7 @@ def test_two_embedding_layers_with_tables_on_disk_at_two_ranks_equal_memory(tmp_
     assert_same_tiered_run(disk, memory)
 
 
+@pytest.mark.slow
 def test_tables_on_disk_at_two_ranks_equal_memory_and_one_process(tmp_path):
     """Wide & Deep at 2 Gloo ranks with model-parallel input (each rank reads the global batch's ids
     of its tables' features) and tables on disk (row shards, whole tables) writes the checkpoints of
@@ -355,6 +363,7 @@ def build_model(features, hparams):
 '''
 
 
+@pytest.mark.slow
 def test_a_subclassed_model_at_two_ranks_takes_data_parallel_input(tmp_path):
     """Model-parallel input (the default) gives the layers the data's ids, which a subclassed model's
     inputs do not say: one line naming --data_parallel_input, with which it trains."""

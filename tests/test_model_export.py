@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 
@@ -29,6 +28,7 @@ from tests.horovod_run import ROOT
 from tests.redis_server import RedisServer
 from tests.test_deployment_export import deploy, reference, served
 from tests.test_serving import start_server, stop_server
+from tests.warm_python import PYTHON
 
 CARDS, HOTNESS = ["300", "50", "7", "30"], ["1", "3", "1", "2"]   # features 1 and 3 multi-hot
 DATA = ["--dataset_type=synthetic", f"--synthetic_cardinalities={','.join(CARDS)}",
@@ -76,7 +76,7 @@ MODEL_FILES = {"shared_mean": SHARED, "two_layers": TWO_LAYERS}
 
 
 def python(*args, script="main.py"):
-    result = subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
+    result = subprocess.run([*PYTHON, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
@@ -137,6 +137,7 @@ def days(tmp_path_factory):
     return {"tmp": tmp, "path": path, "params": params, "delta_line": delta.stdout.strip().splitlines()[-1]}
 
 
+@pytest.mark.slow
 def test_wide_and_deep_exports_and_serves_what_it_predicts(days, tmp_path):
     repo = str(days["tmp"] / "repo0")
     info, layout = layout_of(repo)
@@ -152,6 +153,7 @@ def test_wide_and_deep_exports_and_serves_what_it_predicts(days, tmp_path):
     check_served(days["path"], days["params"], str(days["tmp"] / "ckpt0"), repo, tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["deepfm", "shared_mean", "two_layers"])
 def test_other_model_files_export_and_serve_what_they_predict(name, tmp_path):
     if name in MODEL_FILES:

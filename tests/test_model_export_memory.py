@@ -64,6 +64,7 @@ def trained(tmp_path_factory):
     return tmp, path, tmp / "ckpt"
 
 
+@pytest.mark.slow
 def test_a_table_larger_than_the_memory_limit_exports(trained):
     tmp, path, ckpt = trained
     result = deploy_limited(f"--checkpoint={ckpt}", f"--output={tmp / 'repo'}", f"--model={path}", "--forms=tables")

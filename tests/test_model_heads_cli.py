@@ -124,6 +124,7 @@ def test_a_run_stopped_and_resumed_equals_the_uninterrupted_one_bit_for_bit(tmp_
     assert all(got[f"{h}_{m}"] == final[f"{h}_{m}"] for h in HEADS for m in ("auc", "logloss"))
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_equal_one_process(tmp_path, uninterrupted):
     log, _ = uninterrupted
     succeeded(horovodrun(2, ["main.py", *MODEL, *TWO_LABELS, *PLACEMENT, f"--log_path={tmp_path / 'two.json'}"]))
@@ -336,6 +337,7 @@ def test_evaluate_accuracy_scores_each_served_head_as_the_in_process_evaluation(
 ONE_VALUE = ONE_OUTPUT + "\n\ndef compile_args(features, hparams):\n    return {'loss': 'mean_squared_error'}\n"
 
 
+@pytest.mark.slow
 def test_a_one_output_regression_model_and_the_refusals(tmp_path):
     (tmp_path / "value.py").write_text(ONE_VALUE)
     value = [f"--model={tmp_path / 'value.py'}", *DATA]

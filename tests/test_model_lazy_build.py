@@ -35,6 +35,7 @@ def build_model(features, hparams):
 """
 
 
+@pytest.mark.slow
 def test_a_lazily_built_subclass_trains_as_one_built_in_init(tmp_path):
     runs = {}
     for built in (False, True):

@@ -79,6 +79,7 @@ def results():
 
 @pytest.mark.parametrize("np_,case", [(n, c) for n, cases in CASES.items() for c in cases],
                          ids=[f"{n}ranks-{c['name']}" for n, cases in CASES.items() for c in cases])
+@pytest.mark.slow
 def test_matches_single_process(results, np_, case):
     found, failed = results
     assert case["name"] in found, f"{np_} ranks failed at or before this case:\n{failed.get(np_)}"

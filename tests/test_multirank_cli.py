@@ -8,12 +8,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from tests.horovod_run import ROOT, Ranks, horovodrun
+from tests.warm_python import PYTHON
 
 MODEL = ["--dataset_type=synthetic", "--synthetic_cardinalities=300,50,7,30,90", "--synthetic_num_numerical=3",
          "--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1", "--optimizer=adam", "--seed=7"]
@@ -27,7 +27,7 @@ STEPS = 12
 
 
 def one_process(*args, timeout=300):
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+    return subprocess.run([*PYTHON, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
 
 
@@ -65,6 +65,7 @@ def dlrm_one_process(tmp_path_factory):
     return records(log)
 
 
+@pytest.mark.slow
 def test_dlrm_two_ranks_then_resumed_at_one_and_three_ranks(tmp_path, dlrm_one_process):
     ckpt = tmp_path / "ckpt"
     first = succeeded(horovodrun(2, ["dlrm.py", *MODEL, *DATA, *PLACEMENT, "--max_steps=6",
@@ -86,6 +87,7 @@ def test_dlrm_two_ranks_then_resumed_at_one_and_three_ranks(tmp_path, dlrm_one_p
     assert_same_run(records(resumed_three), dlrm_one_process, range(7, STEPS + 1))
 
 
+@pytest.mark.slow
 def test_dcnv2_data_parallel_input_two_ranks_matches_one_process(tmp_path):
     args = ["dcnv2.py", *MODEL, *DATA, "--num_cross_layers=2", "--cross_layer_projection_dim=4"]
     succeeded(one_process(*args, f"--log_path={tmp_path / 'one.json'}"))
@@ -107,6 +109,7 @@ def wait_for(condition, seconds, what):
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["killed", "hung"])
 def test_lost_rank_ends_the_run_and_keeps_the_last_checkpoint(tmp_path, fault):
     """Rank 1 is killed (its connections close) or stopped (it stays connected but silent, so

@@ -106,6 +106,7 @@ def stopped_step(line, ckpt):
     return step
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_and_the_same_command_resumes_exactly(tmp_path, uninterrupted):
     ckpt = str(tmp_path / "ckpt")
     p = start([*MODEL, *DATA, f"--save_checkpoint_path={ckpt}"], tmp_path / "out")
@@ -132,6 +133,7 @@ def test_sigint_without_a_checkpoint_path_stops_with_one_line_no_traceback(tmp_p
     assert line.startswith("stopped by SIGINT after step ") and "nothing saved (no --save_checkpoint_path)" in line
 
 
+@pytest.mark.slow
 def test_a_second_signal_mid_save_exits_at_once_leaving_the_previous_checkpoint(tmp_path):
     ckpt = str(tmp_path / "ckpt")
     p = start([*MODEL, *DATA, *LARGE, f"--save_checkpoint_path={ckpt}", "--checkpoint_every_n_steps=5"],
@@ -210,6 +212,7 @@ def rank_processes(launcher: subprocess.Popen):
     return found
 
 
+@pytest.mark.slow
 def test_two_ranks_sigterm_to_one_rank_stops_both_at_the_same_step(tmp_path, uninterrupted):
     ckpt = str(tmp_path / "ckpt")
     ranks = Ranks(2, ["dlrm.py", *MODEL, *DATA, f"--save_checkpoint_path={ckpt}"], str(tmp_path))
@@ -227,6 +230,7 @@ def test_two_ranks_sigterm_to_one_rank_stops_both_at_the_same_step(tmp_path, uni
     resumed_equals_uninterrupted(tmp_path, ckpt, stopped_step(line, ckpt), uninterrupted, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_two_ranks_under_horovodrun_sigterm_to_every_rank(tmp_path):
     ckpt = str(tmp_path / "ckpt")
     launcher = os.path.join(os.path.dirname(sys.executable), "horovodrun")
@@ -275,6 +279,7 @@ def test_export_interrupted_stops_with_one_line_and_writes_nothing(tmp_path, uni
     assert sorted(os.listdir(tmp_path)) == ["out"]
 
 
+@pytest.mark.slow
 def test_preprocessing_interrupted_stops_with_one_line_and_leaves_nothing(tmp_path):
     from preproc import generate
     generate.write(generate.generate(100000, seed=3), str(tmp_path / "day.csv"))

@@ -5,7 +5,6 @@ import math
 import os
 import random
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from preproc.pipeline import Options, run
 from preproc.session import spark_session
 from tests.horovod_run import ROOT
 from utils.errors import ConfigError, DatasetError
+from tests.warm_python import PYTHON
 
 
 def line(label, ints=(), cats=()):
@@ -41,10 +41,10 @@ HAND = [
 
 
 @pytest.fixture(scope="module")
-def spark():
-    session = spark_session("local[2]", {"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"})
-    yield session
-    session.stop()
+def spark(spark_local):
+    """The suite's local Spark session, 4 shuffle partitions."""
+    spark_local.conf.set("spark.sql.shuffle.partitions", "4")
+    return spark_local
 
 
 def write_text(path, lines):
@@ -193,6 +193,7 @@ def generated(tmp_path_factory):
     return str(path)
 
 
+@pytest.mark.slow
 def test_generated_labels_follow_the_value_effects():
     """--value_effects: each value of the named columns has one effect on the label, the same in
     every file; weight 0 (or none) leaves the lines bit for bit as they were."""
@@ -273,7 +274,7 @@ def test_output_trains_with_dlrm(spark, generated, tmp_path):
     out = tmp_path / "out"
     run(spark, opts([generated], out, shuffle=True, thresholds=parse_thresholds("2")), log=lambda m: None)
     result = subprocess.run(
-        [sys.executable, "dlrm.py", "--dataset_type=split_binary", f"--dataset_path={out}", "--batch_size=256",
+        [*PYTHON, "dlrm.py", "--dataset_type=split_binary", f"--dataset_path={out}", "--batch_size=256",
          "--valid_batch_size=1000", "--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1",
          "--optimizer=adam", "--learning_rate=0.003", "--warmup_steps=2", "--decay_start_step=8",
          "--decay_steps=4", "--max_steps=8", "--evals_per_epoch=0"],

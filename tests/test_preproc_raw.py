@@ -6,7 +6,6 @@ import math
 import os
 import random
 import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -20,9 +19,9 @@ from dataloading.feature_spec import SPEC_FILE, FeatureSpec
 from dataloading.split_binary import SplitBinaryDataset
 from preproc import raw, raw_spec
 from preproc.raw_source import RawSource
-from preproc.session import spark_session
 from tests.horovod_run import ROOT, horovodrun
 from utils.errors import ConfigError, DatasetError
+from tests.warm_python import PYTHON
 
 HEADER = "click,price,count,site,color,user,tags,device,ts,day"
 GOOD = [
@@ -58,10 +57,10 @@ SPEC = {
 
 
 @pytest.fixture(scope="module")
-def spark():
-    session = spark_session("local[2]", {"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"})
-    yield session
-    session.stop()
+def spark(spark_local):
+    """The suite's local Spark session, 4 shuffle partitions."""
+    spark_local.conf.set("spark.sql.shuffle.partitions", "4")
+    return spark_local
 
 
 def write_spec(folder, spec=SPEC, **inputs):
@@ -98,6 +97,7 @@ def key(text):
     return int(pd.util.hash_array(np.array([text], object), categorize=False)[0])
 
 
+@pytest.mark.slow
 def test_hand_made_log(spark, tmp_path):
     write_log(tmp_path, [HEADER] + GOOD + BAD + TEST + VALIDATION)
     messages = []
@@ -331,6 +331,7 @@ def test_same_output_whatever_the_partitioning(spark, tmp_path):
     assert max(len(r) for r in ragged(train["categorical"][3])) == 4
 
 
+@pytest.mark.slow
 def test_output_without_numericals_trains(spark, tmp_path):
     """DCNv2 and DLRM (its bottom MLP without input: a learned constant) train on a log without numbers,
     DCNv2 also at 2 Gloo ranks."""
@@ -341,7 +342,7 @@ def test_output_without_numericals_trains(spark, tmp_path):
              "--optimizer=adam", "--learning_rate=0.003", "--warmup_steps=2", "--decay_start_step=8",
              "--decay_steps=4", "--max_steps=8", "--evals_per_epoch=0"]
     for script in ("dcnv2.py", "dlrm.py"):
-        result = subprocess.run([sys.executable, script, *flags], cwd=ROOT, capture_output=True, text=True,
+        result = subprocess.run([*PYTHON, script, *flags], cwd=ROOT, capture_output=True, text=True,
                                 timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
         assert result.returncode == 0, f"{script}: {result.stderr[-2000:]}"
         assert "auc" in (result.stdout + result.stderr).lower()

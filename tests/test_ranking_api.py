@@ -213,6 +213,7 @@ def test_configuration_errors_name_what_is_wrong():
 
 @pytest.mark.parametrize("features, heads", [("separate", "one_label"), ("shared", "one_label"),
                                             ("separate", "two_label")])
+@pytest.mark.slow
 def test_two_gloo_ranks_equal_one_process(tmp_path, features, heads):
     """tests/ranking_multirank_worker.py: row, column and replicated tables, one-hot and ragged
     multi-hot, each read by one feature or shared by two, one head or two (each head's loss); its

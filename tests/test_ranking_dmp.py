@@ -120,6 +120,7 @@ def test_gloo_ranks_equal_one_process(ranks, kinds):
     assert all(r["kinds"] == kinds and r["max_error"] <= 1e-5 for r in results)
 
 
+@pytest.mark.slow
 def test_gloo_ranks_with_xla_auto_clustering(tmp_path):
     """XLA as NVIDIA's scripts turn it on, tf.config.optimizer.set_jit(True) (TensorFlow's
     auto-clustering of a graph's XLA-compilable ops; the CPU also needs TF_XLA_FLAGS): the dmp

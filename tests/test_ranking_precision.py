@@ -181,6 +181,7 @@ def run_losses(tmp_path, name, **flags):
     return [r["loss"] for r in records if r.get("kind") == "step"], result
 
 
+@pytest.mark.slow
 def test_model_file_with_amp_and_xla(tmp_path, monkeypatch):
     """--xla: the losses of the run without it (within the built-in XLA tests' 1e-4); --amp
     (bfloat16 on the CPU): finite, close; float16 (posing as a GPU): loss scaling on, and its

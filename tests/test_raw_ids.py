@@ -18,8 +18,8 @@ from dataloading.split_binary import SplitBinaryDataset
 from dataloading.writer import MappingWriter
 from preproc import criteo, generate, raw
 from preproc.pipeline import run
-from preproc.session import spark_session
 from utils.errors import ConfigError, DatasetError
+from tests.warm_python import PYTHON
 
 M64 = (1 << 64) - 1
 
@@ -101,10 +101,10 @@ RAW = ["user", "site", "color", "tags"]
 
 
 @pytest.fixture(scope="module")
-def spark():
-    session = spark_session("local[2]", {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"})
-    yield session
-    session.stop()
+def spark(spark_local):
+    """The suite's local Spark session, 2 shuffle partitions."""
+    spark_local.conf.set("spark.sql.shuffle.partitions", "2")
+    return spark_local
 
 
 def write_spec(folder, spec=SPEC):
@@ -324,12 +324,12 @@ def test_training_refuses_raw_ids_without_a_dynamic_table(tmp_path):
         build(dataset_type="split_binary", dataset_path=str(tmp_path), eval_mapping="train")
 
 
+@pytest.mark.slow
 def test_dlrm_trains_on_raw_ids_with_dynamic_tables(spark, tmp_path):
     """A Criteo-format log preprocessed with raw ids for C1 and C3 (no vocabulary) trains with those
     two tables dynamic: the raw-id features' tables take their capacity's rows, every id their
     maps admit is one of the log's keys; without --dynamic_tables the run is refused in one line."""
     import subprocess
-    import sys
     from storage import checkpoint
     table = generate.generate(600, seed=5)
     generate.write(table, str(tmp_path / "day.tsv"))
@@ -337,7 +337,7 @@ def test_dlrm_trains_on_raw_ids_with_dynamic_tables(spark, tmp_path):
         "--input", str(tmp_path / "day.tsv"), "--test_fraction=0", "--validation_fraction=0",
         "--frequency_threshold=2", "--output", str(tmp_path / "raw"), "--raw_id_columns=C1,C3"])), log=lambda m: None)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    args = [sys.executable, "dlrm.py", "--dataset_type=split_binary", f"--dataset_path={tmp_path / 'raw'}",
+    args = [*PYTHON, "dlrm.py", "--dataset_type=split_binary", f"--dataset_path={tmp_path / 'raw'}",
             "--eval_mapping=train", "--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1",
             "--batch_size=64", "--valid_batch_size=200", "--max_steps=9", "--print_freq=3", "--cpu"]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")

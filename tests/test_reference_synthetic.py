@@ -5,7 +5,6 @@ training exactly like generate_dataset.py's multi-hot files, and the feature spe
 dataloading/prepare_synthetic_dataset.py, with its flags."""
 import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -20,6 +19,7 @@ from tests.configs import TINY
 from tests.horovod_run import ROOT
 from run.config import build_config
 from utils.errors import ConfigError
+from tests.warm_python import PYTHON
 
 SCHEDULE = dict(warmup_steps=3, decay_start_step=6, decay_steps=6)
 
@@ -118,7 +118,7 @@ def test_use_feature_spec_takes_the_shape_from_the_spec(multi_hot_files, tmp_pat
 
 def test_dlrm_accepts_the_reference_synthetic_flags():
     proc = subprocess.run(
-        [sys.executable, "dlrm.py", "--dataset_type=synthetic", "--synthetic_dataset_cardinalities=20,50,7,30",
+        [*PYTHON, "dlrm.py", "--dataset_type=synthetic", "--synthetic_dataset_cardinalities=20,50,7,30",
          "--synthetic_dataset_hotness=3,1,1,2", "--synthetic_dataset_num_numerical_features=3",
          "--synthetic_dataset_train_batches=4", "--synthetic_dataset_valid_batches=2", "--batch_size=64",
          "--valid_batch_size=100", "--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1",
@@ -129,7 +129,7 @@ def test_dlrm_accepts_the_reference_synthetic_flags():
 
 
 def prepare(*args):
-    return subprocess.run([sys.executable, "-m", "dataloading.prepare_synthetic_dataset", *args], cwd=ROOT,
+    return subprocess.run([*PYTHON, "-m", "dataloading.prepare_synthetic_dataset", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
 
 

@@ -25,13 +25,14 @@ from tests.horovod_run import ROOT
 from tests.test_dataset_cli import write_dataset
 from tests.test_deployment_export import reference
 from run.config import build_config
+from tests.warm_python import PYTHON
 
 MAX_BATCH = 256
 FRONTENDS = ["triton", "native"]
 
 
 def script(name, *args):
-    return subprocess.run([sys.executable, f"deployment/{name}", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([*PYTHON, f"deployment/{name}", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
 
 

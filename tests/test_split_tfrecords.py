@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -28,6 +27,7 @@ from tests.configs import TINY
 from tests.horovod_run import ROOT
 from run.config import build_config
 from utils.errors import ConfigError, DatasetError
+from tests.warm_python import PYTHON
 
 CARDS = {"c0": 1000, "c1": 7, "c2": 40000}
 HOT = {"c1": 3}
@@ -283,7 +283,7 @@ def test_training_on_tfrecords_equals_training_on_split_binary_and_tf_raw(both):
 
 
 def dlrm(*args):
-    return subprocess.run([sys.executable, "dlrm.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+    return subprocess.run([*PYTHON, "dlrm.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
 
 
@@ -292,6 +292,7 @@ MODEL = ["--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1", "
          "--valid_batch_size=128", "--print_freq=5"]
 
 
+@pytest.mark.slow
 def test_dlrm_trains_on_tfrecords_and_reports_a_bad_file_in_one_line(both, tmp_path):
     ok = dlrm("--dataset_type=split_tfrecords", f"--dataset_path={both[1]}", "--validate_dataset", *MODEL)
     assert ok.returncode == 0, ok.stderr[-3000:]

@@ -152,6 +152,7 @@ VARIANTS = [(optimizer, hot, {}) for optimizer in SLOTS for hot in HOTNESS] + [
 
 @pytest.mark.parametrize("optimizer, hot, options", VARIANTS,
                          ids=[f"{o}-{h}" + "".join(f"-{k}={v}" for k, v in kw.items()) for o, h, kw in VARIANTS])
+@pytest.mark.slow
 def test_training_through_tiny_caches_is_bit_identical(tmp_path, optimizer, hot, options):
     trainer = build(hot, optimizer, str(tmp_path), **options)
     losses = train(trainer, batches(hot))

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -21,6 +20,7 @@ import pytest
 from storage import checkpoint
 from tests.horovod_run import ROOT, horovodrun
 from tests.test_multirank_cli import one_process, records, succeeded, wait_for
+from tests.warm_python import PYTHON
 
 MODEL = ["--dataset_type=synthetic", "--synthetic_cardinalities=3000,40,2000,7", "--synthetic_num_numerical=3",
          "--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1", "--optimizer=adam", "--seed=3"]
@@ -125,6 +125,7 @@ def test_one_rank_on_disk_equals_memory(one_rank):
 
 
 
+@pytest.mark.slow
 def test_two_ranks_row_shards_on_disk_equal_memory(two_ranks):
     (memory, memory_out), (disk, disk_out) = two_ranks["memory"], two_ranks["disk"]
     assert set(disk_units(disk_out)) == {(0, 0), (1, 0), (0, 2), (1, 2)} and disk_units(memory_out) == {}, disk_out
@@ -135,6 +136,7 @@ def test_two_ranks_row_shards_on_disk_equal_memory(two_ranks):
     assert os.listdir(disk / "store") == []
 
 
+@pytest.mark.slow
 def test_dcnv2_two_ranks_column_slices_multi_hot_lfu_on_disk_equals_memory(tmp_path):
     """Table 0 in row shards, table 2 (multi-hot, up to 2 ids a sample) in a column slice per rank."""
     args = ["--row_slice_threshold=20000", "--column_slice_threshold=10000",
@@ -180,6 +182,7 @@ def test_eval_and_inference_on_disk(tmp_path, one_rank):
     assert os.listdir(tmp_path / "s") == []
 
 
+@pytest.mark.slow
 def test_dynamic_table_beside_tables_on_disk_equals_memory_and_moves_between_tiers(tmp_path):
     """--dynamic_tables beside --embedding_memory_budget_gb: table 1 dynamic (32 rows for its 40 ids,
     K = 2: admitting, evicting and refusing) in memory, tables 0 and 2 on disk, the budget counting
@@ -206,6 +209,7 @@ def test_dynamic_table_beside_tables_on_disk_equals_memory_and_moves_between_tie
     assert os.listdir(tmp_path / "store") == [] and os.listdir(tmp_path / "store_2") == []
 
 
+@pytest.mark.slow
 def test_two_ranks_dynamic_hash_shards_beside_row_shards_on_disk_equal_memory(tmp_path):
     """At 2 Gloo ranks: table 1 dynamic in 2 hash shards (16 rows each, one per rank, evicting), tables
     0 and 2 in row shards on disk on both ranks: the same checkpoint as in memory, bit for bit."""
@@ -243,7 +247,7 @@ def test_store_deleted_while_training_and_a_second_run_on_the_store(tmp_path):
     store, ckpt, log = tmp_path / "store", tmp_path / "ckpt", tmp_path / "first.log"
     args = ["dlrm.py", *MODEL, *DATA, "--synthetic_rows=1280000", *tiered(store)]
     with open(log, "w") as out:
-        first = subprocess.Popen([sys.executable, *args, "--checkpoint_every_n_steps=10",
+        first = subprocess.Popen([*PYTHON, *args, "--checkpoint_every_n_steps=10",
                                   f"--save_checkpoint_path={ckpt}"], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: (ckpt / "latest").exists() or first.poll() is not None, 120, "the first checkpoint")

@@ -232,6 +232,7 @@ def serve_flags(ports, *args):
     return [*port_flags(ports), "--address=127.0.0.1", *args]
 
 
+@pytest.mark.slow
 def test_serve_refuses_bad_tier_flags_and_stores_in_one_line(exports, tmp_path):
     repo = exports[8]
     mono = tmp_path / "mono"
@@ -270,6 +271,7 @@ def test_serve_refuses_bad_tier_flags_and_stores_in_one_line(exports, tmp_path):
             (args, result.stderr[-2000:])
 
 
+@pytest.mark.slow
 def test_two_servers_share_redis_which_goes_down_and_comes_back(exports, tmp_path):
     """Two serve.py processes through the tiers (flags; a settings file) with Redis down at
     start-up: each says so once and answers; Redis started, they reconnect and share it (the

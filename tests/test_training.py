@@ -11,6 +11,7 @@ PLANTED = dict(synthetic_cardinalities=["10", "20", "50", "100", "20", "50", "10
                print_freq=100)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("interaction", ["dot", "cross"])
 def test_planted_signal_reaches_most_of_the_oracle_lift(interaction):
     extra = dict(interaction=interaction, num_cross_layers=2, cross_layer_projection_dim=0) if interaction == "cross" else {}

@@ -55,6 +55,7 @@ def nan_delta(exports, out):
     return out, len(rows)
 
 
+@pytest.mark.slow
 def test_the_updater_takes_only_what_deploy_py_writes(exports, tmp_path):
     model = Model(exports[8])
     numerical, categorical = requests(100, seed=6)
@@ -116,6 +117,7 @@ def test_the_updater_takes_only_what_deploy_py_writes(exports, tmp_path):
                                                        "export): serving step 16")
 
 
+@pytest.mark.slow
 def test_serve_refuses_full_exports_and_nan_deltas_unless_allowed(exports, tmp_path):
     """serve.py --updates: a full export and a NaN delta dropped in are refused in one line each,
     the answers unchanged; with --updates_allow_full_exports the full export is taken."""
