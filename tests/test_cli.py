@@ -577,3 +577,17 @@ def test_default_dataset_needs_a_path():
     proc = run_script("dlrm.py", timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("error: --dataset_type=split_binary needs --dataset_path")
+
+
+@pytest.mark.parametrize("launched", [{}, {"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2"}], ids=["one", "rank"])
+def test_a_broken_flag_rule_answers_before_tensorflow_is_imported(launched):
+    """A rule of run.config broken (not only a flag absl refuses): its one line, exit status 2,
+    and TensorFlow never imported (a fresh interpreter: the import is the subject)."""
+    code = ("import atexit, runpy, sys; atexit.register(lambda: print('tensorflow' in sys.modules)); "
+            "sys.argv = ['dlrm.py', '--dataset_type=synthetic', '--batch_size=-5']; "
+            "runpy.run_path('dlrm.py', run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env=dict(ENV, **launched))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == ["error: --batch_size must be positive, got -5"], proc.stderr
+    assert proc.stdout.split() == ["False"]
