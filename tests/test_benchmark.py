@@ -3,6 +3,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 
 import pytest
 from tests.warm_python import PYTHON
@@ -122,3 +123,13 @@ def test_dynamic_checkpoint_saves_and_restores_a_table_on_disk(tmp_path):
     figures = ("save_s", "restore_s", "save_peak_mib", "save_peak_anon_mib", "restore_peak_mib", "restore_peak_anon_mib")
     assert all(math.isfinite(record[k]) and record[k] >= 0 for k in figures), record
     assert not (tmp_path / "work").exists()
+
+
+def test_warm_start_times_fresh_and_forked_runs():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "warm_start.py"), "--pairs", "1"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    records = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["run"] for r in records] == ["fresh", "warm"], out.stdout
+    assert all(math.isfinite(r["wall_s"]) and r["wall_s"] >= 0 for r in records)
+    assert math.isfinite(records[0]["cpu_s"]) and records[1]["cpu_s"] is None
