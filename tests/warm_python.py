@@ -3,9 +3,11 @@
     python tests/warm_python.py --serve SOCKET   the server: imports PRELOAD, then forks a child
                                                  per request (TensorFlow's runtime never started)
     python tests/warm_python.py ARGS...          as `python ARGS...` (a script and its arguments,
-                                                 -m module or -c code), run in a child of the
-                                                 server named by $WARM_PYTHON_SOCKETS; a plain
-                                                 `python ARGS...` (exec) where none is set
+                                                 -m module or -c code, after -u or not), run in
+                                                 a child of the server named by
+                                                 $WARM_PYTHON_SOCKETS; a plain `python ARGS...`
+                                                 (exec) where none is set or ARGS hold another
+                                                 interpreter option
 
 A fresh Python spends 5-6 s of CPU importing TensorFlow, Keras and Horovod before a tiny run's own
 1-2 s of work. The client (this file without --serve, importing nothing heavy) sends its argv,
@@ -73,7 +75,10 @@ def _exactly(sock, n: int) -> bytes:
 def client(args):
     path = _server_socket()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    first = args[1] if args[:1] == ["-u"] else args[0]
     try:
+        if first.startswith("-") and first not in ("-c", "-m"):   # an option the child cannot take over
+            raise OSError
         sock.connect(path)
     except OSError:   # no server: a fresh interpreter
         os.execv(sys.executable, [sys.executable, *args])
@@ -211,8 +216,8 @@ def _child(request, fds):
     os.chdir(request["cwd"])
     argv = list(request["argv"])
     unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
-    while argv and argv[0] in ("-u", "-B", "-E", "-s"):
-        unbuffered |= argv.pop(0) == "-u"
+    if argv[0] == "-u":
+        unbuffered = bool(argv.pop(0))
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
     for fd, name in ((1, "stdout"), (2, "stderr")):
         stream = io.FileIO(fd, "w", closefd=False)
@@ -225,8 +230,6 @@ def _child(request, fds):
     base = [p for p in sys.path[1:] if p not in extra and p not in _OWN_PYTHONPATH]
     import numpy
     numpy.random.seed()   # as a fresh interpreter: its own entropy
-    import tensorflow   # its devices enumerated, as utils.tensorflow_startup does right after the import
-    tensorflow.config.list_physical_devices("GPU")
     if argv[0] == "-c":
         sys.argv = ["-c", *argv[2:]]
         sys.path[:] = ["", *extra, *base]
