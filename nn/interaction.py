@@ -105,8 +105,8 @@ class DotInteraction(tf.Module):
         self._n, self._dim, self._num_pairs = n, dim, num_pairs
         self.output_width = dot_interaction_width(num_features, dim)
         self._pad = self.output_width - dim - num_pairs
-        self._forward = tf.function(self._forward_impl, jit_compile=True)
-        self._backward = tf.function(self._backward_impl, jit_compile=True)
+        self._forward = tf.function(self._forward_impl, jit_compile=True, autograph=False)
+        self._backward = tf.function(self._backward_impl, jit_compile=True, autograph=False)
 
     def __call__(self, dense: tf.Tensor, sparse: List[tf.Tensor], training: bool = False,
                  xla: bool = False) -> tf.Tensor:

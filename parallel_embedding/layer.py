@@ -283,7 +283,7 @@ class DistributedEmbedding(tf.Module):
         self._pieces = {f: sorted(p, key=lambda piece: piece[1].col_start) for f, p in pieces.items()}
         self._features_of = [[f for f in plan.features_on(r) if f not in self.router.features]
                              for r in range(self.size)]   # the ids `_exchange_ids` carries
-        self._lookup = tf.function(self._lookup_impl, jit_compile=True)
+        self._lookup = tf.function(self._lookup_impl, jit_compile=True, autograph=False)
         self.optimizer, self._step = None, None   # set_optimizer
         self._resharding: Dict[int, List[str]] = {}   # inside `restoring`: feature -> its saved hash shards
 
@@ -580,7 +580,7 @@ class DistributedEmbedding(tf.Module):
         # The sparse update as one XLA-compiled function: on CPU about 5x faster than TensorFlow's
         # scatter kernels, and only the given rows are written either way. Multi-hot batches (a
         # varying number of ids) take the uncompiled one: XLA would recompile every step.
-        self._update = {False: tf.function(update, jit_compile=True) if compiled and not self._on_host else update,
+        self._update = {False: tf.function(update, jit_compile=True, autograph=False) if compiled and not self._on_host else update,
                         True: update}
 
     def _open_store(self):

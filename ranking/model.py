@@ -271,7 +271,7 @@ class _ProjectStep:
             callbacks = keras.callbacks.CallbackList(callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1,
                                                      steps=batches.num_batches, model=self)
         if self._eval_batch is None:
-            self._eval_batch = self._columns if self.run_eagerly else tf.function(self._columns, reduce_retracing=True)
+            self._eval_batch = self._columns if self.run_eagerly else tf.function(self._columns, reduce_retracing=True, autograph=False)
         callbacks.on_test_begin()
         columns = []
         with batches.catch_stop_iteration():
@@ -537,8 +537,8 @@ class _DenseSplit:
         """`embed(x, training)` -> the dense part's inputs; `dense(embedded, training)` -> the model's
         outputs; `models`: those whose layers compute in float32 in `forward`."""
         self.model, self._embed, self._dense, self._models = model, embed, dense, models
-        self.forward_backward = tf.function(self._forward_backward, jit_compile=True)
-        self.forward = tf.function(self._forward, jit_compile=True)
+        self.forward_backward = tf.function(self._forward_backward, jit_compile=True, autograph=False)
+        self.forward = tf.function(self._forward, jit_compile=True, autograph=False)
 
     @classmethod
     def of(cls, model) -> "_DenseSplit":

@@ -181,6 +181,39 @@ def test_subclassed_model_with_keras_layers():
     assert model.predict(x, batch_size=16, verbose=0).shape == (64, 1)
 
 
+def test_a_branch_on_a_tensor_is_an_error_at_the_first_step_and_keras_ops_where_trains():
+    """The step is traced without AutoGraph, as Keras traces it: `if` on a tensor's value is
+    refused at the first step; the same choice written with keras.ops.where trains."""
+    table = TableConfig(name="t", vocabulary_size=30, embedding_dim=4)
+
+    class Branching(Model):
+        def __init__(self, where):
+            super().__init__()
+            self.where = where
+            self.emb = HybridEmbedding([FeatureConfig(name="u", table=table, input_shape=(None,),
+                                                      output_shape=(None, 4))])
+            self.out = keras.layers.Dense(1)
+
+        def call(self, inputs, training=False):
+            u = self.emb(inputs)[0]
+            if self.where:
+                return self.out(keras.ops.where(keras.ops.sum(u) > 0, u, -u))
+            return self.out(u if keras.ops.sum(u) > 0 else -u)
+
+    x = (np.arange(32, dtype=np.int32) % 30,)
+    y = (x[0] < 15).astype(np.float32)
+    for where in (False, True):
+        model = Branching(where)
+        model(x)   # eager: a tensor's value is a Python bool
+        model.compile(optimizer="sgd", learning_rate=0.1)
+        data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+        if where:
+            assert np.isfinite(model.fit(data, epochs=1, verbose=0).history["loss"][-1])
+        else:
+            with pytest.raises(TypeError, match="as a Python `bool` is not allowed"):
+                model.fit(data, epochs=1, verbose=0)
+
+
 def test_fit_stops_after_a_non_finite_step():
     model = keras_model()
     model.compile(optimizer="sgd", learning_rate=0.1)

@@ -81,7 +81,7 @@ class _Serving(tf.Module):
         super().__init__(name=name)
         for key, part in parts.items():
             setattr(self, key, part)
-        self.serve = tf.function(serve, input_signature=list(specs))
+        self.serve = tf.function(serve, input_signature=list(specs), autograph=False)
 
 
 def serving_modules(manifest: dict, host_bytes: int, with_tables: bool = True, verify: bool = True,
