@@ -25,7 +25,8 @@ pid is not the client's, the interpreter's hash seed is the server's (so $WARM_P
 names one server per rank slot: rank r of a Horovod launch is forked by server r mod n, so ranks
 keep distinct hash seeds as separate interpreters have), TensorFlow's import-time start-up lines
 are not printed again, and environment variables read while TensorFlow's libraries load (not by
-its runtime, which starts in the child) are the server's.
+its runtime, which starts in the child) are the server's: a request whose LOAD_TIME variables
+differ from the server's runs in a fresh interpreter instead (the server answers "fresh").
 """
 import array
 import os
@@ -38,6 +39,7 @@ PRELOAD = ("numpy", "yaml", "absl.app", "absl.flags", "tensorflow", "keras", "ho
 RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
 SOCKETS = "WARM_PYTHON_SOCKETS"   # the servers' socket paths, separated by os.pathsep
 EXECUTABLE = "WARM_PYTHON"   # executable()
+LOAD_TIME = ("TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL", "TF_CPP_VMODULE", "TF_ENABLE_ONEDNN_OPTS")   # read at import
 _FDS = 3   # stdin, stdout, stderr
 _OWN_PYTHONPATH = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]   # the server's
 
@@ -87,7 +89,11 @@ def client(args):
     sock.sendmsg([len(request).to_bytes(8, "little")],
                  [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", range(_FDS)))])
     sock.sendall(request)
-    child = int(_receive(sock))
+    answer = _receive(sock)
+    if answer == b"fresh":   # the server's libraries were loaded under other settings
+        sock.close()
+        os.execv(sys.executable, [sys.executable, *args])
+    child = int(answer)
 
     def relay(signum, frame):
         try:
@@ -175,6 +181,11 @@ def _runner(conn):
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             received.extend(array.array("i", data[:len(data) - len(data) % array.array("i").itemsize]))
     request = json.loads(_exactly(conn, int.from_bytes(header, "little")))
+    if any(request["env"].get(name) != os.environ.get(name) for name in LOAD_TIME):
+        for fd in received:
+            os.close(fd)
+        _send(conn, b"fresh")
+        os._exit(0)
     pid = os.fork()
     if pid == 0:
         conn.close()
