@@ -2,6 +2,8 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 RUN_DIR ?= runs/demo
+# make test's pytest-xdist workers, each a test file at a time with its own warm interpreters (~2 GB)
+TEST_WORKERS ?= 2
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 .PHONY: setup demo test bench clean
@@ -37,7 +39,7 @@ demo: setup
 # The slowest tests printed at the end (docs/setup.md: how the suite runs); PYTEST_ARGS for more
 # (.ci/run: a JUnit XML of the run).
 test: setup
-	$(PY) -m pytest -q --durations=40 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=40 $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) benchmarks/train_throughput.py
