@@ -3,6 +3,7 @@ multi-hot split-binary dataset; tritonclient requests over HTTP and gRPC get the
 model's predictions, evaluate_accuracy.py reports the offline metrics, evaluate_latency.py
 measures, malformed requests get error responses while the server keeps serving, the native
 frontend's Prometheus metrics count each request, and the server stops cleanly."""
+import ctypes
 import dataclasses
 import json
 import os
@@ -360,6 +361,29 @@ def test_native_metrics_count_each_inference_request(trained, tmp_path):
     assert samples[f"dlrm_model_version_step{{{model}}}"] == 8
     assert types == {"dlrm_inference_requests_total": "counter", "dlrm_inference_samples_total": "counter",
                      "dlrm_inference_request_duration_seconds": "histogram", "dlrm_model_version_step": "gauge"}
+
+
+def test_sigterm_taken_by_any_thread_stops_the_native_server(trained, tmp_path):
+    """The kernel may hand a process' SIGTERM to any thread not blocking it: sent to one of the
+    server's other threads (tgkill), the server still stops with status 0."""
+    repo = trained[3]
+    log, ports = tmp_path / "server.log", free_ports(3)
+    server = start_server(log, ports, f"--model_repository={repo}", "--frontend=native")
+    try:
+        ServingClient("http", f"localhost:{ports[0]}", "dlrm").wait_ready(120)
+
+        def takes_sigterm(tid):   # SigBlk: the thread's blocked signals, a hex mask
+            with open(f"/proc/{server.pid}/task/{tid}/status") as f:
+                blocked = next(int(line.split()[1], 16) for line in f if line.startswith("SigBlk:"))
+            return not blocked & (1 << (signal.SIGTERM - 1))
+        others = [int(t) for t in os.listdir(f"/proc/{server.pid}/task") if int(t) != server.pid]
+        tid = next(t for t in others if takes_sigterm(t))
+        assert ctypes.CDLL(None, use_errno=True).tgkill(server.pid, tid, signal.SIGTERM) == 0
+        assert server.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
 
 
 def test_serve_flag_errors_are_one_line(tmp_path):

@@ -26,7 +26,9 @@ integer inputs sent as JSON must be integers in the input's range (1.7, "1" or 2
 """
 import dataclasses
 import json
+import os
 import re
+import signal
 import threading
 import time
 import zlib
@@ -529,8 +531,20 @@ def serving(model: ServedModel, address: str, http_port: int, grpc_port: int, th
     handler = type("Handler", (_HttpHandler,), {"model": model, "metrics": metrics})
 
     def wait():
-        while True:
-            time.sleep(3600)
+        """Blocks until a signal handler raises (serve.py's, on SIGTERM or SIGINT). The kernel may
+        hand the signal to any thread, where Python only notes it: the handler runs in this (main)
+        thread once it runs Python again, woken by the wakeup fd Python writes to (a sleep would not
+        end)."""
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        previous = signal.set_wakeup_fd(write)
+        try:
+            while True:
+                os.read(read, 1)
+        finally:
+            signal.set_wakeup_fd(previous)
+            os.close(read)
+            os.close(write)
     with http_serving(handler, address, http_port, "http", safeguards, lambda: metrics.observe("http", "refused")), \
             (metrics.serving(address, metrics_port, safeguards) if metrics_port is not None else nullcontext()):
         grpc_server.start()
