@@ -67,6 +67,16 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = 1
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """The modules with the most slow tests first (each module's tests in their order), so that
+    the workers do not end on a long module while the others wait."""
+    modules = {}
+    for item in items:
+        modules.setdefault(item.path, []).append(item)
+    weight = {name: sum(1 for i in tests if "slow" in i.keywords) for name, tests in modules.items()}
+    items[:] = [i for name in sorted(modules, key=lambda m: -weight[m]) for i in modules[name]]
+
+
 @pytest.fixture(scope="session")
 def spark_local():
     """One local Spark session (2 cores, no UI) for every module of a pytest process; a module's
