@@ -580,7 +580,8 @@ class DistributedEmbedding(tf.Module):
         # The sparse update as one XLA-compiled function: on CPU about 5x faster than TensorFlow's
         # scatter kernels, and only the given rows are written either way. Multi-hot batches (a
         # varying number of ids) take the uncompiled one: XLA would recompile every step.
-        self._update = {False: tf.function(update, jit_compile=True, autograph=False) if compiled and not self._on_host else update,
+        compiled = compiled and not self._on_host
+        self._update = {False: tf.function(update, jit_compile=True, autograph=False) if compiled else update,
                         True: update}
 
     def _open_store(self):

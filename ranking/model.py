@@ -271,7 +271,8 @@ class _ProjectStep:
             callbacks = keras.callbacks.CallbackList(callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1,
                                                      steps=batches.num_batches, model=self)
         if self._eval_batch is None:
-            self._eval_batch = self._columns if self.run_eagerly else tf.function(self._columns, reduce_retracing=True, autograph=False)
+            self._eval_batch = self._columns if self.run_eagerly else tf.function(self._columns, reduce_retracing=True,
+                                                                                  autograph=False)
         callbacks.on_test_begin()
         columns = []
         with batches.catch_stop_iteration():

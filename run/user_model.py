@@ -415,8 +415,9 @@ class UserTrainer:
         self.step = self.keras_model.global_step
         self.schedule_origin = self.keras_model.schedule_origin
         self.loss_scale = self.keras_model.loss_scale
-        self.train_step = self._train_step if run_eagerly else tf.function(self._train_step, reduce_retracing=True, autograph=False)
-        self.predict = model.logits if run_eagerly else tf.function(model.logits, reduce_retracing=True, autograph=False)
+        traced = dict(reduce_retracing=True, autograph=False)
+        self.train_step = self._train_step if run_eagerly else tf.function(self._train_step, **traced)
+        self.predict = model.logits if run_eagerly else tf.function(model.logits, **traced)
 
     def _train_step(self, numerical, categorical, labels):
         with self.model.given(numerical, categorical):

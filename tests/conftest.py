@@ -68,13 +68,13 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The modules with the most slow tests first (each module's tests in their order), so that
-    the workers do not end on a long module while the others wait."""
-    modules = {}
+    """The test files with the most slow tests first (each file's tests in their order), so that
+    the workers do not end on a long file while the others wait."""
+    files = {}
     for item in items:
-        modules.setdefault(item.path, []).append(item)
-    weight = {name: sum(1 for i in tests if "slow" in i.keywords) for name, tests in modules.items()}
-    items[:] = [i for name in sorted(modules, key=lambda m: -weight[m]) for i in modules[name]]
+        files.setdefault(item.path, []).append(item)
+    slow = {path: sum("slow" in i.keywords for i in tests) for path, tests in files.items()}
+    items[:] = [i for path in sorted(files, key=lambda p: -slow[p]) for i in files[path]]
 
 
 @pytest.fixture(scope="session")

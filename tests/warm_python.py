@@ -39,7 +39,8 @@ PRELOAD = ("numpy", "yaml", "absl.app", "absl.flags", "tensorflow", "keras", "ho
 RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
 SOCKETS = "WARM_PYTHON_SOCKETS"   # the servers' socket paths, separated by os.pathsep
 EXECUTABLE = "WARM_PYTHON"   # executable()
-LOAD_TIME = ("TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL", "TF_CPP_VMODULE", "TF_ENABLE_ONEDNN_OPTS")   # read at import
+# Variables TensorFlow reads while its libraries load: a request that sets them otherwise runs fresh.
+LOAD_TIME = ("TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL", "TF_CPP_VMODULE", "TF_ENABLE_ONEDNN_OPTS")
 _FDS = 3   # stdin, stdout, stderr
 _OWN_PYTHONPATH = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]   # the server's
 
@@ -74,6 +75,11 @@ def _exactly(sock, n: int) -> bytes:
     return data
 
 
+def _fresh(args):
+    """Becomes `python *args`: a fresh interpreter."""
+    os.execv(sys.executable, [sys.executable, *args])
+
+
 def client(args):
     path = _server_socket()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -83,7 +89,7 @@ def client(args):
             raise OSError
         sock.connect(path)
     except OSError:   # no server: a fresh interpreter
-        os.execv(sys.executable, [sys.executable, *args])
+        _fresh(args)
     import json
     request = json.dumps({"argv": args, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
     sock.sendmsg([len(request).to_bytes(8, "little")],
@@ -92,7 +98,7 @@ def client(args):
     answer = _receive(sock)
     if answer == b"fresh":   # the server's libraries were loaded under other settings
         sock.close()
-        os.execv(sys.executable, [sys.executable, *args])
+        _fresh(args)
     child = int(answer)
 
     def relay(signum, frame):
@@ -228,7 +234,8 @@ def _child(request, fds):
     argv = list(request["argv"])
     unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
     if argv[0] == "-u":
-        unbuffered = bool(argv.pop(0))
+        argv.pop(0)
+        unbuffered = True
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
     for fd, name in ((1, "stdout"), (2, "stderr")):
         stream = io.FileIO(fd, "w", closefd=False)
