@@ -320,9 +320,9 @@ def serve(repository: str, settings: ServerSettings):
     else:
         delay = settings.max_queue_delay_us
         frontend = triton_serving(served_model, settings, exported["max_queue_delay_us"] if delay is None else delay)
+    for stop in (signal.SIGTERM, signal.SIGINT):   # before the ports open: a ready server stops cleanly
+        signal.signal(stop, _interrupt)            # SIGINT too: a background job starts with it ignored
     with frontend as run:
-        for stop in (signal.SIGTERM, signal.SIGINT):   # SIGINT too: a background job starts with it ignored
-            signal.signal(stop, _interrupt)
         guards = settings.safeguards
         log(f"serving {served_model.name} ({served}) of {info['checkpoint']} on http {settings.address}:"
             f"{settings.http_port}, grpc {settings.address}:{settings.grpc_port}, metrics {settings.address}:"

@@ -1,5 +1,5 @@
 """Building blocks of ranking models as Keras 3 layers: MLP, DotInteraction, CrossNetwork,
-FactorizationMachine; the one implementation of the built-in DLRM / DCNv2's dense part
+FactorizationMachine, TargetAttention (DIN's, over a sequence feature's rows); the one implementation of the built-in DLRM / DCNv2's dense part
 (nn/model.py) and of the ranking/ API's layers (`ranking.MLP`, ...). Shapes: `b` local batch,
 `F` embeddings, `D` a width.
 
@@ -250,3 +250,60 @@ class FactorizationMachine(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         return input_shape[0][0], 1
+
+
+@keras.saving.register_keras_serializable(package="ranking")
+class TargetAttention(keras.layers.Layer):
+    """DIN's attention of a candidate over a history: [q [b, D], k [b, L, D], mask [b, L] bool]
+    -> [b, D] = sum_j w_j k_j over the positions the mask keeps.
+
+    The score of position j is DIN's activation unit, an MLP(`units` + [1], `activation`, linear
+    output; weights as MLP's from `seed`, at "<name>/unit/...") over [q, k_j, q - k_j, q * k_j]
+    ([b, L, 4D]). `normalize` False (DIN's paper: the weights keep the history's intensity): w_j
+    the score; True: the scores' softmax over the kept positions. A masked position weighs 0 and
+    its item is read as zeros, so whatever it holds (even NaN) changes neither output nor
+    gradients; an empty history gives zeros.
+
+        history = HybridEmbedding(...)(ids)["history"]                        # [b, L, D]
+        mask = SequenceMask(L)(ids["history"])                                # [b, L]
+        user = TargetAttention(seed=(3, 7))([candidate, history, mask])       # [b, D]
+    """
+
+    def __init__(self, units: Sequence[int] = (80, 40), activation="sigmoid", normalize: bool = False,
+                 seed=None, **kwargs):
+        super().__init__(**kwargs)
+        self.units, self.normalize, self.seed = list(units), bool(normalize), _seed(self, seed)
+        self.activation = keras.activations.serialize(keras.activations.get(activation))
+        self.unit = MLP(self.units + [1], activation=activation, linear_output=True, seed=self.seed, name="unit",
+                        dtype=self.dtype_policy)
+
+    def build(self, input_shape):
+        if not isinstance(input_shape, (list, tuple)) or len(input_shape) != 3 or \
+                not all(isinstance(s, (list, tuple)) for s in input_shape):
+            raise ConfigError(f"layer {self.name!r}: takes [candidate [b, D], items [b, L, D], mask [b, L]], "
+                              f"got {input_shape}")
+        q, k, mask = (tuple(s) for s in input_shape)
+        if len(q) != 2 or len(k) != 3 or len(mask) != 2 or q[-1] is None or k[-1] != q[-1] or \
+                None not in (k[1], mask[1]) and k[1] != mask[1]:
+            raise ConfigError(f"layer {self.name!r}: takes candidate [b, D], items [b, L, D] and mask [b, L] of one "
+                              f"D and L, got shapes {q}, {k} and {mask}")
+        self.unit.build((None, 4 * q[-1]))
+
+    def call(self, inputs):
+        q, k, mask = inputs
+        mask = tf.cast(mask, tf.bool)
+        k = tf.where(mask[:, :, None], k, tf.zeros([], k.dtype))               # masked items read as zeros
+        qq = tf.broadcast_to(q[:, None, :], tf.shape(k))
+        x = tf.concat([qq, k, qq - k, qq * k], axis=-1)                      # [b, L, 4D]
+        scores = tf.reshape(self.unit(tf.reshape(x, [-1, x.shape[-1]])), tf.shape(mask))   # [b, L]
+        if self.normalize:
+            scores = tf.nn.softmax(tf.where(mask, scores, tf.constant(-1e4, scores.dtype)), axis=-1)
+        weights = tf.where(mask, scores, tf.zeros([], scores.dtype))
+        return tf.reduce_sum(weights[:, :, None] * k, axis=1)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[0])
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units, "activation": self.activation,
+                "normalize": self.normalize, "seed": self.seed}

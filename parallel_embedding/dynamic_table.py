@@ -1,5 +1,5 @@
-"""A dynamic embedding table: raw 64-bit ids in, no vocabulary, admission and eviction (issue 29;
-DistributedEmbedding holds one per hash shard of a table of kind "dynamic"). Its state: an id map
+"""A dynamic embedding table: raw 64-bit ids in, no vocabulary, admission and eviction
+(DistributedEmbedding holds one per hash shard of a table of kind "dynamic"). Its state: an id map
 (id_map.IdMap: raw id -> row), the rows [capacity, D], their optimizer slots [capacity, D] and
 updated_at [capacity, 1] int32.
 

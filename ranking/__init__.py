@@ -1,4 +1,4 @@
-"""Your own ranking model: a Keras 3 API over the hybrid-parallel embeddings (issue 27, first slice).
+"""Your own ranking model: a Keras 3 API over the hybrid-parallel embeddings.
 
 Shapes: `b` local batch (this rank's samples), `B = N b` over N ranks, feature f of width D_f.
 
@@ -21,8 +21,9 @@ a table with `dynamic=DynamicOptions(capacity, ...)` takes raw int64 ids),
 embedding.py (`HybridEmbedding`: a Keras layer over parallel_embedding.DistributedEmbedding;
 `TableStorage`: tables on disk),
 features.py (`Features`: the dataset's features as `main.py --model=FILE`'s builder gets them),
-nn/layers.py (building blocks: `MLP`, `DotInteraction`, `CrossNetwork`, `FactorizationMachine`;
-the built-in DLRM / DCNv2 are made of them too),
+sequences.py (sequence features' ids: the most recent L kept, `SequenceMask`),
+nn/layers.py (building blocks: `MLP`, `DotInteraction`, `CrossNetwork`, `FactorizationMachine`,
+`TargetAttention`; the built-in DLRM / DCNv2 are made of them too),
 model.py (`Model`: keras.Model whose fit runs the project's step: sparse row updates, one
 grouped allreduce, non-finite stop), precision.py (the AMP dtype, float16 loss scaling, the
 gradients' non-finite sum), dist_model_parallel.py (NVIDIA distributed-embeddings'
@@ -34,9 +35,10 @@ from ranking import dist_model_parallel
 from ranking.config import FeatureConfig, TableConfig
 from ranking.embedding import HybridEmbedding, TableStorage
 from ranking.features import CategoricalFeature, Features, hyperparameters
-from nn.layers import MLP, CrossNetwork, DotInteraction, FactorizationMachine
+from nn.layers import MLP, CrossNetwork, DotInteraction, FactorizationMachine, TargetAttention
 from ranking.model import Model
+from ranking.sequences import SequenceMask
 
 __all__ = ["CategoricalFeature", "CrossNetwork", "DotInteraction", "DynamicOptions", "FactorizationMachine",
-           "FeatureConfig", "Features", "HybridEmbedding", "MLP", "Model", "TableConfig", "TableStorage",
-           "dist_model_parallel", "hyperparameters"]
+           "FeatureConfig", "Features", "HybridEmbedding", "MLP", "Model", "SequenceMask", "TableConfig",
+           "TableStorage", "TargetAttention", "dist_model_parallel", "hyperparameters"]

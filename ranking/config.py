@@ -25,7 +25,8 @@ class TableConfig:
       size) or "zeros" (every table of the layer then starts at zero);
     - optimizer: None (compile's optimizer) or one of "sgd", "adagrad", "adam", which must then
       be compile's (one sparse optimizer updates every table);
-    - combiner: "sum" or "mean" over a multi-hot sample's ids (keras-rs' default, "mean");
+    - combiner: "sum" or "mean" over a multi-hot sample's ids (keras-rs' default, "mean"), or
+      None for a table only sequence features read (their rows are never combined);
     - placement: "auto" or "default_device": the planner places the table over the ranks;
     - max_ids_per_partition, max_unique_ids_per_partition: SparseCore (TPU) sizing hints,
       accepted for keras-rs compatibility and checked to be positive; no other effect here;
@@ -59,8 +60,9 @@ class TableConfig:
         if self.optimizer not in (None,) + TABLE_OPTIMIZERS:
             raise ConfigError(f"{where}: optimizer must be None or one of {', '.join(TABLE_OPTIMIZERS)}, "
                               f"got {self.optimizer!r}")
-        if self.combiner not in COMBINERS:
-            raise ConfigError(f"{where}: combiner must be one of {', '.join(COMBINERS)}, got {self.combiner!r}")
+        if self.combiner not in COMBINERS + (None,):
+            raise ConfigError(f"{where}: combiner must be one of {', '.join(COMBINERS)} or None (a table of "
+                              f"sequence features only), got {self.combiner!r}")
         if self.placement not in ("auto", "default_device"):
             raise ConfigError(f"{where}: placement must be 'auto' or 'default_device' (the planner places "
                               f"tables), got {self.placement!r}")
@@ -77,7 +79,9 @@ class FeatureConfig:
     """One input looked up in `table`. `input_shape`: (batch,) or (batch, 1) for one id per
     sample ("one-hot"), (batch, k) with k > 1 for up to k ids per sample ("multi-hot": a ragged
     [b, None] or a dense [b, k] input, combined by the table's combiner). `output_shape`:
-    (batch, embedding_dim) of its table. The batch entry may be None."""
+    (batch, embedding_dim) of its table, pooled; or (batch, L, embedding_dim) with input_shape
+    (batch, L): a sequence feature (a user's history, most recent id last), its rows unpooled,
+    [b, L, D] with zeros after each sample's length (HybridEmbedding). The batch entry may be None."""
     name: str
     table: TableConfig
     input_shape: Tuple[Optional[int], ...]
@@ -92,18 +96,32 @@ class FeatureConfig:
         shape = tuple(self.input_shape)
         if len(shape) not in (1, 2) or (len(shape) == 2 and (shape[1] is None or shape[1] < 1)):
             raise ConfigError(f"{where}: input_shape must be (batch,) or (batch, k) with k >= 1, got {self.input_shape}")
-        out = tuple(self.output_shape)
-        if len(out) != 2 or out[1] != self.table.embedding_dim:
-            raise ConfigError(f"{where}: output_shape must be (batch, {self.table.embedding_dim}) (table "
-                              f"{self.table.name!r}'s embedding_dim), got {self.output_shape}")
+        out, dim = tuple(self.output_shape), self.table.embedding_dim
+        if len(out) == 3:
+            if out[2] != dim or len(shape) != 2 or out[1] != shape[1]:
+                raise ConfigError(f"{where}: a sequence feature's output_shape is (batch, L, {dim}) (table "
+                                  f"{self.table.name!r}'s embedding_dim) with input_shape (batch, L), got "
+                                  f"output_shape {self.output_shape} for input_shape {self.input_shape}")
+        elif len(out) != 2 or out[1] != dim:
+            raise ConfigError(f"{where}: output_shape must be (batch, {dim}) (table {self.table.name!r}'s "
+                              f"embedding_dim), or (batch, L, {dim}) for a sequence, got {self.output_shape}")
+        elif self.multi_hot and self.table.combiner is None:
+            raise ConfigError(f"{where}: multi-hot and pooled, but table {self.table.name!r} has no combiner "
+                              f"(None: sequence features only)")
+
+    @property
+    def sequence(self) -> bool:
+        """Whether the feature is a sequence: its rows unpooled, output_shape (batch, L, D)."""
+        return len(self.output_shape) == 3
 
     @property
     def multi_hot(self) -> bool:
-        return len(self.input_shape) == 2 and self.input_shape[1] > 1
+        """Whether a sample's several ids are pooled into one row (a sequence's are not)."""
+        return len(self.input_shape) == 2 and self.input_shape[1] > 1 and not self.sequence
 
     @property
     def ids_per_sample(self) -> int:
-        """The most ids a sample has: k of input_shape (batch, k), else 1."""
+        """The most ids a sample has: k of input_shape (batch, k) (a sequence's L), else 1."""
         return self.input_shape[1] if len(self.input_shape) == 2 else 1
 
 

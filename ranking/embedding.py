@@ -6,6 +6,13 @@ Shapes: `b` local batch (this rank's samples), `B = N b`, feature f of width D_f
     out = emb({"user": ids [b] or [b, 1], "genres": ragged [b, None] or dense [b, k]})
     out["user"]: [b, D_user] float32; a list of features in gives a list out, in that order.
 
+A sequence feature (FeatureConfig output_shape (batch, L, D)) gives its rows unpooled: ids ragged
+[b, None] (most recent last) or dense [b, k] (ids < 0 padding) -> [b, L, D], sample i's kept ids'
+rows at positions 0..n_i - 1 in order, zeros after (n_i = min(its length, L): the most recent L
+kept, the others counted: `sequence_stats`); `sequences.SequenceMask(L)` of the same ids is its
+[b, L] mask. Its table sees it as L inputs of b rows (position-major, one id or none each:
+sequences.by_position), so every table kind, rank count and tier serves it as a multi-hot input.
+
 The tables are a `parallel_embedding.DistributedEmbedding` placed by one `plan_tables` call over
 the ranks of `collectives` (default: one process); the layers of a `TableGroup` (a model's layers
 made by ranking.Features.embedding) are placed by one call over all their tables. Every rank
@@ -44,6 +51,7 @@ from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.layer import DistributedEmbedding, LookedUp, num_samples
 from parallel_embedding.planner import BudgetError, TierOptions, plan_tables
 from ranking.config import FeatureConfig, planner_tables
+from ranking.sequences import by_position, recent_ids
 from utils.errors import ConfigError
 
 
@@ -204,9 +212,12 @@ class HybridEmbedding(keras.layers.Layer):
             if group is None:   # a layer of its own: planned now
                 self._group.plan()
         # The rows of features sharing a table travel as one input: one-hot ones become ragged
-        # rows of one id when another feature of their table is multi-hot.
-        self._ragged_table = [any(f.multi_hot for f, t in zip(self.features, self.table_of) if t == i)
+        # rows of one id when another feature of their table is multi-hot or a sequence.
+        self._ragged_table = [any(f.multi_hot or f.sequence for f, t in zip(self.features, self.table_of) if t == i)
                               for i in range(len(self.tables))]
+        self._truncated = {f.name: tf.Variable(tf.constant(0, tf.int64), trainable=False,
+                                               name=f"{self.name}/{f.name}/truncated")
+                           for f in self.features if f.sequence}
         self._recorded: Optional[Recorded] = None
         self._given_ids: Optional[list] = None
 
@@ -226,13 +237,21 @@ class HybridEmbedding(keras.layers.Layer):
     def _build_tables(self, plan):
         """Makes the layer's DistributedEmbedding on `plan` (its tables' part of its group's plan)."""
         storage = self._group.storage
-        self._embedding = DistributedEmbedding(plan, self._group.comm, combiners=[t.combiner for t in self.tables],
+        self._embedding = DistributedEmbedding(plan, self._group.comm, combiners=[t.combiner or "sum" for t in self.tables],
                                                make_variable=self._table_variable,
                                                store_path=storage and storage.store_path,
                                                cache_policy=storage.cache_policy if storage else "lru",
-                                               inputs_per_table=[self.table_of.count(t)
-                                                                 for t in range(len(self.tables))],
+                                               inputs_per_table=self._inputs_per_table(),
                                                name=f"{self.name}_tables", **self._table_settings)
+
+    def _inputs_per_table(self) -> List[int]:
+        """Per table, its inputs of b rows: one a pooled feature, L a sequence feature."""
+        return [sum(self._inputs_of(f) for f, i in zip(self.features, self.table_of) if i == t)
+                for t in range(len(self.tables))]
+
+    @staticmethod
+    def _inputs_of(feature: FeatureConfig) -> int:
+        return feature.ids_per_sample if feature.sequence else 1
 
     def _handed(self, embedding: DistributedEmbedding, comm) -> DistributedEmbedding:
         """`embedding`, checked to hold the features' own tables (one per feature, of its shape) on `comm`."""
@@ -243,6 +262,9 @@ class HybridEmbedding(keras.layers.Layer):
             raise ConfigError(f"layer {self.name!r}: the embedding handed to it holds tables (rows, dim) "
                               f"{[(g[0] or 'dynamic', g[1]) for g in got]}, not its features' {want} on its "
                               f"collectives")
+        if embedding.inputs_per_table != self._inputs_per_table():
+            raise ConfigError(f"layer {self.name!r}: the embedding handed to it reads {embedding.inputs_per_table} "
+                              f"inputs a table, its features {self._inputs_per_table()} (a sequence of length L: L)")
         return embedding
 
     def _table_variable(self, initial_value: tf.Tensor, name: str) -> tf.Variable:
@@ -276,6 +298,16 @@ class HybridEmbedding(keras.layers.Layer):
         names = {self.embedding.table_name(t): f"{self.name}/{table.name}" for t, table in enumerate(self.tables)}
         return {names[name]: counts for name, counts in self.embedding.dynamic_stats().items()}
 
+    def sequence_stats(self) -> dict:
+        """Per sequence feature, by "<layer>/<feature>": {"truncated": the ids its calls dropped
+        from samples longer than its L} since the layer was made, summed over every rank (at N
+        ranks a collective); {} without sequence features."""
+        counts = {f"{self.name}/{name}": int(v.numpy()) for name, v in self._truncated.items()}
+        if counts and self.collectives.size > 1:
+            parts = self.collectives.allgather_object(counts, f"{self.name}_sequence_stats")
+            counts = {name: sum(p[name] for p in parts) for name in counts}
+        return {name: {"truncated": n} for name, n in counts.items()}
+
     @contextlib.contextmanager
     def recording(self, tape: tf.GradientTape):
         """Within: calls look up outside `tape`, have it watch the exchanged rows, and record both."""
@@ -298,8 +330,9 @@ class HybridEmbedding(keras.layers.Layer):
 
     def table_ids(self, ids: Sequence) -> List[Union[tf.Tensor, tf.RaggedTensor]]:
         """Ids in feature order -> per table, its features' ids concatenated in feature order
-        ([k_t b] or ragged [k_t b, None]): what the embedding looks up (and its `staged` stages)."""
-        return self._table_ids(self._normalized(ids))
+        ([k_t b] or ragged [k_t b, None]; a sequence of length L: L inputs of b rows, position-major):
+        what the embedding looks up (and its `staged` stages)."""
+        return self._table_ids(self._normalized(ids)[0])
 
     @contextlib.contextmanager
     def given_table_ids(self, table_ids: Sequence):
@@ -311,8 +344,8 @@ class HybridEmbedding(keras.layers.Layer):
         finally:
             self._given_ids = None
 
-    def _feature_ids(self, inputs) -> List[Union[tf.Tensor, tf.RaggedTensor]]:
-        """The inputs in feature order: one-hot [b], multi-hot ragged [b, None] (int32 or int64)."""
+    def _feature_ids(self, inputs):
+        """The inputs in feature order, normalized (`_normalized`)."""
         if self._dict_input:
             missing = [f.name for f in self.features if f.name not in inputs]
             if missing:
@@ -322,18 +355,25 @@ class HybridEmbedding(keras.layers.Layer):
             raise ConfigError(f"layer {self.name!r}: {len(inputs)} inputs for {len(self.features)} features")
         return self._normalized(inputs)
 
-    def _normalized(self, inputs: Sequence) -> List[Union[tf.Tensor, tf.RaggedTensor]]:
-        """Ids in feature order -> one-hot [b], multi-hot ragged [b, None]."""
-        ids = []
-        for f, x in zip(self.features, inputs):
-            if not f.multi_hot:
+    def _normalized(self, inputs: Sequence):
+        """Ids in feature order -> (one-hot [b], multi-hot ragged [b, None], a sequence its L
+        positions ragged [L b, None]; per sequence feature by name, the ids it dropped)."""
+        ids, truncated = [], {}
+        for f, x, t in zip(self.features, inputs, self.table_of):
+            if f.sequence:
+                if self.tables[t].dynamic and not isinstance(x, tf.RaggedTensor):
+                    raise ConfigError(f"feature {f.name!r}: a sequence over dynamic table {self.tables[t].name!r} "
+                                      f"takes ragged ids [b, None] (its raw ids have no padding value)")
+                kept, truncated[f.name] = recent_ids(x, f.ids_per_sample, f"feature {f.name!r}")
+                ids.append(by_position(kept, f.ids_per_sample))
+            elif not f.multi_hot:
                 if isinstance(x, tf.RaggedTensor):
                     raise ConfigError(f"feature {f.name!r}: one-hot (input_shape {f.input_shape}) but given ragged ids")
                 x = tf.convert_to_tensor(x)
                 ids.append(tf.reshape(x, [-1]) if x.shape.rank == 2 else x)
             else:
                 ids.append(x if isinstance(x, tf.RaggedTensor) else tf.RaggedTensor.from_tensor(x))
-        return ids
+        return ids, truncated
 
     def _table_ids(self, ids) -> List[Union[tf.Tensor, tf.RaggedTensor]]:
         """Per table: its features' ids, concatenated in feature order ([k_t b] or ragged [k_t b, None])."""
@@ -351,8 +391,10 @@ class HybridEmbedding(keras.layers.Layer):
         return out
 
     def call(self, inputs, training=None):
-        ids = self._feature_ids(inputs)
-        b = num_samples(ids[0])
+        ids, truncated = self._feature_ids(inputs)
+        for name, n in truncated.items():
+            self._truncated[name].assign_add(n)
+        b = num_samples(ids[0]) // self._inputs_of(self.features[0])
         if self.model_parallel_input and self._given_ids is None:
             raise ConfigError(f"layer {self.name!r} takes model-parallel input: its tables' ids are given "
                               f"(given_table_ids), not taken from its inputs")
@@ -365,16 +407,20 @@ class HybridEmbedding(keras.layers.Layer):
                 rows = self.embedding.exchange(looked_up, b)
             self._recorded.tape.watch(rows)
             self._recorded.calls.append((looked_up, rows))
-        taken = [0] * len(self.tables)
+        taken, inputs = [0] * len(self.tables), self._inputs_per_table()
         out = []
-        for t in self.table_of:
-            k = self.table_of.count(t)
-            out.append(rows[t] if k == 1 else tf.split(rows[t], k, axis=0)[taken[t]])
-            taken[t] += 1
+        for f, t in zip(self.features, self.table_of):   # table t's rows [m_t b, D]: its inputs' b rows each
+            n = self._inputs_of(f)
+            if inputs[t] == 1 and not f.sequence:
+                out.append(rows[t])
+            else:
+                mine = tf.reshape(rows[t], [inputs[t], -1, self.tables[t].embedding_dim])[taken[t]:taken[t] + n]
+                out.append(tf.transpose(mine, [1, 0, 2]) if f.sequence else mine[0])
+            taken[t] += n
         return {f.name: o for f, o in zip(self.features, out)} if self._dict_input else out
 
     def compute_output_spec(self, inputs, training=None):
-        specs = [keras.KerasTensor((None, f.table.embedding_dim), "float32") for f in self.features]
+        specs = [keras.KerasTensor((None,) + tuple(f.output_shape[1:]), "float32") for f in self.features]
         return {f.name: s for f, s in zip(self.features, specs)} if self._dict_input else specs
 
     def gradients(self, looked_up: LookedUp, row_grads: Sequence[tf.Tensor]) -> List[tf.IndexedSlices]:

@@ -8,7 +8,10 @@ tensor (tables, slots, weights, counters) must equal the reference's. Prints RES
 worst difference; exits non-zero on a mismatch.
 
 argv[2] "shared" (default "separate"): six features over the three tables, two a table (one-hot
-and multi-hot features sharing one, a one-hot pair sharing the row-sliced one). argv[3]
+and multi-hot features sharing one, a one-hot pair sharing the row-sliced one); "sequence": the
+three features and a sequence feature over each table (max lengths 4, 3 and 2, histories up to
+two ids longer), the row-sliced table's read by DIN's TargetAttention with the one-hot feature of
+its table as the candidate, the others flattened. argv[3]
 "two_label" (default "one_label"): the model has two heads ("click": the data's label, "rating":
 numerical 0 above 0), a loss weight each, and each head's loss is checked too.
 
@@ -28,13 +31,14 @@ import tensorflow as tf
 from dataloading.synthetic import SyntheticDataset
 from storage import checkpoint
 from parallel_embedding.collectives import SingleProcess, make_collectives
-from ranking import FeatureConfig, HybridEmbedding, Model, TableConfig
+from ranking import FeatureConfig, HybridEmbedding, Model, SequenceMask, TableConfig, TargetAttention
 from tests.multi_hot import multi_hot_ids
 from tests.test_ranking_evaluate import pairwise_auc
 
 CARDS, DIMS, COMBINERS = [40, 60, 20], [8, 4, 6], ["sum", "mean", "mean"]   # tables
-FEATURES = {"separate": [(0, 1), (1, 3), (2, 2)],   # (table, max hotness) per feature
-            "shared": [(0, 1), (1, 3), (2, 2), (0, 1), (1, 1), (2, 3)]}
+FEATURES = {"separate": [(0, 1), (1, 3), (2, 2)],   # (table, max hotness; -L: a sequence of max length L) per feature
+            "shared": [(0, 1), (1, 3), (2, 2), (0, 1), (1, 1), (2, 3)],
+            "sequence": [(0, 1), (1, 3), (2, 2), (0, -4), (1, -3), (2, -2)]}
 ARGS = sys.argv[2:] if __name__ == "__main__" else []   # pytest imports this file for its doctests
 TABLE_OF, HOTNESS = zip(*FEATURES[ARGS[0] if ARGS else "separate"])
 PLAN = dict(row_slice_threshold=300, column_slice_threshold=200, data_parallel_threshold=150)
@@ -42,14 +46,27 @@ B, STEPS, EVAL, TOLERANCE = 32, 4, 3, 1e-5
 TWO_LABEL = ARGS[1:] == ["two_label"]
 
 
+def feature(f, t, h):
+    if h < 0:   # a sequence
+        return FeatureConfig(f"f{f}", TABLES[t], (None, -h), (None, -h, DIMS[t]))
+    return FeatureConfig(f"f{f}", TABLES[t], (None, h) if h > 1 else (None,), (None, DIMS[t]))
+
+
+TABLES = [TableConfig(f"t{t}", c, d, combiner=k) for t, (c, d, k) in enumerate(zip(CARDS, DIMS, COMBINERS))]
+
+
 def build(comm):
     numerical = keras.Input((3,), name="numerical")
-    ids = [keras.Input((None,), dtype="int32", ragged=True, name=f"f{f}") if h > 1 else
+    ids = [keras.Input((None,), dtype="int32", ragged=True, name=f"f{f}") if h != 1 else
            keras.Input((), dtype="int32", name=f"f{f}") for f, h in enumerate(HOTNESS)]
-    tables = [TableConfig(f"t{t}", c, d, combiner=k) for t, (c, d, k) in enumerate(zip(CARDS, DIMS, COMBINERS))]
-    features = [FeatureConfig(f"f{f}", tables[t], (None, h) if h > 1 else (None,), (None, DIMS[t]))
-                for f, (t, h) in enumerate(zip(TABLE_OF, HOTNESS))]
+    features = [feature(f, t, h) for f, (t, h) in enumerate(zip(TABLE_OF, HOTNESS))]
     embedded = HybridEmbedding(features, collectives=comm, seed=(7, 1000), **PLAN)(ids)
+    for f, h in enumerate(HOTNESS):
+        if h < 0 and TABLE_OF[f] == 0:   # DIN: the one-hot feature of table 0 attends over its history
+            mask = SequenceMask(-h)(ids[f])
+            embedded[f] = TargetAttention(units=(6,), seed=(7, f), name=f"din_{f}")([embedded[0], embedded[f], mask])
+        elif h < 0:
+            embedded[f] = keras.layers.Flatten()(embedded[f])
     x = keras.layers.Concatenate()([keras.layers.Dense(4, activation="relu", name="bottom")(numerical)] + embedded)
     x = keras.layers.Dense(16, activation="relu", name="top")(x)
     if not TWO_LABEL:
@@ -67,8 +84,8 @@ def batch(data, step, start, n):
     whole = data.batch("train", step * B, B)
     ids = [tf.constant(c[start:start + n]) for c in whole["categorical"]]
     for f, h in enumerate(HOTNESS):
-        if h > 1:
-            ids[f] = tf.cast(multi_hot_ids(CARDS[TABLE_OF[f]], h, f, step * B + start, n), tf.int32)
+        if h != 1:   # a sequence: up to two ids longer than its max length
+            ids[f] = tf.cast(multi_hot_ids(CARDS[TABLE_OF[f]], h if h > 1 else 2 - h, f, step * B + start, n), tf.int32)
     labels = tf.constant(whole["labels"][start:start + n])
     if TWO_LABEL:
         labels = {"click": labels, "rating": tf.constant(whole["numerical"][start:start + n, 0] > 0, tf.float32)}
@@ -112,7 +129,12 @@ def main():
         check(f"restored {e.name}", restored[e.name], e.variable.numpy())
     figures = check_evaluation(dist, ref, data, comm, b, check)
     kinds = sorted({t.kind for t in emb.plan.tables})
-    results = comm.allgather_object({"rank": comm.rank, "kinds": kinds, "max_error": worst, "evaluate": figures},
+    truncated = dist.get_layer("hybrid_embedding").sequence_stats()   # the ranks' sums: the reference's
+    if truncated != ref.get_layer("hybrid_embedding").sequence_stats():
+        raise AssertionError(f"rank {comm.rank}: truncated ids {truncated}, one process "
+                             f"{ref.get_layer('hybrid_embedding').sequence_stats()}")
+    results = comm.allgather_object({"rank": comm.rank, "kinds": kinds, "max_error": worst, "evaluate": figures,
+                                     "truncated": truncated},
                                     "ranking_result")
     if comm.rank == 0:
         print("RESULT", json.dumps(results), flush=True)

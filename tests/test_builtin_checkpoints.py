@@ -1,5 +1,5 @@
 """dlrm.py and dcnv2.py reproduce, bit for bit, the checkpoints and losses they wrote before the
-built-in models were rewritten on the ranking/ API (issue 27, "one path"): a few steps of tiny
+built-in models were rewritten on the ranking/ API (one path): a few steps of tiny
 synthetic runs (DLRM with SGD, DCNv2 with Adam, DLRM with a table on disk), float32 on the CPU
 with one thread, each checkpoint's every .npy piece and its manifest (less the run's random
 lineage id), and every step's loss and the evaluation's AUC and log loss from the JSON log,

@@ -1,4 +1,4 @@
-"""Export and serving of dynamic tables (raw 64-bit ids, issue 29): checkpoints of a built-in model
+"""Export and serving of dynamic tables (raw 64-bit ids): checkpoints of a built-in model
 whose tables 0 (one-hot) and 1 (multi-hot, mean) are parallel_embedding.dynamic_table.DynamicTable
 trained a few steps at tiny capacities (constant eviction), table 2 static. The tables form holds
 each dynamic table's ids file; the in-memory forms are refused naming the table; served

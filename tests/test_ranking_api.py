@@ -246,12 +246,13 @@ def test_configuration_errors_name_what_is_wrong():
 
 
 @pytest.mark.parametrize("features, heads", [("separate", "one_label"), ("shared", "one_label"),
-                                            ("separate", "two_label")])
+                                            ("separate", "two_label"), ("sequence", "one_label")])
 @pytest.mark.slow
 def test_two_gloo_ranks_equal_one_process(tmp_path, features, heads):
     """tests/ranking_multirank_worker.py: row, column and replicated tables, one-hot and ragged
-    multi-hot, each read by one feature or shared by two, one head or two (each head's loss); its
-    checkpoint restores into one process; Keras' evaluate gives every rank the one process' figures."""
+    multi-hot, each read by one feature or shared by two, one head or two (each head's loss), a
+    sequence over each (DIN's attention over one); its checkpoint restores into one process;
+    Keras' evaluate gives every rank the one process' figures, and the truncated ids their count."""
     out = horovodrun(2, ["tests/ranking_multirank_worker.py", str(tmp_path), features, heads])
     assert out.returncode == 0, f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
     results = json.loads(next(l for l in out.stdout.splitlines() if "RESULT " in l).split("RESULT ", 1)[1])
@@ -263,6 +264,9 @@ def test_two_gloo_ranks_equal_one_process(tmp_path, features, heads):
         else {"loss", "auc"}
     assert set(results[0]["evaluate"]) == names
     assert results[0]["evaluate"] == results[1]["evaluate"]
+    truncated = {f"hybrid_embedding/f{f}" for f in (3, 4, 5)} if features == "sequence" else set()
+    assert set(results[0]["truncated"]) == truncated and all(r["truncated"] == results[0]["truncated"] for r in results)
+    assert all(n["truncated"] > 0 for n in results[0]["truncated"].values())
 
 
 def test_checkpoint_restores_and_training_continues(tmp_path):

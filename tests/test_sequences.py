@@ -1,0 +1,207 @@
+"""Sequence features (ranking/sequences.py, HybridEmbedding's unpooled lookups) and DIN's
+TargetAttention, against NumPy: rows, masks, truncation to the most recent L, the rows' gradients
+with duplicate ids summed into one update, padded and ragged inputs alike, a dynamic table, the
+attention's formula and its masked positions, and the configuration's one-line errors. Two Gloo
+ranks against one process: tests/test_ranking_api.py (the "sequence" features of
+tests/ranking_multirank_worker.py)."""
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from deployment.exporter.model_file import _lookups
+from deployment.repository_format import RepositoryError
+from parallel_embedding.planner import DynamicOptions
+from ranking import (CategoricalFeature, FeatureConfig, Features, HybridEmbedding, Model, SequenceMask, TableConfig,
+                     TargetAttention)
+from utils.errors import ConfigError
+
+ROWS, DIM, L = 30, 4, 3
+HISTORIES = [[1, 2, 3, 4, 5], [], [7], [8, 8], [9, 9, 9, 2]]   # lengths 5, 0, 1, 2, 4 (two over L)
+
+
+def kept(history):
+    """The most recent L ids, in order."""
+    return history[-L:]
+
+
+def layer(**table):
+    items = TableConfig("items", ROWS, DIM, **table)
+    return HybridEmbedding({"item": FeatureConfig("item", items, (None,), (None, DIM)),
+                            "history": FeatureConfig("history", items, (None, L), (None, L, DIM))}, seed=(4, 9))
+
+
+def numpy_history(table, histories):
+    """[b, L, D]: each sample's kept ids' rows, then zeros."""
+    out = np.zeros([len(histories), L, table.shape[1]], np.float32)
+    for i, h in enumerate(histories):
+        for j, r in enumerate(kept(h)):
+            out[i, j] = table[r]
+    return out
+
+
+def padded(histories, width=6):
+    """Dense [b, width] ids with -1 padding between and after the ids (order kept)."""
+    out = np.full([len(histories), width], -1, np.int64)
+    for i, h in enumerate(histories):
+        positions = np.sort(np.random.default_rng(i).choice(width, len(h), replace=False))
+        out[i, positions] = h
+    return out
+
+
+def test_a_sequence_gives_its_most_recent_rows_unpooled_beside_a_one_hot_feature_of_its_table():
+    emb = layer()
+    items = tf.constant([1, 2, 3, 4, 5], tf.int64)
+    ragged = tf.ragged.constant(HISTORIES, tf.int64)
+    out = emb({"item": items, "history": ragged})
+    table = emb.table_variables[0].numpy()
+    assert out["history"].shape == (5, L, DIM) and out["item"].shape == (5, DIM)
+    np.testing.assert_array_equal(out["history"].numpy(), numpy_history(table, HISTORIES))
+    np.testing.assert_array_equal(out["item"].numpy(), table[items.numpy()])
+    want_mask = [[j < len(kept(h)) for j in range(L)] for h in HISTORIES]
+    np.testing.assert_array_equal(SequenceMask(L)(ragged).numpy(), want_mask)
+    assert emb.sequence_stats() == {"hybrid_embedding/history": {"truncated": 2 + 1}}
+    # dense ids, -1 wherever padding is: the same rows and mask
+    dense = padded(HISTORIES)
+    np.testing.assert_array_equal(emb({"item": items, "history": dense})["history"].numpy(), out["history"].numpy())
+    np.testing.assert_array_equal(SequenceMask(L)(dense).numpy(), want_mask)
+    assert emb.sequence_stats()["hybrid_embedding/history"]["truncated"] == 6
+    # a functional model's output spec
+    ids = {"item": keras.Input((), dtype="int64", name="item"),
+           "history": keras.Input((None,), dtype="int64", ragged=True, name="history")}
+    assert tuple(layer()(ids)["history"].shape) == (None, L, DIM)
+
+
+def test_a_train_step_updates_each_id_by_its_positions_gradients_summed():
+    """logit_i = sum_j <K_j, h_ij> + <k, item_i>; one SGD step of the mean cross-entropy moves
+    row r by -lr * the sum of its occurrences' gradients (the history's and the item's)."""
+    ids = {"item": keras.Input((), dtype="int64", name="item"),
+           "history": keras.Input((None,), dtype="int64", ragged=True, name="history")}
+    emb = layer(combiner="mean")
+    out = emb(ids)
+    x = keras.layers.Concatenate()([keras.layers.Flatten()(out["history"]), out["item"]])
+    dense = keras.layers.Dense(1, use_bias=False, name="logit")
+    model = Model(ids, dense(x))
+    model.compile(optimizer="sgd", learning_rate=0.5)
+    kernel = np.random.default_rng(3).normal(size=[(L + 1) * DIM, 1]).astype(np.float32)
+    dense.kernel.assign(kernel)
+    table = emb.table_variables[0].numpy()
+    items, labels = np.array([1, 2, 3, 8, 0]), np.array([1, 0, 1, 1, 0], np.float32)
+    h = numpy_history(table, HISTORIES)
+    z = h.reshape(5, -1) @ kernel[:L * DIM, 0] + table[items] @ kernel[L * DIM:, 0]
+    dz = (1 / (1 + np.exp(-z)) - labels) / 5   # d mean cross-entropy / d logit
+    want = table.copy()
+    for i, history in enumerate(HISTORIES):
+        for j, r in enumerate(kept(history)):
+            want[r] -= 0.5 * dz[i] * kernel[j * DIM:(j + 1) * DIM, 0]
+        want[items[i]] -= 0.5 * dz[i] * kernel[L * DIM:, 0]
+    model.train_on_batch({"item": tf.constant(items), "history": tf.ragged.constant(HISTORIES, tf.int64)},
+                         tf.constant(labels))
+    np.testing.assert_allclose(emb.table_variables[0].numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_dynamic_tables_sequence_reads_the_rows_its_one_hot_feature_reads():
+    """Raw ids (any int64), trained a step: each position's row is the row the table's one-hot
+    feature reads for the same id (its first id here), ids seen twice read one row, positions past
+    the length zeros; a dense input (no padding value for raw ids) is refused."""
+    ids = {"item": keras.Input((), dtype="int64", name="item"),
+           "history": keras.Input((None,), dtype="int64", ragged=True, name="history")}
+    emb = layer(dynamic=DynamicOptions(capacity=ROWS))
+    out = emb(ids)
+    model = Model(ids, keras.layers.Dense(1)(keras.layers.Concatenate()([keras.layers.Flatten()(out["history"]),
+                                                                         out["item"]])))
+    model.compile(optimizer="sgd", learning_rate=0.5)
+    raw = [[h * 10_000_000_019 - 5 for h in history] for history in HISTORIES]
+    batch = {"item": tf.constant([kept(h)[0] if h else 77 for h in raw], tf.int64),
+             "history": tf.ragged.constant(raw, tf.int64)}
+    model.train_on_batch(batch, tf.constant([1.0, 0.0, 1.0, 0.0, 1.0]))
+    out = emb(batch)
+    history, item = out["history"].numpy(), out["item"].numpy()
+    seen = {}
+    for i, h in enumerate(raw):
+        for j, r in enumerate(kept(h)):
+            assert history[i, j].any()
+            np.testing.assert_array_equal(history[i, j], seen.setdefault(r, history[i, j]))
+        if h:
+            np.testing.assert_array_equal(history[i, 0], item[i])
+        assert not history[i, len(kept(h)):].any()
+    assert len({row.tobytes() for row in seen.values()}) == len(seen)   # one row an id
+    with pytest.raises(ConfigError, match="feature 'history': a sequence over dynamic table 'items' takes ragged"):
+        emb({"item": tf.constant([1], tf.int64), "history": tf.constant([[1, 2]], tf.int64)})
+
+
+def numpy_attention(layer, q, k, mask):
+    """DIN's activation unit and weighted sum, in NumPy, with the layer's weights."""
+    kernels = [w.numpy() for w in layer.unit.kernels]
+    biases = [w.numpy() for w in layer.unit.biases]
+    qq = np.broadcast_to(q[:, None, :], k.shape)
+    x = np.concatenate([qq, k, qq - k, qq * k], axis=-1)
+    for i, (w, b) in enumerate(zip(kernels, biases)):
+        x = x @ w + b
+        if i < len(kernels) - 1:
+            x = 1 / (1 + np.exp(-x))
+    scores = x[..., 0]
+    if layer.normalize:
+        e = np.where(mask, np.exp(scores - scores.max(axis=1, keepdims=True)), 0.0)
+        scores = e / np.maximum(e.sum(axis=1, keepdims=True), 1e-30)
+    weights = np.where(mask, scores, 0.0)
+    return (weights[..., None] * np.where(mask[..., None], k, 0.0)).sum(axis=1)
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_target_attention_is_dins_and_its_masked_positions_change_nothing(normalize):
+    rng = np.random.default_rng(5)
+    q, k = rng.normal(size=[4, 6]).astype(np.float32), rng.normal(size=[4, 5, 6]).astype(np.float32)
+    mask = np.array([[1, 1, 1, 0, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], bool)
+    attention = TargetAttention(units=(8, 4), normalize=normalize, seed=(2, 3))
+    got = attention([tf.constant(q), tf.constant(k), tf.constant(mask)]).numpy()
+    np.testing.assert_allclose(got, numpy_attention(attention, q, k, mask), rtol=1e-5, atol=1e-6)
+    assert not got[1].any()   # an empty history
+
+    def outputs_and_gradients(items):
+        items = tf.constant(items)
+        with tf.GradientTape() as tape:
+            tape.watch(items)
+            out = attention([tf.constant(q), items, tf.constant(mask)])
+            loss = tf.reduce_sum(out * np.arange(6, dtype=np.float32))
+        return out.numpy(), tape.gradient(loss, [items] + attention.trainable_variables)
+
+    changed = np.where(mask[..., None], k, np.float32(np.nan))   # whatever the masked positions hold
+    (want, want_grads), (out, grads) = outputs_and_gradients(k), outputs_and_gradients(changed)
+    np.testing.assert_array_equal(out, want)
+    for g, w in zip(grads, want_grads):
+        np.testing.assert_array_equal(g.numpy(), w.numpy())
+    assert not np.any(np.where(mask[..., None], 0.0, grads[0].numpy()))   # no gradient to masked items
+    # under XLA: the same values
+    compiled = tf.function(lambda *x: attention(list(x)), jit_compile=True)
+    np.testing.assert_allclose(compiled(tf.constant(q), tf.constant(k), tf.constant(mask)).numpy(), got,
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_sequence_configuration_errors_name_the_feature():
+    items = TableConfig("items", ROWS, DIM)
+    with pytest.raises(ConfigError, match=r"feature 'h': a sequence feature's output_shape is \(batch, L, 4\) "
+                                          r"\(table 'items'\'s embedding_dim\) with input_shape \(batch, L\)"):
+        FeatureConfig("h", items, (None, 5), (None, 3, DIM))
+    with pytest.raises(ConfigError, match="feature 'h': a sequence feature's output_shape"):
+        FeatureConfig("h", items, (None,), (None, 3, DIM))
+    with pytest.raises(ConfigError, match="feature 'g': multi-hot and pooled, but table 'seq' has no combiner"):
+        FeatureConfig("g", TableConfig("seq", ROWS, DIM, combiner=None), (None, 4), (None, DIM))
+    FeatureConfig("h", TableConfig("seq", ROWS, DIM, combiner=None), (None, 4), (None, 4, DIM))   # a sequence: fine
+    with pytest.raises(ConfigError, match="SequenceMask: max_length must be a positive integer, got 0"):
+        SequenceMask(0)
+    with pytest.raises(ConfigError, match=r"layer 'din': takes candidate \[b, D\], items \[b, L, D\] and mask "
+                                          r"\[b, L\] of one D and L"):
+        TargetAttention(name="din")([tf.zeros([2, 4]), tf.zeros([2, 3, 5]), tf.ones([2, 3], tf.bool)])
+
+
+def test_export_of_a_sequence_feature_is_refused_naming_it():
+    features = Features([CategoricalFeature("item", ROWS), CategoricalFeature("history", ROWS, L)], 0)
+    ids = features.inputs()
+    emb = layer()
+    out = emb({"item": ids["item"], "history": ids["history"]})
+    model = Model(ids, keras.layers.Dense(1)(keras.layers.Concatenate()([keras.layers.Flatten()(out["history"]),
+                                                                         out["item"]])))
+    with pytest.raises(RepositoryError, match="--model=din.py: feature 'history' of layer 'hybrid_embedding' is a "
+                                              "sequence .* not yet exported for serving"):
+        _lookups(model, emb, features, "din.py", 0)
