@@ -13,7 +13,7 @@ def open_dataset(cfg):
     if cfg.dataset_type == "synthetic":
         from dataloading.synthetic import SyntheticDataset
         dataset = SyntheticDataset(cfg.cardinalities, cfg.num_numerical, cfg.synthetic_alpha, cfg.seed,
-                                   cfg.max_hotness, cfg.synthetic_labels)
+                                   cfg.max_hotness, cfg.synthetic_labels, cfg.synthetic_history_length)
         return dataset, {"train": cfg.synthetic_rows, "eval": cfg.synthetic_eval_rows}
     from dataloading.feature_spec import FeatureSpec
     from dataloading.split_binary import SplitBinaryDataset

@@ -17,6 +17,15 @@ the H labels are learnable from the same inputs, each by its own head.
 
 Features with a `max_hotness` h are multi-hot: each row has 0..h ids (`multi_hot`), the first of
 a non-empty row being the one-hot id the labels use.
+
+With `history` L > 0 the last feature is each sample's history: 0..L earlier items (most recent
+last) of feature 0's vocabulary, feature 0 being the candidate item. The terms above read the
+other features only; the logit adds the candidate's affinity to its closest item in the history,
+
+    + s_h * max_j <v[c_0], v[h_j]> / sqrt(dim v)      (0 for an empty history)
+
+with latent item vectors `v` from the hash: a term no pooled (summed or averaged) history
+represents, which target attention over the items can.
 """
 import dataclasses
 import functools
@@ -31,7 +40,7 @@ _MUL1 = np.uint64(0xBF58476D1CE4E5B9)
 _MUL2 = np.uint64(0x94D049BB133111EB)
 _SPLITS = {"train": 1, "eval": 2}
 # Hash streams: distinct constants so no two quantities share random numbers.
-_IDS, _NUMERICAL, _LABEL, _EFFECT, _WEIGHT, _LATENT, _HOTNESS, _MORE_IDS = range(1, 9)
+_IDS, _NUMERICAL, _LABEL, _EFFECT, _WEIGHT, _LATENT, _HOTNESS, _MORE_IDS, _AFFINITY = range(1, 10)
 _STREAMS = 16   # label h > 0 draws its label, effects, weights and interactions from these streams + 16 h
 
 _LATENT_DIM = 4
@@ -40,6 +49,8 @@ _CATEGORICAL_VARIANCE = 1.0   # logit variance from per-category effects
 _NUMERICAL_VARIANCE = 0.6     # ... from the numerical features
 _PAIR_VARIANCE = 1.2          # ... from the pairwise interactions
 _BIAS = -1.0
+_AFFINITY_SCALE = 3.0         # s_h: the history's affinity term
+HISTORY = "history"           # the history feature's name (run/config.py names the synthetic features)
 
 
 def label_names(count: int) -> List[str]:
@@ -119,6 +130,19 @@ class SyntheticDataset:
     seed: int = 0
     hotness: Optional[Sequence[Optional[int]]] = None   # per feature: max_hotness (None: one-hot)
     labels: int = 1   # H: labels per sample
+    history: int = 0   # L > 0: the last feature is the history (the module docstring)
+
+    def __post_init__(self):
+        if self.history and (len(self.cardinalities) < 2 or self.cardinalities[-1] != self.cardinalities[0]
+                             or self.max_hotness[-1] != self.history):
+            raise ValueError(f"history {self.history}: the last feature is a history of feature 0's items "
+                             f"(its cardinality, max_hotness {self.history}); got cardinalities "
+                             f"{self.cardinalities}, max_hotness {self.max_hotness}")
+
+    @property
+    def _planted(self) -> int:
+        """The features the planted terms read: all, or all but the history."""
+        return len(self.cardinalities) - (1 if self.history else 0)
 
     @property
     def label_names(self) -> List[str]:
@@ -127,7 +151,7 @@ class SyntheticDataset:
     @property
     def pairs(self):
         """The categorical feature pairs with a planted interaction."""
-        f = len(self.cardinalities)
+        f = self._planted
         return [(i, i + 1) for i in range(0, f - 1, 2)][:_MAX_PAIRS]
 
     @property
@@ -148,15 +172,18 @@ class SyntheticDataset:
         """
         s = _SPLITS[split]
         idx = np.arange(start, start + size, dtype=np.uint64)
-        ids = [self._one_hot(split, start, size, f) for f in range(len(self.cardinalities))]
+        ids = [self._one_hot(split, start, size, f) for f in range(self._planted)]
         feats = np.arange(self.num_numerical, dtype=np.uint64)
         numerical = _normal(self.seed, _NUMERICAL, s, idx[:, None], feats[None, :])
         logits = [self._logits(ids, numerical, h) for h in range(self.labels)]
+        if self.history:
+            history = self.multi_hot(split, start, size, self._planted, self.history)
+            logits = [z + self._affinity(ids[0], *history, h) for h, z in enumerate(logits)]
         labels = [_uniform(self.seed, _LABEL + _STREAMS * h, s, idx) < 1.0 / (1.0 + np.exp(-z)) for h, z in
                   enumerate(logits)]
         labels, logits = (labels[0], logits[0]) if self.labels == 1 else (np.stack(labels, 1), np.stack(logits, 1))
-        wanted = sorted(set(range(len(ids)) if features is None else features))
-        categorical = [None] * len(ids)
+        wanted = sorted(set(range(len(self.cardinalities)) if features is None else features))
+        categorical = [None] * len(self.cardinalities)
         for f, c in zip(wanted, self.categorical(split, start, size, wanted)):
             categorical[f] = c
         return {
@@ -198,10 +225,20 @@ class SyntheticDataset:
         ids[:, 0] = self._one_hot(split, start, size, feature)
         return ids[slots < lengths[:, None].astype(np.uint64)], lengths
 
+    def _affinity(self, candidates, history, lengths, label: int):
+        """s_h * max_j <v[c], v[h_j]> / sqrt(dim v) per sample [n] (0 for an empty history)."""
+        card, shift = self.cardinalities[0], _STREAMS * label
+        v = _effects(self.seed, _AFFINITY + shift, 0, card, candidates, _LATENT_DIM)            # [n, k]
+        sample = np.repeat(np.arange(len(lengths)), lengths)
+        dots = np.sum(v[sample] * _effects(self.seed, _AFFINITY + shift, 0, card, history, _LATENT_DIM), 1)
+        best = np.full(len(lengths), -np.inf)
+        np.maximum.at(best, sample, dots / np.sqrt(_LATENT_DIM))
+        return np.where(lengths > 0, _AFFINITY_SCALE * best, 0.0)
+
     def _logits(self, ids, numerical, label: int = 0):
         """Label `label`'s logits [n]: its streams are the first label's shifted by _STREAMS per label."""
         shift = _STREAMS * label
-        f = len(self.cardinalities)
+        f = len(ids)
         logit = np.full(numerical.shape[0], _BIAS)
         a_scale = np.sqrt(_CATEGORICAL_VARIANCE / f)
         for k, (c, card) in enumerate(zip(ids, self.cardinalities)):

@@ -136,15 +136,18 @@ def open_eval_data(flags) -> Tuple[object, int]:
         labels = flags.synthetic_labels
         if labels < 1:
             raise ConfigError(f"--synthetic_labels must be positive, got {labels}")
-        num_numerical = flags.synthetic_num_numerical
+        num_numerical, history = flags.synthetic_num_numerical, flags.synthetic_history_length
+        hotness = [None] * len(cards) + [history] if history > 0 else None
+        cards = cards + [cards[0]] if history > 0 else cards
     else:
         if not flags.dataset_path and not flags.feature_spec:
             raise ConfigError(f"--dataset_type={flags.dataset_type} needs --dataset_path (a directory with "
                               "feature_spec.yaml) or --feature_spec")
-        cards, num_numerical, labels = None, None, 1
+        cards, num_numerical, labels, hotness, history = None, None, 1, None, 0
     cfg = types.SimpleNamespace(   # what open_dataset reads for evaluation
         mode="eval", dataset_type=flags.dataset_type, cardinalities=cards, num_numerical=num_numerical,
-        max_hotness=None, synthetic_alpha=flags.synthetic_alpha, synthetic_labels=labels, seed=flags.seed,
+        max_hotness=hotness, synthetic_alpha=flags.synthetic_alpha, synthetic_labels=labels, seed=flags.seed,
+        synthetic_history_length=max(history, 0),
         synthetic_rows=0, synthetic_eval_rows=flags.synthetic_eval_rows, eval_mapping=flags.eval_mapping,
         feature_spec_path=feature_spec_path(flags.dataset_path, flags.feature_spec))
     dataset, rows = open_dataset(cfg)

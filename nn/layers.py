@@ -1,5 +1,6 @@
 """Building blocks of ranking models as Keras 3 layers: MLP, DotInteraction, CrossNetwork,
-FactorizationMachine, TargetAttention (DIN's, over a sequence feature's rows); the one implementation of the built-in DLRM / DCNv2's dense part
+FactorizationMachine, TargetAttention (DIN's, over a sequence feature's rows), TransformerBlock
+(BST's); the one implementation of the built-in DLRM / DCNv2's dense part
 (nn/model.py) and of the ranking/ API's layers (`ranking.MLP`, ...). Shapes: `b` local batch,
 `F` embeddings, `D` a width.
 
@@ -307,3 +308,79 @@ class TargetAttention(keras.layers.Layer):
     def get_config(self):
         return {**super().get_config(), "units": self.units, "activation": self.activation,
                 "normalize": self.normalize, "seed": self.seed}
+
+
+@keras.saving.register_keras_serializable(package="ranking")
+class TransformerBlock(keras.layers.Layer):
+    """BST's transformer layer over a sequence: [x [b, L, D], mask [b, L] bool] -> [b, L, D].
+
+    y = LayerNorm(x' + MultiHeadAttention(x', x', x')), out = LayerNorm(y + FFN(y)) (post-norm, as
+    BST and the original transformer), FFN = Dense(`ff_units`, relu) -> Dense(D); x' = x plus a
+    learned position embedding [L, D] when `max_length` L is given (BST's positions; position 0
+    the oldest kept item). Position i attends to the kept positions (and, `causal`, only to those
+    at or before i). Masked positions are read as zeros and come out as zeros, so whatever they
+    hold changes nothing; `heads` of width D / heads. Weights Glorot-uniform (biases zero) from
+    `seed`. Stack blocks, then pool (e.g. TargetAttention with the candidate, or the last
+    position).
+    """
+
+    def __init__(self, heads: int = 2, ff_units: Optional[int] = None, max_length: Optional[int] = None,
+                 causal: bool = False, dropout: float = 0.0, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        if not isinstance(heads, int) or heads < 1:
+            raise ConfigError(f"layer {self.name!r}: heads must be a positive int, got {heads!r}")
+        self.heads, self.ff_units, self.max_length = heads, ff_units, max_length
+        self.causal, self.dropout, self.seed = bool(causal), float(dropout), _seed(self, seed)
+
+    def _init(self, k: int):
+        return keras.initializers.GlorotUniform(seed=self.seed[0] * 1009 + self.seed[1] * 31 + k)
+
+    def build(self, input_shape):
+        if not isinstance(input_shape, (list, tuple)) or len(input_shape) != 2 or \
+                not all(isinstance(s, (list, tuple)) for s in input_shape):
+            raise ConfigError(f"layer {self.name!r}: takes [x [b, L, D], mask [b, L]], got {input_shape}")
+        x, mask = (tuple(s) for s in input_shape)
+        dim = x[-1]
+        if len(x) != 3 or len(mask) != 2 or dim is None or dim % self.heads or \
+                (self.max_length is not None and x[1] not in (None, self.max_length)):
+            raise ConfigError(f"layer {self.name!r}: takes x [b, L, D] ({self.heads} heads dividing D"
+                              f"{f', L {self.max_length}' if self.max_length else ''}) and mask [b, L], got "
+                              f"shapes {x} and {mask}")
+        policy = self.dtype_policy
+        self.attention = keras.layers.MultiHeadAttention(self.heads, dim // self.heads, dropout=self.dropout,
+                                                         kernel_initializer=self._init(0), name="attention",
+                                                         dtype=policy)
+        self.attention.build(x, x, x)
+        self.norms = [keras.layers.LayerNormalization(epsilon=1e-6, name=f"norm_{i}", dtype=policy) for i in (0, 1)]
+        for norm in self.norms:
+            norm.build(x)
+        units = self.ff_units or 4 * dim
+        self.ff = [keras.layers.Dense(units, activation="relu", kernel_initializer=self._init(1), name="ff_0",
+                                      dtype=policy),
+                   keras.layers.Dense(dim, kernel_initializer=self._init(2), name="ff_1", dtype=policy)]
+        self.ff[0].build(x)
+        self.ff[1].build(x[:-1] + (units,))
+        self.positions = None if self.max_length is None else self.add_weight(
+            shape=(self.max_length, dim), initializer=self._init(3), name="positions")
+
+    def call(self, inputs, training=None):
+        x, mask = inputs
+        mask = tf.cast(mask, tf.bool)
+        keep = mask[:, :, None]
+        x = tf.where(keep, x, tf.zeros([], x.dtype))
+        if self.positions is not None:
+            x = x + tf.cast(self.positions, x.dtype)[None, :tf.shape(x)[1]]
+        allowed = tf.logical_and(keep, mask[:, None, :])                       # [b, L, L]: query, key
+        if self.causal:
+            length = tf.shape(x)[1]
+            allowed = tf.logical_and(allowed, tf.linalg.band_part(tf.ones([length, length], tf.bool), -1, 0))
+        y = self.norms[0](x + self.attention(x, x, x, attention_mask=allowed, training=training))
+        out = self.norms[1](y + self.ff[1](self.ff[0](y)))
+        return tf.where(keep, out, tf.zeros([], out.dtype))
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[0])
+
+    def get_config(self):
+        return {**super().get_config(), "heads": self.heads, "ff_units": self.ff_units, "max_length": self.max_length,
+                "causal": self.causal, "dropout": self.dropout, "seed": self.seed}

@@ -14,7 +14,7 @@ embedding `embedding` builds is planned over the run's ranks as the built-in mod
 import dataclasses
 import importlib.util
 import os
-from typing import Dict, Iterator, List, Optional, Sequence, Union
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import keras
 
@@ -130,6 +130,30 @@ class Features:
             out.append(FeatureConfig(name=prefix + f.name, table=table, input_shape=shape,
                                      output_shape=(None, embedding_dim)))
         return out
+
+    def history_configs(self, candidate: str, history: str, embedding_dim: int, max_length: int = 0,
+                        combiner: str = "sum", pooled: bool = False) -> Tuple[FeatureConfig, FeatureConfig]:
+        """The FeatureConfigs of a candidate item and of the history of items before it, over one
+        table (the candidate's, as `feature_configs` makes it, `combiner` its): the history a
+        sequence of `max_length` (0: its max_hotness; fewer keeps the most recent), [b, L, D], or
+        with `pooled` one pooled row [b, D] (every id, by `combiner`; max_length then 0). Unless
+        `candidate` is one-hot and `history` multi-hot over one vocabulary, both dynamic tables
+        or neither: a one-line ConfigError naming them."""
+        item, past = self[candidate], self[history]
+        if item.multi_hot or not past.multi_hot or item.cardinality != past.cardinality or \
+                (item.dynamic is None) != (past.dynamic is None):
+            raise ConfigError(f"candidate {item.name!r} must be one-hot and history {past.name!r} multi-hot, over "
+                              f"one vocabulary (cardinalities {item.cardinality}, {past.cardinality}), both dynamic "
+                              f"tables or neither")
+        if pooled and max_length:
+            raise ConfigError(f"history {past.name!r}: pooled, it reads every id; max_length {max_length} is a "
+                              f"sequence's")
+        config = self.feature_configs(embedding_dim, combiner, names=[item.name])[0]
+        if past.dynamic:
+            self.made_dynamic.add(past.name)   # its raw ids are read by the candidate's dynamic table
+        length = max_length or past.max_hotness
+        return config, FeatureConfig(past.name, config.table, (None, length),
+                                     (None, embedding_dim) if pooled else (None, length, embedding_dim))
 
     def embedding(self, feature_configs: Sequence[FeatureConfig], name: str = "embedding") -> HybridEmbedding:
         """A HybridEmbedding of `feature_configs` (called with their ids in the same order: a list

@@ -433,12 +433,14 @@ class _ProjectStep:
 
     def fit(self, *args, callbacks=None, **kwargs):
         """keras.Model.fit, stopped with NonFiniteError after a step with a non-finite loss or
-        gradients. With dynamic tables, each one's counts join the logs every callback sees
-        (progress bar, History, TensorBoard), after every batch and epoch: "<table>/live",
-        "/admitted", "/evicted", "/refused" (HybridEmbedding.dynamic_stats)."""
-        dynamic = any(t.kind == "dynamic" for layer in getattr(self, "embedding_layers", ())
-                      for t in layer.embedding.plan.tables)
-        first = [_DynamicCounts()] if dynamic else []
+        gradients. With dynamic tables or sequence features, their counts join the logs every
+        callback sees (progress bar, History, TensorBoard), after every batch and epoch: each dynamic
+        table's "<table>/live", "/admitted", "/evicted", "/refused" (HybridEmbedding.dynamic_stats),
+        each sequence's "<layer>/<feature>/truncated" (sequence_stats)."""
+        layers = getattr(self, "embedding_layers", ())
+        counted = any(t.kind == "dynamic" for layer in layers for t in layer.embedding.plan.tables) or \
+            any(f.sequence for layer in layers for f in layer.features)
+        first = [_TableCounts()] if counted else []
         return super().fit(*args, callbacks=first + list(callbacks or []) + [_StopOnNonFinite()], **kwargs)
 
     def dynamic_stats(self) -> Dict[str, int]:
@@ -446,6 +448,12 @@ class _ProjectStep:
         HybridEmbedding and rank ({} without dynamic tables; at N ranks a collective). After compile."""
         return {f"{table}/{k}": v for layer in self.embedding_layers
                 for table, counts in layer.dynamic_stats().items() for k, v in counts.items()}
+
+    def sequence_stats(self) -> Dict[str, int]:
+        """Every sequence feature's "<layer>/<feature>/truncated": the ids dropped from histories
+        longer than its L, over every rank ({} without sequences; at N ranks a collective)."""
+        return {f"{name}/{k}": v for layer in self.embedding_layers
+                for name, counts in layer.sequence_stats().items() for k, v in counts.items()}
 
 
 class Model(_ProjectStep, keras.Model):
@@ -625,12 +633,13 @@ def _has_halves(model) -> bool:
                       f"subclassed ranking.Model writes call, or the halves embedding_call and dense_call")
 
 
-class _DynamicCounts(keras.callbacks.Callback):
-    """Adds `Model.dynamic_stats` to the logs of every batch and epoch (first of fit's callbacks)."""
+class _TableCounts(keras.callbacks.Callback):
+    """Adds `Model.dynamic_stats` and `sequence_stats` to the logs of every batch and epoch (first of fit's callbacks)."""
 
     def on_train_batch_end(self, batch, logs=None):
         if logs is not None:
             logs.update(self.model.dynamic_stats())
+            logs.update(self.model.sequence_stats())
 
     def on_epoch_end(self, epoch, logs=None):
         self.on_train_batch_end(epoch, logs)

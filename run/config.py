@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Sequence, Set
 import yaml
 
 from dataloading.feature_spec import FeatureSpec
-from dataloading.synthetic import label_names as synthetic_label_names
+from dataloading.synthetic import HISTORY as SYNTHETIC_HISTORY, label_names as synthetic_label_names
 from nn.model_config import table_combiners
 from parallel_embedding.planner import DYNAMIC_POLICIES, DynamicOptions, PlanError
 from storage.row_cache import POLICIES
@@ -68,6 +68,7 @@ class DataSettings:
     eval_mapping: str = "test"
     validate_dataset: bool = False
     synthetic_labels: int = 1
+    synthetic_history_length: int = 0
     shape: Optional[DatasetShape] = None
 
     @property
@@ -283,7 +284,7 @@ _MULTI_RANK_ONLY = ("dist_strategy", "column_slice_threshold", "row_slice_thresh
 # Flags read by one dataset type only.
 _DATASET_ONLY = {
     **dict.fromkeys(("synthetic_cardinalities", "synthetic_num_numerical", "synthetic_rows", "synthetic_eval_rows",
-                     "synthetic_alpha", "synthetic_labels"), ("synthetic",)),
+                     "synthetic_alpha", "synthetic_labels", "synthetic_history_length"), ("synthetic",)),
     **dict.fromkeys(("dataset_path", "feature_spec", "train_mapping", "eval_mapping", "validate_dataset",
                      "multi_hot_combiner"), FILE_DATASETS),
 }
@@ -316,7 +317,7 @@ _RANGES = [
     (("embedding_dims", "bottom_mlp_dims", "top_mlp_dims", "inference_batch_sizes"), _not_positive_list),
     (("warmup_steps", "decay_start_step", "decay_steps", "evals_per_epoch", "checkpoint_every_n_steps",
       "cross_layer_projection_dim", "synthetic_alpha", "data_parallel_threshold", "cpu_offloading_threshold_gb",
-      "profiler_start_step"), lambda v: None if v >= 0 else f"must be >= 0, got {v}"),
+      "profiler_start_step", "synthetic_history_length"), lambda v: None if v >= 0 else f"must be >= 0, got {v}"),
     (("column_slice_threshold", "row_slice_threshold"),
      lambda v: None if v >= 1 else f"must be >= 1 (elements per table), got {v}"),
     (("max_steps",), lambda v: None if v > 0 or v == -1 else f"must be positive, or -1 for no limit; got {v}"),
@@ -585,7 +586,11 @@ def build_config(values: dict, present: Optional[Set[str]] = None, world_size: i
         cards = v["shape"].cardinalities
     else:
         _positive_list("synthetic_cardinalities", cards)
-        v["shape"] = DatasetShape(list(cards), v["synthetic_num_numerical"], hotness or [None] * len(cards),
+        hotness, names = hotness or [None] * len(cards), [f"cat_{k}" for k in range(len(cards))]
+        if v.get("synthetic_history_length", 0) > 0:   # the history of cat_0's items, a last feature
+            cards, hotness = list(cards) + [cards[0]], hotness + [v["synthetic_history_length"]]
+            names.append(SYNTHETIC_HISTORY)
+        v["shape"] = DatasetShape(list(cards), v["synthetic_num_numerical"], hotness, names,
                                   labels=synthetic_label_names(max(1, v["synthetic_labels"])))
     dims = v.pop("embedding_dim")
     if len(dims) == 1:

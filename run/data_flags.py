@@ -20,5 +20,8 @@ flags.DEFINE_list("synthetic_cardinalities",
 flags.DEFINE_integer("synthetic_num_numerical", 13, "synthetic numerical features")
 flags.DEFINE_integer("synthetic_eval_rows", 2 ** 18, "synthetic evaluation samples")
 flags.DEFINE_float("synthetic_alpha", 1.05, "power-law exponent of synthetic ids (0: uniform)")
+flags.DEFINE_integer("synthetic_history_length", 0, "synthetic data: L > 0 appends feature 'history', each sample's "
+                     "0..L earlier items of cat_0's vocabulary (most recent last), on which the label also depends "
+                     "(the candidate cat_0's affinity to it: a sequence model's data)")
 flags.DEFINE_integer("synthetic_labels", 1, "synthetic labels per sample (label, label_1, ...), each from its own "
                      "planted logit over the same features; several need a model file with a head per label (--model)")

@@ -379,13 +379,15 @@ class _Tables:
 
     def store_stats(self) -> dict:
         """The disk tiers' figures since the last call (of several layers with tables on disk,
-        their sums, and the lowest cache hit rate), and every dynamic table's counts
-        ("<table>/live", ...: HybridEmbedding.dynamic_stats; at N ranks a collective); {} without either."""
+        their sums, and the lowest cache hit rate), every dynamic table's counts ("<table>/live",
+        ...: HybridEmbedding.dynamic_stats) and every sequence's "<layer>/<feature>/truncated"
+        (sequence_stats; both at N ranks a collective); {} without any."""
         stats = [layer.embedding.tiered.stats() for layer in self._staging]
         out = stats[0] if len(stats) == 1 else {} if not stats else {
             k: min(s[k] for s in stats) if k == "cache_hit_rate" else sum(s[k] for s in stats) for k in stats[0]}
         for layer in self.layers:
             out.update({f"{table}/{k}": v for table, counts in layer.dynamic_stats().items() for k, v in counts.items()})
+            out.update({f"{name}/{k}": v for name, counts in layer.sequence_stats().items() for k, v in counts.items()})
         return out
 
     @contextlib.contextmanager

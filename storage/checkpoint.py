@@ -6,7 +6,9 @@ owns; nothing is gathered onto one rank. Layout of a checkpoint root:
 
     ROOT/ckpt-<step>/manifest.json     step, write sequence, model signature, world size, tensor -> pieces,
                                        piece file -> CRC-32 (CHECKSUMS)
-    ROOT/ckpt-<step>/<tensor>.r<a>-<b>.c<c>-<d>.npy    rows a:b, columns c:d of the tensor
+    ROOT/ckpt-<step>/<tensor>.r<a>-<b>.c<c>-<d>.npy    rows a:b, columns c:d of the tensor (a 2-D one);
+                                       a tensor of another rank (a scalar, a bias, a 3-D Keras
+                                       kernel) is one whole piece, rows 0:shape[0], columns 0:0
     ROOT/latest                        name of the newest complete checkpoint
     ROOT/best                          name and evaluation AUC of the best one (--keep_best_checkpoint)
 
@@ -101,7 +103,7 @@ class Entry:
     @property
     def region(self):
         shape = tuple(self.shape) if self.sized_by_checkpoint else tuple(self.variable.shape)
-        if len(shape) < 2:
+        if len(shape) != 2:   # one whole piece
             return (0, self.shape[0] if shape else 0), (0, 0)
         num_rows = shape[0] if self.num_rows is None else self.num_rows
         return (self.row_start, self.row_start + num_rows), (self.col_start, self.col_start + shape[1])
@@ -148,8 +150,8 @@ def _piece_file(entry: Entry) -> str:
 
 
 def _piece_shape(entry: Entry) -> tuple:
-    """The shape of the entry's piece: its region's (a tensor of fewer than 2 dimensions whole)."""
-    if len(entry.variable.shape) < 2:
+    """The shape of the entry's piece: its region's (a tensor not of 2 dimensions whole)."""
+    if len(entry.variable.shape) != 2:
         return tuple(entry.variable.shape)
     (a, b), (c, d) = entry.region
     return b - a, d - c
@@ -518,7 +520,7 @@ def _overlaps(tensor: dict, rows: Tuple[int, int], cols: Tuple[int, int]):
 
 def _check_coverage(ckpt: str, entry: Entry, tensor: dict):
     """Raises unless the pieces of `tensor` (which do not overlap) cover the entry's region."""
-    if len(tensor["shape"]) < 2:
+    if len(tensor["shape"]) != 2:
         return
     (a, b), (c, d) = entry.region
     covered = sum((rb - ra) * (cb - ca) for _, (ra, rb), (ca, cb) in _overlaps(tensor, (a, b), (c, d)))
@@ -529,7 +531,7 @@ def _check_coverage(ckpt: str, entry: Entry, tensor: dict):
 def _read_region(ckpt: str, entry: Entry, tensor: dict, rows: Optional[Tuple[int, int]] = None) -> np.ndarray:
     """The entry's region [rows, cols] (only tensor rows [start, stop) of it with `rows`) from
     the pieces it overlaps, which _check_coverage has found to cover it."""
-    if len(tensor["shape"]) < 2:
+    if len(tensor["shape"]) != 2:
         return np.load(os.path.join(ckpt, tensor["pieces"][0]["file"]))
     (a, b), (c, d) = entry.region
     a, b = rows or (a, b)
@@ -552,7 +554,7 @@ def _restore_streamed(ckpt: str, entry: Entry, tensor: dict):
 
 def _pieces_read(entry: Entry, tensor: dict) -> List[dict]:
     """The pieces of `tensor` that reading the entry's region reads."""
-    if len(tensor["shape"]) < 2:
+    if len(tensor["shape"]) != 2:
         return tensor["pieces"][:1]
     return [p for p, _, _ in _overlaps(tensor, *entry.region)]
 
@@ -564,7 +566,7 @@ def _check_pieces(ckpt: str, name: str, tensor: dict):
             values = np.load(file, mmap_mode="r")
         except (OSError, ValueError) as e:
             raise CheckpointError(f"{file}: cannot read tensor {name}: {e}")
-        expected = (p["rows"][1] - p["rows"][0], p["cols"][1] - p["cols"][0]) if len(tensor["shape"]) >= 2 \
+        expected = (p["rows"][1] - p["rows"][0], p["cols"][1] - p["cols"][0]) if len(tensor["shape"]) == 2 \
             else tuple(tensor["shape"])
         if tuple(values.shape) != expected:
             raise CheckpointError(f"{file}: tensor {name} has shape {tuple(values.shape)}, "

@@ -156,3 +156,15 @@ def test_a_source_must_give_the_rows_asked_for_and_be_whole(tmp_path):
         save(tmp_path, [Entry("t", source, (5, 2))])
     with pytest.raises(ValueError, match="streamed entry"):
         Entry("t", Source(random((5, 2))), (5, 2), num_rows=4)
+
+
+def test_tensors_of_every_rank_save_and_restore_whole(tmp_path):
+    """Keras weights of 0 to 4 dimensions (a counter, a bias, a kernel, MultiHeadAttention's 3-D
+    kernels, a 4-D convolution's) are whole pieces, restored exactly."""
+    values = {f"w{len(shape)}": random(shape, seed=len(shape)) for shape in [(), (3,), (4, 5), (2, 3, 4), (2, 2, 3, 2)]}
+    saved = {name: tf.Variable(v) for name, v in values.items()}
+    path = checkpoint.save(str(tmp_path), checkpoint.replicated_entries(saved), 1, SIGNATURE, SingleProcess())
+    restored = {name: tf.Variable(tf.zeros_like(v)) for name, v in values.items()}
+    checkpoint.restore(path, checkpoint.replicated_entries(restored), SIGNATURE, set(values))
+    for name, v in values.items():
+        np.testing.assert_array_equal(restored[name].numpy(), v)

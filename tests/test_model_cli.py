@@ -32,13 +32,17 @@ EXAMPLES = {
     "movielens_mlp": ["embedding_dim=4", "hidden=[16,8]"],
     "dlrm": ["embedding_dim=8", "bottom=[16,8]", "top=[16]"],
     "dcnv2": ["embedding_dim=8", "bottom=[16,8]", "num_cross_layers=2", "projection_dim=4", "top=[16]"],
+    "din": ["width=4", "attention=[8]", "hidden=[16,8]"],
+    "bst": ["width=4", "heads=2", "attention=[8]", "hidden=[16,8]"],
 }
+# The sequence models' data: a history of up to 6 items of cat_0's (their candidate's) vocabulary.
+EXAMPLE_DATA = {"din": ["--synthetic_history_length=6"], "bst": ["--synthetic_history_length=6"]}
 # Table 0 of every example (300 rows) row-sliced over the ranks, the 7-row tables replicated.
 PLACEMENT = ["--row_slice_threshold=200", "--data_parallel_threshold=60"]
 
 
 def model_args(name):
-    return [f"--model=examples/{name}.py"] + [f"--model_param={p}" for p in EXAMPLES[name]]
+    return [f"--model=examples/{name}.py"] + [f"--model_param={p}" for p in EXAMPLES[name]] + EXAMPLE_DATA.get(name, [])
 
 
 def python(*args, script="main.py"):

@@ -1,5 +1,5 @@
 """Sequence features (ranking/sequences.py, HybridEmbedding's unpooled lookups) and DIN's
-TargetAttention, against NumPy: rows, masks, truncation to the most recent L, the rows' gradients
+TargetAttention and BST's TransformerBlock, against NumPy: rows, masks, truncation to the most recent L, the rows' gradients
 with duplicate ids summed into one update, padded and ragged inputs alike, a dynamic table, the
 attention's formula and its masked positions, and the configuration's one-line errors. Two Gloo
 ranks against one process: tests/test_ranking_api.py (the "sequence" features of
@@ -13,7 +13,7 @@ from deployment.exporter.model_file import _lookups
 from deployment.repository_format import RepositoryError
 from parallel_embedding.planner import DynamicOptions
 from ranking import (CategoricalFeature, FeatureConfig, Features, HybridEmbedding, Model, SequenceMask, TableConfig,
-                     TargetAttention)
+                     TargetAttention, TransformerBlock)
 from utils.errors import ConfigError
 
 ROWS, DIM, L = 30, 4, 3
@@ -98,6 +98,11 @@ def test_a_train_step_updates_each_id_by_its_positions_gradients_summed():
     model.train_on_batch({"item": tf.constant(items), "history": tf.ragged.constant(HISTORIES, tf.int64)},
                          tf.constant(labels))
     np.testing.assert_allclose(emb.table_variables[0].numpy(), want, rtol=1e-5, atol=1e-6)
+    # fit's logs count the truncated ids: 3 a pass over these histories (this step's and fit's)
+    data = tf.data.Dataset.from_tensors(({"item": tf.constant(items), "history": tf.ragged.constant(HISTORIES,
+                                                                                                     tf.int64)},
+                                         tf.constant(labels)))
+    assert model.fit(data, epochs=2, verbose=0).history["hybrid_embedding/history/truncated"] == [6, 9]
 
 
 def test_a_dynamic_tables_sequence_reads_the_rows_its_one_hot_feature_reads():
@@ -176,6 +181,52 @@ def test_target_attention_is_dins_and_its_masked_positions_change_nothing(normal
     compiled = tf.function(lambda *x: attention(list(x)), jit_compile=True)
     np.testing.assert_allclose(compiled(tf.constant(q), tf.constant(k), tf.constant(mask)).numpy(), got,
                                rtol=1e-5, atol=1e-6)
+
+
+def numpy_block(block, x, mask):
+    """TransformerBlock's post-norm layer in NumPy with its weights: [b, L, D], mask [b, L]."""
+    w = {v.path.split("/", 1)[1]: v.numpy().astype(np.float64) for v in block.weights}
+    x = np.where(mask[..., None], x, 0.0) + (w["positions"][None] if "positions" in w else 0.0)
+
+    def project(name, v):
+        return np.einsum("bld,dhk->blhk", v, w[f"attention/{name}/kernel"]) + w[f"attention/{name}/bias"]
+    q, k, v = project("query", x), project("key", x), project("value", x)
+    scores = np.einsum("bqhk,bshk->bhqs", q, k) / np.sqrt(q.shape[-1])
+    allowed = mask[:, None, :, None] & mask[:, None, None, :]
+    if block.causal:
+        allowed = allowed & np.tril(np.ones([x.shape[1]] * 2, bool))
+    scores = np.where(allowed, scores, -1e9)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    attended = np.einsum("bqhk,hkd->bqd", np.einsum("bhqs,bshk->bqhk", p, v),
+                         w["attention/attention_output/kernel"]) + w["attention/attention_output/bias"]
+
+    def norm(name, y):
+        mean, var = y.mean(-1, keepdims=True), y.var(-1, keepdims=True)
+        return (y - mean) / np.sqrt(var + 1e-6) * w[f"{name}/gamma"] + w[f"{name}/beta"]
+    y = norm("norm_0", x + attended)
+    ff = np.maximum(y @ w["ff_0/kernel"] + w["ff_0/bias"], 0) @ w["ff_1/kernel"] + w["ff_1/bias"]
+    return np.where(mask[..., None], norm("norm_1", y + ff), 0.0)
+
+
+@pytest.mark.parametrize("causal, positions", [(False, True), (True, False)])
+def test_transformer_block_is_bsts_layer_and_its_masked_positions_change_nothing(causal, positions):
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=[3, 5, 8]).astype(np.float32)
+    mask = np.array([[1, 1, 1, 1, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]], bool)
+    block = TransformerBlock(heads=2, ff_units=12, max_length=5 if positions else None, causal=causal, seed=(4, 4),
+                             name="block")
+    got = block([tf.constant(x), tf.constant(mask)]).numpy()
+    np.testing.assert_allclose(got, numpy_block(block, x, mask), rtol=1e-4, atol=1e-5)
+    assert not got[1].any() and not got[0, 4].any()   # masked positions come out as zeros
+    changed = np.where(mask[..., None], x, np.float32(np.nan))
+    np.testing.assert_array_equal(block([tf.constant(changed), tf.constant(mask)]).numpy(), got)
+    later = x.copy()
+    later[:, 3:] += 1.0   # positions 3 and 4 changed
+    moved = block([tf.constant(later), tf.constant(mask)]).numpy()
+    assert np.array_equal(moved[:, :3], got[:, :3]) == causal   # causal: earlier positions see only the past
+    compiled = tf.function(lambda *a: block(list(a)), jit_compile=True)
+    np.testing.assert_allclose(compiled(tf.constant(x), tf.constant(mask)).numpy(), got, rtol=1e-5, atol=1e-5)
 
 
 def test_sequence_configuration_errors_name_the_feature():

@@ -60,7 +60,8 @@ class RunLogger:
                  store: Optional[dict] = None, heads: Optional[dict] = None):
         """The progress line, and a `step` record; `store`: the embedding store's figures
         (DistributedEmbedding.store_stats): the disk tier's, if it has tables on disk, and each
-        dynamic table's counts (`<table>/live`, `/admitted`, `/evicted`, `/refused`); `heads`: a
+        dynamic table's counts (`<table>/live`, `/admitted`, `/evicted`, `/refused`), each
+        sequence's `<layer>/<feature>/truncated` (shown as "truncated ids"); `heads`: a
         model with heads, each head's loss by "<head>_loss" (shown after the loss, their sum)."""
         throughput = batch_size / step_seconds
         eta = (total - step) * step_seconds
@@ -74,6 +75,10 @@ class RunLogger:
                 tables.setdefault(table, {})[count] = value
         for table, counts in tables.items():
             line += " | " + f"{table}: " + ", ".join(f"{counts[c]:,} {c}" for c in DYNAMIC_COUNTS)
+        truncated = {key[:-len("/truncated")]: value for key, value in (store or {}).items()
+                     if key.endswith("/truncated")}
+        if truncated:
+            line += " | truncated ids: " + ", ".join(f"{name} {n:,}" for name, n in truncated.items())
         if store and "cache_hit_rate" in store:
             line += (f" | cache hits {100 * store['cache_hit_rate']:.1f}% | disk read "
                      f"{store['store_mb_read_per_step']:.3g} MB/step, written {store['store_mb_written_per_step']:.3g}"
