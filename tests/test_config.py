@@ -40,7 +40,7 @@ DEFAULTS.update(run_eagerly=False, auc_thresholds=None)
 DEFAULTS.update(embedding_memory_budget_gb=None, embedding_store_path=None, embedding_cache_policy="lru")
 DEFAULTS.update(skip_checkpoint_checksums=False)
 DEFAULTS.update(model="", model_params="", model_param=None)
-DEFAULTS.update(synthetic_labels=1)
+DEFAULTS.update(synthetic_labels=1, synthetic_history_length=0)
 
 FOUR_CARDS = ["10", "20", "30", "40"]
 

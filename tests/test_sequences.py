@@ -256,3 +256,31 @@ def test_export_of_a_sequence_feature_is_refused_naming_it():
     with pytest.raises(RepositoryError, match="--model=din.py: feature 'history' of layer 'hybrid_embedding' is a "
                                               "sequence .* not yet exported for serving"):
         _lookups(model, emb, features, "din.py", 0)
+
+
+def test_synthetic_histories_and_their_affinity_term_against_python():
+    """--synthetic_history_length=L: a last feature "history" over cat_0's vocabulary, 0..L ids a
+    sample; the oracle logit is the other features' plus s_h * max_j <v[c_0], v[h_j]> / 2."""
+    from dataloading import synthetic
+    from tests.test_config import build
+    cfg = build(synthetic_cardinalities=["50", "8", "6"], synthetic_history_length=5)
+    assert cfg.data.shape.names == ["cat_0", "cat_1", "cat_2", "history"]
+    assert (cfg.data.cardinalities, cfg.data.max_hotness) == ([50, 8, 6, 50], [None, None, None, 5])
+    with pytest.raises(ConfigError, match="synthetic_history_length must be >= 0, got -1"):
+        build(synthetic_history_length=-1)
+    data = synthetic.SyntheticDataset([50, 8, 6, 50], 2, 1.05, 3, [None, None, None, 5], history=5)
+    plain = synthetic.SyntheticDataset([50, 8, 6], 2, 1.05, 3)
+    got, base = data.batch("train", 10, 200), plain.batch("train", 10, 200)
+    history = got["categorical"][3]
+    lengths = np.diff(history.row_splits)
+    assert lengths.min() == 0 and lengths.max() == 5 and history.values.max() < 50
+    for k in range(3):
+        np.testing.assert_array_equal(got["categorical"][k], base["categorical"][k])
+    v = synthetic._effect_table(3, synthetic._AFFINITY, 0, 50, 4)
+    for i in range(200):
+        items = history.values[history.row_splits[i]:history.row_splits[i + 1]]
+        c = got["categorical"][0][i]
+        affinity = synthetic._AFFINITY_SCALE * max(float(v[c] @ v[h]) / 2 for h in items) if len(items) else 0.0
+        assert abs(float(got["oracle_logits"][i]) - (float(base["oracle_logits"][i]) + affinity)) < 1e-5
+    with pytest.raises(ValueError, match="history 5: the last feature is a history of feature 0's items"):
+        synthetic.SyntheticDataset([50, 8, 6, 40], 2, 1.05, 3, [None, None, None, 5], history=5)
