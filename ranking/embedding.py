@@ -237,7 +237,8 @@ class HybridEmbedding(keras.layers.Layer):
     def _build_tables(self, plan):
         """Makes the layer's DistributedEmbedding on `plan` (its tables' part of its group's plan)."""
         storage = self._group.storage
-        self._embedding = DistributedEmbedding(plan, self._group.comm, combiners=[t.combiner or "sum" for t in self.tables],
+        combiners = [t.combiner or "sum" for t in self.tables]   # None: a table of sequences only, never combined
+        self._embedding = DistributedEmbedding(plan, self._group.comm, combiners=combiners,
                                                make_variable=self._table_variable,
                                                store_path=storage and storage.store_path,
                                                cache_policy=storage.cache_policy if storage else "lru",

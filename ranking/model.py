@@ -634,7 +634,8 @@ def _has_halves(model) -> bool:
 
 
 class _TableCounts(keras.callbacks.Callback):
-    """Adds `Model.dynamic_stats` and `sequence_stats` to the logs of every batch and epoch (first of fit's callbacks)."""
+    """Adds `Model.dynamic_stats` and `sequence_stats` to the logs of every batch and epoch (first of
+    fit's callbacks)."""
 
     def on_train_batch_end(self, batch, logs=None):
         if logs is not None:

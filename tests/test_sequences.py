@@ -1,7 +1,8 @@
-"""Sequence features (ranking/sequences.py, HybridEmbedding's unpooled lookups) and DIN's
-TargetAttention and BST's TransformerBlock, against NumPy: rows, masks, truncation to the most recent L, the rows' gradients
-with duplicate ids summed into one update, padded and ragged inputs alike, a dynamic table, the
-attention's formula and its masked positions, and the configuration's one-line errors. Two Gloo
+"""Sequence features (ranking/sequences.py, HybridEmbedding's unpooled lookups), DIN's
+TargetAttention and BST's TransformerBlock, against NumPy: rows, masks, truncation to the most
+recent L, the rows' gradients with duplicate ids summed into one update, padded and ragged inputs
+alike, a dynamic table, the layers' formulas and their masked positions, synthetic histories, and
+the configuration's one-line errors. Two Gloo
 ranks against one process: tests/test_ranking_api.py (the "sequence" features of
 tests/ranking_multirank_worker.py)."""
 import keras

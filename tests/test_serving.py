@@ -420,8 +420,8 @@ def test_synthetic_data_flags_open_the_runs_evaluation_data():
     from run.assembly import dataset_request
     cfg = build_config(dict(TINY, synthetic_alpha=0.7, seed=9, synthetic_eval_rows=300))
     flags = types.SimpleNamespace(dataset_type="synthetic", synthetic_cardinalities=TINY["synthetic_cardinalities"],
-                                  synthetic_num_numerical=3, synthetic_labels=1, synthetic_alpha=0.7, seed=9,
-                                  synthetic_eval_rows=300,
+                                  synthetic_num_numerical=3, synthetic_labels=1, synthetic_history_length=0,
+                                  synthetic_alpha=0.7, seed=9, synthetic_eval_rows=300,
                                   dataset_path="", feature_spec="", eval_mapping="test")
     dataset, rows = open_eval_data(flags)
     expected, expected_rows = open_dataset(dataset_request(cfg))
