@@ -53,6 +53,16 @@ _AFFINITY_SCALE = 3.0         # s_h: the history's affinity term
 HISTORY = "history"           # the history feature's name (run/config.py names the synthetic features)
 
 
+def with_history(cardinalities: Sequence[int], max_hotness: Optional[Sequence[Optional[int]]],
+                 history: int):
+    """The features' (cardinalities, max_hotness) with, for `history` L > 0, the history feature
+    appended: feature 0's cardinality, max_hotness L (None: all one-hot, without a history)."""
+    if history <= 0:
+        return list(cardinalities), None if max_hotness is None else list(max_hotness)
+    hotness = list(max_hotness) if max_hotness is not None else [None] * len(cardinalities)
+    return list(cardinalities) + [cardinalities[0]], hotness + [history]
+
+
 def label_names(count: int) -> List[str]:
     """The names of `count` synthetic labels: "label", then "label_1", "label_2", ..."""
     return ["label"] + [f"label_{h}" for h in range(1, count)]

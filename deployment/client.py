@@ -130,6 +130,7 @@ def free_ports(n: int) -> list:
 def open_eval_data(flags) -> Tuple[object, int]:
     """(dataset, evaluation rows) named by main.py's data flags (run/data_flags.py)."""
     from dataloading.open import open_dataset
+    from dataloading.synthetic import with_history
     from run.config import feature_spec_path, parse_int_list
     if flags.dataset_type == "synthetic":
         cards = parse_int_list("synthetic_cardinalities", flags.synthetic_cardinalities)
@@ -137,8 +138,9 @@ def open_eval_data(flags) -> Tuple[object, int]:
         if labels < 1:
             raise ConfigError(f"--synthetic_labels must be positive, got {labels}")
         num_numerical, history = flags.synthetic_num_numerical, flags.synthetic_history_length
-        hotness = [None] * len(cards) + [history] if history > 0 else None
-        cards = cards + [cards[0]] if history > 0 else cards
+        if history < 0:
+            raise ConfigError(f"--synthetic_history_length must be >= 0, got {history}")
+        cards, hotness = with_history(cards, None, history)
     else:
         if not flags.dataset_path and not flags.feature_spec:
             raise ConfigError(f"--dataset_type={flags.dataset_type} needs --dataset_path (a directory with "
@@ -147,7 +149,7 @@ def open_eval_data(flags) -> Tuple[object, int]:
     cfg = types.SimpleNamespace(   # what open_dataset reads for evaluation
         mode="eval", dataset_type=flags.dataset_type, cardinalities=cards, num_numerical=num_numerical,
         max_hotness=hotness, synthetic_alpha=flags.synthetic_alpha, synthetic_labels=labels, seed=flags.seed,
-        synthetic_history_length=max(history, 0),
+        synthetic_history_length=history,
         synthetic_rows=0, synthetic_eval_rows=flags.synthetic_eval_rows, eval_mapping=flags.eval_mapping,
         feature_spec_path=feature_spec_path(flags.dataset_path, flags.feature_spec))
     dataset, rows = open_dataset(cfg)

@@ -178,6 +178,9 @@ class HybridEmbedding(keras.layers.Layer):
         if not self.features:
             raise ConfigError("HybridEmbedding: no features given")
         self.tables, self.table_of = planner_tables(self.features)
+        # Per table, its inputs of b rows: one a pooled feature, L a sequence feature.
+        self._table_inputs = [sum(self._inputs_of(f) for f, i in zip(self.features, self.table_of) if i == t)
+                              for t in range(len(self.tables))]
         if group is not None and (collectives, storage, strategy, column_slice_threshold, row_slice_threshold,
                                   data_parallel_threshold) != (None, None, "memory_balanced", None, None, None):
             raise ConfigError(f"layer {self.name!r}: a layer of a TableGroup takes the group's collectives, "
@@ -242,13 +245,8 @@ class HybridEmbedding(keras.layers.Layer):
                                                make_variable=self._table_variable,
                                                store_path=storage and storage.store_path,
                                                cache_policy=storage.cache_policy if storage else "lru",
-                                               inputs_per_table=self._inputs_per_table(),
+                                               inputs_per_table=self._table_inputs,
                                                name=f"{self.name}_tables", **self._table_settings)
-
-    def _inputs_per_table(self) -> List[int]:
-        """Per table, its inputs of b rows: one a pooled feature, L a sequence feature."""
-        return [sum(self._inputs_of(f) for f, i in zip(self.features, self.table_of) if i == t)
-                for t in range(len(self.tables))]
 
     @staticmethod
     def _inputs_of(feature: FeatureConfig) -> int:
@@ -263,9 +261,9 @@ class HybridEmbedding(keras.layers.Layer):
             raise ConfigError(f"layer {self.name!r}: the embedding handed to it holds tables (rows, dim) "
                               f"{[(g[0] or 'dynamic', g[1]) for g in got]}, not its features' {want} on its "
                               f"collectives")
-        if embedding.inputs_per_table != self._inputs_per_table():
+        if embedding.inputs_per_table != self._table_inputs:
             raise ConfigError(f"layer {self.name!r}: the embedding handed to it reads {embedding.inputs_per_table} "
-                              f"inputs a table, its features {self._inputs_per_table()} (a sequence of length L: L)")
+                              f"inputs a table, its features {self._table_inputs} (a sequence of length L: L)")
         return embedding
 
     def _table_variable(self, initial_value: tf.Tensor, name: str) -> tf.Variable:
@@ -408,7 +406,7 @@ class HybridEmbedding(keras.layers.Layer):
                 rows = self.embedding.exchange(looked_up, b)
             self._recorded.tape.watch(rows)
             self._recorded.calls.append((looked_up, rows))
-        taken, inputs = [0] * len(self.tables), self._inputs_per_table()
+        taken, inputs = [0] * len(self.tables), self._table_inputs
         out = []
         for f, t in zip(self.features, self.table_of):   # table t's rows [m_t b, D]: its inputs' b rows each
             n = self._inputs_of(f)

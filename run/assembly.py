@@ -60,8 +60,8 @@ def dataset_request(cfg: RunConfig) -> types.SimpleNamespace:
     return types.SimpleNamespace(mode=cfg.mode, seed=cfg.seed, batch_size=cfg.training.batch_size,
                                  validation_mapping=validation, **{
         name: getattr(data, name) for name in ("dataset_type", "cardinalities", "num_numerical", "max_hotness",
-                                               "synthetic_alpha", "synthetic_labels", "synthetic_history_length", "synthetic_rows",
-                                               "synthetic_eval_rows", "train_mapping", "eval_mapping",
+                                               "synthetic_alpha", "synthetic_labels", "synthetic_history_length",
+                                               "synthetic_rows", "synthetic_eval_rows", "train_mapping", "eval_mapping",
                                                "feature_spec_path")})
 
 

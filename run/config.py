@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Sequence, Set
 import yaml
 
 from dataloading.feature_spec import FeatureSpec
-from dataloading.synthetic import HISTORY as SYNTHETIC_HISTORY, label_names as synthetic_label_names
+from dataloading.synthetic import HISTORY as SYNTHETIC_HISTORY, label_names as synthetic_label_names, with_history
 from nn.model_config import table_combiners
 from parallel_embedding.planner import DYNAMIC_POLICIES, DynamicOptions, PlanError
 from storage.row_cache import POLICIES
@@ -586,11 +586,10 @@ def build_config(values: dict, present: Optional[Set[str]] = None, world_size: i
         cards = v["shape"].cardinalities
     else:
         _positive_list("synthetic_cardinalities", cards)
-        hotness, names = hotness or [None] * len(cards), [f"cat_{k}" for k in range(len(cards))]
-        if v.get("synthetic_history_length", 0) > 0:   # the history of cat_0's items, a last feature
-            cards, hotness = list(cards) + [cards[0]], hotness + [v["synthetic_history_length"]]
-            names.append(SYNTHETIC_HISTORY)
-        v["shape"] = DatasetShape(list(cards), v["synthetic_num_numerical"], hotness, names,
+        names = [f"cat_{k}" for k in range(len(cards))]
+        cards, hotness = with_history(cards, hotness or [None] * len(cards), v["synthetic_history_length"])
+        names += [SYNTHETIC_HISTORY] * (len(cards) - len(names))   # the history of cat_0's items, a last feature
+        v["shape"] = DatasetShape(cards, v["synthetic_num_numerical"], hotness, names,
                                   labels=synthetic_label_names(max(1, v["synthetic_labels"])))
     dims = v.pop("embedding_dim")
     if len(dims) == 1:

@@ -136,7 +136,7 @@ def _lookups(model, layer: HybridEmbedding, features: Features, model_file: str,
         if f.sequence:
             raise RepositoryError(f"--model={model_file}: feature {f.name!r} of layer {layer.name!r} is a sequence "
                                   f"(output_shape {tuple(f.output_shape)}): sequence features train and checkpoint, "
-                                  f"but are not yet exported for serving (docs/models.md)")
+                                  f"but are not yet exported for serving (docs/sequences.md)")
         if id(sources[i]) not in input_feature:
             raise RepositoryError(f"--model={model_file}: feature {f.name!r} of layer {layer.name!r} is not fed one "
                                   "of the model's inputs as it is (the export looks up the requests' ids)")
