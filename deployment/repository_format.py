@@ -5,14 +5,19 @@ share. Only utils/, NumPy and JSON below it: no TensorFlow, nothing of training.
 Tensors. Requests carry two tensors (Triton's batch dimension first):
     numerical_features    [B, num_numerical] float32
     categorical_features  [B, W] int64: one column per one-hot feature, max_hotness columns per
-                          multi-hot feature holding its ids, padded with -1 (PAD) in any slot
+                          multi-hot feature holding its ids, padded with -1 (PAD) in any slot;
+                          a sequence (a history read unpooled) is a multi-hot feature whose ids
+                          are in order, oldest first (its padding anywhere)
 and get back `predictions` [B, 1] (click probability) and `logits` [B, 1], both float32; a
 model with H heads (main.py --model=FILE on data with H labels) gives them [B, H], one column per
 head in the order of the layout's `heads` (a head trained with mean squared error predicts a value:
 its column of both is its output; the layout's `values` lists those columns). The ensemble's
 sparse model maps categorical_features to `embeddings` [B, sum of the lookups' widths] (lookup
 order; the built-in models: one lookup per feature, in feature order), which its dense model
-takes with numerical_features.
+takes with numerical_features. A pooled lookup's width is its table's D; a sequence lookup's
+(`sequence` L in its lookups entry) is L D + 1: its kept ids' rows (the most recent L, oldest
+first, zeros after them; row j of a sample at columns [j D, (j + 1) D)), then the number of ids
+the request gave it (before the most recent L were kept), as a float.
 
 Files. A full export (deployment/exporter/repository.py) is a directory holding export.json
 (EXPORT_INFO: its name, forms, version, signature, serving layout, settings, and `files`: every
@@ -358,7 +363,8 @@ def _table_index(entry: dict) -> int:
 
 def table_lookups(tables_info: dict) -> List[dict]:
     """tables.json's lookups: per lookup its feature, table (index), max_hotness, combiner,
-    categorical_columns and embedding_columns; without `lookups` (the built-in models' export),
+    categorical_columns and embedding_columns (a sequence lookup: `sequence`, its L); without
+    `lookups` (the built-in models' export),
     table t is the one lookup of feature t and its entry says so."""
     if "lookups" in tables_info:
         return tables_info["lookups"]

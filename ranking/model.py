@@ -499,15 +499,20 @@ class FunctionalModel(_ProjectStep, Functional):
 
     def dense_part(self) -> keras.Model:
         """The model after its embeddings, for export beside the tables: a functional keras.Model
-        from the model's inputs that no HybridEmbedding consumes (in order), then every
-        HybridEmbedding's outputs ([b, D_f] each, as keras.tree.flatten orders them: a dict by
+        from the model's inputs that a layer other than a HybridEmbedding reads (the numericals, a
+        sequence's ids read by a SequenceMask), in order, then every HybridEmbedding's outputs
+        ([b, D_f] or a sequence's [b, L, D_f] each, as keras.tree.flatten orders them: a dict by
         feature name), to the model's outputs. It shares the Keras weights; `export(path)` writes
         it as a SavedModel."""
         layers = [l for l in self._flatten_layers() if isinstance(l, HybridEmbedding)]
-        consumed = {id(t) for l in layers for t in keras.tree.flatten(l.input)}
-        inputs = [t for t in self.inputs if id(t) not in consumed]
+        inputs = [t for t in self.inputs if self.readers(t, exclude=HybridEmbedding)]
         inputs += [t for l in layers for t in keras.tree.flatten(l.output)]
         return keras.Model(inputs, self.outputs, name=f"{self.name}_dense")
+
+    def readers(self, tensor, exclude=()) -> list:
+        """The layers of the model (not `exclude`'s kind) called on `tensor` (a KerasTensor of it)."""
+        return [op for op in self.operations if not isinstance(op, exclude) and
+                any(id(t) == id(tensor) for node in op._inbound_nodes for t in keras.tree.flatten(node.input_tensors))]
 
 
 def _per_sample_loss(loss):

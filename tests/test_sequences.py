@@ -2,7 +2,7 @@
 TargetAttention and BST's TransformerBlock, against NumPy: rows, masks, truncation to the most
 recent L, the rows' gradients with duplicate ids summed into one update, padded and ragged inputs
 alike, a dynamic table, the layers' formulas and their masked positions, synthetic histories, and
-the configuration's one-line errors. Two Gloo
+the configuration's one-line errors, the export's lookups. Two Gloo
 ranks against one process: tests/test_ranking_api.py (the "sequence" features of
 tests/ranking_multirank_worker.py)."""
 import keras
@@ -247,16 +247,20 @@ def test_sequence_configuration_errors_name_the_feature():
         TargetAttention(name="din")([tf.zeros([2, 4]), tf.zeros([2, 3, 5]), tf.ones([2, 3], tf.bool)])
 
 
-def test_export_of_a_sequence_feature_is_refused_naming_it():
+def test_export_reads_a_sequence_as_an_unpooled_lookup():
+    """The export's lookups (tests/test_sequence_export.py serves them): the history's block of
+    embeddings L D + 1 wide, its L recorded; the item's pooled, D wide."""
     features = Features([CategoricalFeature("item", ROWS), CategoricalFeature("history", ROWS, L)], 0)
     ids = features.inputs()
     emb = layer()
     out = emb({"item": ids["item"], "history": ids["history"]})
     model = Model(ids, keras.layers.Dense(1)(keras.layers.Concatenate()([keras.layers.Flatten()(out["history"]),
                                                                          out["item"]])))
-    with pytest.raises(RepositoryError, match="--model=din.py: feature 'history' of layer 'hybrid_embedding' is a "
-                                              "sequence .* not yet exported for serving"):
-        _lookups(model, emb, features, "din.py", 0)
+    lookups, widths, sources = _lookups(model, emb, features, "din.py", 0)
+    assert [(x.feature, x.sequence) for x in lookups] == [(0, None), (1, L)]
+    assert widths == [DIM, L * DIM + 1] and sources == [id(ids["item"]), id(ids["history"])]
+    with pytest.raises(RepositoryError):   # not a functional model with a dict of inputs
+        _lookups(layer(), emb, features, "din.py", 0)
 
 
 def test_synthetic_histories_and_their_affinity_term_against_python():

@@ -5,7 +5,8 @@ layers, whose tables are built of one row each (Features' `one_row_tables`: the 
 the checkpoint's rows, so that the model needs no memory for its tables), and the dense part
 (ranking FunctionalModel.dense_part) with the checkpoint's Keras weights, giving a column per head
 (in the labels' order) and predicting a value for a head FILE's compile_args trains with mean
-squared error. Shapes: B requests, n numericals, L lookups of widths D_l, H heads. A dynamic
+squared error. Shapes: B requests, n numericals, lookups of widths D_l, H heads. A sequence
+feature (a history of length L) is a lookup of width L D_l + 1 (repository_format). A dynamic
 table (--dynamic_tables) is rebuilt static and exported as its checkpoint holds it: its live
 rows and their ids (model_layout.with_dynamic_tables).
 A built-in model's checkpoint (dlrm.py, dcnv2.py) has its dense part built the same way
@@ -21,7 +22,7 @@ from deployment.exporter.model_layout import DYNAMIC_IDS, ExportedModel, Lookup,
 from deployment.repository_format import RepositoryError, ServingLayout
 from nn.model import builtin_model_file
 from nn.model_config import ModelConfig
-from ranking import CategoricalFeature, Features, HybridEmbedding
+from ranking import CategoricalFeature, Features, HybridEmbedding, SequenceMask
 from ranking.features import NUMERICAL, compile_args, load_model_file
 from ranking.model import FunctionalModel
 from storage import checkpoint
@@ -29,22 +30,34 @@ from utils.errors import ConfigError
 
 
 class KerasDense(tf.Module):
-    """numerical_features [B, n], embeddings [B, sum D_l] -> logits [B] float32, or [B, H] for
-    `heads` (a column per head, in their order): a model file's dense part (a keras.Model taking
-    the numericals, if the model does, then one [B, D_l] per lookup; giving one output, or one per
-    head in the order of their names)."""
+    """numerical_features [B, n], embeddings [B, sum of the lookups' widths] -> logits [B] float32,
+    or [B, H] for `heads` (a column per head, in their order): a model file's dense part (a
+    keras.Model taking first its inputs `given`, each None for the numericals or the index of the
+    sequence lookup whose ids it is, then one [B, D_l] per lookup, [B, L, D_l] for a sequence of
+    `sequences`' L; giving one output, or one per head in the order of their names). A sequence's
+    ids reach it as zeros, as many as its request gave (the count ending its block of embeddings,
+    repository_format): what a SequenceMask, the one layer allowed to read them, needs."""
 
-    def __init__(self, dense_part: keras.Model, widths, takes_numerical: bool, heads: Optional[List[str]] = None):
+    def __init__(self, dense_part: keras.Model, widths, sequences, given, heads: Optional[List[str]] = None):
         super().__init__(name="dense")
-        self.model, self._widths, self._takes_numerical = dense_part, list(widths), takes_numerical
+        self.model, self._widths, self._sequences, self._given = dense_part, list(widths), list(sequences), list(given)
         self._columns = None if heads is None else [sorted(heads).index(h) for h in heads]
 
     def __call__(self, numerical: tf.Tensor, embeddings: tf.Tensor) -> tf.Tensor:
-        rows = tf.split(embeddings, self._widths, axis=1)
-        out = self.model(([numerical] if self._takes_numerical else []) + rows, training=False)
+        blocks = tf.split(embeddings, self._widths, axis=1)
+        rows = [b if length is None else tf.reshape(b[:, :-1], [-1, length, (width - 1) // length])
+                for b, width, length in zip(blocks, self._widths, self._sequences)]
+        first = [numerical if l is None else _given_ids(blocks[l][:, -1]) for l in self._given]
+        out = self.model(first + rows, training=False)
         if self._columns is None:
             return tf.reshape(tf.cast(out, tf.float32), [-1])
         return tf.stack([tf.reshape(tf.cast(out[i], tf.float32), [-1]) for i in self._columns], axis=1)
+
+
+def _given_ids(counts: tf.Tensor) -> tf.RaggedTensor:
+    """Ragged [B, None] int64 zeros, `counts` [B] (floats) a row."""
+    lengths = tf.cast(counts, tf.int64)
+    return tf.RaggedTensor.from_row_lengths(tf.zeros([tf.reduce_sum(lengths)], tf.int64), lengths)
 
 
 def model_file_export(manifest: dict, model_file) -> ExportedModel:
@@ -69,26 +82,26 @@ def model_file_export(manifest: dict, model_file) -> ExportedModel:
     except ConfigError as e:
         raise RepositoryError(f"--model={model_file}: {e}") from None
     layers = [l for l in model._flatten_layers() if isinstance(l, HybridEmbedding)]
-    tables, lookups, widths = [], [], []
+    tables, lookups, widths, sources = [], [], [], []
     for layer in layers:   # the order dense_part takes their outputs in; tables numbered across layers
         first = len(tables)
         tables += [Table(layer.embedding.table_name(t), c.vocabulary_size, c.embedding_dim)
                    for t, c in enumerate(layer.tables)]
-        more, more_widths = _lookups(model, layer, features, model_file, first)
-        lookups, widths = lookups + more, widths + more_widths
+        more, more_widths, more_sources = _lookups(model, layer, features, model_file, first)
+        lookups, widths, sources = lookups + more, widths + more_widths, sources + more_sources
     for t in tables:
         saved = tuple(manifest["tensors"].get(t.tensor, {}).get("shape", ()))
         dynamic = f"{t.tensor}/{DYNAMIC_IDS}" in manifest["tensors"]   # its rows: the live ones saved
         if saved != (saved[0] if dynamic and saved else t.rows, t.dim):
             raise RepositoryError(f"--model={model_file}: table {t.tensor} is {saved or 'missing'} in {where}, the "
                                   f"model builds it {(t.rows, t.dim)}")
-    inputs = model._inputs_struct
+    given = _given(model, lookups, sources, model_file)
     layout = ServingLayout(signature["cardinalities"], signature["max_hotness"], widths, signature["num_numerical"],
                            [x.feature for x in lookups], heads,
                            [h for h, score in enumerate(scores) if score == "rmse"] or None)
 
     def dense(verify: bool) -> KerasDense:
-        return _restored_dense(model, manifest, verify, widths, NUMERICAL in inputs, heads)
+        return _restored_dense(model, manifest, verify, widths, [x.sequence for x in lookups], given, heads)
 
     return ExportedModel(layout, tables, lookups, os.path.splitext(signature["model"])[0], dense)
 
@@ -106,23 +119,47 @@ def builtin_dense(manifest: dict, verify: bool = True) -> KerasDense:
     features = Features([CategoricalFeature(f"cat_{f}", t.cardinality, t.max_hotness)
                          for f, t in enumerate(config.tables)], config.num_numerical, one_row_tables=True)
     model = load_model_file(path)[0](features, hparams)
-    return _restored_dense(model, manifest, verify, config.embedding_dims, True)
+    widths = config.embedding_dims
+    return _restored_dense(model, manifest, verify, widths, [None] * len(widths), [None])
 
 
-def _restored_dense(model, manifest: dict, verify: bool, widths, takes_numerical: bool,
+def _restored_dense(model, manifest: dict, verify: bool, widths, sequences, given,
                     heads: Optional[List[str]] = None) -> KerasDense:
     """KerasDense of the functional `model`'s dense part, its Keras weights read from the
     checkpoint (manifest) by path; `verify`: their checksums checked."""
     named = {w.path: w.value for w in model.weights}
     checkpoint.restore(manifest["path"], checkpoint.replicated_entries(named), {}, set(named), extra_ok=True,
                        verify=verify)
-    return KerasDense(model.dense_part(), widths, takes_numerical, heads)
+    return KerasDense(model.dense_part(), widths, sequences, given, heads)
+
+
+def _given(model, lookups: List[Lookup], sources: List[int], model_file: str) -> list:
+    """The dense part's inputs before the lookups' rows, as KerasDense takes them: None for the
+    numericals, or the index of the sequence lookup whose ids (`sources`: per lookup, the id of the
+    tensor it reads) a SequenceMask reads; RepositoryError, one line, for any other input."""
+    names = {id(t): name for name, t in model._inputs_struct.items()}
+    rows = sum(len(keras.tree.flatten(l.output)) for l in model._flatten_layers() if isinstance(l, HybridEmbedding))
+    dense = model.dense_part()
+    given = []
+    for t in dense.inputs[:len(dense.inputs) - rows]:
+        if names[id(t)] == NUMERICAL:
+            given.append(None)
+            continue
+        seq = [l for l, (x, source) in enumerate(zip(lookups, sources)) if x.sequence is not None and source == id(t)]
+        others = [l.name for l in model.readers(t, exclude=(HybridEmbedding, SequenceMask))]
+        if not seq or others:
+            raise RepositoryError(f"--model={model_file}: input {names[id(t)]!r} is read by layer "
+                                  f"{(others or [l.name for l in model.readers(t, exclude=HybridEmbedding)])[0]!r} "
+                                  f"beside the embeddings; the export serves a feature's ids to the model only "
+                                  f"through its lookups, and a sequence's through a SequenceMask too")
+        given.append(seq[0])
+    return given
 
 
 def _lookups(model, layer: HybridEmbedding, features: Features, model_file: str, first_table: int):
     """Per output of `layer` in the order the dense part takes them (keras.tree.flatten's: the
     features' order, or by name for a dict): its Lookup (the dataset feature whose input feeds it,
-    the table numbered from `first_table`) and width."""
+    the table numbered from `first_table`; a sequence's L), width, and the id of the tensor it reads."""
     if not isinstance(model, FunctionalModel) or not isinstance(model._inputs_struct, dict):
         raise RepositoryError(f"--model={model_file}: export needs a functional model with a dict of inputs")
     input_feature = {id(t): features.names.index(name) for name, t in model._inputs_struct.items() if name != NUMERICAL}
@@ -130,16 +167,14 @@ def _lookups(model, layer: HybridEmbedding, features: Features, model_file: str,
     order = range(len(layer.features))
     if isinstance(layer.output, dict):   # the dense part takes a dict's outputs by name
         order = sorted(order, key=lambda i: layer.features[i].name)
-    lookups, widths = [], []
+    lookups, widths, read = [], [], []
     for i in order:
         f, table = layer.features[i], layer.tables[layer.table_of[i]]
-        if f.sequence:
-            raise RepositoryError(f"--model={model_file}: feature {f.name!r} of layer {layer.name!r} is a sequence "
-                                  f"(output_shape {tuple(f.output_shape)}): sequence features train and checkpoint, "
-                                  f"but are not yet exported for serving (docs/sequences.md)")
         if id(sources[i]) not in input_feature:
             raise RepositoryError(f"--model={model_file}: feature {f.name!r} of layer {layer.name!r} is not fed one "
                                   "of the model's inputs as it is (the export looks up the requests' ids)")
-        lookups.append(Lookup(input_feature[id(sources[i])], first_table + layer.table_of[i], table.combiner))
-        widths.append(table.embedding_dim)
-    return lookups, widths
+        lookups.append(Lookup(input_feature[id(sources[i])], first_table + layer.table_of[i], table.combiner,
+                              f.ids_per_sample if f.sequence else None))
+        widths.append(lookups[-1].width(table.embedding_dim))
+        read.append(id(sources[i]))
+    return lookups, widths, read

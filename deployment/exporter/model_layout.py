@@ -38,10 +38,17 @@ class Table:
 @dataclasses.dataclass(frozen=True)
 class Lookup:
     """One lookup: categorical feature `feature`'s ids (its columns of categorical_features) in table
-    `table`, a multi-hot sample's rows combined by `combiner` ("sum" or "mean")."""
+    `table`, a multi-hot sample's rows combined by `combiner` ("sum" or "mean"), or, for a
+    `sequence` of length L, unpooled: its block of embeddings as repository_format says (width
+    L D + 1)."""
     feature: int
     table: int
     combiner: str
+    sequence: Optional[int] = None
+
+    def width(self, dim: int) -> int:
+        """Its columns of embeddings, for a table of width `dim`."""
+        return dim if self.sequence is None else self.sequence * dim + 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,6 +14,7 @@ construction; every one checks its ids (an out-of-range id fails the request, na
 feature) and computes in float32, whatever precision trained the model.
 """
 import contextlib
+import functools
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
@@ -24,14 +25,16 @@ from deployment.exporter.model_file import builtin_dense
 from deployment.exporter.model_layout import ExportedModel, built_in_export
 from deployment.repository_format import CATEGORICAL, EMBEDDINGS, LOGITS, NUMERICAL, PAD, PREDICTIONS
 from parallel_embedding.layer import check_ids, combine, flatten_ids
+from ranking.sequences import recent_ids
 from storage import checkpoint
 
 HOST = "/device:CPU:0"
 
 
 class Lookup(tf.Module):
-    """categorical_features [B, W] int64 -> embeddings [B, sum D_l] float32: per lookup l of
-    `model` (model_layout.ExportedModel) its feature's ids in its table, combined by its combiner.
+    """categorical_features [B, W] int64 -> embeddings [B, sum of the lookups' widths] float32: per
+    lookup l of `model` (model_layout.ExportedModel) its feature's ids in its table, combined by its
+    combiner, or a sequence's rows unpooled (repository_format).
 
     `tables`: [rows_t, D_t] float32 per table, taken one at a time (a generator keeps one in
     memory beside the variables). Tables of more than `host_bytes` bytes are created on, and
@@ -48,21 +51,37 @@ class Lookup(tf.Module):
                 self.tables.append(tf.Variable(table, trainable=False, name=f"table_{t}"))
 
     def __call__(self, categorical: tf.Tensor) -> tf.Tensor:
-        flat = []
+        parts = []   # per lookup: (the ids it gathers [n], its rows [n, D] -> its block of embeddings)
         for lookup in self._lookups:
             start, end = self.layout.columns[lookup.feature]
             ids = categorical[:, start:end]
+            if lookup.sequence is not None:
+                ids = tf.ragged.boolean_mask(ids, ids != PAD)
+                kept, _ = recent_ids(ids, lookup.sequence)
+                parts.append((kept.values, functools.partial(_unpooled, kept=kept, given=ids.row_lengths(),
+                                                             length=lookup.sequence)))
+                continue
             ids = ids[:, 0] if self.layout.max_hotness[lookup.feature] is None else \
                 tf.ragged.boolean_mask(ids, ids != PAD)
-            flat.append(flatten_ids(ids, lookup.combiner))
+            x = flatten_ids(ids, lookup.combiner)
+            parts.append((x.ids, functools.partial(combine, flat=x)))
         features = [x.feature for x in self._lookups]
         rows_of = [int(self.tables[x.table].shape[0]) for x in self._lookups]
         rows = []
-        with tf.control_dependencies(check_ids(features, [x.ids for x in flat], rows_of)):
-            for lookup, x in zip(self._lookups, flat):
+        with tf.control_dependencies(check_ids(features, [ids for ids, _ in parts], rows_of)):
+            for lookup, (ids, block) in zip(self._lookups, parts):
                 with tf.device(HOST) if self.on_host[lookup.table] else contextlib.nullcontext():
-                    rows.append(combine(tf.gather(self.tables[lookup.table], x.ids), x))
+                    rows.append(block(tf.gather(self.tables[lookup.table], ids)))
         return tf.concat(rows, axis=1)
+
+
+def _unpooled(gathered: tf.Tensor, kept: tf.RaggedTensor, given: tf.Tensor, length: int) -> tf.Tensor:
+    """A sequence lookup's block of embeddings: the rows [n, D] of its kept ids (ragged `kept`
+    [B, None], at most `length` L a sample) -> [B, L D + 1]: each sample's rows, zeros after them,
+    then `given`, the number of ids its request gave (repository_format)."""
+    dim = gathered.shape[1]
+    padded = tf.RaggedTensor.from_row_splits(gathered, kept.row_splits).to_tensor(shape=[None, length, dim])
+    return tf.concat([tf.reshape(padded, [-1, length * dim]), tf.cast(given, tf.float32)[:, None]], axis=1)
 
 
 def _outputs(logits: tf.Tensor, values: Sequence[int] = ()) -> dict:

@@ -10,8 +10,8 @@ the dense SavedModel (file names and format: deployment/repository_format.py). N
                           all its hash shards in shard order
     <dir>/tables.json     written last (atomically): checkpoint, step, per table its file and
                           shape, per lookup (a feature's ids in a table, a slice of embeddings)
-                          its feature, table, hotness, combiner and columns, and the dense model's
-                          name and inputs. The built-in models (lookup f = feature f = table f)
+                          its feature, table, hotness, combiner and columns (a sequence: its L),
+                          and the dense model's name and inputs. The built-in models (lookup f = feature f = table f)
                           have no `lookups`: table f's entry holds lookup f's keys
                           (repository_format.table_lookups reads either).
 """
@@ -49,7 +49,8 @@ def write_tables(manifest: dict, model: ExportedModel, directory: str, dense_mod
         lookups.append({"feature": lookup.feature, "table": lookup.table,
                         "max_hotness": layout.max_hotness[lookup.feature], "combiner": lookup.combiner,
                         "categorical_columns": list(layout.columns[lookup.feature]),
-                        "embedding_columns": [offset, offset + dim]})
+                        "embedding_columns": [offset, offset + dim],
+                        **({} if lookup.sequence is None else {"sequence": lookup.sequence})})
         offset += dim
     if model.per_feature:   # table f's entry is lookup f's
         tables = [{"feature": t.pop("table"), **t, **{k: v for k, v in x.items() if k not in ("feature", "table")}}

@@ -353,14 +353,15 @@ class Model:
         return with_version(out, snapshot.version, len(numerical))
 
     def embeddings(self, snapshot: Snapshot, categorical: np.ndarray) -> np.ndarray:
-        """categorical_features [B, W] int64 -> embeddings [B, sum D_l] float32, as docs/deployment.md
-        says: per lookup its feature's columns' ids without padding, their rows in its table
-        combined by sum or mean (a dynamic table's ids are raw ids, looked up by value)."""
+        """categorical_features [B, W] int64 -> embeddings [B, sum of the lookups' widths] float32, as
+        docs/deployment.md says: per lookup its feature's columns' ids without padding, their rows in
+        its table combined by sum or mean, or a sequence's unpooled (`unpooled`; a dynamic table's
+        ids are raw ids, looked up by value)."""
         self._check(categorical)
         lookups = self._repository.lookups
         ids = [categorical[:, slice(*x["categorical_columns"])] for x in lookups]
-        parts = [(x["table"], i[:, 0] if x["max_hotness"] is None else np.where(i != PAD, i, 0))
-                 for x, i in zip(lookups, ids)]   # per lookup (its table, its ids [B] or [B, h])
+        parts = [(x["table"], i[:, 0] if x["max_hotness"] is None and not x.get("sequence") else
+                  np.where(i != PAD, i, 0)) for x, i in zip(lookups, ids)]   # per lookup (table, ids [B] or [B, h])
         per_table: Dict[int, list] = {}
         for t, part in parts:
             per_table.setdefault(t, []).append(part.reshape(-1))
@@ -372,10 +373,13 @@ class Model:
             rows = found[t][taken[t]:taken[t] + part.size].reshape(part.shape + (-1,))
             taken[t] += part.size
             a, b = x["embedding_columns"]
+            present = i != PAD   # rows: [B, h, D]
+            if x.get("sequence"):
+                out[:, a:b] = unpooled(rows, present, x["sequence"])
+                continue
             if x["max_hotness"] is None:
                 out[:, a:b] = rows
                 continue
-            present = i != PAD   # rows: [B, h, D]
             weights = present.astype(np.float32)
             if x["combiner"] == "mean":
                 weights *= (np.float32(1) / np.maximum(present.sum(1), 1).astype(np.float32))[:, None]
@@ -488,6 +492,19 @@ class Model:
         self._repository = new
         self._wait_for_retired()
         old.close()
+
+
+def unpooled(rows: np.ndarray, present: np.ndarray, length: int) -> np.ndarray:
+    """A sequence lookup's block of embeddings (repository_format): the rows [B, h, D] of a
+    request's columns, `present` [B, h] where they hold an id -> [B, L D + 1]: per sample the rows of
+    its last min(count, L) ids in order, zeros after them, then its count of ids."""
+    count = present.sum(1)
+    kept = present & (np.cumsum(present[:, ::-1], 1)[:, ::-1] <= length)   # the last L present
+    out = np.zeros((len(rows), length, rows.shape[2]), np.float32)
+    sample = np.nonzero(kept)[0]
+    slot = np.cumsum(kept, 1)[kept] - 1
+    out[sample, slot] = rows[kept]
+    return np.concatenate([out.reshape(len(rows), -1), count[:, None].astype(np.float32)], axis=1)
 
 
 def check_export(repository: str):
