@@ -364,8 +364,8 @@ def _table_index(entry: dict) -> int:
 def table_lookups(tables_info: dict) -> List[dict]:
     """tables.json's lookups: per lookup its feature, table (index), max_hotness, combiner,
     categorical_columns and embedding_columns (a sequence lookup: `sequence`, its L); without
-    `lookups` (the built-in models' export),
-    table t is the one lookup of feature t and its entry says so."""
+    `lookups` (the built-in models' export), table t is the one lookup of feature t and its entry
+    says so."""
     if "lookups" in tables_info:
         return tables_info["lookups"]
     return [dict(t, table=i) for i, t in enumerate(tables_info["tables"])]
