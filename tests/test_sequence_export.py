@@ -2,7 +2,8 @@
 (examples/) trained on synthetic histories of up to 6 items with max_length 4, so that requests
 hold histories of length 0, 1 and over the maximum; their SavedModels (monolithic, ensemble), the
 tables form in memory and through the lookup tiers with Redis, and serve.py's native frontend
-predict what the training-time model predicts; a second day's delta is taken by the tables form;
+predict what the training-time model predicts, and so does a dynamic item table's tables form;
+a second day's delta is taken by the tables form;
 the NumPy and TensorFlow sparse parts agree on hand-made histories (padding anywhere, over the
 maximum, empty); a model reading a history's ids outside its lookups and a SequenceMask is
 refused in one line."""
@@ -37,11 +38,11 @@ def model_args(name):
     return [f"--model=examples/{name}.py"] + [f"--model_param={p}" for p in PARAMS[name]]
 
 
-def run_config(name):
+def run_config(name, **extra):
     values = dict(TINY, model=f"examples/{name}.py", model_param=PARAMS[name], synthetic_cardinalities=CARDS,
                   synthetic_num_numerical=3, synthetic_history_length=HISTORY, batch_size=96, valid_batch_size=300,
-                  synthetic_rows=960, synthetic_eval_rows=300, optimizer="adagrad")
-    return build_config(values, present={"model", "model_param", "synthetic_history_length"})
+                  synthetic_rows=960, synthetic_eval_rows=300, optimizer="adagrad", **extra)
+    return build_config(values, present={"model", "model_param", "synthetic_history_length", *extra})
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +94,22 @@ def test_bst_exports_and_serves_what_it_predicts(tmp_path):
     _, layout = layout_of(str(tmp_path / "repo"))
     check_forms(str(tmp_path / "repo"), batch, categorical_matrix(batch["categorical"], layout.max_hotness), logits,
                 tmp_path)
+
+
+def test_a_dynamic_item_table_serves_its_history_by_raw_id(tmp_path):
+    """The candidate and its history in one dynamic table (raw ids, 200 rows; an id not live reads
+    zeros): the tables form, its only one, predicts what the model does."""
+    dynamic = ["cat_0:200", "history:200"]
+    python(*model_args("din"), *DATA, "--seed=7", f"--dynamic_tables={','.join(dynamic)}",
+           f"--save_checkpoint_path={tmp_path / 'ckpt'}")
+    out = python(f"--checkpoint={tmp_path / 'ckpt'}", f"--output={tmp_path / 'repo'}", "--model_name=m",
+                 "--model=examples/din.py", script="deployment/deploy.py")
+    assert "tables form chosen: table embedding_tables/table_0 is dynamic" in out.stdout
+    batch, logits = reference(run_config("din", dynamic_tables=dynamic), str(tmp_path / "ckpt"), 300)
+    _, layout = layout_of(str(tmp_path / "repo"))
+    got = Model(str(tmp_path / "repo")).infer(np.asarray(batch["numerical"]),
+                                              categorical_matrix(batch["categorical"], layout.max_hotness))
+    np.testing.assert_allclose(got["logits"][:, 0], logits, rtol=1e-5, atol=1e-5)
 
 
 def test_native_server_answers_as_the_model_predicts(din, tmp_path):
