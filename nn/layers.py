@@ -1,6 +1,6 @@
 """Building blocks of ranking models as Keras 3 layers: MLP, DotInteraction, CrossNetwork,
 FactorizationMachine, TargetAttention (DIN's, over a sequence feature's rows), TransformerBlock
-(BST's); the one implementation of the built-in DLRM / DCNv2's dense part
+(BST's), HSTUBlock (HSTU's pointwise attention); the one implementation of the built-in DLRM / DCNv2's dense part
 (nn/model.py) and of the ranking/ API's layers (`ranking.MLP`, ...). Shapes: `b` local batch,
 `F` embeddings, `D` a width.
 
@@ -384,3 +384,89 @@ class TransformerBlock(keras.layers.Layer):
     def get_config(self):
         return {**super().get_config(), "heads": self.heads, "ff_units": self.ff_units, "max_length": self.max_length,
                 "causal": self.causal, "dropout": self.dropout, "seed": self.seed}
+
+
+@keras.saving.register_keras_serializable(package="ranking")
+class HSTUBlock(keras.layers.Layer):
+    """HSTU's layer (Zhai et al., 2024, "Actions Speak Louder than Words"): pointwise aggregated
+    attention over a sequence, [x [b, L, D], mask [b, L] bool] -> [b, L, D].
+
+        U, V, Q, K = split(SiLU(LayerNorm(x) W1 + b1))       heads of widths linear_dim, attention_dim
+        A = SiLU(Q K^T + rab(j - i)) / L  at the allowed (query i, key j), 0 elsewhere
+        out = x + (LayerNorm(A V) * U) W2 + b2               (dropout before W2 while training)
+
+    No softmax: the weights are SiLU'd scores divided by `max_length` L (not by the number of
+    keys), so a sample's intensity of interest survives. rab is a learned relative position bias
+    [2L - 1] shared by the heads (j - i clipped to [-(L - 1), L - 1]; HSTU adds a time bias too,
+    not here). Position i attends to the kept positions, with `causal` (the default, HSTU's) only
+    to those at or before it. Masked positions are read as zeros and come out as zeros. LayerNorms
+    without scale and centre, as HSTU's; W1, W2 Glorot-uniform from `seed`, biases zero.
+    """
+
+    def __init__(self, max_length: int, heads: int = 2, attention_dim: Optional[int] = None,
+                 linear_dim: Optional[int] = None, causal: bool = True, dropout: float = 0.0, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        for name, value in (("max_length", max_length), ("heads", heads), ("attention_dim", attention_dim or 1),
+                            ("linear_dim", linear_dim or 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"layer {self.name!r}: {name} must be a positive int, got {value!r}")
+        self.max_length, self.heads, self.attention_dim, self.linear_dim = max_length, heads, attention_dim, linear_dim
+        self.causal, self.dropout, self.seed = bool(causal), float(dropout), _seed(self, seed)
+
+    def _init(self, k: int):
+        return keras.initializers.GlorotUniform(seed=self.seed[0] * 1013 + self.seed[1] * 37 + k)
+
+    def build(self, input_shape):
+        if not isinstance(input_shape, (list, tuple)) or len(input_shape) != 2 or \
+                not all(isinstance(s, (list, tuple)) for s in input_shape):
+            raise ConfigError(f"layer {self.name!r}: takes [x [b, L, D], mask [b, L]], got {input_shape}")
+        x, mask = (tuple(s) for s in input_shape)
+        if len(x) != 3 or len(mask) != 2 or x[-1] is None or x[1] not in (None, self.max_length):
+            raise ConfigError(f"layer {self.name!r}: takes x [b, L, D] (L {self.max_length}) and mask [b, L], got "
+                              f"shapes {x} and {mask}")
+        dim = x[-1]
+        self.qk_dim = self.attention_dim or max(dim // self.heads, 1)
+        self.v_dim = self.linear_dim or max(dim // self.heads, 1)
+        policy = self.dtype_policy
+        self.norms = [keras.layers.LayerNormalization(epsilon=1e-6, center=False, scale=False, name=f"norm_{i}",
+                                                      dtype=policy) for i in (0, 1)]
+        self.norms[0].build(x)
+        self.norms[1].build(x[:-1] + (self.heads * self.v_dim,))
+        self.uvqk = keras.layers.Dense(2 * self.heads * (self.v_dim + self.qk_dim), kernel_initializer=self._init(0),
+                                       name="uvqk", dtype=policy)
+        self.uvqk.build(x)
+        self.out = keras.layers.Dense(dim, kernel_initializer=self._init(1), name="out", dtype=policy)
+        self.out.build(x[:-1] + (self.heads * self.v_dim,))
+        self.bias = self.add_weight(shape=(2 * self.max_length - 1,), initializer="zeros", name="relative_bias")
+        self.drop = keras.layers.Dropout(self.dropout, seed=self.seed[0] * 7 + self.seed[1], dtype=policy)
+
+    def call(self, inputs, training=None):
+        x, mask = inputs
+        mask = tf.cast(mask, tf.bool)
+        keep = mask[:, :, None]
+        x = tf.where(keep, x, tf.zeros([], x.dtype))
+        length, h = self.max_length, self.heads
+        u, v, q, k = tf.split(tf.nn.silu(self.uvqk(self.norms[0](x))),
+                              [h * self.v_dim, h * self.v_dim, h * self.qk_dim, h * self.qk_dim], axis=-1)
+
+        def by_head(t, width):   # [b, L, h w] -> [b, h, L, w]
+            return tf.transpose(tf.reshape(t, [-1, length, h, width]), [0, 2, 1, 3])
+        scores = tf.matmul(by_head(q, self.qk_dim), by_head(k, self.qk_dim), transpose_b=True)   # [b, h, L, L]
+        offsets = tf.range(length)[None, :] - tf.range(length)[:, None] + length - 1            # j - i + L - 1
+        scores = scores + tf.cast(tf.gather(self.bias, offsets), scores.dtype)
+        allowed = tf.logical_and(keep, mask[:, None, :])                                       # [b, L, L]
+        if self.causal:
+            allowed = tf.logical_and(allowed, tf.linalg.band_part(tf.ones([length, length], tf.bool), -1, 0))
+        weights = tf.where(allowed[:, None], tf.nn.silu(scores), tf.zeros([], scores.dtype)) / length
+        attended = tf.reshape(tf.transpose(tf.matmul(weights, by_head(v, self.v_dim)), [0, 2, 1, 3]),
+                              [-1, length, h * self.v_dim])
+        out = x + self.out(self.drop(self.norms[1](attended) * u, training=training))
+        return tf.where(keep, out, tf.zeros([], out.dtype))
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[0])
+
+    def get_config(self):
+        return {**super().get_config(), "max_length": self.max_length, "heads": self.heads,
+                "attention_dim": self.attention_dim, "linear_dim": self.linear_dim, "causal": self.causal,
+                "dropout": self.dropout, "seed": self.seed}

@@ -23,7 +23,7 @@ embedding.py (`HybridEmbedding`: a Keras layer over parallel_embedding.Distribut
 features.py (`Features`: the dataset's features as `main.py --model=FILE`'s builder gets them),
 sequences.py (sequence features' ids: the most recent L kept, `SequenceMask`),
 nn/layers.py (building blocks: `MLP`, `DotInteraction`, `CrossNetwork`, `FactorizationMachine`,
-`TargetAttention`, `TransformerBlock`; the built-in DLRM / DCNv2 are made of them too),
+`TargetAttention`, `TransformerBlock`, `HSTUBlock`; the built-in DLRM / DCNv2 are made of them too),
 model.py (`Model`: keras.Model whose fit runs the project's step: sparse row updates, one
 grouped allreduce, non-finite stop), precision.py (the AMP dtype, float16 loss scaling, the
 gradients' non-finite sum), dist_model_parallel.py (NVIDIA distributed-embeddings'
@@ -35,10 +35,11 @@ from ranking import dist_model_parallel
 from ranking.config import FeatureConfig, TableConfig
 from ranking.embedding import HybridEmbedding, TableStorage
 from ranking.features import CategoricalFeature, Features, hyperparameters
-from nn.layers import MLP, CrossNetwork, DotInteraction, FactorizationMachine, TargetAttention, TransformerBlock
+from nn.layers import (MLP, CrossNetwork, DotInteraction, FactorizationMachine, HSTUBlock, TargetAttention,
+                       TransformerBlock)
 from ranking.model import Model
 from ranking.sequences import SequenceMask
 
 __all__ = ["CategoricalFeature", "CrossNetwork", "DotInteraction", "DynamicOptions", "FactorizationMachine",
-           "FeatureConfig", "Features", "HybridEmbedding", "MLP", "Model", "SequenceMask", "TableConfig",
+           "FeatureConfig", "Features", "HSTUBlock", "HybridEmbedding", "MLP", "Model", "SequenceMask", "TableConfig",
            "TableStorage", "TargetAttention", "TransformerBlock", "dist_model_parallel", "hyperparameters"]

@@ -368,6 +368,8 @@ class _ProjectStep:
             row_grads = before[:len(sources)]
             dense_grads = [g if b is None else b if g is None else g + b
                            for g, b in zip(dense_grads, before[len(sources):])]
+        # A Keras weight read by a gather (a relative bias, a keras.layers.Embedding) takes IndexedSlices: dense here.
+        dense_grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in dense_grads]
         table_grads, i = [], 0
         for layer, looked_up, rows in calls:
             table_grads.append(layer.gradients(looked_up, row_grads[i:i + len(rows)]))

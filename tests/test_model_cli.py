@@ -2,7 +2,7 @@
 checkpoints, evaluates the checkpoint with --mode=eval (the training run's AUC), and a run stopped
 by --max_steps then resumed equals the uninterrupted run; at 1 and 2 Gloo ranks the losses and the
 AUC equal one process on the same global batches, and a checkpoint written at one rank count
-resumes at the other (1 -> 2, 2 -> 1) as the one process goes on; a model file on a feature spec
+resumes at the other (1 -> 2, 2 -> 1) as the one process goes on (DIN at 3 ranks too); a model file on a feature spec
 with named, multi-hot features; a bad model file or an unsupported flag is one error line, before
 any data is read."""
 import os
@@ -34,9 +34,10 @@ EXAMPLES = {
     "dcnv2": ["embedding_dim=8", "bottom=[16,8]", "num_cross_layers=2", "projection_dim=4", "top=[16]"],
     "din": ["width=4", "attention=[8]", "hidden=[16,8]"],
     "bst": ["width=4", "heads=2", "attention=[8]", "hidden=[16,8]"],
+    "hstu": ["width=4", "heads=2", "hidden=[16,8]"],
 }
 # The sequence models' data: a history of up to 6 items of cat_0's (their candidate's) vocabulary.
-EXAMPLE_DATA = {"din": ["--synthetic_history_length=6"], "bst": ["--synthetic_history_length=6"]}
+EXAMPLE_DATA = {name: ["--synthetic_history_length=6"] for name in ("din", "bst", "hstu")}
 # Table 0 of every example (300 rows) row-sliced over the ranks, the 7-row tables replicated.
 PLACEMENT = ["--row_slice_threshold=200", "--data_parallel_threshold=60"]
 
@@ -119,6 +120,20 @@ def test_example_at_one_and_two_gloo_ranks_equals_one_process_and_its_checkpoint
     resumed = records(tmp_path / "resumed.json")
     assert sorted(resumed["step"]) == list(range(7, STEPS + 1))
     assert_same_run(resumed, want, range(7, STEPS + 1))
+
+
+@pytest.mark.slow
+def test_din_at_three_gloo_ranks_equals_one_process(tmp_path, uninterrupted):
+    """DIN's history (a sequence over the row-sliced item table) at 3 Gloo ranks: the one process'
+    losses and AUC, and its checkpoint resumed by one process continues as it."""
+    want, _ = uninterrupted("din")
+    ckpt = tmp_path / "ckpt"
+    succeeded(horovodrun(3, ["main.py", *model_args("din"), *DATA, *PLACEMENT, "--checkpoint_every_n_steps=6",
+                             f"--save_checkpoint_path={ckpt}", f"--log_path={tmp_path / 'run.json'}"]))
+    assert_same_run(records(tmp_path / "run.json"), want, range(1, STEPS + 1))
+    succeeded(python(*model_args("din"), *DATA, f"--restore_checkpoint_path={ckpt / 'ckpt-6'}",
+                     f"--log_path={tmp_path / 'resumed.json'}"))
+    assert_same_run(records(tmp_path / "resumed.json"), want, range(7, STEPS + 1))
 
 
 def spec_dataset(path, with_data=True):

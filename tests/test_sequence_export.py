@@ -1,5 +1,5 @@
-"""Sequence models exported and served (deployment/deploy.py --model=FILE, serve.py): DIN and BST
-(examples/) trained on synthetic histories of up to 6 items with max_length 4, so that requests
+"""Sequence models exported and served (deployment/deploy.py --model=FILE, serve.py): DIN, BST and
+the HSTU-style ranker (examples/) trained on synthetic histories of up to 6 items with max_length 4, so that requests
 hold histories of length 0, 1 and over the maximum; their SavedModels (monolithic, ensemble), the
 tables form in memory and through the lookup tiers with Redis, and serve.py's native frontend
 predict what the training-time model predicts, and so does a dynamic item table's tables form;
@@ -27,7 +27,8 @@ from tests.test_serving import start_server, stop_server
 HISTORY, MAX_LENGTH = 6, 4
 CARDS = ["300", "50", "7"]
 PARAMS = {"din": ["width=4", "attention=[8]", "hidden=[16,8]", f"max_length={MAX_LENGTH}"],
-          "bst": ["width=4", "heads=2", "attention=[8]", "hidden=[16,8]", f"max_length={MAX_LENGTH}"]}
+          "bst": ["width=4", "heads=2", "attention=[8]", "hidden=[16,8]", f"max_length={MAX_LENGTH}"],
+          "hstu": ["width=4", "heads=2", "hidden=[16,8]", f"max_length={MAX_LENGTH}"]}
 DATA = ["--dataset_type=synthetic", f"--synthetic_cardinalities={','.join(CARDS)}", "--synthetic_num_numerical=3",
         f"--synthetic_history_length={HISTORY}", "--optimizer=adagrad", "--learning_rate=0.05", "--batch_size=96",
         "--valid_batch_size=300", "--synthetic_rows=960", "--synthetic_eval_rows=300", "--warmup_steps=0",
@@ -86,11 +87,12 @@ def test_din_exports_its_history_unpooled_and_serves_what_it_predicts(din, tmp_p
     check_forms(str(tmp / "repo0"), batch, categorical, logits, tmp_path)
 
 
-def test_bst_exports_and_serves_what_it_predicts(tmp_path):
-    python(*model_args("bst"), *DATA, "--seed=7", f"--save_checkpoint_path={tmp_path / 'ckpt'}")
+@pytest.mark.parametrize("name", ["bst", "hstu"])
+def test_bst_and_hstu_export_and_serve_what_they_predict(name, tmp_path):
+    python(*model_args(name), *DATA, "--seed=7", f"--save_checkpoint_path={tmp_path / 'ckpt'}")
     python(f"--checkpoint={tmp_path / 'ckpt'}", f"--output={tmp_path / 'repo'}", "--model_name=m",
-           "--model=examples/bst.py", "--forms=monolithic,ensemble,tables", script="deployment/deploy.py")
-    batch, logits = reference(run_config("bst"), str(tmp_path / "ckpt"), 300)
+           f"--model=examples/{name}.py", "--forms=monolithic,ensemble,tables", script="deployment/deploy.py")
+    batch, logits = reference(run_config(name), str(tmp_path / "ckpt"), 300)
     _, layout = layout_of(str(tmp_path / "repo"))
     check_forms(str(tmp_path / "repo"), batch, categorical_matrix(batch["categorical"], layout.max_hotness), logits,
                 tmp_path)

@@ -1,5 +1,5 @@
 """Sequence features (ranking/sequences.py, HybridEmbedding's unpooled lookups), DIN's
-TargetAttention and BST's TransformerBlock, against NumPy: rows, masks, truncation to the most
+TargetAttention, BST's TransformerBlock and HSTU's HSTUBlock, against NumPy: rows, masks, truncation to the most
 recent L, the rows' gradients with duplicate ids summed into one update, padded and ragged inputs
 alike, a dynamic table, the layers' formulas and their masked positions, synthetic histories, and
 the configuration's one-line errors, the export's lookups. Two Gloo
@@ -13,8 +13,8 @@ import tensorflow as tf
 from deployment.exporter.model_file import _lookups
 from deployment.repository_format import RepositoryError
 from parallel_embedding.planner import DynamicOptions
-from ranking import (CategoricalFeature, FeatureConfig, Features, HybridEmbedding, Model, SequenceMask, TableConfig,
-                     TargetAttention, TransformerBlock)
+from ranking import (CategoricalFeature, FeatureConfig, Features, HSTUBlock, HybridEmbedding, Model, SequenceMask,
+                     TableConfig, TargetAttention, TransformerBlock)
 from utils.errors import ConfigError
 
 ROWS, DIM, L = 30, 4, 3
@@ -228,6 +228,65 @@ def test_transformer_block_is_bsts_layer_and_its_masked_positions_change_nothing
     assert np.array_equal(moved[:, :3], got[:, :3]) == causal   # causal: earlier positions see only the past
     compiled = tf.function(lambda *a: block(list(a)), jit_compile=True)
     np.testing.assert_allclose(compiled(tf.constant(x), tf.constant(mask)).numpy(), got, rtol=1e-5, atol=1e-5)
+
+
+def numpy_hstu(block, x, mask):
+    """HSTUBlock in NumPy with its weights: [b, L, D], mask [b, L]."""
+    def norm(t):
+        return (t - t.mean(-1, keepdims=True)) / np.sqrt(t.var(-1, keepdims=True) + 1e-6)
+
+    def silu(t):
+        return t / (1 + np.exp(-t))
+    b, length, _ = x.shape
+    h, dv, dqk = block.heads, block.v_dim, block.qk_dim
+    x = np.where(mask[..., None], x, 0).astype(np.float64)
+    uvqk = silu(norm(x) @ block.uvqk.kernel.numpy() + block.uvqk.bias.numpy())
+    u, v, q, k = np.split(uvqk, np.cumsum([h * dv, h * dv, h * dqk])[:3], axis=-1)
+    bias = block.bias.numpy()
+    out = np.zeros((b, length, h * dv))
+    for s in range(b):
+        for head in range(h):
+            for i in range(length):
+                for j in range(length):
+                    if not (mask[s, i] and mask[s, j]) or (block.causal and j > i):
+                        continue
+                    score = q[s, i, head * dqk:(head + 1) * dqk] @ k[s, j, head * dqk:(head + 1) * dqk] + \
+                        bias[j - i + length - 1]
+                    out[s, i, head * dv:(head + 1) * dv] += silu(score) / length * v[s, j, head * dv:(head + 1) * dv]
+    y = x + (norm(out) * u) @ block.out.kernel.numpy() + block.out.bias.numpy()
+    return np.where(mask[..., None], y, 0)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_hstu_block_is_pointwise_attention_and_its_masked_positions_change_nothing(causal):
+    rng = np.random.default_rng(9)
+    x = rng.normal(size=[3, 5, 8]).astype(np.float32)
+    mask = np.array([[1, 1, 1, 0, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]], bool)
+    block = HSTUBlock(5, heads=2, attention_dim=3, causal=causal, seed=(4, 5), name="hstu")
+    block.build([(None, 5, 8), (None, 5)])
+    block.bias.assign(rng.normal(size=[9]).astype(np.float32))   # a trained relative bias
+    got = block([tf.constant(x), tf.constant(mask)]).numpy()
+    assert (block.qk_dim, block.v_dim) == (3, 4)
+    np.testing.assert_allclose(got, numpy_hstu(block, x, mask), rtol=1e-4, atol=1e-5)
+    assert not got[1].any() and not got[0, 3:].any()
+    changed = np.where(mask[..., None], x, np.float32(np.nan))
+    np.testing.assert_array_equal(block([tf.constant(changed), tf.constant(mask)]).numpy(), got)
+    later = x.copy()
+    later[:, 3:] += 1.0
+    moved = block([tf.constant(later), tf.constant(mask)]).numpy()
+    assert np.array_equal(moved[:, :3], got[:, :3]) == causal
+    compiled = tf.function(lambda *a: block(list(a)), jit_compile=True)
+    np.testing.assert_allclose(compiled(tf.constant(x), tf.constant(mask)).numpy(), got, rtol=1e-5, atol=1e-5)
+    kept = tf.constant(np.where(mask[..., None], x, 0))
+    with tf.GradientTape() as tape:
+        tape.watch(kept)
+        loss = tf.reduce_sum(block([kept, tf.constant(mask)]))
+    grad = tape.gradient(loss, kept).numpy()
+    assert np.all(np.isfinite(grad)) and not grad[~mask].any()   # masked positions take no gradient
+    with pytest.raises(ConfigError, match=r"layer 'hstu': takes x \[b, L, D\] \(L 5\) and mask \[b, L\]"):
+        HSTUBlock(5, name="hstu")([tf.zeros([2, 4, 8]), tf.ones([2, 4], tf.bool)])
+    with pytest.raises(ConfigError, match="layer 'h2': heads must be a positive int, got 0"):
+        HSTUBlock(5, heads=0, name="h2")
 
 
 def test_sequence_configuration_errors_name_the_feature():

@@ -1,0 +1,39 @@
+"""An HSTU-style ranker (Zhai et al., 2024, "Actions Speak Louder than Words"): the candidate item
+is placed right after the user's history, causal HSTU layers run over the sequence, and the
+candidate's output position (it has seen the whole history, the history never sees it) goes,
+with the other features' pooled embeddings and the numericals, through an MLP to the logit.
+
+    python main.py --model=examples/hstu.py --dataset_type=synthetic --synthetic_history_length=20 ...
+
+Hyper-parameters: candidate ("cat_0"), history ("history"), max_length (0: the history feature's
+max_hotness; fewer keeps the most recent), width (16), blocks (2), heads (2), attention_dim (0:
+width / heads), hidden ([200, 80]). The candidate and history read one table, as in
+examples/din.py. Shapes: b samples, L max_length, D width.
+"""
+import keras
+
+import ranking
+
+
+def build_model(features: ranking.Features, hparams: dict) -> ranking.Model:
+    hp = ranking.hyperparameters(hparams, candidate="cat_0", history="history", max_length=0, width=16, blocks=2,
+                                 heads=2, attention_dim=0, hidden=[200, 80])
+    candidate, history = features.history_configs(hp["candidate"], hp["history"], hp["width"], hp["max_length"])
+    length = history.ids_per_sample
+    others = [f.name for f in features if f.name not in (candidate.name, history.name)]
+    x = features.inputs()
+    emb = features.embedding([candidate, history] + features.feature_configs(hp["width"], names=others))(
+        [x[candidate.name], x[history.name]] + [x[name] for name in others])        # [b, D], [b, L, D], F-2 x [b, D]
+    kept = keras.ops.sum(keras.ops.cast(ranking.SequenceMask(length, name="history_mask")(x[history.name]),
+                                        "int32"), axis=1)                           # [b]: n, the kept items
+    at = keras.ops.one_hot(kept, length + 1)                                        # [b, L + 1]: the candidate's slot
+    items = keras.ops.pad(emb[1], [[0, 0], [0, 1], [0, 0]]) + at[:, :, None] * emb[0][:, None, :]   # [b, L + 1, D]
+    mask = keras.ops.less_equal(keras.ops.arange(length + 1)[None, :], kept[:, None])   # history and candidate
+    h = items
+    for i in range(hp["blocks"]):
+        h = ranking.HSTUBlock(length + 1, hp["heads"], attention_dim=hp["attention_dim"] or None,
+                              seed=(features.seed, 30 + i), name=f"hstu_{i}")([h, mask])   # [b, L + 1, D]
+    target = keras.ops.sum(h * at[:, :, None], axis=1)                              # [b, D]: at the candidate
+    h = keras.layers.Concatenate(name="mlp_input")([emb[0], target] + emb[2:] + [x["numerical"]])
+    logit = ranking.MLP(hp["hidden"] + [1], linear_output=True, seed=(features.seed, 11), name="mlp")(h)
+    return ranking.Model(x, logit, name="hstu")
