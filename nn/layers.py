@@ -263,7 +263,7 @@ class TargetAttention(keras.layers.Layer):
     ([b, L, 4D]). `normalize` False (DIN's paper: the weights keep the history's intensity): w_j
     the score; True: the scores' softmax over the kept positions. A masked position weighs 0 and
     its item is read as zeros, so whatever it holds (even NaN) changes neither output nor
-    gradients; an empty history gives zeros.
+    gradients; an empty history gives zeros. Outside XLA only the kept positions are computed.
 
         history = HybridEmbedding(...)(ids)["history"]                        # [b, L, D]
         mask = SequenceMask(L)(ids["history"])                                # [b, L]
@@ -293,6 +293,8 @@ class TargetAttention(keras.layers.Layer):
     def call(self, inputs):
         q, k, mask = inputs
         mask = tf.cast(mask, tf.bool)
+        if not _in_xla():
+            return self._kept_only(q, k, mask)
         k = tf.where(mask[:, :, None], k, tf.zeros([], k.dtype))               # masked items read as zeros
         qq = tf.broadcast_to(q[:, None, :], tf.shape(k))
         x = tf.concat([qq, k, qq - k, qq * k], axis=-1)                      # [b, L, 4D]
@@ -301,6 +303,19 @@ class TargetAttention(keras.layers.Layer):
             scores = tf.nn.softmax(tf.where(mask, scores, tf.constant(-1e4, scores.dtype)), axis=-1)
         weights = tf.where(mask, scores, tf.zeros([], scores.dtype))
         return tf.reduce_sum(weights[:, :, None] * k, axis=1)
+
+    def _kept_only(self, q, k, mask):
+        """`call` computed over the n kept positions only ([n, 4D] through the unit, not [b L, 4D]:
+        a history's cost is its length, not L's), as outside XLA, whose shapes are static."""
+        where = tf.where(mask)                                                 # [n, 2]: sample, position
+        sample, samples = where[:, 0], tf.shape(q, out_type=tf.int64)[0]
+        kept, qq = tf.gather_nd(k, where), tf.gather(q, sample)                # [n, D] each
+        scores = self.unit(tf.concat([qq, kept, qq - kept, qq * kept], axis=-1))[:, 0]   # [n]
+        if self.normalize:
+            wide = tf.cast(scores, tf.float32)
+            e = tf.exp(wide - tf.gather(tf.math.unsorted_segment_max(wide, sample, samples), sample))
+            scores = tf.cast(e / tf.gather(tf.math.unsorted_segment_sum(e, sample, samples), sample), scores.dtype)
+        return tf.math.unsorted_segment_sum(scores[:, None] * kept, sample, samples)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[0])

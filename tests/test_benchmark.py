@@ -133,3 +133,14 @@ def test_warm_start_times_fresh_and_forked_runs():
     assert [r["run"] for r in records] == ["fresh", "warm"], out.stdout
     assert all(math.isfinite(r["wall_s"]) and r["wall_s"] >= 0 for r in records)
     assert math.isfinite(records[0]["cpu_s"]) and records[1]["cpu_s"] is None
+
+
+def test_din_step_times_the_sequence_model_against_plain_keras():
+    out = subprocess.run([*PYTHON, os.path.join(ROOT, "benchmarks", "din_step.py"), "--batch", "64", "--max_length",
+                          "20", "--mean_length", "5", "--items", "500", "--steps", "2", "--rounds", "1"],
+                         capture_output=True, text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    records = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r.get("model") for r in records[:2]] == ["project", "keras"] and records[2]["summary"]
+    assert all(math.isfinite(r["samples_per_s"]) and math.isfinite(r["mean_loss"]) for r in records[:2])
+    assert records[2]["max_length"] == 20 and math.isfinite(records[2]["ratio"])
