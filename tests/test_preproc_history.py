@@ -110,6 +110,12 @@ def test_histories_against_the_reference(spark, tmp_path):
                                        [ids[i] for i in ("i2", "i1", "i2")]]
     assert columns["clicked"][-6:] == [[], [], [], [ids["i1"], ids["i2"]], [ids["i1"], ids["i2"]],
                                        [ids["i2"], ids["i2"]]]
+    by_time = dict(SPEC, split={"by": "column", "column": "ts", "test_from": 30, "validation_from": 35})
+    run_raw(spark, write_spec(tmp_path, by_time), tmp_path / "by_time")
+    _, columns = read_all(tmp_path / "by_time")
+    order = sorted(range(len(events)), key=lambda k: (events[k][1] >= 30) + (events[k][1] >= 35))
+    ids = item_ids(columns, [events[k] for k in order])                 # (other training rows: other ids)
+    assert columns["history"] == [[ids[i] for i in reference(events, 3)[k]] for k in order]
     assert spec.metadata["categorical"]["clicked"] == ("history of item: its ids in the last 2 events of the same "
                                                        "user strictly before the event's ts, oldest first "
                                                        "(positive events only)")
@@ -128,6 +134,11 @@ def test_same_histories_whatever_the_partitioning_and_raw_ids(spark, tmp_path):
                 block_bytes=block_bytes, history_bucket_rows=bucket_rows)
         outputs.append({f: v for f, v in tree(out).items() if ".history/" not in f})
     assert outputs[0] == outputs[1] and len([f for f in outputs[0] if f.startswith("train/history.part")]) == 3
+    _, columns = read_all(tmp_path / "out37")                         # the rows shuffled: compare the multisets
+    vocabulary = np.load(tmp_path / "out37" / "vocab" / "item.npy")["value"].tolist()
+    ids = {item: vocabulary.index(key(item)) + 1 if key(item) in vocabulary else 0 for _, _, item, _ in events}
+    assert sorted(zip(columns["item"], columns["history"])) == \
+        sorted(zip((ids[e[2]] if e[2] else 0 for e in events), ([ids[i] for i in h] for h in reference(events, 3))))
     states = [np.sort(np.concatenate([np.load(p) for p in sorted((tmp_path / f"out{b}/vocab/history.history")
                                                                  .glob("*.npy"))]), order=["user", "time"])
               for b in (1 << 20, 37)]
