@@ -1,9 +1,11 @@
 """User histories built from event logs by preproc.raw (preproc/history.py), against a pure-Python
 reference: ties, several users, empty histories, histories longer than max_length, late events,
 only positive events, the split, raw ids, partitioning, day after day with --vocab_from; the
-spec's errors."""
+spec's errors; DIN trains on the output."""
+import os
 import random
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -11,7 +13,9 @@ import yaml
 
 from preproc import raw, raw_spec
 from preproc.raw_source import RawSource
+from tests.horovod_run import ROOT
 from tests.test_preproc_raw import key, load, ragged, run_raw, tree, write_log
+from tests.warm_python import PYTHON
 from utils.errors import ConfigError, DatasetError
 
 SPEC = {
@@ -233,3 +237,18 @@ def test_unknown_columns_and_flags_naming_a_history(tmp_path):
     opts = raw.options(raw.parser().parse_args(["--spec", write_spec(tmp_path, NO_THRESHOLD), "--output",
                                                 str(tmp_path / "out"), "--raw_id_columns=all"]))
     assert opts.source.schema.raw_ids == ["user", "item", "history", "clicked"]
+
+
+@pytest.mark.slow
+def test_din_trains_on_a_preprocessed_history(spark, tmp_path):
+    """examples/din.py reads the candidate item and its history over one table from the output."""
+    write_events(tmp_path, events_log(3000, seed=5, users=40))
+    run_raw(spark, write_spec(tmp_path, NO_THRESHOLD), tmp_path / "out", "--shuffle")
+    flags = ["--model=examples/din.py", "--model_param=candidate=item", "--model_param=width=8",
+             f"--dataset_path={tmp_path / 'out'}", "--dataset_type=split_binary", "--batch_size=256",
+             "--valid_batch_size=600", "--optimizer=adam", "--learning_rate=0.003", "--warmup_steps=2",
+             "--decay_start_step=8", "--decay_steps=4", "--max_steps=8", "--evals_per_epoch=0"]
+    result = subprocess.run([*PYTHON, "main.py", *flags], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "auc" in (result.stdout + result.stderr).lower()
