@@ -43,7 +43,7 @@ def options(args) -> Options:
             raise ConfigError(f"--raw_id_columns: {c.name} has {'buckets' if c.buckets else 'a threshold'} in "
                               f"{args.spec} (raw ids have no vocabulary and no hashing into buckets)")
     source = RawSource(spec, [names[k] for k in raw_ids])
-    job = job_options(args, names, raw_ids)
+    job = job_options(args, names, raw_ids, histories)
     sized = sorted(histories & set(job["capacity_rows"]))
     if sized:
         c = spec.categorical[sized[0]]

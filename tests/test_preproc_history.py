@@ -234,9 +234,17 @@ def test_unknown_columns_and_flags_naming_a_history(tmp_path):
         with pytest.raises(ConfigError) as e:
             raw.options(raw.parser().parse_args(["--spec", path, "--output", str(tmp_path / "out"), flag]))
         assert str(e.value) == message
-    opts = raw.options(raw.parser().parse_args(["--spec", write_spec(tmp_path, NO_THRESHOLD), "--output",
-                                                str(tmp_path / "out"), "--raw_id_columns=all"]))
-    assert opts.source.schema.raw_ids == ["user", "item", "history", "clicked"]
+    all_raw = ["--spec", write_spec(tmp_path, NO_THRESHOLD), "--output", str(tmp_path / "out"), "--raw_id_columns=all"]
+    (tmp_path / "d0" / "vocab").mkdir(parents=True)
+    opts = raw.options(raw.parser().parse_args(all_raw + ["--vocab_from", str(tmp_path / "d0")]))
+    assert opts.source.schema.raw_ids == ["user", "item", "history", "clicked"] and opts.vocab_from
+    for flags, message in ((["--vocab_capacity=2"], "--vocab_capacity has no effect: every column has raw ids "
+                                                    "(--raw_id_columns)"),
+                           (["--vocab_from", str(tmp_path / "d0"), "--freeze_vocab"],
+                            "--freeze_vocab has no effect: every column has raw ids (--raw_id_columns)")):
+        with pytest.raises(ConfigError) as e:
+            raw.options(raw.parser().parse_args(all_raw + flags))
+        assert str(e.value) == message
 
 
 @pytest.mark.slow
