@@ -63,17 +63,22 @@ def _bucket(users: np.ndarray, buckets: int) -> np.ndarray:
 
 def _pieces(feature: str, events: np.ndarray, buckets: int):
     bucket = _bucket(events["user"], buckets)
-    for b in np.unique(bucket):
-        yield (feature, int(b)), events[bucket == b]
+    order = np.argsort(bucket, kind="stable")
+    sizes = np.bincount(bucket, minlength=buckets)
+    ends = np.cumsum(sizes)
+    for b in np.flatnonzero(sizes):
+        yield (feature, int(b)), events[order[ends[b] - sizes[b]:ends[b]]]
 
 
 def bucketed(cache_root: str, split_id: int, features: List[str], buckets: int) -> Iterator[tuple]:
-    """((feature, bucket), events) pieces of a split's events."""
-    path = events_path(cache_root, split_id)
-    with open(path, "rb") as f:
+    """((feature, bucket), events) pieces of a split's events, one per feature and bucket."""
+    blocks = {f: [np.zeros(0, EVENT)] for f in features}
+    with open(events_path(cache_root, split_id), "rb") as f:
         while f.peek(1):
             for feature in features:
-                yield from _pieces(feature, np.load(f), buckets)
+                blocks[feature].append(np.load(f))
+    for feature in features:
+        yield from _pieces(feature, np.concatenate(blocks[feature]), buckets)
 
 
 def bucketed_state(feature: str, path: str, buckets: int) -> Iterator[tuple]:

@@ -167,6 +167,7 @@ def test_histories_continue_day_after_day(spark, tmp_path):
         run_raw(spark, write_spec(tmp_path, whole, inputs={"paths": [f"day{d}.csv"]}), tmp_path / f"day{d}", *flags)
         spec, columns = read_all(tmp_path / f"day{d}")
         ids = item_ids(columns, events)
+        assert len(set(ids.values())) > 3
         for name, length, positive in (("history", 3, False), ("clicked", 2, True)):
             assert columns[name] == [[ids[i] for i in h] for h in reference(before + events, length, positive)[
                 len(before):]]
@@ -180,6 +181,22 @@ def test_histories_continue_day_after_day(spark, tmp_path):
         run_raw(spark, write_spec(tmp_path, whole, inputs={"paths": ["day0.csv"]}), tmp_path / "day3",
                 "--vocab_from", str(tmp_path / "day2"))
     assert not (tmp_path / "day3").exists()
+
+
+def test_a_later_day_sees_the_kept_events_only(spark, tmp_path):
+    """An event of a later day earlier than its user's kept events sees the kept ones before it, not
+    the older events they displaced (as documented); a later one sees the last max_length."""
+    spec = dict(SPEC, categorical=NO_THRESHOLD["categorical"][:3], split={"test": 0, "validation": 0})
+    write_events(tmp_path, [("u1", t, f"i{t}", 1) for t in range(1, 6)], "day0.csv")
+    write_events(tmp_path, [("u1", 3.5, "i9", 1), ("u1", 10, "i9", 1), ("u2", 1, "i9", 1)], "day1.csv")
+    run_raw(spark, write_spec(tmp_path, spec, inputs={"paths": ["day0.csv"]}), tmp_path / "d0", "--vocab_capacity=2")
+    run_raw(spark, write_spec(tmp_path, spec, inputs={"paths": ["day1.csv"]}), tmp_path / "d1",
+            "--vocab_from", str(tmp_path / "d0"))
+    vocabulary = np.load(tmp_path / "d1" / "vocab" / "item.npy")["value"].tolist()
+    ids = {f"i{t}": vocabulary.index(key(f"i{t}")) + 1 for t in (3, 4, 5, 9)}
+    assert len(set(ids.values())) == 4
+    _, columns = read_all(tmp_path / "d1")
+    assert columns["history"] == [[ids["i3"]], [ids["i9"], ids["i4"], ids["i5"]], []]
 
 
 def test_a_missing_or_bad_time_is_a_bad_line(spark, tmp_path):
