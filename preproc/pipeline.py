@@ -67,7 +67,8 @@ class Options:
     split_bytes: int = 128 << 20
     block_bytes: int = 8 << 20
     part_rows: int = 1 << 24
-    history_bucket_rows: int = 1 << 20    # histories: events per bucket of users (about; a bucket is one task)
+    history_bucket_rows: int = 1 << 20    # histories: events per bucket of users (about; a bucket is one task) ...
+    history_buckets: int = 8              # ... and at least this many buckets
 
 
 def run(spark, opts: Options, log=print) -> dict:
@@ -280,7 +281,7 @@ def _histories(sc, ctx, opts: Options, rows: int) -> Dict[int, Dict[int, Dict[st
     features = list(schema.histories)
     if not features:
         return {}
-    buckets = max(1, -(-rows // opts.history_bucket_rows))
+    buckets = max(opts.history_buckets, -(-rows // opts.history_bucket_rows))
     lengths = {f: schema.max_hotness[f] for f in features}
     cache_root, out_root, split_lines, layout = ctx.cache_root, ctx.out_root, ctx.split_lines, ctx.layout
     n = len(ctx.splits)

@@ -132,10 +132,10 @@ def test_same_histories_whatever_the_partitioning_and_raw_ids(spark, tmp_path):
     write_events(tmp_path, events)
     spec_path = write_spec(tmp_path)
     outputs = []
-    for split_bytes, block_bytes, bucket_rows in ((1 << 30, 32 << 20, 1 << 20), (1500, 700, 37)):
+    for split_bytes, block_bytes, bucket_rows, buckets in ((1 << 30, 32 << 20, 1 << 20, 1), (1500, 700, 37, 2)):
         out = tmp_path / f"out{bucket_rows}"
         run_raw(spark, spec_path, out, "--shuffle", "--part_rows=100", split_bytes=split_bytes,
-                block_bytes=block_bytes, history_bucket_rows=bucket_rows)
+                block_bytes=block_bytes, history_bucket_rows=bucket_rows, history_buckets=buckets)
         outputs.append({f: v for f, v in tree(out).items() if ".history/" not in f})
     assert outputs[0] == outputs[1] and len([f for f in outputs[0] if f.startswith("train/history.part")]) == 3
     _, columns = read_all(tmp_path / "out37")                         # the rows shuffled: compare the multisets
@@ -146,7 +146,8 @@ def test_same_histories_whatever_the_partitioning_and_raw_ids(spark, tmp_path):
     states = [np.sort(np.concatenate([np.load(p) for p in sorted((tmp_path / f"out{b}/vocab/history.history")
                                                                  .glob("*.npy"))]), order=["user", "time"])
               for b in (1 << 20, 37)]
-    assert len(list((tmp_path / "out37/vocab/history.history").glob("*.npy"))) > 1
+    assert [len(list((tmp_path / f"out{b}/vocab/history.history").glob("*.npy"))) > 1 for b in (1 << 20, 37)] == \
+        [False, True]
     np.testing.assert_array_equal(states[0], states[1])
     run_raw(spark, write_spec(tmp_path, NO_THRESHOLD), tmp_path / "raw", "--raw_id_columns=item")
     spec, columns = read_all(tmp_path / "raw")
