@@ -2,9 +2,9 @@
 objects).
 
 A history feature H of an item feature I, a user column U and a time column T, with max_length L:
-for every event (good row), the I keys of the last L events of the same U whose T is strictly
-below the event's T, oldest first (ties in T by input order), most recent last. Events of one user
-at the same T never see each other. An event counts for later histories when it has a user and an
+for every event (good row), the I keys (written as I's ids) of the last L events of the same U
+whose T is strictly below the event's T, oldest first (ties in T by input order), most recent
+last. Events of one user at the same T never see each other. An event counts for later histories when it has a user and an
 item (with only_positive, also a positive label); every event gets a history (maybe empty).
 
 `save_events` writes each block's events beside the parse cache; `bucketed` and `bucketed_state`
@@ -21,7 +21,7 @@ from typing import Dict, Iterator, List, Tuple
 import numpy as np
 
 from preproc import vocab
-from preproc.layout import mix
+from preproc.layout import hash_buckets
 
 EVENT = np.dtype([("user", "<u8"), ("time", "<f8"), ("line", "<i8"), ("position", "<i8"), ("item", "<u8"),
                   ("counts", "?")])
@@ -57,17 +57,9 @@ def save_events(cache, rows, lines: np.ndarray, positions: np.ndarray, schema):
         np.save(cache, events)
 
 
-def _bucket(users: np.ndarray, buckets: int) -> np.ndarray:
-    return (mix(users, 0) % np.uint64(buckets)).astype(np.int64)
-
-
 def _pieces(feature: str, events: np.ndarray, buckets: int):
-    bucket = _bucket(events["user"], buckets)
-    order = np.argsort(bucket, kind="stable")
-    sizes = np.bincount(bucket, minlength=buckets)
-    ends = np.cumsum(sizes)
-    for b in np.flatnonzero(sizes):
-        yield (feature, int(b)), events[order[ends[b] - sizes[b]:ends[b]]]
+    for b, piece in hash_buckets(events["user"], 0, buckets):
+        yield (feature, b), events[piece]
 
 
 def bucketed(cache_root: str, split_id: int, features: List[str], buckets: int) -> Iterator[tuple]:

@@ -24,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 
 from preproc import history, reading, sources, vocab
-from preproc.layout import MAPPINGS, Layout, mix
+from preproc.layout import MAPPINGS, Layout, hash_buckets
 
 RECORD_SCHEMA = "pid int, key long, rec binary"
 WRITTEN_SCHEMA = "pid int, rows long"
@@ -161,13 +161,8 @@ def count_values(ctx: Context, split_id: int):
 def bucketed(tables: Dict[int, tuple], buckets: int):
     """((feature, bucket of the value's hash), (values, counts)) pieces of a split's count tables."""
     for k, (values, counts) in tables.items():
-        bucket = (mix(values, k) % np.uint64(buckets)).astype(np.int64)
-        order = np.argsort(bucket, kind="stable")
-        sizes = np.bincount(bucket, minlength=buckets)
-        ends = np.cumsum(sizes)
-        for b in np.flatnonzero(sizes):
-            piece = order[ends[b] - sizes[b]:ends[b]]
-            yield (k, int(b)), (values[piece], counts[piece])
+        for b, piece in hash_buckets(values, k, buckets):
+            yield (k, b), (values[piece], counts[piece])
 
 
 def summed(tables) -> tuple:
