@@ -8,6 +8,8 @@ import shutil
 import subprocess
 
 import numpy as np
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -126,8 +128,9 @@ def test_histories_against_the_reference(spark, tmp_path):
 
 
 def test_same_histories_whatever_the_partitioning_and_raw_ids(spark, tmp_path):
-    """Several splits, blocks and buckets of users, and a shuffle: the same files; with the item's
-    raw ids, the history holds the items' keys (int64) and is a raw-id feature."""
+    """Several splits, blocks and buckets of users, and a shuffle: the same files, from Parquet
+    too; with the item's raw ids, the history holds the items' keys (int64) and is a raw-id
+    feature."""
     events = events_log(400, seed=2, users=30)
     write_events(tmp_path, events)
     spec_path = write_spec(tmp_path)
@@ -149,6 +152,10 @@ def test_same_histories_whatever_the_partitioning_and_raw_ids(spark, tmp_path):
     assert [len(list((tmp_path / f"out{b}/vocab/history.history").glob("*.npy"))) > 1 for b in (1 << 20, 37)] == \
         [False, True]
     np.testing.assert_array_equal(states[0], states[1])
+    pq.write_table(pacsv.read_csv(str(tmp_path / "log.csv")), str(tmp_path / "log.parquet"))
+    run_raw(spark, write_spec(tmp_path, inputs={"paths": ["log.parquet"], "format": "parquet"}), tmp_path / "parquet",
+            "--shuffle", "--part_rows=100")
+    assert {f: v for f, v in tree(tmp_path / "parquet").items() if ".history/" not in f} == outputs[0]
     run_raw(spark, write_spec(tmp_path, NO_THRESHOLD), tmp_path / "raw", "--raw_id_columns=item")
     spec, columns = read_all(tmp_path / "raw")
     assert spec.raw_id_features == ["item", "history", "clicked"]
@@ -157,14 +164,16 @@ def test_same_histories_whatever_the_partitioning_and_raw_ids(spark, tmp_path):
 
 
 def test_histories_continue_day_after_day(spark, tmp_path):
-    """Day 2 sees day 1's events and day 3 both (each day later than the one before), the item's
-    new values growing its vocabulary; an output without the history's state cannot continue."""
+    """Day 1 sees day 0's events and day 2 both (each day later than the one before), the item's
+    new values growing its vocabulary on day 1, frozen on day 2; an output without the history's
+    state cannot continue."""
     days = [events_log(50, seed=3 + d, start=100 * d, users=6) for d in range(3)]
     whole = dict(SPEC, split={"test": 0, "validation": 0})
     before = []
     for d, events in enumerate(days):
         write_events(tmp_path, events, f"day{d}.csv")
-        flags = ["--vocab_capacity=3"] if d == 0 else ["--vocab_from", str(tmp_path / f"day{d - 1}")]
+        flags = ["--vocab_capacity=3"] if d == 0 else ["--vocab_from", str(tmp_path / f"day{d - 1}")] + \
+            ["--freeze_vocab"] * (d == 2)
         run_raw(spark, write_spec(tmp_path, whole, inputs={"paths": [f"day{d}.csv"]}), tmp_path / f"day{d}", *flags)
         spec, columns = read_all(tmp_path / f"day{d}")
         ids = item_ids(columns, events)
@@ -172,7 +181,7 @@ def test_histories_continue_day_after_day(spark, tmp_path):
         for name, length, positive in (("history", 3, False), ("clicked", 2, True)):
             assert columns[name] == [[ids[i] for i in h] for h in reference(before + events, length, positive)[
                 len(before):]]
-        assert spec.metadata["vocabularies"]["generation"] == d
+        assert spec.metadata["vocabularies"]["generation"] == min(d, 1)        # day 2 frozen
         before += events
     assert any(columns["history"][k] != [ids[i] for i in h] for k, h in enumerate(reference(events, 3)))
     shutil.rmtree(tmp_path / "day2" / "vocab" / "clicked.history")
