@@ -4,8 +4,9 @@ objects).
 A history feature H of an item feature I, a user column U and a time column T, with max_length L:
 for every event (good row), the I keys (written as I's ids) of the last L events of the same U
 whose T is strictly below the event's T, oldest first (ties in T by input order), most recent
-last. Events of one user at the same T never see each other. An event counts for later histories when it has a user and an
-item (with only_positive, also a positive label); every event gets a history (maybe empty).
+last. Events of one user at the same T never see each other. An event counts for later
+histories when it has a user and an item (with only_positive, also a positive label); every
+event gets a history (maybe empty).
 
 `save_events` writes each block's events beside the parse cache; `bucketed` and `bucketed_state`
 send them, and the state carried from an earlier output, to (feature, bucket of the user);
