@@ -143,9 +143,10 @@ def options(args) -> Options:
                    **job_options(args, CATEGORICAL_NAMES, raw_ids), **fractions)
 
 
-def job_options(args, names, raw_ids) -> dict:
+def job_options(args, names, raw_ids, histories=()) -> dict:
     """The Options of the job flags (add_job_flags) but --raw_id_columns (parse_raw_ids: `raw_ids`,
-    indices); `names`: the categorical features' names."""
+    indices); `names`: the categorical features' names, `histories` (indices) those that are
+    histories (preproc.raw), which have no vocabulary but continue from --vocab_from."""
     if args.freeze_vocab and not args.vocab_from:
         raise ConfigError("--freeze_vocab needs --vocab_from")
     if args.vocab_from and args.vocab_capacity != "1":
@@ -159,8 +160,8 @@ def job_options(args, names, raw_ids) -> dict:
         raise ConfigError(f"--vocab_from {args.vocab_from}: no vocab/ directory there")
     headroom, capacity_rows = parse_capacity(args.vocab_capacity, names)
     _not_raw("--vocab_capacity", capacity_rows, raw_ids, names)
-    if len(raw_ids) == len(names):
-        given = [f for f in ("vocab_from", "freeze_vocab") if getattr(args, f)] + \
+    if len(raw_ids) + len(histories) == len(names):
+        given = [f for f in ("freeze_vocab",) + ("vocab_from",) * (not histories) if getattr(args, f)] + \
             ["vocab_capacity"] * (args.vocab_capacity != "1")
         if given:
             raise ConfigError(f"--{given[0]} has no effect: every column has raw ids (--raw_id_columns)")

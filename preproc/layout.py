@@ -77,6 +77,16 @@ def mix(x: np.ndarray, seed: int) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
+def hash_buckets(keys: np.ndarray, seed: int, buckets: int):
+    """(bucket, indices of its keys, in order) of every non-empty bucket of mix(keys, seed) % buckets."""
+    bucket = (mix(keys, seed) % np.uint64(buckets)).astype(np.int64)
+    order = np.argsort(bucket, kind="stable")
+    sizes = np.bincount(bucket, minlength=buckets)
+    ends = np.cumsum(sizes)
+    for b in np.flatnonzero(sizes):
+        yield int(b), order[ends[b] - sizes[b]:ends[b]]
+
+
 def by_day(file_lines: List[int], days: List[int], part_rows: int, shuffle_seed: int) -> Layout:
     """Every day but the last (highest number): train; the last day: test, then validation halves."""
     last = max(days)

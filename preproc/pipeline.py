@@ -8,7 +8,12 @@
        (feature, hash bucket) after Spark groups them, cut to the frequent values (and the values
        of the earlier vocabulary that grows); one task per feature ranks them (or grows the
        earlier vocabulary with them) and writes vocab/<feature>.npy; the driver writes vocab.json
-       (step 2 parses each split once and caches the parsed columns under the job's directory)
+       (step 2 parses each split once and caches the parsed columns under the job's directory, and
+       the events of the history features)
+    2b. histories (preproc.history): the events of all splits, and the state of --vocab_from's
+       histories, grouped by (feature, bucket of users); one task per bucket computes its events'
+       histories and writes its state under vocab/; Spark groups the histories by split and one
+       task per split writes them beside its cache, in its rows' order
     3. the driver creates every part file at its final size (rows, and multi-hot ids, per
        part and split are known from step 2); one task per split encodes its cached rows and writes them at
        their place in the part files (a shared file system on a cluster). With --shuffle, the
@@ -33,7 +38,7 @@ import numpy as np
 
 from dataloading.feature_spec import SPEC_FILE, split_binary_spec
 from preproc import layout as layouts
-from preproc import tasks, vocab, vocab_info
+from preproc import history, tasks, vocab, vocab_info
 from preproc.layout import MAPPINGS
 from preproc.sources import CATEGORICAL, CriteoSource, Source
 from utils.errors import DatasetError
@@ -62,6 +67,8 @@ class Options:
     split_bytes: int = 128 << 20
     block_bytes: int = 8 << 20
     part_rows: int = 1 << 24
+    history_bucket_rows: int = 1 << 20    # histories: events per bucket of users (about; a bucket is one task) ...
+    history_buckets: int = 8              # ... and at least this many buckets
 
 
 def run(spark, opts: Options, log=print) -> dict:
@@ -74,6 +81,12 @@ def run(spark, opts: Options, log=print) -> dict:
     if counted_before:
         raise DatasetError(f"--raw_id_columns: {counted_before[0]} has a vocabulary in --vocab_from {opts.vocab_from} "
                            "(a feature keeps its ids day after day: raw ids need a new first dataset)")
+    stateless = [f for f in schema.histories if opts.vocab_from and not os.path.isdir(history.state_dir(
+        opts.vocab_from, f))]
+    if stateless:
+        raise DatasetError(f"--vocab_from {opts.vocab_from}: no history state of {stateless[0]} there "
+                           f"({os.path.relpath(history.state_dir(opts.vocab_from, stateless[0]), opts.vocab_from)}/: "
+                           "a history continues only from an output that built it)")
     paths = input_files(opts.inputs)
     splits = source.plan(paths, opts.split_bytes)
     block_bytes = opts.block_bytes     # (the task closures must not capture pipeline objects)
@@ -97,11 +110,14 @@ def run(spark, opts: Options, log=print) -> dict:
                             count=not opts.freeze_vocab, vocab_root=tmp, out_root=tmp,
                             cache_root=os.path.join(tmp, "cache"), split_positions=positions)
         summary = _count_and_rank(spark, ctx, opts, tmp, log)
+        split_part_ids = summary.pop("split_part_ids")
+        for split_id, part_ids in _histories(sc, ctx, opts, sum(summary["rows"].values())).items():
+            for pid, ids in part_ids.items():
+                split_part_ids[split_id].setdefault(pid, {}).update(ids)
         spec = _spec(schema, layout, summary.pop("cardinalities"), opts.output)
         ctx.record = _record(schema, spec)
         ctx.part_files = _part_files(spec, layout)
-        ctx.row_offsets, ctx.id_offsets = _create_parts(ctx, summary.pop("split_part_rows"),
-                                                        summary.pop("split_part_ids"))
+        ctx.row_offsets, ctx.id_offsets = _create_parts(ctx, summary.pop("split_part_rows"), split_part_ids)
         written = _write(spark, ctx)
         _check_written(written, summary["rows"], layout)
         spec.metadata = summary
@@ -189,7 +205,7 @@ def _count_and_rank(spark, ctx, opts: Options, tmp, log) -> dict:
             "split_part_ids": [i["part_ids"] for i in infos],
             "bad_lines": bad, "first_bad_lines": [f"{p}:{line}: {r}" for p, line, r in first_bad],
             "cardinalities": [None if f in schema.raw_ids else caps.get(f) or schema.buckets[f] + 1
-                              for f in schema.categorical],
+                              for f in (schema.histories.get(f, f) for f in schema.categorical)],
             "inputs": [s.path for s in ctx.splits if s.start == 0],
             "frequency_threshold": thresholds,
             "vocabulary": f"{vocab.VOCAB_DIR}/<feature>.npy (value, count, generation) in id order from id 1; "
@@ -254,6 +270,35 @@ def _vocabularies(sc, counted, ctx, opts: Options, tmp, log):
     vocab_info.save(tmp, info)
     return caps, by_name(thresholds), _report(info["generation"], "grown" if opts.vocab_from else "new", caps, sizes,
                                               ranked)
+
+
+def _histories(sc, ctx, opts: Options, rows: int) -> Dict[int, Dict[int, Dict[str, int]]]:
+    """The history pass: every split's events (and the state of --vocab_from's histories) grouped by
+    (feature, bucket of users), each bucket's histories computed and its state written under
+    vocab/, then each split's histories written beside its cache; returns each split's history
+    ids per part."""
+    schema = ctx.schema
+    features = list(schema.histories)
+    if not features:
+        return {}
+    buckets = max(opts.history_buckets, -(-rows // opts.history_bucket_rows))
+    lengths = {f: schema.max_hotness[f] for f in features}
+    cache_root, out_root, split_lines, layout = ctx.cache_root, ctx.out_root, ctx.split_lines, ctx.layout
+    n = len(ctx.splits)
+    events = sc.parallelize(range(n), n).flatMap(lambda i: history.bucketed(cache_root, i, features, buckets))
+    if opts.vocab_from:
+        states = [(f, path) for f in features for path in history.state_files(opts.vocab_from, f)]
+        if states:
+            events = events.union(sc.parallelize(states, len(states)).flatMap(
+                lambda s: history.bucketed_state(s[0], s[1], buckets)))
+    for f in features:                            # (a run without counting events still leaves its state)
+        os.makedirs(history.state_dir(out_root, f), exist_ok=True)
+    return dict(events.groupByKey(buckets * len(features))
+                .flatMap(lambda kv: history.compute(kv[0][0], kv[0][1], kv[1], lengths[kv[0][0]], out_root,
+                                                    split_lines))
+                .groupByKey(n)
+                .map(lambda kv: (kv[0], history.save_split(cache_root, kv[0], kv[1], layout)))
+                .collect())
 
 
 def _report(generation, mode, caps, sizes, growth) -> dict:

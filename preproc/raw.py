@@ -30,15 +30,28 @@ def options(args) -> Options:
     spec = raw_spec.load(args.spec)
     names = [c.name for c in spec.categorical]
     raw_ids = parse_raw_ids(args.raw_id_columns, names) if args.raw_id_columns else []
+    histories = {k for k, c in enumerate(spec.categorical) if c.history}
+    named = sorted(histories & set(raw_ids)) if args.raw_id_columns != "all" else []
+    if named:
+        c = spec.categorical[named[0]]
+        raise ConfigError(f"--raw_id_columns: {c.name} is a history in {args.spec}: it has the ids of "
+                          f"{c.history.of} (name {c.history.of})")
+    raw_ids = [k for k in raw_ids if k not in histories]
     for k in raw_ids:
         c = spec.categorical[k]
         if c.buckets or c.threshold:
             raise ConfigError(f"--raw_id_columns: {c.name} has {'buckets' if c.buckets else 'a threshold'} in "
                               f"{args.spec} (raw ids have no vocabulary and no hashing into buckets)")
     source = RawSource(spec, [names[k] for k in raw_ids])
+    job = job_options(args, names, raw_ids, histories)
+    sized = sorted(histories & set(job["capacity_rows"]))
+    if sized:
+        c = spec.categorical[sized[0]]
+        raise ConfigError(f"--vocab_capacity: {c.name} is a history in {args.spec}: it has the capacity of "
+                          f"{c.history.of}")
     return Options(spec.paths, args.output, "fraction", spec.test, spec.validation, order=spec.order,
                    thresholds=[c.threshold for c in spec.categorical], source=source,
-                   **job_options(args, names, raw_ids))
+                   **job)
 
 
 def main(argv=None):

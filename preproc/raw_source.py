@@ -42,10 +42,13 @@ class RawSource(Source):
         cats = spec.categorical
         self.by_value = spec.split in ("column", "files")
         self.header_lines = int(spec.format == "csv" and spec.header)
+        histories = {c.name: c.history.of for c in cats if c.history}
+        raw_ids = list(raw_ids) + [h for h, item in histories.items() if item in raw_ids]
         self.schema = Schema([n.name for n in spec.numerical], [c.name for c in cats],
-                             max_hotness={c.name: c.max_hotness for c in cats if c.max_hotness},
-                             buckets={c.name: c.buckets for c in cats if c.buckets}, raw_ids=list(raw_ids),
-                             rules=_rules(spec, raw_ids))
+                             max_hotness={c.name: c.max_hotness or c.history.max_length for c in cats
+                                          if c.max_hotness or c.history},
+                             buckets={c.name: c.buckets for c in cats if c.buckets}, raw_ids=raw_ids,
+                             histories=histories, rules=_rules(spec, raw_ids))
 
     def plan(self, paths, split_bytes):
         named = [os.path.abspath(p) for p in self.spec.test_files + self.spec.validation_files]
@@ -136,15 +139,21 @@ class RawSource(Source):
         missing = [c for c in spec.columns_used() if c not in names]
         if missing:
             return Rows(np.zeros(0, np.int64), np.zeros(0, np.uint8), np.zeros((0, len(spec.numerical)), np.float32),
-                        [(np.zeros(0, np.uint64), np.zeros(0, np.int64 if c.max_hotness else bool))
+                        [None if c.history else
+                         (np.zeros(0, np.uint64), np.zeros(0, np.int64 if c.max_hotness else bool))
                          for c in spec.categorical],
-                        [(k, f"no column {missing[0]!r} in the file") for k in range(num_lines)], num_lines, mapping)
+                        [(k, f"no column {missing[0]!r} in the file") for k in range(num_lines)], num_lines, mapping,
+                        {c.name: (np.zeros(0, np.uint64), np.zeros(0), np.zeros(0, bool))
+                         for c in spec.categorical if c.history})
         checks = _Checks(table.num_rows)
         labels = self._label(table.column(spec.label), checks)
         numerical = np.zeros((table.num_rows, len(spec.numerical)), np.float32)
         for k, f in enumerate(spec.numerical):
             numerical[:, k] = _numerical(table.column(f.column), f, checks)
-        categorical = [_categorical(table.column(c.column), c, checks) for c in spec.categorical]
+        categorical = [None if c.history else _categorical(table.column(c.column), c, checks)
+                       for c in spec.categorical]
+        events = {c.name: self._events(table, c.history, categorical, labels, checks)
+                  for c in spec.categorical if c.history}
         if spec.split == "files":
             chosen = np.full(table.num_rows, spec.file_mapping(path), np.int8)
         elif self.by_value:
@@ -159,9 +168,21 @@ class RawSource(Source):
         if self.by_value:
             mapping[lines[ok]] = chosen[ok]
         kept = []
-        for c, (keys, other) in zip(spec.categorical, categorical):
-            kept.append((keys[np.repeat(ok, other)], other[ok]) if c.max_hotness else (keys[ok], other[ok]))
-        return Rows(lines[ok], labels[ok], numerical[ok], kept, bad, num_lines, mapping)
+        for c, entry in zip(spec.categorical, categorical):
+            kept.append(None if c.history else (entry[0][np.repeat(ok, entry[1])], entry[1][ok]) if c.max_hotness
+                        else (entry[0][ok], entry[1][ok]))
+        return Rows(lines[ok], labels[ok], numerical[ok], kept, bad, num_lines, mapping,
+                    {name: tuple(a[ok] for a in e) for name, e in events.items()})
+
+    def _events(self, table, h, categorical, labels, checks):
+        """A history's (user keys, times, counts) of the rows: a row counts when it has a user and
+        an item (and, with only_positive, a positive label); a missing time makes it bad."""
+        users, no_user, _ = _keys(_text(table.column(h.user)), "string")
+        times, no_time = _numbers(table.column(h.time), f"{h.time} (a history's time)", checks)
+        checks.reject(no_time, f"{h.time} (a history's time) is missing")
+        _, no_item = categorical[[c.name for c in self.spec.categorical].index(h.of)]
+        counts = ~no_user & ~no_item & (labels.astype(bool) if h.only_positive else True)
+        return users, times, counts
 
     def _label(self, column, checks) -> np.ndarray:
         spec = self.spec
@@ -323,6 +344,10 @@ def _rules(spec: RawSpec, raw_ids: List[str]) -> dict:
         return f"{f.column}: {rule}; missing -> {f.fill}"
 
     def categorical(c: Categorical):
+        if c.history:
+            h = c.history
+            return (f"history of {h.of}: its ids in the last {h.max_length} events of the same {h.user} strictly "
+                    f"before the event's {h.time}, oldest first" + " (positive events only)" * h.only_positive)
         source = f"{c.derive} (UTC) of {c.column} (unix seconds)" if c.derive else f"{c.column} ({c.type})"
         if c.max_hotness:
             source += f", lists split at {c.delimiter!r}, at most {c.max_hotness} values"

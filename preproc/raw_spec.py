@@ -36,6 +36,18 @@ class Categorical:
     delimiter: Optional[str] = None  # multi-hot: the separator of the values in the field
     max_hotness: Optional[int] = None
     derive: Optional[str] = None     # hour | weekday of the column's unix seconds (UTC)
+    history: Optional["History"] = None   # a history feature (no column of its own)
+
+
+@dataclasses.dataclass
+class History:
+    """A user's earlier items: per event, the ids of `of` (a one-hot categorical feature) of the
+    last `max_length` events of the same `user` strictly before its `time`, oldest first."""
+    of: str                          # the item feature (its name): its vocabulary's ids, or its raw ids
+    user: str                        # the user column (values compared as text)
+    time: str                        # the time column (numbers)
+    max_length: int
+    only_positive: bool = False      # only events with a positive label count
 
 
 @dataclasses.dataclass
@@ -67,7 +79,9 @@ class RawSpec:
             2 if path in map(os.path.abspath, self.validation_files) else 0
 
     def columns_used(self) -> List[str]:
-        used = [self.label] + [n.column for n in self.numerical] + [c.column for c in self.categorical]
+        used = [self.label] + [n.column for n in self.numerical] + \
+            [name for c in self.categorical
+             for name in ([c.history.user, c.history.time] if c.history else [c.column])]
         return list(dict.fromkeys(used + ([self.split_column] if self.split_column else [])))
 
 
@@ -167,6 +181,9 @@ def parse(raw, where: str = "raw spec", base_dir: str = ".") -> RawSpec:
     twice = sorted({n for n in names if names.count(n) > 1} | ({"label"} & set(names)))
     if twice:
         top.fail("", f"feature name {twice[0]!r} is used twice (or is the label's): set `name`")
+    for k, c in enumerate(spec.categorical):
+        if c.history:
+            _history_of(spec, c.history.of, _Reader(categorical[k], where, f"categorical[{k}]", HISTORY_KEYS))
     _split(spec, _Reader(top.get("split", dict, {}, expect="a mapping"), where, "split",
                          ("by", "test", "validation", "order", "column", "test_from", "validation_from",
                           "test_files", "validation_files")), base_dir)
@@ -192,8 +209,13 @@ def _numerical(item, where, key) -> Numerical:
     return f
 
 
+HISTORY_KEYS = ("name", "history_of", "user", "time", "max_length", "only_positive")
+
+
 def _categorical(item, where, key) -> Categorical:
     item = {"column": item} if isinstance(item, str) else item
+    if isinstance(item, dict) and "history_of" in item:
+        return _history(_Reader(item, where, key, HISTORY_KEYS))
     r = _Reader(item, where, key, ("column", "name", "type", "threshold", "buckets", "delimiter", "max_hotness",
                                    "derive"))
     column = r.get("column", str, required=True, expect="a column name")
@@ -214,6 +236,26 @@ def _categorical(item, where, key) -> Categorical:
     if f.derive:
         f.type = "int"
     return f
+
+
+def _history(r: _Reader) -> Categorical:
+    of = r.get("history_of", str, required=True, expect="a categorical feature's name")
+    h = History(of, r.get("user", str, required=True, expect="a column name"),
+                r.get("time", str, required=True, expect="a column name"),
+                r.get("max_length", int, required=True, check=lambda v: v > 0, expect="a positive integer"),
+                r.get("only_positive", bool, False, expect="true or false"))
+    return Categorical(r.get("name", str, f"{of}_history"), "", history=h)
+
+
+def _history_of(spec: RawSpec, of: str, r: _Reader):
+    """A history's item feature must be one of the spec's one-hot categorical features."""
+    item = next((c for c in spec.categorical if c.name == of), None)
+    if item is None:
+        names = ", ".join(c.name for c in spec.categorical if not c.history)
+        r.fail("history_of", f"{of!r} is not a categorical feature of the spec ({names})")
+    if item.history or item.max_hotness:
+        r.fail("history_of", f"{of} is {'a history' if item.history else 'multi-hot'}: a history takes the ids of a "
+                             "one-hot feature")
 
 
 def _split(spec: RawSpec, r: _Reader, base_dir: str):

@@ -15,21 +15,25 @@ from preproc import parsing, reading
 class Schema:
     """The output features: `categorical` in table order, `max_hotness` of the multi-hot ones,
     `buckets` of the hashed ones (no vocabulary: id 1 + key % buckets), `raw_ids` those whose ids
-    are their values' 64-bit keys (no vocabulary: the key as int64), `names` what flags and
-    messages call each categorical feature, `rules` the metadata that describes the transform."""
+    are their values' 64-bit keys (no vocabulary: the key as int64), `histories` the history
+    features and the one-hot feature whose ids each holds (preproc.history; in `max_hotness` too),
+    `names` what flags and messages call each categorical feature, `rules` the metadata that
+    describes the transform."""
     numerical: List[str]
     categorical: List[str]
     label: str = "label"
     max_hotness: Dict[str, int] = dataclasses.field(default_factory=dict)
     buckets: Dict[str, int] = dataclasses.field(default_factory=dict)
     raw_ids: List[str] = dataclasses.field(default_factory=list)
+    histories: Dict[str, str] = dataclasses.field(default_factory=dict)
     names: List[str] = None
     rules: dict = dataclasses.field(default_factory=dict)
 
     @property
     def counted(self) -> List[int]:
         """Indices of the categorical features with a vocabulary."""
-        return [k for k, f in enumerate(self.categorical) if f not in self.buckets and f not in self.raw_ids]
+        return [k for k, f in enumerate(self.categorical)
+                if f not in self.buckets and f not in self.raw_ids and f not in self.histories]
 
     def name(self, k: int) -> str:
         return self.categorical[k] if self.names is None else f"{self.names[k]} ({self.categorical[k]})"
@@ -40,8 +44,10 @@ class Rows:
     """The good lines of a block: `lines` [n] their 0-based line numbers in the block, `labels` [n]
     uint8, `numerical` [n, N] float32 (transformed), `categorical` per feature (keys [n] uint64,
     missing [n] bool), or for a multi-hot feature (keys [K] uint64 of all its values, lengths [n]
-    int64); `bad` (line number, reason) per bad line; `num_lines` the lines of the block;
-    `mapping` [num_lines] int8 (a split by value: each line's mapping index, -1 for none)."""
+    int64), or None for a history feature, whose `events` are (user keys [n] uint64, times [n]
+    float64, counts [n] bool: the row's item enters later histories); `bad` (line number, reason)
+    per bad line; `num_lines` the lines of the block; `mapping` [num_lines] int8 (a split by value:
+    each line's mapping index, -1 for none)."""
     lines: np.ndarray
     labels: np.ndarray
     numerical: np.ndarray
@@ -49,6 +55,7 @@ class Rows:
     bad: List[Tuple[int, str]]
     num_lines: int
     mapping: Optional[np.ndarray] = None
+    events: Dict[str, Tuple[np.ndarray, np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict)
 
 
 class Source:

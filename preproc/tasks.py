@@ -4,7 +4,9 @@
 parses a split once (its Source's Rows): it returns its report (rows per mapping and per part,
 multi-hot ids per part, bad lines) and the value counts of its training rows as numpy tables,
 and caches the parsed columns (labels, float16 numericals, per block and feature the distinct
-keys, each row's (or list value's) code and the multi-hot lengths) in `cache_root`.
+keys, each row's (or list value's) code and the multi-hot lengths) in `cache_root`, and the
+events of the history features (preproc.history, whose pass writes each split's histories there
+too).
 `bucketed`, `summed`, `kept` and `rank_column` sum the tables per (feature, hash
 bucket) and rank each feature's frequent values (or grow an earlier vocabulary with them).
 `write_direct` encodes a split's cached rows and writes those of unshuffled parts at their known
@@ -21,8 +23,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from preproc import reading, sources, vocab
-from preproc.layout import MAPPINGS, Layout, mix
+from preproc import history, reading, sources, vocab
+from preproc.layout import MAPPINGS, Layout, hash_buckets
 
 RECORD_SCHEMA = "pid int, key long, rec binary"
 WRITTEN_SCHEMA = "pid int, rows long"
@@ -108,11 +110,17 @@ def count_values(ctx: Context, split_id: int):
     counted = [[] for _ in ctx.categorical]
     vocabularies = set(ctx.schema.counted) if ctx.count else set()
     next_position = np.array(ctx.split_positions[split_id] if ctx.source.by_value else [0], np.int64)
+    histories = ctx.schema.histories
     os.makedirs(ctx.cache_root, exist_ok=True)
-    with open(ctx.cache_path(split_id), "wb") as cache:
+    for feature in histories:                  # (the history pass fills those of a split with rows)
+        for path in history.history_paths(ctx.cache_root, split_id, feature):
+            np.save(path, np.zeros(0, np.uint64))
+    with open(ctx.cache_path(split_id), "wb") as cache, \
+            open(history.events_path(ctx.cache_root, split_id) if histories else os.devnull, "wb") as events:
         for block in ctx.source.rows(split, ctx.block_bytes):
             bad += [(line + k, reason) for k, reason in block.bad]
             positions = _positions(ctx, block, line, next_position)
+            history.save_events(events, block, line + block.lines, positions, ctx.schema)
             line += block.num_lines
             mapping, pid, _ = ctx.layout.assign(positions)
             for k, name in enumerate(MAPPINGS):
@@ -123,7 +131,10 @@ def count_values(ctx: Context, split_id: int):
             np.save(cache, positions)
             np.save(cache, block.labels)
             np.save(cache, block.numerical.astype(np.float16))
-            for k, (feature, (keys, other)) in enumerate(zip(ctx.categorical, block.categorical)):
+            for k, (feature, entry) in enumerate(zip(ctx.categorical, block.categorical)):
+                if feature in histories:
+                    continue                   # (its ids come from the history pass)
+                keys, other = entry
                 column, distinct = pd.factorize(keys)
                 if feature in ctx.schema.max_hotness:
                     rows_of = np.repeat(np.arange(len(other)), other)
@@ -150,13 +161,8 @@ def count_values(ctx: Context, split_id: int):
 def bucketed(tables: Dict[int, tuple], buckets: int):
     """((feature, bucket of the value's hash), (values, counts)) pieces of a split's count tables."""
     for k, (values, counts) in tables.items():
-        bucket = (mix(values, k) % np.uint64(buckets)).astype(np.int64)
-        order = np.argsort(bucket, kind="stable")
-        sizes = np.bincount(bucket, minlength=buckets)
-        ends = np.cumsum(sizes)
-        for b in np.flatnonzero(sizes):
-            piece = order[ends[b] - sizes[b]:ends[b]]
-            yield (k, int(b)), (values[piece], counts[piece])
+        for b, piece in hash_buckets(values, k, buckets):
+            yield (k, b), (values[piece], counts[piece])
 
 
 def summed(tables) -> tuple:
@@ -191,22 +197,26 @@ def rank_column(ctx: Context, col: int, tables, threshold: int, capacity: int = 
 
 def _encoders(ctx: Context):
     """Per categorical feature: distinct keys -> ids (its vocabulary, 1 + key % buckets, or with
-    raw ids the key itself as int64)."""
+    raw ids the key itself as int64; a history: its item feature's)."""
     def hashed(buckets):
         return lambda keys: (keys % np.uint64(buckets)).astype(np.int64) + 1
 
     def raw(keys):
         return keys.view(np.int64)
     schema = ctx.schema
+    items = [schema.histories.get(f, f) for f in ctx.categorical]
     return [hashed(schema.buckets[f]) if f in schema.buckets else raw if f in schema.raw_ids else
-            vocab.encoder(ctx.vocab_root, f) for f in ctx.categorical]
+            vocab.encoder(ctx.vocab_root, f) for f in items]
 
 
 def _encoded(ctx: Context, split_id: int):
     """(layout positions, records) per cached block of the split; a multi-hot feature's record
     field holds its ids padded to max_hotness, its LENGTH field how many there are."""
-    dtype, hotness = ctx.record_dtype(), ctx.schema.max_hotness
+    dtype, hotness, histories = ctx.record_dtype(), ctx.schema.max_hotness, ctx.schema.histories
     encoders = _encoders(ctx)
+    read = {f: [np.load(p, mmap_mode="r") for p in history.history_paths(ctx.cache_root, split_id, f)]
+            for f in histories}
+    row, item = 0, dict.fromkeys(histories, 0)       # the histories' next row and item key
     with open(ctx.cache_path(split_id), "rb") as cache:
         while cache.peek(1):
             positions, labels, numerical = np.load(cache), np.load(cache), np.load(cache)
@@ -215,14 +225,21 @@ def _encoded(ctx: Context, split_id: int):
             if ctx.schema.numerical:
                 records["numerical"] = numerical
             for k, feature in enumerate(ctx.categorical):
-                lengths = np.load(cache) if feature in hotness else None
-                distinct, codes = np.load(cache), np.load(cache)
-                ids = np.append(encoders[k](distinct), 0)[codes]         # code -1 (missing): id 0
+                if feature in histories:
+                    lengths_file, items_file = read[feature]
+                    lengths = np.asarray(lengths_file[row:row + len(positions)])
+                    ids = encoders[k](np.asarray(items_file[item[feature]:item[feature] + int(lengths.sum())]))
+                    item[feature] += int(lengths.sum())
+                else:
+                    lengths = np.load(cache) if feature in hotness else None
+                    distinct, codes = np.load(cache), np.load(cache)
+                    ids = np.append(encoders[k](distinct), 0)[codes]         # code -1 (missing): id 0
                 if lengths is None:
                     records[feature] = ids
                 else:
                     records[feature][np.arange(hotness[feature]) < lengths[:, None]] = ids
                     records[feature + LENGTH] = lengths
+            row += len(positions)
             yield positions, records
 
 
