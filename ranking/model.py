@@ -577,9 +577,9 @@ class _DenseSplit:
             fed = {id(t): v for t, v in zip(model.inputs, flat)}
             if ids is not None:   # the ids computed in the model, from its inputs
                 fed.update(zip(map(id, computed), keras.tree.flatten(ids(flat, training=training))))
-            out = [layer(keras.tree.map_structure(lambda t: fed[id(t)], layer.input), training=training)
+            out = [layer(_as_called(layer, [fed[id(t)] for t in layer.call_inputs()]), training=training)
                    for layer in model.embedding_layers]
-            return [flat[i] for i in other] + keras.tree.flatten(out)
+            return [_padded(flat[i]) for i in other] + keras.tree.flatten(out)
 
         def outputs(embedded, training):   # in the model's output structure (a dict by head: as the model's)
             return keras.tree.pack_sequence_as(model._outputs_struct,
@@ -615,6 +615,17 @@ class _DenseSplit:
         with _computing_in_float32(*self._models):
             outputs = self._dense(embedded, training=False)
         return keras.tree.map_structure(lambda t: tf.cast(t, tf.float32), outputs)
+
+
+def _as_called(layer: HybridEmbedding, ids: list):
+    """`ids` (in feature order) in the structure `layer` was called with: a dict by feature name, or a list."""
+    return {f.name: t for f, t in zip(layer.features, ids)} if layer._dict_input else ids
+
+
+def _padded(t):
+    """An input of the XLA-compiled dense part: a ragged one (a sequence's ids, read by a
+    SequenceMask) as dense [b, k], padded with -1; any other as it is."""
+    return t.to_tensor(-1) if isinstance(t, tf.RaggedTensor) else t
 
 
 def _ids_part(model, computed) -> keras.Model:

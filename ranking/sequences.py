@@ -58,8 +58,15 @@ class SequenceMask(keras.layers.Layer):
         self.max_length = max_length
 
     def call(self, ids):
-        kept, _ = recent_ids(ids, self.max_length, f"layer {self.name!r}")
-        return tf.sequence_mask(kept.row_lengths(), self.max_length)
+        if isinstance(ids, tf.RaggedTensor):
+            lengths = ids.row_lengths()
+        else:   # static shapes (an XLA-compiled dense part is fed the ids padded)
+            ids = tf.convert_to_tensor(ids)
+            if ids.shape.rank != 2:
+                raise ConfigError(f"layer {self.name!r}: a sequence's ids are ragged [b, None] or dense [b, k], got "
+                                  f"shape {ids.shape}")
+            lengths = tf.reduce_sum(tf.cast(ids >= 0, tf.int64), axis=1)
+        return tf.sequence_mask(tf.minimum(lengths, self.max_length), self.max_length)
 
     def compute_output_spec(self, ids):
         return keras.KerasTensor((None, self.max_length), "bool")

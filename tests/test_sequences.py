@@ -289,6 +289,28 @@ def test_hstu_block_is_pointwise_attention_and_its_masked_positions_change_nothi
         HSTUBlock(5, heads=0, name="h2")
 
 
+def test_xla_trains_a_din_as_without():
+    """compile(jit_compile=True): the dense part, its SequenceMask fed the history padded, trains
+    as the plain step (the same losses and table, float32 rounding)."""
+    def trained(xla):
+        ids = {"item": keras.Input((), dtype="int64", name="item"),
+               "history": keras.Input((None,), dtype="int64", ragged=True, name="history")}
+        emb = layer()(ids)
+        mask = SequenceMask(L)(ids["history"])
+        user = TargetAttention((6,), seed=(1, 2))([emb["item"], emb["history"], mask])
+        model = Model(ids, keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(seed=5))(
+            keras.layers.Concatenate()([emb["item"], user])))
+        model.compile(optimizer="adagrad", learning_rate=0.5, jit_compile=xla)
+        x = {"item": tf.constant([1, 2, 3, 4, 5], tf.int64), "history": tf.ragged.constant(HISTORIES, tf.int64)}
+        y = tf.constant([1.0, 0.0, 1.0, 0.0, 1.0])
+        losses = [float(model.train_on_batch(x, y)) for _ in range(3)]
+        return losses, model.get_layer("hybrid_embedding").table_variables[0].numpy()
+    (plain, table), (xla, xla_table) = trained(False), trained(True)
+    assert plain[0] != plain[-1]
+    np.testing.assert_allclose(xla, plain, rtol=1e-5)
+    np.testing.assert_allclose(xla_table, table, rtol=1e-5, atol=1e-6)
+
+
 def test_sequence_configuration_errors_name_the_feature():
     items = TableConfig("items", ROWS, DIM)
     with pytest.raises(ConfigError, match=r"feature 'h': a sequence feature's output_shape is \(batch, L, 4\) "
