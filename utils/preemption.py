@@ -76,14 +76,25 @@ def exit_on_signal(body: Callable[[], T], unfinished: str, grace_s: float = DEFA
     try:
         return body()
     except Interrupted as e:
-        if e.announce:
-            print(e.line, file=_real_stderr())
-        sys.exit(e.code)
+        _exit_stopped(e.line if e.announce else None, e.code)
     except Exception:   # e.g. TensorFlow or Horovod reporting the interrupted call
         if _State.signum is None:
             raise
-        print(f"stopped by {signal_name(_State.signum)}: {unfinished}", file=_real_stderr())
-        sys.exit(EXIT_CODES[_State.signum])
+        _exit_stopped(f"stopped by {signal_name(_State.signum)}: {unfinished}", EXIT_CODES[_State.signum])
+
+
+def _exit_stopped(line: Optional[str], code: int):
+    """Says `line` and ends the process with `code` once what it wrote is flushed, without the
+    interpreter's finalisation: a tf.data iterator stopped mid-batch can deadlock or abort in its
+    destructor (its prefetch thread waiting on the interpreter lock the finaliser holds)."""
+    if line is not None:
+        print(line, file=_real_stderr())
+    for stream in (sys.stdout, sys.stderr, _real_stderr()):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def install(grace_s: float = DEFAULT_GRACE_S, unfinished: str = "nothing saved"):
