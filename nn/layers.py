@@ -1,8 +1,8 @@
 """Building blocks of ranking models as Keras 3 layers: MLP, DotInteraction, CrossNetwork,
 FactorizationMachine, TargetAttention (DIN's, over a sequence feature's rows), TransformerBlock
-(BST's), HSTUBlock (HSTU's pointwise attention); the one implementation of the built-in DLRM / DCNv2's dense part
-(nn/model.py) and of the ranking/ API's layers (`ranking.MLP`, ...). Shapes: `b` local batch,
-`F` embeddings, `D` a width.
+(BST's), HSTUBlock (HSTU's pointwise attention); the one implementation of the built-in DLRM /
+DCNv2's dense part (nn/model.py) and of the ranking/ API's layers (`ranking.MLP`, ...). Shapes:
+`b` local batch, `F` embeddings, `D` a width.
 
     emb = HybridEmbedding(features)(ids)                                   # F x [b, 16]
     bottom = MLP([64, 16], seed=(3, 0), name="bottom_mlp")(numerical)      # [b, 16]

@@ -27,15 +27,21 @@ def recent_ids(ids: Union[tf.Tensor, tf.RaggedTensor], max_length: int,
     A dense [b, k] input's ids < 0 are padding, wherever they are; a ragged input has none.
     `where` names the feature in the error of an input of another rank."""
     if not isinstance(ids, tf.RaggedTensor):
-        ids = tf.convert_to_tensor(ids)
-        if ids.shape.rank != 2:
-            raise ConfigError(f"{where}: a sequence's ids are ragged [b, None] or dense [b, k], got shape {ids.shape}")
+        ids = _dense(ids, where)
         ids = tf.ragged.boolean_mask(ids, ids >= 0)
     lengths = ids.row_lengths()
     dropped = tf.maximum(lengths - max_length, 0)
     kept = tf.ragged.range(ids.row_starts() + dropped, ids.row_limits())
     return (tf.RaggedTensor.from_row_splits(tf.gather(ids.values, kept.values), kept.row_splits),
             tf.reduce_sum(dropped))
+
+
+def _dense(ids, where: str) -> tf.Tensor:
+    """A sequence's dense ids [b, k]; a ConfigError naming `where` for another rank."""
+    ids = tf.convert_to_tensor(ids)
+    if ids.shape.rank != 2:
+        raise ConfigError(f"{where}: a sequence's ids are ragged [b, None] or dense [b, k], got shape {ids.shape}")
+    return ids
 
 
 def by_position(kept: tf.RaggedTensor, max_length: int) -> tf.RaggedTensor:
@@ -61,11 +67,7 @@ class SequenceMask(keras.layers.Layer):
         if isinstance(ids, tf.RaggedTensor):
             lengths = ids.row_lengths()
         else:   # static shapes (an XLA-compiled dense part is fed the ids padded)
-            ids = tf.convert_to_tensor(ids)
-            if ids.shape.rank != 2:
-                raise ConfigError(f"layer {self.name!r}: a sequence's ids are ragged [b, None] or dense [b, k], got "
-                                  f"shape {ids.shape}")
-            lengths = tf.reduce_sum(tf.cast(ids >= 0, tf.int64), axis=1)
+            lengths = tf.reduce_sum(tf.cast(_dense(ids, f"layer {self.name!r}") >= 0, tf.int64), axis=1)
         return tf.sequence_mask(tf.minimum(lengths, self.max_length), self.max_length)
 
     def compute_output_spec(self, ids):

@@ -95,13 +95,15 @@ def model_file_export(manifest: dict, model_file) -> ExportedModel:
         if saved != (saved[0] if dynamic and saved else t.rows, t.dim):
             raise RepositoryError(f"--model={model_file}: table {t.tensor} is {saved or 'missing'} in {where}, the "
                                   f"model builds it {(t.rows, t.dim)}")
-    given = _given(model, lookups, sources, model_file)
+    dense_part = model.dense_part()
+    given = _given(model, dense_part, lookups, sources, model_file)
     layout = ServingLayout(signature["cardinalities"], signature["max_hotness"], widths, signature["num_numerical"],
                            [x.feature for x in lookups], heads,
                            [h for h, score in enumerate(scores) if score == "rmse"] or None)
 
     def dense(verify: bool) -> KerasDense:
-        return _restored_dense(model, manifest, verify, widths, [x.sequence for x in lookups], given, heads)
+        return _restored_dense(model, dense_part, manifest, verify, widths, [x.sequence for x in lookups], given,
+                               heads)
 
     return ExportedModel(layout, tables, lookups, os.path.splitext(signature["model"])[0], dense)
 
@@ -120,28 +122,26 @@ def builtin_dense(manifest: dict, verify: bool = True) -> KerasDense:
                          for f, t in enumerate(config.tables)], config.num_numerical, one_row_tables=True)
     model = load_model_file(path)[0](features, hparams)
     widths = config.embedding_dims
-    return _restored_dense(model, manifest, verify, widths, [None] * len(widths), [None])
+    return _restored_dense(model, model.dense_part(), manifest, verify, widths, [None] * len(widths), [None])
 
 
-def _restored_dense(model, manifest: dict, verify: bool, widths, sequences, given,
+def _restored_dense(model, dense_part: keras.Model, manifest: dict, verify: bool, widths, sequences, given,
                     heads: Optional[List[str]] = None) -> KerasDense:
-    """KerasDense of the functional `model`'s dense part, its Keras weights read from the
+    """KerasDense of the functional `model`'s `dense_part`, its Keras weights read from the
     checkpoint (manifest) by path; `verify`: their checksums checked."""
     named = {w.path: w.value for w in model.weights}
     checkpoint.restore(manifest["path"], checkpoint.replicated_entries(named), {}, set(named), extra_ok=True,
                        verify=verify)
-    return KerasDense(model.dense_part(), widths, sequences, given, heads)
+    return KerasDense(dense_part, widths, sequences, given, heads)
 
 
-def _given(model, lookups: List[Lookup], sources: List[int], model_file: str) -> list:
-    """The dense part's inputs before the lookups' rows, as KerasDense takes them: None for the
-    numericals, or the index of the sequence lookup whose ids (`sources`: per lookup, the id of the
-    tensor it reads) a SequenceMask reads; RepositoryError, one line, for any other input."""
+def _given(model, dense_part: keras.Model, lookups: List[Lookup], sources: List[int], model_file: str) -> list:
+    """`dense_part`'s inputs before the lookups' rows (the model's own), as KerasDense takes them:
+    None for the numericals, or the index of the sequence lookup whose ids (`sources`: per lookup,
+    the id of the tensor it reads) a SequenceMask reads; RepositoryError, one line, for any other."""
     names = {id(t): name for name, t in model._inputs_struct.items()}
-    rows = sum(len(keras.tree.flatten(l.output)) for l in model._flatten_layers() if isinstance(l, HybridEmbedding))
-    dense = model.dense_part()
     given = []
-    for t in dense.inputs[:len(dense.inputs) - rows]:
+    for t in (t for t in dense_part.inputs if id(t) in names):
         if names[id(t)] == NUMERICAL:
             given.append(None)
             continue

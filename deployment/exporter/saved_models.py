@@ -55,14 +55,13 @@ class Lookup(tf.Module):
         for lookup in self._lookups:
             start, end = self.layout.columns[lookup.feature]
             ids = categorical[:, start:end]
+            ids = ids[:, 0] if self.layout.max_hotness[lookup.feature] is None and lookup.sequence is None else \
+                tf.ragged.boolean_mask(ids, ids != PAD)
             if lookup.sequence is not None:
-                ids = tf.ragged.boolean_mask(ids, ids != PAD)
                 kept, _ = recent_ids(ids, lookup.sequence)
                 parts.append((kept.values, functools.partial(_unpooled, kept=kept, given=ids.row_lengths(),
                                                              length=lookup.sequence)))
                 continue
-            ids = ids[:, 0] if self.layout.max_hotness[lookup.feature] is None else \
-                tf.ragged.boolean_mask(ids, ids != PAD)
             x = flatten_ids(ids, lookup.combiner)
             parts.append((x.ids, functools.partial(combine, flat=x)))
         features = [x.feature for x in self._lookups]

@@ -11,9 +11,9 @@ the dense SavedModel (file names and format: deployment/repository_format.py). N
     <dir>/tables.json     written last (atomically): checkpoint, step, per table its file and
                           shape, per lookup (a feature's ids in a table, a slice of embeddings)
                           its feature, table, hotness, combiner and columns (a sequence: its L),
-                          and the dense model's name and inputs. The built-in models (lookup f = feature f = table f)
-                          have no `lookups`: table f's entry holds lookup f's keys
-                          (repository_format.table_lookups reads either).
+                          and the dense model's name and inputs. The built-in models (lookup f =
+                          feature f = table f) have no `lookups`: table f's entry holds lookup f's
+                          keys (repository_format.table_lookups reads either).
 """
 import os
 from typing import Dict, Tuple
