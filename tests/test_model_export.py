@@ -27,7 +27,7 @@ from tests.configs import TINY
 from tests.horovod_run import ROOT
 from tests.redis_server import RedisServer
 from tests.test_deployment_export import deploy, reference, served
-from tests.test_serving import start_server, stop_server
+from tests.test_serving import served_outputs, start_server, stop_server
 from tests.warm_python import PYTHON
 
 CARDS, HOTNESS = ["300", "50", "7", "30"], ["1", "3", "1", "2"]   # features 1 and 3 multi-hot
@@ -199,15 +199,9 @@ def test_served_by_each_frontend(days, frontend, tmp_path):
     batch, logits = reference(run_config(days["path"], days["params"]), str(tmp / "ckpt0"), 300)
     _, layout = layout_of(str(tmp / "repo0"))
     categorical = categorical_matrix(batch["categorical"], layout.max_hotness)
-    log, ports = tmp_path / "server.log", free_ports(3)
-    server = start_server(log, ports, f"--model_repository={tmp / 'repo0'}", f"--frontend={frontend}")
-    try:
-        client = ServingClient("grpc", f"localhost:{ports[1]}", "m")
-        client.wait_ready(120)
-        out = client.infer(np.asarray(batch["numerical"]), categorical, ("logits",))
-        client.close()
-    finally:
-        stop_server(server, ports, log)
+    log = tmp_path / "server.log"
+    out = served_outputs(log, tmp / "repo0", np.asarray(batch["numerical"]), categorical, ("logits",),
+                         f"--frontend={frontend}")
     np.testing.assert_allclose(out["logits"][:, 0], logits, rtol=1e-5, atol=1e-5)
     assert "serving m (tables form, step 10 " in log.read_text()
 
@@ -352,15 +346,8 @@ def test_a_model_with_two_heads_exports_a_column_per_head(two_heads, tmp_path):
 @pytest.mark.parametrize("frontend", ["native", "triton"])
 def test_a_model_with_two_heads_served_by_each_frontend(two_heads, frontend, tmp_path):
     tmp, layout, batch, categorical, outputs = two_heads
-    log, ports = tmp_path / "server.log", free_ports(3)
-    server = start_server(log, ports, f"--model_repository={tmp / 'repo'}", f"--frontend={frontend}")
-    try:
-        client = ServingClient("grpc", f"localhost:{ports[1]}", "m")
-        client.wait_ready(120)
-        out = client.infer(np.asarray(batch["numerical"]), categorical, ("predictions", "logits"))
-        client.close()
-    finally:
-        stop_server(server, ports, log)
+    out = served_outputs(tmp_path / "server.log", tmp / "repo", np.asarray(batch["numerical"]), categorical,
+                         ("predictions", "logits"), f"--frontend={frontend}")
     np.testing.assert_allclose(out["logits"], outputs, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out["predictions"], np.stack([1 / (1 + np.exp(-outputs[:, 0])), outputs[:, 1]], axis=1),
                                rtol=1e-5, atol=1e-5)

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from deployment.client import ServingClient, free_ports
 from deployment.repository_format import PAD, categorical_matrix, read_delta
 from deployment.serving.live import Model, unpooled
 from deployment.serving.tiers import TierConfig
@@ -22,7 +21,7 @@ from tests.configs import TINY
 from tests.redis_server import RedisServer
 from tests.test_deployment_export import deploy, reference, served
 from tests.test_model_export import layout_of, python
-from tests.test_serving import start_server, stop_server
+from tests.test_serving import served_outputs
 
 HISTORY, MAX_LENGTH = 6, 4
 CARDS = ["300", "50", "7"]
@@ -116,15 +115,8 @@ def test_a_dynamic_item_table_serves_its_history_by_raw_id(tmp_path):
 
 def test_native_server_answers_as_the_model_predicts(din, tmp_path):
     tmp, batch, categorical, logits = din
-    log, ports = tmp_path / "server.log", free_ports(3)
-    server = start_server(log, ports, f"--model_repository={tmp / 'repo0'}")
-    try:
-        client = ServingClient("http", f"localhost:{ports[0]}", "m")
-        client.wait_ready(120)
-        out = client.infer(np.asarray(batch["numerical"]), categorical, ("logits",))
-        client.close()
-    finally:
-        stop_server(server, ports, log)
+    out = served_outputs(tmp_path / "server.log", tmp / "repo0", np.asarray(batch["numerical"]), categorical,
+                         ("logits",), protocol="http")
     np.testing.assert_allclose(out["logits"][:, 0], logits, rtol=1e-5, atol=1e-5)
 
 

@@ -45,6 +45,21 @@ def start_server(log_path, ports, *args):
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
 
 
+def served_outputs(log_path, repository, numerical, categorical, outputs, *args, protocol="grpc"):
+    """serve.py on `repository` (with `args`) on free ports: its answer's `outputs` to one request of
+    model m, the server stopped after (stop_server's checks)."""
+    ports = free_ports(3)
+    server = start_server(log_path, ports, f"--model_repository={repository}", *args)
+    try:
+        client = ServingClient(protocol, f"localhost:{ports[0 if protocol == 'http' else 1]}", "m")
+        client.wait_ready(120)
+        out = client.infer(numerical, categorical, outputs)
+        client.close()
+    finally:
+        stop_server(server, ports, log_path)
+    return out
+
+
 def port_flags(ports):
     """serve.py's flags of ports (http, grpc, metrics)."""
     return [f"--{name}_port={p}" for name, p in zip(("http", "grpc", "metrics"), ports)]
