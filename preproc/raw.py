@@ -35,7 +35,7 @@ def options(args) -> Options:
     if named:
         c = spec.categorical[named[0]]
         raise ConfigError(f"--raw_id_columns: {c.name} is a history in {args.spec}: it has the ids of "
-                          f"{c.history.of} (name {c.history.of})")
+                          f"{c.history.of} (raw when {c.history.of} is in --raw_id_columns)")
     raw_ids = [k for k in raw_ids if k not in histories]
     for k in raw_ids:
         c = spec.categorical[k]

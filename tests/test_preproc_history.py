@@ -258,7 +258,7 @@ def test_unknown_columns_and_flags_naming_a_history(tmp_path):
                            "item, ts)"
     path = write_spec(tmp_path)
     for flag, message in (("--raw_id_columns=history", f"--raw_id_columns: history is a history in {path}: it has "
-                                                       "the ids of item (name item)"),
+                                                       "the ids of item (raw when item is in --raw_id_columns)"),
                           ("--vocab_capacity=2,clicked:100", f"--vocab_capacity: clicked is a history in {path}: it "
                                                              "has the capacity of item")):
         with pytest.raises(ConfigError) as e:
