@@ -2,8 +2,9 @@
 HybridEmbedding whose history is a sequence feature: ragged ids in, the most recent L kept)
 against the same model written as a Keras user would without it (ids padded to L,
 keras.layers.Embedding, DIN's attention in Keras layers over all L positions, Keras' Adam), the
-same MLP, on the same batches, timed alternately in one process. Prints one JSON record per timed round and a summary:
-samples/s of each, their ratio, each one's mean loss over the timed steps.
+same MLP, on the same batches, timed alternately in one process. Prints one JSON record per
+timed round and a summary: samples/s of each, their ratio, each one's mean loss over the timed
+steps.
 
     .venv/bin/python benchmarks/din_step.py [--batch 1024] [--max_length 500] [--mean_length 50]
         [--items 100000] [--dim 16] [--steps 10] [--rounds 2]
