@@ -134,7 +134,8 @@ def main():
     best = {name: max(rates) for name, rates in figures.items()}
     print(json.dumps({"summary": True, "batch": args.batch, "max_length": args.max_length,
                       "mean_length": round(float(lengths.mean()), 1), "items": args.items, "dim": args.dim,
-                      "project_samples_per_s": round(best["project"], 1), "keras_samples_per_s": round(best["keras"], 1),
+                      "project_samples_per_s": round(best["project"], 1),
+                      "keras_samples_per_s": round(best["keras"], 1),
                       "ratio": round(best["project"] / best["keras"], 3)}), flush=True)
 
 

@@ -49,7 +49,8 @@ def model_state(model, rename=lambda path: path) -> dict:
     return state
 
 
-RTOL = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 2e-2}   # off the recording CPU: a recorded value's relative tolerance
+# Off the recording CPU: a recorded value's relative tolerance, by the dtype its step computed in.
+RTOL = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 2e-2}
 
 
 @functools.lru_cache(maxsize=None)
