@@ -210,10 +210,16 @@ def test_lookup_tiers_with_redis_serve_and_take_the_delta(days, tmp_path):
     """The tables form through the lookup tiers (a cache of a fraction of the tables, Redis):
     exactly the in-memory model's responses, before and after day 1's delta, which they take."""
     tmp = days["tmp"]
-    repo = shutil.copytree(tmp / "repo0", tmp_path / "repo0")   # the tiers write deltas into its table files
     batch, categorical, _ = check_served(days["path"], days["params"], str(tmp / "ckpt0"), str(tmp / "repo0"),
                                         tmp_path)
-    numerical = np.asarray(batch["numerical"])
+    check_tiers_take_the_delta(tmp, tmp_path, np.asarray(batch["numerical"]), categorical)
+
+
+def check_tiers_take_the_delta(tmp, tmp_path, numerical, categorical):
+    """`tmp`/repo0 (step 10; a copy: the tiers write the delta into its table files) served through
+    a 2 KB row cache and Redis answers exactly as it does in memory, cold and then from the cache
+    and Redis; after `tmp`/delta1, which it takes, as `tmp`/repo1 (step 20) does."""
+    repo = shutil.copytree(tmp / "repo0", tmp_path / "repo0")
     redis = RedisServer(str(tmp_path)).start()
     try:
         model = Model(str(repo), tiers=TierConfig(cache_bytes=2048, redis_url=redis.url), log=lambda line: None)

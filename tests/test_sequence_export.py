@@ -7,20 +7,16 @@ a second day's delta is taken by the tables form;
 the NumPy and TensorFlow sparse parts agree on hand-made histories (padding anywhere, over the
 maximum, empty); a model reading a history's ids outside its lookups and a SequenceMask is
 refused in one line."""
-import shutil
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from deployment.repository_format import PAD, categorical_matrix, read_delta
+from deployment.repository_format import PAD, categorical_matrix
 from deployment.serving.live import Model, unpooled
-from deployment.serving.tiers import TierConfig
 from run.config import build_config
 from tests.configs import TINY
-from tests.redis_server import RedisServer
 from tests.test_deployment_export import deploy, reference, served
-from tests.test_model_export import layout_of, python
+from tests.test_model_export import check_tiers_take_the_delta, layout_of, python
 from tests.test_serving import served_outputs
 
 HISTORY, MAX_LENGTH = 6, 4
@@ -121,24 +117,10 @@ def test_native_server_answers_as_the_model_predicts(din, tmp_path):
 
 
 def test_lookup_tiers_with_redis_take_the_second_days_delta(din, tmp_path):
-    """The tables form through a small row cache and Redis answers as in memory, before and after
-    day 1's delta, and then as day 1's full export."""
+    """The tables form through a small row cache and Redis answers as in memory, cold and cached,
+    before day 1's delta, and then as day 1's full export."""
     tmp, batch, categorical, _ = din
-    repo = shutil.copytree(tmp / "repo0", tmp_path / "repo0")   # the tiers write the delta into its table files
-    numerical = np.asarray(batch["numerical"])
-    redis = RedisServer(str(tmp_path)).start()
-    try:
-        model = Model(str(repo), tiers=TierConfig(cache_bytes=2048, redis_url=redis.url), log=lambda line: None)
-        for step, reference_repo in ((10, tmp / "repo0"), (20, tmp / "repo1")):
-            if step == 20:
-                assert model.apply_delta(read_delta(str(tmp / "delta1"))) > 0
-            got = model.infer(numerical, categorical)
-            want = Model(str(reference_repo)).infer(numerical, categorical)
-            np.testing.assert_array_equal(got["logits"], want["logits"])
-            assert set(got["model_version"][:, 0].tolist()) == {step}
-        model.close()
-    finally:
-        redis.stop()
+    check_tiers_take_the_delta(tmp, tmp_path, np.asarray(batch["numerical"]), categorical)
 
 
 def test_numpy_and_tensorflow_sparse_parts_agree_on_any_history(din):
