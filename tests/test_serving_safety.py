@@ -50,13 +50,17 @@ def refused(port, protocol="http", context=None, token=None) -> float:
     return parse_metrics(response.read().decode())[0][REFUSED % protocol]
 
 
-def exchange(port, raw: bytes):
-    """Sends `raw` on a new connection to `port`: (status, body as text) of the answer."""
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+def exchange(port, raw: bytes, context=None, closed=False):
+    """Sends `raw` on a new connection to `port` (over TLS with `context`): (status, body as text) of
+    the answer; `closed`: also asserts that the server then closed the connection."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    with context.wrap_socket(s, server_hostname="localhost") if context else s as s:
         s.sendall(raw)
         response = http.client.HTTPResponse(s)
         response.begin()
-        return response.status, response.read().decode()
+        answer = response.status, response.read().decode()
+        assert not closed or s.recv(1) == b"", answer
+        return answer
 
 
 def post(body: bytes, headers: str = "", length=None) -> bytes:
@@ -378,6 +382,16 @@ def test_the_token_is_required_over_tls(guarded):
     with pytest.raises(ssl.SSLError):   # a client that does not trust the self-signed certificate
         http.client.HTTPSConnection("localhost", ports[0], context=ssl.create_default_context(),
                                     timeout=30).request("GET", "/v2/health/live")
+
+
+def test_the_token_is_checked_before_the_body_is_read(guarded):
+    """A POST without the token, its head alone sent (Content-Length 1 MiB): 401 at once and the
+    connection closed, counted; the body is not waited for (it would be, for --read_timeout_s)."""
+    ports, token, context, _, _, _ = guarded
+    count = refused(ports[2], "http", context, token)
+    status, body = exchange(ports[0], post(b"", length=1 << 20), context, closed=True)
+    assert status == 401 and "missing or wrong bearer token" in body, (status, body)
+    assert refused(ports[2], "http", context, token) == count + 1
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

@@ -7,9 +7,9 @@ over it gets 503 and is closed at once, unread). A request's head (request line 
 most `max_header_bytes`) and body (its Content-Length, at most `max_request_bytes`) must arrive
 within `read_timeout_s` of its first byte being awaited (the TLS handshake included), else the
 connection is dropped. With a token, every path but the handler's `open_paths` needs
-`Authorization: Bearer <token>` (401 without). Refusals are answered with a status and a JSON
-{"error": message}, counted by the server's `on_refused()`, and close the connection when its body
-is left unread.
+`Authorization: Bearer <token>`, checked once the head is read (without it: 401, the body unread,
+the connection closed). Refusals are answered with a status and a JSON {"error": message},
+counted by the server's `on_refused()`, and close the connection when its body is left unread.
 """
 import dataclasses
 import hmac
@@ -75,8 +75,8 @@ class _BoundedLines:
 
 
 class GuardedHandler(http.server.BaseHTTPRequestHandler):
-    """A handler whose do_GET / do_POST find the request's body read in `self.body` and the token
-    checked (but on `open_paths`); `reply` answers, `refuse` answers an error and counts it."""
+    """A handler whose do_GET / do_POST find the token checked (but on `open_paths`) and then the
+    request's body read in `self.body`; `reply` answers, `refuse` answers an error and counts it."""
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True
     open_paths: tuple = ()   # paths served without the token
@@ -130,13 +130,13 @@ class GuardedHandler(http.server.BaseHTTPRequestHandler):
                                             f"{self.server.safeguards.max_header_bytes} bytes")
             finally:
                 self.rfile = head
+            path = self.path.split("?", 1)[0].rstrip("/")
+            if path not in self.open_paths and not self.server.safeguards.authorized(self.headers.get("Authorization")):
+                return self.refuse(401, "missing or wrong bearer token (Authorization: Bearer <token>)", close=True,
+                                   headers={"WWW-Authenticate": "Bearer"})
             if not self._read_body():
                 return
             self.server.disarm(self)
-            path = self.path.split("?", 1)[0].rstrip("/")
-            if path not in self.open_paths and not self.server.safeguards.authorized(self.headers.get("Authorization")):
-                return self.refuse(401, "missing or wrong bearer token (Authorization: Bearer <token>)",
-                                   headers={"WWW-Authenticate": "Bearer"})
             method = getattr(self, f"do_{self.command}", None)
             if method is None:
                 return self.refuse(501, f"unsupported method {self.command!r}")
