@@ -88,7 +88,7 @@ flags.DEFINE_string("auth_token_file", None, "native: a file holding a bearer to
                     "(live, ready) must carry: HTTP 'Authorization: Bearer <token>', gRPC 'authorization' metadata; "
                     "/metrics too")
 flags.DEFINE_float("max_request_mb", 64, "native: largest request body, MiB, after decompression (HTTP; gRPC: "
-                   "message)")
+                   "message, never more than the model's largest)")
 flags.DEFINE_integer("max_header_kb", 64, "native: largest request line and headers, KiB (gRPC: metadata)")
 flags.DEFINE_integer("max_connections", 64, "native: most connections at once per HTTP port (over it: 503), gRPC "
                      "calls in flight (over it: RESOURCE_EXHAUSTED)")

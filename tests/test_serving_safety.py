@@ -22,7 +22,7 @@ from tests.horovod_run import ROOT
 from tests.test_serving import (data_flags, eval_dataset, parse_metrics, port_flags, script, stop_server,  # noqa
                                 trained)
 
-REFUSED = 'dlrm_inference_requests_total{model="dlrm",protocol="%s",status="refused"}'
+REQUESTS = 'dlrm_inference_requests_total{model="dlrm",protocol="%s",status="%s"}'
 LIMIT_MB = 8
 
 
@@ -40,14 +40,14 @@ def proc_status(pid) -> dict:
     return {k: int(fields[k].split()[0]) for k in ("VmHWM", "VmRSS", "Threads")}
 
 
-def refused(port, protocol="http", context=None, token=None) -> float:
-    """The refused count of `protocol` in /metrics on `port`."""
+def refused(port, protocol="http", context=None, token=None, status="refused") -> float:
+    """The count of `protocol`'s requests answered with `status` in /metrics on `port`."""
     connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=30) if context else \
         http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     connection.request("GET", "/metrics", headers={"Authorization": f"Bearer {token}"} if token else {})
     response = connection.getresponse()
     assert response.status == 200
-    return parse_metrics(response.read().decode())[0][REFUSED % protocol]
+    return parse_metrics(response.read().decode())[0][REQUESTS % (protocol, status)]
 
 
 def exchange(port, raw: bytes, context=None, closed=False):
@@ -61,6 +61,16 @@ def exchange(port, raw: bytes, context=None, closed=False):
         answer = response.status, response.read().decode()
         assert not closed or s.recv(1) == b"", answer
         return answer
+
+
+def peak_rise_mib(pid, action):
+    """`action()`'s result and how far process `pid`'s peak memory rose during it, MiB: VmHWM, reset
+    to its memory then (/proc/<pid>/clear_refs), before and after."""
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")
+    before = proc_status(pid)["VmHWM"]
+    result = action()
+    return result, (proc_status(pid)["VmHWM"] - before) / 1024
 
 
 def post(body: bytes, headers: str = "", length=None) -> bytes:
@@ -127,12 +137,11 @@ def test_a_gzip_bomb_is_refused_with_memory_bounded(bounded):
     bomb, chunk = zlib.compressobj(1, wbits=31), bytes(1 << 20)
     bomb = b"".join(bomb.compress(chunk) for _ in range(1024)) + bomb.flush()
     assert len(bomb) < 8 << 20
-    before = proc_status(server.pid)
     count = refused(ports[2])
-    status, body = exchange(ports[0], post(bomb, "Content-Encoding: gzip\r\n"))
-    after = proc_status(server.pid)
+    (status, body), rise = peak_rise_mib(server.pid,
+                                         lambda: exchange(ports[0], post(bomb, "Content-Encoding: gzip\r\n")))
     assert status == 413 and f"exceeds {LIMIT_MB << 20} bytes once decompressed (gzip)" in body, (status, body)
-    assert after["VmHWM"] - before["VmHWM"] < 200 << 10, (before, after)
+    assert rise < 200, rise
     assert refused(ports[2]) == count + 1
 
 
@@ -190,29 +199,38 @@ def test_slow_connections_are_capped_and_dropped(bounded):
 
 def test_malformed_requests_are_answered_and_counted(bounded):
     """Each gets an error status (none a closed connection), is counted as refused, and leaves no
-    traceback in the server's log; ids must be integers in INT64's range."""
+    traceback in the server's log; ids must be integers in INT64's range (JSON true and false are
+    not, alone, among integers or in a nested list), numericals numbers (true is not)."""
     from tritonclient.utils import InferenceServerException
     server, ports, log, data = bounded
     numerical, categorical, _ = next(request_batches(eval_dataset(data), 1, 1))
     good = request_json(numerical, categorical)
 
-    def with_ids(value) -> bytes:
+    def with_data(k, values) -> bytes:
+        """The good request with `values` as input k's data."""
         doc = request_json(numerical, categorical)
-        doc["inputs"][1]["data"][0] = value
+        doc["inputs"][k]["data"] = values
         return post(json.dumps(doc).encode())
+    row = categorical.reshape(-1).tolist()
+    with_ids = lambda value: with_data(1, [value, *row[1:]])  # noqa: E731
     ids = "input 'categorical_features' for model 'dlrm': values must be integers in INT64's range"
     cases = [   # (request bytes, status, part of the message)
         (with_ids(10 ** 30), 400, ids),
         (with_ids(2 ** 63), 400, ids),
         (with_ids(1.7), 400, ids),
         (with_ids("abc"), 400, ids),
+        (with_ids(True), 400, ids),
+        (with_data(1, [False] * len(row)), 400, ids),
+        (with_data(1, [[False, *row[1:]]]), 400, ids),
+        (with_data(0, [True, *numerical.reshape(-1).tolist()[1:]]), 400,
+         "input 'numerical_features' for model 'dlrm': values must be numbers"),
         (post(json.dumps(dict(good, outputs=[1])).encode()), 400, "outputs[0] must be an object"),
         (post(json.dumps(dict(good, inputs=["abc"])).encode()), 400, "inputs[0] must be an object"),
         (post(json.dumps(dict(good, parameters=[])).encode()), 400, "the request's parameters must be an object"),
         (post(json.dumps({"inputs": [dict(good["inputs"][0], shape=[1.0, 3]), good["inputs"][1]]}).encode()), 400,
          "shape must be a list of non-negative integers"),
         (post(b"[1]"), 400, "malformed inference request: not a JSON object"),
-        (post(b"[" * 100000), 400, "malformed inference request"),
+        (post(b"[" * 5000), 400, "malformed inference request"),   # nested past the recursion limit
         (post(b"{}", length="abc"), 400, "Content-Length must be a non-negative integer, got 'abc'"),
         (post(b"{}", length=(LIMIT_MB << 20) + 1), 413, f"exceeds {LIMIT_MB << 20} bytes"),
         (b"POST /v2/models/dlrm/infer HTTP/1.1\r\nHost: x\r\n\r\n", 411, "needs Content-Length"),
@@ -246,11 +264,12 @@ def test_malformed_requests_are_answered_and_counted(bounded):
     assert "Traceback" not in log.read_text()
 
 
-def grpc_method(port, name, streaming=False):
-    """ModelInfer of the server's GRPCInferenceService on `port`, unary or stream-unary (the same on
-    the wire), taking and giving bytes."""
+def grpc_method(port, name, streaming=False, cert=None):
+    """Method `name` of the server's GRPCInferenceService on `port` (over TLS trusting `cert`), unary
+    or stream-unary (the same on the wire), taking and giving bytes."""
     import grpc
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    channel = grpc.secure_channel(f"127.0.0.1:{port}", grpc.ssl_channel_credentials(open(cert, "rb").read())) \
+        if cert else grpc.insecure_channel(f"127.0.0.1:{port}")
     return (channel.stream_unary if streaming else channel.unary_unary)(f"/inference.GRPCInferenceService/{name}")
 
 
@@ -272,6 +291,61 @@ def test_malformed_grpc_messages_are_answered_and_counted(bounded):
     live = grpc_method(ports[1], "ServerLive")(service_pb2.ServerLiveRequest().SerializeToString())
     assert service_pb2.ServerLiveResponse.FromString(live).live
     assert refused(ports[2], "grpc") == count + 2
+    assert "Traceback" not in log.read_text()
+
+
+def test_booleans_are_values_of_bool_inputs_only():
+    """ServedModel.run (in process) of a model with BOOL, INT8 and FP32 inputs: the BOOL input takes
+    booleans (JSON lists, flat or nested; gRPC's bool_contents) and nothing else; the others refuse
+    them, alone, among numbers or nested."""
+    from deployment.serving.native import GRPC_CONTENTS, RequestError, ServedModel, TensorSpec, Values
+    model = ServedModel("toy", [TensorSpec("mask", np.bool_, (2,)), TensorSpec("ids", np.int8, (2,)),
+                                TensorSpec("x", np.float32, (2,))], [TensorSpec("y", np.float32, (1,))], 4,
+                        lambda mask, ids, x: {"y": (mask * ids * x).sum(1, keepdims=True)})
+
+    def run(mask, ids, x):
+        return model.run([("mask", "BOOL", [1, 2], mask), ("ids", "INT8", [1, 2], ids), ("x", "FP32", [1, 2], x)],
+                         None)["y"].tolist()
+    assert run([True, False], [3, 5], [0.5, 2]) == run([[True, False]], [[3, 5]], [[0.5, 2]]) == [[1.5]]
+    contents = {datatype: Values(values, GRPC_CONTENTS[datatype][1])
+                for datatype, values in (("BOOL", [False, True]), ("INT8", [3, 5]), ("FP32", [0.5, 2.0]))}
+    assert run(*contents.values()) == [[10.0]]
+    for mask, ids, x, refused_input, what in (
+            ([1, 0], [3, 5], [0.5, 2], "mask", "booleans"),
+            ([True, False], [True, False], [0.5, 2], "ids", "integers in INT8's range"),
+            ([True, False], [3, True], [0.5, 2], "ids", "integers in INT8's range"),
+            ([True, False], [[False, 5]], [0.5, 2], "ids", "integers in INT8's range"),
+            ([True, False], [3, 5], [True, 2.0], "x", "numbers"),
+            ([True, False], [3, 5], [[0.5], [False]], "x", "numbers")):
+        with pytest.raises(RequestError) as error:
+            run(mask, ids, x)
+        assert error.value.code == "INVALID_ARGUMENT" and str(error.value) == (
+            f"[request id: <id_unknown>] input '{refused_input}' for model 'toy': values must be {what}")
+
+
+def test_an_input_named_twice_is_refused(bounded):
+    """Over HTTP and gRPC: 400 / INVALID_ARGUMENT naming it, counted as refused (the client's error),
+    not as failed."""
+    from tritonclient.utils import InferenceServerException
+    _, ports, log, data = bounded
+    numerical, categorical, _ = next(request_batches(eval_dataset(data), 1, 1))
+    doc = request_json(numerical, categorical)
+    doc["inputs"][0] = doc["inputs"][1]
+    message = "input 'categorical_features' already exists in request for model 'dlrm'"
+    counts = [refused(ports[2], protocol, status=status) for protocol in ("http", "grpc")
+              for status in ("refused", "failed")]
+    status, body = exchange(ports[0], post(json.dumps(doc).encode()))
+    assert status == 400 and message in body, (status, body)
+    client = ServingClient("grpc", f"127.0.0.1:{ports[1]}", "dlrm")
+    twice = [client.api.InferInput("categorical_features", list(categorical.shape), "INT64") for _ in range(2)]
+    for tensor in twice:
+        tensor.set_data_from_numpy(categorical)
+    with pytest.raises(InferenceServerException) as error:
+        client.client.infer("dlrm", twice)
+    assert "INVALID_ARGUMENT" in str(error.value.status()) and message in error.value.message(), error.value
+    client.close()
+    assert [refused(ports[2], protocol, status=status) for protocol in ("http", "grpc")
+            for status in ("refused", "failed")] == [counts[0] + 1, counts[1], counts[2] + 1, counts[3]]
     assert "Traceback" not in log.read_text()
 
 
@@ -330,8 +404,8 @@ def test_grpc_calls_in_flight_are_capped_and_counted(trained, tmp_path):
 
 @pytest.fixture(scope="module")
 def guarded(trained, tmp_path_factory):
-    """(ports, token, TLS context trusting the server, certificate file, data, token file): the export
-    served with --auth_token_file and a self-signed certificate for 127.0.0.1 and localhost."""
+    """(ports, token, TLS context trusting the server, certificate file, data, token file, server): the
+    export served with --auth_token_file and a self-signed certificate for 127.0.0.1 and localhost."""
     _, _, data, repo = trained
     tmp = tmp_path_factory.mktemp("guarded")
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
@@ -345,7 +419,7 @@ def guarded(trained, tmp_path_factory):
     try:
         ServingClient("http", f"localhost:{ports[0]}", "dlrm", token, str(tmp / "cert.pem")).wait_ready(120)
         yield (ports, token, ssl.create_default_context(cafile=str(tmp / "cert.pem")), str(tmp / "cert.pem"), data,
-               str(tmp / "token"))
+               str(tmp / "token"), server)
     finally:
         stop_server(server, ports, log)
 
@@ -354,7 +428,7 @@ def test_the_token_is_required_over_tls(guarded):
     """HTTPS: health open, metadata, inference and /metrics 401 without the token (or with a wrong
     one); gRPC over TLS: UNAUTHENTICATED without it, ServerLive open; with it, both answer."""
     from tritonclient.utils import InferenceServerException
-    ports, token, context, cert, data, _ = guarded
+    ports, token, context, cert, data, _, _ = guarded
     numerical, categorical, _ = next(request_batches(eval_dataset(data), 4, 4))
 
     def get(port, path, headers=None):
@@ -387,16 +461,97 @@ def test_the_token_is_required_over_tls(guarded):
 def test_the_token_is_checked_before_the_body_is_read(guarded):
     """A POST without the token, its head alone sent (Content-Length 1 MiB): 401 at once and the
     connection closed, counted; the body is not waited for (it would be, for --read_timeout_s)."""
-    ports, token, context, _, _, _ = guarded
+    ports, token, context, _, _, _, _ = guarded
     count = refused(ports[2], "http", context, token)
     status, body = exchange(ports[0], post(b"", length=1 << 20), context, closed=True)
     assert status == 401 and "missing or wrong bearer token" in body, (status, body)
     assert refused(ports[2], "http", context, token) == count + 1
 
 
+def varint(n: int) -> bytes:
+    """`n` as a protobuf varint (a negative one as its 64 bits' two's complement, 10 bytes)."""
+    out, n = bytearray(), n & (1 << 64) - 1
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    return bytes(out) + bytes([n])
+
+
+def field(message, name: str, payload: bytes) -> bytes:
+    """The wire bytes of field `name` of protobuf class `message` holding `payload` (length-delimited)."""
+    return varint(message.DESCRIPTOR.fields_by_name[name].number << 3 | 2) + varint(len(payload)) + payload
+
+
+def contents_request(numerical, ids: bytes, shape) -> bytes:
+    """A ModelInferRequest's bytes: `numerical` [B, 3] in fp32_contents, categorical_features of
+    `shape` with `ids` (packed varints, as written) as its int64_contents."""
+    from tritonclient.grpc import service_pb2
+    request, tensor = service_pb2.ModelInferRequest, service_pb2.ModelInferRequest.InferInputTensor
+    numerical = tensor(name="numerical_features", datatype="FP32", shape=list(numerical.shape),
+                       contents=service_pb2.InferTensorContents(fp32_contents=numerical.reshape(-1)))
+    categorical = tensor(name="categorical_features", datatype="INT64", shape=list(shape)).SerializeToString() + \
+        field(tensor, "contents", field(service_pb2.InferTensorContents, "int64_contents", ids))
+    return request(model_name="dlrm", inputs=[numerical]).SerializeToString() + field(request, "inputs", categorical)
+
+
+def test_values_past_the_shapes_are_refused_before_they_are_built(guarded):
+    """With the default bounds (64 MiB), values are counted before they become Python objects. gRPC:
+    60M ids for a row's 7 (60 MB of varints, gzipped to ~60 KiB) get RESOURCE_EXHAUSTED, gRPC
+    stopping at the model's largest message (85 KiB); 25,600 ids (within it, past the model's 2,560
+    values) RESOURCE_EXHAUSTED naming the input; 8 INVALID_ARGUMENT. HTTP: 60 MB of JSON ids gzipped
+    to ~60 KiB get 413 before they are parsed. The server's peak memory rises by less than 32 MiB for
+    the gRPC ones and 160 MiB for the HTTP one (its body, 57 MiB decompressed), not by the GiBs of
+    their values as lists; each is counted; then the largest requests of values (256 rows as gRPC
+    contents and as nested JSON) are answered."""
+    import grpc
+    from tritonclient.grpc import service_pb2
+    ports, token, context, cert, data, _, server = guarded
+    numerical, categorical, _ = next(request_batches(eval_dataset(data), 256, 256))
+    width, infer = categorical.shape[1], grpc_method(ports[1], "ModelInfer", cert=cert)
+
+    def call(numerical, ids: bytes, shape, compression=None) -> bytes:
+        return infer(contents_request(numerical, ids, shape), metadata=[("authorization", f"Bearer {token}")],
+                     compression=compression, timeout=120)
+
+    def refusal(ids: bytes, compression=None):
+        with pytest.raises(grpc.RpcError) as error:
+            call(numerical[:1], ids, [1, width], compression)
+        return error.value.code(), error.value.details()
+    counts = [refused(ports[2], protocol, context, token) for protocol in ("http", "grpc")]
+    for ids, compression, code, message, bound in (
+            (bytes(60_000_000), grpc.Compression.Gzip, "RESOURCE_EXHAUSTED", "message larger than max", 32),
+            (bytes(25_600), None, "RESOURCE_EXHAUSTED", "input 'categorical_features' brings the request to 25603 "
+             "values, more than the 2560 of model 'dlrm''s largest (max_batch_size 256)", 32),
+            (bytes(width + 1), None, "INVALID_ARGUMENT", "unexpected number of elements for input "
+             "'categorical_features' for model 'dlrm'. Expected 7, got 8", 32)):
+        (status, details), rise = peak_rise_mib(server.pid, lambda: refusal(ids, compression))
+        assert status == grpc.StatusCode[code] and message in details, (status, details)
+        assert rise < bound, (len(ids), rise)
+    doc = request_json(numerical[:1], categorical[:1])
+    doc["inputs"][1]["data"] = "ids"
+    text = json.dumps(doc).encode().replace(b'"ids"', b"[" + b"0," * (30_000_000 - 1) + b"0]")
+    gzip = zlib.compressobj(wbits=31)
+    gzip = gzip.compress(text) + gzip.flush()
+    assert len(gzip) < 64 << 10
+    (status, body), rise = peak_rise_mib(server.pid, lambda: exchange(ports[0], post(
+        gzip, f"Content-Encoding: gzip\r\nAuthorization: Bearer {token}\r\n"), context))
+    assert status == 413 and "more than the 7170 of model 'dlrm''s largest (max_batch_size 256)" in body, body
+    assert rise < 160, rise
+    assert [refused(ports[2], protocol, context, token) for protocol in ("http", "grpc")] == [counts[0] + 1,
+                                                                                             counts[1] + 3]
+    answer = service_pb2.ModelInferResponse.FromString(call(numerical, b"".join(map(varint, categorical.reshape(
+        -1).tolist())), categorical.shape))
+    assert dict((o.name, list(o.shape)) for o in answer.outputs)["logits"] == [256, 1]
+    doc = request_json(numerical, categorical)
+    for tensor, values in zip(doc["inputs"], (numerical, categorical)):
+        tensor["data"] = values.tolist()
+    status, body = exchange(ports[0], post(json.dumps(doc).encode(), f"Authorization: Bearer {token}\r\n"), context)
+    assert status == 200 and json.loads(body)["outputs"][0]["shape"] == [256, 1], body
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_evaluate_accuracy_with_tls_and_the_token(guarded, protocol):
-    ports, _, _, cert, data, token_file = guarded
+    ports, _, _, cert, data, token_file, _ = guarded
     url = f"localhost:{ports[0 if protocol == 'http' else 1]}"
     common = [*data_flags(data), f"--protocol={protocol}", f"--url={url}", "--batch_size=100", "--max_samples=200",
               f"--tls_ca_file={cert}", "--wait_s=10"]

@@ -6,26 +6,41 @@ ZeroMQ to the serving process and back, about 3 ms a request (docs/benchmarks.md
 
 What tritonclient's clients call is served: health (live, ready), server metadata, model
 metadata, config and readiness, and inference. Requests are checked as Triton checks them
-(input count and names, requested outputs, dtypes, shapes, batch size, byte sizes) with Triton's
-messages and status codes; the model's own refusals (errors.BadRequest) get 400 /
-INVALID_ARGUMENT with their message. Only the requested outputs are returned (all when none is
-named). Each gRPC request runs on a thread of a pool, each HTTP connection on its own thread;
-requests are not batched together (the model releases Python's lock while it computes).
+(input count and names, an input named twice, requested outputs, dtypes, shapes, batch size, byte
+sizes and value counts) with Triton's messages and status codes; the model's own refusals
+(errors.BadRequest) get 400 / INVALID_ARGUMENT with their message. Only the requested outputs
+are returned (all when none is named). Each gRPC request runs on a thread of a pool, each HTTP
+connection on its own thread; requests are not batched together (the model releases Python's
+lock while it computes).
 
 Each inference request is counted once (metrics.py: by protocol and status, with the
 time the successful ones took in `ServedModel.run`), served as Prometheus metrics on a port of
 their own when `serving` is given one.
 
 Both protocols keep `guarded_http.Safeguards` (docs/deployment.md, "What the server trusts"): TLS
-and a bearer token when given (health, live and ready, open without it), bounds on a request's
-body after decompression (gzip and deflate are decompressed as a stream, stopped at the bound:
-413 / RESOURCE_EXHAUSTED), on its headers and on connections or calls in flight, and a read
-timeout. Every malformed request gets an error status (never a closed connection without one),
-counted as refused; an unexpected error answers 500 / INTERNAL, counted as failed. Values of
-integer inputs sent as JSON must be integers in the input's range (1.7, "1" or 2**64 refused).
+and a bearer token when given (HTTP: checked before the body is read; health, live and ready,
+open without it), bounds on a request's body after decompression (gzip and deflate are
+decompressed as a stream, stopped at the bound: 413 / RESOURCE_EXHAUSTED), on its headers and on
+connections or calls in flight, and a read timeout. Every malformed request gets an error status
+(never a closed connection without one), counted as refused; an unexpected error answers 500 /
+INTERNAL, counted as failed.
+
+A request's values are counted before any Python object or array is made of them, against what
+the model's largest request holds (`ServedModel.max_values`: max_batch_size x the sum over inputs
+of prod(dims)). gRPC: a message is bounded by the largest ModelInferRequest (`max_message_bytes`:
+each value in its widest encoding, 64 KiB more; gRPC stops decompressing there,
+RESOURCE_EXHAUSTED); the len() of the inputs' contents fields, summed, past max_values is
+RESOURCE_EXHAUSTED, and each is compared with its shape (INVALID_ARGUMENT) before it is read into
+an array. HTTP: a request's JSON is bounded by its commas and '[' (at least the values its lists
+hold: 413 past `max_json_marks`) before it is parsed, then each input's values, flattened, are
+compared with its shape. Values sent as JSON must be of the input's kind: integers in its range
+for integer inputs (1.7, "1", 2**64, true refused), numbers for float inputs (true refused),
+booleans for BOOL inputs.
 """
 import dataclasses
+import itertools
 import json
+import math
 import os
 import re
 import signal
@@ -50,10 +65,14 @@ OPEN_GRPC = ("/inference.GRPCInferenceService/ServerLive", "/inference.GRPCInfer
 DATATYPES = {"BOOL": np.bool_, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
              "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64, "FP16": np.float16,
              "FP32": np.float32, "FP64": np.float64}
-GRPC_CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
-                 "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
-                 "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
-                 "FP64": "fp64_contents"}
+GRPC_CONTENTS = {   # datatype -> (InferTensorContents' field, the numpy dtype of its values)
+    "BOOL": ("bool_contents", np.bool_), "INT8": ("int_contents", np.int32), "INT16": ("int_contents", np.int32),
+    "INT32": ("int_contents", np.int32), "INT64": ("int64_contents", np.int64), "UINT8": ("uint_contents", np.uint32),
+    "UINT16": ("uint_contents", np.uint32), "UINT32": ("uint_contents", np.uint32),
+    "UINT64": ("uint64_contents", np.uint64), "FP32": ("fp32_contents", np.float32),
+    "FP64": ("fp64_contents", np.float64)}
+JSON_STRUCTURE = 4096      # commas and '[' a request's JSON may hold besides its values' (shapes, parameters)
+GRPC_STRUCTURE = 64 << 10  # bytes a ModelInferRequest may hold besides its values (names, shapes, parameters)
 SERVER = {"name": "dlrm-native", "version": "1", "extensions": ["binary_tensor_data", "model_configuration"]}
 VERSION = "1"
 
@@ -88,6 +107,14 @@ class TensorSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class Values:
+    """An input's values in a protobuf repeated field (its len() costs nothing), read as `dtype` once
+    their count is checked; `dtype` None: the input's datatype has no such field."""
+    field: Sequence
+    dtype: Optional[type]
+
+
+@dataclasses.dataclass(frozen=True)
 class ServedModel:
     """A model as served: `infer(*inputs as [B, *dims] arrays, in `inputs` order) -> {output name:
     [B, *dims] array}`, raising BadRequest for a request it refuses."""
@@ -110,13 +137,36 @@ class ServedModel:
         return {"name": self.name, "platform": "native", "backend": "native", "max_batch_size": self.max_batch_size,
                 "input": tensors(self.inputs), "output": tensors(self.outputs)}
 
+    @property
+    def max_values(self) -> int:
+        """The values of the largest request: max_batch_size x the sum over inputs of prod(dims)."""
+        return self.max_batch_size * sum(math.prod(t.dims) for t in self.inputs)
+
+    @property
+    def max_json_marks(self) -> int:
+        """Commas and '[' in the JSON of the largest request, its values nested as their shape (a list of k
+        values holds k - 1 commas), and JSON_STRUCTURE more."""
+        shapes = [(self.max_batch_size, *t.dims) for t in self.inputs]
+        return JSON_STRUCTURE + sum(math.prod(s) + sum(math.prod(s[:k]) for k in range(len(s))) for s in shapes)
+
+    @property
+    def max_message_bytes(self) -> int:
+        """Bytes of the largest ModelInferRequest, each value in its widest encoding (an integer as a
+        10-byte varint), and GRPC_STRUCTURE more."""
+        return GRPC_STRUCTURE + self.max_batch_size * sum(
+            math.prod(t.dims) * (10 if np.issubdtype(t.dtype, np.integer) else np.dtype(t.dtype).itemsize)
+            for t in self.inputs)
+
     def run(self, tensors: Sequence[Tuple[str, str, List[int], object]], requested: Optional[Sequence[str]],
             request_id: str = "") -> Dict[str, np.ndarray]:
-        """tensors: (name, datatype, shape, data: bytes or a list of values) per input; requested:
-        output names (None: all) -> {name: array}, checked as Triton checks a request."""
+        """tensors: (name, datatype, shape, data: bytes, Values or a JSON list of values) per input;
+        requested: output names (None: all) -> {name: array}, checked as Triton checks a request."""
         prefix = f"[request id: {request_id or '<id_unknown>'}] "
         names = [t[0] for t in tensors]
         expected = [t.name for t in self.inputs]
+        for k, name in enumerate(names):
+            if name in names[:k]:
+                raise RequestError(f"{prefix}input '{name}' already exists in request for model '{self.name}'")
         if len(tensors) != len(expected):
             missing = ",".join(f"'{n}'" for n in expected if n not in names)
             raise RequestError(f"{prefix}expected {len(expected)} inputs but got {len(tensors)} inputs for model "
@@ -163,28 +213,52 @@ class ServedModel:
 
 
 def _array(spec: TensorSpec, shape: List[int], data, model: str, prefix: str) -> np.ndarray:
-    """An input's data (raw bytes, or a list of values) as an array of `shape`."""
-    count = int(np.prod(shape))
+    """An input's data (raw bytes, Values, or a JSON list of values, nested or not) as an array of
+    `shape`, its count compared with the shape's before any array is made."""
+    count = math.prod(shape)
     if isinstance(data, (bytes, bytearray, memoryview)):
         if len(data) != count * np.dtype(spec.dtype).itemsize:
             raise RequestError(f"{prefix}input byte size mismatch for input '{spec.name}' for model '{model}'. "
                                f"Expected {count * np.dtype(spec.dtype).itemsize}, got {len(data)}")
         return np.frombuffer(data, spec.dtype).reshape(shape)
-    try:
-        values = np.asarray(data).reshape(-1)
-    except (TypeError, ValueError, OverflowError, RecursionError) as e:
-        raise RequestError(f"{prefix}input '{spec.name}' for model '{model}': {type(e).__name__}: {e}")
-    integers = np.issubdtype(spec.dtype, np.integer)
-    kinds = "biu" if integers else "b" if spec.dtype == np.bool_ else "biuf"
-    if values.size and (values.dtype.kind not in kinds or integers and (
-            values.min() < np.iinfo(spec.dtype).min or values.max() > np.iinfo(spec.dtype).max)):
-        what = f"integers in {spec.datatype}'s range" if integers else "booleans" if kinds == "b" else "numbers"
-        raise RequestError(f"{prefix}input '{spec.name}' for model '{model}': values must be {what}")
-    values = values.astype(spec.dtype)
-    if values.size != count:
+    where = f"{prefix}input '{spec.name}' for model '{model}'"
+    integers, booleans = np.issubdtype(spec.dtype, np.integer), spec.dtype == np.bool_
+    what = f"{where}: values must be " + (f"integers in {spec.datatype}'s range" if integers else
+                                          "booleans" if booleans else "numbers")
+    if isinstance(data, Values):
+        if data.dtype is None:
+            raise RequestError(f"{where}: {spec.datatype} values must be sent in raw_input_contents")
+        size = len(data.field)
+    else:
+        data, types = _flattened(data, where)
+        if not types <= ({int} if integers else {bool} if booleans else {int, float}):   # type(True) is bool
+            raise RequestError(what)
+        size = len(data)
+    if size != count:
         raise RequestError(f"{prefix}unexpected number of elements for input '{spec.name}' for model '{model}'. "
-                           f"Expected {count}, got {values.size}")
-    return values.reshape(shape)
+                           f"Expected {count}, got {size}")
+    if isinstance(data, Values):
+        data = np.fromiter(data.field, data.dtype, count)
+    if integers and count:
+        low, high = (data.min(), data.max()) if isinstance(data, np.ndarray) else (min(data), max(data))
+        if low < np.iinfo(spec.dtype).min or high > np.iinfo(spec.dtype).max:
+            raise RequestError(what)
+    try:
+        return np.asarray(data, spec.dtype).reshape(shape)
+    except OverflowError:   # an integer past a float's range
+        raise RequestError(what)
+
+
+def _flattened(data, where: str) -> Tuple[list, set]:
+    """A JSON value's values, nested lists flattened in row-major order, and their types."""
+    values = data if type(data) is list else [data]
+    types = set(map(type, values))
+    while list in types:
+        if len(types) > 1:
+            raise RequestError(f"{where}: lists and values side by side in a list")
+        values = list(itertools.chain.from_iterable(values))
+        types = set(map(type, values))
+    return values, types
 
 
 def _run(model: ServedModel, metrics: Metrics, protocol: str, *request) -> Dict[str, np.ndarray]:
@@ -259,9 +333,16 @@ def _grpc_servicer(model: ServedModel, metrics: Metrics):
                 raw = request.raw_input_contents
                 if raw and len(raw) != len(request.inputs):
                     raise RequestError(f"expected {len(request.inputs)} raw input contents, got {len(raw)}")
-                given = [(t.name, t.datatype, list(t.shape), raw[i] if raw else
-                          list(getattr(t.contents, GRPC_CONTENTS.get(t.datatype, "bytes_contents"))))
-                         for i, t in enumerate(request.inputs)]
+                given, values = [], 0
+                for i, t in enumerate(request.inputs):
+                    field, dtype = GRPC_CONTENTS.get(t.datatype, ("bytes_contents", None))
+                    data = raw[i] if raw else Values(getattr(t.contents, field), dtype)
+                    values += 0 if raw else len(data.field)
+                    if values > model.max_values:
+                        raise RequestError(f"input '{t.name}' brings the request to {values} values, more than the "
+                                           f"{model.max_values} of model '{model.name}''s largest (max_batch_size "
+                                           f"{model.max_batch_size})", "RESOURCE_EXHAUSTED")
+                    given.append((t.name, t.datatype, list(t.shape), data))
                 out = _run(model, metrics, "grpc", given, [o.name for o in request.outputs] or None, request.id)
             except Exception as e:
                 error = RequestError.of(e)
@@ -326,7 +407,8 @@ def _grpc_guard(safeguards: Safeguards, metrics: Metrics):
                 if isinstance(request, _Malformed):
                     metrics.observe("grpc", "refused")
                     error = request.error
-                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {type(error).__name__}: {error}")
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"malformed request: {type(error).__name__}: {error}")
                 return behavior(request, context)
             finally:
                 with lock:
@@ -407,6 +489,16 @@ def _checked_request(request) -> Tuple[dict, list]:
     return dict(request, inputs=inputs), outputs
 
 
+def _marks(text: bytes) -> int:
+    """The commas and '[' in `text`, at least the values its JSON lists hold, counted a MiB at a time
+    (~0.3 ms a MiB; json.loads takes ~40)."""
+    chars, marks = np.frombuffer(text, np.uint8), 0
+    for start in range(0, len(chars), 1 << 20):
+        block = chars[start:start + (1 << 20)]
+        marks += int(np.count_nonzero(block == ord(","))) + int(np.count_nonzero(block == ord("[")))
+    return marks
+
+
 _PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?(/ready|/config|/infer)?$")
 
 
@@ -454,7 +546,13 @@ class _HttpHandler(GuardedHandler):
             size = len(body) if header is None else int(header)
             if not 0 <= size <= len(body):
                 raise ValueError(f"Inference-Header-Content-Length {size} is not within the body's {len(body)} bytes")
-            request = json.loads(body[:size])
+            header = body[:size]
+            marks = _marks(header)
+            if marks > self.model.max_json_marks:
+                raise RequestError(f"inference request holds up to {marks} JSON values (its commas and '['), more "
+                                   f"than the {self.model.max_json_marks} of model '{self.model.name}''s largest "
+                                   f"(max_batch_size {self.model.max_batch_size})", "RESOURCE_EXHAUSTED")
+            request = json.loads(header)
         except (ValueError, RecursionError) as e:
             raise RequestError(f"malformed inference request: {type(e).__name__}: {e}")
         request, wanted = _checked_request(request)
@@ -509,7 +607,7 @@ def serving(model: ServedModel, address: str, http_port: int, grpc_port: int, th
     servicer, add = _grpc_servicer(model, metrics)
     grpc_server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=threads), interceptors=[_grpc_guard(safeguards, metrics)],
-        options=[("grpc.max_receive_message_length", safeguards.max_request_bytes),
+        options=[("grpc.max_receive_message_length", min(safeguards.max_request_bytes, model.max_message_bytes)),
                  ("grpc.max_metadata_size", safeguards.max_header_bytes),
                  ("grpc.max_connection_idle_ms", int(safeguards.read_timeout_s * 1000)),
                  ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 0)])
