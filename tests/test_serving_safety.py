@@ -245,8 +245,8 @@ def test_malformed_requests_are_answered_and_counted(bounded):
         answer = exchange(ports[0], raw)
         assert answer[0] == status and message in answer[1], (raw[:200], answer)
     assert refused(ports[2]) == count + len(cases)
-    # over gRPC: a message past --max_request_mb, sent as is or gzipped (64 MiB of zeros in ~64 KiB), and
-    # metadata past --max_header_kb: gRPC refuses them itself (counted all the same)
+    # over gRPC: a message past --max_request_mb (and the model's largest), sent as is or gzipped (64 MiB of
+    # zeros in ~64 KiB), and metadata past --max_header_kb: gRPC refuses them itself (counted all the same)
     count = refused(ports[2], "grpc")
     client = ServingClient("grpc", f"127.0.0.1:{ports[1]}", "dlrm")
     for size, compression, headers in ((3 << 20, None, None), (16 << 20, "gzip", None),

@@ -335,13 +335,16 @@ def _grpc_servicer(model: ServedModel, metrics: Metrics):
                     raise RequestError(f"expected {len(request.inputs)} raw input contents, got {len(raw)}")
                 given, values = [], 0
                 for i, t in enumerate(request.inputs):
-                    field, dtype = GRPC_CONTENTS.get(t.datatype, ("bytes_contents", None))
-                    data = raw[i] if raw else Values(getattr(t.contents, field), dtype)
-                    values += 0 if raw else len(data.field)
-                    if values > model.max_values:
-                        raise RequestError(f"input '{t.name}' brings the request to {values} values, more than the "
-                                           f"{model.max_values} of model '{model.name}''s largest (max_batch_size "
-                                           f"{model.max_batch_size})", "RESOURCE_EXHAUSTED")
+                    if raw:
+                        data = raw[i]
+                    else:
+                        field, dtype = GRPC_CONTENTS.get(t.datatype, ("bytes_contents", None))
+                        data = Values(getattr(t.contents, field), dtype)
+                        values += len(data.field)
+                        if values > model.max_values:
+                            raise RequestError(f"input '{t.name}' brings the request to {values} values, more than "
+                                               f"the {model.max_values} of model '{model.name}''s largest "
+                                               f"(max_batch_size {model.max_batch_size})", "RESOURCE_EXHAUSTED")
                     given.append((t.name, t.datatype, list(t.shape), data))
                 out = _run(model, metrics, "grpc", given, [o.name for o in request.outputs] or None, request.id)
             except Exception as e:
@@ -546,13 +549,13 @@ class _HttpHandler(GuardedHandler):
             size = len(body) if header is None else int(header)
             if not 0 <= size <= len(body):
                 raise ValueError(f"Inference-Header-Content-Length {size} is not within the body's {len(body)} bytes")
-            header = body[:size]
-            marks = _marks(header)
+            text = body[:size]
+            marks = _marks(text)
             if marks > self.model.max_json_marks:
                 raise RequestError(f"inference request holds up to {marks} JSON values (its commas and '['), more "
                                    f"than the {self.model.max_json_marks} of model '{self.model.name}''s largest "
                                    f"(max_batch_size {self.model.max_batch_size})", "RESOURCE_EXHAUSTED")
-            request = json.loads(header)
+            request = json.loads(text)
         except (ValueError, RecursionError) as e:
             raise RequestError(f"malformed inference request: {type(e).__name__}: {e}")
         request, wanted = _checked_request(request)
