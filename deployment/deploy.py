@@ -50,7 +50,8 @@ flags.DEFINE_float("host_table_mb", 4096.0, "embedding tables larger than this (
 flags.DEFINE_string("delta_from", None, "write a delta against this earlier export (a model repository or a delta "
                     "written by deploy.py) instead of a full export: the rows updated since it, and the dense model")
 flags.DEFINE_bool("skip_checkpoint_checksums", False, "export without verifying the checksums of the checkpoint's "
-                  "pieces (faster; a piece changed on disk then goes unnoticed)")
+                  "pieces (faster; a piece changed on disk then goes unnoticed); a checkpoint whose manifest "
+                  "records no checksums exports only with it")
 flags.DEFINE_bool("overwrite", False, "replace an existing --output (once the new repository is complete)")
 flags.mark_flags_as_required(["checkpoint", "output"])
 FLAGS = flags.FLAGS

@@ -14,11 +14,12 @@ embedding `embedding` builds is planned over the run's ranks as the built-in mod
 import dataclasses
 import importlib.util
 import os
+import traceback
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import keras
 
-from parallel_embedding.planner import DynamicOptions
+from parallel_embedding.planner import BudgetError, DynamicOptions
 from ranking.config import FeatureConfig, TableConfig
 from ranking.embedding import HybridEmbedding, TableGroup, TableStorage
 from utils.errors import ConfigError
@@ -197,16 +198,46 @@ def hyperparameters(given: dict, **defaults) -> dict:
 
 
 def load_model_file(path: str):
-    """(`build_model`, `compile_args` or None) of the Python file at `path` (ConfigError when it
-    has no build_model)."""
+    """(`build_model`, `compile_args` or None) of the Python file at `path`, each of them raising a
+    one-line ConfigError where FILE's function exits (SystemExit, any code) or raises anything but a
+    ConfigError or BudgetError (the run's own checks, which pass as they are). ConfigError too where
+    FILE is not a .py file, importing it exits or raises, or it has no build_model."""
     name = "user_model_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None:
+        raise ConfigError("not a Python file (its name ends in .py)")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    _guarded(spec.loader.exec_module, path, "importing it")(module)
     builder = getattr(module, BUILDER, None)
     if not callable(builder):
         raise ConfigError(f"defines no function {BUILDER}(features, hparams)")
-    return builder, getattr(module, COMPILE_ARGS, None)
+    chosen = getattr(module, COMPILE_ARGS, None)
+    return _guarded(builder, path, BUILDER), None if chosen is None else _guarded(chosen, path, COMPILE_ARGS)
+
+
+def _guarded(function, path: str, what: str):
+    """`function`, its exits and errors (but ConfigError, BudgetError) one-line ConfigErrors saying
+    `what` exited or raised which exception, at which line of the file at `path`."""
+    def call(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except (ConfigError, BudgetError):
+            raise
+        except SystemExit as e:
+            raise ConfigError(f"{what} exited (SystemExit({e.code!r})){_line_in(e, path)}; a model file returns "
+                              f"its model, it never ends the process") from e
+        except Exception as e:
+            message = " ".join(str(e).split())   # one line
+            raise ConfigError(f"{what} raised {type(e).__name__}{_line_in(e, path)}"
+                              f"{f': {message}' if message else ''}") from e
+    return call
+
+
+def _line_in(error: BaseException, path: str) -> str:
+    """" at line N": the last line of the file at `path` in `error`'s traceback ("" where it has none)."""
+    lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__)
+             if os.path.abspath(frame.filename) == os.path.abspath(path)]
+    return f" at line {lines[-1]}" if lines else ""
 
 
 def compile_args(chosen, features: Features, hparams: dict, heads: Optional[Sequence[str]]):

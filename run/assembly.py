@@ -190,8 +190,7 @@ class Assembly:
             "continue": f"; continuing on this run's data with the optimizer state, learning-rate schedule "
                         f"{'restarted' if restart else 'continued'}",
             "weights": "; its weights only, with a fresh optimizer from step 0"}[mode]
-        unverified = "--skip_checkpoint_checksums" if ck.skip_checkpoint_checksums else \
-            "written without checksums" if not checkpoint.checksummed(manifest) else ""
+        unverified = "; not verified: --skip_checkpoint_checksums" if ck.skip_checkpoint_checksums else ""
         self.log.print(f"restored {path} at step {manifest['step']} (written at {manifest['world_size']} "
-                       f"rank(s){f'; not verified: {unverified}' if unverified else ''}){what}")
+                       f"rank(s){unverified}){what}")
         return None if weights_only else saved

@@ -53,7 +53,8 @@ flags.DEFINE_string("log_path", "", "JSON-lines log file; TensorBoard scalars go
 flags.DEFINE_string("save_checkpoint_path", "", "directory for checkpoints (written at the end of training)")
 flags.DEFINE_string("restore_checkpoint_path", "", "checkpoint directory to resume or evaluate from")
 flags.DEFINE_bool("skip_checkpoint_checksums", False, "restore without verifying the checksums of the checkpoint's "
-                  "pieces (faster; a piece changed on disk then goes unnoticed)")
+                  "pieces (faster; a piece changed on disk then goes unnoticed); a checkpoint whose manifest "
+                  "records no checksums restores only with it")
 flags.DEFINE_enum("restore_mode", "resume", list(RESTORE_MODES), "training from --restore_checkpoint_path: "
                   "resume (the same data and settings, exactly where the checkpoint stopped; nothing left to "
                   "train is an error), continue (weights and optimizer state; this run's own data and epochs from "

@@ -26,12 +26,15 @@ reads any 2-D tensor of a checkpoint so (deployment's table files), `gather_rows
 
 Every piece's CRC-32 (zlib's, of its whole file; no faster CRC-32C is at hand: docs/benchmarks.md)
 is computed as it is written and recorded in the manifest. Every reader verifies the pieces it
-reads (a piece whole, once) before using them, unless told not to (`verify=False`); a mismatch is
-a CheckpointError naming the file and the tensor. A checkpoint written before checksums were
-recorded is read unverified (`checksummed`). A save that runs out of space (ENOSPC, EDQUOT) on any
-rank removes its partial files and raises, on every rank, a StoreError naming ROOT, the bytes its
-pieces take and the bytes free when the save began; the earlier checkpoints and `latest` stay as
-they were. So does marking the best checkpoint (`mark_best`): `best` stays as it was.
+reads (a piece whole, once) before using them, unless told not to (`verify=False`); a mismatch, or
+a manifest without the checksums, is a CheckpointError naming the file. Every manifest read is
+checked first (`read_manifest`): one that cannot be read, is not JSON, lacks a field or names a
+piece outside its checkpoint's folder is a CheckpointError naming it; a save counts and prunes
+only the checkpoints of ROOT whose manifests pass (another is left as it is). A save that runs out
+of space (ENOSPC, EDQUOT) on any rank removes its partial files and raises, on every rank, a
+StoreError naming ROOT, the bytes its pieces take and the bytes free when the save began; the
+earlier checkpoints and `latest` stay as they were. So does marking the best checkpoint
+(`mark_best`): `best` stays as it was.
 """
 import contextlib
 import dataclasses
@@ -321,13 +324,15 @@ def _commit(root, tmp, step, signature, state, world_size, keep) -> str:
 
 
 def _written(root):
-    """(sequence, step, name) of every complete checkpoint in ROOT (sequence 0: written before
-    sequences were recorded)."""
+    """(sequence, step, name) of every complete checkpoint in ROOT whose manifest reads (sequence 0:
+    written before sequences were recorded)."""
     found = []
     for d in os.listdir(root):
         if d.startswith("ckpt-") and os.path.isfile(os.path.join(root, d, MANIFEST)):
-            with open(os.path.join(root, d, MANIFEST)) as f:
-                m = json.load(f)
+            try:
+                m = _load_manifest(os.path.join(root, d))
+            except CheckpointError:   # damaged: neither counted nor pruned, for its owner to look at
+                continue
             found.append((m.get("sequence", 0), m["step"], d))
     return found
 
@@ -340,12 +345,18 @@ def _point(root, pointer, text):
 
 
 def _pointed(root, pointer) -> Optional[str]:
-    """The checkpoint name ROOT/<pointer> holds, or None without one."""
+    """The checkpoint name ROOT/<pointer> holds, or None without one; CheckpointError when it
+    cannot be read."""
+    file = os.path.join(root, pointer)
     try:
-        with open(os.path.join(root, pointer)) as f:
+        with open(file) as f:
             return f.readline().strip()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
+    except OSError as e:
+        raise CheckpointError(f"{file}: cannot read it: {e.strerror}")
+    except ValueError as e:   # not text
+        raise CheckpointError(f"{file}: not a checkpoint pointer ({e})")
 
 
 def _prune(root, keep):
@@ -403,42 +414,118 @@ def best_auc(root: str) -> float:
         raise CheckpointError(f"{file}: no auc=<value> line; not written by --keep_best_checkpoint")
 
 
+def _present(path: str) -> bool:
+    """Whether `path` exists; CheckpointError when that cannot be known (a symbolic link loop, no
+    permission)."""
+    try:
+        os.stat(path)
+        return True
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read it: {e.strerror}")
+
+
 def resolve(path: str) -> str:
     """A checkpoint directory from itself, a root (the one its `latest` names), or a pointer
     file (ROOT/latest, ROOT/best)."""
-    if os.path.isfile(os.path.join(path, MANIFEST)):
+    if _present(path) and _present(os.path.join(path, MANIFEST)):
         return path
     pointer_file = os.path.isfile(path) and os.path.basename(path) in (LATEST, BEST)
     root, pointer = os.path.split(path) if pointer_file else (path, LATEST)
     name = _pointed(root, pointer)
     if name is None:
         raise CheckpointError(f"{path}: no checkpoint here (neither {MANIFEST} nor {LATEST})")
-    if not os.path.isfile(os.path.join(root, name, MANIFEST)):
+    if not _present(os.path.join(root, name, MANIFEST)):
         raise CheckpointError(f"{os.path.join(root, pointer)}: names {name}, which is not a complete checkpoint")
     return os.path.join(root, name)
 
 
 def read_manifest(path: str) -> dict:
+    """The manifest of the checkpoint at `path` (see `resolve`), checked (`_load_manifest`), with
+    "path": the checkpoint's directory."""
     ckpt = resolve(path)
-    with open(os.path.join(ckpt, MANIFEST)) as f:
-        manifest = json.load(f)
+    manifest = _load_manifest(ckpt)
     manifest["path"] = ckpt
     return manifest
 
 
-def checksummed(manifest: dict) -> bool:
-    """Whether the checkpoint of `manifest` records its pieces' checksums (written since they are)."""
-    return CHECKSUMS in manifest
+# The manifest's fields every reader relies on, and their JSON types.
+_FIELDS = {"step": int, "world_size": int, "signature": dict, "state": dict, "tensors": dict}
 
 
-def _verify(manifest: dict, name: str, pieces: Sequence[dict]):
-    """Raises unless every one of `pieces` (of tensor `name`) has the CRC-32 the manifest records
-    for its file; a checkpoint written without checksums is not verified."""
-    if not checksummed(manifest):
-        return
-    for p in pieces:
+def _load_manifest(ckpt: str) -> dict:
+    """The manifest of the checkpoint directory `ckpt`; CheckpointError, one line naming it, unless
+    it reads as JSON, has _FIELDS, its tensors' shapes, dtypes and pieces (each a file name in
+    `ckpt`, no symbolic link out of it, with rows and columns) and, if any, CHECKSUMS by file."""
+    file = os.path.join(ckpt, MANIFEST)
+    try:
+        with open(file) as f:
+            manifest = json.load(f)
+    except OSError as e:
+        raise CheckpointError(f"{file}: cannot read the checkpoint's manifest: {e.strerror}")
+    except ValueError as e:   # not JSON (a truncated file), not text
+        raise CheckpointError(f"{file}: not a checkpoint manifest ({e})")
+
+    def bad(what):
+        raise CheckpointError(f"{file}: not a checkpoint manifest as storage/checkpoint.py writes one: {what}")
+
+    if not isinstance(manifest, dict):
+        bad(f"a JSON {type(manifest).__name__}, not an object")
+    for key, kind in _FIELDS.items():
+        if not _is(manifest.get(key), kind):
+            bad(f"no {key!r} ({kind.__name__})")
+    checksums = manifest.get(CHECKSUMS, {})
+    if not _is(checksums, dict) or not all(_is(v, int) for v in checksums.values()):
+        bad(f"{CHECKSUMS!r} is not a map of piece file -> CRC-32")
+    real = os.path.realpath(ckpt)
+    for name, t in manifest["tensors"].items():
+        if not (_is(t, dict) and _is(t.get("shape"), list) and all(_is(n, int) and n >= 0 for n in t["shape"])
+                and _is(t.get("dtype"), str) and _is(t.get("pieces"), list) and t["pieces"]):
+            bad(f"tensor {name} lacks its shape, dtype or pieces")
+        try:
+            np.dtype(t["dtype"])
+        except TypeError:
+            bad(f"tensor {name} has dtype {t['dtype']!r}")
+        for p in t["pieces"]:
+            if not (_is(p, dict) and _is(p.get("file"), str) and
+                    all(_is(p.get(k), list) and len(p[k]) == 2 and all(_is(n, int) for n in p[k])
+                        for k in ("rows", "cols"))):
+                bad(f"a piece of tensor {name} lacks its file, rows or columns")
+            piece = p["file"]
+            if os.path.basename(piece) != piece or piece in ("", ".", ".."):
+                raise CheckpointError(f"{file}: piece {piece!r} of tensor {name} is not a file name in the "
+                                      f"checkpoint's folder {ckpt}; no piece is read from elsewhere")
+            if os.path.islink(os.path.join(ckpt, piece)):
+                target = os.path.realpath(os.path.join(ckpt, piece))
+                if os.path.dirname(target) != real:
+                    raise CheckpointError(f"{file}: piece {piece!r} of tensor {name} is a symbolic link to "
+                                          f"{target}, outside the checkpoint's folder {ckpt}")
+    return manifest
+
+
+def _is(value, kind) -> bool:
+    """Whether a JSON value is of `kind` (a bool is no int)."""
+    return isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool)
+
+
+def _checksums(manifest: dict) -> Dict[str, int]:
+    """The manifest's CHECKSUMS; CheckpointError, naming the manifest and the flag that skips
+    verification, where it records none."""
+    if CHECKSUMS not in manifest:
+        raise CheckpointError(f"{os.path.join(manifest['path'], MANIFEST)}: records no checksums of the "
+                              f"checkpoint's pieces ({CHECKSUMS!r}), so they cannot be verified; "
+                              f"--skip_checkpoint_checksums (verify=False) reads them unverified")
+    return manifest[CHECKSUMS]
+
+
+def _verify(manifest: dict, pieces: Sequence[Tuple[str, dict]]):
+    """Raises unless the manifest records checksums and every one of `pieces` ((tensor, piece)
+    pairs) has the CRC-32 recorded for its file."""
+    checksums = _checksums(manifest)
+    for name, p in pieces:
         file = os.path.join(manifest["path"], p["file"])
-        recorded = manifest[CHECKSUMS].get(p["file"])
+        recorded = checksums.get(p["file"])
         if recorded is None:
             raise CheckpointError(f"{file}: the manifest records no checksum for this piece of tensor {name}")
         try:
@@ -458,7 +545,7 @@ def read_tensor(path: str, name: str, verify: bool = True) -> np.ndarray:
     entry = Entry(name, np.empty(t["shape"], t["dtype"]), tuple(t["shape"]))
     _check_coverage(manifest["path"], entry, t)
     if verify:
-        _verify(manifest, name, t["pieces"])
+        _verify(manifest, [(name, p) for p in t["pieces"]])
     return _read_region(manifest["path"], entry, t)
 
 
@@ -478,7 +565,7 @@ def read_blocks(path_or_manifest, name: str, dtype=None, verify: bool = True) ->
     _check_pieces(ckpt, name, tensor)
     _check_coverage(ckpt, entry, tensor)
     if verify:
-        _verify(manifest, name, tensor["pieces"])
+        _verify(manifest, [(name, p) for p in tensor["pieces"]])
     for start, stop in _blocks(rows, cols, tensor["dtype"], dtype):
         yield start, _read_region(ckpt, entry, tensor, (start, stop)).astype(dtype, copy=False)
 
@@ -495,15 +582,14 @@ def gather_rows(manifest: dict, name: str, ids: np.ndarray, dtype=None, verify: 
     _check_pieces(ckpt, name, tensor)
     _check_coverage(ckpt, Entry(name, np.broadcast_to(np.zeros((), tensor["dtype"]), (rows, cols)), (rows, cols)),
                     tensor)
+    held = [(p, *np.searchsorted(ids, p["rows"])) for p in tensor["pieces"]]   # (piece, ids[lo:hi] in it)
+    held = [(p, lo, hi) for p, lo, hi in held if lo < hi]
+    if verify:
+        _verify(manifest, [(name, p) for p, _, _ in held])
     out = np.empty((len(ids), cols), dtype or tensor["dtype"])
-    for p in tensor["pieces"]:
-        (pa, pb), (pc, pd) = p["rows"], p["cols"]
-        lo, hi = np.searchsorted(ids, [pa, pb])
-        if lo < hi:
-            if verify:
-                _verify(manifest, name, [p])
-            values = np.load(os.path.join(ckpt, p["file"]), mmap_mode="r")
-            out[lo:hi, pc:pd] = values[ids[lo:hi] - pa]
+    for p, lo, hi in held:
+        values = np.load(os.path.join(ckpt, p["file"]), mmap_mode="r")
+        out[lo:hi, slice(*p["cols"])] = values[ids[lo:hi] - p["rows"][0]]
     return out
 
 
@@ -612,8 +698,7 @@ def restore(path: str, entries: Sequence[Entry], signature: dict, expected: Set[
         _check_coverage(ckpt, e, t)
         read.update({p["file"]: (e.name, p) for p in _pieces_read(e, t)})
     if verify:
-        for name, p in read.values():
-            _verify(manifest, name, [p])
+        _verify(manifest, list(read.values()))
     for e in entries:
         if e.streamed:
             _restore_streamed(ckpt, e, tensors[e.name])

@@ -1,7 +1,10 @@
 """Checkpoint integrity: the manifest records every piece's CRC-32 and every reader verifies the
 pieces it reads, so a changed byte is one error line naming the file and the tensor (at restore,
-and when deployment/deploy.py exports), unless verification is skipped; checkpoints written before
-checksums restore. A save that runs out of space (a small tmpfs, and ENOSPC injected at the write)
+and when deployment/deploy.py exports), unless verification is skipped; a manifest without the
+checksums is refused unless it is. A damaged manifest (not JSON, not readable, lacking a field, a
+piece outside the checkpoint's folder) or a checkpoint path in a symbolic link loop is one line
+naming the file, in process, through dlrm.py and deploy.py; a save leaves a damaged checkpoint of
+its root alone. A save that runs out of space (a small tmpfs, and ENOSPC injected at the write)
 is one error line naming the root and the bytes, leaves no partial checkpoint and keeps the earlier
 ones and `latest`: at one rank in process and at two Gloo ranks through dlrm.py. So does marking
 the best checkpoint (--keep_best_checkpoint) on a full disk, `best` kept."""
@@ -87,7 +90,7 @@ def all_tensors(root):
 def test_the_manifest_records_every_piece_files_crc32(trained):
     manifest = checkpoint.read_manifest(trained)
     files = {p["file"] for t in manifest["tensors"].values() for p in t["pieces"]}
-    assert checkpoint.checksummed(manifest) and set(manifest[checkpoint.CHECKSUMS]) == files
+    assert set(manifest[checkpoint.CHECKSUMS]) == files
     for file in files:
         with open(os.path.join(manifest["path"], file), "rb") as f:
             assert manifest[checkpoint.CHECKSUMS][file] == zlib.crc32(f.read()), file
@@ -110,13 +113,17 @@ def test_a_changed_byte_fails_the_restore_in_one_line_naming_file_and_tensor(tra
     assert "(written at 1 rank(s); not verified: --skip_checkpoint_checksums)" in capsys.readouterr().out
 
 
+# dlrm.py evaluating a checkpoint of `trained`'s model (with --restore_checkpoint_path).
+EVAL_MODEL = ["--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1", "--dataset_type=synthetic",
+              "--synthetic_cardinalities=20,50,7,30", "--synthetic_num_numerical=3", "--synthetic_eval_rows=1000",
+              "--valid_batch_size=500", "--optimizer=adam", "--mode=eval"]
+
+
 def test_a_changed_byte_is_one_error_line_on_the_command_line(trained, tmp_path):
     root = copy(trained, tmp_path / "ck")
     path = piece_path(root, TABLE)
     flip(path)
-    model = ["--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1", "--dataset_type=synthetic",
-             "--synthetic_cardinalities=20,50,7,30", "--synthetic_num_numerical=3", "--synthetic_eval_rows=1000",
-             "--valid_batch_size=500", "--optimizer=adam", "--mode=eval", f"--restore_checkpoint_path={root}"]
+    model = [*EVAL_MODEL, f"--restore_checkpoint_path={root}"]
     out = subprocess.run([*PYTHON, "dlrm.py", *model], cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert out.returncode == 2 and error_lines(out) == [f"error: {mismatch(path, TABLE, root)}"], out.stderr[-3000:]
@@ -211,26 +218,155 @@ def test_restore_verifies_the_pieces_this_rank_reads_before_any_change(two_piece
     assert not first.numpy().any() and not overlapping.numpy().any()
 
 
-def test_a_checkpoint_without_checksums_restores_unverified(trained, tmp_path, capsys):
-    """A checkpoint written before checksums were recorded (its manifest without them) restores,
-    the restore line saying once that it was not verified; its readers read it."""
-    root = copy(trained, tmp_path / "ck")
-    manifest_file = os.path.join(checkpoint.resolve(root), checkpoint.MANIFEST)
-    with open(manifest_file) as f:
+def edit_manifest(root, change):
+    """Rewrites the manifest of the checkpoint ROOT names as `change(manifest)` leaves it; returns its path."""
+    file = os.path.join(checkpoint.resolve(root), checkpoint.MANIFEST)
+    with open(file) as f:
         manifest = json.load(f)
-    del manifest[checkpoint.CHECKSUMS]
-    with open(manifest_file, "w") as f:
+    change(manifest)
+    with open(file, "w") as f:
         json.dump(manifest, f)
-    assert not checkpoint.checksummed(checkpoint.read_manifest(root))
+    return file
+
+
+def without_checksums(root):
+    """Removes the checksums from ROOT's checkpoint; returns the line a verifying reader refuses it with."""
+    file = edit_manifest(root, lambda m: m.pop(checkpoint.CHECKSUMS))
+    return (f"{file}: records no checksums of the checkpoint's pieces ('crc32'), so they cannot be verified; "
+            "--skip_checkpoint_checksums (verify=False) reads them unverified")
+
+
+def test_a_checkpoint_without_checksums_restores_only_with_skip_checkpoint_checksums(trained, tmp_path, capsys):
+    """Every verifying reader refuses it in one line naming the manifest and the flag (gather_rows
+    of no rows too); skipping verification restores it, the restore line saying so, and its readers
+    read it; resumed training writes a checkpoint with checksums."""
+    root = copy(trained, tmp_path / "ck")
+    line = without_checksums(root)
+    with pytest.raises(CheckpointError) as info:
+        run_loop.run(tiny_config(mode="eval", restore_checkpoint_path=root))
+    assert str(info.value) == line
+    manifest = checkpoint.read_manifest(root)
+    variable = tf.Variable(np.zeros(manifest["tensors"][KERNEL]["shape"], np.float32))
+    for read in (lambda: checkpoint.read_tensor(root, TABLE), lambda: next(checkpoint.read_blocks(root, TABLE)),
+                 lambda: checkpoint.gather_rows(manifest, TABLE, np.array([], np.int64)),
+                 lambda: checkpoint.restore(root, [Entry(KERNEL, variable, tuple(variable.shape))], {}, {KERNEL},
+                                            extra_ok=True)):
+        with pytest.raises(CheckpointError) as info:
+            read()
+        assert str(info.value) == line
+    assert not variable.numpy().any()
     capsys.readouterr()
-    assert run_loop.run(tiny_config(mode="eval", restore_checkpoint_path=root))["samples"] == 1000
+    result = run_loop.run(tiny_config(mode="eval", restore_checkpoint_path=root, skip_checkpoint_checksums=True))
+    assert result["samples"] == 1000
     out = capsys.readouterr().out
-    assert out.count("not verified") == 1 and "(written at 1 rank(s); not verified: written without checksums)" in out
+    assert out.count("not verified") == 1 and "(written at 1 rank(s); not verified: --skip_checkpoint_checksums)" in out
     for name, value in all_tensors(trained).items():
-        np.testing.assert_array_equal(checkpoint.read_tensor(root, name), value, err_msg=name)
-    # Resumed training writes a checkpoint with checksums.
-    run_loop.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=root, max_steps=12))
-    assert checkpoint.checksummed(checkpoint.read_manifest(root))
+        np.testing.assert_array_equal(checkpoint.read_tensor(root, name, verify=False), value, err_msg=name)
+    run_loop.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=root, max_steps=12,
+                             skip_checkpoint_checksums=True))
+    assert checkpoint.CHECKSUMS in checkpoint.read_manifest(root)
+
+
+def damaged(root, kind):
+    """Damages the checkpoint of ROOT (a copy) as `kind` says; returns (the path to restore from,
+    the one line every reader refuses it with)."""
+    ckpt = checkpoint.resolve(root)
+    file = os.path.join(ckpt, checkpoint.MANIFEST)
+    name = checkpoint.read_manifest(root)["tensors"][TABLE]["pieces"][0]["file"]
+    not_a_manifest = f"{file}: not a checkpoint manifest as storage/checkpoint.py writes one: "
+    outside = f"{file}: piece {{!r}} of tensor {TABLE} is not a file name in the checkpoint's folder {ckpt}; " \
+              f"no piece is read from elsewhere"
+
+    def piece(file_name):
+        edit_manifest(root, lambda m: m["tensors"][TABLE]["pieces"][0].update(file=file_name))
+    if kind == "truncated":
+        text = open(file).read()[:100]
+        open(file, "w").write(text)
+        with pytest.raises(ValueError) as error:
+            json.loads(text)
+        return root, f"{file}: not a checkpoint manifest ({error.value})"
+    if kind == "a list":
+        open(file, "w").write("[]")
+        return root, not_a_manifest + "a JSON list, not an object"
+    if kind == "no tensors":
+        edit_manifest(root, lambda m: m.pop("tensors"))
+        return root, not_a_manifest + "no 'tensors' (dict)"
+    if kind == "a piece without rows":
+        edit_manifest(root, lambda m: m["tensors"][TABLE]["pieces"][0].pop("rows"))
+        return root, not_a_manifest + f"a piece of tensor {TABLE} lacks its file, rows or columns"
+    if kind == "unreadable":   # a directory (the tests may run as root, whom no permission stops)
+        os.remove(file)
+        os.mkdir(file)
+        return root, f"{file}: cannot read the checkpoint's manifest: Is a directory"
+    if kind == "a symbolic link loop":
+        loop = os.path.join(root, "loop")
+        os.symlink(loop, loop)
+        return loop, f"{loop}: cannot read it: Too many levels of symbolic links"
+    if kind == "latest in a loop":
+        os.remove(os.path.join(root, "latest"))
+        os.symlink(os.path.join(root, "latest"), os.path.join(root, "latest"))
+        return root, f"{os.path.join(root, 'latest')}: cannot read it: Too many levels of symbolic links"
+    if kind == "../piece":
+        piece(f"../{name}")
+        return root, outside.format(f"../{name}")
+    if kind == "an absolute piece":
+        piece(os.path.join(ckpt, name))
+        return root, outside.format(os.path.join(ckpt, name))
+    if kind == "a piece linked out":
+        shutil.move(os.path.join(ckpt, name), os.path.join(root, name))
+        os.symlink(os.path.join("..", name), os.path.join(ckpt, name))
+        return root, (f"{file}: piece {name!r} of tensor {TABLE} is a symbolic link to {os.path.join(root, name)}, "
+                      f"outside the checkpoint's folder {ckpt}")
+    raise ValueError(kind)
+
+
+DAMAGES = ["truncated", "a list", "no tensors", "a piece without rows", "unreadable", "a symbolic link loop",
+           "latest in a loop", "../piece", "an absolute piece", "a piece linked out"]
+
+
+@pytest.mark.parametrize("kind", DAMAGES)
+def test_a_damaged_manifest_is_one_line_naming_it(trained, tmp_path, kind):
+    """Every reader (read_manifest, a restore, with verification skipped too) refuses it."""
+    root = copy(trained, tmp_path / "ck")
+    path, line = damaged(root, kind)
+    for read in (lambda: checkpoint.read_manifest(path), lambda: checkpoint.read_tensor(path, KERNEL, verify=False),
+                 lambda: run_loop.run(tiny_config(mode="eval", restore_checkpoint_path=path,
+                                                  skip_checkpoint_checksums=True))):
+        with pytest.raises(CheckpointError) as info:
+            read()
+        assert str(info.value) == line
+
+
+@pytest.mark.parametrize("kind", ["truncated", "a symbolic link loop", "a piece linked out", "no checksums"])
+def test_a_damaged_checkpoint_is_one_error_line_of_dlrm_and_deploy(trained, tmp_path, kind):
+    root = copy(trained, tmp_path / "ck")
+    path, line = (root, without_checksums(root)) if kind == "no checksums" else damaged(root, kind)
+    restored = subprocess.run([*PYTHON, "dlrm.py", *EVAL_MODEL, f"--restore_checkpoint_path={path}"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert restored.returncode == 2 and error_lines(restored) == [f"error: {line}"], restored.stderr[-3000:]
+    exported = deploy(f"--checkpoint={path}", f"--output={tmp_path / 'repo'}")
+    assert exported.returncode == 2 and error_lines(exported) == [f"error: {line}"], exported.stderr[-3000:]
+    assert not os.path.exists(tmp_path / "repo")
+    if kind == "no checksums":   # skipping verification exports it
+        exported = deploy(f"--checkpoint={path}", f"--output={tmp_path / 'repo'}", "--forms=tables",
+                          "--skip_checkpoint_checksums")
+        assert exported.returncode == 0, exported.stderr[-3000:]
+        assert exported.stdout.strip().splitlines()[-1].endswith(
+            "; checkpoint not verified: --skip_checkpoint_checksums")
+
+
+def test_a_save_leaves_a_damaged_checkpoint_of_its_root_alone(tmp_path):
+    """Neither counted (the next write's sequence) nor pruned: the save goes on, nothing removed."""
+    root = str(tmp_path / "ck")
+    variable = tf.Variable(np.ones((3, 2), np.float32))
+    first = checkpoint.save(root, [Entry("t", variable, (3, 2))], 1, SIGNATURE, SingleProcess(), keep=1)
+    with open(os.path.join(first, checkpoint.MANIFEST), "a") as f:
+        f.write("{")
+    for step in (2, 3):
+        path = checkpoint.save(root, [Entry("t", variable, (3, 2))], step, SIGNATURE, SingleProcess(), keep=1)
+    assert sorted(os.listdir(root)) == ["ckpt-1", "ckpt-3", "latest"]
+    assert checkpoint.read_manifest(path)["sequence"] == 2
 
 
 # ---------------------------------------------------------------------------------------------

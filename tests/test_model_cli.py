@@ -4,7 +4,8 @@ by --max_steps then resumed equals the uninterrupted run; at 1 and 2 Gloo ranks 
 AUC equal one process on the same global batches, and a checkpoint written at one rank count
 resumes at the other (1 -> 2, 2 -> 1) as the one process goes on (DIN at 3 ranks too); a model file on a feature spec
 with named, multi-hot features; a bad model file or an unsupported flag is one error line, before
-any data is read."""
+any data is read; so is a model file that exits or raises (at import, in build_model or
+compile_args), at export too."""
 import os
 import re
 import subprocess
@@ -14,11 +15,16 @@ import pytest
 
 from dataloading.feature_spec import SPEC_FILE, split_binary_spec
 from dataloading.generate_dataset import generate
+from deployment.exporter.model_file import model_file_export
+from deployment.repository_format import RepositoryError
+import run.loop as run_loop
 from storage import checkpoint
+from tests.configs import tiny_config
 from tests.horovod_run import ROOT, horovodrun
 from tests.test_multirank_cli import assert_same_losses, assert_same_run, records, succeeded
 from tests.test_tiered_cli import assert_same_checkpoint, assert_same_run as assert_same_tiered_run, disk_units, tiered
 from tests.warm_python import PYTHON
+from utils.errors import ConfigError
 
 DATA = ["--dataset_type=synthetic", "--synthetic_cardinalities=300,50,7,30", "--synthetic_num_numerical=3",
         "--optimizer=adam", "--learning_rate=0.01", "--seed=7", "--batch_size=96", "--valid_batch_size=300",
@@ -191,6 +197,9 @@ BAD_MODELS = {
                            "        [x['user'], x['item']])\n"
                            "    return ranking.Model(x, keras.layers.Dense(1, name='out')(e[0]))\n",
                            "feature 'occupation' is not in the dataset (its features: user, item, genres)"),
+    "exits.py": ("import sys\n\ndef build_model(features, hparams):\n    sys.exit(0)\n",
+                 "build_model exited (SystemExit(0)) at line 4; a model file returns its model, it never ends the "
+                 "process"),
 }
 
 
@@ -202,6 +211,42 @@ def test_a_bad_model_file_is_one_line_before_any_data_is_read(tmp_path, file):
     data = spec_dataset(tmp_path / "data", with_data=False)
     line = error_line(python(f"--model={tmp_path / file}", *FILE_DATA, f"--dataset_path={data}"))
     assert line == f"error: --model={tmp_path / file}: {message}"
+
+
+# A model file that exits or raises outside the run's checks, or is no .py file: (its source, what the line
+# says after the file).
+ENDS = "; a model file returns its model, it never ends the process"
+FAILING_MODELS = {
+    "raises.py": ("import ranking\n\ndef build_model(features, hparams):\n    x = features.inputs()\n"
+                  "    raise ValueError('no width\\nfor the deep part')\n",
+                  "build_model raised ValueError at line 5: no width for the deep part"),
+    "exits_with_a_message.py": ("import sys\n\ndef build_model(features, hparams):\n    sys.exit('not today')\n",
+                                "build_model exited (SystemExit('not today')) at line 4" + ENDS),
+    "fails_to_import.py": ("import ranking\nimport no_such_module_here\n",
+                           "importing it raised ModuleNotFoundError at line 2: No module named 'no_such_module_here'"),
+    "exits_at_import.py": ("raise SystemExit(3)\n", "importing it exited (SystemExit(3)) at line 1" + ENDS),
+    "bad_compile_args.py": ("from examples.wide_and_deep import build_model\n\n"
+                            "def compile_args(features, hparams):\n    return 1 / 0\n",
+                            "compile_args raised ZeroDivisionError at line 4: division by zero"),
+    "model.txt": ("def build_model(features, hparams):\n    pass\n", "not a Python file (its name ends in .py)"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAILING_MODELS))
+def test_a_model_file_that_exits_or_raises_is_one_line_naming_it(tmp_path, name):
+    """In process: the run's ConfigError (main.py's `error:` line, exit code 2, as exits.py above
+    shows) and the exporter's RepositoryError (deploy.py's) for the same file."""
+    source, message = FAILING_MODELS[name]
+    path = tmp_path / name
+    path.write_text(source)
+    with pytest.raises(ConfigError) as info:
+        run_loop.run(tiny_config(model=str(path), model_param=[]))
+    assert str(info.value) == f"--model={path}: {message}"
+    manifest = {"path": str(tmp_path), "signature": {"cardinalities": [20, 50, 7, 30], "max_hotness": [None] * 4,
+                                                     "num_numerical": 3, "hparams": {}}}
+    with pytest.raises(RepositoryError) as info:
+        model_file_export(manifest, str(path))
+    assert str(info.value) == f"--model={path}: {message}"
 
 
 @pytest.mark.slow
