@@ -10,7 +10,8 @@ from utils.metrics import log_loss, output_figures, roc_auc, thresholded_auc
 
 def evaluate(predict: Callable, batches: Iterable, comm, oracle: bool = False,
              auc_thresholds: Optional[int] = None, heads: Optional[Sequence[str]] = None,
-             scores: Optional[Sequence[str]] = None) -> Dict[str, float]:
+             scores: Optional[Sequence[str]] = None,
+             stopped: Optional[Callable[[int], bool]] = None) -> Optional[Dict[str, float]]:
     """Runs `predict(numerical, categorical) -> logits` over this rank's part of every batch and
     returns AUC and logloss over all ranks' real rows (with `oracle`, also those of the ground-truth
     oracle logits the batches carry: synthetic data only; with `auc_thresholds`, also the
@@ -20,14 +21,18 @@ def evaluate(predict: Callable, batches: Iterable, comm, oracle: bool = False,
     gives each figure per head as "<head>_<figure>" ("click_auc"). `scores`: per output (the
     one, or each head) "auc" (default: a logit of a binary label, the figures above) or "rmse" (a
     value, e.g. a rating: its root mean squared error against the label, "rmse" alone). "auc" and
-    "logloss" are the first "auc" output's (None without one): utils.metrics.output_figures."""
+    "logloss" are the first "auc" output's (None without one): utils.metrics.output_figures.
+    `stopped(k)`, asked after the k-th batch by every rank (it may be a collective): whether to
+    stop there, returning None."""
     width = len(heads) if heads else 1
     columns = []
-    for numerical, categorical, y, oracle_logits, valid in batches:
+    for k, (numerical, categorical, y, oracle_logits, valid) in enumerate(batches, 1):
         n = int(valid)
         parts = [predict(numerical, categorical).numpy()[:n], y.numpy()[:n]]
         parts += [oracle_logits.numpy()[:n]] if oracle else []
         columns.append(np.concatenate([np.reshape(p, [n, width]) for p in parts], axis=1))
+        if stopped is not None and stopped(k):
+            return None
     local = np.concatenate(columns) if columns else np.zeros([0, (3 if oracle else 2) * width], np.float32)
     gathered = comm.gather(local, "evaluation_columns")   # [all rows, 2 or 3 per head] on rank 0
     metrics = None

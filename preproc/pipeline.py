@@ -41,6 +41,7 @@ from preproc import layout as layouts
 from preproc import history, tasks, vocab, vocab_info
 from preproc.layout import MAPPINGS
 from preproc.sources import CATEGORICAL, CriteoSource, Source
+from utils import preemption
 from utils.errors import DatasetError
 
 __all__ = ["CATEGORICAL", "Options", "run", "input_files"]
@@ -121,6 +122,7 @@ def run(spark, opts: Options, log=print) -> dict:
         written = _write(spark, ctx)
         _check_written(written, summary["rows"], layout)
         spec.metadata = summary
+        preemption.check()
         _move_into_place(tmp, opts.output)
         spec.to_yaml(os.path.join(opts.output, SPEC_FILE))
     finally:

@@ -1,6 +1,7 @@
 """The run's loop: train (with its evaluations and checkpoints), evaluate, or time inference, on
 the parts run.assembly assembles, saving by run.checkpoint_policy."""
 import time
+from typing import Optional
 
 import tensorflow as tf
 
@@ -49,15 +50,21 @@ class Run(Assembly):
         return prefetched(eval_batches(d, self.view, rows=self.rows[split], batch_size=evaluation.valid_batch_size,
                                        split=split), d, synchronous=self.cfg.runtime.tfdata_debug)
 
-    def evaluate(self, step: int, split: str = "eval") -> dict:
+    def evaluate(self, step: int, split: str = "eval", data_step: Optional[int] = None) -> dict:
         """Evaluates the model (after global step `step`) on the rows of `split` (default the
-        evaluation rows; "validation"); returns its metrics, printed and logged as that split's."""
+        evaluation rows; "validation"); returns its metrics, printed and logged as that split's.
+        A signal stops it at the next batch on every rank (utils.preemption.deferred); within
+        training (after batch `data_step` of this data) the run then checkpoints and stops."""
         self.trainer.check_finite()
         t0 = time.perf_counter()
         batches = self.model.embeddings.staged(self._eval_data(split), training=False)
         thresholds = self.cfg.evaluation.auc_thresholds
-        metrics = evaluator.evaluate(self.trainer.predict, batches, self.comm, oracle=self.dataset.has_oracle,
-                                     auc_thresholds=thresholds, heads=self.heads, scores=self.head_metrics)
+        with preemption.deferred():
+            metrics = evaluator.evaluate(self.trainer.predict, batches, self.comm, oracle=self.dataset.has_oracle,
+                                         auc_thresholds=thresholds, heads=self.heads, scores=self.head_metrics,
+                                         stopped=lambda k: preemption.requested(self.comm, k) is not None)
+            if metrics is None and data_step is not None:   # outside training's steps: raised as the block ends
+                self.checkpoints.preempted(preemption.received(), step, data_step)
         metrics["seconds"] = time.perf_counter() - t0
         keys = evaluator.printed_metrics(self.dataset.has_oracle, bool(thresholds), self.heads, self.head_metrics)
         self.log.print(f"{split} at step {step}: {evaluator.format_metrics(metrics, keys)} | "
@@ -72,7 +79,7 @@ class Run(Assembly):
         returns the seconds that validation took."""
         if not self.cfg.checkpoints.keep_best_checkpoint:
             return 0.0
-        chosen_on = self.evaluate(step, "validation") if self.best_split == "validation" else metrics
+        chosen_on = self.evaluate(step, "validation", data_step) if self.best_split == "validation" else metrics
         self.checkpoints.keep_if_best(step, data_step, chosen_on["auc"], self.best_split)
         return chosen_on["seconds"] if chosen_on is not metrics else 0.0
 
@@ -116,7 +123,7 @@ class Run(Assembly):
                 self.checkpoints.save(step + offset, step)
                 paused += time.perf_counter() - t0
             if step in evals and step != total:
-                metrics = self.evaluate(step + offset)
+                metrics = self.evaluate(step + offset, data_step=step)
                 seconds = metrics["seconds"] + self._keep_if_best(step + offset, step, metrics)
                 t_last += seconds
                 paused += seconds

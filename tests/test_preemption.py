@@ -2,8 +2,8 @@
 step, writes a checkpoint (every rank at the same step, whichever ranks got the signal), says one
 line and exits with 143 (SIGTERM) or 130 (SIGINT); the same command with --restore_checkpoint_path
 goes on exactly as an uninterrupted run. A second signal, or the grace period running out, ends
-the process at once, the previous checkpoint intact and no temporary folder left; evaluation
-stops with one line too."""
+the process at once, the previous checkpoint intact and no temporary folder left; an evaluation
+stops at its next batch, with one line (within training after a checkpoint of its step)."""
 import glob
 import json
 import os
@@ -192,11 +192,28 @@ def test_eval_interrupted_stops_with_one_line(tmp_path, uninterrupted):
     wait_for(tmp_path / "out", "restored ", p)
     time.sleep(0.5)
     p.send_signal(signal.SIGTERM)
-    assert p.wait(timeout=60) == 143
+    code = p.wait(timeout=60)
     output = read(tmp_path / "out")
+    assert code == 143, output[-3000:]
     assert "Traceback" not in output and "eval at step" not in output
     [line] = stop_lines(output)
     assert line.startswith("stopped by SIGTERM: ")
+
+
+def test_an_evaluation_within_training_interrupted_checkpoints_its_step_and_stops(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    p = start([*MODEL, *DATA, "--synthetic_rows=800", "--evals_per_epoch=2", "--synthetic_eval_rows=2000000",
+               "--valid_batch_size=64", f"--save_checkpoint_path={ckpt}"], tmp_path / "out")
+    wait_for(tmp_path / "out", "step 50/", p)   # the evaluation after step 50 of 100 begins
+    time.sleep(0.5)
+    p.send_signal(signal.SIGTERM)
+    code = p.wait(timeout=60)
+    output = read(tmp_path / "out")
+    assert code == 143, output[-3000:]
+    assert "Traceback" not in output and "eval at step" not in output and "step 51/" not in output
+    [line] = stop_lines(output)
+    assert line.startswith(f"stopped by SIGTERM after step 50: saved checkpoint {os.path.join(ckpt, 'ckpt-50')} ")
+    assert checkpoint.read_manifest(ckpt)["step"] == 50 and leftovers(ckpt) == []
 
 
 def rank_processes(launcher: subprocess.Popen):

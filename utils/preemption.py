@@ -2,15 +2,17 @@
 SIGINT; every entry point runs its work through `exit_on_signal`.
 
 `install` takes both signals over for the whole process. Outside training's steps a signal
-raises `Interrupted` in the main thread at once (evaluation, inference, export, preprocessing:
-what they write goes under a temporary name, removed as the exception passes). Inside the loop
-(`defer`) a signal only marks the stop: the loop finishes its step, every rank agrees at a step
-boundary (`requested`: one small collective every CHECK_EVERY steps), writes a checkpoint and
-raises `Interrupted`. From the stop on, a second signal to this process, or `grace_s` seconds
-passing, ends the process at once
-(os._exit) after abandoning the checkpoint being written (`saving`), so the previous checkpoint
-stays the newest. The exit code is 128 + the signal's number (EXIT_CODES), as a shell reports a
-process a signal ended.
+raises `Interrupted` in the main thread at once (inference, export, preprocessing: what they
+write goes under a temporary name, removed as the exception passes; a writer calls `check`
+before renaming into place, as such an exception can be lost in a library's callback). Inside
+the loop (`defer`) and an evaluation (`deferred`: an exception raised inside TensorFlow's Python
+can abort the process) a signal only marks the stop: the loop finishes its step or batch, every
+rank agrees at a step or batch boundary (`requested`: one small collective every CHECK_EVERY
+steps), the run writes a checkpoint and raises `Interrupted`. From the stop on, a second signal
+to this process, or `grace_s` seconds passing, ends the process at once (os._exit) after
+abandoning the checkpoint being written (`saving`), so the previous checkpoint stays the newest.
+The exit code is 128 + the signal's number (EXIT_CODES), as a shell reports a process a signal
+ended.
 """
 import contextlib
 import os
@@ -71,10 +73,13 @@ def _silence_libraries():
 def exit_on_signal(body: Callable[[], T], unfinished: str, grace_s: float = DEFAULT_GRACE_S) -> T:
     """body()'s result, run with SIGTERM and SIGINT handled (`install`): a signal ends the process
     with one line on stderr ("stopped by SIGTERM: `unfinished`" outside training's steps) and its
-    exit code, also where it surfaces as a library's own error."""
+    exit code, also where it surfaces as a library's own error, or where its exception was lost
+    (`check`) and body() returned."""
     install(grace_s, unfinished)
     try:
-        return body()
+        result = body()
+        check()
+        return result
     except Interrupted as e:
         _exit_stopped(e.line if e.announce else None, e.code)
     except Exception:   # e.g. TensorFlow or Horovod reporting the interrupted call
@@ -146,6 +151,15 @@ def _exit_now(signum: int, why: str):
     os._exit(EXIT_CODES.get(signum, 128 + signum))
 
 
+def check():
+    """Raises Interrupted if a signal has stopped the work outside training's steps: its exception,
+    raised wherever the main thread was, is lost where Python ignores exceptions (a finaliser or a
+    library's callback, as TensorFlow runs many). A writer calls this before it renames what it
+    wrote into place."""
+    if _State.signum is not None and not _State.deferring:
+        raise Interrupted(_State.signum, f"stopped by {signal_name(_State.signum)}: {_State.unfinished}")
+
+
 def received() -> Optional[int]:
     """The signal stopping the run, or None."""
     return _State.signum
@@ -163,6 +177,21 @@ def undefer(line: str, announce: bool):
     _State.deferring = False
     if _State.signum is not None:
         stop(_State.signum, line, announce)
+
+
+@contextlib.contextmanager
+def deferred():
+    """`defer` for the block (an evaluation, whose loop asks `requested` after each batch); after
+    it, the state before: outside training's steps, a stop marked meanwhile raises Interrupted
+    there, saying "stopped by <signal>: `unfinished`"."""
+    before, _State.deferring = _State.deferring, True
+    try:
+        yield
+    finally:
+        _State.deferring = before
+        if _State.signum is not None and not before:
+            _silence_libraries()
+        check()
 
 
 def requested(comm, step: int) -> Optional[int]:

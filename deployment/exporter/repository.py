@@ -33,6 +33,7 @@ from deployment.repository_format import (CATEGORICAL, EMBEDDINGS, EXPORT_INFO, 
                                           PREDICTIONS, RepositoryError, ServingLayout, file_entries, live_ids)
 from parallel_embedding import UPDATED_AT
 from storage.checkpoint import read_manifest
+from utils import preemption
 from utils.files import move_into_place
 
 FORMS = ("monolithic", "ensemble", "tables")
@@ -189,6 +190,7 @@ def _written_whole(out: str, write, need: int):
     free = shutil.disk_usage(parent).free
     try:
         info = write(tmp)
+        preemption.check()
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if not _no_space(e):
