@@ -253,9 +253,10 @@ class SyntheticDataset:
         a_scale = np.sqrt(_CATEGORICAL_VARIANCE / f)
         for k, (c, card) in enumerate(zip(ids, self.cardinalities)):
             logit += a_scale * _effects(self.seed, _EFFECT + shift, k, card, c, 1)[:, 0]
-        w = _normal(self.seed, _WEIGHT + shift, np.arange(self.num_numerical)) * \
-            np.sqrt(_NUMERICAL_VARIANCE / self.num_numerical)
-        logit += numerical @ w
+        if self.num_numerical:   # a feature spec may have none
+            w = _normal(self.seed, _WEIGHT + shift, np.arange(self.num_numerical)) * \
+                np.sqrt(_NUMERICAL_VARIANCE / self.num_numerical)
+            logit += numerical @ w
         if self.pairs:
             # <u_i, u_j> with N(0, s^2) entries has variance L * s^4.
             s = (_PAIR_VARIANCE / len(self.pairs) / _LATENT_DIM) ** 0.25

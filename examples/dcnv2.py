@@ -23,8 +23,9 @@ def build_model(features: ranking.Features, hparams: dict) -> ranking.Model:
     x = features.inputs()
     dims = hp["embedding_dims"] or hp["embedding_dim"]
     emb = features.embedding(features.feature_configs(dims, hp["combiner"]))([x[f.name] for f in features])
-    bottom = ranking.MLP(hp["bottom"], seed=(s, 0), name="bottom_mlp")(x["numerical"])           # [b, bottom[-1]]
-    x0 = keras.layers.Concatenate(name="cross_input")([bottom] + emb)                             # [b, d]
+    # [b, bottom[-1]]; data without numericals have no bottom MLP (a Dense over [b, 0] is refused)
+    bottom = [ranking.MLP(hp["bottom"], seed=(s, 0), name="bottom_mlp")(x["numerical"])] if features.num_numerical else []
+    x0 = keras.layers.Concatenate(name="cross_input")(bottom + emb)                               # [b, d]
     crossed = ranking.CrossNetwork(hp["num_cross_layers"], hp["projection_dim"], seed=(s, 200),
                                    name="cross")(x0)                                              # [b, d]
     logit = ranking.MLP(hp["top"] + [1], linear_output=True, seed=(s, 100), name="top_mlp")(crossed)   # [b, 1]

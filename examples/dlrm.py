@@ -20,8 +20,9 @@ def build_model(features: ranking.Features, hparams: dict) -> ranking.Model:
     x = features.inputs()
     emb = features.embedding(features.feature_configs(hp["embedding_dim"], hp["combiner"]))(
         [x[f.name] for f in features])                                                      # F x [b, D]
-    bottom = ranking.MLP(hp["bottom"], seed=(s, 0), name="bottom_mlp")(x["numerical"])    # [b, D]
-    interaction = ranking.DotInteraction(hp["kernel"], name="interaction")([bottom] + emb)
+    # [b, D]; data without numericals have no bottom MLP (a Dense over [b, 0] is refused)
+    bottom = [ranking.MLP(hp["bottom"], seed=(s, 0), name="bottom_mlp")(x["numerical"])] if features.num_numerical else []
+    interaction = ranking.DotInteraction(hp["kernel"], name="interaction")(bottom + emb)
     # interaction: [b, round_up_8(D + (F+1)F/2)]
     logit = ranking.MLP(hp["top"] + [1], linear_output=True, seed=(s, 100), name="top_mlp")(interaction)  # [b, 1]
     return ranking.Model(x, logit, name="dlrm")

@@ -227,7 +227,7 @@ class CrossNetwork(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package="ranking")
 class FactorizationMachine(keras.layers.Layer):
-    """DeepFM's second-order factorization-machine term over F >= 2 embeddings of one width:
+    """DeepFM's second-order factorization-machine term over F >= 1 embeddings of one width:
     [e_1 [b, D], ..., e_F [b, D]] -> 0.5 * sum_d((sum_f e_fd)^2 - sum_f e_fd^2) [b, 1], the sum
     of <e_f, e_g> over the pairs f < g. No weights. The first-order terms are the features'
     width-1 embeddings (tables with embedding_dim=1) summed, and DeepFM's logit adds the three:
@@ -241,7 +241,7 @@ class FactorizationMachine(keras.layers.Layer):
     """
 
     def build(self, input_shape):
-        _one_width(self, _vector_widths(self, input_shape, "embeddings [b, D]", 2), "the first embedding")
+        _one_width(self, _vector_widths(self, input_shape, "embeddings [b, D]", 1), "the first embedding")
 
     def call(self, inputs):
         vectors = tf.stack(list(inputs), axis=1)                          # [b, F, D]

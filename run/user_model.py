@@ -133,6 +133,11 @@ class UserModel:
         self.embeddings = _Tables(layers, self._feeds(model, layers, where), len(self.features))
         if not isinstance(model, FunctionalModel):   # its Keras layers built (on first call) before compile
             self._check_output(where)
+        empty = next((w for w in model.weights if 0 in tuple(w.shape)), None)
+        if empty is not None:   # oneDNN aborts the process on a Dense over [b, 0]
+            raise ConfigError(f"{where}: weight {empty.path!r} has shape {tuple(empty.shape)}: a layer over a "
+                              f"zero-width input ({NUMERICAL!r} is [b, 0] on data without numerical features: "
+                              "leave it out where features.num_numerical is 0)")
         schedule = LearningRateSchedule(training.learning_rate, training.warmup_steps, training.decay_start_step,
                                         training.decay_steps)
         try:

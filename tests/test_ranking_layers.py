@@ -144,6 +144,8 @@ def test_factorization_machine_matches_numpy():
     pairs = sum(np.sum(e[:, f] * e[:, g], axis=1) for f in range(4) for g in range(f))
     assert got.shape == (5, 1)
     np.testing.assert_allclose(got[:, 0], pairs, rtol=1e-5, atol=1e-5)
+    one = FactorizationMachine()([tf.constant(embeddings[0])]).numpy()   # no pairs
+    np.testing.assert_allclose(one, np.zeros((5, 1)), atol=1e-5)
 
 
 # DLRM written with the API against the built-in RankingModel(seed=3) + Trainer (interaction "dot",
@@ -276,7 +278,7 @@ def test_inputs_that_cannot_interact_are_one_line_errors(monkeypatch):
              (lambda: FactorizationMachine(name="fm")([a, b]),
               "layer 'fm': its inputs must have one width; input 0 (the first embedding) has width 4, "
               "input 1 has width 6"),
-             (lambda: FactorizationMachine(name="fm")([a]), "layer 'fm': takes a list of at least 2 embeddings"),
+             (lambda: FactorizationMachine(name="fm")([]), "layer 'fm': takes a list of embeddings"),
              (lambda: DotInteraction(name="interaction")(a), "layer 'interaction': takes a list of vectors")]
     for build, message in cases:
         with pytest.raises(ConfigError) as error:
