@@ -55,11 +55,13 @@ class _ProjectStep:
     def compile(self, optimizer: str = "sgd", learning_rate: Union[float, LearningRateSchedule] = 0.01,
                 loss="binary_crossentropy_from_logits", beta_1: float = 0.9, beta_2: float = 0.999, metrics=None,
                 run_eagerly: bool = False, jit_compile: bool = False, auto_scale_loss: bool = True,
-                loss_scale: Optional[float] = None, loss_weights: Optional[Dict[str, float]] = None):
+                loss_scale: Optional[float] = None, loss_weights: Optional[Dict[str, float]] = None,
+                weighted_metrics=None):
         """`optimizer`: "sgd", "adagrad" or "adam" (lazy sparse updates for the tables, the
         dense form for the Keras weights), at `learning_rate` (a float, or an
         nn.lr_schedule.LearningRateSchedule of the global step); `loss`: a Keras loss on
-        (labels, logits), or the default, binary cross-entropy on logits; `metrics` as Keras'.
+        (labels, logits), or the default, binary cross-entropy on logits; `metrics` as Keras'
+        (fit's sample weights not applied), `weighted_metrics` as Keras' (applied).
         A model with several heads (a dict of outputs, each [b] or [b, 1]; its labels a dict of
         [b] by head) takes `loss` for every head or a dict by head, `loss_weights` a dict by head
         (default 1.0), and `metrics` as Keras' (a dict by head: "<head>_<metric>" in the logs); a
@@ -91,6 +93,12 @@ class _ProjectStep:
         self._heads = self._head_names(loss, loss_weights)
         losses = loss if isinstance(loss, dict) else dict.fromkeys(self._heads or [None], loss)
         self._per_sample_loss = {head: _per_sample_loss(fn) for head, fn in losses.items()}
+        for head, fn in self._per_sample_loss.items():
+            reduction = getattr(fn, "reduction", "sum_over_batch_size")
+            if reduction not in ("sum_over_batch_size", "mean"):
+                raise ConfigError(f"compile: the loss{'' if head is None else f' of head {head!r}'} has reduction "
+                                  f"{reduction!r}; the step takes the global batch's mean of the samples' losses "
+                                  f"(Keras' 'sum_over_batch_size')")
         self._loss_weights = {head: float((loss_weights or {}).get(head, 1.0)) for head in losses}
         # Each head's share of the loss, a running mean over the epoch as Keras' loss ("<head>_loss").
         # A built subclass' state is locked; these trackers are compile's, as Keras' own loss tracker.
@@ -127,7 +135,7 @@ class _ProjectStep:
         self.comm.broadcast_variables([v.value for v in self.weights])
         # Keras' own optimizer is not used (the step above updates every variable).
         super().compile(optimizer=keras.optimizers.SGD(0.0), loss=losses if self._heads else loss, metrics=metrics,
-                        run_eagerly=run_eagerly, jit_compile=False)
+                        weighted_metrics=weighted_metrics, run_eagerly=run_eagerly, jit_compile=False)
 
     def _head_names(self, loss, loss_weights) -> Optional[List[str]]:
         """The model's heads (None: one output): a functional model's output dict's keys, else
@@ -193,25 +201,33 @@ class _ProjectStep:
         names = set().union(*(l.embedding.checkpoint_names(weights_only) for l in self.embedding_layers))
         return names | {e.name for e in self.checkpoint_entries(weights_only) if e.replicated}
 
-    def _loss_share(self, labels, outputs):
+    def _loss_share(self, labels, outputs, sample_weight=None):
         """This rank's share of the global batch's mean loss (float32 []): the weighted sum of the
-        heads' (one output: its own); and each head's share ({head: []}; empty for one output)."""
+        heads' (one output: its own); and each head's share ({head: []}; empty for one output).
+        `sample_weight`: None, [b] (every head's), or a dict of [b] by head (a head left out: 1)."""
         if isinstance(outputs, dict) and self._heads is None:
             raise ConfigError(f"model {self.name!r} gives heads {', '.join(sorted(outputs))}; compile's loss is "
                               f"for one output: give it as a dict by head")
+        if isinstance(sample_weight, dict) and (self._heads is None or not set(sample_weight) <= set(self._heads)):
+            raise ConfigError(f"model {self.name!r}: sample weights by head ({', '.join(sorted(sample_weight))}) "
+                              f"for " + ("one output" if self._heads is None else f"heads {', '.join(self._heads)}"))
+        weight = sample_weight.get if isinstance(sample_weight, dict) else lambda head: sample_weight
         if self._heads is None:
-            return self._head_share(self._per_sample_loss[None], labels, outputs), {}
+            return self._head_share(self._per_sample_loss[None], labels, outputs, sample_weight), {}
         if not isinstance(labels, dict) or sorted(labels) != self._heads:
             given = ", ".join(sorted(labels)) if isinstance(labels, dict) else "one tensor"
             raise ConfigError(f"model {self.name!r}: its labels must be a dict by head ({', '.join(self._heads)}), "
                               f"got {given}")
-        shares = {h: self._head_share(self._per_sample_loss[h], labels[h], outputs[h]) for h in self._heads}
+        shares = {h: self._head_share(self._per_sample_loss[h], labels[h], outputs[h], weight(h)) for h in self._heads}
         return tf.add_n([self._loss_weights[h] * shares[h] for h in self._heads]), shares
 
-    def _head_share(self, fn, labels, logits) -> tf.Tensor:
+    def _head_share(self, fn, labels, logits, weight=None) -> tf.Tensor:
         """One output's share: `fn`'s per-sample losses on (labels [b], logits [b] or [b, 1]),
-        summed, divided by the global batch B = N b."""
+        times `weight` [b] where given, summed, divided by the global batch B = N b (Keras'
+        "sum_over_batch_size")."""
         per_sample = self._per_sample(fn, labels, logits)
+        if weight is not None:
+            per_sample = per_sample * tf.cast(tf.reshape(weight, [-1]), tf.float32)
         return tf.reduce_sum(per_sample) / tf.cast(tf.shape(per_sample)[0] * self.comm.size, tf.float32)
 
     @staticmethod
@@ -226,14 +242,14 @@ class _ProjectStep:
         return self.schedule(step - self.schedule_origin)
 
     def train_step(self, data):
-        x, labels, _ = keras.utils.unpack_x_y_sample_weight(data)
-        loss, head_losses, logits = self.step_on(x, labels)
-        self._update_metrics(loss, head_losses, labels, logits)   # the losses global, compile's metrics local
+        x, labels, weights = keras.utils.unpack_x_y_sample_weight(data)
+        loss, head_losses, logits = self.step_on(x, labels, weights)
+        self._update_metrics(loss, head_losses, labels, logits, weights)   # the losses global, compile's metrics local
         return self.get_metrics_result()
 
-    def _update_metrics(self, loss, head_losses, labels, outputs):
+    def _update_metrics(self, loss, head_losses, labels, outputs, sample_weight=None):
         """Keras' loss tracker (a running mean) with `loss`, each head's with its `head_losses`,
-        compile's metrics with (`labels`, `outputs`)."""
+        compile's metrics with (`labels`, `outputs`, `sample_weight`)."""
         heads = {id(m): h for h, m in self.head_loss_trackers.items()}
         for metric in self.metrics:
             if metric.name == "loss":
@@ -241,7 +257,7 @@ class _ProjectStep:
             elif id(metric) in heads:
                 metric.update_state(head_losses[heads[id(metric)]])
             else:
-                metric.update_state(labels, outputs)
+                metric.update_state(labels, outputs, sample_weight=sample_weight)
 
     def predict_step(self, data):
         """This rank's outputs on its batch: `inference` (float32; XLA under jit_compile)."""
@@ -281,7 +297,7 @@ class _ProjectStep:
                 for _ in range(end - begin + 1):
                     data = next(iterator)
                     if not columns:
-                        self._check_labels(keras.utils.unpack_x_y_sample_weight(data)[1])
+                        self._check_labels(*keras.utils.unpack_x_y_sample_weight(data)[1:])
                     columns.append([c.numpy() for c in self._eval_batch(data)])
                 callbacks.on_test_batch_end(end, {})
         logs = self._evaluation_figures(columns)
@@ -297,8 +313,12 @@ class _ProjectStep:
             outputs, labels = {None: outputs}, {None: labels}
         return [tf.cast(tf.reshape(t[h], [-1]), tf.float32) for h in self._heads or [None] for t in (outputs, labels)]
 
-    def _check_labels(self, labels):
-        """One line unless `labels` are one tensor (one output) or a dict by head."""
+    def _check_labels(self, labels, sample_weight=None):
+        """One line unless `labels` are one tensor (one output) or a dict by head, and the data carry
+        no `sample_weight`."""
+        if sample_weight is not None:
+            raise ConfigError(f"evaluate: model {self.name!r} weighs every sample alike (the exact AUC); its data "
+                              f"carry sample weights: give it (x, labels)")
         if self._heads is None and isinstance(labels, dict):
             raise ConfigError(f"evaluate: model {self.name!r} gives one output; its labels are one tensor [b]")
         if self._heads is not None and (not isinstance(labels, dict) or sorted(labels) != self._heads):
@@ -329,9 +349,10 @@ class _ProjectStep:
                 logs["auc" if h is None else f"{h}_auc"] = roc_auc(gathered[:, 2 * i + 1], gathered[:, 2 * i])
         return self.comm.broadcast_object(logs, "evaluation_figures")
 
-    def step_on(self, x, labels):
+    def step_on(self, x, labels, sample_weight=None):
         """One training step on this rank's inputs `x` and `labels` ([b]; several heads: a dict of
-        [b] by head): (the global batch's mean loss [], its heads' ({head: []}; empty for one
+        [b] by head), each sample's loss times its `sample_weight` where given ([b], or a dict of
+        [b] by head; fit's, as Keras'): (the global batch's mean loss [], its heads' ({head: []}; empty for one
         output), this rank's logits as the model gives them, float32). A frozen HybridEmbedding
         (Keras' `trainable` false) is looked up only: its tables get no gradients and no updates."""
         dense = self.dense_variables
@@ -344,7 +365,7 @@ class _ProjectStep:
                 else:   # the lookups and exchanges (and what else precedes the dense part); the dense part below
                     embedded, watch = self._xla.embedded(x, training=True)
             if self._xla is None:
-                loss, head_losses = self._loss_share(labels, logits)
+                loss, head_losses = self._loss_share(labels, logits, sample_weight)
                 scaled = loss if self.loss_scale is None else loss * self.loss_scale.value
         late = [w.path for w in self.trainable_variables if w.value.ref() not in self.dense_optimizer.slots]
         if late:   # a layer built on its first call, after compile: no optimizer state, broadcast or checkpoint
@@ -361,7 +382,8 @@ class _ProjectStep:
             grads = tape.gradient(scaled, sources + dense)
             row_grads, dense_grads = grads[:len(sources)], grads[len(sources):]
         else:
-            loss, head_losses, logits, watched_grads, dense_grads = self._xla.forward_backward(embedded, watch, labels)
+            loss, head_losses, logits, watched_grads, dense_grads = self._xla.forward_backward(embedded, watch, labels,
+                                                                                               sample_weight)
             watched = [t for t, w in zip(keras.tree.flatten(embedded), watch) if w]
             # The chain rule through the part before the XLA one: the rows', and the Keras weights' used there.
             before = tape.gradient(watched, sources + dense, output_gradients=watched_grads)
@@ -597,7 +619,7 @@ class _DenseSplit:
                                   f"input {i} of it (flattened) is a {type(t).__name__}")
         return embedded, tuple(t.dtype.is_floating and id(t) not in given for t in keras.tree.flatten(embedded))
 
-    def _forward_backward(self, embedded, watch, labels):
+    def _forward_backward(self, embedded, watch, labels, sample_weight=None):
         """The dense part on `embedded` (with `watch`, from `embedded()`): (loss share [], the heads'
         shares, outputs, the scaled loss' gradients w.r.t. the watched inputs and the Keras weights)."""
         model, dense = self.model, self.model.dense_variables
@@ -605,7 +627,7 @@ class _DenseSplit:
         with tf.GradientTape() as tape:
             tape.watch(watched)
             outputs = self._dense(embedded, training=True)
-            loss, head_losses = model._loss_share(labels, outputs)
+            loss, head_losses = model._loss_share(labels, outputs, sample_weight)
             scaled = loss if model.loss_scale is None else loss * model.loss_scale.value
         grads = tape.gradient(scaled, watched + dense)
         return loss, head_losses, outputs, grads[:len(watched)], grads[len(watched):]

@@ -8,7 +8,8 @@ tensor (tables, slots, weights, counters) must equal the reference's. Prints RES
 worst difference; exits non-zero on a mismatch.
 
 argv[2] "shared" (default "separate"): six features over the three tables, two a table (one-hot
-and multi-hot features sharing one, a one-hot pair sharing the row-sliced one); "sequence": the
+and multi-hot features sharing one, a one-hot pair sharing the row-sliced one), each sample's
+loss weighted (0.5 or 1.5: fit's sample weights); "sequence": the
 three features and a sequence feature over each table (max lengths 4, 3 and 2, histories up to
 two ids longer), the row-sliced table's read by DIN's TargetAttention with the one-hot feature of
 its table as the candidate, the others flattened. argv[3]
@@ -44,6 +45,7 @@ TABLE_OF, HOTNESS = zip(*FEATURES[ARGS[0] if ARGS else "separate"])
 PLAN = dict(row_slice_threshold=300, column_slice_threshold=200, data_parallel_threshold=150)
 B, STEPS, EVAL, TOLERANCE = 32, 4, 3, 1e-5
 TWO_LABEL = ARGS[1:] == ["two_label"]
+WEIGHTED = ARGS[:1] == ["shared"]
 
 
 def feature(f, t, h):
@@ -92,6 +94,13 @@ def batch(data, step, start, n):
     return (tf.constant(whole["numerical"][start:start + n]),) + tuple(ids), labels
 
 
+def weights(data, step, start, n):
+    """Samples [start, start + n)'s weights in global batch `step` (None: unweighted)."""
+    if not WEIGHTED:
+        return None
+    return tf.constant(np.where(data.batch("train", step * B, B)["numerical"][start:start + n, 1] > 0, 1.5, 0.5))
+
+
 def main():
     comm = make_collectives()
     dist, ref = build(comm), build(SingleProcess())
@@ -107,8 +116,11 @@ def main():
         worst = max(worst, err)
 
     for step in range(STEPS):
-        logs = dist.train_on_batch(*batch(data, step, comm.rank * b, b), return_dict=True)
-        ref_logs = ref.train_on_batch(*batch(data, step, 0, B), return_dict=True)
+        start = comm.rank * b
+        logs = dist.train_on_batch(*batch(data, step, start, b), sample_weight=weights(data, step, start, b),
+                                   return_dict=True)
+        ref_logs = ref.train_on_batch(*batch(data, step, 0, B), sample_weight=weights(data, step, 0, B),
+                                      return_dict=True)
         for name in ("loss", "click_loss", "rating_loss") if TWO_LABEL else ("loss",):
             check(f"step {step} {name}", logs[name], ref_logs[name])
     for got, want in zip(dist.dense_variables, ref.dense_variables):

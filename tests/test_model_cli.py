@@ -1,11 +1,11 @@
 """main.py --model=FILE (run/user_model.py, examples/): every example trains on synthetic data,
-checkpoints, evaluates the checkpoint with --mode=eval (the training run's AUC), and a run stopped
-by --max_steps then resumed equals the uninterrupted run; at 1 and 2 Gloo ranks the losses and the
-AUC equal one process on the same global batches, and a checkpoint written at one rank count
-resumes at the other (1 -> 2, 2 -> 1) as the one process goes on (DIN at 3 ranks too); a model file on a feature spec
-with named, multi-hot features; a bad model file or an unsupported flag is one error line, before
-any data is read; so is a model file that exits or raises (at import, in build_model or
-compile_args), at export too."""
+checkpoints, evaluates the checkpoint with --mode=eval (the training run's AUC), and resumes its
+step-6 checkpoint as the uninterrupted run goes on; at 2 Gloo ranks (and under horovodrun at one)
+the losses and the AUC equal one process on the same global batches, and a checkpoint written at
+one rank count resumes at the other (1 -> 2, 2 -> 1) as the one process goes on (DIN at 3 ranks
+too); a model file on a feature spec with named, multi-hot features; a bad model file or an
+unsupported flag is one error line, before any data is read; so is a model file that exits or
+raises (at import, in build_model or compile_args), at export too."""
 import os
 import re
 import subprocess
@@ -67,17 +67,26 @@ def error_line(result):
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """Per example, its uninterrupted one-process run: (log records, checkpoint root)."""
+    """Per example, its uninterrupted one-process run: (log records, checkpoint root with ckpt-6
+    and ckpt-12)."""
     runs = {}
 
     def run(name):
         if name not in runs:
             path = tmp_path_factory.mktemp(name)
-            succeeded(python(*model_args(name), *DATA, f"--save_checkpoint_path={path / 'ckpt'}",
-                             f"--log_path={path / 'log.json'}"))
+            succeeded(python(*model_args(name), *DATA, "--checkpoint_every_n_steps=6",
+                             f"--save_checkpoint_path={path / 'ckpt'}", f"--log_path={path / 'log.json'}"))
             runs[name] = records(path / "log.json"), path / "ckpt"
         return runs[name]
     return run
+
+
+def resumed(want, log, result):
+    """The run that resumed a step-6 checkpoint (its `result`, logged to `log`) went on as `want`."""
+    succeeded(result)
+    got = records(log)
+    assert sorted(got["step"]) == list(range(7, STEPS + 1))
+    assert_same_run(got, want, range(7, STEPS + 1))
 
 
 @pytest.mark.slow
@@ -91,41 +100,40 @@ def test_example_trains_evaluates_its_checkpoint_and_resumes_exactly(tmp_path, u
     evaluated = succeeded(python(*model_args(name), *DATA[:4], "--seed=7", "--mode=eval", "--valid_batch_size=300",
                                  "--synthetic_eval_rows=500", f"--restore_checkpoint_path={ckpt}",
                                  f"--log_path={tmp_path / 'eval.json'}", script=script))
-    assert f"restored {ckpt}" in evaluated.stdout
+    assert f"restored {ckpt / 'ckpt-12'}" in evaluated.stdout
     got = records(tmp_path / "eval.json")["eval"]
     assert (got["auc"], got["logloss"], got["samples"]) == (want["eval"]["auc"], want["eval"]["logloss"], 500)
-
-    first = tmp_path / "first"
-    succeeded(python(*model_args(name), *DATA, "--max_steps=6", "--checkpoint_every_n_steps=3",
-                     f"--save_checkpoint_path={first}", f"--log_path={tmp_path / 'first.json'}", script=script))
-    assert_same_losses(records(tmp_path / "first.json"), want, range(1, 7))
-    succeeded(python(*model_args(name), *DATA, f"--restore_checkpoint_path={first}",
-                     f"--log_path={tmp_path / 'resumed.json'}", script=script))
-    resumed = records(tmp_path / "resumed.json")
-    assert sorted(resumed["step"]) == list(range(7, STEPS + 1))
-    assert_same_run(resumed, want, range(7, STEPS + 1))
+    resumed(want, tmp_path / "resumed.json",
+            python(*model_args(name), *DATA, f"--restore_checkpoint_path={ckpt / 'ckpt-6'}",
+                   f"--log_path={tmp_path / 'resumed.json'}", script=script))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ranks", [1, 2])
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
-def test_example_at_one_and_two_gloo_ranks_equals_one_process_and_its_checkpoint_restores_at_the_other(
-        tmp_path, uninterrupted, name, ranks):
-    """Losses and AUC at `ranks` Gloo ranks equal one process'; its checkpoint after step 6 resumed
-    at the other rank count (1 -> 2 ranks, 2 -> one process) continues as the one process."""
-    want, _ = uninterrupted(name)
+def test_example_at_two_gloo_ranks_equals_one_process_and_its_checkpoints_move_between_rank_counts(
+        tmp_path, uninterrupted, name):
+    """Losses and AUC at 2 Gloo ranks equal one process'; the 2 ranks' checkpoint after step 6
+    resumed by one process, and the one process' resumed at 2 ranks, go on as the one process."""
+    want, one = uninterrupted(name)
     ckpt = tmp_path / "ckpt"
-    placement = PLACEMENT if ranks == 2 else []   # placement flags are refused at one rank
-    out = succeeded(horovodrun(ranks, ["main.py", *model_args(name), *DATA, *placement, "--checkpoint_every_n_steps=6",
-                                       f"--save_checkpoint_path={ckpt}", f"--log_path={tmp_path / 'run.json'}"]))
-    assert f"{ranks} rank{'s' if ranks > 1 else ''}" in out.stdout
+    out = succeeded(horovodrun(2, ["main.py", *model_args(name), *DATA, *PLACEMENT, "--checkpoint_every_n_steps=6",
+                                   f"--save_checkpoint_path={ckpt}", f"--log_path={tmp_path / 'run.json'}"]))
+    assert "2 ranks" in out.stdout
     assert_same_run(records(tmp_path / "run.json"), want, range(1, STEPS + 1))
-    resume = [*model_args(name), *DATA, f"--restore_checkpoint_path={ckpt / 'ckpt-6'}",
-              f"--log_path={tmp_path / 'resumed.json'}"]
-    succeeded(horovodrun(2, ["main.py", *resume, *PLACEMENT]) if ranks == 1 else python(*resume))
-    resumed = records(tmp_path / "resumed.json")
-    assert sorted(resumed["step"]) == list(range(7, STEPS + 1))
-    assert_same_run(resumed, want, range(7, STEPS + 1))
+    resume = [*model_args(name), *DATA]
+    resumed(want, tmp_path / "to_one.json", python(*resume, f"--restore_checkpoint_path={ckpt / 'ckpt-6'}",
+                                                   f"--log_path={tmp_path / 'to_one.json'}"))
+    resumed(want, tmp_path / "to_two.json",
+            horovodrun(2, ["main.py", *resume, *PLACEMENT, f"--restore_checkpoint_path={one / 'ckpt-6'}",
+                           f"--log_path={tmp_path / 'to_two.json'}"]))
+
+
+@pytest.mark.slow
+def test_an_example_under_horovodrun_at_one_rank_equals_one_process(tmp_path, uninterrupted):
+    want, _ = uninterrupted("din")
+    out = succeeded(horovodrun(1, ["main.py", *model_args("din"), *DATA, f"--log_path={tmp_path / 'run.json'}"]))
+    assert "1 rank" in out.stdout
+    assert_same_run(records(tmp_path / "run.json"), want, range(1, STEPS + 1))
 
 
 @pytest.mark.slow

@@ -119,6 +119,50 @@ def test_fit_on_tf_data_trains_like_train_on_batch():
     assert model_b.predict(dataset, verbose=0).shape == (STEPS * B, 1)
 
 
+def state(model) -> list:
+    return [v.numpy() for v in model.get_layer("hybrid_embedding").table_variables + model.dense_variables]
+
+
+def test_fit_weighs_each_sample_as_keras():
+    """A sample's loss times its weight, summed over the batch and divided by its size (Keras'
+    "sum_over_batch_size"): SGD with weights 1 on the first half of each batch and 0 on the
+    other takes the steps of SGD at half the learning rate on the first halves alone (the tables'
+    rows too: the others get no gradient), its loss is half theirs, compile's weighted metric (a
+    weighted mean) theirs, its unweighted metric that of every sample (as Keras); all-zero
+    weights change nothing. evaluate refuses weighted data, compile a loss reduced
+    otherwise, in one line."""
+    data = batches()
+    weighted, half = keras_model(), keras_model()
+    weighted.compile(optimizer="sgd", learning_rate=0.1, weighted_metrics=[keras.metrics.MeanSquaredError(name="mse")],
+                     metrics=[keras.metrics.MeanAbsoluteError(name="mae")])
+    half.compile(optimizer="sgd", learning_rate=0.05, metrics=[keras.metrics.MeanSquaredError(name="mse")])
+    w = tf.constant([1.0] * (B // 2) + [0.0] * (B // 2))
+    for n, ids, labels in data:
+        mae = np.mean(np.abs(labels.numpy() - weighted.predict_on_batch((n,) + tuple(ids))[:, 0]))
+        got = weighted.train_on_batch((n,) + tuple(ids), labels, sample_weight=w, return_dict=True)
+        want = half.train_on_batch((n[:B // 2],) + tuple(i[:B // 2] for i in ids), labels[:B // 2], return_dict=True)
+        np.testing.assert_allclose(got["loss"], want["loss"] / 2, rtol=1e-6)
+        np.testing.assert_allclose(got["mse"], want["mse"], rtol=1e-5)   # Keras' weighted mean
+        np.testing.assert_allclose(got["mae"], mae, rtol=1e-5)
+    for a, b in zip(state(weighted), state(half)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    zero = keras_model()
+    zero.compile(optimizer="sgd", learning_rate=0.1)
+    before = state(zero)
+    dataset = tf.data.Dataset.from_tensors(((data[0][0],) + tuple(data[0][1]), data[0][2], tf.zeros([B])))
+    assert zero.fit(dataset, verbose=0).history["loss"] == [0.0]
+    for a, b in zip(state(zero), before):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ConfigError) as info:
+        zero.evaluate(dataset, verbose=0)
+    assert str(info.value) == (f"evaluate: model {zero.name!r} weighs every sample alike (the exact AUC); its data "
+                               "carry sample weights: give it (x, labels)")
+    with pytest.raises(ConfigError) as info:
+        keras_model().compile(loss=keras.losses.BinaryCrossentropy(from_logits=True, reduction="sum"))
+    assert str(info.value) == ("compile: the loss has reduction 'sum'; the step takes the global batch's mean of "
+                               "the samples' losses (Keras' 'sum_over_batch_size')")
+
+
 def test_tables_are_not_keras_weights():
     model = keras_model()
     emb = model.get_layer("hybrid_embedding")
@@ -250,8 +294,8 @@ def test_configuration_errors_name_what_is_wrong():
 @pytest.mark.slow
 def test_two_gloo_ranks_equal_one_process(tmp_path, features, heads):
     """tests/ranking_multirank_worker.py: row, column and replicated tables, one-hot and ragged
-    multi-hot, each read by one feature or shared by two, one head or two (each head's loss), a
-    sequence over each (DIN's attention over one); its checkpoint restores into one process;
+    multi-hot, each read by one feature or shared by two (weighted samples), one head or two (each
+    head's loss), a sequence over each (DIN's attention over one); its checkpoint restores into one process;
     Keras' evaluate gives every rank the one process' figures, and the truncated ids their count."""
     out = horovodrun(2, ["tests/ranking_multirank_worker.py", str(tmp_path), features, heads])
     assert out.returncode == 0, f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
