@@ -46,6 +46,7 @@ from typing import List, Mapping, Optional, Sequence, Union
 import keras
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager import record   # whether a gradient tape is recording
 
 from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.layer import DistributedEmbedding, LookedUp, num_samples
@@ -271,7 +272,14 @@ class HybridEmbedding(keras.layers.Layer):
         return tf.Variable(initial_value, name=name)
 
     def _table_rows(self, table_ids, b, training) -> List[tf.Tensor]:
-        """Per table: its features' rows of the local batch ([k_t b, D_t]), outside `recording`."""
+        """Per table: its features' rows of the local batch ([k_t b, D_t]), outside `recording`.
+        In training under a gradient tape, only for a frozen layer (ranking.Model's step records
+        the others): else a one-line ConfigError, as nothing would update the tables."""
+        if training and self.trainable and record.could_possibly_record():
+            raise ConfigError(f"layer {self.name!r}: called in training outside ranking.Model's step, the one that "
+                              f"updates its tables (a plain keras.Model's fit or a GradientTape of your own never "
+                              f"would): build the model as ranking.Model and train it with fit or train_on_batch "
+                              f"(a loop of your own: ranking.dist_model_parallel)")
         return self.embedding(table_ids, b, training=bool(training))
 
     @property

@@ -163,6 +163,23 @@ def test_fit_weighs_each_sample_as_keras():
                                "the samples' losses (Keras' 'sum_over_batch_size')")
 
 
+def test_a_plain_keras_model_is_refused_at_its_first_step():
+    """Keras' own fit never updates the tables (they are not Keras weights): one line at the first
+    step, naming the layer; a forward in training outside a tape is only a forward."""
+    inputs = [keras.Input((), dtype="int32", name=f"f{f}") for f in range(2)]
+    embedded = HybridEmbedding(features()[:2], name="tables")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Concatenate()(embedded)))
+    model.compile(optimizer="adam", loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    ids = [tf.constant([1, 2]), tf.constant([3, 4])]
+    assert model(ids, training=True).shape == (2, 1)
+    with pytest.raises(ConfigError) as info:
+        model.fit(ids, tf.constant([0.0, 1.0]), verbose=0)
+    assert str(info.value) == (
+        "layer 'tables': called in training outside ranking.Model's step, the one that updates its tables (a plain "
+        "keras.Model's fit or a GradientTape of your own never would): build the model as ranking.Model and train "
+        "it with fit or train_on_batch (a loop of your own: ranking.dist_model_parallel)")
+
+
 def test_tables_are_not_keras_weights():
     model = keras_model()
     emb = model.get_layer("hybrid_embedding")

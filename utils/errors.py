@@ -6,6 +6,8 @@ PlanError, deployment's ExportError and ServingError)."""
 
 class ConfigError(ValueError):
     """An impossible or meaningless flag combination; its message is one line."""
+    # Raised in a Keras layer's call, it passes as it is: Keras would add the call's arguments.
+    _keras_call_info_injected = True
 
 
 class DatasetError(ConfigError):
