@@ -271,8 +271,9 @@ class _ProjectStep:
         the (output, label) columns and computes from them the figures every rank returns: "loss"
         (the compiled loss' mean over all samples; several heads: the weighted sum of their means,
         and "<head>_loss" each), the exact ROC AUC "auc" ("<head>_auc"; utils.metrics.roc_auc,
-        as main.py's evaluation: ties count one half) and compile's metrics, each over all
-        samples (a compiled metric named as the exact AUC gives way to it). The same figures as
+        as main.py's evaluation: ties count one half) of an output trained by a binary
+        cross-entropy, and compile's metrics, each over all samples (a compiled metric named as
+        the exact AUC gives way to it: an AUC of any output, if so asked). The same figures as
         one process evaluating the same samples. fit's validation_data runs it too (its "val_"
         logs); callbacks see no per-batch figures."""
         self._assert_compile_called("evaluate")
@@ -345,8 +346,10 @@ class _ProjectStep:
             else:
                 self._update_metrics(loss, means, labels, outputs)
             logs = pythonify_logs(self.get_metrics_result())
-            for i, h in enumerate(heads):   # the exact AUC over all samples
-                logs["auc" if h is None else f"{h}_auc"] = roc_auc(gathered[:, 2 * i + 1], gathered[:, 2 * i])
+            for i, h in enumerate(heads):   # the exact AUC over all samples, of a binary label's logit or if asked
+                key = "auc" if h is None else f"{h}_auc"
+                if key in logs or _binary(self._per_sample_loss[h]):
+                    logs[key] = roc_auc(gathered[:, 2 * i + 1], gathered[:, 2 * i])
         return self.comm.broadcast_object(logs, "evaluation_figures")
 
     def step_on(self, x, labels, sample_weight=None):
@@ -544,6 +547,12 @@ def _per_sample_loss(loss):
     if loss == "binary_crossentropy_from_logits":
         loss = keras.losses.BinaryCrossentropy(from_logits=True)
     return keras.losses.get(loss)
+
+
+def _binary(loss) -> bool:
+    """Whether a Keras loss is a binary cross-entropy's (its output scored by an AUC)."""
+    return isinstance(loss, (keras.losses.BinaryCrossentropy, keras.losses.BinaryFocalCrossentropy)) or \
+        loss in (keras.losses.binary_crossentropy, keras.losses.binary_focal_crossentropy)
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ from storage import checkpoint
 from tests.horovod_run import horovodrun
 from tests.multi_hot import multi_hot_ids
 from tests.recorded import assert_as_recorded, assert_values_as_recorded, model_state, recorded
+from tests.test_ranking_evaluate import pairwise_auc
 from utils.errors import ConfigError, NonFiniteError
 
 CARDS, DIMS, COMBINERS, HOTNESS = [40, 30, 20], [8, 4, 6], ["sum", "sum", "mean"], [1, 1, 3]
@@ -178,6 +179,21 @@ def test_a_plain_keras_model_is_refused_at_its_first_step():
         "layer 'tables': called in training outside ranking.Model's step, the one that updates its tables (a plain "
         "keras.Model's fit or a GradientTape of your own never would): build the model as ranking.Model and train "
         "it with fit or train_on_batch (a loop of your own: ranking.dist_model_parallel)")
+
+
+def test_evaluate_scores_a_regression_by_its_loss_and_an_auc_only_if_asked():
+    n, ids, labels = batches()[0]
+    x = (n,) + tuple(ids)
+    for loss, metrics, keys in (("binary_crossentropy_from_logits", None, {"loss", "auc"}),
+                                ("mse", None, {"loss"}),
+                                ("mse", [keras.metrics.AUC(name="auc")], {"loss", "auc"})):
+        model = keras_model()
+        model.compile(loss=loss, metrics=metrics)
+        logs = model.evaluate(tf.data.Dataset.from_tensors((x, labels)), verbose=0, return_dict=True)
+        assert set(logs) == keys, (loss, logs)
+        if "auc" in keys:   # the exact AUC
+            want = pairwise_auc(labels.numpy(), model.predict_on_batch(x)[:, 0])
+            assert logs["auc"] == pytest.approx(want, abs=1e-6)
 
 
 def test_tables_are_not_keras_weights():
