@@ -52,14 +52,17 @@ from utils.metrics import roc_auc
 class _ProjectStep:
     """compile / train_step / fit of `Model` and `FunctionalModel` (a mixin before keras.Model)."""
 
-    def compile(self, optimizer: str = "sgd", learning_rate: Union[float, LearningRateSchedule] = 0.01,
+    def compile(self, optimizer: Union[str, keras.optimizers.Optimizer] = "sgd",
+                learning_rate: Union[None, float, LearningRateSchedule] = None,
                 loss="binary_crossentropy_from_logits", beta_1: float = 0.9, beta_2: float = 0.999, metrics=None,
                 run_eagerly: bool = False, jit_compile: bool = False, auto_scale_loss: bool = True,
                 loss_scale: Optional[float] = None, loss_weights: Optional[Dict[str, float]] = None,
                 weighted_metrics=None):
         """`optimizer`: "sgd", "adagrad" or "adam" (lazy sparse updates for the tables, the
-        dense form for the Keras weights), at `learning_rate` (a float, or an
-        nn.lr_schedule.LearningRateSchedule of the global step); `loss`: a Keras loss on
+        dense form for the Keras weights), at `learning_rate` (default 0.01: a float, or an
+        nn.lr_schedule.LearningRateSchedule or any callable of the global step), `beta_1` and
+        `beta_2` (Adam's); or Keras' object of one of them, which gives these (`_keras_optimizer`);
+        `loss`: a Keras loss on
         (labels, logits), or the default, binary cross-entropy on logits; `metrics` as Keras'
         (fit's sample weights not applied), `weighted_metrics` as Keras' (applied).
         A model with several heads (a dict of outputs, each [b] or [b, 1]; its labels a dict of
@@ -70,8 +73,15 @@ class _ProjectStep:
         see `Model`). A model computing in
         float16 scales its loss: dynamically with `auto_scale_loss` (Keras' name), at the static
         `loss_scale` when given."""
+        if isinstance(optimizer, keras.optimizers.Optimizer):
+            if learning_rate is not None:
+                raise ConfigError(f"compile: the optimizer object has its learning rate; learning_rate={learning_rate!r} "
+                                  f"gives it twice")
+            optimizer, learning_rate, beta_1, beta_2 = _keras_optimizer(optimizer)
+        learning_rate = 0.01 if learning_rate is None else learning_rate
         if optimizer not in TABLE_OPTIMIZERS:
-            raise ConfigError(f"compile: optimizer must be one of {', '.join(TABLE_OPTIMIZERS)}, got {optimizer!r}")
+            raise ConfigError(f"compile: optimizer must be one of {', '.join(TABLE_OPTIMIZERS)} (or Keras' object of "
+                              f"one), got {optimizer!r}")
         self.embedding_layers = [l for l in self._flatten_layers() if isinstance(l, HybridEmbedding)]
         if not self.embedding_layers:
             raise ConfigError(f"model {self.name!r}: no HybridEmbedding layer (build the model before compile)")
@@ -547,6 +557,31 @@ def _per_sample_loss(loss):
     if loss == "binary_crossentropy_from_logits":
         loss = keras.losses.BinaryCrossentropy(from_logits=True)
     return keras.losses.get(loss)
+
+
+# Keras' optimizers the step runs (their other settings at their defaults), by the step's name.
+_KERAS_OPTIMIZERS = {"sgd": keras.optimizers.SGD, "adagrad": keras.optimizers.Adagrad, "adam": keras.optimizers.Adam}
+
+
+def _keras_optimizer(optimizer: keras.optimizers.Optimizer):
+    """(name, learning rate: a float or its schedule, beta_1, beta_2) of Keras' SGD, Adagrad or
+    Adam object as the step runs it (its epsilon 1e-7 and Adagrad's initial accumulator 0.1, as
+    Keras'); a one-line ConfigError for another optimizer or a setting the step does not take."""
+    name = next((n for n, kind in _KERAS_OPTIMIZERS.items() if type(optimizer) is kind), None)
+    kind = type(optimizer).__name__
+    if name is None:
+        raise ConfigError(f"compile: the step updates the tables and weights by SGD, Adagrad or Adam; the optimizer "
+                          f"is Keras' {kind}")
+    config, defaults = optimizer.get_config(), _KERAS_OPTIMIZERS[name]().get_config()
+    own = {"name", "learning_rate", "beta_1", "beta_2"}
+    other = [k for k in config if k not in own and config[k] != defaults[k]]
+    if other:
+        raise ConfigError(f"compile: {kind}({other[0]}={config[other[0]]!r}) is not the step's {kind}, which takes "
+                          f"learning_rate{', beta_1 and beta_2' if name == 'adam' else ''} only (its other "
+                          f"settings at Keras' defaults)")
+    rate = optimizer._learning_rate
+    rate = rate if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule) else float(rate.numpy())
+    return name, rate, config.get("beta_1", 0.9), config.get("beta_2", 0.999)
 
 
 def _binary(loss) -> bool:

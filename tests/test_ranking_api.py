@@ -196,6 +196,42 @@ def test_evaluate_scores_a_regression_by_its_loss_and_an_auc_only_if_asked():
             assert logs["auc"] == pytest.approx(want, abs=1e-6)
 
 
+def test_keras_optimizer_objects_train_as_the_named_optimizers():
+    """Keras' SGD, Adagrad and Adam objects (a learning-rate schedule too) take the steps of the
+    step's optimizers of the same settings; another optimizer, or a setting the step does not
+    take, is one line."""
+    data = batches()
+
+    def trained(**compiled):
+        model = keras_model()
+        model.compile(**compiled)
+        for n, ids, labels in data[:2]:
+            model.train_on_batch((n,) + tuple(ids), labels)
+        return state(model)
+
+    decay = keras.optimizers.schedules.ExponentialDecay(0.1, 1, 0.5)
+    for given, want in ((keras.optimizers.Adam(0.05, beta_1=0.8), dict(optimizer="adam", learning_rate=0.05,
+                                                                      beta_1=0.8)),
+                        (keras.optimizers.Adagrad(0.1), dict(optimizer="adagrad", learning_rate=0.1)),
+                        (keras.optimizers.SGD(decay), dict(optimizer="sgd", learning_rate=decay))):
+        for a, b in zip(trained(optimizer=given), trained(**want)):
+            np.testing.assert_array_equal(a, b)
+    for given, message in (
+            (keras.optimizers.SGD(0.1, momentum=0.9), "compile: SGD(momentum=0.9) is not the step's SGD, which takes "
+                                                      "learning_rate only (its other settings at Keras' defaults)"),
+            (keras.optimizers.Adam(amsgrad=True), "compile: Adam(amsgrad=True) is not the step's Adam, which takes "
+                                                  "learning_rate, beta_1 and beta_2 only (its other settings at Keras' "
+                                                  "defaults)"),
+            (keras.optimizers.RMSprop(), "compile: the step updates the tables and weights by SGD, Adagrad or Adam; "
+                                         "the optimizer is Keras' RMSprop")):
+        with pytest.raises(ConfigError) as info:
+            keras_model().compile(optimizer=given)
+        assert str(info.value) == message
+    with pytest.raises(ConfigError, match=r"^compile: the optimizer object has its learning rate; learning_rate=0.1 "
+                                          r"gives it twice$"):
+        keras_model().compile(optimizer=keras.optimizers.SGD(), learning_rate=0.1)
+
+
 def test_tables_are_not_keras_weights():
     model = keras_model()
     emb = model.get_layer("hybrid_embedding")
