@@ -244,10 +244,10 @@ def compile_args(chosen, features: Features, hparams: dict, heads: Optional[Sequ
     """A model file's choice of compile's `loss` and `loss_weights` (`chosen`: its `compile_args`
     function, or None: binary cross-entropy, weight 1, for each head) for a model of `heads` (None:
     one output) -> (compile's keyword arguments {"loss", and "loss_weights" if chosen}, per output
-    (each of `heads`, in order; or the one) the figure evaluating it: HEAD_LOSSES' "auc" or
-    "rmse"). A loss is one of HEAD_LOSSES (or "mse", keras.losses.BinaryCrossentropy(from_logits=
-    True), keras.losses.MeanSquaredError()), one for every output or a dict by head; anything else
-    is a one-line ConfigError naming it."""
+    (each of `heads`, in order; or the one) the figure evaluating it: "auc" or "rmse",
+    `_evaluated_by`). A loss is a Keras loss (an object or its name; HEAD_LOSSES' names too), one
+    for every output or a dict by head; one on probabilities or over classes is a one-line
+    ConfigError naming it."""
     given = dict(chosen(features, dict(hparams))) if chosen is not None else {}
     other = sorted(set(given) - {"loss", "loss_weights"})
     if other:
@@ -266,15 +266,39 @@ def compile_args(chosen, features: Features, hparams: dict, heads: Optional[Sequ
     return out, metrics
 
 
+# Keras' losses by what they train one output per sample as, classes and functions (as their
+# names give them, "mae", "huber": keras.losses.get): a logit of a binary label (evaluated by AUC
+# and logloss; a cross-entropy only from logits), or a value (by RMSE). Others are refused.
+L = keras.losses
+_LOGIT_LOSSES = (L.BinaryCrossentropy, L.BinaryFocalCrossentropy, L.Hinge, L.SquaredHinge, L.hinge, L.squared_hinge)
+_VALUE_LOSSES = (L.MeanSquaredError, L.MeanAbsoluteError, L.MeanSquaredLogarithmicError, L.MeanAbsolutePercentageError,
+                 L.Huber, L.LogCosh, L.Poisson, L.mean_squared_error, L.mean_absolute_error,
+                 L.mean_squared_logarithmic_error, L.mean_absolute_percentage_error, L.huber, L.log_cosh, L.poisson)
+_PROBABILITY_LOSSES = (L.binary_crossentropy, L.binary_focal_crossentropy)   # functions: from_logits=False
+del L
+
+
 def _evaluated_by(loss, head: Optional[str]) -> str:
-    """The figure (HEAD_LOSSES' value) evaluating an output trained with `loss`; one line otherwise."""
-    if isinstance(loss, keras.losses.BinaryCrossentropy) and loss.from_logits:
-        loss = "binary_crossentropy_from_logits"
-    elif isinstance(loss, keras.losses.MeanSquaredError) or loss == "mse":
-        loss = "mean_squared_error"
+    """The figure ("auc" or "rmse") evaluating an output trained with `loss` (a Keras loss, its
+    name, or one of HEAD_LOSSES); one line otherwise."""
     if isinstance(loss, str) and loss in HEAD_LOSSES:
         return HEAD_LOSSES[loss]
+    try:
+        fn = keras.losses.get(loss) if isinstance(loss, str) else loss
+    except ValueError:   # no Keras loss of that name
+        fn = None
+
+    def one_of(kinds):
+        return any(fn is k or isinstance(k, type) and isinstance(fn, k) for k in kinds)
+    probabilities = one_of(_PROBABILITY_LOSSES) or one_of(_LOGIT_LOSSES) and not getattr(fn, "from_logits", True)
+    if one_of(_LOGIT_LOSSES) and not probabilities:
+        return "auc"
+    if one_of(_VALUE_LOSSES):
+        return "rmse"
     what = "the model's loss" if head is None else f"the loss of head {head!r}"
-    raise ConfigError(f"{COMPILE_ARGS}: {what} is {loss!r}; main.py trains an output with "
-                      f"'binary_crossentropy_from_logits' (a logit of a binary label, evaluated by AUC) or "
-                      f"'mean_squared_error' (a value, evaluated by RMSE)")
+    why = "on probabilities (from_logits=False); the model gives logits" if probabilities \
+        else "not one main.py trains one output per sample with"
+    shown = repr(loss) if isinstance(loss, str) else f"keras.losses.{type(loss).__name__}"
+    raise ConfigError(f"{COMPILE_ARGS}: {what} is {shown}, {why}: a logit of a binary label "
+                      f"('binary_crossentropy_from_logits', keras.losses.BinaryFocalCrossentropy(from_logits=True), "
+                      f"Hinge: evaluated by AUC) or a value ('mse', 'mae', Huber, ...: by RMSE)")

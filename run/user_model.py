@@ -146,7 +146,7 @@ class UserModel:
             raise ConfigError(f"--model={path}: {e}") from None
         if cfg.checkpoints.keep_best_checkpoint and "auc" not in self.head_metrics:
             raise ConfigError(f"--keep_best_checkpoint chooses by an AUC; --model={path} evaluates no output by AUC "
-                              f"(its {COMPILE_ARGS} trains each with mean squared error)")
+                              f"(its {COMPILE_ARGS} trains each as a value, evaluated by RMSE)")
         try:   # --xla of a subclassed model, for one
             model.compile(optimizer=training.optimizer, learning_rate=schedule, beta_1=training.beta1,
                           beta_2=training.beta2, run_eagerly=cfg.runtime.run_eagerly, jit_compile=cfg.runtime.xla,

@@ -262,6 +262,49 @@ def test_a_loss_and_a_weight_per_head_from_the_model_file_against_numpy():
     assert metrics["auc"] == metrics["label_auc"] == pytest.approx(numpy_auc(labels[:, 0], after[:, 0]), abs=1e-12)
 
 
+FOCAL = ONE_OUTPUT + ("\n\ndef compile_args(features, hparams):\n"
+                      "    return {'loss': keras.losses.BinaryFocalCrossentropy(from_logits=True, gamma=2.0)}\n")
+
+
+def focal(labels, logits, gamma=2.0, alpha=0.25) -> float:
+    """Keras' binary focal cross-entropy (no class balancing) on logits."""
+    p = 1 / (1 + np.exp(-logits))
+    p_t = np.where(labels == 1, p, 1 - p)
+    return float(np.mean((1 - p_t) ** gamma * -np.log(p_t)))
+
+
+@pytest.mark.parametrize("loss", ["focal", "huber"])
+def test_any_keras_loss_of_a_logit_or_a_value_trains_under_main_py(tmp_path, loss):
+    """A head's loss beyond cross-entropy and MSE: binary focal cross-entropy on a logit (one
+    output, evaluated by AUC) or Huber on a value (label_1 of examples/two_label.py, by RMSE);
+    one step's loss equals NumPy's on the outputs before it."""
+    from run.loop import Run
+    (tmp_path / "focal.py").write_text(FOCAL)
+    values = {"dataset_type": "synthetic", "synthetic_cardinalities": ["300", "50", "7", "30"],
+              "synthetic_num_numerical": 3, "synthetic_eval_rows": 500, "valid_batch_size": 300, "seed": 7,
+              "optimizer": "adam", "learning_rate": 0.01, "model_param": []}
+    values.update({"model": str(tmp_path / "focal.py")} if loss == "focal" else {
+        "model": "examples/two_label.py", "synthetic_labels": 2,
+        "model_param": ["embedding_dim=4", "hidden=[16,8]", "head=[8]", "second_loss=huber"]})
+    run = Run(build_config(dict(TINY, **values), set(values)))
+    try:
+        numerical, categorical, y, _, _ = next(iter(run._eval_data()))
+        before, y = run.trainer.predict(numerical, categorical).numpy(), y.numpy()
+        step = run.trainer.train_step(numerical, categorical, y)   # its loss, or by head with the loss
+        got = float(step["loss"] if isinstance(step, dict) else step)
+        metrics = run.evaluate(1)
+    finally:
+        run.model.embeddings.close()
+    if loss == "focal":
+        assert got == pytest.approx(focal(y.reshape(-1), before.reshape(-1)), rel=1e-5)
+        assert 0.0 < metrics["auc"] < 1.0
+    else:
+        error = before[:, 1] - y[:, 1]
+        huber = np.where(np.abs(error) <= 1, 0.5 * error ** 2, np.abs(error) - 0.5)
+        assert got == pytest.approx(bce(y[:, 0], before[:, 0]) + float(np.mean(huber)), rel=1e-5)
+        assert "label_1_auc" not in metrics and metrics["label_1_rmse"] > 0
+
+
 @pytest.fixture(scope="module")
 def value_head(tmp_path_factory):
     """MSE_HEAD trained on two synthetic labels and exported (monolithic and tables form, model m):
@@ -362,11 +405,12 @@ def test_a_one_output_regression_model_and_the_refusals(tmp_path):
     assert f"served m over http: rmse {final['rmse']:.5f} | 500 samples" in served.stdout
     assert error_line(python(*value, "--keep_best_checkpoint", f"--save_checkpoint_path={tmp_path / 'ckpt'}")) == (
         f"error: --keep_best_checkpoint chooses by an AUC; --model={tmp_path / 'value.py'} evaluates no output by "
-        "AUC (its compile_args trains each with mean squared error)")
+        "AUC (its compile_args trains each as a value, evaluated by RMSE)")
     assert error_line(python(*MODEL, *TWO_LABELS, "--model_param=second_loss=binary_crossentropy")) == (
-        "error: --model=examples/two_label.py: compile_args: the loss of head 'label_1' is 'binary_crossentropy'; "
-        "main.py trains an output with 'binary_crossentropy_from_logits' (a logit of a binary label, evaluated by "
-        "AUC) or 'mean_squared_error' (a value, evaluated by RMSE)")
+        "error: --model=examples/two_label.py: compile_args: the loss of head 'label_1' is 'binary_crossentropy', on "
+        "probabilities (from_logits=False); the model gives logits: a logit of a binary label "
+        "('binary_crossentropy_from_logits', keras.losses.BinaryFocalCrossentropy(from_logits=True), Hinge: "
+        "evaluated by AUC) or a value ('mse', 'mae', Huber, ...: by RMSE)")
     (tmp_path / "optimizer.py").write_text(ONE_OUTPUT + "\n\ndef compile_args(features, hparams):\n"
                                            "    return {'optimizer': 'sgd'}\n")
     assert error_line(python(f"--model={tmp_path / 'optimizer.py'}", *DATA)) == (
