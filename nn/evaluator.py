@@ -11,7 +11,8 @@ from utils.metrics import log_loss, output_figures, roc_auc, thresholded_auc
 def evaluate(predict: Callable, batches: Iterable, comm, oracle: bool = False,
              auc_thresholds: Optional[int] = None, heads: Optional[Sequence[str]] = None,
              scores: Optional[Sequence[str]] = None,
-             stopped: Optional[Callable[[int], bool]] = None) -> Optional[Dict[str, float]]:
+             stopped: Optional[Callable[[int], bool]] = None,
+             more: Optional[Callable[[np.ndarray, np.ndarray], Dict[str, float]]] = None) -> Optional[Dict[str, float]]:
     """Runs `predict(numerical, categorical) -> logits` over this rank's part of every batch and
     returns AUC and logloss over all ranks' real rows (with `oracle`, also those of the ground-truth
     oracle logits the batches carry: synthetic data only; with `auc_thresholds`, also the
@@ -23,7 +24,8 @@ def evaluate(predict: Callable, batches: Iterable, comm, oracle: bool = False,
     value, e.g. a rating: its root mean squared error against the label, "rmse" alone). "auc" and
     "logloss" are the first "auc" output's (None without one): utils.metrics.output_figures.
     `stopped(k)`, asked after the k-th batch by every rank (it may be a collective): whether to
-    stop there, returning None."""
+    stop there, returning None. `more(logits, labels)` ([all rows, H] each, on rank 0): figures
+    beside these (a model file's metrics), a name of these' kept as these give it."""
     width = len(heads) if heads else 1
     columns = []
     for k, (numerical, categorical, y, oracle_logits, valid) in enumerate(batches, 1):
@@ -37,7 +39,7 @@ def evaluate(predict: Callable, batches: Iterable, comm, oracle: bool = False,
     gathered = comm.gather(local, "evaluation_columns")   # [all rows, 2 or 3 per head] on rank 0
     metrics = None
     if comm.rank == 0:   # AUC and logloss do not depend on the order of the samples
-        def more(h, labels, logits):   # output h's figures besides its AUC and logloss
+        def more_of(h, labels, logits):   # output h's figures besides its AUC and logloss
             figures = {}
             if oracle:
                 truth = gathered[:, 2 * width + h]
@@ -46,18 +48,22 @@ def evaluate(predict: Callable, batches: Iterable, comm, oracle: bool = False,
                 figures["auc_thresholded"] = thresholded_auc(labels, logits, auc_thresholds)
             return figures
         metrics = {"auc": None, "logloss": None, "samples": int(len(gathered))}
-        metrics.update(output_figures(gathered[:, :width], gathered[:, width:2 * width], heads, scores, more))
+        metrics.update(output_figures(gathered[:, :width], gathered[:, width:2 * width], heads, scores, more_of))
+        if more is not None:
+            metrics.update({k: v for k, v in more(gathered[:, :width], gathered[:, width:2 * width]).items()
+                            if k not in metrics})
     return comm.broadcast_object(metrics, "evaluation_metrics")
 
 
 def printed_metrics(oracle: bool, thresholded: bool, heads: Optional[Sequence[str]] = None,
-                    scores: Optional[Sequence[str]] = None) -> List[str]:
+                    scores: Optional[Sequence[str]] = None, more: Sequence[str] = ()) -> List[str]:
     """The keys of `evaluate`'s figures an evaluation line shows (a model with heads: each head's;
-    `scores` as `evaluate`'s)."""
+    `scores` as `evaluate`'s; then `more`'s, not already among them)."""
     keys = ["auc", "logloss"] + (["oracle_auc"] if oracle else []) + (["auc_thresholded"] if thresholded else [])
     scores = scores or ["auc"] * (len(heads) if heads else 1)
     per_output = [keys if score == "auc" else ["rmse"] for score in scores]
-    return per_output[0] if not heads else [f"{head}_{k}" for head, ks in zip(heads, per_output) for k in ks]
+    shown = per_output[0] if not heads else [f"{head}_{k}" for head, ks in zip(heads, per_output) for k in ks]
+    return shown + [k for k in more if k not in shown and k not in ("auc", "logloss")]
 
 
 def measure_latency(predict: Callable, batch: dict, steps: int, global_batch: int, warmup: int = 5) -> Dict[str, float]:

@@ -241,18 +241,19 @@ def _line_in(error: BaseException, path: str) -> str:
 
 
 def compile_args(chosen, features: Features, hparams: dict, heads: Optional[Sequence[str]]):
-    """A model file's choice of compile's `loss` and `loss_weights` (`chosen`: its `compile_args`
-    function, or None: binary cross-entropy, weight 1, for each head) for a model of `heads` (None:
-    one output) -> (compile's keyword arguments {"loss", and "loss_weights" if chosen}, per output
-    (each of `heads`, in order; or the one) the figure evaluating it: "auc" or "rmse",
-    `_evaluated_by`). A loss is a Keras loss (an object or its name; HEAD_LOSSES' names too), one
-    for every output or a dict by head; one on probabilities or over classes is a one-line
-    ConfigError naming it."""
+    """A model file's choice of compile's `loss`, `loss_weights` and `metrics` (`chosen`: its
+    `compile_args` function, or None: binary cross-entropy, weight 1, for each head) for a model of
+    `heads` (None: one output) -> (compile's keyword arguments {"loss", and "loss_weights" and
+    "metrics" if chosen}, per output (each of `heads`, in order; or the one) the figure evaluating
+    it: "auc" or "rmse", `_evaluated_by`). A loss is a Keras loss (an object or its name;
+    HEAD_LOSSES' names too), one for every output or a dict by head; one on probabilities or over
+    classes is a one-line ConfigError naming it. `metrics` as Keras' (a list, or a dict of lists
+    by head), given as {output (None: the one): [keras.metrics.Metric]}."""
     given = dict(chosen(features, dict(hparams))) if chosen is not None else {}
-    other = sorted(set(given) - {"loss", "loss_weights"})
+    other = sorted(set(given) - {"loss", "loss_weights", "metrics"})
     if other:
-        raise ConfigError(f"{COMPILE_ARGS} gives {other[0]!r}; it chooses compile's loss and loss_weights (the "
-                          f"optimizer, learning rate, XLA and loss scale are the run's flags)")
+        raise ConfigError(f"{COMPILE_ARGS} gives {other[0]!r}; it chooses compile's loss, loss_weights and metrics "
+                          f"(the optimizer, learning rate, XLA and loss scale are the run's flags)")
     loss = given.get("loss", "binary_crossentropy_from_logits")
     outputs = [None] if heads is None else list(heads)
     if isinstance(loss, dict) and (heads is None or sorted(loss) != sorted(heads)):
@@ -263,7 +264,36 @@ def compile_args(chosen, features: Features, hparams: dict, heads: Optional[Sequ
     out = {"loss": loss if heads is None or isinstance(loss, dict) else losses}
     if "loss_weights" in given:
         out["loss_weights"] = given["loss_weights"]
+    if "metrics" in given:
+        out["metrics"] = _metrics(given["metrics"], outputs)
     return out, metrics
+
+
+def _metrics(given, outputs: List[Optional[str]]) -> Dict[Optional[str], list]:
+    """compile_args' `metrics` (a list for every output, or a dict of lists by head) as Keras
+    metrics by output; a one-line ConfigError for a head that is not the model's or no metric."""
+    by_output = given if isinstance(given, dict) else dict.fromkeys(outputs, given)
+    unknown = sorted(map(str, set(by_output) - set(outputs)))
+    if unknown:
+        raise ConfigError(f"{COMPILE_ARGS}: metrics name head {unknown[0]!r}; the model has "
+                          + (f"the heads {', '.join(outputs)}" if outputs != [None] else "one output"))
+    out = {}
+    for output, metrics in by_output.items():
+        out[output] = []
+        for m in metrics if isinstance(metrics, (list, tuple)) else [metrics]:
+            try:
+                fn = keras.metrics.get(m)
+            except ValueError:
+                fn = None
+            if fn is None:
+                raise ConfigError(f"{COMPILE_ARGS}: metric {m!r} is not a Keras metric")
+            if isinstance(m, str):   # named as given, as Keras' logs name it
+                fn = type(fn)(name=m) if isinstance(fn, keras.metrics.Metric) else \
+                    keras.metrics.MeanMetricWrapper(fn, name=m)
+            elif not isinstance(fn, keras.metrics.Metric):
+                fn = keras.metrics.MeanMetricWrapper(fn, name=fn.__name__)
+            out[output].append(fn)
+    return out
 
 
 # Keras' losses by what they train one output per sample as, classes and functions (as their

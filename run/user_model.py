@@ -144,6 +144,7 @@ class UserModel:
             chosen, self.head_metrics = compile_args(self._compile_args, self.features, self.hparams, self.heads)
         except ConfigError as e:
             raise ConfigError(f"--model={path}: {e}") from None
+        self._metrics = chosen.pop("metrics", {})   # evaluated by the run (metric_figures), not by Keras' fit
         if cfg.checkpoints.keep_best_checkpoint and "auc" not in self.head_metrics:
             raise ConfigError(f"--keep_best_checkpoint chooses by an AUC; --model={path} evaluates no output by AUC "
                               f"(its {COMPILE_ARGS} trains each as a value, evaluated by RMSE)")
@@ -260,6 +261,23 @@ class UserModel:
             raise ConfigError(f"{where}: the model gives one output; the data have labels {labels}: give a head "
                               f"per label, named as it (a dict of outputs by features.labels)")
         self.heads = None if heads is None else list(self.labels)
+
+    @property
+    def metric_names(self) -> List[str]:
+        """The figures compile_args' metrics give (`metric_figures`), "<head>_<name>" for a head."""
+        return [m.name if output is None else f"{output}_{m.name}"
+                for output, metrics in self._metrics.items() for m in metrics]
+
+    def metric_figures(self, logits: np.ndarray, labels: np.ndarray) -> Dict[str, float]:
+        """compile_args' Keras metrics of the outputs' logits and labels [n, H] (H outputs, in the
+        order of `heads`), by `metric_names`."""
+        figures = {}
+        for h, output in enumerate(self.heads or [None]):
+            for m in self._metrics.get(output, []):
+                m.reset_state()
+                m.update_state(labels[:, h], logits[:, h])
+                figures[m.name if output is None else f"{output}_{m.name}"] = float(m.result())
+        return figures
 
     def _check_output(self, where: str):
         """A forward of two samples of id 0 on every rank must give 2 logits per head: one logit

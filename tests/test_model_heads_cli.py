@@ -27,6 +27,7 @@ from tests.test_model_cli import DATA, FILE_DATA, PLACEMENT, STEPS, error_line, 
 from tests.test_multirank_cli import succeeded
 from tests.test_serving import script, start_server, stop_server
 from tests.test_tiered_cli import assert_same_checkpoint, log_records
+from utils.errors import ConfigError
 
 MODEL = ["--model=examples/two_label.py", "--model_param=embedding_dim=4", "--model_param=hidden=[16,8]",
          "--model_param=head=[8]"]
@@ -303,6 +304,37 @@ def test_any_keras_loss_of_a_logit_or_a_value_trains_under_main_py(tmp_path, los
         huber = np.where(np.abs(error) <= 1, 0.5 * error ** 2, np.abs(error) - 0.5)
         assert got == pytest.approx(bce(y[:, 0], before[:, 0]) + float(np.mean(huber)), rel=1e-5)
         assert "label_1_auc" not in metrics and metrics["label_1_rmse"] > 0
+
+
+METRICS = ONE_OUTPUT + ("\n\ndef compile_args(features, hparams):\n"
+                        "    return {'metrics': hparams.get('metrics', ['mae', keras.metrics.BinaryAccuracy("
+                        "name='accuracy', threshold=0.0)])}\n")
+
+
+def test_compile_args_metrics_are_evaluated_over_every_sample_and_printed(tmp_path, capsys):
+    """Keras metrics (a name, an object) from the model file's compile_args: each evaluation's
+    figures over all samples, NumPy's of the same outputs, in its line and log; a metric that is
+    not Keras' is one line."""
+    from run.loop import Run
+    (tmp_path / "metrics.py").write_text(METRICS)
+    values = {"dataset_type": "synthetic", "synthetic_cardinalities": ["300", "50", "7", "30"],
+              "synthetic_num_numerical": 3, "synthetic_eval_rows": 500, "valid_batch_size": 300, "seed": 7,
+              "model": str(tmp_path / "metrics.py"), "model_param": []}
+    run = Run(build_config(dict(TINY, **values), set(values)))
+    try:
+        metrics = run.evaluate(0)
+        logits, labels = eval_outputs(run)
+    finally:
+        run.model.embeddings.close()
+    logits, labels = logits.reshape(-1), labels.reshape(-1)
+    assert metrics["mae"] == pytest.approx(np.mean(np.abs(logits - labels)), rel=1e-5)
+    assert metrics["accuracy"] == pytest.approx(np.mean((logits > 0) == (labels > 0.5)), abs=1e-6)
+    line = [l for l in capsys.readouterr().out.splitlines() if l.startswith("eval at step 0")][0]
+    assert f" | mae {metrics['mae']:.5f} | accuracy {metrics['accuracy']:.5f} | 500 samples" in line
+    values["model_param"] = ["metrics=[nope]"]
+    with pytest.raises(ConfigError) as info:
+        Run(build_config(dict(TINY, **values), set(values)))
+    assert str(info.value) == f"--model={tmp_path / 'metrics.py'}: compile_args: metric 'nope' is not a Keras metric"
 
 
 @pytest.fixture(scope="module")
