@@ -25,8 +25,8 @@ class CheckpointPolicy:
         self.lineage = [{"run": comm.broadcast_object(uuid.uuid4().hex if comm.rank == 0 else None, "run_id"),
                          "from_step": 0}]
         self.saved = None
-        self.best_auc = checkpoint.best_auc(self.settings.save_checkpoint_path) if self.settings.keep_best_checkpoint \
-            else None
+        self.best = checkpoint.best_value(self.settings.save_checkpoint_path, self.settings.keep_best_metric) \
+            if self.settings.keep_best_checkpoint else None
 
     def restored(self, saved: Optional[dict], start_step: int):
         """After a restore (run.assembly.Assembly.restore, `saved` its state; None: weights only):
@@ -79,16 +79,20 @@ class CheckpointPolicy:
         preemption.stop(signum, f"after step {step}: saved checkpoint {self.saved[1]} (resume: the same command "
                                 f"with --restore_checkpoint_path={root})", rank0)
 
-    def keep_if_best(self, step: int, data_step: int, auc: float, split: str = "eval"):
-        """--keep_best_checkpoint: a model whose AUC on `split` (the evaluation rows, or
-        "validation") beats the one ROOT/best records is checkpointed (unless it just was) and
-        ROOT/best names it."""
-        if not self.settings.keep_best_checkpoint or not auc > self.best_auc:
+    def keep_if_best(self, step: int, data_step: int, metrics: dict, split: str = "eval"):
+        """--keep_best_checkpoint: a model whose --keep_best_metric in `metrics` (its evaluation on
+        `split`: the evaluation rows, or "validation") beats the one ROOT/best records (a higher
+        AUC, a lower logloss) is checkpointed (unless it just was) and ROOT/best names it."""
+        if not self.settings.keep_best_checkpoint:
+            return
+        metric = self.settings.keep_best_metric
+        value = metrics[metric]
+        if self.best is not None and not (value > self.best if metric == "auc" else value < self.best):
             return
         if self.saved is None or self.saved[0] != step:
             self.save(step, data_step)
-        checkpoint.mark_best(self.settings.save_checkpoint_path, self.saved[1], auc, self.parts.comm,
-                             self.settings.keep_checkpoints)
-        self.best_auc = auc
+        checkpoint.mark_best(self.settings.save_checkpoint_path, self.saved[1], value, self.parts.comm,
+                             self.settings.keep_checkpoints, metric)
+        self.best = value
         on = "" if split == "eval" else f"{split} "
-        self.parts.log.print(f"best checkpoint: {self.saved[1]} ({on}auc {auc:.5f})")
+        self.parts.log.print(f"best checkpoint: {self.saved[1]} ({on}{metric} {value:.5f})")

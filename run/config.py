@@ -30,6 +30,7 @@ COMBINERS = ("sum", "mean")
 DIST_STRATEGIES = ("basic", "memory_balanced", "memory_optimized")   # as parallel_embedding.planner
 RESTORE_MODES = ("resume", "continue", "weights")
 LR_SCHEDULE_RESTORES = ("restart", "continue")
+BEST_METRICS = ("auc", "logloss")   # --keep_best_metric: higher, lower is better
 CACHE_POLICIES = POLICIES   # eviction of the disk tier's caches (storage/row_cache.py)
 
 
@@ -151,6 +152,7 @@ class CheckpointSettings:
     checkpoint_every_n_steps: int
     keep_checkpoints: int = 2
     keep_best_checkpoint: bool = False
+    keep_best_metric: str = "auc"
     skip_checkpoint_checksums: bool = False
     restore_mode: str = "resume"
     restore_lr_schedule: str = "restart"
@@ -291,7 +293,8 @@ _DATASET_ONLY = {
 # Flags with a set of values: name -> its values.
 _CHOICES = {"mode": MODES, "optimizer": OPTIMIZERS, "interaction": INTERACTIONS, "dataset_type": DATASET_TYPES,
             "dist_strategy": DIST_STRATEGIES, "restore_mode": RESTORE_MODES,
-            "restore_lr_schedule": LR_SCHEDULE_RESTORES, "embedding_cache_policy": CACHE_POLICIES}
+            "restore_lr_schedule": LR_SCHEDULE_RESTORES, "embedding_cache_policy": CACHE_POLICIES,
+            "keep_best_metric": BEST_METRICS}
 
 
 def _not_positive(value) -> Optional[str]:
@@ -378,6 +381,9 @@ _RUN_RULES = [
      lambda c, n: "--keep_checkpoints needs --save_checkpoint_path (checkpoints are kept only in training)"),
     (lambda c, n, p: c.checkpoints.keep_best_checkpoint and not c.checkpoints.save_checkpoint_path,
      lambda c, n: "--keep_best_checkpoint needs --save_checkpoint_path (checkpoints are kept only in training)"),
+    (lambda c, n, p: "keep_best_metric" in p and not c.checkpoints.keep_best_checkpoint,
+     lambda c, n: "--keep_best_metric chooses the checkpoint --keep_best_checkpoint keeps; give that too, or "
+                  "remove it"),
     (lambda c, n, p: c.mode == "eval" and not c.checkpoints.restore_checkpoint_path,
      lambda c, n: "--mode=eval needs --restore_checkpoint_path (a trained model to evaluate)"),
 ]

@@ -5,7 +5,7 @@ Defaults are DLRM's; `dcnv2.py` overrides the model defaults with `set_defaults`
 from absl import flags
 
 from run import data_flags  # noqa: F401 (defines the flags naming the data: --dataset_type, ...)
-from run.config import (CACHE_POLICIES, COMBINERS, DIST_STRATEGIES, INTERACTION_ALIASES, INTERACTIONS,
+from run.config import (BEST_METRICS, CACHE_POLICIES, COMBINERS, DIST_STRATEGIES, INTERACTION_ALIASES, INTERACTIONS,
                         LR_SCHEDULE_RESTORES, MODES, OPTIMIZERS, REFERENCE_SYNTHETIC, RESTORE_MODES, SETTINGS,
                         RunConfig, build_config)
 
@@ -68,9 +68,12 @@ flags.DEFINE_float("preemption_grace_s", 120.0, "after SIGTERM or SIGINT in trai
                    "run ends at once, the unfinished checkpoint removed (utils/preemption.py)")
 flags.DEFINE_integer("keep_checkpoints", 2, "checkpoints kept in --save_checkpoint_path: the newest writes (and "
                      "the best, with --keep_best_checkpoint)")
-flags.DEFINE_bool("keep_best_checkpoint", False, "also keep the checkpoint with the best evaluation AUC (named by "
-                  "<save_checkpoint_path>/best); a model that beats it is checkpointed when evaluated; chosen on "
-                  "the feature spec's validation mapping where it has one (evaluated after each evaluation)")
+flags.DEFINE_bool("keep_best_checkpoint", False, "also keep the checkpoint with the best evaluation AUC (or "
+                  "--keep_best_metric; named by <save_checkpoint_path>/best); a model that beats it is checkpointed "
+                  "when evaluated; chosen on the feature spec's validation mapping where it has one (evaluated "
+                  "after each evaluation)")
+flags.DEFINE_enum("keep_best_metric", "auc", list(BEST_METRICS), "the evaluation figure --keep_best_checkpoint "
+                  "chooses by: auc (the highest) or logloss (the lowest)")
 flags.DEFINE_string("train_mapping", "train", "the feature spec's source_spec mapping to train on")
 flags.DEFINE_bool("validate_dataset", False, "scan every value of the dataset's files before training "
                   "(ids in range, finite numericals, 0/1 labels, offsets); sizes are always checked")

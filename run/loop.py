@@ -76,13 +76,13 @@ class Run(Assembly):
 
     def _keep_if_best(self, step: int, data_step: int, metrics: dict) -> float:
         """--keep_best_checkpoint after the evaluation of `metrics` (global step `step`, batch
-        `data_step` of this data): chooses by the AUC of `best_split` (the validation rows,
-        evaluated here, where the data has them; a model with heads: its first head's AUC);
+        `data_step` of this data): chooses by --keep_best_metric on `best_split` (the validation
+        rows, evaluated here, where the data has them; a model with heads: its first head's);
         returns the seconds that validation took."""
         if not self.cfg.checkpoints.keep_best_checkpoint:
             return 0.0
         chosen_on = self.evaluate(step, "validation", data_step) if self.best_split == "validation" else metrics
-        self.checkpoints.keep_if_best(step, data_step, chosen_on["auc"], self.best_split)
+        self.checkpoints.keep_if_best(step, data_step, chosen_on, self.best_split)
         return chosen_on["seconds"] if chosen_on is not metrics else 0.0
 
     def train(self) -> dict:

@@ -146,8 +146,9 @@ class UserModel:
             raise ConfigError(f"--model={path}: {e}") from None
         self._metrics = chosen.pop("metrics", {})   # evaluated by the run (metric_figures), not by Keras' fit
         if cfg.checkpoints.keep_best_checkpoint and "auc" not in self.head_metrics:
-            raise ConfigError(f"--keep_best_checkpoint chooses by an AUC; --model={path} evaluates no output by AUC "
-                              f"(its {COMPILE_ARGS} trains each as a value, evaluated by RMSE)")
+            raise ConfigError(f"--keep_best_checkpoint chooses by an output's {cfg.checkpoints.keep_best_metric}; "
+                              f"--model={path} evaluates no output by AUC and logloss (its {COMPILE_ARGS} trains each "
+                              f"as a value, evaluated by RMSE)")
         try:   # --xla of a subclassed model, for one
             model.compile(optimizer=training.optimizer, learning_rate=schedule, beta_1=training.beta1,
                           beta_2=training.beta2, run_eagerly=cfg.runtime.run_eagerly, jit_compile=cfg.runtime.xla,

@@ -10,7 +10,8 @@ owns; nothing is gathered onto one rank. Layout of a checkpoint root:
                                        a tensor of another rank (a scalar, a bias, a 3-D Keras
                                        kernel) is one whole piece, rows 0:shape[0], columns 0:0
     ROOT/latest                        name of the newest complete checkpoint
-    ROOT/best                          name and evaluation AUC of the best one (--keep_best_checkpoint)
+    ROOT/best                          name of the best one and the figure it was chosen by,
+                                       "auc=<value>" or "logloss=<value>" (--keep_best_checkpoint)
 
 A checkpoint is written under a temporary name and renamed by rank 0 once every rank has
 written its pieces; `latest` is replaced atomically afterwards, so a crash (or a dead rank) at
@@ -377,12 +378,12 @@ def _remove(root, name):
     shutil.rmtree(os.path.join(root, f".old-{name}"))
 
 
-def mark_best(root: str, path: str, auc: float, comm, keep: int = KEEP):
-    """Points ROOT/best at the checkpoint `path`, whose evaluation AUC is `auc`, then prunes (rank
-    0; every rank returns once it is done). Out of space, ROOT/best is left as it was, its partial
-    file removed, and every rank raises the same StoreError naming ROOT and the bytes."""
+def mark_best(root: str, path: str, value: float, comm, keep: int = KEEP, metric: str = "auc"):
+    """Points ROOT/best at the checkpoint `path`, whose evaluation `metric` is `value`, then prunes
+    (rank 0; every rank returns once it is done). Out of space, ROOT/best is left as it was, its
+    partial file removed, and every rank raises the same StoreError naming ROOT and the bytes."""
     name = os.path.basename(path)
-    text, failure = f"{name}\nauc={auc!r}\n", None
+    text, failure = f"{name}\n{metric}={value!r}\n", None
     if comm.rank == 0:
         free = _free_bytes(root)
         failure = _unless_out_of_space(_point, root, BEST, text)[1]
@@ -396,22 +397,27 @@ def mark_best(root: str, path: str, auc: float, comm, keep: int = KEEP):
     if failure:
         code, written, free, best = failure
         raise StoreError(f"{root}: out of space ({code} writing {os.path.relpath(written, root)}) marking {name} the "
-                         f"best checkpoint (auc {auc:.5f}): {BEST} takes {len(text)} bytes, {free:,} were free; its "
-                         f"partial file is removed, {name} is saved, "
+                         f"best checkpoint ({metric} {value:.5f}): {BEST} takes {len(text)} bytes, {free:,} were "
+                         f"free; its partial file is removed, {name} is saved, "
                          f"{f'{BEST} still names {best}' if best else f'no {BEST} was written before'}")
 
 
-def best_auc(root: str) -> float:
-    """The AUC ROOT/best records, or -inf without one."""
+def best_value(root: str, metric: str = "auc") -> Optional[float]:
+    """The `metric` value ROOT/best records, or None without one; a CheckpointError naming the
+    file where it records another figure or none."""
     file = os.path.join(root, BEST)
     if not os.path.isfile(file):
-        return float("-inf")
+        return None
     with open(file) as f:
-        text = f.read()
+        lines = f.read().splitlines()[1:]
+    recorded = dict(line.split("=", 1) for line in lines if "=" in line)
+    if metric not in recorded and recorded:
+        raise CheckpointError(f"{file}: the best checkpoint was chosen by {', '.join(recorded)}, not {metric}; "
+                              f"give --keep_best_metric={next(iter(recorded))}, or another --save_checkpoint_path")
     try:
-        return float(text.split("auc=", 1)[1])
-    except (IndexError, ValueError):
-        raise CheckpointError(f"{file}: no auc=<value> line; not written by --keep_best_checkpoint")
+        return float(recorded[metric])
+    except (KeyError, ValueError):
+        raise CheckpointError(f"{file}: no {metric}=<value> line; not written by --keep_best_checkpoint")
 
 
 def _present(path: str) -> bool:

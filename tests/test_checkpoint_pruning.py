@@ -13,7 +13,7 @@ import nn.evaluator
 from storage import checkpoint
 from tests.configs import tiny_config
 from tests.horovod_run import ROOT
-from utils.errors import ConfigError
+from utils.errors import CheckpointError, ConfigError
 from tests.warm_python import PYTHON
 
 
@@ -83,14 +83,14 @@ def test_failed_save_of_a_step_already_in_root_keeps_latest(tmp_path, monkeypatc
 
 @pytest.fixture
 def scripted_auc(monkeypatch):
-    """Evaluations report the given AUCs in turn (the rest of the metrics are real)."""
+    """Evaluations report the given AUCs (or another `figure`) in turn (the rest of the metrics are real)."""
     evaluate = nn.evaluator.evaluate
 
-    def script(aucs):
-        aucs = list(aucs)
+    def script(values, figure="auc"):
+        values = list(values)
 
         def scripted(*args, **kwargs):
-            return dict(evaluate(*args, **kwargs), auc=aucs.pop(0))
+            return dict(evaluate(*args, **kwargs), **{figure: values.pop(0)})
         monkeypatch.setattr(nn.evaluator, "evaluate", scripted)
     return script
 
@@ -107,7 +107,7 @@ def test_keep_best_checkpoint(tmp_path, scripted_auc, capsys):
                                                                                         "ckpt-40"]
     assert checkpoints(root) == ["ckpt-20", "ckpt-40"]
     assert (pointer(root), pointer(root, "best")) == ("ckpt-40", "ckpt-20")
-    assert checkpoint.best_auc(root) == 0.8
+    assert checkpoint.best_value(root) == 0.8
     assert checkpoint.read_manifest(os.path.join(root, "best"))["step"] == 20
     scripted_auc([0.5])
     run_loop.run(tiny_config(mode="eval", restore_checkpoint_path=os.path.join(root, "best")))
@@ -116,8 +116,26 @@ def test_keep_best_checkpoint(tmp_path, scripted_auc, capsys):
     scripted_auc([0.79, 0.81])   # resumed from step 20: evaluations at 30 and 40
     run_loop.run(tiny_config(save_checkpoint_path=root, restore_checkpoint_path=os.path.join(root, "best"),
                          evals_per_epoch=4, keep_best_checkpoint=True, keep_checkpoints=1))
-    assert pointer(root, "best") == "ckpt-40-4" and checkpoint.best_auc(root) == 0.81
+    assert pointer(root, "best") == "ckpt-40-4" and checkpoint.best_value(root) == 0.81
     assert checkpoints(root) == ["ckpt-40-4"]
+
+
+def test_keep_best_checkpoint_by_the_lowest_logloss(tmp_path, scripted_auc, capsys):
+    """--keep_best_metric=logloss: evaluations at steps 10, 20, 30, 40 with loglosses 0.6, 0.5,
+    0.55, 0.52 keep step 20's; a later run choosing by AUC into the same ROOT is one line."""
+    root = str(tmp_path / "ck")
+    scripted_auc([0.6, 0.5, 0.55, 0.52], "logloss")
+    run_loop.run(tiny_config(save_checkpoint_path=root, evals_per_epoch=4, keep_best_checkpoint=True,
+                             keep_best_metric="logloss"))
+    assert f"best checkpoint: {root}/ckpt-20 (logloss 0.50000)" in capsys.readouterr().out
+    assert pointer(root, "best") == "ckpt-20" and checkpoint.best_value(root, "logloss") == 0.5
+    with pytest.raises(CheckpointError) as info:
+        run_loop.run(tiny_config(save_checkpoint_path=root, keep_best_checkpoint=True))
+    assert str(info.value) == (f"{root}/best: the best checkpoint was chosen by logloss, not auc; give "
+                               "--keep_best_metric=logloss, or another --save_checkpoint_path")
+    with pytest.raises(ConfigError, match=r"^--keep_best_metric chooses the checkpoint --keep_best_checkpoint keeps; "
+                                          r"give that too, or remove it$"):
+        tiny_config(save_checkpoint_path=root, keep_best_metric="logloss")
 
 
 def test_keep_best_checkpoint_chooses_on_the_validation_mapping(tmp_path, scripted_auc, capsys):
@@ -141,7 +159,7 @@ def test_keep_best_checkpoint_chooses_on_the_validation_mapping(tmp_path, script
         (split, str(step), auc) for step, pair in zip((2, 4, 6, 8), aucs)
         for split, auc in zip(("eval", "validation"), pair)], out
     assert f"best checkpoint: {root}/ckpt-4 (validation auc 0.80000)" in out
-    assert pointer(root, "best") == "ckpt-4" and checkpoint.best_auc(root) == 0.8
+    assert pointer(root, "best") == "ckpt-4" and checkpoint.best_value(root) == 0.8
     logged = [json.loads(line) for line in open(log)]
     assert [(e["kind"], e["step"], e["samples"]) for e in logged if e["kind"] in ("eval", "validation")] == [
         (split, step, 300) for step in (2, 4, 6, 8) for split in ("eval", "validation")]
@@ -201,6 +219,6 @@ def test_best_pointer_on_the_command_line(tmp_path):
     out = run(*train, f"--save_checkpoint_path={root}", "--keep_best_checkpoint")
     assert out.returncode == 0, out.stderr
     printed = float(re.search(r"eval at step 20: auc (\S+)", out.stdout).group(1))
-    assert pointer(root, "best") == "ckpt-20" and round(checkpoint.best_auc(root), 5) == printed
+    assert pointer(root, "best") == "ckpt-20" and round(checkpoint.best_value(root), 5) == printed
     out = run("--mode=eval", f"--restore_checkpoint_path={root}/best")
     assert out.returncode == 0 and f"restored {root}/ckpt-20 at step 20" in out.stdout, out.stdout + out.stderr

@@ -32,7 +32,7 @@ DEFAULTS = dict(
     column_slice_threshold=None, row_slice_threshold=None, data_parallel_threshold=None, data_parallel_input=False,
     feature_spec="", train_mapping="train", eval_mapping="test", validate_dataset=False, shuffle_batch_order=True,
     train_last_partial_batch=False, multi_hot_combiner=None, keep_checkpoints=2, keep_best_checkpoint=False,
-    restore_mode="resume", restore_lr_schedule="restart")
+    keep_best_metric="auc", restore_mode="resume", restore_lr_schedule="restart")
 DEFAULTS.update(loss_scale=None, dynamic_tables=[], embedding_trainable=True, embedding_zeros_initializer=False,
                 cpu_offloading_threshold_gb=None, profiler_start_step=None, profiled_rank=0, cpu=False,
                 tfdata_debug=False, inter_op_parallelism=None, intra_op_parallelism=None)

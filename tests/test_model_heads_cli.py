@@ -436,8 +436,8 @@ def test_a_one_output_regression_model_and_the_refusals(tmp_path):
     assert figures["auc"] is None and figures["rmse"] == pytest.approx(final["rmse"], abs=1e-6)
     assert f"served m over http: rmse {final['rmse']:.5f} | 500 samples" in served.stdout
     assert error_line(python(*value, "--keep_best_checkpoint", f"--save_checkpoint_path={tmp_path / 'ckpt'}")) == (
-        f"error: --keep_best_checkpoint chooses by an AUC; --model={tmp_path / 'value.py'} evaluates no output by "
-        "AUC (its compile_args trains each as a value, evaluated by RMSE)")
+        f"error: --keep_best_checkpoint chooses by an output's auc; --model={tmp_path / 'value.py'} evaluates no "
+        "output by AUC and logloss (its compile_args trains each as a value, evaluated by RMSE)")
     assert error_line(python(*MODEL, *TWO_LABELS, "--model_param=second_loss=binary_crossentropy")) == (
         "error: --model=examples/two_label.py: compile_args: the loss of head 'label_1' is 'binary_crossentropy', on "
         "probabilities (from_logits=False); the model gives logits: a logit of a binary label "
@@ -446,5 +446,5 @@ def test_a_one_output_regression_model_and_the_refusals(tmp_path):
     (tmp_path / "optimizer.py").write_text(ONE_OUTPUT + "\n\ndef compile_args(features, hparams):\n"
                                            "    return {'optimizer': 'sgd'}\n")
     assert error_line(python(f"--model={tmp_path / 'optimizer.py'}", *DATA)) == (
-        f"error: --model={tmp_path / 'optimizer.py'}: compile_args gives 'optimizer'; it chooses compile's loss and "
-        "loss_weights (the optimizer, learning rate, XLA and loss scale are the run's flags)")
+        f"error: --model={tmp_path / 'optimizer.py'}: compile_args gives 'optimizer'; it chooses compile's loss, "
+        "loss_weights and metrics (the optimizer, learning rate, XLA and loss scale are the run's flags)")
