@@ -62,13 +62,13 @@ class Run(Assembly):
         with preemption.deferred():
             metrics = evaluator.evaluate(self.trainer.predict, batches, self.comm, oracle=self.dataset.has_oracle,
                                          auc_thresholds=thresholds, heads=self.heads, scores=self.head_metrics,
-                                         more=self.model.metric_figures if self.cfg.model.model else None,
+                                         more=self.model.metric_figures,
                                          stopped=lambda k: preemption.requested(self.comm, k) is not None)
             if metrics is None and data_step is not None:   # outside training's steps: raised as the block ends
                 self.checkpoints.preempted(preemption.received(), step, data_step)
         metrics["seconds"] = time.perf_counter() - t0
         keys = evaluator.printed_metrics(self.dataset.has_oracle, bool(thresholds), self.heads, self.head_metrics,
-                                         self.model.metric_names if self.cfg.model.model else ())
+                                         self.model.metric_names)
         self.log.print(f"{split} at step {step}: {evaluator.format_metrics(metrics, keys)} | "
                        f"{metrics['samples']:,} samples in {metrics['seconds']:.1f} s")
         self.log.record(split, step, **metrics)

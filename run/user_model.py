@@ -266,8 +266,7 @@ class UserModel:
     @property
     def metric_names(self) -> List[str]:
         """The figures compile_args' metrics give (`metric_figures`), "<head>_<name>" for a head."""
-        return [m.name if output is None else f"{output}_{m.name}"
-                for output, metrics in self._metrics.items() for m in metrics]
+        return [_metric_name(output, m) for output, metrics in self._metrics.items() for m in metrics]
 
     def metric_figures(self, logits: np.ndarray, labels: np.ndarray) -> Dict[str, float]:
         """compile_args' Keras metrics of the outputs' logits and labels [n, H] (H outputs, in the
@@ -277,7 +276,7 @@ class UserModel:
             for m in self._metrics.get(output, []):
                 m.reset_state()
                 m.update_state(labels[:, h], logits[:, h])
-                figures[m.name if output is None else f"{output}_{m.name}"] = float(m.result())
+                figures[_metric_name(output, m)] = float(m.result())
         return figures
 
     def _check_output(self, where: str):
@@ -336,6 +335,11 @@ class UserModel:
         if optimizer is not None:
             signature["optimizer"] = optimizer
         return signature
+
+
+def _metric_name(output: Optional[str], metric) -> str:
+    """A compile_args metric's figure: its name, "<head>_<name>" for a head's."""
+    return metric.name if output is None else f"{output}_{metric.name}"
 
 
 class _Tables:
