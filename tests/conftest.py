@@ -5,6 +5,10 @@ import pytest
 # TensorFlow's C++ logs off in the tests and what they start (make's default of 2 prints its
 # errors, e.g. a failed cuInit, among the lines the tests read); a test that wants them sets its own.
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+# Horovod's background thread negotiates every HOROVOD_CYCLE_TIME ms (default 1): a tiny test run
+# mostly waits between its steps, and at 1 ms its ranks' negotiations take about a third of the
+# run's CPU from the two cores that the other test worker shares; results do not depend on it.
+os.environ.setdefault("HOROVOD_CYCLE_TIME", "5")
 # The scripts and workers the tests start import this checkout, as the tests do (pytest.ini's
 # pythonpath), whether the environment has the project installed (make setup) or not, or another
 # checkout of it.
