@@ -99,6 +99,21 @@ class Features:
         names = self.names
         return ", ".join(names) if len(names) <= 6 else f"{', '.join(names[:3])}, ..., {names[-1]} ({len(names)})"
 
+    def signature(self, model_file: str, hparams: dict, heads: Optional[Sequence[str]] = None,
+                  optimizer: Optional[str] = None) -> dict:
+        """What a checkpoint records of a model that `model_file`'s build_model(self, hparams) built
+        (its manifest's "signature", which restoring and exporting check): the file's name, the
+        hyper-parameters, the features' names, cardinalities and hotness, the numericals' count,
+        the labels of a model with `heads` (None: one output) and, when given, the optimizer."""
+        signature = {"model": os.path.basename(model_file), "hparams": dict(hparams), "features": self.names,
+                     "cardinalities": [f.cardinality for f in self], "num_numerical": self.num_numerical,
+                     "max_hotness": [f.max_hotness for f in self]}
+        if heads is not None:
+            signature["labels"] = list(self.labels)
+        if optimizer is not None:
+            signature["optimizer"] = optimizer
+        return signature
+
     def inputs(self) -> Dict[str, keras.KerasTensor]:
         """keras.Input per input the run feeds: "numerical" [b, n] float32, then per feature its ids
         ([b] int64, or ragged [b, None] int64 for a multi-hot one), named as the feature."""

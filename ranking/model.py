@@ -41,7 +41,10 @@ from keras.src.utils.python_utils import pythonify_logs
 
 from nn.lr_schedule import LearningRateSchedule
 from parallel_embedding.optimizers import make_optimizer, slot_names
-from storage.checkpoint import Entry, replicated_entries
+from parallel_embedding import UPDATED_AT
+from parallel_embedding.dynamic_table import IDS
+from storage import checkpoint
+from storage.checkpoint import KEEP, Entry, replicated_entries
 from ranking.config import TABLE_OPTIMIZERS
 from ranking.embedding import HybridEmbedding
 from ranking.precision import LOSS_SCALE_STATE, LossScale, gradient_sum, scale_gradient
@@ -82,6 +85,7 @@ class _ProjectStep:
         if optimizer not in TABLE_OPTIMIZERS:
             raise ConfigError(f"compile: optimizer must be one of {', '.join(TABLE_OPTIMIZERS)} (or Keras' object of "
                               f"one), got {optimizer!r}")
+        self._optimizer_kind = optimizer
         self.embedding_layers = [l for l in self._flatten_layers() if isinstance(l, HybridEmbedding)]
         if not self.embedding_layers:
             raise ConfigError(f"model {self.name!r}: no HybridEmbedding layer (build the model before compile)")
@@ -210,6 +214,53 @@ class _ProjectStep:
         """Every tensor of `checkpoint_entries` on any rank: the tensors of a complete checkpoint."""
         names = set().union(*(l.embedding.checkpoint_names(weights_only) for l in self.embedding_layers))
         return names | {e.name for e in self.checkpoint_entries(weights_only) if e.replicated}
+
+    def optional_checkpoint_names(self) -> Set[str]:
+        """Tensors a checkpoint may lack (their variables then keep their values): float16 loss
+        scaling's state (a run with or without it restores the other's checkpoints), and the static
+        tables' updated_at (checkpoints written before rows' updates were recorded; a dynamic
+        table's, beside its ids, has been saved since there are dynamic tables, and orders their
+        eviction: never optional)."""
+        names = {n for layer in self.embedding_layers for n in layer.embedding.checkpoint_names()}
+        return set(LOSS_SCALE_STATE) | {n for n in names if n.endswith(UPDATED_AT)
+                                        and n[:-len(UPDATED_AT)] + IDS not in names}
+
+    def save_checkpoint(self, root: str, model_file: Optional[str] = None, features=None,
+                        hparams: Optional[dict] = None, keep: int = KEEP) -> str:
+        """Writes the compiled model at its global step as ROOT/ckpt-<step> (ROOT/latest names it,
+        the `keep` newest are kept), every rank calling it, and returns its path;
+        `restore_checkpoint` reads it back at any rank count. With `model_file` and `features`
+        (the ranking.Features that file's build_model(features, hparams) built this model from;
+        `hparams` as `--model_param`s give them, default none), it is the checkpoint
+        `main.py --model=model_file` writes: main.py restores it (evaluation, or training on with
+        --restore_mode=continue or weights: it records no data position) and
+        `deploy.py --model=model_file` exports it."""
+        if (model_file is None) != (features is None):
+            raise ConfigError(f"save_checkpoint: model_file and features go together (the checkpoint of a model file's "
+                              f"model records both), got {'model_file' if features is None else 'features'} alone")
+        signature = {} if model_file is None else features.signature(model_file, hparams or {}, self._heads,
+                                                                     self._optimizer_kind)
+        state = {"schedule_origin": int(self.schedule_origin.numpy())}
+        return checkpoint.save(root, self.checkpoint_entries(), int(self.global_step.numpy()), signature, self.comm,
+                               state, keep=keep)
+
+    def restore_checkpoint(self, path: str, weights_only: bool = False) -> dict:
+        """Loads a checkpoint (its directory, or ROOT: its latest) written at any rank count, by
+        `save_checkpoint` or main.py, into the compiled model, every rank calling it: the tables,
+        Keras weights, optimizer state, global step and schedule origin; with `weights_only`,
+        the tables and Keras weights alone (the optimizer as compiled). Every tensor's name and
+        shape, and each piece's checksum, are checked before anything changes (one line
+        otherwise). Returns the checkpoint's manifest (storage.checkpoint)."""
+        manifest = checkpoint.read_manifest(path)
+        with contextlib.ExitStack() as stack:
+            for layer in self.embedding_layers:   # a dynamic table in other hash shards: re-hashed
+                stack.enter_context(layer.embedding.restoring(manifest["tensors"]))
+            checkpoint.restore(manifest["path"], self.checkpoint_entries(weights_only), {},
+                               self.checkpoint_names(weights_only), extra_ok=weights_only,
+                               optional=self.optional_checkpoint_names())
+        if not weights_only:
+            self.schedule_origin.assign(manifest["state"].get("schedule_origin", 0))
+        return manifest
 
     def _loss_share(self, labels, outputs, sample_weight=None):
         """This rank's share of the global batch's mean loss (float32 []): the weighted sum of the

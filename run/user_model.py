@@ -22,7 +22,6 @@ the run reads the global batch's ids of the features this rank's tables read, sl
 into cache slots for tables on disk, at any N).
 """
 import contextlib
-import os
 from typing import Dict, List, Optional, Set, Union
 
 import keras
@@ -30,14 +29,11 @@ import numpy as np
 import tensorflow as tf
 
 from nn.lr_schedule import LearningRateSchedule
-from parallel_embedding import UPDATED_AT
-from parallel_embedding.dynamic_table import IDS
 from parallel_embedding.optimizers import slot_names
 from parallel_embedding.planner import BudgetError
 from ranking import CategoricalFeature, Features, HybridEmbedding, Model, TableStorage
 from ranking.features import BUILDER, COMPILE_ARGS, NUMERICAL, compile_args, load_model_file
 from ranking.model import FunctionalModel
-from ranking.precision import LOSS_SCALE_STATE
 from run.config import RunConfig
 from run.runtime import batch_rows, compute_dtype
 from storage.checkpoint import Entry
@@ -326,15 +322,7 @@ class UserModel:
         """What a checkpoint must share with this model (its manifest's "signature"): the model
         file's name, its hyper-parameters, the dataset's features (names) and shape (and, for a
         model with heads, the labels) and, when given, the optimizer."""
-        shape = self.features
-        signature = {"model": os.path.basename(self.path), "hparams": self.hparams, "features": shape.names,
-                     "cardinalities": [f.cardinality for f in shape], "num_numerical": shape.num_numerical,
-                     "max_hotness": [f.max_hotness for f in shape]}
-        if self.heads is not None:
-            signature["labels"] = list(self.labels)
-        if optimizer is not None:
-            signature["optimizer"] = optimizer
-        return signature
+        return self.features.signature(self.path, self.hparams, self.heads, optimizer)
 
 
 def _metric_name(output: Optional[str], metric) -> str:
@@ -468,14 +456,8 @@ class UserTrainer:
         return self.keras_model.checkpoint_names(weights_only)
 
     def optional_names(self) -> Set[str]:
-        """Tensors a checkpoint may lack (their variables then keep their values): float16 loss
-        scaling's state (a run with or without it restores the other's checkpoints), and the static
-        tables' updated_at (checkpoints written before rows' updates were recorded; a dynamic
-        table's, beside its ids, has been saved since there are dynamic tables, and orders their
-        eviction: never optional)."""
-        names = {n for layer in self.model.embeddings.layers for n in layer.embedding.checkpoint_names()}
-        return set(LOSS_SCALE_STATE) | {n for n in names if n.endswith(UPDATED_AT)
-                                        and n[:-len(UPDATED_AT)] + IDS not in names}
+        """Tensors a checkpoint may lack (ranking.Model.optional_checkpoint_names)."""
+        return self.keras_model.optional_checkpoint_names()
 
     def broadcast_replicated(self):
         """Sets every rank's replicated state (Keras weights, replicated tables, slots, counters) to rank 0's."""

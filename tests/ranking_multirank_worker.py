@@ -3,9 +3,9 @@ one process with the whole batch (same seed; the dense weights of rank 0, which 
 Each rank trains on its b samples of every global batch (data-parallel input, the multi-hot
 feature ragged) with train_on_batch; checks the global loss at every step, then its dense
 weights and every table shard against the matching region of the one-process tables; then
-saves a checkpoint under argv[1] and restores it into a fresh one-process model, whose every
-tensor (tables, slots, weights, counters) must equal the reference's. Prints RESULT with the
-worst difference; exits non-zero on a mismatch.
+saves a checkpoint under argv[1] (save_checkpoint) and restores it into a fresh one-process
+model (restore_checkpoint), whose every tensor (tables, slots, weights, counters) must equal the
+reference's. Prints RESULT with the worst difference; exits non-zero on a mismatch.
 
 argv[2] "shared" (default "separate"): six features over the three tables, two a table (one-hot
 and multi-hot features sharing one, a one-hot pair sharing the row-sliced one), each sample's
@@ -30,7 +30,6 @@ import numpy as np
 import tensorflow as tf
 
 from dataloading.synthetic import SyntheticDataset
-from storage import checkpoint
 from parallel_embedding.collectives import SingleProcess, make_collectives
 from ranking import FeatureConfig, HybridEmbedding, Model, SequenceMask, TableConfig, TargetAttention
 from tests.multi_hot import multi_hot_ids
@@ -133,9 +132,9 @@ def main():
     for f, var in zip(emb.replicated, emb.replicated_variables):
         check(f"replicated table {f}", var.numpy(), tables[f])
     # A checkpoint written at N ranks restores into a fresh one-process model as the reference's state.
-    path = checkpoint.save(sys.argv[1], dist.checkpoint_entries(), STEPS, {}, comm)
+    path = dist.save_checkpoint(sys.argv[1])
     fresh = build(SingleProcess())
-    checkpoint.restore(path, fresh.checkpoint_entries(), {}, fresh.checkpoint_names())
+    fresh.restore_checkpoint(path)
     restored = {e.name: e.variable.numpy() for e in fresh.checkpoint_entries()}
     for e in ref.checkpoint_entries():
         check(f"restored {e.name}", restored[e.name], e.variable.numpy())

@@ -107,6 +107,9 @@ def exported_model(manifest: dict, model_file: Optional[str] = None) -> Exported
     TensorFlow is imported, otherwise), and a built-in model's none. Its dynamic tables (model_layout.
     with_dynamic_tables) are marked so, one in hash shards read as one table."""
     signature, where = manifest["signature"], manifest["path"]
+    if not signature:
+        raise ExportError(f"{where}: saved without its model file (ranking.Model.save_checkpoint without model_file "
+                          f"and features): nothing to rebuild the model from; save it with them to export it")
     if is_model_file(signature):
         if model_file is None:
             raise ExportError(f"{where}: a checkpoint of model file {signature['model']}: pass it as --model=FILE")
