@@ -13,7 +13,8 @@
         dmp.broadcast_variables(model.variables, root_rank=0)
 
 Shapes: `b` this rank's samples, `B = N b` over the N ranks of `default_collectives()` (Horovod's under
-horovodrun or mpirun, else one process), table t [rows_t, D_t].
+horovodrun or mpirun, else one process), table t [rows_t, D_t]. With `dp_input=False` each rank
+feeds the global batch's ids of the inputs `strategy.input_ids_list[rank]` names instead.
 
 The tables are `ranking.HybridEmbedding`'s (one `plan_tables` call over the ranks), exposed as
 Keras weights: `model.trainable_variables` holds this rank's table shards and replicated tables
@@ -32,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from parallel_embedding.collectives import make_collectives
+from parallel_embedding.layer import num_samples
 from ranking.config import COMBINERS, FeatureConfig, TableConfig
 from ranking.embedding import HybridEmbedding
 from utils.errors import ConfigError
@@ -61,12 +63,14 @@ class DistributedEmbedding(HybridEmbedding):
     combiner, a ragged [b, None] or a dense [b, k] -> [b, D]. Every rank feeds its own b samples.
 
     strategy, column_slice_threshold, row_slice_threshold, data_parallel_threshold: the planner's
-    (parallel_embedding/planner.py; the same rules and names). dp_input=False (each rank feeding
-    the global batch of the tables distributed-embeddings placed on it) runs at one process only,
-    where it is the same input; `gpu_embedding_size`
-    (offloading tables to host memory) is refused. Tables start from the project's initializer
-    with `seed` (the same values at any N), not the layers' initializers: `set_weights` sets them.
-    `collectives`: default `default_collectives()`.
+    (parallel_embedding/planner.py; the same rules and names). `dp_input=False` (model-parallel
+    input, as distributed-embeddings'): rank r is called on the global batch's ids ([B], B = N b)
+    of the inputs `strategy.input_ids_list[r]` names, in that order (those whose table has a
+    shard on r, or is replicated), and gives every input's rows of its own b samples, the rows
+    [r b, (r + 1) b) of the global batch ([b, D]; [b, 1, D] for an input it was given as [B, 1]).
+    `gpu_embedding_size` (offloading tables to host memory) is refused. Tables start from the
+    project's initializer with `seed` (the same values at any N), not the layers' initializers:
+    `set_weights` sets them. `collectives`: default `default_collectives()`.
     """
 
     def __init__(self, embeddings: Sequence[keras.layers.Layer], strategy: str = "basic",
@@ -78,9 +82,6 @@ class DistributedEmbedding(HybridEmbedding):
         if gpu_embedding_size is not None:
             raise ConfigError(f"DistributedEmbedding: gpu_embedding_size={gpu_embedding_size}: offloading tables to "
                               f"host memory is not supported here (every table stays in device memory)")
-        if not dp_input and comm.size > 1:
-            raise ConfigError(f"DistributedEmbedding: dp_input=False (model-parallel input) is not supported at "
-                              f"world size {comm.size}: feed every rank its own samples of every input")
         tables = [self._table_config(layer, t) for t, layer in enumerate(embeddings)]
         combined = [getattr(layer, "combiner", None) is not None for layer in embeddings]
         if not tables:
@@ -97,12 +98,16 @@ class DistributedEmbedding(HybridEmbedding):
         self._keras_tables: List[keras.Variable] = []
         super().__init__(features, collectives=comm, seed=seed, strategy=strategy,
                          column_slice_threshold=column_slice_threshold, row_slice_threshold=row_slice_threshold,
-                         data_parallel_threshold=data_parallel_threshold, name=name, **kwargs)
+                         data_parallel_threshold=data_parallel_threshold, data_parallel_input=dp_input, name=name,
+                         **kwargs)
         shards = len(self.embedding.shard_variables)
         for i, variable in enumerate(self._keras_tables):
             variable.embedding_table = "shard" if i < shards else "replicated"
         # Table t of `embeddings` is the embedding's table `self._table_index[t]` (order of first use).
         self._table_index = [self.table_of[table_map.index(t)] for t in range(len(tables))]
+        plan = self.embedding.plan
+        held = [set(plan.features_on(r)) | set(plan.replicated) for r in range(comm.size)]
+        self.strategy = Strategy([[i for i, t in enumerate(self.table_of) if t in held[r]] for r in range(comm.size)])
 
     @staticmethod
     def _table_config(layer, t: int) -> TableConfig:
@@ -145,13 +150,42 @@ class DistributedEmbedding(HybridEmbedding):
 
     def call(self, inputs, training=None):
         inputs = list(inputs)
-        out = super().call(inputs, training)
-        return [tf.expand_dims(o, 1) if self._keras_shaped(f, x) else o
-                for f, x, o in zip(self.features, inputs, out)]
+        if not self.model_parallel_input:
+            out = super().call(inputs, training)
+            return [tf.expand_dims(o, 1) if self._keras_shaped(f, x) else o
+                    for f, x, o in zip(self.features, inputs, out)]
+        mine = self.strategy.input_ids_list[self.collectives.rank]
+        if len(inputs) != len(mine):
+            raise ConfigError(f"layer {self.name!r}: dp_input=False: rank {self.collectives.rank} takes the ids of "
+                              f"inputs {mine} (strategy.input_ids_list[{self.collectives.rank}]), got {len(inputs)} "
+                              f"inputs")
+        given = dict(zip(mine, inputs))
+        whole = num_samples(inputs[0])   # B: the global batch
+        size, rank = self.collectives.size, self.collectives.rank
+        tf.debugging.assert_equal(whole % size, 0, message=f"layer {self.name!r}: dp_input=False: the global "
+                                  f"batch is not a multiple of the {size} ranks")
+        b = whole // size
+        # Every input's ids, normalized: the given ones' global batch, the others' never read (zeros).
+        placeholder = tf.zeros([whole], tf.int64)
+        ids, _ = self._normalized([given.get(i, placeholder if not f.multi_hot else
+                                             tf.RaggedTensor.from_tensor(placeholder[:, None]))
+                                   for i, f in enumerate(self.features)])
+        own = [x[rank * b:(rank + 1) * b] for x in ids]   # this rank's samples
+        replicated = set(self.embedding.plan.replicated)
+        table_ids = [l if t in replicated else g for t, (g, l) in
+                     enumerate(zip(self._table_ids(ids), self._table_ids(own)))]
+        with self.given_table_ids(table_ids):
+            out = super().call(own, training)
+        return [tf.expand_dims(o, 1) if i in given and self._keras_shaped(f, given[i]) else o
+                for i, (f, o) in enumerate(zip(self.features, out))]
 
     def compute_output_spec(self, inputs, training=None):
-        return [keras.KerasTensor((None, 1, d) if self._keras_shaped(f, x) else (None, d), "float32")
-                for f, x, d in zip(self.features, inputs, (f.table.embedding_dim for f in self.features))]
+        inputs = list(inputs)
+        given = dict(zip(self.strategy.input_ids_list[self.collectives.rank], inputs)) if self.model_parallel_input \
+            else dict(enumerate(inputs))
+        return [keras.KerasTensor((None, 1, d) if i in given and self._keras_shaped(f, given[i]) else (None, d),
+                                  "float32")
+                for i, (f, d) in enumerate(zip(self.features, (f.table.embedding_dim for f in self.features)))]
 
     @staticmethod
     def _keras_shaped(feature: FeatureConfig, ids) -> bool:
@@ -192,6 +226,15 @@ class DistributedEmbedding(HybridEmbedding):
             v.assign(tf.concat([piece, v[s.num_rows:]], axis=0))   # a row shard's spare row stays
         for t, v in zip(emb.replicated, emb.replicated_variables):
             v.assign(np.asarray(whole[t], np.float32))
+
+
+class Strategy:
+    """distributed-embeddings' placement record, as its scripts read it: `input_ids_list[r]`, the
+    inputs (by index, sorted) whose ids rank r takes under model-parallel input (dp_input=False):
+    those whose table has a shard on r, or is replicated."""
+
+    def __init__(self, input_ids_list: List[List[int]]):
+        self.input_ids_list = input_ids_list
 
 
 class DistributedGradientTape:

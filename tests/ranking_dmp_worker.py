@@ -6,8 +6,12 @@ Run under `horovodrun -np N` (tests/test_ranking_dmp.py): for SGD, Adagrad and A
 trains the dmp model on its b = B / N samples of each global batch while the reference trains
 on the whole batch B (same initial weights, same Keras optimizer); checks the global loss (the
 mean of the ranks' losses) at every step, then the dense weights and the whole tables
-(`get_weights`); then Adagrad with tables shared by inputs (`input_table_map`). Prints RESULT
-with the worst difference; exits non-zero on a mismatch.
+(`get_weights`); then Adagrad with tables shared by inputs (`input_table_map`); then
+model-parallel input (`dp_input=False`, each rank feeding the global batch's ids of the inputs
+`strategy.input_ids_list` gives it): SGD over the row-sliced, column-sliced and replicated
+tables, and Adagrad with shared tables placed whole (memory_balanced, none replicated: each
+rank given only its own tables' inputs). Prints RESULT with the worst difference and, per run, the tables'
+kinds and this rank's inputs; exits non-zero on a mismatch.
 
 argv[1] "xla": the dmp model's step in a tf.function under TensorFlow's auto-clustering
 (`tf.config.optimizer.set_jit(True)`, how NVIDIA's scripts turn on XLA; the CPU also needs
@@ -20,11 +24,15 @@ import numpy as np
 import tensorflow as tf
 
 from ranking import dist_model_parallel as dmp
+from utils.errors import ConfigError
 
 TABLES = [(40, 8), (60, 4), (20, 6)]   # (rows, width): at 2 ranks row-sliced, column-sliced, replicated
 PLAN = dict(row_slice_threshold=300, column_slice_threshold=200, data_parallel_threshold=150)
 B, STEPS, TOLERANCE = 32, 4, 1e-5
 SHARED = [0, 1, 2, 0, 1, 2]   # input -> table: every table read by two inputs
+# Whole tables only (distributed-embeddings' table-wise placement), none replicated.
+WHOLE = dict(strategy="memory_balanced", row_slice_threshold=None, column_slice_threshold=None,
+             data_parallel_threshold=None)
 OPTIMIZERS = {"sgd": lambda: keras.optimizers.SGD(0.5), "adagrad": lambda: keras.optimizers.Adagrad(0.2),
               "adam": lambda: keras.optimizers.Adam(0.05)}
 
@@ -65,13 +73,13 @@ def batches(steps=STEPS, input_table_map=None):
     return out
 
 
-def pair(input_table_map=None, **plan):
+def pair(input_table_map=None, rank=0, size=1, **plan):
     """(the dmp model, the reference), built on one batch, with the reference's weights in both."""
     keras.utils.set_random_seed(3)
     ref, dist = Model(False, input_table_map), Model(True, input_table_map, **plan)
-    x = batches(1, input_table_map)[0][0]
+    x, labels = batches(1, input_table_map)[0]
     ref(x)
-    dist(x)
+    dist(fed(dist, x, labels, rank, size)[0])
     dist.distributed.set_weights([e.embeddings.numpy() for e in ref.embeddings])
     for name in ("bottom", "top", "logit"):
         getattr(dist, name).set_weights(getattr(ref, name).get_weights())
@@ -92,11 +100,17 @@ def train_step(model, optimizer, x, labels, first_batch: bool, distributed: bool
     return loss
 
 
-def local(x, labels, rank, size):
+def fed(dist, x, labels, rank, size):
+    """What rank `rank` of `size` feeds the dmp model of global batch (x, labels): its b samples
+    of the numericals and labels, and of every input's ids (dp_input) or, under model-parallel
+    input, the global batch's ids of the inputs its strategy.input_ids_list names."""
     b = B // size
     (numerical, ids) = x
-    return ((numerical[rank * b:(rank + 1) * b], [i[rank * b:(rank + 1) * b] for i in ids]),
-            labels[rank * b:(rank + 1) * b])
+    if dist.distributed.model_parallel_input:
+        ids = [ids[i] for i in dist.distributed.strategy.input_ids_list[rank]]
+    else:
+        ids = [i[rank * b:(rank + 1) * b] for i in ids]
+    return (numerical[rank * b:(rank + 1) * b], ids), labels[rank * b:(rank + 1) * b]
 
 
 def main():
@@ -113,15 +127,20 @@ def main():
     xla = sys.argv[1:] == ["xla"]
     if xla:
         tf.config.optimizer.set_jit(True)
-    runs = [(name, None) for name in OPTIMIZERS] + [("adagrad", SHARED)]
-    for name, table_map in runs:
-        dist, ref = pair(table_map, **PLAN)
+    runs = [(name, None, {}) for name in OPTIMIZERS] + [("adagrad", SHARED, {})]
+    if not xla:   # model-parallel input: over the row-, column-sliced and replicated tables; over whole tables
+        runs += [("sgd", None, {"dp_input": False}), ("adagrad", SHARED, {"dp_input": False, **WHOLE})]
+    placed = {}   # per run: its tables' kinds, the inputs this rank takes under model-parallel input
+    for name, table_map, options in runs:
+        dist, ref = pair(table_map, comm.rank, comm.size, **{**PLAN, **options})
         dist_opt, ref_opt = OPTIMIZERS[name](), OPTIMIZERS[name]()
         step_fn = tf.function(train_step) if xla else train_step   # a graph: auto-clustering compiles parts of it
-        if table_map:
-            name = f"{name} shared"
+        name += " shared" * bool(table_map) + " model-parallel input" * ("dp_input" in options) + \
+            " whole tables" * ("strategy" in options)
+        placed[name] = {"kinds": sorted({t.kind for t in dist.distributed.embedding.plan.tables}),
+                        "inputs": dist.distributed.strategy.input_ids_list[comm.rank]}
         for step, (x, labels) in enumerate(batches(STEPS, table_map)):
-            loss = step_fn(dist, dist_opt, *local(x, labels, comm.rank, comm.size), step == 0, True)
+            loss = step_fn(dist, dist_opt, *fed(dist, x, labels, comm.rank, comm.size), step == 0, True)
             loss = comm.allreduce_sum([loss], f"loss_{name}_{step}")[0] / comm.size
             check(f"{name} step {step} loss", loss, train_step(ref, ref_opt, x, labels, step == 0, False))
         for layer in ("bottom", "top", "logit"):
@@ -129,8 +148,13 @@ def main():
                 check(f"{name} {layer} weights", got, want)
         for t, (got, e) in enumerate(zip(dist.distributed.get_weights(), ref.embeddings)):
             check(f"{name} table {t}", got, e.embeddings.numpy())
-    kinds = sorted({t.kind for t in dist.distributed.embedding.plan.tables})
-    results = comm.allgather_object({"rank": comm.rank, "kinds": kinds, "max_error": worst}, "dmp_result")
+    result = {"rank": comm.rank, "max_error": worst, "runs": placed}
+    if dist.distributed.model_parallel_input:   # the last run's: every input given
+        try:
+            dist(batches(1, SHARED)[0][0])
+        except ConfigError as e:
+            result["wrong_inputs"] = str(e)
+    results = comm.allgather_object(result, "dmp_result")
     if comm.rank == 0:
         print("RESULT", json.dumps(results), flush=True)
 

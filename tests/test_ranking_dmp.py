@@ -5,7 +5,6 @@ Gloo ranks on the same global batches (tests/ranking_dmp_worker.py); tables are 
 IndexedSlices gradients, updated sparsely by SGD and Adagrad; the unsupported options are one line;
 XLA by TensorFlow's auto-clustering at two ranks."""
 import json
-import types
 
 import keras
 import numpy as np
@@ -87,11 +86,9 @@ def test_keras_shaped_ids_and_combiner():
 
 
 def test_unsupported_options_are_one_line():
-    two_ranks = types.SimpleNamespace(rank=0, size=2)
     embeddings = [keras.layers.Embedding(10, 4), keras.layers.Embedding(20, 4)]
     cases = [
         (dict(gpu_embedding_size=1000), "gpu_embedding_size=1000"),
-        (dict(dp_input=False, collectives=two_ranks), "dp_input=False"),
         (dict(input_table_map=[0, 0]), "no input for table 1"),
         (dict(input_table_map=[0, 2]), "got 2"),
     ]
@@ -111,13 +108,28 @@ def test_unsupported_options_are_one_line():
 @pytest.mark.parametrize("ranks,kinds", [(1, ["whole"]), (2, ["column", "replicated", "row"])])
 def test_gloo_ranks_equal_one_process(ranks, kinds):
     """SGD, Adagrad, Adam; at 2 ranks over row-sliced, column-sliced and replicated tables; Adagrad
-    with every table shared by two inputs."""
+    with every table shared by two inputs; model-parallel input (dp_input=False) over those
+    tables, and over shared tables placed whole, where each rank takes only its own tables' inputs."""
     out = horovodrun(ranks, ["tests/ranking_dmp_worker.py"])
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     line = next(l for l in out.stdout.splitlines() if "RESULT" in l)
     results = json.loads(line.split("RESULT", 1)[1])
-    assert [r["rank"] for r in results] == list(range(ranks))
-    assert all(r["kinds"] == kinds and r["max_error"] <= 1e-5 for r in results)
+    assert [r["rank"] for r in results] == list(range(ranks)) and all(r["max_error"] <= 1e-5 for r in results)
+    for r in results:
+        runs = r["runs"]
+        assert all(runs[name]["kinds"] == kinds for name in ("sgd", "adagrad", "adam", "adagrad shared",
+                                                              "sgd model-parallel input"))
+        assert runs["sgd model-parallel input"]["inputs"] == [0, 1, 2]   # every table has a part on each rank
+        whole = runs["adagrad shared model-parallel input whole tables"]
+        assert whole["kinds"] == ["whole"]
+    # Whole tables: each rank takes the inputs of the tables it holds (tests/ranking_dmp_worker.SHARED's 0 and 3 read
+    # table 0, 1 and 4 table 1, 2 and 5 table 2; memory_balanced puts the largest, table 0, alone at 2 ranks).
+    placed = [r["runs"]["adagrad shared model-parallel input whole tables"]["inputs"] for r in results]
+    assert placed == ([[0, 1, 2, 3, 4, 5]] if ranks == 1 else [[0, 3], [1, 2, 4, 5]])
+    if ranks == 2:   # a rank given every input under model-parallel input: one line naming its own
+        assert [r["wrong_inputs"] for r in results] == [
+            f"layer 'distributed_embedding': dp_input=False: rank {r} takes the ids of inputs {want} "
+            f"(strategy.input_ids_list[{r}]), got 6 inputs" for r, want in enumerate(placed)]
 
 
 @pytest.mark.slow
@@ -130,5 +142,6 @@ def test_gloo_ranks_with_xla_auto_clustering(tmp_path):
     out = horovodrun(2, ["tests/ranking_dmp_worker.py", "xla"], env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     results = json.loads(next(l for l in out.stdout.splitlines() if "RESULT" in l).split("RESULT", 1)[1])
-    assert all(r["kinds"] == ["column", "replicated", "row"] and r["max_error"] <= 1e-5 for r in results)
+    assert all(run["kinds"] == ["column", "replicated", "row"] for r in results for run in r["runs"].values())
+    assert all(r["max_error"] <= 1e-5 for r in results)
     assert any(" dot(" in p.read_text() for p in dump.glob("*cluster_*after_optimizations.txt"))
