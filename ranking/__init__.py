@@ -19,7 +19,7 @@ Shapes: `b` local batch (this rank's samples), `B = N b` over N ranks, feature f
 Modules: config.py (`TableConfig`, `FeatureConfig` in keras-rs' field names; `planner_tables`;
 a table with `dynamic=DynamicOptions(capacity, ...)` takes raw int64 ids),
 embedding.py (`HybridEmbedding`: a Keras layer over parallel_embedding.DistributedEmbedding;
-`TableStorage`: tables on disk),
+`TableStorage`: tables on disk; `Embedding`: distributed-embeddings' layer with a combiner),
 features.py (`Features`: the dataset's features as `main.py --model=FILE`'s builder gets them),
 sequences.py (sequence features' ids: the most recent L kept, `SequenceMask`),
 nn/layers.py (building blocks: `MLP`, `DotInteraction`, `CrossNetwork`, `FactorizationMachine`,

@@ -51,7 +51,7 @@ from tensorflow.python.eager import record   # whether a gradient tape is record
 from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.layer import DistributedEmbedding, LookedUp, num_samples
 from parallel_embedding.planner import BudgetError, TierOptions, plan_tables
-from ranking.config import FeatureConfig, planner_tables
+from ranking.config import COMBINERS, FeatureConfig, planner_tables
 from ranking.sequences import by_position, recent_ids
 from utils.errors import ConfigError
 
@@ -434,3 +434,29 @@ class HybridEmbedding(keras.layers.Layer):
         """Gradients of a recorded call's exchanged rows (T x [k_t b, D_t]) -> IndexedSlices of
         `table_variables` (the reverse all-to-all)."""
         return self.embedding.gradients(looked_up, row_grads)
+
+
+class Embedding(keras.layers.Embedding):
+    """distributed-embeddings' `Embedding` (`from ranking import embedding`, as its
+    `distributed_embeddings.python.layers import embedding`): Keras' Embedding with a `combiner`,
+    "sum" or "mean" of each sample's rows (ids [b, k] or ragged [b, None] -> [b, D]), None for
+    Keras' own lookup. dist_model_parallel.DistributedEmbedding takes it as a table combining so."""
+
+    def __init__(self, input_dim: int, output_dim: int, combiner: Optional[str] = None, **kwargs):
+        if combiner not in (None,) + COMBINERS:
+            raise ConfigError(f"Embedding: combiner must be None, {' or '.join(COMBINERS)}, got {combiner!r}")
+        super().__init__(input_dim, output_dim, **kwargs)
+        self.combiner = combiner
+
+    def call(self, inputs):
+        if self.combiner is None:
+            return super().call(inputs)
+        rows = tf.gather(self.embeddings.value, tf.cast(inputs, tf.int64))   # [b, k, D], ragged or not
+        return tf.reduce_sum(rows, axis=1) if self.combiner == "sum" else tf.reduce_mean(rows, axis=1)
+
+    def compute_output_shape(self, input_shape):
+        return super().compute_output_shape(input_shape) if self.combiner is None \
+            else (input_shape[0], self.output_dim)
+
+    def get_config(self):
+        return {**super().get_config(), "combiner": self.combiner}

@@ -1,6 +1,7 @@
-"""ranking.dist_model_parallel (distributed-embeddings' front door): a script written for
-distributed-embeddings trains, with only its import changed, as the plain Keras model with the
-same weights and Keras optimizer: at one process (eager and in a tf.function) and at one and two
+"""ranking.dist_model_parallel (distributed-embeddings' front door) and ranking.embedding.Embedding
+(its Embedding layer with a combiner): a script written for distributed-embeddings trains, with
+only its imports changed, as the plain Keras model with the same weights and Keras optimizer: at
+one process (eager and in a tf.function) and at one and two
 Gloo ranks on the same global batches (tests/ranking_dmp_worker.py); tables are Keras weights with
 IndexedSlices gradients, updated sparsely by SGD and Adagrad; the unsupported options are one line;
 XLA by TensorFlow's auto-clustering at two ranks."""
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from ranking import dist_model_parallel as dmp
+from ranking import dist_model_parallel as dmp, embedding
 from tests.horovod_run import horovodrun
 from tests.ranking_dmp_worker import OPTIMIZERS, TABLES, batches, pair, train_step
 from utils.errors import ConfigError
@@ -83,6 +84,26 @@ def test_keras_shaped_ids_and_combiner():
     assert one.shape == (2, 1, 3)
     np.testing.assert_allclose(one[:, 0], tables[0][[2, 5]])
     np.testing.assert_allclose(multi, [(tables[1][1] + tables[1][4]) / 2, tables[1][7]], atol=1e-7)
+
+
+def test_distributed_embeddings_embedding_layer():
+    """ranking.embedding.Embedding, distributed-embeddings' layer (`from ranking import embedding`):
+    a combiner's sum or mean of each sample's rows (dense [b, k] or ragged), Keras' lookup
+    without one; wrapped by DistributedEmbedding, the same rows; a bad combiner is one line."""
+    layers = [embedding.Embedding(10, 3, combiner="sum"), embedding.Embedding(12, 2, combiner="mean"),
+              embedding.Embedding(8, 4)]
+    ids = [tf.constant([[1, 4], [7, 7]]), tf.ragged.constant([[3, 11, 0], [5]]), tf.constant([[2], [6]])]
+    own = [layer(x).numpy() for layer, x in zip(layers, ids)]
+    w = [layer.embeddings.numpy() for layer in layers]
+    np.testing.assert_allclose(own[0], [w[0][1] + w[0][4], 2 * w[0][7]], atol=1e-7)
+    np.testing.assert_allclose(own[1], [(w[1][3] + w[1][11] + w[1][0]) / 3, w[1][5]], atol=1e-7)
+    np.testing.assert_array_equal(own[2], w[2][[[2], [6]]])
+    wrapped = dmp.DistributedEmbedding(layers)
+    wrapped.set_weights(w)
+    for got, want in zip(wrapped(ids), own):
+        np.testing.assert_allclose(got, want, atol=1e-7)
+    with pytest.raises(ConfigError, match="^Embedding: combiner must be None, sum or mean, got 'max'$"):
+        embedding.Embedding(10, 3, combiner="max")
 
 
 def test_unsupported_options_are_one_line():
