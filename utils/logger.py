@@ -16,8 +16,11 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-# A dynamic table's figures (DistributedEmbedding.dynamic_stats) on the progress line.
+# A dynamic table's figures (DistributedEmbedding.dynamic_stats) on the progress line: each
+# table's, for up to SHOWN_TABLES tables; for more, their sums and the SHOWN_TABLES tables that
+# refused and evicted the most ids (every table's figures stay in the log's records).
 DYNAMIC_COUNTS = ("live", "admitted", "evicted", "refused")
+SHOWN_TABLES = 3
 
 
 class RunLogger:
@@ -60,7 +63,8 @@ class RunLogger:
                  store: Optional[dict] = None, heads: Optional[dict] = None):
         """The progress line, and a `step` record; `store`: the embedding store's figures
         (DistributedEmbedding.store_stats): the disk tier's, if it has tables on disk, and each
-        dynamic table's counts (`<table>/live`, `/admitted`, `/evicted`, `/refused`), each
+        dynamic table's counts (`<table>/live`, `/admitted`, `/evicted`, `/refused`; see
+        SHOWN_TABLES), each
         sequence's `<layer>/<feature>/truncated` (shown as "truncated ids"); `heads`: a
         model with heads, each head's loss by "<head>_loss" (shown after the loss, their sum)."""
         throughput = batch_size / step_seconds
@@ -73,8 +77,17 @@ class RunLogger:
             table, _, count = key.rpartition("/")
             if table and count in DYNAMIC_COUNTS:
                 tables.setdefault(table, {})[count] = value
-        for table, counts in tables.items():
-            line += " | " + f"{table}: " + ", ".join(f"{counts[c]:,} {c}" for c in DYNAMIC_COUNTS)
+        if len(tables) <= SHOWN_TABLES:
+            for table, counts in tables.items():
+                line += " | " + f"{table}: " + ", ".join(f"{counts[c]:,} {c}" for c in DYNAMIC_COUNTS)
+        elif tables:   # their sums, and the tables short of rows first
+            line += f" | {len(tables)} dynamic tables: " + ", ".join(
+                f"{sum(t.get(c, 0) for t in tables.values()):,} {c}" for c in DYNAMIC_COUNTS)
+            worst = sorted(tables, key=lambda t: (-tables[t].get("refused", 0), -tables[t].get("evicted", 0), t))
+            worst = [t for t in worst[:SHOWN_TABLES] if tables[t].get("refused", 0) or tables[t].get("evicted", 0)]
+            if worst:
+                line += " | most refused and evicted: " + ", ".join(
+                    f"{t} {tables[t].get('refused', 0):,}/{tables[t].get('evicted', 0):,}" for t in worst)
         truncated = {key[:-len("/truncated")]: value for key, value in (store or {}).items()
                      if key.endswith("/truncated")}
         if truncated:
