@@ -124,7 +124,7 @@ class Assembly:
                            f"xla {cfg.runtime.xla}, {comm.size} rank{'s' if comm.size > 1 else ''}")
         emb = self.model.embeddings
         self.view = RankInput(comm.rank, comm.size, tuple(emb.input_rows(f) for f in range(cfg.data.num_categorical)))
-        self.log.record("params", **cfg.flat(), parameters=params, world_size=comm.size)
+        self.log.record("params", **cfg.used(comm.size), parameters=params, world_size=comm.size)
         training = cfg.training
         if cfg.mode == "train":
             self.steps_per_epoch = steps_per_epoch(self.rows["train"], training.batch_size, comm.size,

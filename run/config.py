@@ -219,6 +219,15 @@ class RunConfig:
         values = {name: self.value(name) for name in SETTINGS if name != "shape"}
         return dict(values, dataset=dataclasses.asdict(self.data.shape))
 
+    def used(self, world_size: int) -> dict:
+        """`flat` less the settings this run at `world_size` ranks does not read (the JSON log's
+        "params"): those that apply only elsewhere (_APPLIES_ONLY, _DATASET_ONLY), a built-in
+        model's shape under --model (_NOT_WITH_MODEL_FILE), table placement at one rank."""
+        unread = {name for name in SETTINGS if _inapplicable(self, name)}
+        unread |= set(_NOT_WITH_MODEL_FILE) if self.model.model else set()
+        unread |= set(_MULTI_RANK_ONLY) if world_size == 1 else set()
+        return {name: value for name, value in self.flat().items() if name not in unread}
+
     @property
     def combiners(self) -> List[str]:
         return table_combiners(self.data.shape.max_hotness, self.model.multi_hot_combiner)
@@ -682,6 +691,12 @@ def _check(c: RunConfig, present: Set[str], world_size: int):
     for broken, message in _RUN_RULES:
         if broken(c, world_size, present):
             raise ConfigError(message(c, world_size))
+
+
+def _inapplicable(c: RunConfig, name: str) -> bool:
+    """Whether setting `name` means nothing in `c` (_APPLIES_ONLY, _DATASET_ONLY)."""
+    return (name in _APPLIES_ONLY and not _APPLIES_ONLY[name][0](c)) or \
+        (name in _DATASET_ONLY and c.data.dataset_type not in _DATASET_ONLY[name])
 
 
 def _check_applies(c: RunConfig, present: Set[str]):

@@ -228,6 +228,10 @@ def test_log_path_writes_json_records_and_tensorboard(tmp_path):
     assert kinds.count("step") == 3 and kinds.count("eval") == 1
     params = records[0]
     assert params["parameters"] == TINY_PARAMS and params["batch_size"] == 128 and params["embedding_dims"] == [8] * 4
+    # what the run read, not what it did not: a synthetic dot-interaction Adam run at one rank
+    assert params["synthetic_rows"] > 0 and params["interaction"] == "dot" and params["beta1"] == 0.9
+    assert not {"num_cross_layers", "cross_layer_projection_dim", "dataset_path", "feature_spec", "dist_strategy",
+                "row_slice_threshold", "restore_mode", "model_param", "inference_steps"} & set(params)
     assert [r["step"] for r in records if r["kind"] == "step"] == [4, 8, 12]
     assert records[-1]["steps"] == 12 and records[-1]["auc"] == result["auc"]
     # The reference's DLLogger keys: training steps alone (after the first, which traces), the last evaluation.
