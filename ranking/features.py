@@ -323,6 +323,16 @@ _PROBABILITY_LOSSES = (L.binary_crossentropy, L.binary_focal_crossentropy)   # f
 del L
 
 
+def _one_of(fn, kinds) -> bool:
+    return any(fn is k or isinstance(k, type) and isinstance(fn, k) for k in kinds)
+
+
+def binary_loss(loss) -> bool:
+    """Whether a Keras loss (object or function) trains an output for a binary label, on logits
+    or probabilities: one an AUC scores."""
+    return _one_of(loss, _LOGIT_LOSSES + _PROBABILITY_LOSSES)
+
+
 def _evaluated_by(loss, head: Optional[str]) -> str:
     """The figure ("auc" or "rmse") evaluating an output trained with `loss` (a Keras loss, its
     name, or one of HEAD_LOSSES); one line otherwise."""
@@ -332,13 +342,11 @@ def _evaluated_by(loss, head: Optional[str]) -> str:
         fn = keras.losses.get(loss) if isinstance(loss, str) else loss
     except ValueError:   # no Keras loss of that name
         fn = None
-
-    def one_of(kinds):
-        return any(fn is k or isinstance(k, type) and isinstance(fn, k) for k in kinds)
-    probabilities = one_of(_PROBABILITY_LOSSES) or one_of(_LOGIT_LOSSES) and not getattr(fn, "from_logits", True)
-    if one_of(_LOGIT_LOSSES) and not probabilities:
+    on_logits = getattr(fn, "from_logits", True)
+    probabilities = _one_of(fn, _PROBABILITY_LOSSES) or _one_of(fn, _LOGIT_LOSSES) and not on_logits
+    if binary_loss(fn) and not probabilities:
         return "auc"
-    if one_of(_VALUE_LOSSES):
+    if _one_of(fn, _VALUE_LOSSES):
         return "rmse"
     what = "the model's loss" if head is None else f"the loss of head {head!r}"
     why = "on probabilities (from_logits=False); the model gives logits" if probabilities \

@@ -47,6 +47,7 @@ from storage import checkpoint
 from storage.checkpoint import KEEP, Entry, replicated_entries
 from ranking.config import TABLE_OPTIMIZERS
 from ranking.embedding import HybridEmbedding
+from ranking.features import binary_loss
 from ranking.precision import LOSS_SCALE_STATE, LossScale, gradient_sum, scale_gradient
 from utils.errors import ConfigError, NonFiniteError
 from utils.metrics import roc_auc
@@ -409,7 +410,7 @@ class _ProjectStep:
             logs = pythonify_logs(self.get_metrics_result())
             for i, h in enumerate(heads):   # the exact AUC over all samples, of a binary label's logit or if asked
                 key = "auc" if h is None else f"{h}_auc"
-                if key in logs or _binary(self._per_sample_loss[h]):
+                if key in logs or binary_loss(self._per_sample_loss[h]):
                     logs[key] = roc_auc(gathered[:, 2 * i + 1], gathered[:, 2 * i])
         return self.comm.broadcast_object(logs, "evaluation_figures")
 
@@ -633,12 +634,6 @@ def _keras_optimizer(optimizer: keras.optimizers.Optimizer):
     rate = optimizer._learning_rate
     rate = rate if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule) else float(rate.numpy())
     return name, rate, config.get("beta_1", 0.9), config.get("beta_2", 0.999)
-
-
-def _binary(loss) -> bool:
-    """Whether a Keras loss is a binary cross-entropy's (its output scored by an AUC)."""
-    return isinstance(loss, (keras.losses.BinaryCrossentropy, keras.losses.BinaryFocalCrossentropy)) or \
-        loss in (keras.losses.binary_crossentropy, keras.losses.binary_focal_crossentropy)
 
 
 @contextlib.contextmanager

@@ -182,9 +182,12 @@ def test_a_plain_keras_model_is_refused_at_its_first_step():
 
 
 def test_evaluate_scores_a_regression_by_its_loss_and_an_auc_only_if_asked():
+    """An output trained for a binary label (a cross-entropy, hinge: ranking.features.binary_loss, as main.py
+    scores it) gets the exact AUC; a regression its loss, and an AUC only where a metric asks."""
     n, ids, labels = batches()[0]
     x = (n,) + tuple(ids)
     for loss, metrics, keys in (("binary_crossentropy_from_logits", None, {"loss", "auc"}),
+                                (keras.losses.Hinge(), None, {"loss", "auc"}),   # a binary label's score too
                                 ("mse", None, {"loss"}),
                                 ("mse", [keras.metrics.AUC(name="auc")], {"loss", "auc"})):
         model = keras_model()
