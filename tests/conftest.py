@@ -72,13 +72,26 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The test files with the most slow tests first (each file's tests in their order), so that
-    the workers do not end on a long file while the others wait."""
+    """The test files longest first, each file's tests in their order, so that no worker ends the
+    run alone on a long file: by their seconds in a recorded run (tests/durations.json, written by
+    tools/test_durations.py from a run's JUnit XML), a file not recorded there by an estimate
+    (ESTIMATE_S per slow test, 2 s per other)."""
+    import json
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.json")) as f:
+        recorded = json.load(f)
     files = {}
     for item in items:
         files.setdefault(item.path, []).append(item)
-    slow = {path: sum("slow" in i.keywords for i in tests) for path, tests in files.items()}
-    items[:] = [i for path in sorted(files, key=lambda p: -slow[p]) for i in files[path]]
+
+    def seconds(path) -> float:
+        name = os.path.relpath(path, config.rootpath)
+        tests = files[path]
+        slow = sum("slow" in i.keywords for i in tests)
+        return recorded.get(name, ESTIMATE_S * slow + 2 * (len(tests) - slow))
+    items[:] = [i for path in sorted(files, key=lambda p: -seconds(p)) for i in files[path]]
+
+
+ESTIMATE_S = 30   # a slow test's seconds, for a file tests/durations.json does not hold yet
 
 
 @pytest.fixture(scope="session")
