@@ -26,10 +26,10 @@ nn/layers.py (building blocks: `MLP`, `DotInteraction`, `CrossNetwork`, `Factori
 `TargetAttention`, `TransformerBlock`, `HSTUBlock`; the built-in DLRM / DCNv2 are made of them too),
 model.py (`Model`: keras.Model whose fit runs the project's step: sparse row updates, one
 grouped allreduce, non-finite stop; `save_checkpoint` / `restore_checkpoint`: its whole state,
-main.py's and deploy.py's checkpoint when saved with its model file and features), precision.py (the AMP dtype, float16 loss scaling, the
-gradients' non-finite sum), dist_model_parallel.py (NVIDIA distributed-embeddings'
-`DistributedEmbedding`, `DistributedGradientTape`, `broadcast_variables`: `from ranking import
-dist_model_parallel as dmp`). What works and what remains: docs/models.md.
+main.py's and deploy.py's checkpoint when saved with its model file and features),
+precision.py (the AMP dtype, float16 loss scaling, the gradients' non-finite sum),
+dist_model_parallel.py (NVIDIA distributed-embeddings' `DistributedEmbedding`,
+`DistributedGradientTape`, `broadcast_variables`: `from ranking import dist_model_parallel as dmp`). What works and what remains: docs/models.md.
 """
 from parallel_embedding.planner import DynamicOptions
 from ranking import dist_model_parallel

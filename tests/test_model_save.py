@@ -74,7 +74,8 @@ def test_the_checkpoint_is_main_pys_and_deploys_serving_the_scripts_predictions(
     model, root, path = saved
     assert path == str(root / "ckpt-5")
     manifest = json.loads((root / "ckpt-5" / "manifest.json").read_text())
-    assert manifest["signature"] == {"model": "deepfm.py", "hparams": HPARAMS, "features": [f"cat_{i}" for i in range(4)],
+    names = [f"cat_{i}" for i in range(4)]
+    assert manifest["signature"] == {"model": "deepfm.py", "hparams": HPARAMS, "features": names,
                                      "cardinalities": list(CARDS), "num_numerical": 3, "max_hotness": list(HOTNESS),
                                      "optimizer": "adagrad"}
     # main.py --model=FILE --mode=eval restores it (its signature checked) and predicts as the script's model
