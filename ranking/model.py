@@ -226,6 +226,16 @@ class _ProjectStep:
         return set(LOSS_SCALE_STATE) | {n for n in names if n.endswith(UPDATED_AT)
                                         and n[:-len(UPDATED_AT)] + IDS not in names}
 
+    @contextlib.contextmanager
+    def restoring_tables(self, tensors: dict):
+        """The block restoring a checkpoint whose manifest's "tensors" are `tensors`, for every
+        HybridEmbedding (DistributedEmbedding.restoring: one line naming a table static in one and
+        dynamic in the other; a dynamic table saved in other hash shards re-hashed into this run's)."""
+        with contextlib.ExitStack() as stack:
+            for layer in self.embedding_layers:
+                stack.enter_context(layer.embedding.restoring(tensors))
+            yield self
+
     def save_checkpoint(self, root: str, model_file: Optional[str] = None, features=None,
                         hparams: Optional[dict] = None, keep: int = KEEP) -> str:
         """Writes the compiled model at its global step as ROOT/ckpt-<step> (ROOT/latest names it,
@@ -253,9 +263,7 @@ class _ProjectStep:
         shape, and each piece's checksum, are checked before anything changes (one line
         otherwise). Returns the checkpoint's manifest (storage.checkpoint)."""
         manifest = checkpoint.read_manifest(path)
-        with contextlib.ExitStack() as stack:
-            for layer in self.embedding_layers:   # a dynamic table in other hash shards: re-hashed
-                stack.enter_context(layer.embedding.restoring(manifest["tensors"]))
+        with self.restoring_tables(manifest["tensors"]):
             checkpoint.restore(manifest["path"], self.checkpoint_entries(weights_only), {},
                                self.checkpoint_names(weights_only), extra_ok=weights_only,
                                optional=self.optional_checkpoint_names())

@@ -177,7 +177,7 @@ class Assembly:
         # weights only: a fresh optimizer, of any kind
         signature = self.model_config.signature(optimizer=None if weights_only else cfg.training.optimizer)
         # a table static in one, dynamic in the other: refused; a dynamic table in other hash shards: re-hashed
-        with self.model.embeddings.restoring(manifest["tensors"]):
+        with self.model.keras_model.restoring_tables(manifest["tensors"]):
             checkpoint.restore(path, self.trainer.checkpoint_entries(weights_only), signature,
                                self.trainer.checkpoint_names(weights_only), extra_ok=weights_only,
                                optional=self.trainer.optional_names(), verify=not ck.skip_checkpoint_checksums,

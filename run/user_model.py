@@ -332,7 +332,7 @@ def _metric_name(output: Optional[str], metric) -> str:
 
 class _Tables:
     """The loop's view of a model file's embeddings, its HybridEmbedding `layers` (input_rows,
-    staged, store_stats, restoring, close). `feeds`: per layer, None (it takes its ids from its
+    staged, store_stats, close). `feeds`: per layer, None (it takes its ids from its
     inputs) or, for a layer whose ids the run gives (tables on disk, model-parallel input), per
     input of the layer the index of the dataset's feature it reads; F: the dataset's features."""
 
@@ -405,16 +405,6 @@ class _Tables:
             out.update({f"{table}/{k}": v for table, counts in layer.dynamic_stats().items() for k, v in counts.items()})
             out.update({f"{name}/{k}": v for name, counts in layer.sequence_stats().items() for k, v in counts.items()})
         return out
-
-    @contextlib.contextmanager
-    def restoring(self, tensors: dict):
-        """The block restoring a checkpoint whose manifest's "tensors" are `tensors`, for every layer
-        (DistributedEmbedding.restoring: one line naming a table static in one and dynamic in the
-        other; a dynamic table saved in other hash shards re-hashed into this run's)."""
-        with contextlib.ExitStack() as stack:
-            for layer in self.layers:
-                stack.enter_context(layer.embedding.restoring(tensors))
-            yield self
 
     def close(self):
         for layer in self.layers:
