@@ -32,6 +32,27 @@ BATCH, DIM, FEATURES = 4096, 16, (2, 11, 20)
 EXCHANGES = ("ids", "multi_hot_ids", "routed_ids", "routed_positions", "rows", "grads")
 
 
+def counted_collectives(exchanges):
+    """Horovod's collectives (of the checkout on sys.path), each all-to-all named `embedding_<x>`
+    (x in `exchanges`) adding the bytes this rank sends, and a call, to `sent` and `calls` (int64
+    variables by name; an empty one counts a call)."""
+    import tensorflow as tf
+    from parallel_embedding.collectives import HorovodCollectives
+
+    class Counted(HorovodCollectives):
+        def __init__(self):
+            super().__init__()
+            self.sent = {f"embedding_{x}": tf.Variable(0, dtype=tf.int64) for x in exchanges}
+            self.calls = {name: tf.Variable(0, dtype=tf.int64) for name in self.sent}
+
+        def alltoall(self, tensor, counts, name):
+            self.sent[name].assign_add(tf.size(tensor, out_type=tf.int64) * tensor.dtype.size)
+            self.calls[name].assign_add(1)
+            return super().alltoall(tensor, counts, name)
+
+    return Counted()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shards", type=int, default=2, help="hash shards per table")
@@ -45,27 +66,13 @@ def main():
     from utils.tensorflow_startup import import_tensorflow
     import_tensorflow()   # its start-up lines once, held to TF_CPP_MIN_LOG_LEVEL
     import tensorflow as tf
-    from parallel_embedding.collectives import HorovodCollectives
     from parallel_embedding.layer import DistributedEmbedding
     from parallel_embedding.planner import DynamicOptions, plan_tables
-
-    class Counted(HorovodCollectives):
-        """Horovod's collectives; each all-to-all adds the bytes this rank sends, and a call, to its
-        counters (an empty one counts a call)."""
-        def __init__(self):
-            super().__init__()
-            self.sent = {f"embedding_{x}": tf.Variable(0, dtype=tf.int64) for x in EXCHANGES}
-            self.calls = {name: tf.Variable(0, dtype=tf.int64) for name in self.sent}
-
-        def alltoall(self, tensor, counts, name):
-            self.sent[name].assign_add(tf.size(tensor, out_type=tf.int64) * tensor.dtype.size)
-            self.calls[name].assign_add(1)
-            return super().alltoall(tensor, counts, name)
 
     with open(WORKLOADS) as stream:
         w1 = yaml.safe_load(stream)["workloads"]["dlrm-kaggle"]["cardinalities"]
     cards = [w1[f] for f in FEATURES]
-    comm = Counted()
+    comm = counted_collectives(EXCHANGES)
     n, b = comm.size, BATCH // comm.size
     options = DynamicOptions(args.capacity, shards=args.shards)
     plan = plan_tables(cards, [DIM] * 3, n, dynamic={f: options for f in range(3)})

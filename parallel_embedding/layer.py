@@ -32,7 +32,12 @@ Multi-hot features take a `tf.RaggedTensor` of ids ([rows, None]) instead of a v
 embedding is the sum (combiner "sum") or mean ("mean") of its ids' rows, zeros for an empty
 row, and each id's row gets the row's gradient (divided by the row's length for "mean").
 With data-parallel input their row lengths travel with the one-hot ids, then one more
-all-to-all carries their ids.
+all-to-all carries their ids; and the exchange is jagged (`Jagged`): of a multi-hot input only
+the rows that hold ids travel, in the rows' all-to-all and back in the gradients' (a sequence
+looked up position by position, ranking/sequences.py, sends its kept ids' rows, not L x b). The
+owner combines its ids straight into those rows, rank by rank (`_held_rows`); each rank puts
+what it receives back in its rows' places (zeros elsewhere). Model-parallel input sends every
+row: a rank there does not know which of its samples' rows hold ids.
 
 >>> from parallel_embedding.collectives import SingleProcess
 >>> emb = DistributedEmbedding(plan_tables([1000, 20], [16, 16], world_size=1), SingleProcess(), seed=(1, 100),
@@ -137,14 +142,23 @@ def check_ids(features: Sequence[int], ids: Sequence[tf.Tensor], cardinalities: 
         "min/max ids:", id_range, "cardinalities:", cardinalities], summarize=64)]
 
 
+class Jagged(NamedTuple):
+    """Which rows of the multi-hot inputs hold ids, with data-parallel input at N > 1 ranks: only
+    those rows travel in the exchange and its reverse (the others are zeros, their gradients unused)."""
+    local: Dict[int, tf.Tensor]   # per multi-hot feature of any rank's static shards: [m_f b] bool, this rank's rows
+    owned: Dict[int, tf.Tensor]   # per multi-hot feature of this rank's static shards: [N, m_f b] bool, each rank's
+
+
 class LookedUp(NamedTuple):
     """What `lookup` returns: rows and the variable indices they came from (for gradients)."""
-    shard_rows: List[tf.Tensor]        # per local shard: [B, w] (a routed shard: [K, w], its ids')
+    shard_rows: List[tf.Tensor]        # per local shard: [m B, w] (a routed shard: [K, w], its ids'; a
+                                       # jagged one: the rows that hold ids, rank by rank, `_held_rows`)
     shard_indices: List[tf.Tensor]     # per local shard: [K] row indices into its variable
     shard_ids: List[FlatIds]           # per local shard: its feature's ids (a routed shard: its rows)
     replicated_rows: List[tf.Tensor]   # per replicated table: [b, D_f]
     replicated_ids: List[FlatIds]      # per replicated table: its feature's ids
     routes: Optional[Routes] = None    # the routed shards' (None: the plan has none at this world size)
+    jagged: Optional[Jagged] = None    # data-parallel input at N > 1 ranks (None: every row travels)
 
 
 class DistributedEmbedding(tf.Module):
@@ -276,6 +290,7 @@ class DistributedEmbedding(tf.Module):
                            for r in range(self.size)]
         self._widths = [sum(m[s.feature] * s.width for s in shards) for shards in self._static_on]
         self._all_shards = [s for shards in self._static_on for s in shards]
+        self._exchanged = sorted({s.feature for s in self._all_shards})
         pieces = {f: [] for f in range(len(tables))}
         for k, s in enumerate(self._all_shards):
             pieces[s.feature].append((k, s))
@@ -327,12 +342,17 @@ class DistributedEmbedding(tf.Module):
         evicting), before the gathers; a routed table's (routing.py) after the data-parallel input
         exchange gives each hash shard's owner its own ids only (model-parallel input: the owner
         keeps its own of the global ids)."""
-        ids, exchange_checks, routes, owned_ids = list(ids), [], None, []
+        ids, exchange_checks, routes, owned_ids, jagged = list(ids), [], None, [], None
         if self.data_parallel_input and self.size > 1:   # the routed tables' ids in the same exchange
+            local = {f: ids[f].row_lengths() > 0 for f in self._exchanged if isinstance(ids[f], tf.RaggedTensor)}
             ids, routes, owned_ids, exchange_checks = self._exchange_ids(ids)
+            jagged = Jagged(local, {f: self._by_rank(ids[f].row_lengths() > 0, self.inputs_per_table[f])
+                                    for f in self._exchanged if f in local and f in self.global_features})
         checked = self.global_features + self.replicated if not self.data_parallel_input or self.size == 1 \
             else list(range(len(ids)))
         flat = {f: flatten_ids(ids[f], self.combiners[f]) for f in checked}
+        for f, held in (jagged.owned if jagged else {}).items():
+            flat[f] = self._held_rows(flat[f], held, self.inputs_per_table[f])
         if self.router.shards and not self.data_parallel_input:
             routes, owned_ids = self.router.keep_own(flat)
         shard_ids = [None if s.feature in self.router.features else
@@ -351,7 +371,17 @@ class DistributedEmbedding(tf.Module):
                 gathered = tf.where((i >= 0)[:, None], tf.gather(self.shard_variables[k], tf.maximum(i, 0)), 0.0)
                 rows[k] = gathered if owned.weights is None else gathered * owned.weights[:, None]
                 indices[k], shard_ids[k] = i, FlatIds(i, None, None, None)
-        return LookedUp(rows, indices, shard_ids, replicated_rows, replicated_ids, routes)
+        return LookedUp(rows, indices, shard_ids, replicated_rows, replicated_ids, routes, jagged)
+
+    def _held_rows(self, flat: FlatIds, held: tf.Tensor, m: int) -> FlatIds:
+        """A jagged feature's global ids, each of a row of [m B] in (input, rank, row) order -> each
+        of a row of the rows that hold ids, in (rank, input, row) order (`held` [N, m b], `Jagged.owned`):
+        combined, they are the exchange's rows as it sends them, rank by rank."""
+        b = tf.cast(tf.shape(held)[1] // m, tf.int64)
+        row, big = tf.cast(flat.sample, tf.int64), b * self.size
+        by_rank = (row % big) // b * (m * b) + row // big * b + row % b
+        position = tf.cumsum(tf.cast(tf.reshape(held, [-1]), tf.int64)) - 1
+        return flat._replace(sample=tf.gather(position, by_rank), num_samples=tf.reduce_sum(tf.cast(held, tf.int64)))
 
     def _dynamic_rows(self, s: Shard, flat: FlatIds, training: bool) -> FlatIds:
         """A dynamic table's hash shard `s`: raw ids -> its rows (-1: none, or another shard's id),
@@ -475,28 +505,34 @@ class DistributedEmbedding(tf.Module):
             return out
         if not any(self._widths) and not self.router.shards:
             return out
-        b, m = local_batch, self.inputs_per_table
-        # Each shard's [m B, w] rows (input, rank, row) -> [N, m b w]: rank r's m x b rows in a row;
-        # then, to each rank, the rows of its ids in the routed shards here (wire order).
-        static = [self._by_rank(rows, m[s.feature]) for s, rows in zip(self.shards, looked_up.shard_rows)
-                  if s.feature not in self.router.features]
-        static = tf.concat(static, axis=1) if static else tf.zeros([self.size, 0])
+        b, m, jagged = local_batch, self.inputs_per_table, looked_up.jagged
+        # To each rank r: each static shard's rows of r's m x b rows, in (input, row) order (jagged:
+        # only those that hold ids), then the rows of r's ids in the routed shards here (wire order).
+        static = [[] for _ in range(self.size)]
+        for s, rows in zip(self.shards, looked_up.shard_rows):
+            if s.feature not in self.router.features:
+                for r, x in enumerate(self._split_by_rank(rows, s, m[s.feature], jagged)):
+                    static[r].append(x)
         routed = self.router.to_wire([looked_up.shard_rows[self.shards.index(s)] for s in self.router.on[self.rank]],
                                      looked_up.routes)
+        sizes = [[self._rows_of(s.feature, b, jagged) * s.width for s in shards] for shards in self._static_on]
         received = self.comm.alltoall(
-            tf.concat([tf.concat([static[r]] + routed[r], 0) for r in range(self.size)], 0),
-            tf.stack([b * self._widths[self.rank] + self.router.floats(r, looked_up.routes, mine=True)
+            tf.concat([x for r in range(self.size) for x in static[r] + routed[r]] or [tf.zeros([0])], 0),
+            tf.stack([tf.add_n([tf.size(x) for x in static[r]] + [self.router.floats(r, looked_up.routes, mine=True)])
                       for r in range(self.size)]), f"{self.name}_rows")
-        received, routed, checks = self.router.from_ranks(received, [b * w for w in self._widths], looked_up.routes,
-                                                          mine=False)
+        received, routed, checks = self.router.from_ranks(received, [tf.add_n([0] + xs) for xs in sizes],
+                                                          looked_up.routes, mine=False)
         if checks:
             with tf.control_dependencies(checks):
                 received, routed = tf.identity(received), [tf.identity(x) for x in routed]
-        pieces = tf.split(received, tf.stack([b * m[s.feature] * s.width for s in self._all_shards]),
+        pieces = tf.split(received, tf.stack([x for xs in sizes for x in xs]),
                           num=len(self._all_shards)) if self._all_shards else []
         for f, parts in self._pieces.items():
             if parts:
                 parts = [tf.reshape(pieces[k], [-1, s.width]) for k, s in parts]
+                if jagged and f in jagged.local:   # the rows that hold ids, back in their places
+                    where = tf.cast(tf.where(jagged.local[f]), tf.int32)
+                    parts = [tf.scatter_nd(where, x, [m[f] * b, x.shape[1]]) for x in parts]
                 out[f] = tf.add_n(parts) if self.plan.tables[f].kind in ("row", "dynamic") else tf.concat(parts, axis=1)
         if self.router.shards:   # each id's row summed into its sample's
             for f, rows in self.router.combine(routed, looked_up.routes, b).items():
@@ -504,14 +540,30 @@ class DistributedEmbedding(tf.Module):
         return out
 
     def _by_rank(self, rows: tf.Tensor, m: int) -> tf.Tensor:
-        """[m B, w] rows in (input, rank, row) order -> [N, m b w] in (rank, input, row) order."""
+        """[m B, w] (or [m B]) in (input, rank, row) order -> [N, m b w] (or [N, m b]) in (rank, input, row) order."""
         return tf.reshape(tf.transpose(tf.reshape(rows, [m, self.size, -1]), [1, 0, 2]), [self.size, -1])
+
+    def _split_by_rank(self, rows: tf.Tensor, s: Shard, m: int, jagged: Optional[Jagged]) -> List[tf.Tensor]:
+        """Shard s's [m B, w] rows (input, rank, row) -> per rank r, flat, r's m x b rows in (input,
+        row) order: those that hold ids if the feature is jagged, else all of them."""
+        if not jagged or s.feature not in jagged.owned:
+            return tf.unstack(self._by_rank(rows, m), num=self.size)
+        counts = tf.reduce_sum(tf.cast(jagged.owned[s.feature], tf.int32), axis=1)   # already rank by rank
+        return tf.split(tf.reshape(rows, [-1]), counts * s.width, num=self.size)
+
+    def _rows_of(self, feature: int, b, jagged: Optional[Jagged], rank: Optional[int] = None):
+        """How many of a rank's m_f x b rows of `feature` travel: this rank's (`rank` None) or, on
+        the feature's owner, rank `rank`'s."""
+        if not jagged or feature not in jagged.local:
+            return self.inputs_per_table[feature] * b
+        mask = jagged.local[feature] if rank is None else jagged.owned[feature][rank]
+        return tf.reduce_sum(tf.cast(mask, tf.int32))
 
     # Backward ----------------------------------------------------------------------------------
 
     def gradients(self, looked_up: LookedUp, feature_grads: Sequence[tf.Tensor]) -> List[tf.IndexedSlices]:
         """Gradients of the F features ([b, D_f]) -> IndexedSlices for `variables_in_order`."""
-        shard_grads = self._reverse_exchange(feature_grads, looked_up.routes)
+        shard_grads = self._reverse_exchange(feature_grads, looked_up.routes, looked_up.jagged)
         grads = [tf.IndexedSlices(spread(g, flat), i, tf.shape(v, out_type=i.dtype))
                  for g, i, flat, v in zip(shard_grads, looked_up.shard_indices, looked_up.shard_ids,
                                           self.shard_variables)]
@@ -523,7 +575,7 @@ class DistributedEmbedding(tf.Module):
             grads.append(tf.IndexedSlices(g, ids, tf.shape(var, out_type=ids.dtype)))
         return grads
 
-    def _reverse_exchange(self, feature_grads, routes: Optional[Routes]) -> List[tf.Tensor]:
+    def _reverse_exchange(self, feature_grads, routes: Optional[Routes], jagged: Optional[Jagged]) -> List[tf.Tensor]:
         """[b, D_f] per feature -> [B, w] per local shard (a routed shard: [K, w], the gradients of
         its ids' rows in global batch order) (the reverse all-to-all)."""
         if self.size == 1:
@@ -532,23 +584,32 @@ class DistributedEmbedding(tf.Module):
             return []
         m = self.inputs_per_table
         b = tf.shape(feature_grads[0])[0] // m[0]
-        send = []
-        for r in range(self.size):   # to rank r: its static shards' [m b, w], then its routed shards' [c, w]
-            send += [tf.reshape(feature_grads[s.feature][:, s.col_start:s.col_end], [-1]) for s in self._static_on[r]]
-            send += self.router.gradients_to(r, feature_grads, routes)
-        received = self.comm.alltoall(tf.concat(send, axis=0) if send else tf.zeros([0]),
-                                      tf.stack([b * w + self.router.floats(r, routes, mine=False)
-                                                for r, w in enumerate(self._widths)]), f"{self.name}_grads")
-        received, routed, _ = self.router.from_ranks(received, [b * self._widths[self.rank]] * self.size, routes,
-                                                     mine=True)
+        send, counts = [], []
+        for r in range(self.size):   # to rank r: its static shards' [m b, w] (jagged: the rows that hold ids), then
+            static = []              # its routed shards' [c, w]
+            for s in self._static_on[r]:
+                g = feature_grads[s.feature][:, s.col_start:s.col_end]
+                if jagged and s.feature in jagged.local:
+                    g = tf.boolean_mask(g, jagged.local[s.feature])
+                static.append(tf.reshape(g, [-1]))
+            send += static + self.router.gradients_to(r, feature_grads, routes)
+            counts.append(tf.add_n([tf.size(x) for x in static] + [self.router.floats(r, routes, mine=False)]))
+        received = self.comm.alltoall(tf.concat(send, axis=0) if send else tf.zeros([0]), tf.stack(counts),
+                                      f"{self.name}_grads")
         static = self._static_on[self.rank]
+        sizes = [[self._rows_of(s.feature, b, jagged, r) * s.width for s in static] for r in range(self.size)]
+        received, routed, _ = self.router.from_ranks(received, [tf.add_n([0] + xs) for xs in sizes], routes,
+                                                     mine=True)
         out = {}
-        if static:
-            blocks = tf.split(tf.reshape(received, [self.size, -1]),   # per rank: my shards' [m b, w] in a row
-                              tf.stack([b * m[s.feature] * s.width for s in static]), num=len(static), axis=1)
-            # [N, m b w] (rank, input, row) -> [m B, w] (input, rank, row)
-            out = {s: tf.reshape(tf.transpose(tf.reshape(x, [self.size, m[s.feature], -1]), [1, 0, 2]), [-1, s.width])
-                   for x, s in zip(blocks, static)}
+        if static:   # per rank, my shards' rows in a row -> per shard [N, m b, w] (rank, input, row)
+            blocks = tf.split(received, tf.stack([x for xs in sizes for x in xs]), num=self.size * len(static))
+            for t, s in enumerate(static):
+                x = tf.reshape(tf.concat(blocks[t::len(static)], 0), [-1, s.width])
+                if not jagged or s.feature not in jagged.owned:   # jagged: the rows as lookup gave them
+                    # [N, m b, w] (rank, input, row) -> [m B, w] (input, rank, row)
+                    x = tf.reshape(tf.transpose(tf.reshape(x, [self.size, m[s.feature], -1]), [1, 0, 2]),
+                                   [-1, s.width])
+                out[s] = x
         out.update(self.router.owned_gradients(routed, routes))
         return [out[s] for s in self.shards]
 

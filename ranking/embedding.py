@@ -17,8 +17,9 @@ The tables are a `parallel_embedding.DistributedEmbedding` placed by one `plan_t
 the ranks of `collectives` (default: one process); the layers of a `TableGroup` (a model's layers
 made by ranking.Features.embedding) are placed by one call over all their tables. Every rank
 feeds its own b samples of every feature (data-parallel input); the embedding exchanges ids and
-rows with the all-to-alls of today's plan. Features sharing a table are looked up together, their ids concatenated (the
-embedding's `inputs_per_table`: one lookup, exchange and update per table at any N).
+rows with the all-to-alls of the plan (of a sequence, only its kept ids' rows travel). Features
+sharing a table are looked up together, their ids concatenated (the embedding's
+`inputs_per_table`: one lookup, exchange and update per table at any N).
 
 Model-parallel input (`data_parallel_input=False`, N > 1): the layer looks up only ids given
 through `given_table_ids`, per table as `input_rows(t)` says: its features' ids of the global
