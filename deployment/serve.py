@@ -61,13 +61,14 @@ import numpy as np  # noqa: E402
 
 from deployment.repository_format import (CATEGORICAL, LOGITS, NUMERICAL, PREDICTIONS,  # noqa: E402
                                           RepositoryError, categorical_width, read_export_info)
+from deployment.repository_format import columns as feature_columns  # noqa: E402
 from deployment.serving.backend import MODEL_VERSION, Backend  # noqa: E402
 from deployment.serving.errors import BadRequest  # noqa: E402
 from deployment.serving.guarded_http import Safeguards  # noqa: E402
 from deployment.serving.live import Model, Updater, check_export  # noqa: E402
 from deployment.serving.tiers import POLICIES, TierConfig  # noqa: E402
 from deployment.serving.monolithic import MonolithicModel  # noqa: E402
-from deployment.serving.native import ServedModel, TensorSpec, serving as native_serving  # noqa: E402
+from deployment.serving.native import RaggedInput, ServedModel, TensorSpec, serving as native_serving  # noqa: E402
 from utils.errors import CheckpointError, ConfigError, StoreError  # noqa: E402
 from utils.tensorflow_startup import import_tensorflow  # noqa: E402
 
@@ -311,8 +312,11 @@ def serve(repository: str, settings: ServerSettings):
     columns = (len(layout.get("heads") or [None]),)   # a column per head (repository_format.ServingLayout)
     outputs = [TensorSpec(PREDICTIONS, np.float32, columns), TensorSpec(LOGITS, np.float32, columns),
                TensorSpec(MODEL_VERSION, np.int64, (1,))]
+    ragged = [RaggedInput(f"categorical_{f}", CATEGORICAL, start, end) for f, ((start, end), hotness) in
+              enumerate(zip(feature_columns(layout["max_hotness"]), layout["max_hotness"])) if hotness]
     served_model = ServedModel(settings.model_name or info["name"], inputs, outputs,
-                               settings.max_batch_size or exported["max_batch_size"], model.infer)
+                               settings.max_batch_size or exported["max_batch_size"], model.infer,
+                               ragged if settings.frontend == "native" else ())
     if settings.frontend == "native":
         stats = lambda: dict(model.stats(), model={"version_step": model.version.step})  # noqa: E731
         frontend = native_serving(served_model, settings.address, settings.http_port, settings.grpc_port,

@@ -7,6 +7,10 @@ a second day's delta is taken by the tables form;
 the NumPy and TensorFlow sparse parts agree on hand-made histories (padding anywhere, over the
 maximum, empty); a model reading a history's ids outside its lookups and a SequenceMask is
 refused in one line."""
+import json
+import urllib.error
+import urllib.request
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -17,7 +21,8 @@ from run.config import build_config
 from tests.configs import TINY
 from tests.test_deployment_export import deploy, reference, served
 from tests.test_model_export import check_tiers_take_the_delta, layout_of, python
-from tests.test_serving import served_outputs
+from deployment.client import ServingClient, free_ports
+from tests.test_serving import start_server, stop_server
 
 HISTORY, MAX_LENGTH = 6, 4
 CARDS = ["300", "50", "7"]
@@ -109,11 +114,61 @@ def test_a_dynamic_item_table_serves_its_history_by_raw_id(tmp_path):
     np.testing.assert_allclose(got["logits"][:, 0], logits, rtol=1e-5, atol=1e-5)
 
 
-def test_native_server_answers_as_the_model_predicts(din, tmp_path):
+def infer_json(port, inputs):
+    """One KServe v2 JSON request to model m: (HTTP status, the answer's document)."""
+    body = json.dumps({"inputs": [{"name": n, "datatype": d, "shape": list(np.shape(v)),
+                                   "data": np.asarray(v).reshape(-1).tolist()} for n, d, v in inputs]}).encode()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/m/infer", body, timeout=60) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_native_server_answers_as_the_model_predicts_padded_or_variable_length(din, tmp_path):
+    """The history in its padded columns, or as variable-length ids with their lengths (JSON and
+    gRPC): the same logits, the model's; lengths that do not add up or exceed the columns: 400."""
     tmp, batch, categorical, logits = din
-    out = served_outputs(tmp_path / "server.log", tmp / "repo0", np.asarray(batch["numerical"]), categorical,
-                         ("logits",), protocol="http")
-    np.testing.assert_allclose(out["logits"][:, 0], logits, rtol=1e-5, atol=1e-5)
+    numerical = np.asarray(batch["numerical"], np.float32)
+    history = categorical[:, -HISTORY:]
+    lengths = (history != PAD).sum(1)
+    ids = history[history != PAD]   # row by row, each sample's oldest first
+    ports = free_ports(3)
+    server = start_server(tmp_path / "server.log", ports, f"--model_repository={tmp / 'repo0'}")
+    try:
+        client = ServingClient("http", f"localhost:{ports[0]}", "m")
+        client.wait_ready(120)
+        np.testing.assert_allclose(client.infer(numerical, categorical, ("logits",))["logits"][:, 0], logits,
+                                   rtol=1e-5, atol=1e-5)
+        client.close()
+        ragged = [("numerical_features", "FP32", numerical), ("categorical_features", "INT64", categorical[:, :3]),
+                  ("categorical_3", "INT64", ids), ("categorical_3_lengths", "INT64", lengths)]
+        status, answer = infer_json(ports[0], ragged)
+        assert status == 200, answer
+        out = {o["name"]: np.asarray(o["data"]) for o in answer["outputs"]}
+        np.testing.assert_allclose(out["logits"], logits, rtol=1e-5, atol=1e-5)
+        import tritonclient.grpc as grpc
+        tensors = []
+        for name, datatype, value in ragged:
+            tensors.append(grpc.InferInput(name, list(value.shape), datatype))
+            tensors[-1].set_data_from_numpy(value.astype(np.float32 if datatype == "FP32" else np.int64))
+        with grpc.InferenceServerClient(f"localhost:{ports[1]}") as channel:
+            got = channel.infer("m", tensors).as_numpy("logits")
+        np.testing.assert_allclose(got[:, 0], logits, rtol=1e-5, atol=1e-5)
+        more = lengths.copy()
+        more[np.argmin(lengths)] += 1   # an empty history given one id
+        status, answer = infer_json(ports[0], ragged[:3] + [("categorical_3_lengths", "INT64", more)])
+        assert status == 400 and f"input 'categorical_3_lengths' sums to {lengths.sum() + 1}, but " \
+            f"'categorical_3' holds {lengths.sum()} ids" in answer["error"], answer
+        long = [ragged[0], ("categorical_features", "INT64", categorical[:1, :3]),
+                ("categorical_3", "INT64", np.arange(HISTORY + 1)), ("categorical_3_lengths", "INT64", [HISTORY + 1])]
+        status, answer = infer_json(ports[0], [long[0][:2] + (numerical[:1],)] + long[1:])
+        assert status == 400 and f"each sample's count must be 0 to {HISTORY}" in answer["error"], answer
+        status, answer = infer_json(ports[0], ragged[:3])
+        assert status == 400 and "'categorical_3' (variable-length ids) and 'categorical_3_lengths'" \
+            in answer["error"], answer
+    finally:
+        stop_server(server, ports, tmp_path / "server.log")
 
 
 def test_lookup_tiers_with_redis_take_the_second_days_delta(din, tmp_path):

@@ -115,47 +115,72 @@ class Values:
 
 
 @dataclasses.dataclass(frozen=True)
+class RaggedInput:
+    """A multi-hot feature that a request may send as variable-length ids instead of its padded
+    columns: input `name` [N] INT64 (every sample's ids, concatenated in sample order, each sample's
+    oldest first) with input `<name>_lengths` [B] INT64 (each sample's count, 0 to end - start,
+    summing to N). They fill columns [start, end) of input `into` (padded with -1), which the
+    request then sends without those columns."""
+    name: str
+    into: str
+    start: int
+    end: int
+
+    @property
+    def lengths(self) -> str:
+        return f"{self.name}_lengths"
+
+
+@dataclasses.dataclass(frozen=True)
 class ServedModel:
     """A model as served: `infer(*inputs as [B, *dims] arrays, in `inputs` order) -> {output name:
-    [B, *dims] array}`, raising BadRequest for a request it refuses."""
+    [B, *dims] array}`, raising BadRequest for a request it refuses. `ragged`: the optional
+    variable-length forms of some inputs' columns (RaggedInput)."""
     name: str
     inputs: Sequence[TensorSpec]
     outputs: Sequence[TensorSpec]
     max_batch_size: int
     infer: Callable[..., Dict[str, np.ndarray]]
+    ragged: Sequence[RaggedInput] = ()
 
     def metadata(self) -> dict:
         tensors = lambda specs: [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.dims]}  # noqa: E731
                                  for t in specs]
-        return {"name": self.name, "versions": [VERSION], "platform": "native", "inputs": tensors(self.inputs),
-                "outputs": tensors(self.outputs)}
+        optional = [{"name": n, "datatype": "INT64", "shape": [-1]} for r in self.ragged for n in (r.name, r.lengths)]
+        return {"name": self.name, "versions": [VERSION], "platform": "native",
+                "inputs": tensors(self.inputs) + optional, "outputs": tensors(self.outputs)}
 
     def config(self) -> dict:
         """Triton's ModelConfig (its JSON form) of the served model."""
         tensors = lambda specs: [{"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": list(t.dims)}  # noqa
                                  for t in specs]
+        optional = [{"name": r.name, "data_type": "TYPE_INT64", "dims": [-1], "optional": True,
+                     "allow_ragged_batch": True} for r in self.ragged]
+        optional += [{"name": r.lengths, "data_type": "TYPE_INT64", "dims": [1], "optional": True}
+                     for r in self.ragged]
         return {"name": self.name, "platform": "native", "backend": "native", "max_batch_size": self.max_batch_size,
-                "input": tensors(self.inputs), "output": tensors(self.outputs)}
+                "input": tensors(self.inputs) + optional, "output": tensors(self.outputs)}
 
     @property
     def max_values(self) -> int:
-        """The values of the largest request: max_batch_size x the sum over inputs of prod(dims)."""
-        return self.max_batch_size * sum(math.prod(t.dims) for t in self.inputs)
+        """The values of the largest request: max_batch_size x the sum over inputs of prod(dims), and
+        of each ragged input's lengths (its ids take the place of columns)."""
+        return self.max_batch_size * (sum(math.prod(t.dims) for t in self.inputs) + len(self.ragged))
 
     @property
     def max_json_marks(self) -> int:
         """Commas and '[' in the JSON of the largest request, its values nested as their shape (a list of k
-        values holds k - 1 commas), and JSON_STRUCTURE more."""
-        shapes = [(self.max_batch_size, *t.dims) for t in self.inputs]
+        values holds k - 1 commas), a ragged input's lengths, and JSON_STRUCTURE more."""
+        shapes = [(self.max_batch_size, *t.dims) for t in self.inputs] + [(self.max_batch_size,)] * len(self.ragged)
         return JSON_STRUCTURE + sum(math.prod(s) + sum(math.prod(s[:k]) for k in range(len(s))) for s in shapes)
 
     @property
     def max_message_bytes(self) -> int:
         """Bytes of the largest ModelInferRequest, each value in its widest encoding (an integer as a
         10-byte varint), and GRPC_STRUCTURE more."""
-        return GRPC_STRUCTURE + self.max_batch_size * sum(
+        return GRPC_STRUCTURE + self.max_batch_size * (10 * len(self.ragged) + sum(
             math.prod(t.dims) * (10 if np.issubdtype(t.dtype, np.integer) else np.dtype(t.dtype).itemsize)
-            for t in self.inputs)
+            for t in self.inputs))
 
     def run(self, tensors: Sequence[Tuple[str, str, List[int], object]], requested: Optional[Sequence[str]],
             request_id: str = "") -> Dict[str, np.ndarray]:
@@ -164,24 +189,40 @@ class ServedModel:
         prefix = f"[request id: {request_id or '<id_unknown>'}] "
         names = [t[0] for t in tensors]
         expected = [t.name for t in self.inputs]
+        optional = {n for r in self.ragged for n in (r.name, r.lengths)}
         for k, name in enumerate(names):
             if name in names[:k]:
                 raise RequestError(f"{prefix}input '{name}' already exists in request for model '{self.name}'")
-        if len(tensors) != len(expected):
+        count = len(expected) + len(optional.intersection(names))
+        if len(tensors) != count:
             missing = ",".join(f"'{n}'" for n in expected if n not in names)
-            raise RequestError(f"{prefix}expected {len(expected)} inputs but got {len(tensors)} inputs for model "
+            raise RequestError(f"{prefix}expected {count} inputs but got {len(tensors)} inputs for model "
                                f"'{self.name}'. Got input(s) [{','.join(repr(n) for n in names)}], but missing "
                                f"required input(s) [{missing}]. Please provide all required input(s).")
         for name in names:
-            if name not in expected:
+            if name not in expected and name not in optional:
                 raise RequestError(f"unexpected inference input '{name}' for model '{self.name}'")
+        ragged = sorted((r for r in self.ragged if r.name in names or r.lengths in names), key=lambda r: r.start)
+        for r in ragged:
+            if r.name not in names or r.lengths not in names:
+                raise RequestError(f"{prefix}input '{r.name}' (variable-length ids) and '{r.lengths}' (each "
+                                   f"sample's count) come together, for model '{self.name}'")
         outputs = {t.name for t in self.outputs}
         for name in requested or ():
             if name not in outputs:
                 raise RequestError(f"unexpected inference output '{name}' for model '{self.name}'")
         given = {t[0]: t[1:] for t in tensors}
+        dims = {t.name: t.dims for t in self.inputs}
+        for r in ragged:   # `into` comes without r's columns
+            dims[r.into] = (dims[r.into][0] - (r.end - r.start),)
+        flat = [TensorSpec(r.name, np.int64, ()) for r in ragged]
+        for spec in flat:
+            datatype, shape, _ = given[spec.name]
+            if datatype != spec.datatype or len(shape) != 1:
+                raise RequestError(f"{prefix}inference input '{spec.name}' must be INT64 of shape [N] (every "
+                                   f"sample's ids), got {datatype} {shape} for model '{self.name}'")
         batch = None
-        for spec in self.inputs:
+        for spec in [*self.inputs, *(TensorSpec(r.lengths, np.int64, ()) for r in ragged)]:
             datatype, shape, _ = given[spec.name]
             if datatype != spec.datatype:
                 raise RequestError(f"{prefix}inference input '{spec.name}' data-type is '{datatype}', but model "
@@ -196,13 +237,19 @@ class ServedModel:
         if batch > self.max_batch_size:
             raise RequestError(f"{prefix}inference request batch-size must be <= {self.max_batch_size} for "
                                f"'{self.name}'")
-        arrays = []
-        for spec in self.inputs:
+        arrays = {}
+        for spec in [*self.inputs, *(TensorSpec(r.lengths, np.int64, (1,)) for r in ragged)]:
             _, shape, data = given[spec.name]
-            if tuple(shape[1:]) != spec.dims:
+            if tuple(shape[1:]) not in (dims.get(spec.name, spec.dims), () if spec.name in optional else None):
                 raise RequestError(f"{prefix}unexpected shape for input '{spec.name}' for model '{self.name}'. "
-                                   f"Expected [-1,{','.join(map(str, spec.dims))}], got [{','.join(map(str, shape))}]")
-            arrays.append(_array(spec, shape, data, self.name, prefix))
+                                   f"Expected [-1,{','.join(map(str, dims.get(spec.name, spec.dims)))}], got "
+                                   f"[{','.join(map(str, shape))}]")
+            arrays[spec.name] = _array(spec, shape, data, self.name, prefix)
+        for r, spec in zip(ragged, flat):
+            _, shape, data = given[r.name]
+            arrays[r.into] = _filled(r, arrays[r.into], _array(spec, shape, data, self.name, prefix),
+                                     arrays.pop(r.lengths).reshape(-1), f"{prefix}model '{self.name}'")
+        arrays = [arrays[t.name] for t in self.inputs]
         try:
             result = self.infer(*arrays)
         except BadRequest as e:
@@ -210,6 +257,21 @@ class ServedModel:
         except Exception as e:
             raise RequestError.of(e)
         return {t.name: result[t.name] for t in self.outputs if requested is None or t.name in requested}
+
+
+def _filled(r: RaggedInput, into: np.ndarray, ids: np.ndarray, lengths: np.ndarray, where: str) -> np.ndarray:
+    """`into` [B, W - width] with r's ids [N] (lengths [B]) as its columns [start, end), padded with -1."""
+    width = r.end - r.start
+    if lengths.size and (lengths.min() < 0 or lengths.max() > width):
+        raise RequestError(f"{where}: input '{r.lengths}': each sample's count must be 0 to {width} (the "
+                           f"feature's columns), got {lengths.min()} to {lengths.max()}")
+    if int(lengths.sum()) != ids.size:
+        raise RequestError(f"{where}: input '{r.lengths}' sums to {int(lengths.sum())}, but '{r.name}' holds "
+                           f"{ids.size} ids")
+    columns = np.full((len(lengths), width), -1, np.int64)
+    starts = np.cumsum(lengths) - lengths
+    columns[np.repeat(np.arange(len(lengths)), lengths), np.arange(ids.size) - np.repeat(starts, lengths)] = ids
+    return np.concatenate([into[:, :r.start], columns, into[:, r.start:]], axis=1)
 
 
 def _array(spec: TensorSpec, shape: List[int], data, model: str, prefix: str) -> np.ndarray:
