@@ -66,8 +66,12 @@ class ServingClient:
         raise ServingError(f"{self.protocol}://{self.url}: {why} after {timeout_s:.0f} s")
 
     def input_shapes(self) -> dict:
-        """The served model's inputs: name -> dims (without the batch dimension)."""
-        return self._shapes("inputs")
+        """The inputs a request to the served model must carry: name -> dims (without the batch
+        dimension); not the optional ones its config names (the native frontend's variable-length forms)."""
+        config = self.client.get_model_config(self.model, headers=self.headers)
+        optional = {t["name"] for t in config.get("input", []) if t.get("optional")} if isinstance(config, dict) \
+            else {t.name for t in config.config.input if t.optional}
+        return {k: v for k, v in self._shapes("inputs").items() if k not in optional}
 
     def output_shapes(self) -> dict:
         """The served model's outputs: name -> dims (without the batch dimension)."""

@@ -7,7 +7,10 @@ Tensors. Requests carry two tensors (Triton's batch dimension first):
     categorical_features  [B, W] int64: one column per one-hot feature, max_hotness columns per
                           multi-hot feature holding its ids, padded with -1 (PAD) in any slot;
                           a sequence (a history read unpooled) is a multi-hot feature whose ids
-                          are in order, oldest first (its padding anywhere)
+                          are in order, oldest first (its padding anywhere); the native frontend
+                          also takes a multi-hot feature f as variable-length ids, `categorical_<f>`
+                          [N] with `categorical_<f>_lengths` [B], in place of its columns
+                          (deployment/serving/native.py, RaggedInput)
 and get back `predictions` [B, 1] (click probability) and `logits` [B, 1], both float32; a
 model with H heads (main.py --model=FILE on data with H labels) gives them [B, H], one column per
 head in the order of the layout's `heads` (a head trained with mean squared error predicts a value:

@@ -497,7 +497,7 @@ def contents_request(numerical, ids: bytes, shape) -> bytes:
 def test_values_past_the_shapes_are_refused_before_they_are_built(guarded):
     """With the default bounds (64 MiB), values are counted before they become Python objects. gRPC:
     60M ids for a row's 7 (60 MB of varints, gzipped to ~60 KiB) get RESOURCE_EXHAUSTED, gRPC
-    stopping at the model's largest message (85 KiB); 25,600 ids (within it, past the model's 2,560
+    stopping at the model's largest message (90 KiB); 25,600 ids (within it, past the model's 3,072
     values) RESOURCE_EXHAUSTED naming the input; 8 INVALID_ARGUMENT. HTTP: 60 MB of JSON ids gzipped
     to ~60 KiB get 413 before they are parsed. The server's peak memory rises by less than 32 MiB for
     the gRPC ones and 160 MiB for the HTTP one (its body, 57 MiB decompressed), not by the GiBs of
@@ -521,7 +521,7 @@ def test_values_past_the_shapes_are_refused_before_they_are_built(guarded):
     for ids, compression, code, message, bound in (
             (bytes(60_000_000), grpc.Compression.Gzip, "RESOURCE_EXHAUSTED", "message larger than max", 32),
             (bytes(25_600), None, "RESOURCE_EXHAUSTED", "input 'categorical_features' brings the request to 25603 "
-             "values, more than the 2560 of model 'dlrm''s largest (max_batch_size 256)", 32),
+             "values, more than the 3072 of model 'dlrm''s largest (max_batch_size 256)", 32),
             (bytes(width + 1), None, "INVALID_ARGUMENT", "unexpected number of elements for input "
              "'categorical_features' for model 'dlrm'. Expected 7, got 8", 32)):
         (status, details), rise = peak_rise_mib(server.pid, lambda: refusal(ids, compression))
@@ -535,7 +535,7 @@ def test_values_past_the_shapes_are_refused_before_they_are_built(guarded):
     assert len(gzip) < 64 << 10
     (status, body), rise = peak_rise_mib(server.pid, lambda: exchange(ports[0], post(
         gzip, f"Content-Encoding: gzip\r\nAuthorization: Bearer {token}\r\n"), context))
-    assert status == 413 and "more than the 7170 of model 'dlrm''s largest (max_batch_size 256)" in body, body
+    assert status == 413 and "more than the 7684 of model 'dlrm''s largest (max_batch_size 256)" in body, body
     assert rise < 160, rise
     assert [refused(ports[2], protocol, context, token) for protocol in ("http", "grpc")] == [counts[0] + 1,
                                                                                              counts[1] + 3]

@@ -385,7 +385,12 @@ def _grpc_servicer(model: ServedModel, metrics: Metrics):
             m = known(request)
             return service_pb2.ModelConfigResponse(config=config_pb2.ModelConfig(
                 name=m.name, platform="native", backend="native", max_batch_size=m.max_batch_size,
-                input=tensors(m.inputs, config_pb2.ModelInput), output=tensors(m.outputs, config_pb2.ModelOutput)))
+                input=tensors(m.inputs, config_pb2.ModelInput) + [
+                    config_pb2.ModelInput(name=t["name"], data_type=config_pb2.DataType.Value(t["data_type"]),
+                                          dims=t["dims"], optional=True, allow_ragged_batch=t.get(
+                                              "allow_ragged_batch", False))
+                    for t in m.config()["input"][len(m.inputs):]],
+                output=tensors(m.outputs, config_pb2.ModelOutput)))
 
         @aborting
         def ModelInfer(self, request, context):
