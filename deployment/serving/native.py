@@ -9,7 +9,9 @@ metadata, config and readiness, and inference. Requests are checked as Triton ch
 (input count and names, an input named twice, requested outputs, dtypes, shapes, batch size, byte
 sizes and value counts) with Triton's messages and status codes; the model's own refusals
 (errors.BadRequest) get 400 / INVALID_ARGUMENT with their message. Only the requested outputs
-are returned (all when none is named). Each gRPC request runs on a thread of a pool, each HTTP
+are returned (all when none is named). A multi-hot feature may come as variable-length ids with
+their lengths instead of its padded columns (`RaggedInput`: optional inputs, padded into the
+columns before the model sees them). Each gRPC request runs on a thread of a pool, each HTTP
 connection on its own thread; requests are not batched together (the model releases Python's
 lock while it computes).
 
