@@ -760,11 +760,18 @@ class DistributedEmbedding(tf.Module):
                 entries.append(Entry(f"{name}/{UPDATED_AT}", updated_at, (shape[0], 1), s.row_start, 0, s.num_rows))
         replicated = {tensor: v for f, var in zip(self.replicated, self.replicated_variables)
                       for tensor, v in self._with_slots(self.table_name(f), var, slots)}
-        if slots:
+        if self._counted(weights_only):
             replicated[self.optimizer.iterations.name.split(":")[0]] = self.optimizer.iterations
+        if slots:
             replicated.update({f"{self.table_name(f)}/{UPDATED_AT}": v
                                for f, v in zip(self.replicated, self.updated_at[len(self.shards):])})
         return entries + replicated_entries(replicated)
+
+    def _counted(self, weights_only: bool) -> bool:
+        """Whether checkpoints hold the table optimizer's update counter: with the optimizer's state,
+        when the plan has a table that is not dynamic (on any rank: the counter is replicated; each
+        dynamic table counts its own updates)."""
+        return bool(self.optimizer) and not weights_only and any(t.kind != "dynamic" for t in self.plan.tables)
 
     @staticmethod
     def _with_slots(name: str, var: tf.Variable, slots: dict) -> list:
@@ -778,6 +785,7 @@ class DistributedEmbedding(tf.Module):
         names = {self.table_name(f) for f in range(len(tables)) if tables[f].kind != "dynamic"}
         if self.optimizer and not weights_only:
             names |= {f"{name}/{k}" for name in names for k in self.optimizer.slot_names + (UPDATED_AT,)}
+        if self._counted(weights_only):
             names.add(self.optimizer.iterations.name.split(":")[0])
         slots = self.optimizer.slot_names if self.optimizer else ()
         for t in tables:

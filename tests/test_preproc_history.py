@@ -1,11 +1,10 @@
 """User histories built from event logs by preproc.raw (preproc/history.py), against a pure-Python
 reference: ties, several users, empty histories, histories longer than max_length, late events,
 only positive events, the split, raw ids, partitioning, day after day with --vocab_from; the
-spec's errors; DIN trains on the output."""
+spec's errors; the MovieLens guide's DIN trains on the output, exports and serves."""
 import os
 import random
 import shutil
-import subprocess
 
 import numpy as np
 import pyarrow.csv as pacsv
@@ -17,7 +16,6 @@ from preproc import raw, raw_spec
 from preproc.raw_source import RawSource
 from tests.horovod_run import ROOT
 from tests.test_preproc_raw import key, load, ragged, run_raw, tree, write_log
-from tests.warm_python import PYTHON
 from utils.errors import ConfigError, DatasetError
 
 SPEC = {
@@ -277,16 +275,44 @@ def test_unknown_columns_and_flags_naming_a_history(tmp_path):
         assert str(e.value) == message
 
 
+def guide_spec() -> str:
+    """The raw spec of docs/sequences.md's MovieLens guide, as the page writes it."""
+    page = open(os.path.join(ROOT, "docs", "sequences.md")).read()
+    guide = page[page.index("## From a MovieLens ratings file"):]
+    return guide[guide.index("```yaml\n") + 8:guide.index("```", guide.index("```yaml\n") + 8)]
+
+
 @pytest.mark.slow
-def test_din_trains_on_a_preprocessed_history(spark, tmp_path):
-    """examples/din.py reads the candidate item and its history over one table from the output."""
-    write_events(tmp_path, events_log(3000, seed=5, users=40))
-    run_raw(spark, write_spec(tmp_path, NO_THRESHOLD), tmp_path / "out", "--shuffle")
-    flags = ["--model=examples/din.py", "--model_param=candidate=item", "--model_param=width=8",
-             f"--dataset_path={tmp_path / 'out'}", "--dataset_type=split_binary", "--batch_size=256",
-             "--valid_batch_size=600", "--optimizer=adam", "--learning_rate=0.003", "--warmup_steps=2",
-             "--decay_start_step=8", "--decay_steps=4", "--max_steps=8", "--evals_per_epoch=0"]
-    result = subprocess.run([*PYTHON, "main.py", *flags], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                            env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "auc" in (result.stdout + result.stderr).lower()
+def test_the_movielens_guide_serves_what_its_din_predicts(spark, tmp_path):
+    """docs/sequences.md's MovieLens guide, its spec as written, on a smaller sample of
+    tools/movielens_sample.py: preproc.raw with raw ids, DIN over dynamic tables trained by main.py
+    on the history, exported: the tables form predicts the training-time model's logits."""
+    from deployment.repository_format import categorical_matrix
+    from deployment.serving.live import Model
+    from run.config import build_config
+    from tests.configs import TINY
+    from tests.test_deployment_export import reference
+    from tests.test_model_export import layout_of, python
+    python("--output", str(tmp_path / "ratings.csv"), "--users", "200", "--movies", "300", "--ratings", "6000",
+           script="tools/movielens_sample.py")
+    (tmp_path / "movielens.yaml").write_text(guide_spec())
+    run_raw(spark, str(tmp_path / "movielens.yaml"), tmp_path / "data", "--raw_id_columns=userId,movieId")
+    values = dict(TINY, model="examples/din.py", model_param=["candidate=movieId", "width=8"],
+                  dataset_type="split_binary", dataset_path=str(tmp_path / "data"),
+                  dynamic_tables=["userId:400", "movieId:600", "history:600"], batch_size=256, valid_batch_size=600,
+                  warmup_steps=2, decay_start_step=8, decay_steps=4, max_steps=12, evals_per_epoch=0)
+    python("--model=examples/din.py", *(f"--model_param={p}" for p in values["model_param"]),
+           "--dataset_type=split_binary", f"--dataset_path={tmp_path / 'data'}",
+           f"--dynamic_tables={','.join(values['dynamic_tables'])}", "--batch_size=256", "--valid_batch_size=600",
+           "--optimizer=adam", "--learning_rate=0.003", "--warmup_steps=2", "--decay_start_step=8",
+           "--decay_steps=4", "--max_steps=12", "--evals_per_epoch=0", f"--save_checkpoint_path={tmp_path / 'ckpt'}")
+    python(f"--checkpoint={tmp_path / 'ckpt'}", f"--output={tmp_path / 'repo'}", "--model_name=m",
+           "--model=examples/din.py", script="deployment/deploy.py")
+    cfg = build_config(values, present={"model", "model_param", "dataset_type", "dataset_path", "dynamic_tables"})
+    batch, logits = reference(cfg, str(tmp_path / "ckpt"), 300)
+    _, layout = layout_of(str(tmp_path / "repo"))
+    assert layout.max_hotness == [None, None, 50]
+    categorical = categorical_matrix(batch["categorical"], layout.max_hotness)
+    assert (categorical[:, 2:] >= 0).sum(1).max() > 1 and categorical[:, 1].max() > 300 - 50   # raw ids, histories
+    got = Model(str(tmp_path / "repo")).infer(np.asarray(batch["numerical"]), categorical)
+    np.testing.assert_allclose(got["logits"][:, 0], logits, rtol=1e-5, atol=1e-5)
