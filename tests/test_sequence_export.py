@@ -1,12 +1,12 @@
 """Sequence models exported and served (deployment/deploy.py --model=FILE, serve.py): DIN, BST and
-the HSTU-style ranker (examples/) trained on synthetic histories of up to 6 items with max_length 4, so that requests
-hold histories of length 0, 1 and over the maximum; their SavedModels (monolithic, ensemble), the
-tables form in memory and through the lookup tiers with Redis, and serve.py's native frontend
-predict what the training-time model predicts, and so does a dynamic item table's tables form;
-a second day's delta is taken by the tables form;
-the NumPy and TensorFlow sparse parts agree on hand-made histories (padding anywhere, over the
-maximum, empty); a model reading a history's ids outside its lookups and a SequenceMask is
-refused in one line."""
+the HSTU-style ranker (examples/) trained on synthetic histories of up to 6 items with max_length
+4, so that requests hold histories of length 0, 1 and over the maximum; their SavedModels
+(monolithic, ensemble), the tables form in memory and through the lookup tiers with Redis,
+serve.py's native frontend (the history padded, or as variable-length ids over JSON and gRPC)
+and Triton's predict what the training-time model predicts, and so does a dynamic item table's
+tables form; a second day's delta is taken by the tables form; the NumPy and TensorFlow sparse
+parts agree on hand-made histories (padding anywhere, over the maximum, empty); a model reading
+a history's ids outside its lookups and a SequenceMask is refused in one line."""
 import json
 import urllib.error
 import urllib.request
@@ -22,7 +22,7 @@ from tests.configs import TINY
 from tests.test_deployment_export import deploy, reference, served
 from tests.test_model_export import check_tiers_take_the_delta, layout_of, python
 from deployment.client import ServingClient, free_ports
-from tests.test_serving import start_server, stop_server
+from tests.test_serving import served_outputs, start_server, stop_server
 
 HISTORY, MAX_LENGTH = 6, 4
 CARDS = ["300", "50", "7"]
@@ -169,6 +169,14 @@ def test_native_server_answers_as_the_model_predicts_padded_or_variable_length(d
             in answer["error"], answer
     finally:
         stop_server(server, ports, tmp_path / "server.log")
+
+
+def test_triton_frontend_answers_as_the_model_predicts(din, tmp_path):
+    """serve.py --frontend=triton (a real Triton server, the history in its padded columns)."""
+    tmp, batch, categorical, logits = din
+    out = served_outputs(tmp_path / "server.log", tmp / "repo0", np.asarray(batch["numerical"], np.float32),
+                         categorical, ("logits",), "--frontend=triton")
+    np.testing.assert_allclose(out["logits"][:, 0], logits, rtol=1e-5, atol=1e-5)
 
 
 def test_lookup_tiers_with_redis_take_the_second_days_delta(din, tmp_path):
