@@ -99,7 +99,7 @@ def test_bad_combination_exits_2_with_one_error_line(script, args, flag):
 
 
 def test_resuming_a_finished_run_exits_2_with_one_error_line(tmp_path):
-    """Today's "training steps 4..4" that trained nothing and exited 0 is an error naming the way out."""
+    """A run whose "training steps 4..4" would train nothing is an error naming the way out, not exit 0."""
     ck = tmp_path / "ck"
     first = run_script("dlrm.py", *SCRIPT_ARGS, f"--save_checkpoint_path={ck}")
     assert first.returncode == 0, first.stderr
