@@ -158,10 +158,11 @@ class Assembly:
         return params
 
     def restore(self) -> Optional[dict]:
-        """Loads --restore_checkpoint_path: everything to evaluate or resume, or what --restore_mode
-        asks for; sets start_step, data_start (resume) and the schedule's origin. Returns the state
-        the checkpoint was saved with (run.checkpoint_policy), None for weights only (a fresh
-        optimizer: the restored model's lineage does not go on)."""
+        """Loads --restore_checkpoint_path: everything to resume, what --restore_mode asks for, or
+        to evaluate (or infer) the weights and their step (whatever optimizer trained them); sets
+        start_step, data_start (resume) and the schedule's origin. Returns the state the checkpoint
+        was saved with (run.checkpoint_policy), None for --restore_mode=weights (a fresh optimizer:
+        the restored model's lineage does not go on)."""
         cfg, ck = self.cfg, self.cfg.checkpoints
         mode = ck.restore_mode if cfg.mode == "train" else "resume"
         manifest = checkpoint.read_manifest(ck.restore_checkpoint_path)
@@ -173,8 +174,8 @@ class Assembly:
                                   f"{self.total} steps this run asks for (--epochs={cfg.training.epochs}, "
                                   f"--max_steps={cfg.training.max_steps}): nothing left to train; raise --epochs or "
                                   "--max_steps, or train on the data again with --restore_mode=continue")
-        weights_only = mode == "weights"
-        # weights only: a fresh optimizer, of any kind
+        # weights only: a fresh optimizer, of any kind; evaluation and inference need only the weights
+        weights_only = mode == "weights" or cfg.mode != "train"
         signature = self.model_config.signature(optimizer=None if weights_only else cfg.training.optimizer)
         # a table static in one, dynamic in the other: refused; a dynamic table in other hash shards: re-hashed
         with self.model.keras_model.restoring_tables(manifest["tensors"]):
@@ -182,6 +183,8 @@ class Assembly:
                                self.trainer.checkpoint_names(weights_only), extra_ok=weights_only,
                                optional=self.trainer.optional_names(), verify=not ck.skip_checkpoint_checksums,
                                hints={} if cfg.data.dataset_type == "synthetic" else {"cardinalities": VOCABULARY_HINT})
+        if cfg.mode != "train":   # the step the weights were saved at, which the evaluation reports
+            self.trainer.step.assign(manifest["step"])
         self.start_step = int(self.trainer.step.numpy())
         restart = mode == "continue" and ck.restore_lr_schedule == "restart"
         self.trainer.schedule_origin.assign(self.start_step if restart else saved.get("schedule_origin", 0))
@@ -193,4 +196,4 @@ class Assembly:
         unverified = "; not verified: --skip_checkpoint_checksums" if ck.skip_checkpoint_checksums else ""
         self.log.print(f"restored {path} at step {manifest['step']} (written at {manifest['world_size']} "
                        f"rank(s){unverified}){what}")
-        return None if weights_only else saved
+        return None if mode == "weights" else saved

@@ -318,9 +318,11 @@ def test_checkpoint_every_n_steps_saves_each_time(tmp_path, out):
     assert sorted(os.listdir(ck)) == ["ckpt-6", "ckpt-7", "latest"]
 
 
-def test_eval_of_restored_checkpoint_matches_end_of_training(trained, out):
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_eval_of_restored_checkpoint_matches_end_of_training(trained, out, optimizer):
+    """Evaluation reads the weights and their step, whatever --optimizer says (trained with adam)."""
     result, ck = trained
-    metrics = run_loop.run(config(mode="eval", restore_checkpoint_path=ck))
+    metrics = run_loop.run(config(mode="eval", restore_checkpoint_path=ck, optimizer=optimizer))
     assert re.search(r"restored \S+ckpt-12 at step 12", out.readouterr().out)
     assert metrics["samples"] == 500
     assert metrics["auc"] == result["auc"] and metrics["logloss"] == result["logloss"]
@@ -344,16 +346,18 @@ def test_resume_training_from_checkpoint_matches_uninterrupted(trained):
 
 @pytest.mark.parametrize("overrides,setting", [
     (dict(embedding_dim=["4"], bottom_mlp_dims=["16", "4"]), "embedding_dim"),
-    (dict(optimizer="sgd"), "optimizer"),
-    (dict(optimizer="adagrad"), "optimizer"),
+    (dict(mode="train", optimizer="sgd"), "optimizer"),
+    (dict(mode="train", optimizer="adagrad"), "optimizer"),
     (dict(synthetic_cardinalities=["20", "50", "7", "31"]), "cardinalities"),
     (dict(top_mlp_dims=["32", "1"]), "top_mlp_dims"),
     (dict(interaction="cross"), "interaction"),
 ])
 def test_restore_with_different_model_fails_naming_the_setting(trained, overrides, setting):
+    """Evaluating (or resuming, for the optimizer's state) a checkpoint of another model."""
     _, ck = trained
     with pytest.raises(CheckpointError) as info:
-        run_loop.run(config(mode="eval", restore_checkpoint_path=ck, **overrides))
+        run_loop.run(config(**dict(dict(mode="eval"), **overrides),
+                            restore_checkpoint_path=os.path.join(ck, "ckpt-10")))
     message = str(info.value)
     assert f"written with {setting}=" in message and f"this run has {setting}=" in message, message
     assert "\n" not in message
