@@ -12,9 +12,10 @@ gives them, with data-parallel input: L + 1 inputs of b rows, the candidate, the
 position by position (ranking/sequences.by_position), each row one id or none. A step, one
 tf.function: lookup, exchange, gradients of a stand-in loss, SGD update; 8 batches cycled.
 `--code DIR`: measure the parallel_embedding/ of another checkout (`git archive <commit> | tar -x
--C DIR`). One JSON line per rank: bytes per step by all-to-all; what the rows' and the gradients'
-all-to-alls carry if they send only the rows that hold ids (`rows_bytes_of_ids`, computed here
-from the lengths) and if they send every row (`rows_bytes_padded`); the median step time.
+-C DIR`). One JSON line per rank: bytes per step by all-to-all; what each all-to-all carries if
+only the ids present and their rows travel (`bytes_of_ids`, computed here from the lengths) and
+if every position does (`bytes_padded`: a length per position, every position's row); the median
+step time.
 """
 import argparse
 import json
@@ -111,18 +112,23 @@ def main():
         times.append(time.perf_counter() - start)
         timed.append((args.warmup + k) % BATCHES)
     sent = {k: (int(v.numpy()) - before[k]) / args.steps for k, v in comm.sent.items()}
-    # rows: this rank's shards' rows of every rank's samples; gradients: every shard's of this rank's
-    of_ids = {"embedding_rows": 4 * widths[comm.rank] * np.mean([held[k] for k in timed]),
-              "embedding_grads": 4 * sum(widths.values()) * np.mean([local_held[k] for k in timed])}
-    padded = {"embedding_rows": 4 * widths[comm.rank] * m * args.batch,
-              "embedding_grads": 4 * sum(widths.values()) * m * b}
+    # ids, to each rank holding a shard: two int64 counts, then each row's length and its one id
+    # (every row that holds an id holds one here); rows: this rank's shards' rows of every rank's
+    # samples; gradients: every shard's of this rank's samples. Padded: a length per row, then
+    # the ids; every row, then its gradient.
+    mine, every = np.mean([local_held[k] for k in timed]), np.mean([held[k] for k in timed])
+    owners, width = sum(1 for w in widths.values() if w), sum(widths.values())
+    of_ids = {"embedding_ids": 8 * 2 * owners, "embedding_multi_hot_ids": 8 * 2 * mine * owners,
+              "embedding_rows": 4 * widths[comm.rank] * every, "embedding_grads": 4 * width * mine}
+    padded = {"embedding_ids": 8 * m * b * owners, "embedding_multi_hot_ids": 8 * mine * owners,
+              "embedding_rows": 4 * widths[comm.rank] * m * args.batch, "embedding_grads": 4 * width * m * b}
     q = statistics.quantiles(times, n=4)
     print(json.dumps({"rank": comm.rank, "ranks": n, "code": os.path.abspath(args.code),
                       "kinds": sorted({t.kind for t in plan.tables}), "batch": args.batch,
                       "max_length": args.max_length, "mean_length_kept": float(np.mean(
                           [held[k] / args.batch - 1 for k in timed])),
                       "bytes_per_step": {k: v for k, v in sent.items() if v},
-                      "rows_bytes_of_ids": of_ids, "rows_bytes_padded": padded,
+                      "bytes_of_ids": of_ids, "bytes_padded": padded,
                       "step_ms_median": 1e3 * statistics.median(times),
                       "step_ms_quartiles": [1e3 * q[0], 1e3 * q[2]], "load": os.getloadavg()[0]}), flush=True)
 

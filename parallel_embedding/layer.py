@@ -31,13 +31,14 @@ updated once.
 Multi-hot features take a `tf.RaggedTensor` of ids ([rows, None]) instead of a vector; a row's
 embedding is the sum (combiner "sum") or mean ("mean") of its ids' rows, zeros for an empty
 row, and each id's row gets the row's gradient (divided by the row's length for "mean").
-With data-parallel input their row lengths travel with the one-hot ids, then one more
-all-to-all carries their ids; and the exchange is jagged (`Jagged`): of a multi-hot input only
-the rows that hold ids travel, in the rows' all-to-all and back in the gradients' (a sequence
-looked up position by position, ranking/sequences.py, sends its kept ids' rows, not L x b). The
-owner combines its ids straight into those rows, rank by rank (`_held_rows`); each rank puts
-what it receives back in its rows' places (zeros elsewhere). Model-parallel input sends every
-row: a rank there does not know which of its samples' rows hold ids.
+With data-parallel input the exchange is jagged (`Jagged`): of a multi-hot input only the rows
+that hold ids travel. Two counts per feature travel with the one-hot ids, then one more
+all-to-all carries those rows' lengths and their ids; the owner looks them up as those rows,
+rank by rank, and sends each rank its own in the rows' all-to-all; each rank puts them back in
+their places (zeros elsewhere) and returns their gradients only. So a sequence looked up
+position by position (ranking/sequences.py) sends its kept ids and their rows, not L x b.
+Model-parallel input sends every row: a rank there does not know which of its samples' rows
+hold ids.
 
 >>> from parallel_embedding.collectives import SingleProcess
 >>> emb = DistributedEmbedding(plan_tables([1000, 20], [16, 16], world_size=1), SingleProcess(), seed=(1, 100),
@@ -146,13 +147,13 @@ class Jagged(NamedTuple):
     """Which rows of the multi-hot inputs hold ids, with data-parallel input at N > 1 ranks: only
     those rows travel in the exchange and its reverse (the others are zeros, their gradients unused)."""
     local: Dict[int, tf.Tensor]   # per multi-hot feature of any rank's static shards: [m_f b] bool, this rank's rows
-    owned: Dict[int, tf.Tensor]   # per multi-hot feature of this rank's static shards: [N, m_f b] bool, each rank's
+    owned: Dict[int, tf.Tensor]   # per multi-hot feature of this rank's static shards: [N] int32, each rank's count
 
 
 class LookedUp(NamedTuple):
     """What `lookup` returns: rows and the variable indices they came from (for gradients)."""
     shard_rows: List[tf.Tensor]        # per local shard: [m B, w] (a routed shard: [K, w], its ids'; a
-                                       # jagged one: the rows that hold ids, rank by rank, `_held_rows`)
+                                       # jagged one: the rows that hold ids, rank by rank, `_exchange_ids`)
     shard_indices: List[tf.Tensor]     # per local shard: [K] row indices into its variable
     shard_ids: List[FlatIds]           # per local shard: its feature's ids (a routed shard: its rows)
     replicated_rows: List[tf.Tensor]   # per replicated table: [b, D_f]
@@ -345,14 +346,11 @@ class DistributedEmbedding(tf.Module):
         ids, exchange_checks, routes, owned_ids, jagged = list(ids), [], None, [], None
         if self.data_parallel_input and self.size > 1:   # the routed tables' ids in the same exchange
             local = {f: ids[f].row_lengths() > 0 for f in self._exchanged if isinstance(ids[f], tf.RaggedTensor)}
-            ids, routes, owned_ids, exchange_checks = self._exchange_ids(ids)
-            jagged = Jagged(local, {f: self._by_rank(ids[f].row_lengths() > 0, self.inputs_per_table[f])
-                                    for f in self._exchanged if f in local and f in self.global_features})
+            ids, routes, owned_ids, exchange_checks, held = self._exchange_ids(ids)
+            jagged = Jagged(local, {f: held[f] for f in self._exchanged if f in held})
         checked = self.global_features + self.replicated if not self.data_parallel_input or self.size == 1 \
             else list(range(len(ids)))
         flat = {f: flatten_ids(ids[f], self.combiners[f]) for f in checked}
-        for f, held in (jagged.owned if jagged else {}).items():
-            flat[f] = self._held_rows(flat[f], held, self.inputs_per_table[f])
         if self.router.shards and not self.data_parallel_input:
             routes, owned_ids = self.router.keep_own(flat)
         shard_ids = [None if s.feature in self.router.features else
@@ -372,16 +370,6 @@ class DistributedEmbedding(tf.Module):
                 rows[k] = gathered if owned.weights is None else gathered * owned.weights[:, None]
                 indices[k], shard_ids[k] = i, FlatIds(i, None, None, None)
         return LookedUp(rows, indices, shard_ids, replicated_rows, replicated_ids, routes, jagged)
-
-    def _held_rows(self, flat: FlatIds, held: tf.Tensor, m: int) -> FlatIds:
-        """A jagged feature's global ids, each of a row of [m B] in (input, rank, row) order -> each
-        of a row of the rows that hold ids, in (rank, input, row) order (`held` [N, m b], `Jagged.owned`):
-        combined, they are the exchange's rows as it sends them, rank by rank."""
-        b = tf.cast(tf.shape(held)[1] // m, tf.int64)
-        row, big = tf.cast(flat.sample, tf.int64), b * self.size
-        by_rank = (row % big) // b * (m * b) + row // big * b + row % b
-        position = tf.cumsum(tf.cast(tf.reshape(held, [-1]), tf.int64)) - 1
-        return flat._replace(sample=tf.gather(position, by_rank), num_samples=tf.reduce_sum(tf.cast(held, tf.int64)))
 
     def _dynamic_rows(self, s: Shard, flat: FlatIds, training: bool) -> FlatIds:
         """A dynamic table's hash shard `s`: raw ids -> its rows (-1: none, or another shard's id),
@@ -425,74 +413,82 @@ class DistributedEmbedding(tf.Module):
         return rows, indices, replicated_rows
 
     def _exchange_ids(self, ids: List[tf.Tensor]):
-        """Data-parallel input: every rank's b rows of ids -> (the B rows of the features this rank
-        holds; the routed tables' Routes (None if the plan routes none) and, per routed shard of
-        this rank, its ids (routing.py); checks of the amounts received, which the lookup must
-        wait for).
-        One all-to-all carries the one-hot ids and the multi-hot row lengths ([b] each), and after
-        them, to each rank, this rank's ids of the routed shards there (`Router.outgoing_ids`: a
-        count per shard and input, then the ids; the message int64 then); a second one (only if
-        a feature exchanged here is multi-hot) the multi-hot ids. Every rank takes part in both,
-        even one that receives nothing; the checks consume every result, so graph optimisation
-        never prunes an all-to-all on one rank (the others would wait forever).
+        """Data-parallel input: every rank's b rows of ids -> (the features this rank holds: a
+        one-hot one's B rows, a multi-hot one's rows that hold ids, rank by rank (`Jagged`); the
+        routed tables' Routes (None if the plan routes none) and, per routed shard of this rank,
+        its ids (routing.py); checks of the amounts received, which the lookup must wait for; per
+        multi-hot feature held here, each rank's count of rows that hold ids, [N] int32).
+        One all-to-all carries the one-hot ids ([b] each) and, per multi-hot feature, two counts
+        (its rows that hold ids, its ids), and after them, to each rank, this rank's ids of the
+        routed shards there (`Router.outgoing_ids`: a count per shard and input, then the ids; the
+        message int64 then); a second one (only if a feature exchanged here is multi-hot) each
+        multi-hot feature's lengths of the rows that hold ids, then its ids. Every rank takes part
+        in both, even one that receives nothing; the checks consume every result, so graph
+        optimisation never prunes an all-to-all on one rank (the others would wait forever).
 
         Example, N = 2, b = 2: rank 0 holds feature 0 (one-hot), rank 1 features 1 and 2
         (multi-hot). Global rows 0-1 are rank 0's input, rows 2-3 rank 1's:
             f0: a0 a1 | a2 a3      f1: [p] [q r] | [] [s]      f2: [t u] [] | [v] [w x]
-        First all-to-all, each rank sends, per destination rank r, its b ids (row lengths if
-        multi-hot) of every feature of r: rank 0 sends [a0 a1 | 1 2 2 0] (counts [2, 4]), rank 1
-        [a2 a3 | 0 1 1 2]. Rank 1 receives [1 2 2 0 | 0 1 1 2], i.e. [n, mine, b] = (source rank,
-        feature, row); transposed to [mine, n, b] and flattened, `by_feature` is each feature's B
-        rows in global order: f1 lengths [1 2 0 1], f2 lengths [2 0 1 2].
-        Second all-to-all, the multi-hot ids: rank 0 sends [] to rank 0 and [p q r t u] to rank 1,
-        rank 1 [s v w x] to itself. Rank 1 receives [p q r t u | s v w x], whose row lengths, in
-        the same (source rank, feature, row) order, are `by_feature` transposed back:
-        [1 2 2 0 | 0 1 1 2] -> rows 0..7 = [p] [q r] [t u] [] | [] [s] [v] [w x]. `order` picks
-        each feature's rows, [0 1 4 5] for f1 and [2 3 6 7] for f2:
-        f1 = [p] [q r] [] [s], f2 = [t u] [] [v] [w x].
-        A table of m inputs (`inputs_per_table`) counts as m features here, its ids [m b] the
-        m inputs' b rows each; it gets their B rows each, concatenated input by input."""
+        First all-to-all, each rank sends, per destination rank r, its b ids of every one-hot
+        feature of r and two counts of every multi-hot one: rank 0 sends [a0 a1 | 2 3 1 2]
+        (counts [2, 4]), rank 1 [a2 a3 | 1 1 2 3]. Rank 1 receives [2 3 1 2 | 1 1 2 3]: per source
+        rank and feature, (rows that hold ids, ids). Second all-to-all, per multi-hot feature the
+        held rows' lengths, then the ids: rank 0 sends [] to rank 0 and [1 2 p q r | 2 t u] to
+        rank 1, rank 1 [1 s | 1 2 v w x] to itself. Rank 1 splits what it receives by those
+        counts: f1 = [p] [q r] | [s] (held rows per rank [2 1]), f2 = [t u] | [v] [w x] ([1 2]).
+        A table of m inputs (`inputs_per_table`) counts as m features for its one-hot ids, its ids
+        [m b] the m inputs' b rows each; it gets their B rows each, concatenated input by input (a
+        multi-hot table's rows that hold ids: each rank's in its (input, row) order)."""
         ragged = [isinstance(i, tf.RaggedTensor) for i in ids]
-        flat_ids = [i.values if r else i for i, r in zip(ids, ragged)]
-        dtype = tf.int64 if any(i.dtype == tf.int64 for i in flat_ids) else tf.int32
+        dtype = tf.int64 if any((i.values if r else i).dtype == tf.int64 for i, r in zip(ids, ragged)) else tf.int32
         m, n = self.inputs_per_table, self.size
         b = num_samples(ids[0]) // m[0]
         features = [f for f in self.global_features if f not in self.router.features]
-        inputs = [f for f in features for _ in range(m[f])]   # this rank's tables' inputs
-        first = {f: inputs.index(f) for f in features}
+
+        def size(f):   # elements of feature f in the first message, from each rank
+            return 2 if ragged[f] else m[f] * b
+
+        def first(f):
+            if not ragged[f]:
+                return ids[f]
+            return tf.stack([tf.reduce_sum(tf.cast(ids[f].row_lengths() > 0, tf.int32)), tf.size(ids[f].values)])
+
         routed = self.router.outgoing_ids({f: flatten_ids(ids[f], self.combiners[f]) for f in self.router.features})
         wire = tf.int64 if self.router.shards else dtype   # the routed ids: int64
-        send = [tf.cast(x, wire) for r in range(n) for x in
-                [ids[f].row_lengths() if ragged[f] else ids[f] for f in self._features_of[r]] + routed.send[r]]
-        counts = tf.stack([b * sum(m[f] for f in self._features_of[r]) + sum(tf.size(x) for x in routed.send[r])
-                           for r in range(n)])
+        send = [tf.cast(x, wire) for r in range(n) for x in [first(f) for f in self._features_of[r]] + routed.send[r]]
+        counts = tf.stack([tf.add_n([0] + [size(f) for f in self._features_of[r]]) +
+                           sum(tf.size(x) for x in routed.send[r]) for r in range(n)])
         received = self.comm.alltoall(tf.concat(send, 0) if send else tf.zeros([0], wire), counts,
                                       f"{self.name}_ids")
-        received, routes, owned_ids, checks = self.router.incoming_ids(received, b * len(inputs), routed)
-        received = tf.cast(received, dtype)
-        by_input = tf.reshape(tf.transpose(tf.reshape(received, [n, len(inputs), b]), [1, 0, 2]), [len(inputs), -1])
-        out = list(ids)
-        for f in features:
-            out[f] = tf.reshape(by_input[first[f]:first[f] + m[f]], [-1])
+        lead = tf.add_n([0] + [size(f) for f in features])
+        received, routes, owned_ids, checks = self.router.incoming_ids(received, lead, routed)
+        parts = tf.split(tf.reshape(tf.cast(received, dtype), [n, -1]), tf.stack([size(f) for f in features]),
+                         num=len(features), axis=1) if features else []
+        out, held, multi = list(ids), {}, []
+        for f, x in zip(features, parts):
+            if ragged[f]:
+                multi.append((f, tf.cast(x, tf.int32)))   # [N, 2]: held rows, ids
+            else:   # [N, m b] (rank, input, row) -> [m B] (input, rank, row)
+                out[f] = tf.reshape(tf.transpose(tf.reshape(x, [n, m[f], -1]), [1, 0, 2]), [-1])
         if any(ragged[f] for fs in self._features_of for f in fs):
-            multi = [k for k, f in enumerate(inputs) if ragged[f]]
-            values = [[tf.cast(flat_ids[f], dtype) for f in self._features_of[r] if ragged[f]] for r in range(n)]
+            values = [[tf.concat([tf.cast(tf.boolean_mask(ids[f].row_lengths(), ids[f].row_lengths() > 0), dtype),
+                                  tf.cast(ids[f].values, dtype)], 0) for f in self._features_of[r] if ragged[f]]
+                      for r in range(n)]
             received = self.comm.alltoall(
                 tf.concat(sum(values, []), 0) if any(values) else tf.zeros([0], dtype),
                 tf.stack([tf.add_n([tf.size(v) for v in vs]) if vs else 0 for vs in values]),
                 f"{self.name}_multi_hot_ids")
-            expected = tf.reduce_sum(tf.gather(by_input, multi)) if multi else 0
-            checks.append(assert_size(received, expected, "multi-hot ids"))
-            if multi:   # received in (source rank, input, row) order; rebuild each input's B rows
-                lengths = tf.reshape(tf.gather(by_input, multi), [len(multi), n, b])
-                rows = tf.RaggedTensor.from_row_lengths(received, tf.reshape(tf.transpose(lengths, [1, 0, 2]), [-1]))
-                order = tf.reshape(tf.transpose(tf.reshape(tf.range(n * len(multi) * b), [n, len(multi), b]),
-                                                [1, 0, 2]), [len(multi), -1])
-                for f in features:
-                    if ragged[f]:
-                        j = multi.index(first[f])
-                        out[f] = tf.gather(rows, tf.reshape(order[j:j + m[f]], [-1]))
-        return out, routes, owned_ids, [c for c in checks if c is not None]
+            sizes = tf.stack([tf.reduce_sum(x, axis=1) for _, x in multi], axis=1) if multi else tf.zeros([n, 0],
+                                                                                                         tf.int32)
+            checks.append(assert_size(received, tf.reduce_sum(sizes), "multi-hot ids"))
+            if multi:   # received in (source rank, feature) order: the held rows' lengths, then the ids
+                blocks = tf.split(received, tf.reshape(sizes, [-1]), num=n * len(multi))
+                for k, (f, x) in enumerate(multi):
+                    pieces = [tf.split(blocks[r * len(multi) + k], x[r], num=2) for r in range(n)]
+                    out[f] = tf.RaggedTensor.from_row_lengths(tf.concat([p[1] for p in pieces], 0),
+                                                              tf.concat([p[0] for p in pieces], 0))
+                    held[f] = x[:, 0]
+        return out, routes, owned_ids, [c for c in checks if c is not None], held
 
     def exchange(self, looked_up: LookedUp, local_batch) -> List[tf.Tensor]:
         """This rank's rows -> the F features of the local batch (`local_batch` = b rows, [b, D_f])."""
@@ -548,16 +544,16 @@ class DistributedEmbedding(tf.Module):
         row) order: those that hold ids if the feature is jagged, else all of them."""
         if not jagged or s.feature not in jagged.owned:
             return tf.unstack(self._by_rank(rows, m), num=self.size)
-        counts = tf.reduce_sum(tf.cast(jagged.owned[s.feature], tf.int32), axis=1)   # already rank by rank
-        return tf.split(tf.reshape(rows, [-1]), counts * s.width, num=self.size)
+        return tf.split(tf.reshape(rows, [-1]), jagged.owned[s.feature] * s.width, num=self.size)   # rank by rank
 
     def _rows_of(self, feature: int, b, jagged: Optional[Jagged], rank: Optional[int] = None):
         """How many of a rank's m_f x b rows of `feature` travel: this rank's (`rank` None) or, on
         the feature's owner, rank `rank`'s."""
         if not jagged or feature not in jagged.local:
             return self.inputs_per_table[feature] * b
-        mask = jagged.local[feature] if rank is None else jagged.owned[feature][rank]
-        return tf.reduce_sum(tf.cast(mask, tf.int32))
+        if rank is None:
+            return tf.reduce_sum(tf.cast(jagged.local[feature], tf.int32))
+        return jagged.owned[feature][rank]
 
     # Backward ----------------------------------------------------------------------------------
 
