@@ -536,7 +536,7 @@ class DistributedEmbedding(tf.Module):
         return out
 
     def _by_rank(self, rows: tf.Tensor, m: int) -> tf.Tensor:
-        """[m B, w] (or [m B]) in (input, rank, row) order -> [N, m b w] (or [N, m b]) in (rank, input, row) order."""
+        """[m B, w] rows in (input, rank, row) order -> [N, m b w] in (rank, input, row) order."""
         return tf.reshape(tf.transpose(tf.reshape(rows, [m, self.size, -1]), [1, 0, 2]), [self.size, -1])
 
     def _split_by_rank(self, rows: tf.Tensor, s: Shard, m: int, jagged: Optional[Jagged]) -> List[tf.Tensor]:
