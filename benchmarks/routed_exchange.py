@@ -53,6 +53,37 @@ def counted_collectives(exchanges):
     return Counted()
 
 
+def timed_steps(emb, comm, step, batches, b, multi_hot: bool, warmup: int, steps: int):
+    """The embedding alone (`b` samples a rank), a step one tf.function (lookup of batch k % len,
+    exchange, gradients of a stand-in loss: the features' sum times 1e-3, SGD update at 0.1),
+    `warmup` steps then `steps` timed, each after a barrier -> (the timed steps' seconds, their
+    batches' indices, bytes per step by all-to-all, all-to-all calls per step by name; `comm`:
+    counted_collectives')."""
+    import tensorflow as tf
+
+    @tf.function
+    def train(ids):
+        looked_up = emb.lookup(ids, training=True)
+        features = emb.exchange(looked_up, b)
+        emb.apply_gradients(emb.gradients(looked_up, [tf.ones_like(x) * 1e-3 for x in features]),
+                            tf.constant(0.1), multi_hot=multi_hot)
+        step.assign_add(1)
+        return tf.add_n([tf.reduce_sum(x) for x in features])
+
+    for k in range(warmup):
+        train(batches[k % len(batches)]).numpy()
+    sent = {k: int(v.numpy()) for k, v in comm.sent.items()}
+    calls = {k: int(v.numpy()) for k, v in comm.calls.items()}
+    times, timed = [], [(warmup + k) % len(batches) for k in range(steps)]
+    for k, batch in enumerate(timed):
+        comm.barrier(f"step_{k}")
+        start = time.perf_counter()
+        train(batches[batch]).numpy()
+        times.append(time.perf_counter() - start)
+    return (times, timed, {k: (int(v.numpy()) - sent[k]) / steps for k, v in comm.sent.items()},
+            {k: (int(v.numpy()) - calls[k]) / steps for k, v in comm.calls.items()})
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shards", type=int, default=2, help="hash shards per table")
@@ -86,28 +117,8 @@ def main():
         batches.append([tf.constant(x if emb.input_rows(f) == "global" else x[comm.rank * b:(comm.rank + 1) * b])
                         if emb.input_rows(f) != "none" else tf.zeros([0], tf.int64) for f, x in enumerate(ids)])
 
-    @tf.function
-    def train(ids):
-        looked_up = emb.lookup(ids, training=True)
-        features = emb.exchange(looked_up, b)
-        emb.apply_gradients(emb.gradients(looked_up, [tf.ones_like(x) * 1e-3 for x in features]),
-                            tf.constant(0.1), multi_hot=False)
-        step.assign_add(1)
-        return tf.add_n([tf.reduce_sum(x) for x in features])
-
-    for k in range(args.warmup):
-        train(batches[k % 16]).numpy()
-    before = {k: int(v.numpy()) for k, v in comm.sent.items()}
-    calls_before = {k: int(v.numpy()) for k, v in comm.calls.items()}
-    times = []
-    for k in range(args.steps):
-        comm.barrier(f"step_{k}")
-        start = time.perf_counter()
-        train(batches[(args.warmup + k) % 16]).numpy()
-        times.append(time.perf_counter() - start)
-    sent = {k: (int(v.numpy()) - before[k]) / args.steps for k, v in comm.sent.items()}
+    times, _, sent, calls = timed_steps(emb, comm, step, batches, b, False, args.warmup, args.steps)
     sent = {k: v for k, v in sent.items() if v}
-    calls = {k: (int(v.numpy()) - calls_before[k]) / args.steps for k, v in comm.calls.items()}
     q = statistics.quantiles(times, n=4)
     print(json.dumps({"rank": comm.rank, "ranks": n, "code": os.path.abspath(args.code), "shards": args.shards,
                       "data_parallel_input": args.data_parallel_input, "bytes_per_step": sent,

@@ -22,13 +22,12 @@ import json
 import os
 import statistics
 import sys
-import time
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from benchmarks.routed_exchange import counted_collectives  # noqa: E402
+from benchmarks.routed_exchange import counted_collectives, timed_steps  # noqa: E402
 EXCHANGES = ("ids", "multi_hot_ids", "rows", "grads")
 BATCHES = 8
 
@@ -92,26 +91,7 @@ def main():
         held.append(args.batch + lengths.sum())   # the global batch's (input, sample) rows that hold an id
         local_held.append(b + lengths[mine].sum())
 
-    @tf.function
-    def train(ids):
-        looked_up = emb.lookup(ids, training=True)
-        features = emb.exchange(looked_up, b)
-        emb.apply_gradients(emb.gradients(looked_up, [tf.ones_like(x) * 1e-3 for x in features]),
-                            tf.constant(0.1), multi_hot=True)
-        step.assign_add(1)
-        return tf.add_n([tf.reduce_sum(x) for x in features])
-
-    for k in range(args.warmup):
-        train(batches[k % BATCHES]).numpy()
-    before = {k: int(v.numpy()) for k, v in comm.sent.items()}
-    times, timed = [], []
-    for k in range(args.steps):
-        comm.barrier(f"step_{k}")
-        start = time.perf_counter()
-        train(batches[(args.warmup + k) % BATCHES]).numpy()
-        times.append(time.perf_counter() - start)
-        timed.append((args.warmup + k) % BATCHES)
-    sent = {k: (int(v.numpy()) - before[k]) / args.steps for k, v in comm.sent.items()}
+    times, timed, sent, _ = timed_steps(emb, comm, step, batches, b, True, args.warmup, args.steps)
     # ids, to each rank holding a shard: two int64 counts, then each row's length and its one id
     # (every row that holds an id holds one here); rows: this rank's shards' rows of every rank's
     # samples; gradients: every shard's of this rank's samples. Padded: a length per row, then
