@@ -27,6 +27,7 @@ from storage.checkpoint import Entry
 from tests.configs import tiny_config
 from tests.horovod_run import ROOT, Ranks, horovodrun
 from tests.test_checkpoint_pruning import scripted_auc  # noqa: F401 (a fixture)
+from tests.small_disk import fill, free_bytes, tmpfs
 from tests.test_multirank_cli import DATA, MODEL, PLACEMENT
 from utils.errors import CheckpointError, StoreError
 from tests.warm_python import PYTHON
@@ -376,31 +377,9 @@ def test_a_save_leaves_a_damaged_checkpoint_of_its_root_alone(tmp_path):
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """An 8 MiB tmpfs mounted at tmp_path/disk; skipped where mounting one is refused."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if shutil.which("mount") is None:
-        pytest.skip("no mount command here to mount a tmpfs (the injected ENOSPC tests stand in)")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], capture_output=True,
-                             text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"mounting a tmpfs was refused ({mounted.stderr.strip()}); the injected ENOSPC tests stand in")
-    try:
+    """An 8 MiB tmpfs mounted at tmp_path/disk (the injected ENOSPC tests stand in where it is refused)."""
+    with tmpfs(tmp_path / "disk", "8m") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
-
-
-def free_bytes(path):
-    s = os.statvfs(path)
-    return s.f_bavail * s.f_frsize
-
-
-def fill(disk, leave):
-    """Writes a ballast file into `disk` so that about `leave` bytes stay free; returns the bytes free."""
-    with open(os.path.join(disk, "ballast"), "wb") as f:
-        f.write(bytes(free_bytes(disk) - leave))
-    return free_bytes(disk)
 
 
 def pieces_bytes(root):

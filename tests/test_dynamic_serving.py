@@ -10,6 +10,7 @@ Redis; deploy.py's lines; and a run trained with --dynamic_tables exported, serv
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -21,9 +22,9 @@ from deployment.exporter.model_layout import DYNAMIC_IDS
 from deployment.exporter.repository import ExportError, write_delta_repository, write_repository
 from deployment.repository_format import CATEGORICAL, LIVE, NUMERICAL, PAD, PREDICTIONS, live_ids, read_delta
 from deployment.serving.id_index import RowIndex
-from deployment.serving.live import DenseModel, Model
+from deployment.serving.live import DenseModel, Model, Updater
 from deployment.serving.native import ServedModel, TensorSpec
-from deployment.serving.tiers import TierConfig, store_state
+from deployment.serving.tiers import LookupTiers, TierConfig, store_state
 from nn.model_config import ModelConfig, table_configs
 from parallel_embedding import dynamic_table
 from parallel_embedding.collectives import SingleProcess
@@ -32,7 +33,8 @@ from storage import checkpoint
 from tests.builtin import builtin_config, builtin_model
 from tests.horovod_run import ROOT
 from tests.redis_server import RedisServer
-from utils.errors import CheckpointError
+from tests.small_disk import fill, free_bytes, tmpfs
+from utils.errors import CheckpointError, StoreError
 from tests.warm_python import PYTHON
 
 D = 4
@@ -282,6 +284,82 @@ def test_a_delta_needing_more_rows_than_the_store_holds_grows_it_through_the_tie
         check_serves(model, days, 2)
     finally:
         model.close()
+
+
+def listing(directory):
+    """{path: bytes} of every file under `directory`."""
+    return {os.path.relpath(os.path.join(d, n), directory): os.path.getsize(os.path.join(d, n))
+            for d, _, names in os.walk(directory) for n in names}
+
+
+def test_a_delta_onto_a_full_device_is_one_line_and_the_served_version_stays(days, tmp_path, monkeypatch):
+    """Through the tiers, the repository on a full 4 MiB tmpfs: the delta is refused in one line
+    naming the table directory and the bytes (checked before the copy of its dense model, and
+    when the device fills during the copy), nothing written or left behind, day 0 still served
+    and restartable; with room again, the same delta under a new name is applied."""
+    with tmpfs(tmp_path / "disk", "4m") as disk:
+        repo = str(shutil.copytree(days["repos"][0], disk / "repo"))
+        updates = tmp_path / "updates"
+        shutil.copytree(days["deltas"][0], updates / "d1")
+        lines = []
+        model = Model(repo, TierConfig(cache_bytes=200), log=lambda line: None)
+        updater = Updater(model, str(updates), log=lines.append)
+        try:
+            before = listing(repo)
+            free = fill(disk, 8 << 10)
+            updater.poll()
+            table_dir = re.escape(os.path.join(repo, "m_tables"))
+            served = re.escape(str(model.version))
+            assert re.fullmatch(rf"refused update {re.escape(str(updates / 'd1'))}: {table_dir}: no space left on "
+                                rf"device: the update needs about [0-9,]+ bytes there, {free:,} were free \(nothing "
+                                rf"of it left; serving {served}\)", lines[-1]), lines
+            assert listing(repo) == before and free_bytes(disk) == free
+            check_serves(model, days, 0)
+
+            usage = shutil.disk_usage(disk)   # room reported, not there: the copy finds the device full
+            monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=1 << 40))
+            shutil.copytree(days["deltas"][0], updates / "d1-again")
+            updater.poll()
+            assert re.fullmatch(rf"refused update .*d1-again: {table_dir}: no space left on device: the update needs "
+                                rf"about [0-9,]+ bytes there, {1 << 40:,} were free \(nothing of it left; serving "
+                                rf"{served}\)", lines[-1]), lines
+            monkeypatch.undo()
+            assert listing(repo) == before and free_bytes(disk) == free
+            check_serves(model, days, 0)
+
+            os.remove(disk / "ballast")
+            shutil.copytree(days["deltas"][0], updates / "d1-with-room")
+            updater.poll()
+            assert lines[-1].startswith(f"applied update {updates / 'd1-with-room'} (delta, "), lines
+            check_serves(model, days, 1)
+        finally:
+            model.close()
+        restarted = Model(repo, TierConfig(cache_bytes=200), log=lambda line: None)
+        check_serves(restarted, days, 1)
+        restarted.close()
+
+
+def test_a_table_grown_on_a_full_device_is_one_line_and_its_files_stay_as_they_were(days, tmp_path):
+    """The store's grow allocates its new rows before the header names them (writes through the
+    mapping never meet a full device): on a full tmpfs one line naming the file and the bytes, the
+    table's files as they were."""
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        repo = str(shutil.copytree(days["repos"][0], disk / "repo"))
+        tiers = LookupTiers(repo)
+        try:
+            before = listing(repo)
+            fill(disk, 16 << 10)   # room for store.json, not for the rows
+            table = re.escape(os.path.join(repo, "m_tables", "table_1.npy"))
+            with pytest.raises(StoreError, match=rf"^{table}: cannot grow from 5 to 5000 rows: No space left on "
+                                                 rf"device \([0-9,]+ bytes more\)$"):
+                with tiers.advancing(tiers.version, dataclasses.replace(tiers.version, step=99)):
+                    tiers.grow(1, 5000)
+            after = listing(repo)
+            assert {k: v for k, v in after.items() if k != "m_tables/store.json"} == \
+                {k: v for k, v in before.items() if k != "m_tables/store.json"}
+            assert np.load(os.path.join(repo, "m_tables", "table_1.npy")).shape == (5, D)
+        finally:
+            tiers.close()
 
 
 def test_row_index_moves_by_id():

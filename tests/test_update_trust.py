@@ -7,7 +7,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from deployment.serving.live import Model, Updater, check_export
 from deployment.serving.tiers import TierConfig
 from tests import test_live_serving as live_tests
 from tests.redis_server import RedisServer
+from tests.small_disk import fill, tmpfs
 from tests.test_live_serving import make_delta, read_info, requests, wait_for
 from tests.test_serving import script, start_server, stop_server
 
@@ -264,21 +264,9 @@ def test_a_nan_value_in_redis_is_not_served(exports, tmp_path):
 
 @pytest.fixture
 def small_device(tmp_path):
-    """A 1 MiB tmpfs (mounting needs root)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True)
-    if mounted.returncode:
-        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.decode().strip()}")
-    yield disk
-    subprocess.run(["umount", str(disk)], check=True)
-
-
-def fill(disk, leave):
-    """Fills `disk` but about `leave` bytes."""
-    free = shutil.disk_usage(disk).free
-    with open(disk / "filler", "ab") as f:
-        f.write(b"\0" * max(free - leave, 0))
+    """A 1 MiB tmpfs."""
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        yield disk
 
 
 def test_an_export_onto_a_full_device_is_one_line_and_keeps_the_old_one(exports, small_device, tmp_path):
@@ -297,7 +285,7 @@ def test_an_export_onto_a_full_device_is_one_line_and_keeps_the_old_one(exports,
         rf"more than the {free:,} bytes free) in {re.escape(str(small_device))} \(the partial copy removed; the "
         r"existing one unchanged\)", line), full.stderr[-3000:]
     assert "Traceback" not in full.stderr
-    assert sorted(os.listdir(small_device)) == ["filler", "repo"] and (repo / "export.json").read_text() == exported
+    assert sorted(os.listdir(small_device)) == ["ballast", "repo"] and (repo / "export.json").read_text() == exported
     check_export(str(repo))
     fill(small_device, 4 << 10)
     with pytest.raises(ExportError) as e:
@@ -306,4 +294,4 @@ def test_an_export_onto_a_full_device_is_one_line_and_keeps_the_old_one(exports,
                         r"bytes, [0-9,]+ were free|more than the [0-9,]+ bytes free) in "
                         rf"{re.escape(str(small_device))} \(the partial copy removed; nothing written\)",
                         str(e.value)), str(e.value)
-    assert sorted(os.listdir(small_device)) == ["filler", "repo"]
+    assert sorted(os.listdir(small_device)) == ["ballast", "repo"]

@@ -1,4 +1,5 @@
 """File-system steps shared by the writers of checkpoints, model repositories and deltas."""
+import errno
 import json
 import mmap
 import os
@@ -22,11 +23,31 @@ def write_json(path: str, value) -> None:
     """Writes `value` as JSON to `path` through a temporary file renamed over it (synced): readers
     see the old file or the whole new one."""
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(value, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(value, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def no_space(error: BaseException) -> bool:
+    """Whether `error` (or one it was raised from: TensorFlow's and shutil's wrap the OSError's
+    message) is a full device."""
+    while error is not None:
+        if (isinstance(error, OSError) and error.errno == errno.ENOSPC) or "No space left on device" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def tree_bytes(path: str) -> int:
+    """The bytes of the files under directory `path`."""
+    return sum(os.path.getsize(os.path.join(d, name)) for d, _, names in os.walk(path) for name in names)
 
 
 def read_json(path: str, what: str, error: type):

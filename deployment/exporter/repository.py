@@ -17,7 +17,6 @@ error) and renamed into place; an existing OUT is replaced only when asked, afte
 complete. A full device: one line naming OUT and the bytes needed, the temporary copy removed.
 """
 import dataclasses
-import errno
 import json
 import os
 import shutil
@@ -34,7 +33,7 @@ from deployment.repository_format import (CATEGORICAL, EMBEDDINGS, EXPORT_INFO, 
 from parallel_embedding import UPDATED_AT
 from storage.checkpoint import read_manifest
 from utils import preemption
-from utils.files import move_into_place
+from utils.files import move_into_place, no_space
 
 FORMS = ("monolithic", "ensemble", "tables")
 IN_MEMORY_FORMS = ("monolithic", "ensemble")   # every table in memory (and in a SavedModel)
@@ -196,22 +195,13 @@ def _written_whole(out: str, write, need: int):
         preemption.check()
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if not _no_space(e):
+        if not no_space(e):
             raise
         needed = f"about {need:,} bytes, {free:,} were free" if need > free else f"more than the {free:,} bytes free"
         raise ExportError(f"{out}: no space left on device: it needs {needed} in {parent} (the partial copy removed; "
                           f"{'the existing one unchanged' if os.path.exists(out) else 'nothing written'})") from None
     move_into_place(tmp, out, old)
     return info
-
-
-def _no_space(error: BaseException) -> bool:
-    """Whether `error` (or one it was raised from: TensorFlow's wrap the OSError's message) is a full device."""
-    while error is not None:
-        if (isinstance(error, OSError) and error.errno == errno.ENOSPC) or "No space left on device" in str(error):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
 
 
 def write_delta_repository(checkpoint_path: str, out: str, base_path: str, name: Optional[str] = None,

@@ -33,6 +33,7 @@ into the served model's (kept through the tiers: the served graph with the delta
 full export's SavedModel is a program that runs in the server: taken only when allowed.
 """
 import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -43,7 +44,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Protocol, Tuple
 
 import numpy as np
 
-from deployment.repository_format import (DELTA_INFO, EXPORT_INFO, LOGITS, PAD, PREDICTIONS, TABLES_INFO,
+from deployment.repository_format import (DELTA_INFO, EXPORT_INFO, IDS_DTYPE, LOGITS, PAD, PREDICTIONS, TABLES_INFO,
                                           RepositoryError, ServingLayout, Version, check_files, check_update_files,
                                           export_files, export_version, read_delta, read_export_info, table_lookups)
 from deployment.serving.backend import check_request, with_version
@@ -51,9 +52,11 @@ from deployment.serving.errors import BadRequest, UpdateRefused
 from deployment.serving.id_index import RowIndex
 from deployment.serving.tiers import LookupTiers, TierConfig, store_state
 from utils.errors import StoreError
+from utils.files import no_space, tree_bytes
 
 WRITE_ROWS = 1 << 16   # rows a delta writes into a table at a time
 KEPT_DENSE = "dense_model"   # store.json's key: the dense model of the version the store holds (tiers)
+STATE_BYTES = 64 << 10   # room kept for store.json's rewrites while a delta is applied (tiers)
 
 
 class Tables(Protocol):
@@ -441,7 +444,7 @@ class Model:
             overlay[f] = (ids, rows)
         dense = self._standby
         dense.load_weights(delta.dense_model)
-        kept = self._keep_dense(tables, delta)
+        kept = self._keep_dense(tables, delta, grown)
         with tables.advancing(delta.base, delta.new, kept and {KEPT_DENSE: kept}):
             for f, rows in grown.items():   # before the new index reads them
                 tables.grow(f, rows)
@@ -459,20 +462,37 @@ class Model:
             self._prune_dense(kept)
         return sum(len(ids) for ids, _ in overlay.values())
 
-    def _keep_dense(self, tables: Tables, delta) -> Optional[str]:
+    def _keep_dense(self, tables: Tables, delta, grown: Dict[int, int]) -> Optional[str]:
         """Through the tiers (the table files updated in place): the delta's dense model in the
         table directory, `dense-<step>`: the served SavedModel with the delta's variables (the
-        delta's own graph is never loaded); its name. None in memory."""
+        delta's own graph is never loaded); its name. None in memory. Before any table changes:
+        a device without room for the copy and for the rows the tables grow by (`grown`: per table
+        its new rows) refuses the delta (UpdateRefused naming the directory and the bytes; nothing
+        of the copy left)."""
         if not isinstance(tables, LookupTiers):
             return None
-        name = f"dense-{delta.new.step}"
+        directory, name = self._repository.directory, f"dense-{delta.new.step}"
         self._prune_dense(tables.store.state.get(KEPT_DENSE))
-        tmp = os.path.join(self._repository.directory, f"{name}.tmp")
+        tmp = os.path.join(directory, f"{name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         graph = _saved_model(os.path.join(self._repository.path, f"{self.name}_dense"))   # the export's
-        shutil.copytree(graph, tmp, ignore=lambda d, names: ["variables"] if d == graph else [])
-        shutil.copytree(os.path.join(_saved_model(delta.dense_model), "variables"), os.path.join(tmp, "variables"))
-        os.replace(tmp, os.path.join(self._repository.directory, name))
+        variables = os.path.join(_saved_model(delta.dense_model), "variables")
+        need = (tree_bytes(graph) - tree_bytes(os.path.join(graph, "variables")) + tree_bytes(variables) + STATE_BYTES
+                + sum((rows - tables.shapes[f][0]) * (tables.shapes[f][1] * 4 + IDS_DTYPE.itemsize * 2)
+                      for f, rows in grown.items()))
+        free = shutil.disk_usage(directory).free
+        try:
+            if need > free:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            shutil.copytree(graph, tmp, ignore=lambda d, names: ["variables"] if d == graph else [])
+            shutil.copytree(variables, os.path.join(tmp, "variables"))
+        except BaseException as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not no_space(e):
+                raise
+            raise UpdateRefused(f"{directory}: no space left on device: the update needs about {need:,} bytes there, "
+                                f"{free:,} were free (nothing of it left; serving {self.version})") from None
+        os.replace(tmp, os.path.join(directory, name))
         return name
 
     def _prune_dense(self, keep: Optional[str]):

@@ -163,8 +163,12 @@ class RowStore:
         self._save(rows={**self._state.get("rows", {}), str(feature): rows})
 
     def _save(self, **changes):
-        self._state = dict(self._state, **changes)
-        write_json(self._state_path, self._state)
+        state = dict(self._state, **changes)
+        try:
+            write_json(self._state_path, state)
+        except OSError as e:
+            raise StoreError(f"{self._state_path}: cannot be written: {e.strerror}") from None
+        self._state = state
 
     def close(self):
         for table in self.tables:
@@ -173,8 +177,10 @@ class RowStore:
 
 
 def _grow_npy(path: str, rows: int):
-    """Extends the .npy file `path` (format 1.0, C order) to `rows` rows of zeros: its header
-    rewritten in place (numpy leaves room for the first axis's digits), the file lengthened."""
+    """Extends the .npy file `path` (format 1.0, C order) to `rows` rows of zeros: the new bytes
+    allocated on the device (so that writes through a mapping never find it full), then its header
+    rewritten in place (numpy leaves room for the first axis's digits). A full device: StoreError
+    naming the file and the bytes, the file as it was."""
     with open(path, "r+b") as f:
         np.lib.format.read_magic(f)
         shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
@@ -184,9 +190,16 @@ def _grow_npy(path: str, rows: int):
                                                       "fortran_order": fortran, "shape": (rows, *shape[1:])})
         if len(header.getvalue()) != offset or fortran or rows < shape[0]:
             raise StoreError(f"{path}: cannot grow from {shape[0]} to {rows} rows in place")
+        size, grown = os.fstat(f.fileno()).st_size, offset + rows * int(np.prod(shape[1:])) * dtype.itemsize
+        try:
+            if grown > size:
+                os.posix_fallocate(f.fileno(), size, grown - size)
+        except OSError as e:
+            f.truncate(size)
+            raise StoreError(f"{path}: cannot grow from {shape[0]} to {rows} rows: {e.strerror} "
+                             f"({grown - size:,} bytes more)") from None
         f.seek(0)
         f.write(header.getvalue())
-        f.truncate(offset + rows * int(np.prod(shape[1:])) * dtype.itemsize)
         f.flush()
         os.fsync(f.fileno())
 
