@@ -13,8 +13,10 @@ updated_at [capacity, 1] int32.
                                         are re-initialised before they are read
     table.apply_gradients(rows, grads, lr, step)    grads [n, D] of emb: only rows >= 0 (and
                                         their slots) change; their updated_at becomes step + 1
-    rows = table.rows(ids, step, training)  the rows alone (lookup's first half: admission, eviction,
-                                        re-initialisation; the caller gathers rows >= 0)
+    rows = table.rows(ids, step, training, full=None)   the rows alone (lookup's first half:
+                                        admission, eviction, re-initialisation; the caller gathers
+                                        rows >= 0); `full` a list: the capacity check left to the
+                                        caller (capacity_check over several tables' entries)
     table.set_optimizer(name, beta1, beta2, scope)  replaces the constructor's optimizer (fresh slots)
     table.parts                         [variable, slot variables...] (on disk: a row's parts)
     table.counts()                      {live, capacity, candidates, admitted, evicted, refused}
@@ -36,9 +38,10 @@ updated_at [capacity, 1] int32.
     table.checkpoint_names(weights_only)    those tensors' names
     table.restore(path)                 the table from a checkpoint (storage.checkpoint.restore of its
                                         entries): its live ids take rows 0..L-1 in eviction order
-    op_error(e)                         the one line of an id map op's error (a batch with more ids to
-                                        admit than rows) or of the disk tier's in the step, or None
-                                        for any other exception
+    capacity_check(full, step)          fails the step with one line naming every table whose batch
+                                        had more distinct ids to admit than rows
+    op_error(e)                         the one line of that failure, of an id map op's error or of
+                                        the disk tier's in the step, or None for any other exception
     reshard(parts, policy, shards, shard_of)    a table's in-memory checkpoint tensors in P hash
                                         shards -> in `shards`, and each saved live row's new shard
                                         and row (what is kept exactly and what is not: its docstring)
@@ -95,20 +98,46 @@ def tensor_names(table: str, policy: str, slots: Sequence[str], weights_only: bo
                       + ([] if weights_only else [ITERATIONS])]
 
 
+def capacity_check(full: Sequence[Tuple[str, int, tf.Tensor]], step) -> List[tf.Operation]:
+    """That no table of `full` ((name, capacity, full []) of DynamicTable.rows) met a batch with more
+    distinct ids to admit than rows, as one line naming every table that did: "dynamic table T:
+    capacity C rows is too small for one batch's distinct ids (every row in use at step S)", or
+    "dynamic tables T1 (capacity C1 rows), T2 (...): too small for ...". Eagerly: raises ValueError
+    with the line, returns []; in a function: [the check], for the rows to depend on."""
+    if not full:
+        return []
+    flags = tf.stack([f for _, _, f in full])
+    tail = ["too small for one batch's distinct ids (every row in use at step ",
+            tf.strings.as_string(tf.cast(step, tf.int64)), ")"]
+    one = tf.strings.join([tf.strings.reduce_join(tf.boolean_mask(
+        tf.constant([f"dynamic table {t}: capacity {c} rows is " for t, c, _ in full]), flags))] + tail)
+    many = tf.strings.join(["dynamic tables ", tf.strings.reduce_join(tf.boolean_mask(
+        tf.constant([f"{t} (capacity {c} rows)" for t, c, _ in full]), flags), separator=", "), ": "] + tail)
+    count = tf.reduce_sum(tf.cast(flags, tf.int32))
+    line = tf.where(count > 1, many, one)
+    if tf.executing_eagerly():
+        if count > 0:
+            raise ValueError(line.numpy().decode())
+        return []
+    return [tf.debugging.Assert(count == 0, [line])]
+
+
 def op_error(e: BaseException):
-    """The one line of the id map op's error `e` (its line naming the table, and for a capacity too
-    small the flag to change) or of the disk tier's in the step (a StoreError of `store.place`, e.g.
-    a cache too small for a step's rows), or None when `e` is something else."""
+    """The one line of a dynamic table's error `e` in the step: capacity_check's (naming the
+    tables, and the flag to change), an id map op's, or the disk tier's (a StoreError of
+    `store.place`, e.g. a cache too small for a step's rows); None when `e` is something else."""
     if not isinstance(e, tf.errors.OpError):
         return None
     store = re.search(r"StoreError: (.*)$", e.message, re.M)
     if store:
         return store[1]
+    line = re.search(r"assertion failed: \[(dynamic tables? .*)\]$", e.message, re.M)
+    if line:
+        many = line[1].startswith("dynamic tables ")
+        return (line[1].replace("\\'", "'") + f"; raise {'their capacities' if many else 'its capacity'} "
+                "(--dynamic_tables=<feature>:<capacity>)")
     line = re.search(r"^dynamic table .*$", e.message, re.M)
-    if line is None:
-        return None
-    hint = "; raise its capacity (--dynamic_tables=<feature>:<capacity>)" if "too small" in line[0] else ""
-    return line[0] + hint
+    return line[0] if line else None
 
 
 def _signed(x: int) -> int:
@@ -330,15 +359,19 @@ class DynamicTable(tf.Module):
         emb = tf.gather(self.variable, tf.maximum(rows, 0)) * tf.cast(found, self.variable.dtype)[:, None]
         return rows, emb
 
-    def rows(self, ids, step, training: bool):
+    def rows(self, ids, step, training: bool, full: Optional[list] = None):
         """ids [n] int64, step [] int64 -> rows [n] int32 (-1: none); training: admits and evicts,
-        and re-initialises new rows."""
+        and re-initialises new rows. A batch with more distinct ids to admit than rows fails
+        (capacity_check); with `full` (a list) the table's (name, capacity, full []) is appended to
+        it instead, for the caller to check with other tables'."""
         ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
         if training:
-            try:
-                rows, codes, _ = self.map.find_or_insert(ids, step)
-            except tf.errors.InvalidArgumentError as e:   # eagerly: the op's line alone
-                raise ValueError(e.message.split("}} ")[-1].split(" [Op:")[0]) from None
+            rows, codes, _, is_full = self.map.find_or_insert(ids, step)
+            if full is None:
+                with tf.control_dependencies(capacity_check([(self.table, self.capacity, is_full)], step)):
+                    rows = tf.identity(rows)
+            else:
+                full.append((self.table, self.capacity, is_full))
             rows = self._placed(rows, step, codes)
             new = (codes == id_map.ADMITTED) | (codes == id_map.EVICTED)
             self._reset(tf.boolean_mask(rows, new), self._initial_rows(tf.boolean_mask(ids, new), step))

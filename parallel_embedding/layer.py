@@ -56,7 +56,7 @@ import tensorflow as tf
 
 from storage.checkpoint import Entry, replicated_entries
 from parallel_embedding import UPDATED_AT
-from parallel_embedding.dynamic_table import IDS, DynamicTable, resharded_entries, tensor_names
+from parallel_embedding.dynamic_table import IDS, DynamicTable, capacity_check, resharded_entries, tensor_names
 from parallel_embedding.optimizers import make_optimizer
 from parallel_embedding.planner import Plan, Shard, plan_tables  # noqa: F401 (plan_tables: the example)
 from parallel_embedding.routing import Router, Routes, assert_size, hash_shards
@@ -353,32 +353,37 @@ class DistributedEmbedding(tf.Module):
         flat = {f: flatten_ids(ids[f], self.combiners[f]) for f in checked}
         if self.router.shards and not self.data_parallel_input:
             routes, owned_ids = self.router.keep_own(flat)
+        full = []   # every dynamic table's capacity, checked at once: one line names all too small
         shard_ids = [None if s.feature in self.router.features else
-                     self._dynamic_rows(s, flat[s.feature], training) if s in self.dynamic else flat[s.feature]
+                     self._dynamic_rows(s, flat[s.feature], training, full) if s in self.dynamic else flat[s.feature]
                      for s in self.shards]
         replicated_ids = [flat[f] for f in self.replicated]
         one_hot = all(flat[f].sample is None for f in checked)
         lookup = self._lookup if training and one_hot and not self._on_host else self._lookup_impl
         ranged = [f for f in checked if self.plan.tables[f].kind != "dynamic"]   # a dynamic table takes any int64
         checks = check_ids(ranged, [flat[f].ids for f in ranged], [self.cardinalities[f] for f in ranged])
-        with tf.control_dependencies(checks + exchange_checks):
+        with tf.control_dependencies(checks + exchange_checks):   # a routed shard's own ids, varying in number
+            routed = [self.dynamic[s].rows(ids_s, self._step, training, full)
+                      for s, ids_s in zip(self.router.on[self.rank], owned_ids)]
+        with tf.control_dependencies(checks + exchange_checks + capacity_check(full, self._step)):
             rows, indices, replicated_rows = lookup(shard_ids, replicated_ids)
-            for s, owned, ids_s in zip(self.router.on[self.rank], routes.owned if routes else [], owned_ids):
-                # a routed shard's own ids (varying in number: outside the compiled gathers); -1 reads zeros
-                i, k = self.dynamic[s].rows(ids_s, self._step, training), self.shards.index(s)
+            for s, owned, i in zip(self.router.on[self.rank], routes.owned if routes else [], routed):
+                # outside the compiled gathers; -1 reads zeros
+                k = self.shards.index(s)
                 gathered = tf.where((i >= 0)[:, None], tf.gather(self.shard_variables[k], tf.maximum(i, 0)), 0.0)
                 rows[k] = gathered if owned.weights is None else gathered * owned.weights[:, None]
                 indices[k], shard_ids[k] = i, FlatIds(i, None, None, None)
         return LookedUp(rows, indices, shard_ids, replicated_rows, replicated_ids, routes, jagged)
 
-    def _dynamic_rows(self, s: Shard, flat: FlatIds, training: bool) -> FlatIds:
+    def _dynamic_rows(self, s: Shard, flat: FlatIds, training: bool, full: list) -> FlatIds:
         """A dynamic table's hash shard `s`: raw ids -> its rows (-1: none, or another shard's id),
-        outside the compiled lookup; the shard's DynamicTable sees its own ids in batch order."""
+        outside the compiled lookup; the shard's DynamicTable sees its own ids in batch order (its
+        capacity check appended to `full`)."""
         table, shards = self.dynamic[s], self.plan.tables[s.feature].shards
         if len(shards) == 1:
-            return flat._replace(ids=table.rows(flat.ids, self._step, training))
+            return flat._replace(ids=table.rows(flat.ids, self._step, training, full))
         mine = tf.equal(hash_shards(flat.ids, len(shards)), shards.index(s))
-        rows = table.rows(tf.boolean_mask(flat.ids, mine), self._step, training)
+        rows = table.rows(tf.boolean_mask(flat.ids, mine), self._step, training, full)
         return flat._replace(ids=tf.tensor_scatter_nd_update(tf.fill(tf.shape(flat.ids), -1), tf.where(mine), rows))
 
     def _lookup_impl(self, shard_ids: List[FlatIds], replicated_ids: List[FlatIds]):

@@ -17,7 +17,7 @@ import run.loop as run_loop
 import run.runtime as run_runtime
 from id_map.reference import Reference, mix
 from parallel_embedding.collectives import SingleProcess
-from parallel_embedding.dynamic_table import DynamicTable, initial_values
+from parallel_embedding.dynamic_table import DynamicTable, initial_values, op_error
 from parallel_embedding.layer import DistributedEmbedding
 from parallel_embedding.planner import (BudgetError, DynamicOptions, PlanError, Tier, TierOptions, dynamic_map_bytes,
                                         plan_tables)
@@ -98,14 +98,16 @@ def test_the_refused_combinations_are_one_line():
         1: DynamicOptions(10, 3, "lfu"), 3: DynamicOptions(8, 1, "ttl", 4), 0: DynamicOptions(9, shards=3)}
 
 
-def test_a_capacity_too_small_for_a_batch_is_one_line_naming_the_table():
-    """A batch of 64 with more distinct ids than the table's 8 rows: dlrm.py stops at the first step
-    with one line naming the table and the flag (exit 2), no traceback."""
-    proc = run_script("dlrm.py", *SCRIPT_ARGS, "--dynamic_tables=cat_3:8", "--max_steps=3")
+def test_capacities_too_small_for_a_batch_are_one_line_naming_every_table():
+    """A batch of 64 with more distinct ids than tables 1's and 3's 8 rows (table 0's 64 are enough):
+    dlrm.py stops at the first step with one line naming both tables and the flag (exit 2), no
+    traceback."""
+    proc = run_script("dlrm.py", *SCRIPT_ARGS, "--dynamic_tables=cat_3:8,cat_0:64,cat_1:8", "--max_steps=3")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines() == [
-        "error: dynamic table embedding/table_3: capacity 8 rows is too small for one batch's distinct ids (every "
-        "row in use at step 0); raise its capacity (--dynamic_tables=<feature>:<capacity>)"]
+        "error: dynamic tables embedding/table_1 (capacity 8 rows), embedding/table_3 (capacity 8 rows): too small "
+        "for one batch's distinct ids (every row in use at step 0); raise their capacities "
+        "(--dynamic_tables=<feature>:<capacity>)"]
 
 
 def test_the_layer_maps_raw_int64_ids_as_the_reference_and_updates_as_the_table_alone():
@@ -321,3 +323,30 @@ def test_a_dynamic_checkpoint_lacking_updated_at_is_refused_naming_it(tmp_path):
             json.dump(manifest, f)
         with pytest.raises(CheckpointError, match=rf"tensors differ from this model's \(missing \['{dynamic}'\]"):
             run_loop.run(resumed)
+
+
+def test_every_table_too_small_for_a_batch_is_named_in_one_line():
+    """Four dynamic tables, 12 distinct ids a feature: capacities 4 (too small), 16, 6 (too small)
+    and 6 in 2 hash shards of 3 rows (both too small for their ids): one line names every table
+    and shard too small, in the step (op_error's line) and eagerly; one too small: the singular line."""
+    plan = plan_tables([1] * 4, [4] * 4, 1, dynamic={0: DynamicOptions(4), 1: DynamicOptions(16), 2: DynamicOptions(6),
+                                                     3: DynamicOptions(6, shards=2)})
+    emb = DistributedEmbedding(plan, SingleProcess(), seed=(1, 2))
+    emb.set_optimizer("sgd", tf.Variable(0, dtype=tf.int64))
+    ids = [tf.constant(2 ** 40 + np.arange(12) * 7919 + f, tf.int64) for f in range(4)]
+    assert (np.bincount(hash_shards(ids[3], 2).numpy(), minlength=2) > 3).all()   # each shard: more ids than rows
+    names = [emb.dynamic_name(s) for s in emb.shards]
+    line = (f"dynamic tables {names[0]} (capacity 4 rows), {names[2]} (capacity 6 rows), {names[3]} (capacity 3 "
+            f"rows), {names[4]} (capacity 3 rows): too small for one batch's distinct ids (every row in use at step 0)")
+    with pytest.raises(tf.errors.InvalidArgumentError) as e:
+        tf.function(lambda x: emb.lookup(x, training=True).shard_rows)(ids)
+    assert op_error(e.value) == line + "; raise their capacities (--dynamic_tables=<feature>:<capacity>)"
+    with pytest.raises(ValueError) as e:
+        emb.lookup(ids, training=True)
+    assert str(e.value) == line
+    ids = [ids[0], ids[1][:2], ids[2][:2], ids[3][:2]]
+    with pytest.raises(tf.errors.InvalidArgumentError) as e:
+        tf.function(lambda x: emb.lookup(x, training=True).shard_rows)(ids)
+    assert op_error(e.value) == (f"dynamic table {names[0]}: capacity 4 rows is too small for one batch's distinct "
+                                 "ids (every row in use at step 0); raise its capacity "
+                                 "(--dynamic_tables=<feature>:<capacity>)")

@@ -49,8 +49,10 @@ def test_equals_the_reference_step_by_step_under_constant_eviction(policy, k):
     ref = Reference(capacity, **_options(policy, k, candidate_slots=8))
     seen = {id_map.ADMITTED: 0, id_map.EVICTED: 0, id_map.REFUSED: 0}
     for step, batch in enumerate(_batches(k, 200, 5, 40, capacity), start=1):
-        rows, codes, evicted = (t.numpy().tolist() for t in m.find_or_insert(tf.constant(batch), step))
+        *got, full = m.find_or_insert(tf.constant(batch), step)
+        rows, codes, evicted = (t.numpy().tolist() for t in got)
         want = ref.find_or_insert(batch.tolist(), step)
+        assert not full
         assert (rows, codes, evicted) == tuple(want), f"step {step}"
         assert _state(m) == ref.export(), f"step {step}"
         _assert_no_shared_row(m, capacity)
@@ -70,7 +72,7 @@ def test_big_batches_on_the_parallel_path_equal_the_reference(policy, k):
     for step, batch in enumerate(_batches(7, 4, 40000, 200000, capacity), start=1):
         assert len(batch) >= 16384   # src/id_map_ops.cc kParallelFrom: finds spread over the threads
         got = tuple(t.numpy().tolist() for t in m.find_or_insert(tf.constant(batch), step))
-        assert got == tuple(ref.find_or_insert(batch.tolist(), step)), f"step {step}"
+        assert got == (*ref.find_or_insert(batch.tolist(), step), False), f"step {step}"
     _assert_no_shared_row(m, capacity)
     rows = m.find(tf.constant(batch)).numpy()
     assert (rows == np.array([ref.row_of.get(i, -1) for i in batch.tolist()])).all()
@@ -99,10 +101,13 @@ def test_find_changes_nothing_and_unknown_ids_have_no_row():
     assert _state(m) == before
 
 
-def test_a_batch_with_more_distinct_ids_than_rows_fails_naming_the_table():
+def test_a_batch_with_more_distinct_ids_than_rows_is_full():
+    """Full: every row -1, every code REFUSED (the caller fails the step); the ids before the one
+    that found no row admitted, as the reference's state when it raises."""
     m = id_map.IdMap("table_7", 3)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="dynamic table table_7: capacity 3 rows is too small"):
-        m.find_or_insert(tf.constant([1, 2, 3, 4], tf.int64), 1)
+    rows, codes, evicted, full = (t.numpy().tolist() for t in m.find_or_insert(tf.constant([1, 2, 3, 4], tf.int64), 1))
+    assert full and rows == [-1] * 4 and codes == [id_map.REFUSED] * 4 and evicted == [0] * 4
+    assert m.find(tf.constant([1, 2, 3, 4], tf.int64)).numpy().tolist() == [0, 1, 2, -1]
     ref = Reference(3)
     with pytest.raises(Full):
         ref.find_or_insert([1, 2, 3, 4], 1)
@@ -111,9 +116,9 @@ def test_a_batch_with_more_distinct_ids_than_rows_fails_naming_the_table():
 def test_ttl_refuses_until_a_row_expires():
     m = id_map.IdMap("t", 2, policy="ttl", ttl=3)
     m.find_or_insert(tf.constant([1, 2], tf.int64), 1)
-    _, codes, _ = m.find_or_insert(tf.constant([3], tf.int64), 3)
+    _, codes, _, _ = m.find_or_insert(tf.constant([3], tf.int64), 3)
     assert codes.numpy().tolist() == [id_map.REFUSED]
-    rows, codes, evicted = m.find_or_insert(tf.constant([3], tf.int64), 4)
+    rows, codes, evicted, _ = m.find_or_insert(tf.constant([3], tf.int64), 4)
     assert codes.numpy().tolist() == [id_map.EVICTED] and evicted.numpy().tolist() == [1]
 
 

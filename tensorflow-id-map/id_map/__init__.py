@@ -2,9 +2,10 @@
 
     import id_map
     m = id_map.IdMap("table_3", capacity, admit_after=1, policy="lru", ttl=0, candidate_slots=0)
-    rows, codes, evicted = m.find_or_insert(ids, step)   ids [n] int64 (raw ids), step [] int64 (the
-                                    training step) -> rows [n] int32 (-1: refused), codes [n] int32
-                                    (HIT, ADMITTED, EVICTED: admitted into the row of evicted[n], REFUSED)
+    rows, codes, evicted, full = m.find_or_insert(ids, step)   ids [n] int64 (raw ids), step [] int64
+                                    (the training step) -> rows [n] int32 (-1: refused), codes [n] int32
+                                    (HIT, ADMITTED, EVICTED: admitted into the row of evicted[n], REFUSED),
+                                    full [] bool: more distinct ids to admit than rows (below)
     rows = m.find(ids)              [n] int64 -> [n] int32, -1 for an id without a row; changes nothing
     state = m.export()              {STATE name: 1-D array}: live ids in eviction order with rows,
                                     counts, last-used steps; candidates; totals [3]
@@ -16,7 +17,8 @@ bounded table of `candidate_slots` counters, 0: capacity); when every row is tak
 chooses the row to reuse: "lru" the least recently used, "lfu" the least frequently used (steps
 seen; ties: least recently), "ttl" the least recently used if unused for `ttl` steps (else the id
 is refused). A row in use by the batch is never reused by it: a batch with more distinct admitted
-ids than rows fails with one line naming the table. Two live ids never share a row. Finds are
+ids than rows is `full` (every row -1, every code REFUSED: the caller fails the step, naming the
+table; several tables can be checked at once). Two live ids never share a row. Finds are
 spread over TensorFlow's intra-op threads; the results do not depend on the thread count
 (src/id_map.h says how). `load()` raises OpLoadError, saying why, when the library is missing
 or was built for another TensorFlow.
@@ -72,7 +74,7 @@ class IdMap:
                                                   shared_name=f"id_map_{next(_serial)}_{table}")
 
     def find_or_insert(self, ids, step):
-        """ids [n] int64, step [] int64 -> rows [n] int32, codes [n] int32, evicted [n] int64."""
+        """ids [n] int64, step [] int64 -> rows [n] int32, codes [n] int32, evicted [n] int64, full [] bool."""
         return self._ops.id_map_find_or_insert(self.handle, ids, tf.cast(step, tf.int64))
 
     def find(self, ids) -> tf.Tensor:

@@ -56,14 +56,18 @@ REGISTER_OP("IdMapFindOrInsert")
     .Output("rows: int32")
     .Output("codes: int32")
     .Output("evicted: int64")
+    .Output("full: bool")
     .SetShapeFn([](InferenceContext* c) {
       shape_inference::ShapeHandle ids;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &ids));
       for (int i = 0; i < 3; ++i) c->set_output(i, ids);
+      c->set_output(3, c->Scalar());
       return OkStatus();
     })
     .Doc("ids [n] at training step `step` -> rows [n] (-1: refused), codes [n] (0 hit, 1 admitted, "
-         "2 admitted into an evicted id's row, 3 refused), evicted [n] (that id where code 2, else 0).");
+         "2 admitted into an evicted id's row, 3 refused), evicted [n] (that id where code 2, else 0), "
+         "full []: the batch has more distinct ids to admit than rows (then every row -1, every code 3, "
+         "and the ids before the one that found no row admitted); the caller fails the step.");
 
 REGISTER_OP("IdMapFind")
     .Input("handle: resource")
@@ -191,18 +195,21 @@ class IdMapFindOrInsertOp : public OpKernel {
     const Tensor* ids;
     OP_REQUIRES_OK(ctx, Ids(ctx, &ids));
     const int64_t step = ctx->input(2).scalar<int64_t>()();
-    Tensor *rows, *codes, *evicted;
+    Tensor *rows, *codes, *evicted, *full;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, ids->shape(), &rows));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, ids->shape(), &codes));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, ids->shape(), &evicted));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({}), &full));
     mutex_lock lock(map->mu);
     const id_map::Status status = map->map.FindOrInsert(
         ids->flat<int64_t>().data(), ids->NumElements(), step, rows->flat<int32_t>().data(),
         codes->flat<int32_t>().data(), evicted->flat<int64_t>().data(), Workers(ctx));
-    OP_REQUIRES(ctx, status == id_map::kOk,
-                errors::InvalidArgument("dynamic table ", map->table, ": capacity ", map->map.capacity(),
-                                        " rows is too small for one batch's distinct ids (every row in use at step ",
-                                        step, ")"));
+    full->scalar<bool>()() = status != id_map::kOk;
+    if (status != id_map::kOk) {
+      rows->flat<int32_t>().setConstant(-1);
+      codes->flat<int32_t>().setConstant(id_map::kRefused);
+      evicted->flat<int64_t>().setZero();
+    }
   }
 };
 
