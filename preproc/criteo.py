@@ -20,20 +20,33 @@ from utils import preemption
 from utils.errors import ConfigError
 
 
+def feature_index(name: str, names) -> int:
+    """The index of categorical feature `name` in `names`; with the Criteo columns' names (C1..C26)
+    also the name training gives it (cat_0..cat_25); -1 for none."""
+    if name in names:
+        return names.index(name)
+    if names is CATEGORICAL_NAMES and name in CATEGORICAL:
+        return CATEGORICAL.index(name)
+    return -1
+
+
+def known_features(names) -> str:
+    return "C1..C26 or cat_0..cat_25" if names is CATEGORICAL_NAMES else ", ".join(names)
+
+
 def _per_feature(flag: str, text: str, default, parse_default, parse_named, names=CATEGORICAL_NAMES):
     """'X' (every feature), 'C3:N,C20:N' (those), 'X,C3:N' (both) -> (X or `default`, {feature index: N});
-    `names`: the categorical features' names in the flag."""
+    `names`: the categorical features' names in the flag (feature_index)."""
     named = {}
     for item in filter(None, text.split(",")):
         name, sep, value = item.partition(":")
         try:
             if not sep:
                 default = parse_default(item)
-            elif name not in names:
-                known = "C1..C26" if names is CATEGORICAL_NAMES else ", ".join(names)
-                raise ConfigError(f"{flag}: {name!r} is not a categorical feature ({known})")
+            elif feature_index(name, names) < 0:
+                raise ConfigError(f"{flag}: {name!r} is not a categorical feature ({known_features(names)})")
             else:
-                named[names.index(name)] = parse_named(value)
+                named[feature_index(name, names)] = parse_named(value)
         except (ValueError, ZeroDivisionError):
             raise ConfigError(f"{flag}: {item!r} is not X or Ck:N")
     return default, named
@@ -58,10 +71,10 @@ def parse_raw_ids(text: str, names) -> list:
         return list(range(len(names)))
     chosen = []
     for name in filter(None, text.split(",")):
-        if name not in names:
-            known = "C1..C26" if names is CATEGORICAL_NAMES else ", ".join(names)
-            raise ConfigError(f"--raw_id_columns: {name!r} is not a categorical feature ({known}, or all)")
-        chosen.append(names.index(name))
+        if feature_index(name, names) < 0:
+            raise ConfigError(f"--raw_id_columns: {name!r} is not a categorical feature ({known_features(names)}, "
+                              "or all)")
+        chosen.append(feature_index(name, names))
     if not chosen:
         raise ConfigError("--raw_id_columns: name the columns (or all)")
     return sorted(set(chosen))

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from preproc import distinct as distinct_count
 from preproc import history, reading, sources, vocab
 from preproc.layout import MAPPINGS, Layout, hash_buckets
 
@@ -103,12 +104,15 @@ def _positions(ctx: Context, rows: sources.Rows, line: int, next_position: np.nd
 
 
 def count_values(ctx: Context, split_id: int):
-    """Parses and caches a split; returns its report and {feature index: (values, counts)} of its
-    training rows (features with a vocabulary)."""
+    """Parses and caches a split; returns its report, {feature index: (values, counts)} of its
+    training rows (features with a vocabulary) and {feature index: distinct.sketch} of the keys of
+    its training rows (raw-id features; missing values not counted)."""
     split, line, bad = ctx.splits[split_id], ctx.split_lines[split_id], []
     rows, part_rows, part_ids = dict.fromkeys(MAPPINGS, 0), {}, {}
     counted = [[] for _ in ctx.categorical]
     vocabularies = set(ctx.schema.counted) if ctx.count else set()
+    sketches = {k: distinct_count.sketch(np.zeros(0, np.uint64)) for k, f in enumerate(ctx.categorical)
+                if f in ctx.schema.raw_ids}
     next_position = np.array(ctx.split_positions[split_id] if ctx.source.by_value else [0], np.int64)
     histories = ctx.schema.histories
     os.makedirs(ctx.cache_root, exist_ok=True)
@@ -151,11 +155,14 @@ def count_values(ctx: Context, split_id: int):
                 if k in vocabularies and train.any():
                     counts = np.bincount(column[train[rows_of]] + 1, minlength=len(distinct) + 1)[1:]
                     counted[k].append((distinct, counts))
+                if k in sketches and train.any():
+                    seen = np.unique(column[train[rows_of]])
+                    sketches[k] = distinct_count.merged(sketches[k], distinct_count.sketch(distinct[seen[seen >= 0]]))
     tables = {k: summed(pieces) for k, pieces in enumerate(counted) if pieces}
     first = ctx.file_lines[split.file_index] - ctx.source.header_lines
     info = {"split": split_id, "rows": rows, "part_rows": part_rows, "part_ids": part_ids, "bad": len(bad),
             "first_bad": [[split.path, int(g - first + 1), reason] for g, reason in bad[:MAX_REPORTED]]}
-    return info, tables
+    return info, tables, sketches
 
 
 def bucketed(tables: Dict[int, tuple], buckets: int):

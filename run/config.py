@@ -7,8 +7,9 @@ rules can be tested without a model. The rules are tables in groups (`_check`); 
 """
 import dataclasses
 import json
+import math
 import os
-from typing import Dict, List, Optional, Sequence, Set
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import yaml
 
@@ -39,12 +40,18 @@ class DatasetShape:
     """What the model needs to know of the data: per categorical feature its cardinality and
     max_hotness (None: one-hot), and the number of numerical features; `names`: the categorical
     features' names (the feature spec's; synthetic data: cat_0, cat_1, ...); `labels`: the labels'
-    names (the feature spec's; synthetic data: label, label_1, ...: --synthetic_labels)."""
+    names (the feature spec's; synthetic data: label, label_1, ...: --synthetic_labels); `raw_ids`:
+    the features with raw ids (preprocessed with --raw_id_columns); `distinct_ids`: per raw-id feature
+    the distinct ids of its training rows (preprocessing's estimate, in the spec's metadata);
+    `aliases`: other names of features ({"C1": "cat_0"}: the Criteo columns preprocessing read)."""
     cardinalities: List[int]
     num_numerical: int
     max_hotness: List[Optional[int]]
     names: Optional[List[str]] = None
     labels: List[str] = dataclasses.field(default_factory=lambda: synthetic_label_names(1))
+    raw_ids: Tuple[str, ...] = ()
+    distinct_ids: Dict[str, int] = dataclasses.field(default_factory=dict)
+    aliases: Dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         if self.names is None:
@@ -235,7 +242,7 @@ class RunConfig:
     @property
     def dynamic_tables(self) -> Dict[int, DynamicOptions]:
         """--dynamic_tables: feature index -> its dynamic table's options (`dynamic_tables`)."""
-        return dynamic_tables(self.model.dynamic_tables, self.data.shape.names)
+        return dynamic_tables(self.model.dynamic_tables, self.data.shape)
 
 
 GROUPS = {f.name: f.type for f in dataclasses.fields(RunConfig) if dataclasses.is_dataclass(f.type)}
@@ -493,33 +500,64 @@ def parse_int_list(name: str, values: Sequence) -> List[int]:
 DYNAMIC_FORM = "<feature>:<capacity>[:<admit_after>[:<policy>[:<ttl>[:<shards>]]]]"
 
 
-def dynamic_tables(entries: Sequence[str], names: Sequence[str]) -> Dict[int, DynamicOptions]:
-    """--dynamic_tables' entries, each DYNAMIC_FORM (feature: its index or name; admit_after 1, policy
-    lru, ttl 0, hash shards 1 by default) -> feature index -> DynamicOptions; ConfigError naming the entry."""
-    options = {}
+def dynamic_tables(entries: Sequence[str], shape: DatasetShape) -> Dict[int, DynamicOptions]:
+    """--dynamic_tables' entries, each DYNAMIC_FORM -> feature index -> DynamicOptions (admit_after 1,
+    policy lru, ttl 0, hash shards 1 by default); ConfigError naming the entry. The feature: its
+    index, name or alias, or `all` (every raw-id feature without an entry of its own); the capacity:
+    rows, or `<factor>x`: that factor times the feature's distinct ids (shape.distinct_ids), rounded up."""
+    names, options, every = list(shape.names), {}, None
     for entry in entries:
         parts = str(entry).split(":")
-        try:
-            if not 2 <= len(parts) <= 6:
-                raise ValueError
-            feature = names.index(parts[0]) if parts[0] in names else int(parts[0])
-            numbers = [int(p) for p in parts[1:3]]
-            policy = parts[3] if len(parts) > 3 else "lru"
-            ttl = int(parts[4]) if len(parts) > 4 else 0
-            shards = int(parts[5]) if len(parts) > 5 else 1
-        except ValueError:
-            raise ConfigError(f"--dynamic_tables entry {entry!r}: expected {DYNAMIC_FORM} (policy one of "
-                              f"{', '.join(DYNAMIC_POLICIES)})") from None
+        if parts[0] == "all":
+            if every is not None:
+                raise ConfigError(f"--dynamic_tables entry {entry!r}: 'all' is given twice")
+            every = entry
+            if not shape.raw_ids:
+                raise ConfigError(f"--dynamic_tables entry {entry!r}: 'all' means every feature with raw ids, and "
+                                  "this dataset has none (preprocess with --raw_id_columns, or name the features)")
+            continue
+        name = shape.aliases.get(parts[0], parts[0])
+        feature = names.index(name) if name in names else int(name) if name.isdigit() else -1
+        if len(parts) < 2:
+            raise ConfigError(f"--dynamic_tables entry {entry!r}: expected {DYNAMIC_FORM}")
         if not 0 <= feature < len(names):
-            raise ConfigError(f"--dynamic_tables entry {entry!r}: no categorical feature {parts[0]} (features 0.."
-                              f"{len(names) - 1}: {names[0]}..{names[-1]})")
+            raise ConfigError(f"--dynamic_tables entry {entry!r}: no categorical feature {parts[0]} (features "
+                              f"0..{len(names) - 1}: {names[0]}..{names[-1]}, or all)")
         if feature in options:
             raise ConfigError(f"--dynamic_tables entry {entry!r}: feature {names[feature]} ({feature}) is given twice")
-        try:
-            options[feature] = DynamicOptions(*numbers, policy=policy, ttl=ttl, shards=shards)
-        except PlanError as e:
-            raise ConfigError(f"--dynamic_tables entry {entry!r}: {e}") from None
+        options[feature] = _dynamic_options(entry, parts, names[feature], shape)
+    if every is not None:
+        for name in shape.raw_ids:
+            options.setdefault(names.index(name), _dynamic_options(every, str(every).split(":"), name, shape))
     return options
+
+
+def _dynamic_options(entry: str, parts: List[str], name: str, shape: DatasetShape) -> DynamicOptions:
+    """One --dynamic_tables entry's options for feature `name` (its capacity a factor of its distinct ids)."""
+    try:
+        if len(parts) > 6:
+            raise ValueError
+        factor = float(parts[1][:-1]) if parts[1].endswith("x") else None
+        capacity = int(parts[1]) if factor is None else 0
+        admit_after = int(parts[2]) if len(parts) > 2 else 1
+        policy = parts[3] if len(parts) > 3 else "lru"
+        ttl = int(parts[4]) if len(parts) > 4 else 0
+        shards = int(parts[5]) if len(parts) > 5 else 1
+    except ValueError:
+        raise ConfigError(f"--dynamic_tables entry {entry!r}: expected {DYNAMIC_FORM} (capacity rows or <factor>x, "
+                          f"policy one of {', '.join(DYNAMIC_POLICIES)})") from None
+    if factor is not None:
+        if name not in shape.distinct_ids:
+            raise ConfigError(f"--dynamic_tables entry {entry!r}: a capacity of {parts[1]} the distinct ids needs "
+                              f"{name}'s count in the dataset's metadata (preprocessing with --raw_id_columns "
+                              "records it; this dataset has none for it): give its rows")
+        if not factor > 0:
+            raise ConfigError(f"--dynamic_tables entry {entry!r}: the factor of the distinct ids must be above 0")
+        capacity = max(1, math.ceil(factor * shape.distinct_ids[name]))
+    try:
+        return DynamicOptions(capacity, admit_after, policy=policy, ttl=ttl, shards=shards)
+    except PlanError as e:
+        raise ConfigError(f"--dynamic_tables entry {entry!r}: {e}") from None
 
 
 def embedding_widths(values: Sequence) -> list:
@@ -633,7 +671,10 @@ def _spec_shape(v: dict) -> DatasetShape:
     tfrecords = v["dataset_type"] == "split_tfrecords"
     spec = FeatureSpec.from_yaml(feature_spec_path(v["dataset_path"], v["feature_spec"]),
                                  chunk_type=None if tfrecords else "split_binary")
-    cardinalities = _raw_id_rows(spec, v["dynamic_tables"])
+    metadata = spec.metadata if isinstance(spec.metadata, dict) else {}
+    shape = DatasetShape(list(spec.cardinalities), len(spec.numerical), spec.max_hotness, list(spec.categorical),
+                         spec.labels, tuple(spec.raw_id_features), dict(metadata.get("distinct_ids") or {}),
+                         {column: name for name, column in (metadata.get("columns") or {}).items()})
     for name in ("train_mapping", "eval_mapping") if v["mode"] == "train" else ("eval_mapping",):
         if tfrecords and not os.path.isdir(spec.path(v[name])):
             raise ConfigError(f"--{name}={v[name]}: no directory {spec.path(v[name])} (a split_tfrecords mapping "
@@ -641,19 +682,22 @@ def _spec_shape(v: dict) -> DatasetShape:
         if not tfrecords and v[name] not in spec.source:
             raise ConfigError(f"--{name}={v[name]}: the feature spec has no such mapping "
                               f"(it has {', '.join(spec.source)})")
-    return DatasetShape(cardinalities, len(spec.numerical), spec.max_hotness, list(spec.categorical), spec.labels)
+    return dataclasses.replace(shape, cardinalities=_raw_id_rows(shape, v["dynamic_tables"]))
 
 
-def _raw_id_rows(spec: FeatureSpec, entries: Sequence[str]) -> List[int]:
+def _raw_id_rows(shape: DatasetShape, entries: Sequence[str]) -> List[int]:
     """The spec's cardinalities, a raw-id feature's (none in the spec) its dynamic table's capacity:
     its ids are 64-bit keys, not rows, which only a dynamic table (--dynamic_tables) takes."""
-    dynamic = dynamic_tables(entries, list(spec.categorical)) if spec.raw_id_features else {}
-    cardinalities = list(spec.cardinalities)
-    for name in spec.raw_id_features:
-        f = spec.categorical.index(name)
+    dynamic = dynamic_tables(entries, shape) if shape.raw_ids else {}
+    cardinalities = list(shape.cardinalities)
+    for name in shape.raw_ids:
+        f = shape.names.index(name)
         if f not in dynamic:
+            counted = f" (its training rows have about {shape.distinct_ids[name]:,} distinct ids)" \
+                if name in shape.distinct_ids else ""
             raise ConfigError(f"feature {name} has raw ids (preprocessed with --raw_id_columns): it needs a dynamic "
-                              f"table (--dynamic_tables={name}:<capacity>)")
+                              f"table (--dynamic_tables={name}:<capacity>, or all:<factor>x for every raw-id "
+                              f"feature){counted}")
         cardinalities[f] = dynamic[f].capacity
     return cardinalities
 
@@ -683,7 +727,7 @@ def _check(c: RunConfig, present: Set[str], world_size: int):
     for broken, message in _MODEL_RULES:
         if broken(c, world_size, present):
             raise ConfigError(message(c, world_size))
-    dynamic_tables(c.model.dynamic_tables, c.data.shape.names)   # its one-line errors, before TensorFlow
+    dynamic_tables(c.model.dynamic_tables, c.data.shape)   # its one-line errors, before TensorFlow
     if world_size == 1:
         for name in sorted(present & set(_MULTI_RANK_ONLY)):
             raise ConfigError(f"--{name} only applies with several ranks (horovodrun -np N); at one rank every "

@@ -40,7 +40,9 @@ flags.DEFINE_multi_string("model_param", None, "with --model: one hyper-paramete
                           "YAML), over --model_params; repeat the flag for several")
 flags.DEFINE_list("dynamic_tables", [], "dynamic tables (raw int64 ids, no vocabulary: docs/dynamic_tables.md), "
                   "entries <feature>:<capacity>[:<admit_after>[:<policy>[:<ttl>[:<shards>]]]]: feature by index or "
-                  "name, rows shared by the ids seen so far, an id admitted at its admit_after-th sighting (default "
+                  "name, or all (every raw-id feature without an entry); rows shared by the ids seen so far (or "
+                  "<factor>x: that factor times the feature's distinct ids preprocessing counted), an id admitted at "
+                  "its admit_after-th sighting (default "
                   "1), rows reused by policy lru (default), lfu or ttl (rows unused for ttl steps; 0 for the others), "
                   "hash shards (default 1) spread over the ranks (shard s on rank s % N)")
 flags.DEFINE_integer("num_cross_layers", 3, "DCNv2 cross layers")

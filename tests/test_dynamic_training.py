@@ -75,7 +75,7 @@ def test_the_planner_keeps_a_dynamic_table_whole_with_its_capacity_and_may_put_i
     ("1", "expected <feature>:<capacity>"),
     ("1:x", "expected <feature>:<capacity>"),
     ("9:10", "no categorical feature 9"),
-    ("cat_9:10", "expected <feature>:<capacity>"),
+    ("cat_9:10", "no categorical feature cat_9"),
     ("1:0", "capacity >= 1"),
     ("1:10:1:mru", "policy must be one of lru, lfu, ttl"),
     ("1:10:1:ttl", "ttl >= 1 exactly with policy ttl"),

@@ -4,6 +4,7 @@ computation), with no vocabulary; the feature spec marks them (`raw_ids: true`, 
 cardinality); split-binary and split-TFRecord readers give them as int64; the other columns'
 files are byte for byte those of the mode off; bad flags and specs stop in one line; training
 refuses a raw-id feature without a dynamic table."""
+import math
 import os
 import re
 import struct
@@ -16,8 +17,9 @@ import yaml
 from dataloading.feature_spec import SPEC_FILE, FeatureSpec, split_binary_spec
 from dataloading.split_binary import SplitBinaryDataset
 from dataloading.writer import MappingWriter
-from preproc import criteo, generate, raw
+from preproc import criteo, distinct, generate, raw
 from preproc.pipeline import run
+from parallel_embedding.planner import DynamicOptions
 from utils.errors import ConfigError, DatasetError
 from tests.warm_python import PYTHON
 
@@ -139,6 +141,8 @@ def test_raw_ids_of_a_small_csv(spark, tmp_path):
     assert on_disk["tags"] == {"dtype": "int64", "max_hotness": 3, "raw_ids": True}
     assert "raw_ids" not in on_disk["other"] and "user" in summary["raw_ids"]
     assert spec.metadata["categorical"]["user"] == "user (int); raw ids: the key as int64"
+    # distinct keys of the training rows, missing values not counted: exact at these counts
+    assert summary["distinct_ids"] == spec.metadata["distinct_ids"] == {"user": 4, "site": 4, "color": 5, "tags": 3}
     # no vocabulary for the raw-id columns; the other column's as with the mode off
     assert sorted(os.listdir(tmp_path / "raw" / "vocab")) == ["other.npy", "vocab.json"]
     vocabularies = [(tmp_path / out / "vocab" / "other.npy").read_bytes() for out in ("raw", "off")]
@@ -184,10 +188,17 @@ def test_criteo_raw_ids_of_a_generated_log(spark, tmp_path):
             "--frequency_threshold=2"]
     run(spark, criteo.options(criteo.parser().parse_args(args + ["--output", str(tmp_path / "off")])),
         log=lambda m: None)
+    lines = []
     run(spark, criteo.options(criteo.parser().parse_args(args + ["--output", str(tmp_path / "raw"),
-                                                                 "--raw_id_columns=C1,C3"])), log=lambda m: None)
+                                                                 "--raw_id_columns=C1,C3"])), log=lines.append)
     spec = FeatureSpec.from_yaml(str(tmp_path / "raw" / SPEC_FILE))
     assert spec.raw_id_features == ["cat_0", "cat_2"]
+    exact = {f"cat_{k}": len({v for v in table.column(f"C{k + 1}").to_pylist() if v is not None}) for k in (0, 2)}
+    estimated = spec.metadata["distinct_ids"]
+    assert set(estimated) == set(exact) and all(abs(estimated[f] - n) <= 0.02 * n for f, n in exact.items()), \
+        (estimated, exact)
+    assert "distinct ids in the training rows (estimated, for --dynamic_tables): " \
+        f"C1 (cat_0) {estimated['cat_0']:,}, C3 (cat_2) {estimated['cat_2']:,}" in lines, lines
     batch = SplitBinaryDataset(spec, {"train": "train"}).batch("train", 0, 400)
     for k, column in ((0, "C1"), (2, "C3")):     # 8-digit hex hashes, as the real logs have: their numbers
         expected = [0 if v is None else int(v, 16) for v in table.column(column).to_pylist()]
@@ -226,7 +237,7 @@ def test_raw_spec_flags_are_refused_in_one_line(tmp_path, flags, message):
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--raw_id_columns=C0"], "--raw_id_columns: 'C0' is not a categorical feature (C1..C26, or all)"),
+    (["--raw_id_columns=C0"], "--raw_id_columns: 'C0' is not a categorical feature (C1..C26 or cat_0..cat_25, or all)"),
     (["--raw_id_columns=C3", "--frequency_threshold=2,C3:4"],
      "--frequency_threshold: C3 has raw ids (--raw_id_columns): no vocabulary to set"),
     (["--raw_id_columns=all", "--frequency_threshold=2"],
@@ -245,6 +256,46 @@ def test_criteo_raw_ids_keep_the_other_thresholds():
                                                       "--frequency_threshold=3,C5:4"]))
     assert opts.thresholds == [3, 0, 3, 3, 4] + [3] * 21
     assert opts.source.schema.raw_ids == ["cat_1"] and 1 not in opts.source.schema.counted
+    # the name training gives a column is accepted too, for every per-feature flag
+    same = criteo.options(criteo.parser().parse_args(["--input", "x", "--output", "o", "--raw_id_columns=cat_1",
+                                                      "--frequency_threshold=3,cat_4:4"]))
+    assert same.thresholds == opts.thresholds and same.source.schema.raw_ids == ["cat_1"]
+
+
+def test_dynamic_tables_from_the_datasets_distinct_ids(tmp_path):
+    """--dynamic_tables=all:<factor>x: every raw-id feature, its capacity the factor times its
+    distinct ids in the spec's metadata (rounded up); an entry of its own wins; a feature named as
+    preprocessing named it (the metadata's columns); the refusals in one line."""
+    from tests.test_config import build
+    write_raw_dataset(tmp_path, np.arange(4), np.zeros(0, np.int64), np.zeros(4, np.int64))
+    spec_path = tmp_path / SPEC_FILE
+    on_disk = yaml.safe_load(spec_path.read_text())
+    data = dict(dataset_type="split_binary", dataset_path=str(tmp_path), eval_mapping="train")
+    with pytest.raises(ConfigError, match=r"^--dynamic_tables entry 'all:2x': a capacity of 2x the distinct ids "
+                                          r"needs ids's count in the dataset's metadata .*: give its rows$"):
+        build(**data, dynamic_tables=["all:2x"])
+    on_disk["metadata"] = {"distinct_ids": {"ids": 1001, "hot": 30}, "columns": {"ids": "user_id", "c": "C2"}}
+    spec_path.write_text(yaml.safe_dump(on_disk))
+    assert build(**data, dynamic_tables=["all:1.5x"]).dynamic_tables == {0: DynamicOptions(1502), 2: DynamicOptions(45)}
+    assert build(**data, dynamic_tables=["all:1.5x:2:lfu", "user_id:64"]).dynamic_tables == {
+        0: DynamicOptions(64), 2: DynamicOptions(45, 2, "lfu")}
+    assert build(**data, dynamic_tables=["all:0.1x:1:lru:0:2"]).dynamic_tables == {
+        0: DynamicOptions(101, shards=2), 2: DynamicOptions(3, shards=2)}
+    assert build(**data, dynamic_tables=["user_id:2x", "hot:8"]).data.shape.cardinalities == [2002, 5, 8]
+    with pytest.raises(ConfigError, match=r"^feature ids has raw ids .*: it needs a dynamic table "
+                                          r"\(--dynamic_tables=ids:<capacity>, or all:<factor>x for every raw-id "
+                                          r"feature\) \(its training rows have about 1,001 distinct ids\)$"):
+        build(**data)
+    for entries, message in ((["all:2x", "all:3x"], "'all' is given twice"),
+                             (["all:0x"], "the factor of the distinct ids must be above 0"),
+                             (["all:2y"], "expected <feature>:<capacity>"),
+                             (["C2:2x", "all:2x"], "a capacity of 2x the distinct ids needs c's count")):
+        with pytest.raises(ConfigError, match=message) as e:
+            build(**data, dynamic_tables=entries)
+        assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"^--dynamic_tables entry 'all:10': 'all' means every feature with raw ids, "
+                                          r"and this dataset has none"):
+        build(dynamic_tables=["all:10"])
 
 
 def raw_spec_dict(**feature):
@@ -320,7 +371,8 @@ def test_training_refuses_raw_ids_without_a_dynamic_table(tmp_path):
     assert str(e.value) == (f"--synthetic_dataset_use_feature_spec: feature ids of {tmp_path / SPEC_FILE} has raw ids "
                             "(no cardinality to draw synthetic ids from)")
     with pytest.raises(ConfigError, match=r"^feature ids has raw ids \(preprocessed with --raw_id_columns\): it needs "
-                                          r"a dynamic table \(--dynamic_tables=ids:<capacity>\)$"):
+                                          r"a dynamic table \(--dynamic_tables=ids:<capacity>, or all:<factor>x for "
+                                          r"every raw-id feature\)$"):
         build(dataset_type="split_binary", dataset_path=str(tmp_path), eval_mapping="train")
 
 
@@ -342,10 +394,13 @@ def test_dlrm_trains_on_raw_ids_with_dynamic_tables(spark, tmp_path):
             "--batch_size=64", "--valid_batch_size=200", "--max_steps=9", "--print_freq=3", "--cpu"]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     refused = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=300)
-    assert refused.returncode == 2 and refused.stderr.splitlines()[-1] == (
-        "error: feature cat_0 has raw ids (preprocessed with --raw_id_columns): it needs a dynamic table "
-        "(--dynamic_tables=cat_0:<capacity>)"), refused.stderr
-    proc = subprocess.run(args + ["--dynamic_tables=cat_0:500,cat_2:48:1:lru",
+    distinct = {f: len({v for v in table.column(c).to_pylist() if v is not None}) for f, c in ((0, "C1"), (2, "C3"))}
+    assert re.fullmatch(r"error: feature cat_0 has raw ids \(preprocessed with --raw_id_columns\): it needs a dynamic "
+                        r"table \(--dynamic_tables=cat_0:<capacity>, or all:<factor>x for every raw-id feature\) "
+                        r"\(its training rows have about [0-9,]+ distinct ids\)", refused.stderr.splitlines()[-1]), \
+        refused.stderr
+    # every raw-id feature at 1.25x its distinct ids, C3 (cat_2, named as preprocessing named it) at 48 rows
+    proc = subprocess.run(args + ["--dynamic_tables=all:1.25x,C3:48:1:lru",
                                   f"--save_checkpoint_path={tmp_path / 'ck'}"],
                           cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
@@ -356,7 +411,25 @@ def test_dlrm_trains_on_raw_ids_with_dynamic_tables(spark, tmp_path):
     manifest = checkpoint.read_manifest(str(tmp_path / "ck"))
     keys = {0: {0 if v is None else int(v, 16) for v in table.column("C1").to_pylist()},
             2: {0 if v is None else int(v, 16) for v in table.column("C3").to_pylist()}}
-    for f, capacity in ((0, 500), (2, 48)):
+    capacity_0 = manifest["signature"]["cardinalities"][0]
+    counted = FeatureSpec.from_yaml(str(tmp_path / "raw" / SPEC_FILE)).metadata["distinct_ids"]["cat_0"]
+    assert abs(counted - distinct[0]) <= 0.02 * distinct[0] and capacity_0 == math.ceil(1.25 * counted)
+    assert manifest["signature"]["cardinalities"][2] == 48
+    for f, capacity in ((0, capacity_0), (2, 48)):
         ids = checkpoint.read_tensor(manifest["path"], f"embedding/table_{f}/ids")[:, 0]
         assert 0 < len(ids) <= capacity and set(ids.tolist()) <= keys[f] and len(set(ids.tolist())) == len(ids)
-    assert manifest["signature"]["cardinalities"][2] == 48
+
+
+@pytest.mark.parametrize("n", [0, 1, 1000, 50_000, 1_000_000])
+def test_the_distinct_sketch_counts_a_union_within_its_error(n):
+    """Keys in three overlapping pieces (every key twice or more), sketched apart and merged: the
+    estimate within 3 standard errors (2.4%) of the exact count, exact for a handful; consecutive
+    keys (ids 0..n-1, as integer columns hold) as well as random ones."""
+    rng = np.random.default_rng(n)
+    for keys in (rng.integers(0, 2 ** 64, n, dtype=np.uint64), np.arange(n, dtype=np.uint64)):
+        pieces = [keys[: 2 * n // 3], keys[n // 3:], keys[::2]]
+        registers = distinct.sketch(pieces[0])
+        for piece in pieces[1:]:
+            registers = distinct.merged(registers, distinct.sketch(piece))
+        estimate = distinct.estimate(registers)
+        assert abs(estimate - n) <= (0 if n < 2 else 0.024 * n), (n, estimate)
