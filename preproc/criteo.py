@@ -43,10 +43,11 @@ def _per_feature(flag: str, text: str, default, parse_default, parse_named, name
         try:
             if not sep:
                 default = parse_default(item)
-            elif feature_index(name, names) < 0:
-                raise ConfigError(f"{flag}: {name!r} is not a categorical feature ({known_features(names)})")
             else:
-                named[feature_index(name, names)] = parse_named(value)
+                index = feature_index(name, names)
+                if index < 0:
+                    raise ConfigError(f"{flag}: {name!r} is not a categorical feature ({known_features(names)})")
+                named[index] = parse_named(value)
         except (ValueError, ZeroDivisionError):
             raise ConfigError(f"{flag}: {item!r} is not X or Ck:N")
     return default, named
@@ -71,10 +72,11 @@ def parse_raw_ids(text: str, names) -> list:
         return list(range(len(names)))
     chosen = []
     for name in filter(None, text.split(",")):
-        if feature_index(name, names) < 0:
+        index = feature_index(name, names)
+        if index < 0:
             raise ConfigError(f"--raw_id_columns: {name!r} is not a categorical feature ({known_features(names)}, "
                               "or all)")
-        chosen.append(feature_index(name, names))
+        chosen.append(index)
     if not chosen:
         raise ConfigError("--raw_id_columns: name the columns (or all)")
     return sorted(set(chosen))

@@ -511,7 +511,7 @@ def dynamic_tables(entries: Sequence[str], shape: DatasetShape) -> Dict[int, Dyn
         if parts[0] == "all":
             if every is not None:
                 raise ConfigError(f"--dynamic_tables entry {entry!r}: 'all' is given twice")
-            every = entry
+            every = entry, parts
             if not shape.raw_ids:
                 raise ConfigError(f"--dynamic_tables entry {entry!r}: 'all' means every feature with raw ids, and "
                                   "this dataset has none (preprocess with --raw_id_columns, or name the features)")
@@ -528,7 +528,7 @@ def dynamic_tables(entries: Sequence[str], shape: DatasetShape) -> Dict[int, Dyn
         options[feature] = _dynamic_options(entry, parts, names[feature], shape)
     if every is not None:
         for name in shape.raw_ids:
-            options.setdefault(names.index(name), _dynamic_options(every, str(every).split(":"), name, shape))
+            options.setdefault(names.index(name), _dynamic_options(*every, name, shape))
     return options
 
 

@@ -33,7 +33,6 @@ into the served model's (kept through the tiers: the served graph with the delta
 full export's SavedModel is a program that runs in the server: taken only when allowed.
 """
 import dataclasses
-import errno
 import json
 import os
 import shutil
@@ -481,17 +480,18 @@ class Model:
                 + sum((rows - tables.shapes[f][0]) * (tables.shapes[f][1] * 4 + IDS_DTYPE.itemsize * 2)
                       for f, rows in grown.items()))
         free = shutil.disk_usage(directory).free
+        full = UpdateRefused(f"{directory}: no space left on device: the update needs about {need:,} bytes there, "
+                             f"{free:,} were free (nothing of it left; serving {self.version})")
+        if need > free:
+            raise full
         try:
-            if need > free:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             shutil.copytree(graph, tmp, ignore=lambda d, names: ["variables"] if d == graph else [])
             shutil.copytree(variables, os.path.join(tmp, "variables"))
         except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
             if not no_space(e):
                 raise
-            raise UpdateRefused(f"{directory}: no space left on device: the update needs about {need:,} bytes there, "
-                                f"{free:,} were free (nothing of it left; serving {self.version})") from None
+            raise full from None
         os.replace(tmp, os.path.join(directory, name))
         return name
 
