@@ -51,9 +51,9 @@ class SingleProcess:
     def barrier(self, name: str):
         """Returns once every rank has reached the barrier of the same name."""
 
-    def any_rank(self, flag: bool, name: str) -> bool:
-        """Whether `flag` is true on any rank (one allreduce of one int32)."""
-        return bool(flag)
+    def largest(self, value: int, name: str) -> int:
+        """The largest of every rank's `value` (one allreduce of one int32)."""
+        return int(value)
 
     def failure(self, error: BaseException) -> Optional[str]:
         """One line describing `error` if it is a failed collective (another rank died, hung or
@@ -101,10 +101,9 @@ class HorovodCollectives(SingleProcess):
     def barrier(self, name):
         self._hvd.allreduce(tf.zeros([1]), op=self._hvd.Sum, name=name, ignore_name_scope=True).numpy()
 
-    def any_rank(self, flag, name):
-        total = self._hvd.allreduce(tf.constant([int(bool(flag))], tf.int32), op=self._hvd.Sum, name=name,
-                                    ignore_name_scope=True)
-        return int(total.numpy()[0]) > 0
+    def largest(self, value, name):
+        return int(self._hvd.allreduce(tf.constant([int(value)], tf.int32), op=self._hvd.Max, name=name,
+                                       ignore_name_scope=True).numpy()[0])
 
     def failure(self, error):
         from horovod.common.exceptions import HorovodInternalError

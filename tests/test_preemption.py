@@ -247,34 +247,88 @@ def test_two_ranks_sigterm_to_one_rank_stops_both_at_the_same_step(tmp_path, uni
     resumed_equals_uninterrupted(tmp_path, ckpt, stopped_step(line, ckpt), uninterrupted, atol=1e-5)
 
 
-@pytest.mark.slow
-def test_two_ranks_under_horovodrun_sigterm_to_every_rank(tmp_path):
-    ckpt = str(tmp_path / "ckpt")
-    launcher = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+def launched(tmp_path, ckpt):
+    """`python launch.py -np 2 ... python dlrm.py` (the ranks plain interpreters: the launcher signals
+    its own descendants), once its ranks have trained a step: the launcher, its ranks by rank."""
     with open(tmp_path / "out", "w") as out:
-        p = subprocess.Popen([launcher, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "dlrm.py", *MODEL,
-                              *DATA, f"--save_checkpoint_path={ckpt}"], cwd=ROOT, stdout=out,
+        p = subprocess.Popen([sys.executable, "launch.py", "-np", "2", "-H", "localhost:2", sys.executable, "dlrm.py",
+                              *MODEL, *DATA, f"--save_checkpoint_path={ckpt}"], cwd=ROOT, stdout=out,
                              stderr=subprocess.STDOUT, env=_environment(None))
+    wait_for(tmp_path / "out", "step 1/", p)
+    ranks = rank_processes(p)
+    assert sorted(ranks) == [0, 1]
+    return p, ranks
+
+
+def launched_stop(tmp_path, ckpt, p, signame):
+    """The launched job's output once it has stopped on `signame`: one line from rank 0 (none from rank
+    1, no traceback), the launcher's last, every rank exiting the signal's code, the checkpoint whole."""
+    code = {"SIGTERM": 143, "SIGINT": 130}[signame]
+    assert p.wait(timeout=120) == code
+    output = read(tmp_path / "out")
+    assert "Traceback" not in output and "stopped at once" not in output, output[-3000:]
+    [line] = [s for s in stop_lines(output) if s.startswith("[")]   # the ranks' lines: "[rank]<stream>:..."
+    assert line.startswith(f"[0]<stderr>:stopped by {signame} after step ")
+    assert output.splitlines()[-1] == (f"launch: stopped by {signame}: ranks 0, 1 exited {code}; "
+                                       f"rank 0's line names the checkpoint")
+    step = stopped_step(line[line.index(STOPPED):], ckpt)
+    assert leftovers(ckpt) == []
+    manifest = checkpoint.read_manifest(ckpt)
+    for name in manifest["tensors"]:
+        checkpoint.read_tensor(manifest["path"], name)
+    return step
+
+
+@pytest.mark.slow
+def test_launch_py_ctrl_c_gives_the_ranks_their_save_past_horovodruns_5_s(tmp_path):
+    """Ctrl-C reaches the launcher alone; its ranks finish their step, save and exit 130 even when
+    that takes longer than the 5 s horovodrun itself allows before SIGKILL (rank 1 stopped 7 s)."""
+    ckpt = str(tmp_path / "ckpt")
+    p, ranks = launched(tmp_path, ckpt)
     try:
-        wait_for(tmp_path / "out", "step 1/", p)
-        ranks = rank_processes(p)
-        assert sorted(ranks) == [0, 1]
-        for r in ranks.values():   # as SLURM signals every task
-            r.send_signal(signal.SIGTERM)
-        p.wait(timeout=120)
+        ranks[1].suspend()
+        p.send_signal(signal.SIGINT)
+        time.sleep(7)
+        assert p.poll() is None and ranks[0].is_running()
+        ranks[1].resume()
+        launched_stop(tmp_path, ckpt, p, "SIGINT")
     finally:
         if p.poll() is None:
             p.kill()
-    output = read(tmp_path / "out")
-    # The ranks' lines ("[rank]<stdout>:..."); horovodrun itself reports a rank's non-zero exit
-    # with its own traceback.
-    ranks_output = "\n".join(line for line in output.splitlines() if line.startswith(("[0]", "[1]")))
-    assert "Traceback" not in ranks_output
-    [line] = stop_lines(output)
-    assert line.startswith("[0]<stderr>:stopped by SIGTERM after step ")
-    assert "exit with status code 143" in output or p.returncode == 143, output[-2000:]
-    stopped_step(line[line.index(STOPPED):], ckpt)
-    assert leftovers(ckpt) == []
+    assert "launch: SIGINT received: passed to the ranks on this host (2)" in read(tmp_path / "out")
+
+
+@pytest.mark.slow
+def test_launch_py_sigterm_to_every_process_stops_once(tmp_path):
+    """As SLURM signals every process of a job: the launcher and both ranks get SIGTERM at once; the
+    launcher's own copy passed on is the same stop, not a second signal."""
+    ckpt = str(tmp_path / "ckpt")
+    p, ranks = launched(tmp_path, ckpt)
+    try:
+        for r in ranks.values():
+            r.send_signal(signal.SIGTERM)
+        p.send_signal(signal.SIGTERM)
+        launched_stop(tmp_path, ckpt, p, "SIGTERM")
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_launch_py_refuses_what_it_cannot_run_and_reports_a_failure_in_one_line():
+    import launch
+    assert launch.main(["--mpi", "-np", "2", "python", "x.py"]) == 2
+    assert launch.main(["--min-np", "1", "-np", "2", "python", "x.py"]) == 2
+    job = launch.Job()
+    job.exits = {0: (143, 2.0), 1: (143, 1.0)}
+    assert job.outcome()[0] == 143
+    job.exits = {0: (130, 2.0), 1: (0, 1.0)}
+    assert job.outcome() == (130, "launch: stopped by SIGINT: rank 0 exited 130 (rank 1 had finished); "
+                                  "rank 0's line names the checkpoint")
+    job.exits = {0: (143, 2.0), 1: (1, 1.0), 2: (0, 0.5)}
+    assert job.outcome() == (1, "error: rank 1 exited 1 first; the other ranks were then stopped "
+                                "(exit codes: rank 0 143, rank 1 1, rank 2 0)")
+    job.exits = {0: (0, 1.0), 1: (0, 1.0)}
+    assert job.outcome() == (0, None)
 
 
 def test_export_interrupted_stops_with_one_line_and_writes_nothing(tmp_path, uninterrupted):

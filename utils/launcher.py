@@ -4,19 +4,19 @@ import os
 from typing import Optional
 
 # (rank, world size) variables of horovodrun (Gloo), Open MPI and PMI (MPICH, Intel MPI, srun)
-_VARIABLES = (("HOROVOD_RANK", "HOROVOD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+RANK_VARIABLES = (("HOROVOD_RANK", "HOROVOD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
               ("PMI_RANK", "PMI_SIZE"))
 
 
 def launched() -> bool:
     """True inside a process started by horovodrun (Gloo) or an MPI launcher."""
-    return any(rank in os.environ for rank, _ in _VARIABLES)
+    return any(rank in os.environ for rank, _ in RANK_VARIABLES)
 
 
 def world_size() -> Optional[int]:
     """The number of ranks: 1 where no launcher started this process, the launcher's count where
     it names one, None where it names none (Horovod's own count decides)."""
-    for rank, size in _VARIABLES:
+    for rank, size in RANK_VARIABLES:
         if rank in os.environ:
             value = os.environ.get(size, "")
             return int(value) if value.isdigit() and int(value) > 0 else None

@@ -9,8 +9,10 @@ the loop (`defer`) and an evaluation (`deferred`: an exception raised inside Ten
 can abort the process) a signal only marks the stop: the loop finishes its step or batch, every
 rank agrees at a step or batch boundary (`requested`: one small collective every CHECK_EVERY
 steps), the run writes a checkpoint and raises `Interrupted`. From the stop on, a second signal
-to this process, or `grace_s` seconds passing, ends the process at once (os._exit) after
-abandoning the checkpoint being written (`saving`), so the previous checkpoint stays the newest.
+to this process (another one, or the first again DUPLICATE_S or more later), or `grace_s`
+seconds passing, ends the process at once (os._exit) after abandoning the checkpoint being
+written (`saving`), so the previous checkpoint stays the newest; once the checkpoint is written,
+with the stop's own line.
 The exit code is 128 + the signal's number (EXIT_CODES), as a shell reports a process a signal
 ended.
 """
@@ -20,6 +22,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from typing import Callable, Optional, TypeVar
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -29,6 +32,9 @@ T = TypeVar("T")
 # Several ranks agree on a stop every CHECK_EVERY steps (one allreduce of an int32: 2.7 ms at 2
 # Gloo ranks on a loaded 2-core machine, against W1's ~120 ms step; docs/training.md#preemption).
 CHECK_EVERY = 10
+# The first signal again this soon after it is the same stop delivered twice (a scheduler that
+# signals every process of a job, and the launcher passing its own on to the ranks), not a second.
+DUPLICATE_S = 2.0
 
 
 class Interrupted(BaseException):
@@ -52,7 +58,10 @@ class _State:
     deferring = False
     signum: Optional[int] = None   # the signal stopping the run (this process's, or another rank's)
     signalled = False              # whether this process has received one itself
+    first: Optional[int] = None    # the first signal it received, and when (time.monotonic)
+    first_at = 0.0
     saving: Optional[str] = None   # the temporary folder of the checkpoint being written
+    stopping: Optional[tuple] = None   # (line or None, exit code) once the run has saved and is ending
     timer: Optional[threading.Timer] = None
     lock = threading.Lock()
     stderr = None   # the real sys.stderr, once a signal stopped the work outside training's steps
@@ -112,9 +121,13 @@ def install(grace_s: float = DEFAULT_GRACE_S, unfinished: str = "nothing saved")
 
 
 def _on_signal(signum, frame):
-    if _State.signalled:   # a second signal: stop now
+    if _State.signalled:
+        if signum == _State.first and time.monotonic() - _State.first_at < DUPLICATE_S:
+            return   # the same stop, delivered twice
+        if _State.stopping is not None:   # saved, on its way out: end now, with the stop's own line
+            _exit_stopped(*_State.stopping)
         _exit_now(signum, f"a second signal ({signal_name(signum)})")
-    _State.signalled = True
+    _State.signalled, _State.first, _State.first_at = True, signum, time.monotonic()
     if _State.signum is not None:   # already stopping on another rank's signal
         return
     _State.signum = signum
@@ -197,23 +210,26 @@ def deferred():
 def requested(comm, step: int) -> Optional[int]:
     """Whether any rank of `comm` has received a signal, asked after training batch `step` by
     every rank (one small collective every CHECK_EVERY steps; every step at one rank, where it
-    costs nothing): the signal (this rank's, else SIGTERM), or None. A rank that learns of the
-    stop from another starts its own grace period now."""
+    costs nothing): the signal (this rank's, else the largest number any rank received), or None.
+    A rank that learns of the stop from another takes its signal and starts its own grace period now."""
     if comm.size > 1 and step % CHECK_EVERY:
         return None
-    if not comm.any_rank(_State.signum is not None, "preemption"):
+    signum = comm.largest(_State.signum or 0, "preemption")
+    if not signum:
         return None
     if _State.signum is None:
-        _State.signum = signal.SIGTERM
+        _State.signum = signum
         _start_grace_timer()
     return _State.signum
 
 
 def stop(signum: int, line: str, announce: bool):
     """Ends the deferred stop: raises Interrupted, saying "stopped by <signal> `line`" (the caller
-    has saved what it had to)."""
+    has saved what it had to; a later signal ends the process at once with that line)."""
     _State.deferring = False
-    raise Interrupted(signum, f"stopped by {signal_name(signum)} {line}", announce)
+    e = Interrupted(signum, f"stopped by {signal_name(signum)} {line}", announce)
+    _State.stopping = (e.line if announce else None, e.code)
+    raise e
 
 
 @contextlib.contextmanager
