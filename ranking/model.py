@@ -596,20 +596,30 @@ class FunctionalModel(_ProjectStep, Functional):
 
     def dense_part(self) -> keras.Model:
         """The model after its embeddings, for export beside the tables: a functional keras.Model
-        from the model's inputs that a layer other than a HybridEmbedding reads (the numericals, a
-        sequence's ids read by a SequenceMask), in order, then every HybridEmbedding's outputs
-        ([b, D_f] or a sequence's [b, L, D_f] each, as keras.tree.flatten orders them: a dict by
-        feature name), to the model's outputs. It shares the Keras weights; `export(path)` writes
-        it as a SavedModel."""
+        from the model's inputs that the outputs need beside the embeddings (the numericals, a
+        sequence's ids read by a SequenceMask; not those only ids computed in the model read), in
+        order, then every HybridEmbedding's outputs ([b, D_f] or a sequence's [b, L, D_f] each, as
+        keras.tree.flatten orders them: a dict by feature name), to the model's outputs. It shares
+        the Keras weights; `export(path)` writes it as a SavedModel."""
         layers = [l for l in self._flatten_layers() if isinstance(l, HybridEmbedding)]
+        embedded = [t for l in layers for t in keras.tree.flatten(l.output)]
         inputs = [t for t in self.inputs if self.readers(t, exclude=HybridEmbedding)]
-        inputs += [t for l in layers for t in keras.tree.flatten(l.output)]
-        return keras.Model(inputs, self.outputs, name=f"{self.name}_dense")
+        inputs = [t for t in inputs if not _connected([x for x in inputs if x is not t] + embedded, self.outputs)]
+        return keras.Model(inputs + embedded, self.outputs, name=f"{self.name}_dense")
 
     def readers(self, tensor, exclude=()) -> list:
         """The layers of the model (not `exclude`'s kind) called on `tensor` (a KerasTensor of it)."""
         return [op for op in self.operations if not isinstance(op, exclude) and
                 any(id(t) == id(tensor) for node in op._inbound_nodes for t in keras.tree.flatten(node.input_tensors))]
+
+
+def _connected(inputs: list, outputs: list) -> bool:
+    """Whether `outputs` (KerasTensors) are computed from `inputs` alone."""
+    try:
+        keras.Model(inputs, outputs)
+    except ValueError:
+        return False
+    return True
 
 
 def _per_sample_loss(loss):
@@ -666,7 +676,7 @@ class _DenseSplit:
     `forward`). A functional model is cut by its graph (FunctionalModel.dense_part), a subclassed
     one by its halves (Model.embedding_call, Model.dense_call). Built by compile; a one-line
     ConfigError for a subclassed model without the halves. A functional model's HybridEmbedding
-    may be fed ids computed from its inputs: that computation (`_ids_part`) runs outside XLA with
+    may be fed ids computed from its inputs: that computation (`ids_part`) runs outside XLA with
     the lookups; the dense part recomputes from the inputs whatever else it takes of it."""
 
     def __init__(self, model, embed, dense, models):
@@ -687,7 +697,8 @@ class _DenseSplit:
         position = {id(t): i for i, t in enumerate(model.inputs)}
         computed = [t for layer in model.embedding_layers for t in keras.tree.flatten(layer.input)
                     if id(t) not in position]
-        ids = _ids_part(model, computed) if computed else None
+        ids = ids_part(model, computed, why="compile: jit_compile (XLA) runs the lookups before the dense part; ") \
+            if computed else None
         dense = model.dense_part()
         n_other = len(dense.inputs) - sum(len(keras.tree.flatten(l.output)) for l in model.embedding_layers)
         other = [position[id(t)] for t in dense.inputs[:n_other]]
@@ -748,16 +759,16 @@ def _padded(t):
     return t.to_tensor(-1) if isinstance(t, tf.RaggedTensor) else t
 
 
-def _ids_part(model, computed) -> keras.Model:
+def ids_part(model, computed, inputs=None, why: str = "") -> keras.Model:
     """The part of functional `model` that computes the tensors `computed` (ids [b] or [b, k] a
-    HybridEmbedding is fed, computed from the model's inputs): a keras.Model from `model.inputs`
-    to them, run outside XLA before the lookups; a one-line ConfigError if it holds a
-    HybridEmbedding (ids computed from looked-up rows)."""
-    part = keras.Model(model.inputs, computed, name=f"{model.name}_ids")
+    HybridEmbedding is fed, computed from the model's inputs): a keras.Model from `inputs`
+    (default `model.inputs`) to them, run before the lookups (outside XLA; in an export's lookup
+    step); a one-line ConfigError, `why` beginning it, if it holds a HybridEmbedding (ids computed
+    from looked-up rows). ValueError (Keras') if they need another input than `inputs`."""
+    part = keras.Model(model.inputs if inputs is None else inputs, computed, name=f"{model.name}_ids")
     inside = [l.name for l in part._flatten_layers() if isinstance(l, HybridEmbedding)]
     if inside:
-        raise ConfigError(f"compile: jit_compile (XLA) runs the lookups before the dense part; model "
-                          f"{model.name!r} computes ids it looks up from layer {inside[0]!r}'s outputs")
+        raise ConfigError(f"{why}model {model.name!r} computes ids it looks up from layer {inside[0]!r}'s outputs")
     return part
 
 

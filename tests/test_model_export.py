@@ -5,7 +5,9 @@ serve.py's native frontend predict what the training-time model predicts; a seco
 from the checkpoint, exported as a delta, is applied by a running server under continuous
 requests, none failing, after which it answers as the second day's full export. DeepFM, and a
 model file with a table shared by a one-hot and a multi-hot feature (mean combiners, features
-given out of order), export and serve equal predictions; the refusals are one line. A model with
+given out of order), export and serve equal predictions; so does a model computing ids of its
+own (a cross, a slice of a history), refused in one line by the tables form and deltas; the
+refusals are one line. A model with
 two heads (one trained with mean squared error) exports and serves a column per head, and takes
 a delta."""
 import json
@@ -71,6 +73,25 @@ def build_model(features, hparams):
     h = keras.layers.Dense(8, activation="relu", name="hidden")(keras.layers.Concatenate(name="deep_input")(
         emb + [x["numerical"]]))
     return ranking.Model(x, keras.layers.Add(name="logit")(wide + [keras.layers.Dense(1, name="deep_logit")(h)]))
+"""
+# Ids computed in the model: a cross of cat_0 and cat_2 hashed into a table of its own, and the
+# first id of the multi-hot cat_3 (a slice of a history) in another.
+COMPUTED = """
+import keras, ranking
+
+def build_model(features, hparams):
+    x = features.inputs()
+    cross = keras.layers.Lambda(lambda ab: (ab[0] * 7919 + ab[1]) % 97, output_shape=(), name="cross_ids")(
+        [x["cat_0"], x["cat_2"]])
+    first = keras.layers.Lambda(lambda r: r.to_tensor(default_value=0, shape=[None, 2])[:, 0] % 30,
+                                output_shape=(), name="first_of_cat_3")(x["cat_3"])
+    configs = features.feature_configs(4) + [
+        ranking.FeatureConfig(name=n, table=ranking.TableConfig(name=n, vocabulary_size=v, embedding_dim=4),
+                              input_shape=(None, 1), output_shape=(None, 4)) for n, v in (("cross", 97), ("first", 30))]
+    emb = features.embedding(configs)([x[n] for n in features.names] + [cross, first])
+    h = keras.layers.Dense(8, activation="relu", name="hidden")(keras.layers.Concatenate(name="cat")(
+        emb + [x["numerical"]]))
+    return ranking.Model(x, keras.layers.Dense(1, name="logit")(h), name="computed")
 """
 MODEL_FILES = {"shared_mean": SHARED, "two_layers": TWO_LAYERS}
 
@@ -178,8 +199,35 @@ def test_other_model_files_export_and_serve_what_they_predict(name, tmp_path):
     check_served(path, params, str(tmp_path / "ckpt"), str(tmp_path / "repo"), tmp_path)
 
 
+@pytest.mark.slow
+def test_ids_computed_in_the_model_are_computed_in_the_served_graph(tmp_path):
+    path = str(tmp_path / "computed.py")
+    (tmp_path / "computed.py").write_text(COMPUTED)
+    train(path, [], tmp_path / "ckpt", "--seed=7")
+    python(f"--checkpoint={tmp_path / 'ckpt'}", f"--output={tmp_path / 'repo'}", "--model_name=m", f"--model={path}",
+           script="deployment/deploy.py")
+    info, layout = layout_of(str(tmp_path / "repo"))
+    assert info["forms"] == ["monolithic", "ensemble"] and layout.lookup_features == [0, 1, 2, 3, None, None]
+    batch, logits = reference(run_config(path, []), str(tmp_path / "ckpt"), 300)
+    out = served(str(tmp_path / "repo"), batch, layout, tmp_path)
+    np.testing.assert_allclose(out["logits"][:, 0], logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out["ensemble_logits"], out["logits"], rtol=1e-6, atol=1e-6)
+    for args, message in (
+            (["--forms=tables"], "error: feature 'cross''s ids are computed in the model, and the tables form looks "
+                                 "up the requests' ids as they are: use --forms=monolithic,ensemble (the id "
+                                 "computation in their SavedModels)"),
+            ([f"--delta_from={tmp_path / 'repo'}"], "error: --delta_from: feature 'cross''s ids are computed in the "
+                                                    "model, and a delta updates the tables form, which looks up the "
+                                                    "requests' ids as they are: export it in full "
+                                                    "(--forms=monolithic,ensemble)")):
+        result = deploy(f"--checkpoint={tmp_path / 'ckpt'}", f"--output={tmp_path / 'other'}", f"--model={path}",
+                        *args)
+        assert result.returncode == 2 and result.stderr.strip().splitlines() == [message], result.stderr[-2000:]
+    assert not os.path.exists(tmp_path / "other")
+
+
 def test_model_file_refusals_are_one_line(days, tmp_path):
-    ckpt, path = days["tmp"] / "ckpt0", days["path"]
+    ckpt = days["tmp"] / "ckpt0"
     for args, message in (
             ([], f"error: {ckpt}/ckpt-10: a checkpoint of model file wide_and_deep.py: pass it as --model=FILE"),
             (["--model=examples/deepfm.py"],

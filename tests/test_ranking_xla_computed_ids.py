@@ -1,5 +1,5 @@
 """XLA for a functional ranking.Model whose HybridEmbedding is fed ids computed in the model
-(ranking/model.py's _ids_part): a crossed feature hashed from two inputs and a shifted one, next
+(ranking/model.py's ids_part): a crossed feature hashed from two inputs and a shifted one, next
 to an input fed as it is and a ragged one; the dense part also takes a value computed from the
 ids. Under compile(jit_compile=True) it trains as without (losses, weights, tables within the
 1e-4 of the other XLA tests), XLA compiling the dense ops and their gradients but not the id

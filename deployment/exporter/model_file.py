@@ -6,9 +6,11 @@ the checkpoint's rows, so that the model needs no memory for its tables), and th
 (ranking FunctionalModel.dense_part) with the checkpoint's Keras weights, giving a column per head
 (in the labels' order) and predicting a value for a head FILE's compile_args trains with mean
 squared error. Shapes: B requests, n numericals, lookups of widths D_l, H heads. A sequence
-feature (a history of length L) is a lookup of width L D_l + 1 (repository_format). A dynamic
-table (--dynamic_tables) is rebuilt static and exported as its checkpoint holds it: its live
-rows and their ids (model_layout.with_dynamic_tables).
+feature (a history of length L) is a lookup of width L D_l + 1 (repository_format). Ids computed
+in the model (a cross of two features hashed, a slice of a history) are computed in the serving
+graph by the model's own layers (ExportedModel.computed_ids) from the requests' categorical
+features, before their lookups. A dynamic table (--dynamic_tables) is rebuilt static and
+exported as its checkpoint holds it: its live rows and their ids (model_layout.with_dynamic_tables).
 A built-in model's checkpoint (dlrm.py, dcnv2.py) has its dense part built the same way
 (`builtin_dense`), from the example model file those train (nn.model.builtin_model_file)."""
 import dataclasses
@@ -24,7 +26,7 @@ from nn.model import builtin_model_file
 from nn.model_config import ModelConfig
 from ranking import CategoricalFeature, Features, HybridEmbedding, SequenceMask
 from ranking.features import NUMERICAL, compile_args, load_model_file
-from ranking.model import FunctionalModel
+from ranking.model import FunctionalModel, ids_part
 from storage import checkpoint
 from utils.errors import ConfigError
 
@@ -82,13 +84,15 @@ def model_file_export(manifest: dict, model_file) -> ExportedModel:
     except ConfigError as e:
         raise RepositoryError(f"--model={model_file}: {e}") from None
     layers = [l for l in model._flatten_layers() if isinstance(l, HybridEmbedding)]
-    tables, lookups, widths, sources = [], [], [], []
+    tables, lookups, widths, sources, computed = [], [], [], [], []
     for layer in layers:   # the order dense_part takes their outputs in; tables numbered across layers
         first = len(tables)
         tables += [Table(layer.embedding.table_name(t), c.vocabulary_size, c.embedding_dim)
                    for t, c in enumerate(layer.tables)]
-        more, more_widths, more_sources = _lookups(model, layer, features, model_file, first)
+        more, more_widths, more_sources = _lookups(model, layer, features, model_file, first, computed)
         lookups, widths, sources = lookups + more, widths + more_widths, sources + more_sources
+    read = [n for n in features.names if n in model._inputs_struct]
+    computed_ids = _computed_ids(model, read, computed, lookups, model_file) if computed else None
     for t in tables:
         saved = tuple(manifest["tensors"].get(t.tensor, {}).get("shape", ()))
         dynamic = f"{t.tensor}/{DYNAMIC_IDS}" in manifest["tensors"]   # its rows: the live ones saved
@@ -105,7 +109,8 @@ def model_file_export(manifest: dict, model_file) -> ExportedModel:
         return _restored_dense(model, dense_part, manifest, verify, widths, [x.sequence for x in lookups], given,
                                heads)
 
-    return ExportedModel(layout, tables, lookups, os.path.splitext(signature["model"])[0], dense)
+    return ExportedModel(layout, tables, lookups, os.path.splitext(signature["model"])[0], dense, computed_ids,
+                         tuple(features.names.index(n) for n in read) if computed else ())
 
 
 def builtin_dense(manifest: dict, verify: bool = True) -> KerasDense:
@@ -156,10 +161,29 @@ def _given(model, dense_part: keras.Model, lookups: List[Lookup], sources: List[
     return given
 
 
-def _lookups(model, layer: HybridEmbedding, features: Features, model_file: str, first_table: int):
+def _computed_ids(model, read: List[str], computed: list, lookups: List[Lookup], model_file: str) -> keras.Model:
+    """The part of `model` computing the KerasTensors `computed` from its categorical inputs `read`
+    (a list, in the features' order: ranking.model.ids_part); RepositoryError, one line, naming the
+    first lookup whose ids need anything else (the numericals) or an embedding lookup."""
+    first = next(x.name for x in lookups if x.computed is not None)
+    try:
+        return ids_part(model, computed, [model._inputs_struct[n] for n in read],
+                        why=f"--model={model_file}: feature {first!r}: ")
+    except ValueError:
+        raise RepositoryError(f"--model={model_file}: feature {first!r}: its ids are computed from more than the "
+                              f"categorical inputs (the numericals?); the export computes them from the requests' "
+                              f"categorical_features") from None
+    except ConfigError as e:
+        raise RepositoryError(str(e)) from None
+
+
+def _lookups(model, layer: HybridEmbedding, features: Features, model_file: str, first_table: int,
+             computed: list):
     """Per output of `layer` in the order the dense part takes them (keras.tree.flatten's: the
     features' order, or by name for a dict): its Lookup (the dataset feature whose input feeds it,
-    the table numbered from `first_table`; a sequence's L), width, and the id of the tensor it reads."""
+    or the index in `computed` of the tensor of ids the model computes for it, appended to it if
+    new; the table numbered from `first_table`; a sequence's L), width, and the id of the tensor
+    it reads."""
     if not isinstance(model, FunctionalModel) or not isinstance(model._inputs_struct, dict):
         raise RepositoryError(f"--model={model_file}: export needs a functional model with a dict of inputs")
     input_feature = {id(t): features.names.index(name) for name, t in model._inputs_struct.items() if name != NUMERICAL}
@@ -170,11 +194,16 @@ def _lookups(model, layer: HybridEmbedding, features: Features, model_file: str,
     lookups, widths, read = [], [], []
     for i in order:
         f, table = layer.features[i], layer.tables[layer.table_of[i]]
-        if id(sources[i]) not in input_feature:
-            raise RepositoryError(f"--model={model_file}: feature {f.name!r} of layer {layer.name!r} is not fed one "
-                                  "of the model's inputs as it is (the export looks up the requests' ids)")
-        lookups.append(Lookup(input_feature[id(sources[i])], first_table + layer.table_of[i], table.combiner,
-                              f.ids_per_sample if f.sequence else None))
+        sequence = f.ids_per_sample if f.sequence else None
+        if id(sources[i]) in input_feature:
+            lookups.append(Lookup(input_feature[id(sources[i])], first_table + layer.table_of[i], table.combiner,
+                                  sequence, name=f.name))
+        else:
+            if not any(t is sources[i] for t in computed):
+                computed.append(sources[i])
+            index = next(k for k, t in enumerate(computed) if t is sources[i])
+            lookups.append(Lookup(None, first_table + layer.table_of[i], table.combiner, sequence, index,
+                                  f.multi_hot, f.name))
         widths.append(lookups[-1].width(table.embedding_dim))
         read.append(id(sources[i]))
     return lookups, widths, read

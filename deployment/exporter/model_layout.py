@@ -40,11 +40,16 @@ class Lookup:
     """One lookup: categorical feature `feature`'s ids (its columns of categorical_features) in table
     `table`, a multi-hot sample's rows combined by `combiner` ("sum" or "mean"), or, for a
     `sequence` of length L, unpooled: its block of embeddings as repository_format says (width
-    L D + 1)."""
-    feature: int
+    L D + 1). Ids computed in the model (a cross, a hash, a slice of a history): `feature` None,
+    `computed` the index of its ids among the outputs of ExportedModel.computed_ids, `multi_hot`
+    whether they are a multi-hot feature's, `name` the model's name of the feature."""
+    feature: Optional[int]
     table: int
     combiner: str
     sequence: Optional[int] = None
+    computed: Optional[int] = None
+    multi_hot: bool = False
+    name: str = ""
 
     def width(self, dim: int) -> int:
         """Its columns of embeddings, for a table of width `dim`."""
@@ -60,18 +65,29 @@ class ExportedModel:
     `heads`; TensorFlow and Keras: called last; model_file.KerasDense), None for a built-in
     model (model_file.builtin_dense, from the signature). Its layout's `values`: the outputs
     (columns) trained as values (mean squared error), whose predictions are their outputs; every
-    other one's is the sigmoid of its logit."""
+    other one's is the sigmoid of its logit. `computed_ids`: the model's part that computes the
+    ids of its lookups that are not given as they are (a keras.Model taking the categorical
+    features `computed_from` (their indices, in order), one-hot [B] int64, multi-hot ragged
+    [B, None] int64, giving a list of ids, a Lookup's `computed` indexing it; its weights are the
+    dense part's, restored by `dense`), None when every lookup reads a feature as it is."""
     layout: ServingLayout
     tables: List[Table]
     lookups: List[Lookup]
     name: str
     dense: Optional[Callable[[bool], object]]
+    computed_ids: Optional[object] = None
+    computed_from: Tuple[int, ...] = ()
 
     @property
     def per_feature(self) -> bool:
         """Lookup f is feature f in table f (the built-in models): tables.json and deltas say `feature`."""
         return all((x.feature, x.table) == (i, i) for i, x in enumerate(self.lookups)) and \
             len(self.tables) == len(self.lookups)
+
+    @property
+    def computed(self) -> List[str]:
+        """The names of the features whose ids the model computes."""
+        return [x.name for x in self.lookups if x.computed is not None]
 
     @property
     def dynamic_tables(self) -> List[str]:

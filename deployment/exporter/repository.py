@@ -134,16 +134,25 @@ def gib(num_bytes: int) -> str:
 
 
 def choose_forms(forms: Optional[Sequence[str]], table_bytes: int, limit: int,
-                 dynamic: Sequence[str] = ()) -> List[str]:
+                 dynamic: Sequence[str] = (), computed: Sequence[str] = ()) -> List[str]:
     """The forms to write: `forms`, checked, or by default monolithic and ensemble when the tables
     (`table_bytes`) fit in `limit` bytes and none is dynamic (`dynamic`: their tensors), else
     tables. The in-memory forms (a SavedModel's table indexed by row number) cannot take a dynamic
-    table's raw ids: refused, naming the table."""
+    table's raw ids: refused, naming the table. The tables form looks up the requests' ids as
+    they are, not ids the model computes (`computed`: those features' names): refused, naming
+    the feature."""
     if forms is None:
-        return list(IN_MEMORY_FORMS) if table_bytes <= limit and not dynamic else ["tables"]
+        forms = list(IN_MEMORY_FORMS) if table_bytes <= limit and not dynamic else ["tables"]
+        if not computed or forms != ["tables"]:
+            return forms
     for form in forms:
         if form not in FORMS:
             raise ExportError(f"--forms: unknown form {form!r} (choose from {', '.join(FORMS)})")
+    if "tables" in forms and computed:
+        raise ExportError(f"feature {computed[0]!r}'s ids are computed in the model, and the tables "
+                          f"form looks up the requests' ids as they are: use --forms=monolithic,ensemble (the id "
+                          f"computation in their SavedModels)" + (f"; table {dynamic[0]} is dynamic, which only the "
+                                                                  "tables form serves" if dynamic else ""))
     in_memory = [f for f in forms if f in IN_MEMORY_FORMS]
     if in_memory and dynamic:
         raise ExportError(f"--forms={','.join(in_memory)}: table {dynamic[0]} is dynamic (raw 64-bit ids), which "
@@ -171,7 +180,7 @@ def write_repository(checkpoint_path: str, out: str, name: str = None, settings:
     model = exported_model(manifest, model_file)
     table_bytes = model.table_bytes
     forms = choose_forms(forms, table_bytes, default_tables_limit() if max_tables_bytes is None else max_tables_bytes,
-                         model.dynamic_tables)
+                         model.dynamic_tables, model.computed)
     name = name or model.name
     return _written_whole(out, lambda tmp: _write_content(manifest, model, tmp, name, settings, host_table_mb, forms,
                                                           verify), table_bytes * len(forms))
@@ -215,6 +224,10 @@ def write_delta_repository(checkpoint_path: str, out: str, base_path: str, name:
     _check_output(out, overwrite)
     manifest = read_manifest(checkpoint_path)
     model = exported_model(manifest, model_file)
+    if model.computed:
+        raise ExportError(f"--delta_from: feature {model.computed[0]!r}'s ids are computed in the model, and a delta "
+                          f"updates the tables form, which looks up the requests' ids as they are: export it in full "
+                          f"(--forms=monolithic,ensemble)")
     base = base_version(base_path)
     if not same_model(base_signature(base_path), manifest["signature"]):
         raise ExportError(f"{base_path}: another model than {manifest['path']}'s (its signature differs)")

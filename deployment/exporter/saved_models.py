@@ -43,7 +43,11 @@ class Lookup(tf.Module):
 
     def __init__(self, tables: Iterable[np.ndarray], model: ExportedModel, host_bytes: int):
         super().__init__(name="sparse")
-        self.layout, self._lookups = model.layout, list(model.lookups)
+        self.layout, self._lookups, self._computed_from = model.layout, list(model.lookups), model.computed_from
+        # The id computation called, its weights kept (a Keras model kept as it is would be saved
+        # with a signature of its own, which its ragged inputs do not trace)
+        self._computed_ids = _Call(model.computed_ids)
+        self.computed_weights = [w.value for w in model.computed_ids.weights] if model.computed_ids else []
         self.on_host, self.tables = [], []
         for t, table in enumerate(tables):
             self.on_host.append(table.nbytes > host_bytes)
@@ -51,12 +55,11 @@ class Lookup(tf.Module):
                 self.tables.append(tf.Variable(table, trainable=False, name=f"table_{t}"))
 
     def __call__(self, categorical: tf.Tensor) -> tf.Tensor:
+        computed = self._computed(categorical)
         parts = []   # per lookup: (the ids it gathers [n], its rows [n, D] -> its block of embeddings)
         for lookup in self._lookups:
-            start, end = self.layout.columns[lookup.feature]
-            ids = categorical[:, start:end]
-            ids = ids[:, 0] if self.layout.max_hotness[lookup.feature] is None and lookup.sequence is None else \
-                tf.ragged.boolean_mask(ids, ids != PAD)
+            ids = self._given(categorical, lookup.feature, lookup.sequence is not None) if lookup.computed is None \
+                else _normalized(computed[lookup.computed], lookup)
             if lookup.sequence is not None:
                 kept, _ = recent_ids(ids, lookup.sequence)
                 parts.append((kept.values, functools.partial(_unpooled, kept=kept, given=ids.row_lengths(),
@@ -64,14 +67,60 @@ class Lookup(tf.Module):
                 continue
             x = flatten_ids(ids, lookup.combiner)
             parts.append((x.ids, functools.partial(combine, flat=x)))
-        features = [x.feature for x in self._lookups]
         rows_of = [int(self.tables[x.table].shape[0]) for x in self._lookups]
+        given = [l for l, x in enumerate(self._lookups) if x.computed is None]
+        checks = check_ids([self._lookups[l].feature for l in given], [parts[l][0] for l in given],
+                           [rows_of[l] for l in given])
+        checks += [_check_computed(x.name, parts[l][0], rows_of[l]) for l, x in enumerate(self._lookups)
+                   if x.computed is not None]
         rows = []
-        with tf.control_dependencies(check_ids(features, [ids for ids, _ in parts], rows_of)):
+        with tf.control_dependencies(checks):
             for lookup, (ids, block) in zip(self._lookups, parts):
                 with tf.device(HOST) if self.on_host[lookup.table] else contextlib.nullcontext():
                     rows.append(block(tf.gather(self.tables[lookup.table], ids)))
         return tf.concat(rows, axis=1)
+
+
+    def _given(self, categorical: tf.Tensor, feature: int, ragged: bool = False):
+        """Feature `feature`'s ids as the model takes them: one-hot [B], multi-hot (or `ragged`)
+        ragged [B, None], without the padding."""
+        start, end = self.layout.columns[feature]
+        ids = categorical[:, start:end]
+        return ids[:, 0] if self.layout.max_hotness[feature] is None and not ragged else \
+            tf.ragged.boolean_mask(ids, ids != PAD)
+
+    def _computed(self, categorical: tf.Tensor) -> list:
+        """The ids the model computes (ExportedModel.computed_ids' outputs), from the requests' features."""
+        if self._computed_ids.call is None:
+            return []
+        out = self._computed_ids.call([self._given(categorical, f) for f in self._computed_from], training=False)
+        return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+class _Call:
+    """A callable that TensorFlow's saving does not track."""
+
+    def __init__(self, call):
+        self.call = call
+
+
+def _normalized(ids, lookup) -> tf.Tensor:
+    """Computed ids as the embedding layer takes them (ranking HybridEmbedding): one-hot [B],
+    multi-hot ragged [B, None] (a dense one's every entry an id), a sequence ragged [B, None] (a
+    dense one's ids < 0 padding); int64."""
+    if lookup.sequence is not None:
+        return ids if isinstance(ids, tf.RaggedTensor) else tf.ragged.boolean_mask(ids, ids >= 0)
+    if lookup.multi_hot:
+        return tf.cast(ids if isinstance(ids, tf.RaggedTensor) else tf.RaggedTensor.from_tensor(ids), tf.int64)
+    return tf.reshape(tf.cast(ids, tf.int64), [-1])
+
+
+def _check_computed(name: str, ids: tf.Tensor, rows: int):
+    """An assertion that the ids [n] the model computed for feature `name` are in [0, rows)."""
+    ids = tf.cast(ids, tf.int64)
+    return tf.debugging.Assert(tf.reduce_all(tf.logical_and(ids >= 0, ids < rows)), [
+        f"embedding ids computed by the model for feature {name!r} out of range [0, {rows}): min/max",
+        tf.reduce_min(ids), tf.reduce_max(ids)])
 
 
 def _unpooled(gathered: tf.Tensor, kept: tf.RaggedTensor, given: tf.Tensor, length: int) -> tf.Tensor:
