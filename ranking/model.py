@@ -656,9 +656,11 @@ def _keras_optimizer(optimizer: keras.optimizers.Optimizer):
 
 @contextlib.contextmanager
 def _computing_in_float32(*models: keras.Model):
-    """Within: every layer of `models` computes in float32 (Keras' dtype policy "float32"; an
-    AMP model's weights are float32 already); its own policies after."""
-    layers = list({id(l): l for m in models for l in m._flatten_layers()}.values())
+    """Within: every layer of `models` that computes in floats computes in float32 (Keras' dtype
+    policy "float32"; an AMP model's weights are float32 already; a layer giving ids, as
+    HashedCrossing's int64, keeps its own); its own policies after."""
+    layers = [l for l in {id(l): l for m in models for l in m._flatten_layers()}.values()
+              if keras.backend.is_float_dtype(l.dtype_policy.compute_dtype)]
     policies = [l.dtype_policy for l in layers]
     try:
         for layer in layers:

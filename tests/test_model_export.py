@@ -74,15 +74,14 @@ def build_model(features, hparams):
         emb + [x["numerical"]]))
     return ranking.Model(x, keras.layers.Add(name="logit")(wide + [keras.layers.Dense(1, name="deep_logit")(h)]))
 """
-# Ids computed in the model: a cross of cat_0 and cat_2 hashed into a table of its own, and the
-# first id of the multi-hot cat_3 (a slice of a history) in another.
+# Ids computed in the model: a cross of cat_0 and cat_2 hashed into a table of its own (Keras'
+# HashedCrossing, an int64 layer evaluated beside float32 ones), and the first id of the multi-hot cat_3 (a slice of a history) in another.
 COMPUTED = """
 import keras, ranking
 
 def build_model(features, hparams):
     x = features.inputs()
-    cross = keras.layers.Lambda(lambda ab: (ab[0] * 7919 + ab[1]) % 97, output_shape=(), name="cross_ids")(
-        [x["cat_0"], x["cat_2"]])
+    cross = keras.layers.HashedCrossing(num_bins=97, name="cross_ids")([x["cat_0"], x["cat_2"]])
     first = keras.layers.Lambda(lambda r: r.to_tensor(default_value=0, shape=[None, 2])[:, 0] % 30,
                                 output_shape=(), name="first_of_cat_3")(x["cat_3"])
     configs = features.feature_configs(4) + [

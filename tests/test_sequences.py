@@ -337,11 +337,12 @@ def test_export_reads_a_sequence_as_an_unpooled_lookup():
     out = emb({"item": ids["item"], "history": ids["history"]})
     model = Model(ids, keras.layers.Dense(1)(keras.layers.Concatenate()([keras.layers.Flatten()(out["history"]),
                                                                          out["item"]])))
-    lookups, widths, sources = _lookups(model, emb, features, "din.py", 0)
-    assert [(x.feature, x.sequence) for x in lookups] == [(0, None), (1, L)]
+    computed = []   # the ids the model computes: none here
+    lookups, widths, sources = _lookups(model, emb, features, "din.py", 0, computed)
+    assert [(x.feature, x.sequence, x.computed) for x in lookups] == [(0, None, None), (1, L, None)] and not computed
     assert widths == [DIM, L * DIM + 1] and sources == [id(ids["item"]), id(ids["history"])]
     with pytest.raises(RepositoryError):   # not a functional model with a dict of inputs
-        _lookups(layer(), emb, features, "din.py", 0)
+        _lookups(layer(), emb, features, "din.py", 0, [])
 
 
 def test_synthetic_histories_and_their_affinity_term_against_python():
