@@ -127,19 +127,22 @@ def num_samples(ids) -> tf.Tensor:
     return tf.cast(ids.nrows(), tf.int32) if isinstance(ids, tf.RaggedTensor) else tf.shape(ids)[0]
 
 
-def check_ids(features: Sequence[int], ids: Sequence[tf.Tensor], cardinalities: Sequence[int]) -> list:
+def check_ids(features: Sequence[Union[int, str]], ids: Sequence[tf.Tensor], cardinalities: Sequence[int]) -> list:
     """Assertions that every id of `features` (their flat ids and cardinalities, in the same
     order) is in [0, cardinality), to run before any gather: XLA clamps out-of-range gathers
-    silently, a GPU gather returns zeros, and a row shard skips ids outside its range by design."""
+    silently, a GPU gather returns zeros, and a row shard skips ids outside its range by design.
+    `features`: their indices, or names where one has none (ids a model computes)."""
     if not features:
         return []
+    named = any(isinstance(f, str) for f in features)
     id_range = tf.stack([tf.stack([tf.reduce_min(tf.cast(i, tf.int64)), tf.reduce_max(tf.cast(i, tf.int64))])
                          for i in ids])
     cardinalities = tf.constant(list(cardinalities), tf.int64)
     in_range = tf.logical_and(id_range[:, 0] >= 0, id_range[:, 1] < cardinalities)
     return [tf.debugging.Assert(tf.reduce_all(in_range), [
         "embedding ids out of range [0, cardinality) in features (0-based):",
-        tf.boolean_mask(tf.constant(list(features), tf.int64), tf.logical_not(in_range)),
+        tf.boolean_mask(tf.constant([str(f) for f in features]) if named else tf.constant(list(features), tf.int64),
+                        tf.logical_not(in_range)),
         "min/max ids:", id_range, "cardinalities:", cardinalities], summarize=64)]
 
 

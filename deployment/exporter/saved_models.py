@@ -67,19 +67,14 @@ class Lookup(tf.Module):
                 continue
             x = flatten_ids(ids, lookup.combiner)
             parts.append((x.ids, functools.partial(combine, flat=x)))
+        features = [x.feature if x.computed is None else x.name for x in self._lookups]
         rows_of = [int(self.tables[x.table].shape[0]) for x in self._lookups]
-        given = [l for l, x in enumerate(self._lookups) if x.computed is None]
-        checks = check_ids([self._lookups[l].feature for l in given], [parts[l][0] for l in given],
-                           [rows_of[l] for l in given])
-        checks += [_check_computed(x.name, parts[l][0], rows_of[l]) for l, x in enumerate(self._lookups)
-                   if x.computed is not None]
         rows = []
-        with tf.control_dependencies(checks):
+        with tf.control_dependencies(check_ids(features, [ids for ids, _ in parts], rows_of)):
             for lookup, (ids, block) in zip(self._lookups, parts):
                 with tf.device(HOST) if self.on_host[lookup.table] else contextlib.nullcontext():
                     rows.append(block(tf.gather(self.tables[lookup.table], ids)))
         return tf.concat(rows, axis=1)
-
 
     def _given(self, categorical: tf.Tensor, feature: int, ragged: bool = False):
         """Feature `feature`'s ids as the model takes them: one-hot [B], multi-hot (or `ragged`)
@@ -113,14 +108,6 @@ def _normalized(ids, lookup) -> tf.Tensor:
     if lookup.multi_hot:
         return tf.cast(ids if isinstance(ids, tf.RaggedTensor) else tf.RaggedTensor.from_tensor(ids), tf.int64)
     return tf.reshape(tf.cast(ids, tf.int64), [-1])
-
-
-def _check_computed(name: str, ids: tf.Tensor, rows: int):
-    """An assertion that the ids [n] the model computed for feature `name` are in [0, rows)."""
-    ids = tf.cast(ids, tf.int64)
-    return tf.debugging.Assert(tf.reduce_all(tf.logical_and(ids >= 0, ids < rows)), [
-        f"embedding ids computed by the model for feature {name!r} out of range [0, {rows}): min/max",
-        tf.reduce_min(ids), tf.reduce_max(ids)])
 
 
 def _unpooled(gathered: tf.Tensor, kept: tf.RaggedTensor, given: tf.Tensor, length: int) -> tf.Tensor:
