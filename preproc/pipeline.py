@@ -207,8 +207,9 @@ def _count_and_rank(spark, ctx, opts: Options, tmp, log) -> dict:
     return {"rows": rows, "split_part_rows": [{int(p): n for p, n in i["part_rows"].items()} for i in infos],
             "split_part_ids": [i["part_ids"] for i in infos],
             "bad_lines": bad, "first_bad_lines": [f"{p}:{line}: {r}" for p, line, r in first_bad],
-            "cardinalities": [None if f in schema.raw_ids else caps.get(f) or schema.buckets[f] + 1
-                              for f in (schema.histories.get(f, f) for f in schema.categorical)],
+            "cardinalities": [history.GAP_IDS if f in schema.gaps else None if f in schema.raw_ids else
+                              caps.get(item) or schema.buckets[item] + 1
+                              for f, item in ((f, schema.histories.get(f, f)) for f in schema.categorical)],
             "inputs": [s.path for s in ctx.splits if s.start == 0],
             "frequency_threshold": thresholds,
             "vocabulary": f"{vocab.VOCAB_DIR}/<feature>.npy (value, count, generation) in id order from id 1; "
@@ -303,6 +304,7 @@ def _histories(sc, ctx, opts: Options, rows: int) -> Dict[int, Dict[int, Dict[st
         return {}
     buckets = max(opts.history_buckets, -(-rows // opts.history_bucket_rows))
     lengths = {f: schema.max_hotness[f] for f in features}
+    gaps = set(schema.gaps)
     cache_root, out_root, split_lines, layout = ctx.cache_root, ctx.out_root, ctx.split_lines, ctx.layout
     n = len(ctx.splits)
     events = sc.parallelize(range(n), n).flatMap(lambda i: history.bucketed(cache_root, i, features, buckets))
@@ -315,7 +317,7 @@ def _histories(sc, ctx, opts: Options, rows: int) -> Dict[int, Dict[int, Dict[st
         os.makedirs(history.state_dir(out_root, f), exist_ok=True)
     return dict(events.groupByKey(buckets * len(features))
                 .flatMap(lambda kv: history.compute(kv[0][0], kv[0][1], kv[1], lengths[kv[0][0]], out_root,
-                                                    split_lines))
+                                                    split_lines, kv[0][0] in gaps))
                 .groupByKey(n)
                 .map(lambda kv: (kv[0], history.save_split(cache_root, kv[0], kv[1], layout)))
                 .collect())

@@ -10,7 +10,7 @@ See docs/preprocessing.md for the spec (a complete example) and the rules.
 import argparse
 import sys
 
-from preproc import raw_spec
+from preproc import history, raw_spec
 from preproc.criteo import add_job_flags, execute, job_options, parse_raw_ids
 from preproc.pipeline import Options
 from preproc.raw_source import RawSource
@@ -34,8 +34,9 @@ def options(args) -> Options:
     named = sorted(histories & set(raw_ids)) if args.raw_id_columns != "all" else []
     if named:
         c = spec.categorical[named[0]]
-        raise ConfigError(f"--raw_id_columns: {c.name} is a history in {args.spec}: it has the ids of "
-                          f"{c.history.of} (raw when {c.history.of} is in --raw_id_columns)")
+        raise ConfigError(f"--raw_id_columns: {c.name} is a history in {args.spec}: " + (
+            f"its ids are time gaps, 1 to {history.GAP_IDS - 1}" if c.history.gaps else
+            f"it has the ids of {c.history.of} (raw when {c.history.of} is in --raw_id_columns)"))
     raw_ids = [k for k in raw_ids if k not in histories]
     for k in raw_ids:
         c = spec.categorical[k]
@@ -47,8 +48,9 @@ def options(args) -> Options:
     sized = sorted(histories & set(job["capacity_rows"]))
     if sized:
         c = spec.categorical[sized[0]]
-        raise ConfigError(f"--vocab_capacity: {c.name} is a history in {args.spec}: it has the capacity of "
-                          f"{c.history.of}")
+        raise ConfigError(f"--vocab_capacity: {c.name} is a history in {args.spec}: " + (
+            f"its ids are time gaps, 1 to {history.GAP_IDS - 1}" if c.history.gaps else
+            f"it has the capacity of {c.history.of}"))
     return Options(spec.paths, args.output, "fraction", spec.test, spec.validation, order=spec.order,
                    thresholds=[c.threshold for c in spec.categorical], source=source,
                    **job)

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from preproc import parsing, reading
+from preproc import history, parsing, reading
 from preproc.layout import MAPPINGS
 from preproc.raw_spec import Categorical, Numerical, RawSpec
 from preproc.sources import Rows, Schema, Source
@@ -43,12 +43,13 @@ class RawSource(Source):
         self.by_value = spec.split in ("column", "files")
         self.header_lines = int(spec.format == "csv" and spec.header)
         histories = {c.name: c.history.of for c in cats if c.history}
-        raw_ids = list(raw_ids) + [h for h, item in histories.items() if item in raw_ids]
+        gaps = [c.name for c in cats if c.history and c.history.gaps]
+        raw_ids = list(raw_ids) + [h for h, item in histories.items() if item in raw_ids and h not in gaps]
         self.schema = Schema([n.name for n in spec.numerical], [c.name for c in cats],
                              max_hotness={c.name: c.max_hotness or c.history.max_length for c in cats
                                           if c.max_hotness or c.history},
                              buckets={c.name: c.buckets for c in cats if c.buckets}, raw_ids=raw_ids,
-                             histories=histories, rules=_rules(spec, raw_ids))
+                             histories=histories, gaps=gaps, rules=_rules(spec, raw_ids))
 
     def plan(self, paths, split_bytes):
         named = [os.path.abspath(p) for p in self.spec.test_files + self.spec.validation_files]
@@ -180,7 +181,7 @@ class RawSource(Source):
         users, no_user, _ = _keys(_text(table.column(h.user)), "string")
         times, no_time = _numbers(table.column(h.time), f"{h.time} (a history's time)", checks)
         checks.reject(no_time, f"{h.time} (a history's time) is missing")
-        _, no_item = categorical[[c.name for c in self.spec.categorical].index(h.of)]
+        _, no_item = categorical[[c.name for c in self.spec.categorical].index(h.counts_of)]
         counts = ~no_user & ~no_item & (labels.astype(bool) if h.only_positive else True)
         return users, times, counts
 
@@ -344,6 +345,11 @@ def _rules(spec: RawSpec, raw_ids: List[str]) -> dict:
         return f"{f.column}: {rule}; missing -> {f.fill}"
 
     def categorical(c: Categorical):
+        if c.history and c.history.gaps:
+            return (f"time gaps of {c.history.aligned_with}'s events: 1 + floor(log2(the event's {c.history.time} - "
+                    f"theirs)), 1 below 2, at most {history.GAP_IDS - 1}")
+        if c.history and c.history.aligned_with:
+            return f"{c.history.of} of {c.history.aligned_with}'s events, aligned with them (missing: id 0)"
         if c.history:
             h = c.history
             return (f"history of {h.of}: its ids in the last {h.max_length} events of the same {h.user} strictly "

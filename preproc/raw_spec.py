@@ -42,12 +42,24 @@ class Categorical:
 @dataclasses.dataclass
 class History:
     """A user's earlier items: per event, the ids of `of` (a one-hot categorical feature) of the
-    last `max_length` events of the same `user` strictly before its `time`, oldest first."""
+    last `max_length` events of the same `user` strictly before its `time`, oldest first.
+    `aligned_with` H (a side feature of H): the same events as H's history, position by position,
+    holding `of`'s ids (those events' category, say; a missing value id 0); with `gaps`, their
+    time before the event as ids (preproc.history.gap_ids). Both take H's user, time, max_length
+    and only_positive."""
     of: str                          # the item feature (its name): its vocabulary's ids, or its raw ids
     user: str                        # the user column (values compared as text)
     time: str                        # the time column (numbers)
     max_length: int
     only_positive: bool = False      # only events with a positive label count
+    aligned_with: Optional[str] = None   # the history (its name) whose events a side feature follows
+    gaps: bool = False                   # the time gaps of aligned_with's events
+    counting_item: Optional[str] = None  # aligned_with's item feature, once the spec is read
+
+    @property
+    def counts_of(self) -> str:
+        """The item feature an event needs a value of to count (with a user)."""
+        return self.counting_item or self.of
 
 
 @dataclasses.dataclass
@@ -183,7 +195,13 @@ def parse(raw, where: str = "raw spec", base_dir: str = ".") -> RawSpec:
         top.fail("", f"feature name {twice[0]!r} is used twice (or is the label's): set `name`")
     for k, c in enumerate(spec.categorical):
         if c.history:
-            _history_of(spec, c.history.of, _Reader(categorical[k], where, f"categorical[{k}]", HISTORY_KEYS))
+            h = c.history
+            r = _Reader(categorical[k], where, f"categorical[{k}]",
+                        GAPS_KEYS if h.gaps else SIDE_KEYS if h.aligned_with else HISTORY_KEYS)
+            if h.aligned_with:
+                _aligned(spec, c, r)
+            if not h.gaps:
+                _history_of(spec, h.of, r)
     _split(spec, _Reader(top.get("split", dict, {}, expect="a mapping"), where, "split",
                          ("by", "test", "validation", "order", "column", "test_from", "validation_from",
                           "test_files", "validation_files")), base_dir)
@@ -210,10 +228,22 @@ def _numerical(item, where, key) -> Numerical:
 
 
 HISTORY_KEYS = ("name", "history_of", "user", "time", "max_length", "only_positive")
+SIDE_KEYS = ("name", "history_of", "aligned_with")
+GAPS_KEYS = ("name", "gaps_of")
 
 
 def _categorical(item, where, key) -> Categorical:
     item = {"column": item} if isinstance(item, str) else item
+    if isinstance(item, dict) and "gaps_of" in item:
+        r = _Reader(item, where, key, GAPS_KEYS)
+        of = r.get("gaps_of", str, required=True, expect="a history's name")
+        return Categorical(r.get("name", str, f"{of}_gaps"), "", history=History("", "", "", 0, aligned_with=of,
+                                                                                 gaps=True))
+    if isinstance(item, dict) and "aligned_with" in item:
+        r = _Reader(item, where, key, SIDE_KEYS)
+        of = r.get("history_of", str, required=True, expect="a categorical feature's name")
+        with_ = r.get("aligned_with", str, required=True, expect="a history's name")
+        return Categorical(r.get("name", str, f"{with_}_{of}"), "", history=History(of, "", "", 0, aligned_with=with_))
     if isinstance(item, dict) and "history_of" in item:
         return _history(_Reader(item, where, key, HISTORY_KEYS))
     r = _Reader(item, where, key, ("column", "name", "type", "threshold", "buckets", "delimiter", "max_hotness",
@@ -256,6 +286,20 @@ def _history_of(spec: RawSpec, of: str, r: _Reader):
     if item.history or item.max_hotness:
         r.fail("history_of", f"{of} is {'a history' if item.history else 'multi-hot'}: a history takes the ids of a "
                              "one-hot feature")
+
+
+def _aligned(spec: RawSpec, c: Categorical, r: _Reader):
+    """A side feature takes the user, time, max_length and counting events of the history it is
+    aligned with (gaps_of / aligned_with: a history of the spec with an item of its own)."""
+    key = "gaps_of" if c.history.gaps else "aligned_with"
+    main = next((f for f in spec.categorical if f.name == c.history.aligned_with), None)
+    if main is None or not main.history or main.history.aligned_with:
+        names = ", ".join(f.name for f in spec.categorical if f.history and not f.history.aligned_with) or "none"
+        r.fail(key, f"{c.history.aligned_with!r} is not a history of the spec with items of its own (its histories: "
+                    f"{names})")
+    h = main.history
+    c.history = dataclasses.replace(h, of=c.history.of or h.of, aligned_with=main.name, gaps=c.history.gaps,
+                                    counting_item=h.of)
 
 
 def _split(spec: RawSpec, r: _Reader, base_dir: str):

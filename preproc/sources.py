@@ -17,7 +17,7 @@ class Schema:
     `buckets` of the hashed ones (no vocabulary: id 1 + key % buckets), `raw_ids` those whose ids
     are their values' 64-bit keys (no vocabulary: the key as int64), `histories` the history
     features and the one-hot feature whose ids each holds (preproc.history; in `max_hotness` too),
-    `names` what flags and messages call each categorical feature, `rules` the metadata that
+    `gaps` those of them that hold their events' time gaps instead (ids in [1, GAP_IDS)), `names` what flags and messages call each categorical feature, `rules` the metadata that
     describes the transform."""
     numerical: List[str]
     categorical: List[str]
@@ -26,6 +26,7 @@ class Schema:
     buckets: Dict[str, int] = dataclasses.field(default_factory=dict)
     raw_ids: List[str] = dataclasses.field(default_factory=list)
     histories: Dict[str, str] = dataclasses.field(default_factory=dict)
+    gaps: List[str] = dataclasses.field(default_factory=list)
     names: List[str] = None
     rules: dict = dataclasses.field(default_factory=dict)
 

@@ -204,7 +204,7 @@ def rank_column(ctx: Context, col: int, tables, threshold: int, capacity: int = 
 
 def _encoders(ctx: Context):
     """Per categorical feature: distinct keys -> ids (its vocabulary, 1 + key % buckets, or with
-    raw ids the key itself as int64; a history: its item feature's)."""
+    raw ids the key itself as int64; a history: its item feature's; time gaps: the ids they are)."""
     def hashed(buckets):
         return lambda keys: (keys % np.uint64(buckets)).astype(np.int64) + 1
 
@@ -212,8 +212,9 @@ def _encoders(ctx: Context):
         return keys.view(np.int64)
     schema = ctx.schema
     items = [schema.histories.get(f, f) for f in ctx.categorical]
-    return [hashed(schema.buckets[f]) if f in schema.buckets else raw if f in schema.raw_ids else
-            vocab.encoder(ctx.vocab_root, f) for f in items]
+    return [raw if f in schema.gaps else hashed(schema.buckets[item]) if item in schema.buckets else
+            raw if item in schema.raw_ids else vocab.encoder(ctx.vocab_root, item)
+            for f, item in zip(ctx.categorical, items)]
 
 
 def _encoded(ctx: Context, split_id: int):
@@ -233,9 +234,10 @@ def _encoded(ctx: Context, split_id: int):
                 records["numerical"] = numerical
             for k, feature in enumerate(ctx.categorical):
                 if feature in histories:
-                    lengths_file, items_file = read[feature]
+                    lengths_file, items_file, known_file = read[feature]
                     lengths = np.asarray(lengths_file[row:row + len(positions)])
-                    ids = encoders[k](np.asarray(items_file[item[feature]:item[feature] + int(lengths.sum())]))
+                    taken = slice(item[feature], item[feature] + int(lengths.sum()))
+                    ids = np.where(known_file[taken], encoders[k](np.asarray(items_file[taken])), 0)
                     item[feature] += int(lengths.sum())
                 else:
                     lengths = np.load(cache) if feature in hotness else None

@@ -210,6 +210,61 @@ def test_a_later_day_sees_the_kept_events_only(spark, tmp_path):
     assert columns["history"] == [[ids["i3"]], [ids["i9"], ids["i4"], ids["i5"]], []]
 
 
+SIDES = dict(SPEC, categorical=[{"column": "user"}, {"column": "item"}, {"column": "kind", "type": "int"},
+                                 {"name": "history", "history_of": "item", "user": "user", "time": "ts",
+                                  "max_length": 3, "only_positive": True},
+                                 {"name": "history_kind", "history_of": "kind", "aligned_with": "history"},
+                                 {"gaps_of": "history"}],
+             split={"test": 0, "validation": 0})
+
+
+def side_reference(events, kinds, max_length):
+    """Per event: (the kinds of its history's events, their gap ids), from the reference's rule:
+    1 + floor(log2(gap)), 1 below 2."""
+    in_time_order = sorted(enumerate(events), key=lambda e: (e[1][1], e[0]))
+    out = []
+    for user, time, _, _ in events:
+        before = [(kinds[k], time - t) for k, (u, t, item, click) in in_time_order
+                  if u == user and u and item and t < time and click][-max_length:]
+        out.append(([k for k, _ in before], [1 + min(62, int(np.floor(np.log2(max(g, 1.0))))) for _, g in before]))
+    return out
+
+
+def test_side_features_follow_the_history_event_by_event(spark, tmp_path):
+    """A history's aligned side feature (each kept event's kind, an int where 0 is a value; id 0
+    where it has none) and its
+    time gaps, against the reference, on day 0 and on day 1 continuing day 0 (--vocab_from), with
+    the gaps of day 0's events seen from day 1; the feature spec names them; the spec's errors."""
+    rng = random.Random(5)
+    days = [[e + (rng.choice(["", "0", "1", "2"]),) for e in events_log(70, seed=9 + d, start=300 * d, users=4)]
+            for d in range(2)]
+    days[1] += [("u1", 2000.5, "i1", 1, "0"), ("u1", 2001, "i2", 1, "1"), ("u1", 2003.5, "i3", 1, "")]
+    before = []
+    for d, day in enumerate(days):
+        write_log(tmp_path, ["click,user,item,ts,kind"] + [f"{c},{u},{i},{t},{k}" for u, t, i, c, k in day],
+                  f"day{d}.csv")
+        flags = ["--vocab_from", str(tmp_path / "day0")] if d else []
+        run_raw(spark, write_spec(tmp_path, SIDES, inputs={"paths": [f"day{d}.csv"]}), tmp_path / f"day{d}", *flags)
+        spec, columns = read_all(tmp_path / f"day{d}")
+        kind_ids = {}
+        for e, i in zip(day, columns["kind"]):
+            assert kind_ids.setdefault(e[4], i) == i
+        kind_ids.update({k: 0 for k in [e[4] for e in before] if k not in kind_ids})   # (only day 0's: not in day 1)
+        expected = side_reference([e[:4] for e in before + day], [e[4] for e in before + day], 3)[len(before):]
+        assert columns["history_kind"] == [[kind_ids[k] for k in kinds] for kinds, _ in expected]
+        assert columns["history_gaps"] == [gaps for _, gaps in expected]
+        assert [len(h) for h in columns["history"]] == [len(h) for h in columns["history_kind"]]
+        assert any(0 in h for h in columns["history_kind"]) and len({g for h in columns["history_gaps"] for g in h}) > 3
+        before += day
+    assert columns["history_gaps"][-2][-1] == 1 and columns["history_gaps"][-1][-2:] == [2, 2]   # 0.5; 3, 2.5
+    assert columns["history_kind"][-1][-2:] == [kind_ids["0"], kind_ids["1"]] and kind_ids["0"] > 0
+    assert spec.max_hotness[-3:] == [3, 3, 3] and spec.cardinalities[-1] == 64
+    assert spec.cardinalities[-2] == spec.cardinalities[2]
+    assert spec.metadata["categorical"]["history_gaps"] == ("time gaps of history's events: 1 + floor(log2(the "
+                                                            "event's ts - theirs)), 1 below 2, at most 63")
+    assert spec.metadata["categorical"]["history_kind"] == "kind of history's events, aligned with them (missing: id 0)"
+
+
 def test_a_missing_or_bad_time_is_a_bad_line(spark, tmp_path):
     write_log(tmp_path, ["click,user,item,ts", "1,u1,a,1", "1,u1,b,", "0,u1,c,x", "1,u1,d,2"])
     summary = run_raw(spark, write_spec(tmp_path, split={"test": 0, "validation": 0}), tmp_path / "out")
@@ -241,6 +296,27 @@ HISTORY = {"name": "history", "history_of": "item", "user": "user", "time": "ts"
 def test_spec_errors(tmp_path, entry, message):
     spec = dict(SPEC, categorical=["user", "item", {k: v for k, v in entry.items() if v is not None},
                                    {"column": "tags", "delimiter": "|", "max_hotness": 2}])
+    path = write_spec(tmp_path, spec)
+    with pytest.raises(ConfigError) as e:
+        raw_spec.load(path)
+    assert str(e.value) == f"{path}: {message}"
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"gaps_of": "item"}, "categorical[3].gaps_of: 'item' is not a history of the spec with items of its own (its "
+                          "histories: history)"),
+    ({"gaps_of": "history", "max_length": 2}, "categorical[3].max_length: unknown key (expected name, gaps_of)"),
+    ({"history_of": "kind", "aligned_with": "history_gaps"},
+     "categorical[3].aligned_with: 'history_gaps' is not a history of the spec with items of its own (its "
+     "histories: history)"),
+    ({"history_of": "kind", "aligned_with": "history", "user": "user"},
+     "categorical[3].user: unknown key (expected name, history_of, aligned_with)"),
+    ({"history_of": "tags", "aligned_with": "history"},
+     "categorical[3].history_of: tags is multi-hot: a history takes the ids of a one-hot feature"),
+])
+def test_side_feature_errors(tmp_path, entry, message):
+    spec = dict(SPEC, categorical=["user", "kind", HISTORY, entry, {"gaps_of": "history"},
+                                   {"column": "tags", "delimiter": "|", "max_hotness": 2}, "item"])
     path = write_spec(tmp_path, spec)
     with pytest.raises(ConfigError) as e:
         raw_spec.load(path)
