@@ -19,15 +19,17 @@ import ranking
 
 def build_model(features: ranking.Features, hparams: dict) -> ranking.Model:
     hp = ranking.hyperparameters(hparams, candidate="cat_0", history="history", max_length=0, width=16, blocks=1,
-                                 heads=2, causal=False, attention=[32], hidden=[200, 80])
+                                 heads=2, causal=False, attention=[32], hidden=[200, 80], side=[])
     candidate, history = features.history_configs(hp["candidate"], hp["history"], hp["width"], hp["max_length"])
     length = history.ids_per_sample
-    others = [f.name for f in features if f.name not in (candidate.name, history.name)]
+    sequences = [candidate, history] + features.sequence_configs(hp["side"], hp["width"], length)
+    others = [f.name for f in features if f.name not in {c.name for c in sequences}]
     x = features.inputs()
-    emb = features.embedding([candidate, history] + features.feature_configs(hp["width"], names=others))(
-        [x[candidate.name], x[history.name]] + [x[name] for name in others])        # [b, D], [b, L, D], F-2 x [b, D]
+    emb = features.embedding(sequences + features.feature_configs(hp["width"], names=others))(
+        [x[c.name] for c in sequences] + [x[name] for name in others])   # [b, D], [b, L, D] (+ side), the others [b, D]
     mask = ranking.SequenceMask(length, name="history_mask")(x[history.name])   # [b, L]
-    h = emb[1]
+    h = keras.layers.Add(name="history_rows")(emb[1:len(sequences)]) if hp["side"] else emb[1]   # [b, L, D]
+    emb = emb[:2] + emb[len(sequences):]
     for i in range(hp["blocks"]):
         h = ranking.TransformerBlock(hp["heads"], max_length=length if i == 0 else None, causal=hp["causal"],
                                      seed=(features.seed, 20 + i), name=f"block_{i}")([h, mask])   # [b, L, D]

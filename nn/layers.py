@@ -404,17 +404,22 @@ class TransformerBlock(keras.layers.Layer):
 @keras.saving.register_keras_serializable(package="ranking")
 class HSTUBlock(keras.layers.Layer):
     """HSTU's layer (Zhai et al., 2024, "Actions Speak Louder than Words"): pointwise aggregated
-    attention over a sequence, [x [b, L, D], mask [b, L] bool] -> [b, L, D].
+    attention over a sequence, [x [b, L, D], mask [b, L] bool] or [x, mask, key_bias [b, L, H]]
+    -> [b, L, D].
 
         U, V, Q, K = split(SiLU(LayerNorm(x) W1 + b1))       heads of widths linear_dim, attention_dim
-        A = SiLU(Q K^T + rab(j - i)) / L  at the allowed (query i, key j), 0 elsewhere
+        A = SiLU(Q K^T + rab(j - i) + key_bias[j]) / L  at the allowed (query i, key j), 0 elsewhere
         out = x + (LayerNorm(A V) * U) W2 + b2               (dropout before W2 while training)
 
     No softmax: the weights are SiLU'd scores divided by `max_length` L (not by the number of
     keys), so a sample's intensity of interest survives. rab is a learned relative position bias
-    [2L - 1] shared by the heads (j - i clipped to [-(L - 1), L - 1]; HSTU adds a time bias too,
-    not here). Position i attends to the kept positions, with `causal` (the default, HSTU's) only
-    to those at or before it. Masked positions are read as zeros and come out as zeros. LayerNorms
+    [2L - 1] shared by the heads (j - i clipped to [-(L - 1), L - 1]). key_bias, when given, is
+    added to every query's score of key j, per head (H `heads`, or 1 for all): HSTU's time bias
+    as a ranker sees it, from a lookup of each item's time gap to the event (a table of width H,
+    as examples/hstu.py does), which is HSTU's bias of the bucketed gap between query and key for
+    the candidate's query (its time is the event's); a history item's query sees its keys' gaps
+    to the event, not to itself. Position i attends to the kept positions, with `causal` (the
+    default, HSTU's) only to those at or before it. Masked positions are read as zeros and come out as zeros. LayerNorms
     without scale and centre, as HSTU's; W1, W2 Glorot-uniform from `seed`, biases zero.
     """
 
@@ -432,13 +437,18 @@ class HSTUBlock(keras.layers.Layer):
         return keras.initializers.GlorotUniform(seed=self.seed[0] * 1013 + self.seed[1] * 37 + k)
 
     def build(self, input_shape):
-        if not isinstance(input_shape, (list, tuple)) or len(input_shape) != 2 or \
+        if not isinstance(input_shape, (list, tuple)) or len(input_shape) not in (2, 3) or \
                 not all(isinstance(s, (list, tuple)) for s in input_shape):
-            raise ConfigError(f"layer {self.name!r}: takes [x [b, L, D], mask [b, L]], got {input_shape}")
-        x, mask = (tuple(s) for s in input_shape)
-        if len(x) != 3 or len(mask) != 2 or x[-1] is None or x[1] not in (None, self.max_length):
-            raise ConfigError(f"layer {self.name!r}: takes x [b, L, D] (L {self.max_length}) and mask [b, L], got "
-                              f"shapes {x} and {mask}")
+            raise ConfigError(f"layer {self.name!r}: takes [x [b, L, D], mask [b, L]] or [x, mask, key_bias "
+                              f"[b, L, heads]], got {input_shape}")
+        x, mask = (tuple(s) for s in input_shape[:2])
+        bias = tuple(input_shape[2]) if len(input_shape) == 3 else None
+        if len(x) != 3 or len(mask) != 2 or x[-1] is None or x[1] not in (None, self.max_length) or \
+                (bias is not None and (len(bias) != 3 or bias[1] not in (None, self.max_length) or
+                                       bias[2] not in (1, self.heads))):
+            raise ConfigError(f"layer {self.name!r}: takes x [b, L, D] (L {self.max_length}) and mask [b, L] (and "
+                              f"key_bias [b, L, {self.heads} or 1]), got shapes "
+                              f"{', '.join(str(tuple(s)) for s in input_shape)}")
         dim = x[-1]
         self.qk_dim = self.attention_dim or max(dim // self.heads, 1)
         self.v_dim = self.linear_dim or max(dim // self.heads, 1)
@@ -456,7 +466,7 @@ class HSTUBlock(keras.layers.Layer):
         self.drop = keras.layers.Dropout(self.dropout, seed=self.seed[0] * 7 + self.seed[1], dtype=policy)
 
     def call(self, inputs, training=None):
-        x, mask = inputs
+        x, mask = inputs[:2]
         mask = tf.cast(mask, tf.bool)
         keep = mask[:, :, None]
         x = tf.where(keep, x, tf.zeros([], x.dtype))
@@ -469,6 +479,8 @@ class HSTUBlock(keras.layers.Layer):
         scores = tf.matmul(by_head(q, self.qk_dim), by_head(k, self.qk_dim), transpose_b=True)   # [b, h, L, L]
         offsets = tf.range(length)[None, :] - tf.range(length)[:, None] + length - 1            # j - i + L - 1
         scores = scores + tf.cast(tf.gather(self.bias, offsets), scores.dtype)
+        if len(inputs) == 3:   # key_bias [b, L, H or 1] -> [b, H or 1, 1 (every query), L]
+            scores = scores + tf.cast(tf.transpose(inputs[2], [0, 2, 1]), scores.dtype)[:, :, None, :]
         allowed = tf.logical_and(keep, mask[:, None, :])                                       # [b, L, L]
         if self.causal:
             allowed = tf.logical_and(allowed, tf.linalg.band_part(tf.ones([length, length], tf.bool), -1, 0))

@@ -171,6 +171,22 @@ class Features:
         return config, FeatureConfig(past.name, config.table, (None, length),
                                      (None, embedding_dim) if pooled else (None, length, embedding_dim))
 
+    def sequence_configs(self, names: Sequence[str], embedding_dim: int, max_length: int = 0,
+                         prefix: str = "") -> List[FeatureConfig]:
+        """The FeatureConfigs of sequences over tables of their own, [b, L, D] each (L `max_length`,
+        0: each feature's max_hotness), named `prefix` + the feature's name: a history's side
+        features, aligned with its items (each item's category, its time gap; preproc.raw's
+        aligned_with and gaps_of), read beside it. A one-hot feature among `names`: a one-line
+        ConfigError naming it."""
+        one_hot = [n for n in names if not self[n].multi_hot]
+        if one_hot:
+            raise ConfigError(f"feature {one_hot[0]!r} is one-hot: a sequence is a multi-hot feature")
+        out = []
+        for name, config in zip(names, self.feature_configs(embedding_dim, names=names, prefix=prefix)):
+            length = max_length or self[name].max_hotness
+            out.append(FeatureConfig(config.name, config.table, (None, length), (None, length, embedding_dim)))
+        return out
+
     def embedding(self, feature_configs: Sequence[FeatureConfig], name: str = "embedding") -> HybridEmbedding:
         """A HybridEmbedding of `feature_configs` (called with their ids in the same order: a list
         in, a list of [b, D] out) on the run's ranks, placement, storage and seed. A model may have several,

@@ -392,3 +392,45 @@ def test_the_movielens_guide_serves_what_its_din_predicts(spark, tmp_path):
     assert (categorical[:, 2:] >= 0).sum(1).max() > 1 and categorical[:, 1].max() > 300 - 50   # raw ids, histories
     got = Model(str(tmp_path / "repo")).infer(np.asarray(batch["numerical"]), categorical)
     np.testing.assert_allclose(got["logits"][:, 0], logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_an_hstu_ranker_reads_the_time_gaps_and_serves_what_it_predicts(spark, tmp_path):
+    """The guide's spec with the history's time gaps (gaps_of): examples/hstu.py with the gaps as a
+    side feature of the items and as the attention's key bias, trained by main.py on raw ids and
+    exported; the tables form predicts the training-time model's logits, and other gaps other ones."""
+    from deployment.repository_format import categorical_matrix
+    from deployment.serving.live import Model
+    from run.config import build_config
+    from tests.configs import TINY
+    from tests.test_deployment_export import reference
+    from tests.test_model_export import layout_of, python
+    python("--output", str(tmp_path / "ratings.csv"), "--users", "150", "--movies", "200", "--ratings", "4000",
+           script="tools/movielens_sample.py")
+    spec = yaml.safe_load(guide_spec())
+    spec["categorical"].append({"gaps_of": "history"})
+    (tmp_path / "movielens.yaml").write_text(yaml.safe_dump(spec))
+    run_raw(spark, str(tmp_path / "movielens.yaml"), tmp_path / "data", "--raw_id_columns=userId,movieId")
+    params = ["candidate=movieId", "width=8", "max_length=20", "side=[history_gaps]", "time_bias=history_gaps"]
+    flags = dict(dataset_type="split_binary", dataset_path=str(tmp_path / "data"), batch_size=256,
+                 valid_batch_size=600, dynamic_tables=["userId:400", "movieId:400", "history:400"], optimizer="adam",
+                 learning_rate=0.01, warmup_steps=2, decay_start_step=8, decay_steps=4, max_steps=10, evals_per_epoch=0)
+    python("--model=examples/hstu.py", *(f"--model_param={p}" for p in params),
+           *(f"--{k}={','.join(v) if isinstance(v, list) else v}" for k, v in flags.items()),
+           f"--save_checkpoint_path={tmp_path / 'ckpt'}")
+    python(f"--checkpoint={tmp_path / 'ckpt'}", f"--output={tmp_path / 'repo'}", "--model_name=m",
+           "--model=examples/hstu.py", script="deployment/deploy.py")
+    values = dict(TINY, model="examples/hstu.py", model_param=params, **flags)
+    cfg = build_config(values, present={"model", "model_param", *flags})
+    batch, logits = reference(cfg, str(tmp_path / "ckpt"), 300)
+    _, layout = layout_of(str(tmp_path / "repo"))
+    assert layout.max_hotness == [None, None, 50, 50]
+    categorical = categorical_matrix(batch["categorical"], layout.max_hotness)
+    gaps = categorical[:, 52:]
+    assert len(np.unique(gaps[gaps > 0])) > 5 and gaps.max() < 64
+    got = Model(str(tmp_path / "repo")).infer(np.asarray(batch["numerical"]), categorical)
+    np.testing.assert_allclose(got["logits"][:, 0], logits, rtol=1e-5, atol=1e-5)
+    recent = categorical.copy()
+    recent[:, 52:][gaps > 0] = 1                                      # every item just before the event
+    moved = Model(str(tmp_path / "repo")).infer(np.asarray(batch["numerical"]), recent)["logits"][:, 0]
+    assert np.abs(moved - logits)[(gaps > 1).any(1)].min() > 1e-6   # the gaps reach every such sample's logit

@@ -230,8 +230,8 @@ def test_transformer_block_is_bsts_layer_and_its_masked_positions_change_nothing
     np.testing.assert_allclose(compiled(tf.constant(x), tf.constant(mask)).numpy(), got, rtol=1e-5, atol=1e-5)
 
 
-def numpy_hstu(block, x, mask):
-    """HSTUBlock in NumPy with its weights: [b, L, D], mask [b, L]."""
+def numpy_hstu(block, x, mask, key_bias=None):
+    """HSTUBlock in NumPy with its weights: [b, L, D], mask [b, L], key_bias [b, L, heads or 1]."""
     def norm(t):
         return (t - t.mean(-1, keepdims=True)) / np.sqrt(t.var(-1, keepdims=True) + 1e-6)
 
@@ -252,6 +252,8 @@ def numpy_hstu(block, x, mask):
                         continue
                     score = q[s, i, head * dqk:(head + 1) * dqk] @ k[s, j, head * dqk:(head + 1) * dqk] + \
                         bias[j - i + length - 1]
+                    if key_bias is not None:
+                        score += key_bias[s, j, head % key_bias.shape[-1]]
                     out[s, i, head * dv:(head + 1) * dv] += silu(score) / length * v[s, j, head * dv:(head + 1) * dv]
     y = x + (norm(out) * u) @ block.out.kernel.numpy() + block.out.bias.numpy()
     return np.where(mask[..., None], y, 0)
@@ -287,6 +289,29 @@ def test_hstu_block_is_pointwise_attention_and_its_masked_positions_change_nothi
         HSTUBlock(5, name="hstu")([tf.zeros([2, 4, 8]), tf.ones([2, 4], tf.bool)])
     with pytest.raises(ConfigError, match="layer 'h2': heads must be a positive int, got 0"):
         HSTUBlock(5, heads=0, name="h2")
+
+
+@pytest.mark.parametrize("width", [2, 1])
+def test_hstu_block_adds_a_key_bias_per_head(width):
+    """[x, mask, key_bias]: each key's bias (per head, or one for all) added to every query's score,
+    as in NumPy; a masked key's bias changes nothing; under XLA too; a bias of another width is
+    refused naming the layer."""
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=[3, 5, 8]).astype(np.float32)
+    mask = np.array([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1]], bool)
+    key_bias = rng.normal(size=[3, 5, width]).astype(np.float32) * 2
+    block = HSTUBlock(5, heads=2, attention_dim=3, seed=(4, 6), name="hstu")
+    got = block([tf.constant(x), tf.constant(mask), tf.constant(key_bias)]).numpy()
+    np.testing.assert_allclose(got, numpy_hstu(block, x, mask, key_bias), rtol=1e-4, atol=1e-5)
+    assert not np.allclose(got, block([tf.constant(x), tf.constant(mask)]).numpy(), atol=1e-3)
+    moved = np.where(mask[..., None], key_bias, np.float32(50.0))
+    np.testing.assert_array_equal(block([tf.constant(x), tf.constant(mask), tf.constant(moved)]).numpy(), got)
+    compiled = tf.function(lambda *a: block(list(a)), jit_compile=True)
+    np.testing.assert_allclose(compiled(tf.constant(x), tf.constant(mask), tf.constant(key_bias)).numpy(), got,
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(ConfigError, match=r"layer 'h3': takes x \[b, L, D\] \(L 5\) and mask \[b, L\] \(and "
+                                          r"key_bias \[b, L, 2 or 1\]\), got shapes \(3, 5, 8\), \(3, 5\), \(3, 5, 3\)"):
+        HSTUBlock(5, heads=2, name="h3")([tf.constant(x), tf.constant(mask), tf.zeros([3, 5, 3])])
 
 
 def test_xla_trains_a_din_as_without():
