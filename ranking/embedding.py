@@ -193,11 +193,6 @@ class HybridEmbedding(keras.layers.Layer):
         if len(zeros) > 1:
             raise ConfigError(f"table {next(t.name for t in self.tables if t.initializer == 'zeros')!r}: "
                               f"initializer 'zeros' must be every table's or none's")
-        optimizers = {t.optimizer for t in self.tables} - {None}
-        if len(optimizers) > 1:
-            raise ConfigError(f"tables name different optimizers {sorted(optimizers)}: one sparse optimizer "
-                              f"updates every table")
-        self.table_optimizer = next(iter(optimizers), None)
         self._handed_tables = embedding is not None
         self._embedding: Optional[DistributedEmbedding] = None
         if embedding is not None:

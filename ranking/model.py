@@ -96,9 +96,11 @@ class _ProjectStep:
             raise ConfigError(f"model {self.name!r}: two HybridEmbedding layers are named {twice[0]!r}; name "
                               f"each its own (its tables' checkpoint names start with it)")
         for layer in self.embedding_layers:
-            if layer.table_optimizer not in (None, optimizer):
-                raise ConfigError(f"layer {layer.name!r}: its tables name optimizer {layer.table_optimizer!r}, "
-                                  f"compile names {optimizer!r}")
+            other = next((t for t in layer.tables if t.optimizer not in (None, optimizer)), None)
+            if other is not None:   # the step has one sparse optimizer for every table
+                raise ConfigError(f"table {other.name!r} of layer {layer.name!r}: its optimizer is "
+                                  f"{other.optimizer!r}, compile's is {optimizer!r}; compile's updates every "
+                                  f"table (leave the table's optimizer None or name compile's)")
             if layer.storage and layer.storage.slots != len(slot_names(optimizer)):
                 raise ConfigError(f"layer {layer.name!r}: its storage counts {layer.storage.slots} optimizer slots "
                                   f"per parameter, compile's {optimizer!r} has {len(slot_names(optimizer))}")

@@ -355,10 +355,15 @@ def test_configuration_errors_name_what_is_wrong():
     with pytest.raises(ConfigError, match="feature 'a': missing"):
         layer({"b": tf.constant([1])})
     sgd = TableConfig(name="s", vocabulary_size=10, embedding_dim=4, optimizer="sgd")
-    inp = keras.Input((), dtype="int32")
-    model = Model(inp, keras.layers.Dense(1)(HybridEmbedding([FeatureConfig("a", sgd, (None,), (None, 4))])([inp])[0]))
-    with pytest.raises(ConfigError, match="its tables name optimizer 'sgd', compile names 'adam'"):
+    adam = TableConfig(name="a", vocabulary_size=10, embedding_dim=4, optimizer="adam")
+    inp = [keras.Input((), dtype="int32"), keras.Input((), dtype="int32")]
+    emb = HybridEmbedding([FeatureConfig("x", adam, (None,), (None, 4)), FeatureConfig("y", sgd, (None,), (None, 4))])
+    model = Model(inp, keras.layers.Dense(1)(keras.layers.Concatenate()(emb(inp))))
+    with pytest.raises(ConfigError, match="^table 's' of layer '[a-z_0-9]+': its optimizer is 'sgd', compile's is 'adam'; "
+                                          "compile's updates every table"):
         model.compile(optimizer="adam")
+    with pytest.raises(ConfigError, match="^table 'a' of layer .*: its optimizer is 'adam', compile's is 'sgd'"):
+        model.compile(optimizer="sgd")
 
 
 @pytest.mark.parametrize("features, heads", [("separate", "one_label"), ("shared", "one_label"),
