@@ -35,7 +35,7 @@ import tensorflow as tf
 from parallel_embedding.collectives import make_collectives
 from parallel_embedding.layer import num_samples
 from ranking.config import COMBINERS, FeatureConfig, TableConfig
-from ranking.embedding import HybridEmbedding
+from ranking.embedding import WeightTables
 from utils.errors import ConfigError
 
 
@@ -53,7 +53,7 @@ def _table_kind(variable) -> Optional[str]:
     return getattr(variable, "embedding_table", None)
 
 
-class DistributedEmbedding(HybridEmbedding):
+class DistributedEmbedding(WeightTables):
     """distributed-embeddings' `DistributedEmbedding`: Embedding layers -> one hybrid-parallel layer.
 
     `embeddings`: T layers with `input_dim` (rows) and `output_dim` (D), e.g. keras.layers.Embedding,
@@ -95,14 +95,10 @@ class DistributedEmbedding(HybridEmbedding):
                                                                             f"no input for table {unused[0]}"))
         features = [FeatureConfig(f"input_{i}", tables[t], (None, 2) if combined[t] else (None,),
                                   (None, tables[t].embedding_dim)) for i, t in enumerate(table_map)]
-        self._keras_tables: List[keras.Variable] = []
         super().__init__(features, collectives=comm, seed=seed, strategy=strategy,
                          column_slice_threshold=column_slice_threshold, row_slice_threshold=row_slice_threshold,
                          data_parallel_threshold=data_parallel_threshold, data_parallel_input=dp_input, name=name,
                          **kwargs)
-        shards = len(self.embedding.shard_variables)
-        for i, variable in enumerate(self._keras_tables):
-            variable.embedding_table = "shard" if i < shards else "replicated"
         # Table t of `embeddings` is the embedding's table `self._table_index[t]` (order of first use).
         self._table_index = [self.table_of[table_map.index(t)] for t in range(len(tables))]
         plan = self.embedding.plan
@@ -124,29 +120,6 @@ class DistributedEmbedding(HybridEmbedding):
             raise ConfigError(f"DistributedEmbedding: embedding {t} ({layer.name!r}): combiner must be None, "
                               f"{' or '.join(COMBINERS)}, got {combiner!r}")
         return TableConfig(name=f"table_{t}", vocabulary_size=rows, embedding_dim=dim, combiner=combiner or "sum")
-
-    def _table_variable(self, initial_value: tf.Tensor, name: str) -> tf.Variable:
-        """A Keras weight (so in `trainable_variables`); the embedding gets its tf.Variable."""
-        variable = self.add_weight(shape=initial_value.shape, initializer=lambda shape, dtype: initial_value,
-                                   name=name.replace("/", "."), trainable=True)
-        self._keras_tables.append(variable)
-        return variable.value
-
-    def _table_rows(self, table_ids, b, training) -> List[tf.Tensor]:
-        """The rows ([k_t b, D_t] per table) with the tables' gradients: IndexedSlices of this
-        rank's table variables (their sum over the ranks' local losses: the reverse all-to-all)."""
-        looked_up = self.embedding.lookup(table_ids, training=bool(training))
-        rows = self.embedding.exchange(looked_up, b)
-        embedding = self.embedding
-
-        @tf.custom_gradient
-        def with_table_gradients(*rows_and_tables):
-            def gradient(*row_grads):
-                return [None] * len(rows) + embedding.gradients(looked_up, row_grads)
-            return [tf.identity(r) for r in rows_and_tables[:len(rows)]], gradient
-
-        # The tables enter as reads (no copy), through which their gradients reach the variables.
-        return with_table_gradients(*rows, *[tf.convert_to_tensor(v) for v in embedding.variables_in_order])
 
     def call(self, inputs, training=None):
         inputs = list(inputs)
@@ -196,15 +169,7 @@ class DistributedEmbedding(HybridEmbedding):
         """The T whole tables ([rows_t, D_t] float32, in `embeddings` order) at any world size, on
         every rank (one allreduce of the tables; `all_ranks`, distributed-embeddings' choice of
         rank 0 only or every rank, is accepted: every rank gets them either way)."""
-        emb = self.embedding
-        whole = [np.zeros((t.vocabulary_size, t.embedding_dim), np.float32) for t in self.tables]
-        for s, v in zip(emb.shards, emb.shard_variables):
-            whole[s.feature][s.row_start:s.row_end, s.col_start:s.col_end] = v.numpy()[:s.num_rows]
-        if self.collectives.rank == 0:
-            for t, v in zip(emb.replicated, emb.replicated_variables):
-                whole[t] = v.numpy()
-        whole = [np.asarray(w) for w in self.collectives.allreduce_sum([tf.constant(w) for w in whole],
-                                                                         "dmp_get_weights")]
+        whole = self.whole_tables()
         return [whole[i] for i in self._table_index]
 
     def set_weights(self, weights: Sequence) -> None:
@@ -220,12 +185,7 @@ class DistributedEmbedding(HybridEmbedding):
             if w.shape != shape:
                 raise ConfigError(f"layer {self.name!r}: set_weights: table {t} has shape {w.shape}, expected {shape}")
             whole[i] = w
-        emb = self.embedding
-        for s, v in zip(emb.shards, emb.shard_variables):
-            piece = np.asarray(whole[s.feature][s.row_start:s.row_end, s.col_start:s.col_end], np.float32)
-            v.assign(tf.concat([piece, v[s.num_rows:]], axis=0))   # a row shard's spare row stays
-        for t, v in zip(emb.replicated, emb.replicated_variables):
-            v.assign(np.asarray(whole[t], np.float32))
+        self.set_whole_tables(whole)
 
 
 class Strategy:

@@ -432,6 +432,69 @@ class HybridEmbedding(keras.layers.Layer):
         return self.embedding.gradients(looked_up, row_grads)
 
 
+class WeightTables(HybridEmbedding):
+    """A HybridEmbedding whose tables are Keras weights, for a Keras optimizer of the user's:
+    `trainable_variables` holds this rank's table shards (`embedding_table` "shard") and
+    replicated tables ("replicated"), a table's gradient is a tf.IndexedSlices of the rows looked
+    up (their sum over the ranks' local losses: the reverse all-to-all). `whole_tables` and
+    `set_whole_tables` read and set the tables whole at any world size. The fronts of
+    distributed-embeddings (dist_model_parallel) and keras-rs (keras_rs) are made of it."""
+
+    def __init__(self, features, **kwargs):
+        self._keras_tables: List[keras.Variable] = []
+        super().__init__(features, **kwargs)
+        shards = len(self.embedding.shard_variables)
+        for i, variable in enumerate(self._keras_tables):
+            variable.embedding_table = "shard" if i < shards else "replicated"
+
+    def _table_variable(self, initial_value: tf.Tensor, name: str) -> tf.Variable:
+        """A Keras weight (so in `trainable_variables`); the embedding gets its tf.Variable."""
+        variable = self.add_weight(shape=initial_value.shape, initializer=lambda shape, dtype: initial_value,
+                                   name=name.replace("/", "."), trainable=True)
+        self._keras_tables.append(variable)
+        return variable.value
+
+    def _table_rows(self, table_ids, b, training) -> List[tf.Tensor]:
+        """The rows ([k_t b, D_t] per table) with the tables' gradients."""
+        looked_up = self.embedding.lookup(table_ids, training=bool(training))
+        rows = self.embedding.exchange(looked_up, b)
+        embedding = self.embedding
+
+        @tf.custom_gradient
+        def with_table_gradients(*rows_and_tables):
+            def gradient(*row_grads):
+                return [None] * len(rows) + embedding.gradients(looked_up, row_grads)
+            return [tf.identity(r) for r in rows_and_tables[:len(rows)]], gradient
+
+        # The tables enter as reads (no copy), through which their gradients reach the variables.
+        return with_table_gradients(*rows, *[tf.convert_to_tensor(v) for v in embedding.variables_in_order])
+
+    def whole_tables(self) -> List[np.ndarray]:
+        """The whole tables ([rows_t, D_t] float32, in `tables` order) at any world size, on every
+        rank (one allreduce)."""
+        emb = self.embedding
+        whole = [np.zeros((t.vocabulary_size, t.embedding_dim), np.float32) for t in self.tables]
+        for s, v in zip(emb.shards, emb.shard_variables):
+            whole[s.feature][s.row_start:s.row_end, s.col_start:s.col_end] = v.numpy()[:s.num_rows]
+        if self.collectives.rank == 0:
+            for t, v in zip(emb.replicated, emb.replicated_variables):
+                whole[t] = v.numpy()
+        if self.collectives.size > 1:
+            whole = [np.asarray(w) for w in self.collectives.allreduce_sum([tf.constant(w) for w in whole],
+                                                                             f"{self.name}_whole_tables")]
+        return whole
+
+    def set_whole_tables(self, whole: Sequence) -> None:
+        """Sets the tables from whole arrays ([rows_t, D_t], in `tables` order; shapes checked by
+        the caller); each rank takes the rows and columns of its shards."""
+        emb = self.embedding
+        for s, v in zip(emb.shards, emb.shard_variables):
+            piece = np.asarray(whole[s.feature][s.row_start:s.row_end, s.col_start:s.col_end], np.float32)
+            v.assign(tf.concat([piece, v[s.num_rows:]], axis=0))   # a row shard's spare row stays
+        for t, v in zip(emb.replicated, emb.replicated_variables):
+            v.assign(np.asarray(whole[t], np.float32))
+
+
 class Embedding(keras.layers.Embedding):
     """distributed-embeddings' `Embedding` (`from ranking import embedding`, as its
     `distributed_embeddings.python.layers import embedding`): Keras' Embedding with a `combiner`,
