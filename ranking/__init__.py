@@ -29,7 +29,9 @@ grouped allreduce, non-finite stop; `save_checkpoint` / `restore_checkpoint`: it
 main.py's and deploy.py's checkpoint when saved with its model file and features),
 precision.py (the AMP dtype, float16 loss scaling, the gradients' non-finite sum),
 dist_model_parallel.py (NVIDIA distributed-embeddings' `DistributedEmbedding`,
-`DistributedGradientTape`, `broadcast_variables`: `from ranking import dist_model_parallel as dmp`).
+`DistributedGradientTape`, `broadcast_variables`: `from ranking import dist_model_parallel as dmp`),
+keras_rs/ (keras-rs' `layers.DistributedEmbedding`, `TableConfig`, `FeatureConfig` for a plain
+keras.Model: `from ranking import keras_rs`).
 What works and what remains: docs/models.md.
 """
 from parallel_embedding.planner import DynamicOptions

@@ -7,13 +7,14 @@ of its table: the planner places tables, not features. A table given `dynamic` (
 parallel_embedding.planner.DynamicOptions) is a dynamic table: its features take raw int64 ids.
 """
 import dataclasses
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from parallel_embedding.planner import DynamicOptions
 from utils.errors import ConfigError
 
 COMBINERS = ("sum", "mean")
 TABLE_OPTIMIZERS = ("sgd", "adagrad", "adam")
+PLACEMENTS = ("auto", "default_device", "sparsecore")   # keras-rs' names, all placed by the planner
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,12 +23,19 @@ class TableConfig:
 
     Fields as keras-rs' `TableConfig`; what each does here:
     - initializer: None (the project's U(-sqrt(1/rows), sqrt(1/rows)), the same at any world
-      size) or "zeros" (every table of the layer then starts at zero);
+      size), "zeros" (every table of the layer then starts at zero), or a Keras initializer (an
+      object or a name Keras knows, e.g. keras.initializers.TruncatedNormal(stddev=0.05)): the
+      table is drawn whole by it on every rank at build (one unseeded is seeded from the layer's
+      seed, so every rank draws the same table), each rank keeping its shards; not for a
+      dynamic table or one on disk (a one-line ConfigError at build);
     - optimizer: None (compile's optimizer) or one of "sgd", "adagrad", "adam", which must then
-      be compile's (one sparse optimizer updates every table);
+      be compile's (one sparse optimizer updates every table; another is one line at compile
+      naming the table);
     - combiner: "sum" or "mean" over a multi-hot sample's ids (keras-rs' default, "mean"), or
       None for a table only sequence features read (their rows are never combined);
-    - placement: "auto" or "default_device": the planner places the table over the ranks;
+    - placement: "auto", "default_device" or "sparsecore" (keras-rs' names): the planner places
+      the table over the ranks (sharding a large table over the ranks, SparseCore's purpose, is
+      its model-parallel placement; no SparseCore is used);
     - max_ids_per_partition, max_unique_ids_per_partition: SparseCore (TPU) sizing hints,
       accepted for keras-rs compatibility and checked to be positive; no other effect here;
     - dynamic (not keras-rs'): None, or a DynamicOptions making the table dynamic (planner rule 2;
@@ -38,7 +46,7 @@ class TableConfig:
     name: str
     vocabulary_size: int
     embedding_dim: int
-    initializer: Optional[str] = None
+    initializer: Optional[Union[str, Any]] = None
     optimizer: Optional[str] = None
     combiner: str = "mean"
     placement: str = "auto"
@@ -55,16 +63,21 @@ class TableConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{where}: {field} must be a positive integer, got {value!r}")
         if self.initializer not in (None, "zeros"):
-            raise ConfigError(f"{where}: initializer must be None (the project's uniform) or 'zeros', "
-                              f"got {self.initializer!r}")
+            import keras
+            try:
+                keras.initializers.get(self.initializer)
+            except (ValueError, TypeError):
+                raise ConfigError(f"{where}: initializer must be None (the project's uniform), 'zeros' or a Keras "
+                                  f"initializer, got {self.initializer!r}") from None
         if self.optimizer not in (None,) + TABLE_OPTIMIZERS:
-            raise ConfigError(f"{where}: optimizer must be None or one of {', '.join(TABLE_OPTIMIZERS)}, "
-                              f"got {self.optimizer!r}")
+            kind = self.optimizer if isinstance(self.optimizer, str) else type(self.optimizer).__name__
+            raise ConfigError(f"{where}: optimizer {kind!r}: one optimizer, compile's, updates every table here; "
+                              f"leave it None or name compile's ({', '.join(TABLE_OPTIMIZERS)})")
         if self.combiner not in COMBINERS + (None,):
             raise ConfigError(f"{where}: combiner must be one of {', '.join(COMBINERS)} or None (a table of "
                               f"sequence features only), got {self.combiner!r}")
-        if self.placement not in ("auto", "default_device"):
-            raise ConfigError(f"{where}: placement must be 'auto' or 'default_device' (the planner places "
+        if self.placement not in PLACEMENTS:
+            raise ConfigError(f"{where}: placement must be one of {', '.join(PLACEMENTS)} (the planner places "
                               f"tables), got {self.placement!r}")
         if self.dynamic is not None and not isinstance(self.dynamic, DynamicOptions):
             raise ConfigError(f"{where}: dynamic must be None or a parallel_embedding.planner.DynamicOptions, "

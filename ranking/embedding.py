@@ -244,6 +244,26 @@ class HybridEmbedding(keras.layers.Layer):
                                                cache_policy=storage.cache_policy if storage else "lru",
                                                inputs_per_table=self._table_inputs,
                                                name=f"{self.name}_tables", **self._table_settings)
+        drawn = {t: table for t, table in enumerate(self.tables) if table.initializer not in (None, "zeros")}
+        for table in drawn.values():
+            if table.dynamic or storage:
+                raise ConfigError(f"table {table.name!r}: a Keras initializer draws a table whole in memory; a "
+                                  f"{'dynamic table' if table.dynamic else 'layer with storage'} starts from the "
+                                  f"project's initializer (None) or 'zeros'")
+        if drawn:
+            self._set_tables({t: _drawn(table, self._table_settings["seed"], t) for t, table in drawn.items()})
+
+    def _set_tables(self, whole: Mapping[int, np.ndarray]) -> None:
+        """Sets tables (by index) from whole arrays [rows_t, D_t]; each rank takes its shards' rows
+        and columns (a row shard's spare row stays)."""
+        emb = self._embedding
+        for s, v in zip(emb.shards, emb.shard_variables):
+            if s.feature in whole:
+                piece = np.asarray(whole[s.feature][s.row_start:s.row_end, s.col_start:s.col_end], np.float32)
+                v.assign(tf.concat([piece, v[s.num_rows:]], axis=0))
+        for t, v in zip(emb.replicated, emb.replicated_variables):
+            if t in whole:
+                v.assign(np.asarray(whole[t], np.float32))
 
     @staticmethod
     def _inputs_of(feature: FeatureConfig) -> int:
@@ -432,6 +452,16 @@ class HybridEmbedding(keras.layers.Layer):
         return self.embedding.gradients(looked_up, row_grads)
 
 
+def _drawn(table, seed, t: int) -> np.ndarray:
+    """Table `t` drawn whole by its Keras initializer, seeded from `seed` and t where it has no seed
+    of its own (a seeded Keras initializer draws the same values on every call, so on every rank)."""
+    init = keras.initializers.get(table.initializer)
+    config = init.get_config()
+    if "seed" in config and config["seed"] is None:
+        init = type(init).from_config({**config, "seed": int(seed[0]) * 1_000_003 + int(seed[1]) + t})
+    return np.asarray(init((table.vocabulary_size, table.embedding_dim), "float32"))
+
+
 class WeightTables(HybridEmbedding):
     """A HybridEmbedding whose tables are Keras weights, for a Keras optimizer of the user's:
     `trainable_variables` holds this rank's table shards (`embedding_table` "shard") and
@@ -487,12 +517,8 @@ class WeightTables(HybridEmbedding):
     def set_whole_tables(self, whole: Sequence) -> None:
         """Sets the tables from whole arrays ([rows_t, D_t], in `tables` order; shapes checked by
         the caller); each rank takes the rows and columns of its shards."""
-        emb = self.embedding
-        for s, v in zip(emb.shards, emb.shard_variables):
-            piece = np.asarray(whole[s.feature][s.row_start:s.row_end, s.col_start:s.col_end], np.float32)
-            v.assign(tf.concat([piece, v[s.num_rows:]], axis=0))   # a row shard's spare row stays
-        for t, v in zip(emb.replicated, emb.replicated_variables):
-            v.assign(np.asarray(whole[t], np.float32))
+        self.embedding   # planned
+        self._set_tables(dict(enumerate(whole)))
 
 
 class Embedding(keras.layers.Embedding):

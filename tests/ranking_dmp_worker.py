@@ -10,7 +10,8 @@ mean of the ranks' losses) at every step, then the dense weights and the whole t
 model-parallel input (`dp_input=False`, each rank feeding the global batch's ids of the inputs
 `strategy.input_ids_list` gives it): SGD over the row-sliced, column-sliced and replicated
 tables, and Adagrad with shared tables placed whole (memory_balanced, none replicated: each
-rank given only its own tables' inputs). Prints RESULT with the worst difference and, per run, the tables'
+rank given only its own tables' inputs); tables drawn by Keras initializers; keras-rs' front door
+refused at N > 1. Prints RESULT with the worst difference and, per run, the tables'
 kinds and this rank's inputs; exits non-zero on a mismatch.
 
 argv[1] "xla": the dmp model's step in a tf.function under TensorFlow's auto-clustering
@@ -23,7 +24,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from ranking import dist_model_parallel as dmp
+from ranking import dist_model_parallel as dmp, keras_rs
+from ranking.config import FeatureConfig, TableConfig
+from ranking.embedding import WeightTables
 from utils.errors import ConfigError
 
 TABLES = [(40, 8), (60, 4), (20, 6)]   # (rows, width): at 2 ranks row-sliced, column-sliced, replicated
@@ -113,6 +116,16 @@ def fed(dist, x, labels, rank, size):
     return (numerical[rank * b:(rank + 1) * b], ids), labels[rank * b:(rank + 1) * b]
 
 
+UNSEEDED = "he_uniform"
+
+
+def drawn(initializer, comm) -> WeightTables:
+    """TABLES drawn by a Keras initializer, placed by PLAN over the ranks of `comm`."""
+    return WeightTables([FeatureConfig(f"f{t}", TableConfig(f"t{t}", rows, dim, initializer=initializer), (None,),
+                                       (None, dim)) for t, (rows, dim) in enumerate(TABLES)],
+                        collectives=comm, name="drawn", **PLAN)
+
+
 def main():
     comm = dmp.default_collectives()
     worst = 0.0
@@ -154,6 +167,18 @@ def main():
             dist(batches(1, SHARED)[0][0])
         except ConfigError as e:
             result["wrong_inputs"] = str(e)
+    # Keras initializers: a seeded one draws the tables as it does alone; an unseeded one the same
+    # tables at any N (its checksum compared across rank counts by the test).
+    seeded = keras.initializers.RandomNormal(stddev=0.3, seed=9)
+    for t, (whole, shape) in enumerate(zip(drawn(seeded, comm).whole_tables(), TABLES)):
+        check(f"table {t} drawn by a seeded initializer", whole, seeded(shape, "float32"))
+    result["unseeded"] = [w.tolist() for w in drawn(UNSEEDED, comm).whole_tables()]
+    try:   # keras-rs' front door takes one process only
+        keras_rs.layers.DistributedEmbedding({"a": keras_rs.layers.FeatureConfig(
+            "a", keras_rs.layers.TableConfig("t", 10, 4), (None,), (None, 4))})
+        result["keras_rs"] = None
+    except ConfigError as e:
+        result["keras_rs"] = str(e)
     results = comm.allgather_object(result, "dmp_result")
     if comm.rank == 0:
         print("RESULT", json.dumps(results), flush=True)

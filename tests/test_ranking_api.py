@@ -12,7 +12,7 @@ import tensorflow as tf
 from dataloading.synthetic import SyntheticDataset
 from nn.mlp import dense_initial_values
 from parallel_embedding.collectives import SingleProcess
-from ranking import FeatureConfig, HybridEmbedding, Model, TableConfig, TableStorage
+from ranking import DynamicOptions, FeatureConfig, HybridEmbedding, Model, TableConfig, TableStorage
 from storage import checkpoint
 from tests.horovod_run import horovodrun
 from tests.multi_hot import multi_hot_ids
@@ -364,6 +364,14 @@ def test_configuration_errors_name_what_is_wrong():
         model.compile(optimizer="adam")
     with pytest.raises(ConfigError, match="^table 'a' of layer .*: its optimizer is 'adam', compile's is 'sgd'"):
         model.compile(optimizer="sgd")
+    drawn = TableConfig(name="d", vocabulary_size=8, embedding_dim=4, initializer="glorot_uniform",
+                        dynamic=DynamicOptions(capacity=8))
+    with pytest.raises(ConfigError, match="^table 'd': a Keras initializer draws a table whole in memory; a dynamic "
+                                          "table starts from the project's initializer"):
+        HybridEmbedding([FeatureConfig("a", drawn, (None,), (None, 4))])
+    with pytest.raises(ConfigError, match="^table 'd': initializer must be None \\(the project's uniform\\), 'zeros' or a "
+                                          "Keras initializer, got 'gaussian'"):
+        TableConfig(name="d", vocabulary_size=8, embedding_dim=4, initializer="gaussian")
 
 
 @pytest.mark.parametrize("features, heads", [("separate", "one_label"), ("shared", "one_label"),

@@ -13,8 +13,9 @@ import pytest
 import tensorflow as tf
 
 from ranking import dist_model_parallel as dmp, embedding
+from ranking.embedding import ONE_PROCESS
 from tests.horovod_run import horovodrun
-from tests.ranking_dmp_worker import OPTIMIZERS, TABLES, batches, pair, train_step
+from tests.ranking_dmp_worker import OPTIMIZERS, TABLES, UNSEEDED, batches, drawn, pair, train_step
 from utils.errors import ConfigError
 
 
@@ -130,7 +131,9 @@ def test_unsupported_options_are_one_line():
 def test_gloo_ranks_equal_one_process(ranks, kinds):
     """SGD, Adagrad, Adam; at 2 ranks over row-sliced, column-sliced and replicated tables; Adagrad
     with every table shared by two inputs; model-parallel input (dp_input=False) over those
-    tables, and over shared tables placed whole, where each rank takes only its own tables' inputs."""
+    tables, and over shared tables placed whole, where each rank takes only its own tables' inputs;
+    tables drawn by a Keras initializer, seeded or not, equal to one process's; keras-rs' front door
+    refused at 2 ranks in one line."""
     out = horovodrun(ranks, ["tests/ranking_dmp_worker.py"])
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     line = next(l for l in out.stdout.splitlines() if "RESULT" in l)
@@ -147,6 +150,14 @@ def test_gloo_ranks_equal_one_process(ranks, kinds):
     # table 0, 1 and 4 table 1, 2 and 5 table 2; memory_balanced puts the largest, table 0, alone at 2 ranks).
     placed = [r["runs"]["adagrad shared model-parallel input whole tables"]["inputs"] for r in results]
     assert placed == ([[0, 1, 2, 3, 4, 5]] if ranks == 1 else [[0, 3], [1, 2, 4, 5]])
+    alone = drawn(UNSEEDED, ONE_PROCESS).whole_tables()   # an unseeded Keras initializer: the same tables at any N
+    for r in results:
+        for got, want in zip(r["unseeded"], alone):
+            np.testing.assert_array_equal(np.asarray(got, np.float32), want)
+    assert [r["keras_rs"] for r in results] == ([None] if ranks == 1 else [
+        "keras_rs DistributedEmbedding: 2 ranks: a plain keras.Model's fit does not average the dense gradients "
+        "over them; at N ranks use ranking.HybridEmbedding in a ranking.Model, or ranking.dist_model_parallel with "
+        "its DistributedGradientTape"] * 2)
     if ranks == 2:   # a rank given every input under model-parallel input: one line naming its own
         assert [r["wrong_inputs"] for r in results] == [
             f"layer 'distributed_embedding': dp_input=False: rank {r} takes the ids of inputs {want} "
