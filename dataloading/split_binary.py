@@ -180,7 +180,31 @@ class SplitBinaryDataset:
                 out.append(RaggedIds(ragged.values.astype(self.id_dtype), ragged.row_splits))
             else:
                 out.append(self._column(split, name, start, size).astype(self.id_dtype))
+        if self.check:
+            self._check_aligned(split, start, dict(zip(features, out)))
         return out
+
+    def _check_aligned(self, split: str, start: int, read: dict):
+        """Raises DatasetError naming the file, row and both features where a side feature read
+        (the spec's metadata `aligned_with`: {side feature: its history}, as preproc.raw writes it)
+        holds another count of ids than its history read beside it."""
+        names = self.spec.categorical
+        for side, history in (self.spec.metadata.get("aligned_with") or {}).items():
+            if side not in names or history not in names:
+                continue
+            a, b = read.get(names.index(side)), read.get(names.index(history))
+            if not isinstance(a, RaggedIds) or not isinstance(b, RaggedIds):
+                continue
+            counts = np.diff(a.row_splits), np.diff(b.row_splits)
+            if np.array_equal(*counts):
+                continue
+            k = int(np.argmax(counts[0] != counts[1]))
+            reader = self._readers[split][side]
+            path, row = reader.locate(start + k)
+            path = self.spec.path(reader.chunk.offsets[reader.paths.index(path)])   # the counts' file
+            raise DatasetError(f"{path}: row {row}: feature {side!r} holds {counts[0][k]} ids, the history "
+                               f"{history!r} it is aligned with (the spec's metadata aligned_with) {counts[1][k]}: a "
+                               f"side feature holds one id per event of its history")
 
     def batch(self, split: str, start: int, size: int, features: Optional[Sequence[int]] = None) -> dict:
         """Samples [start, start + size): numerical [n, num_numerical] float32, labels [n] float32

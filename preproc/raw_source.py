@@ -367,5 +367,7 @@ def _rules(spec: RawSpec, raw_ids: List[str]) -> dict:
              f"by file: test {spec.test_files}, validation {spec.validation_files}, the others train"
              if spec.split == "files" else
              f"by fraction in file order: test {spec.test}, validation {spec.validation}")
+    aligned = {c.name: c.history.aligned_with for c in spec.categorical if c.history and c.history.aligned_with}
     return {"label": label, "numerical": {f.name: numerical(f) for f in spec.numerical},
-            "categorical": {c.name: categorical(c) for c in spec.categorical}, "split": split}
+            "categorical": {c.name: categorical(c) for c in spec.categorical}, "split": split,
+            **({"aligned_with": aligned} if aligned else {})}

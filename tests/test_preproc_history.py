@@ -263,6 +263,7 @@ def test_side_features_follow_the_history_event_by_event(spark, tmp_path):
     assert spec.metadata["categorical"]["history_gaps"] == ("time gaps of history's events: 1 + floor(log2(the "
                                                             "event's ts - theirs)), 1 below 2, at most 63")
     assert spec.metadata["categorical"]["history_kind"] == "kind of history's events, aligned with them (missing: id 0)"
+    assert spec.metadata["aligned_with"] == {"history_kind": "history", "history_gaps": "history"}   # the loader checks it
 
 
 def test_a_missing_or_bad_time_is_a_bad_line(spark, tmp_path):

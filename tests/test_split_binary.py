@@ -6,6 +6,7 @@ SyntheticDataset the files were generated from, and row numbers stored in a nume
 import copy
 import csv
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -516,3 +517,24 @@ def test_generated_multi_hot_csv_transcodes_to_the_generated_binary_dataset(tmp_
         for x, y in zip(a["categorical"][1], b["categorical"][1]):
             np.testing.assert_array_equal(x, y)
         assert len(b["categorical"][1].values) > rows   # multi-hot rows of several ids
+
+
+def test_a_side_feature_misaligned_with_its_history_is_one_line(tmp_path):
+    """The spec's metadata aligned_with (as preproc.raw writes it): a side feature holding another
+    count of ids than its history in some row stops the loader at the first such batch, naming the
+    file, row and both features; with the same counts it reads."""
+    path = tmp_path / "data"
+    spec = make_dataset(path, rows=400, eval_rows=100, hot={"c1": 3, "c2": 3})
+    spec.metadata["aligned_with"] = {"c2": "c1"}
+    with pytest.raises(DatasetError) as info:
+        every_batch(SplitBinaryDataset(spec, SPLITS))
+    line = str(info.value)
+    row = int(line.split()[2][:-1])
+    counts = [np.diff(np.fromfile(path / "train" / f"{c}.offsets.bin", np.int64))[row] for c in ("c2", "c1")]
+    assert counts[0] != counts[1] and line == (
+        f"{path}/train/c2.offsets.bin: row {row}: feature 'c2' holds {counts[0]} ids, the history 'c1' it is aligned "
+        f"with (the spec's metadata aligned_with) {counts[1]}: a side feature holds one id per event of its history")
+    for mapping in ("train", "test"):   # c2 made c1's copy: aligned
+        shutil.copy(path / mapping / "c1.offsets.bin", path / mapping / "c2.offsets.bin")
+        np.fromfile(path / mapping / "c1.bin", spec.dtype("c1")).astype(spec.dtype("c2")).tofile(path / mapping / "c2.bin")
+    every_batch(SplitBinaryDataset(spec, SPLITS))
