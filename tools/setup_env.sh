@@ -22,17 +22,20 @@ case ${HOROVOD_GPU_OPERATIONS:-} in
 esac
 
 [ -x "$PYTHON" ] || PYTHON=$(command -v python3 || echo /usr/bin/python3)
+MODE=${1:-}
 
 # Debian's packages that the set-up, `make demo` and `make test` need and a bare Debian lacks: a
 # C++ compiler, make and the system cmake (Horovod's build, the interaction op), Java 17 (Spark),
 # redis-server (the shared tier of serving lookups, deployment/serving/tiers/redis_tier.py, and its tests),
-# and, for Debian's own Python, the interpreter, its headers and its venv module (split off it).
+# for Debian's own Python, the interpreter, its headers and its venv module (split off it), and,
+# outside --system (the image), SLURM and munge, which the tests start as a real cluster (tests/slurm_cluster.py).
 system_packages() {
   local py=python3
   if [ -x "$PYTHON" ]; then py=$("$PYTHON" -c 'import sys; print("python%d.%d" % sys.version_info[:2])'); fi
   echo g++ make cmake openjdk-17-jre-headless
   case $(readlink -f "$PYTHON") in /usr/bin/*) echo "$py" "$py-dev" "$py-venv" ;; esac
   echo redis-server
+  [ "$MODE" = --system ] || echo slurmctld slurmd slurm-client munge
 }
 
 # The ones dpkg does not list as installed, one a line (none on a system without dpkg).

@@ -1,0 +1,130 @@
+"""A real SLURM cluster on this machine for the tests: munged, slurmctld and one slurmd (this
+host, all its CPUs) with a slurm.conf, state and logs of their own under a folder, on free
+ports; jobs are submitted with `sbatch` as users submit them (`SLURM_CONF` names the cluster's
+configuration). `close` cancels the jobs and stops the daemons."""
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from typing import Optional
+
+DAEMONS = ("munged", "slurmctld", "slurmd")
+COMMANDS = ("sbatch", "scontrol", "scancel", "sinfo")
+
+
+def missing() -> Optional[str]:
+    """Why no cluster can be started here (None: it can)."""
+    absent = [c for c in DAEMONS + COMMANDS if not shutil.which(c) and not os.path.exists(f"/usr/sbin/{c}")]
+    if absent:
+        return f"SLURM is not installed ({', '.join(absent)} missing: make setup installs it)"
+    if os.geteuid() != 0:
+        return "slurmd runs jobs as their users, which needs root"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _daemon(name: str) -> str:
+    return shutil.which(name) or f"/usr/sbin/{name}"
+
+
+class SlurmCluster:
+    """SLURM on this host under `root`: one node, named as the host, with `os.cpu_count()` CPUs."""
+
+    def __init__(self, root: str):
+        self.root, self.node = root, socket.gethostname().split(".")[0]
+        for sub in ("munge", "state", "spool", "log"):
+            os.makedirs(os.path.join(root, sub), exist_ok=True)
+        key = os.path.join(root, "munge", "munge.key")
+        with open(key, "wb") as f:
+            f.write(os.urandom(1024))
+        os.chmod(key, 0o400)
+        self.conf = os.path.join(root, "slurm.conf")
+        with open(self.conf, "w") as f:
+            f.write(self._configuration(_free_port(), _free_port()))
+        self.env = dict(os.environ, SLURM_CONF=self.conf)
+        self._processes = []
+        munge = os.path.join(root, "munge")
+        subprocess.run([_daemon("munged"), "--force", f"--key-file={key}", f"--socket={munge}/socket",
+                        f"--pid-file={munge}/pid", f"--log-file={munge}/log", f"--seed-file={munge}/seed"],
+                       check=True, capture_output=True, timeout=30)
+        self._munge_pid = os.path.join(munge, "pid")
+        for daemon in ("slurmctld", "slurmd"):
+            log = open(os.path.join(root, "log", f"{daemon}.out"), "w")
+            self._processes.append(subprocess.Popen([_daemon(daemon), "-D", "-f", self.conf], stdout=log,
+                                                    stderr=subprocess.STDOUT, env=self.env, start_new_session=True))
+        self._wait_idle()
+
+    def _configuration(self, ctld_port: int, slurmd_port: int) -> str:
+        r = self.root
+        return "\n".join([
+            "ClusterName=tests", f"SlurmctldHost={self.node}(127.0.0.1)", f"SlurmctldPort={ctld_port}",
+            f"SlurmdPort={slurmd_port}", "AuthType=auth/munge", "CredType=cred/munge",
+            f"AuthInfo=socket={r}/munge/socket", "SlurmUser=root", "SlurmdUser=root",
+            f"StateSaveLocation={r}/state", f"SlurmdSpoolDir={r}/spool/%n", f"SlurmctldPidFile={r}/slurmctld.pid",
+            f"SlurmdPidFile={r}/slurmd-%n.pid", f"SlurmctldLogFile={r}/log/slurmctld.log",
+            f"SlurmdLogFile={r}/log/slurmd-%n.log", "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
+            "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "SchedulerType=sched/builtin",
+            "ReturnToService=2", "MpiDefault=none", "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none", "KillWait=30",
+            f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} State=UNKNOWN",
+            "PartitionName=tests Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES", ""])
+
+    def run(self, *command, timeout: int = 60) -> subprocess.CompletedProcess:
+        """A SLURM command (sbatch, scontrol, ...) against this cluster."""
+        return subprocess.run(list(command), capture_output=True, text=True, timeout=timeout, env=self.env)
+
+    def _wait_idle(self, timeout: float = 60):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            out = self.run("sinfo", "-h", "-o", "%T")
+            if out.returncode == 0 and out.stdout.strip() == "idle":
+                return
+            time.sleep(0.2)
+        logs = os.path.join(self.root, "log")
+        raise RuntimeError(f"the test cluster's node did not become idle in {timeout} s; its logs: {logs}")
+
+    def submit(self, *args, env=None) -> int:
+        """`sbatch --parsable ARGS` with this process's environment and `env`; the job's id."""
+        out = subprocess.run(["sbatch", "--parsable", *args], capture_output=True, text=True, timeout=60,
+                             env={**self.env, **(env or {})})
+        assert out.returncode == 0, out.stderr
+        return int(out.stdout.strip().split(";")[0])
+
+    def job(self, job_id: int) -> dict:
+        """The job's fields (`scontrol show job -o`): JobState, ExitCode, Restarts, ..."""
+        out = self.run("scontrol", "show", "job", "-o", str(job_id))
+        return dict(re.findall(r"(\w+)=(\S*)", out.stdout))
+
+    def wait(self, job_id: int, timeout: float = 600, restarts: int = 0) -> dict:
+        """The job's fields once it has ended (after `restarts` requeues)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            fields = self.job(job_id)
+            if fields.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL") and \
+                    int(fields.get("Restarts", 0)) >= restarts and fields.get("Reason") != "BeginTime":
+                return fields
+            time.sleep(0.2)
+        raise TimeoutError(f"job {job_id} still {self.job(job_id).get('JobState')} after {timeout} s")
+
+    def close(self):
+        self.run("scancel", "--full", "--user=root")
+        for p in self._processes:
+            p.send_signal(signal.SIGTERM)
+        for p in self._processes:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        try:
+            with open(self._munge_pid) as f:
+                os.kill(int(f.read().strip()), signal.SIGTERM)
+        except (OSError, ValueError):
+            pass
