@@ -8,7 +8,7 @@ default names, derived from tensor names, would not match across ranks.
 import os
 import re
 import socket
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -55,6 +55,10 @@ class SingleProcess:
         """The largest of every rank's `value` (one allreduce of one int32)."""
         return int(value)
 
+    def ranks_by_host(self) -> Dict[str, List[int]]:
+        """Every host's ranks: {hostname: [rank, ...]}, hosts in the order of their first rank."""
+        return {socket.gethostname(): [0]}
+
     def failure(self, error: BaseException) -> Optional[str]:
         """One line describing `error` if it is a failed collective (another rank died, hung or
         became unreachable), else None; it names the lost rank first where that can be known."""
@@ -72,7 +76,7 @@ class HorovodCollectives(SingleProcess):
         self.rank, self.size = hvd.rank(), hvd.size()
         if os.environ.get("DLRM_CPU_AFFINITY", "auto") != "off":
             pin_to_local_share(hvd.local_rank(), hvd.local_size())
-        self._processes = self.allgather_object((socket.gethostname(), os.getpid()), name="processes")
+        self._processes = self.allgather_object((socket.gethostname(), os.getpid(), _addresses()), name="processes")
 
     def alltoall(self, tensor, counts, name):
         out, _ = self._hvd.alltoall(tensor, splits=counts, name=name, ignore_name_scope=True)
@@ -105,6 +109,12 @@ class HorovodCollectives(SingleProcess):
         return int(self._hvd.allreduce(tf.constant([int(value)], tf.int32), op=self._hvd.Max, name=name,
                                        ignore_name_scope=True).numpy()[0])
 
+    def ranks_by_host(self):
+        hosts: Dict[str, List[int]] = {}
+        for r, (h, *_) in enumerate(self._processes):
+            hosts.setdefault(h, []).append(r)
+        return hosts
+
     def failure(self, error):
         from horovod.common.exceptions import HorovodInternalError
         text = str(error)
@@ -122,20 +132,47 @@ class HorovodCollectives(SingleProcess):
         lines = [line for line in lines if line] or [type(error).__name__]
         why = reason.group(1) if reason else next((line.split(". ")[0] for line in lines if "Horovod" in line),
                                                   lines[0])
-        return f"{self._lost_ranks()}; rank {self.rank} saw {where} fail ({why})"
+        return f"{self._lost_ranks(text)}; rank {self.rank} saw {where} fail ({why})"
 
-    def _lost_ranks(self) -> str:
+    def _lost_ranks(self, text: str) -> str:
         """Which rank was lost: this host's other ranks whose process has exited or is stopped; else,
-        at 2 ranks, the other one (the only peer there is); else an unnamed peer rank."""
+        at 2 ranks, the other one (the only peer there is); else an unnamed peer rank, with the host
+        of the connection Gloo's message names (a rank there failed first, or saw another fail)."""
         host, lost = socket.gethostname(), []
-        for r, (h, pid) in enumerate(self._processes):
+        for r, (h, pid, _) in enumerate(self._processes):
             state = _process_state(pid) if h == host and r != self.rank else None
             if state:
-                lost.append(f"rank {r} of {self.size} {state} (process {pid} on this host)")
+                lost.append(f"rank {r} of {self.size} {state} (process {pid} on {h})")
         if lost:
             return ", ".join(lost)
-        peer = f"rank {1 - self.rank} of 2" if self.size == 2 else "a peer rank"
-        return f"{peer} died, hung or became unreachable (HOROVOD_GLOO_TIMEOUT_SECONDS bounds the wait)"
+        lost = "died, hung or became unreachable (HOROVOD_GLOO_TIMEOUT_SECONDS bounds the wait)"
+        if self.size == 2:
+            return f"rank {1 - self.rank} of 2 (on {self._processes[1 - self.rank][0]}) {lost}"
+        peer = re.search(r"\[([0-9a-fA-F.:]+)\]:\d+", text)
+        there = [r for r, (_, _, addresses) in enumerate(self._processes)
+                 if peer and peer.group(1) in addresses and r != self.rank]
+        if not there:
+            return f"a peer rank {lost}"
+        return (f"a peer rank {lost}, first seen on the connection to {self._processes[there[0]][0]} "
+                f"({peer.group(1)}: rank{'s' if len(there) > 1 else ''} {', '.join(map(str, there))})")
+
+
+def _addresses() -> List[str]:
+    """This host's IPv4 addresses, one per interface that has one (Linux; elsewhere none)."""
+    try:
+        import fcntl
+        import struct
+        found = []
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for _, name in socket.if_nameindex():
+                try:   # SIOCGIFADDR: the interface's address, at bytes 20-24 of its ifreq
+                    found.append(socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915,
+                                                              struct.pack("256s", name.encode()[:15]))[20:24]))
+                except OSError:
+                    pass
+        return found
+    except (ImportError, OSError, AttributeError):
+        return []
 
 
 def _process_state(pid: int) -> Optional[str]:

@@ -122,9 +122,13 @@ class Assembly:
             self.log.print(f"model: {cfg.model.model}, {len(user_model.features)} categorical features, "
                            f"{params:,} parameters, compute dtype {user_model.compute_dtype.name}, "
                            f"xla {cfg.runtime.xla}, {comm.size} rank{'s' if comm.size > 1 else ''}")
+        hosts = comm.ranks_by_host()
+        if comm.size > 1:
+            self.log.print("ranks by host: " + "; ".join(f"{h} {', '.join(map(str, r))}" for h, r in hosts.items()))
         emb = self.model.embeddings
         self.view = RankInput(comm.rank, comm.size, tuple(emb.input_rows(f) for f in range(cfg.data.num_categorical)))
-        self.log.record("params", **cfg.used(comm.size), parameters=params, world_size=comm.size)
+        self.log.record("params", **cfg.used(comm.size), parameters=params, world_size=comm.size,
+                        hosts=hosts)
         training = cfg.training
         if cfg.mode == "train":
             self.steps_per_epoch = steps_per_epoch(self.rows["train"], training.batch_size, comm.size,

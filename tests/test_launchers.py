@@ -329,13 +329,13 @@ def debian(tmp_path):
 def debian_packages():
     py = os.path.basename(os.path.realpath(DEBIAN_PYTHON))   # python3.11
     return ["g++", "make", "cmake", "openjdk-17-jre-headless", py, f"{py}-dev", f"{py}-venv", "redis-server",
-            "slurmctld", "slurmd", "slurm-client", "munge"]
+            "slurmctld", "slurmd", "slurm-client", "munge", "openssh-server", "iproute2"]
 
 
 @pytest.mark.parametrize("arg", ["/dev/null/venv", "--system"])
 def test_setup_installs_the_missing_debian_packages_as_root(debian, arg):
     packages = debian_packages()
-    slurm = packages[-4:]   # absent either way: the image (--system) does not take them
+    slurm = packages[-6:]   # absent either way: the image (--system) does not take them
     missing = [packages[0], packages[3], packages[5], packages[6]] + (slurm if arg != "--system" else [])
     out, apt = debian(arg, 0, [p for p in packages if p not in missing and p not in slurm], removed=[packages[6]])
     # apt-get's failure (APT_RC) stops the set-up there.

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 
@@ -136,7 +137,8 @@ def test_lost_rank_ends_the_run_and_keeps_the_last_checkpoint(tmp_path, fault):
     errors = [line for line in output.splitlines() if line.startswith("error: ")]
     state = "has exited" if fault == "killed" else "is stopped"
     assert len(errors) == 1 and errors[0].startswith(
-        f"error: rank 1 of 2 {state} (process {victim.pid} on this host); rank 0 saw the collective "), output[-3000:]
+        f"error: rank 1 of 2 {state} (process {victim.pid} on {socket.gethostname()}); rank 0 saw the collective "), \
+        output[-3000:]
     assert "Traceback" not in output
     if fault == "hung":   # Gloo's timeout, 5 s: its line (Horovod's background loop logs it)
         assert re.search(r"Timed out waiting 5000ms for (recv|send) operation", output), output[-3000:]
@@ -146,18 +148,25 @@ def test_lost_rank_ends_the_run_and_keeps_the_last_checkpoint(tmp_path, fault):
     assert "restored" in evaluated.stdout and "auc" in evaluated.stdout
 
 
-@pytest.mark.parametrize("size, lost", [(2, "rank 1 of 2"), (3, "a peer rank")])
+@pytest.mark.parametrize("size, lost", [(2, "rank 1 of 2 (on host1)"), (3, "a peer rank")])
 def test_a_lost_rank_on_another_host_is_named_only_when_it_is_the_only_peer(size, lost):
     """No process of another host can be looked at: at 2 ranks the lost one is the other rank, at
-    more it is not known which (a rank that fails may be one that saw another fail)."""
+    more it is not known which (a rank that fails may be one that saw another fail); Gloo's peer
+    address names the host of the connection that failed, with its ranks."""
     from horovod.common.exceptions import HorovodInternalError
     from parallel_embedding.collectives import HorovodCollectives
     comm = object.__new__(HorovodCollectives)   # the state __init__ gathers, without starting Horovod
-    comm.rank, comm.size, comm._processes = 0, size, [(f"host{r}", 100 + r) for r in range(size)]
+    comm.rank, comm.size = 0, size
+    comm._processes = [(f"host{r}", 100 + r, ["127.0.0.1", f"10.0.0.{r}"]) for r in range(size)]
     line = comm.failure(HorovodInternalError("Horovod has been shut down. This was caused by an exception on "
                                              "one of the ranks or an attempt to allreduce ..."))
     assert line == (f"{lost} died, hung or became unreachable (HOROVOD_GLOO_TIMEOUT_SECONDS bounds the wait); "
                     "rank 0 saw a collective operation fail (Horovod has been shut down)")
+    if size == 3:
+        gloo = comm.failure(HorovodInternalError("[third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection "
+                                                 "closed by peer [10.0.0.2]:52614"))
+        assert gloo.startswith("a peer rank died, hung or became unreachable (HOROVOD_GLOO_TIMEOUT_SECONDS bounds "
+                               "the wait), first seen on the connection to host2 (10.0.0.2: rank 2); rank 0 saw "), gloo
     eager = comm.failure(HorovodInternalError("{{function_node __wrapped__HorovodAllgather_device_/job:localhost/"
                                               "replica:0/task:0/device:CPU:0}} Horovod has been shut down. This was"))
     assert eager.endswith("rank 0 saw the collective 'HorovodAllgather' fail (Horovod has been shut down)")

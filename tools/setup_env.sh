@@ -28,14 +28,15 @@ MODE=${1:-}
 # C++ compiler, make and the system cmake (Horovod's build, the interaction op), Java 17 (Spark),
 # redis-server (the shared tier of serving lookups, deployment/serving/tiers/redis_tier.py, and its tests),
 # for Debian's own Python, the interpreter, its headers and its venv module (split off it), and,
-# outside --system (the image), SLURM and munge, which the tests start as a real cluster (tests/slurm_cluster.py).
+# outside --system (the image), SLURM and munge, which the tests start as a real cluster (tests/slurm_cluster.py),
+# and sshd and iproute2, for the tests' hosts in network namespaces (tests/netns_hosts.py).
 system_packages() {
   local py=python3
   if [ -x "$PYTHON" ]; then py=$("$PYTHON" -c 'import sys; print("python%d.%d" % sys.version_info[:2])'); fi
   echo g++ make cmake openjdk-17-jre-headless
   case $(readlink -f "$PYTHON") in /usr/bin/*) echo "$py" "$py-dev" "$py-venv" ;; esac
   echo redis-server
-  [ "$MODE" = --system ] || echo slurmctld slurmd slurm-client munge
+  [ "$MODE" = --system ] || echo slurmctld slurmd slurm-client munge openssh-server iproute2
 }
 
 # The ones dpkg does not list as installed, one a line (none on a system without dpkg).
