@@ -34,6 +34,34 @@ set -euo pipefail
 
 die() { echo "error: $*" >&2; exit 2; }
 
+# A stop (SIGTERM, SIGINT) from here on goes to this node's ranks once they are there; one before the
+# launch launches nothing.
+SIGNALLED="" DELIVERED="" LAUNCHED=""
+# shellcheck disable=SC2329  # descendants, forward and stop run from the traps below
+descendants() { local child; for child in $(pgrep -P "$1"); do echo "$child"; descendants "$child"; done; }
+# shellcheck disable=SC2329
+forward() {   # to this node's ranks: horovodrun's descendants with HOROVOD_RANK in their environment
+  local pid
+  [ -n "$LAUNCHED" ] || return 0
+  for pid in $(descendants "$LAUNCHED"); do
+    if tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -q '^HOROVOD_RANK='; then
+      kill -s "$1" "$pid" 2>/dev/null && DELIVERED=1
+    fi
+  done
+}
+# shellcheck disable=SC2329
+stop() {
+  SIGNALLED=$1 DELIVERED=""
+  if [ -n "$LAUNCHED" ]; then
+    echo "job ${SLURM_JOB_ID:-?}: SIG$1 received: passed to this node's ranks (they checkpoint and stop)" >&2
+    forward "$1"
+  else
+    echo "job ${SLURM_JOB_ID:-?}: SIG$1 received before the launch: nothing is started" >&2
+  fi
+}
+trap 'stop TERM' TERM
+trap 'stop INT' INT
+
 DRY_RUN=${DRY_RUN:-0}
 case ${1:-} in
   -h|--help) sed -n '2,/^#SBATCH/{/^#SBATCH/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
@@ -114,29 +142,20 @@ done
 printf '\n'
 [ "$DRY_RUN" = 1 ] && exit 0
 
-"${CMD[@]}" &
-LAUNCHED=$!
-SIGNALLED=""
-# shellcheck disable=SC2329  # descendants and forward run from the traps below
-descendants() { local child; for child in $(pgrep -P "$1"); do echo "$child"; descendants "$child"; done; }
-# shellcheck disable=SC2329
-forward() {   # to this node's ranks: horovodrun's descendants with HOROVOD_RANK in their environment
-  SIGNALLED=$1
-  echo "job ${SLURM_JOB_ID:-?}: SIG$1 received: passed to this node's ranks (they checkpoint and stop)" >&2
-  local pid
-  for pid in $(descendants "$LAUNCHED"); do
-    if tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -q '^HOROVOD_RANK='; then
-      kill -s "$1" "$pid" 2>/dev/null || true
-    fi
-  done
-}
-trap 'forward TERM' TERM
-trap 'forward INT' INT
-while kill -0 "$LAUNCHED" 2>/dev/null; do   # a trapped signal ends a wait early: wait again
-  wait "$LAUNCHED" || true
+if [ -z "$SIGNALLED" ]; then
+  "${CMD[@]}" &
+  LAUNCHED=$!
+fi
+while [ -n "$LAUNCHED" ] && kill -0 "$LAUNCHED" 2>/dev/null; do   # a trapped signal ends a wait early: wait again
+  if [ -n "$SIGNALLED" ] && [ -z "$DELIVERED" ]; then   # before this node's ranks started: until they have
+    sleep 0.5
+    forward "$SIGNALLED"
+  else
+    wait "$LAUNCHED" || true
+  fi
 done
 STATUS=0
-wait "$LAUNCHED" || STATUS=$?
+[ -z "$LAUNCHED" ] || wait "$LAUNCHED" || STATUS=$?
 if [ -n "$SIGNALLED" ]; then
   if [ "${REQUEUE:-0}" = 1 ]; then
     echo "job ${SLURM_JOB_ID:-?}: stopped by SIG$SIGNALLED: requeued (scontrol requeue)" >&2

@@ -1,7 +1,7 @@
 """Several hosts on this machine for the tests: each a network namespace with its own address on
 a private bridge, its own hostname (a UTS namespace), `/etc/hosts` naming every host, and an sshd
-that lets root in with a key of the test's own (`/etc/netns/NS/{hosts,ssh}`, which `ip netns
-exec` mounts over `/etc` for the processes of host NS). The hosts share this machine's file
+that lets root in with a key of the test's own (`/etc/netns/NS/{hosts,ssh}`, mounted over `/etc`'s for
+the processes of host NS). The hosts share this machine's file
 system and processes, as nodes with a shared file system share the checkout; they reach each
 other only (the bridge has no way out), and nothing outside reaches them. `close` stops
 everything started in them and removes the namespaces and their `/etc/netns` folders.
@@ -27,7 +27,7 @@ def missing() -> Optional[str]:
     """Why no hosts can be made here (None: they can)."""
     if os.geteuid() != 0:
         return "network namespaces need root"
-    absent = [c for c in ("ip", "unshare", "ssh", "ssh-keygen") if not shutil.which(c)]
+    absent = [c for c in ("ip", "nsenter", "unshare", "ssh", "ssh-keygen") if not shutil.which(c)]
     absent += [] if os.path.exists(SSHD) else [SSHD]
     if absent:
         return f"{', '.join(absent)} missing (make setup installs openssh-server and iproute2)"
@@ -117,9 +117,14 @@ class Hosts:
         return os.path.join("/etc/netns", self.namespaces[name])
 
     def command(self, name: str, *command: str) -> list:
-        """`command` as run on host `name`: its network, /etc/hosts, /etc/ssh and hostname."""
-        return ["ip", "netns", "exec", self.namespaces[name], "unshare", "--uts", "sh", "-c",
-                'hostname "$0" && exec "$@"', name, *command]
+        """`command` as run on host `name`: its network, hostname, /etc/hosts and /etc/ssh (mounted
+        over this machine's in a mount namespace of its own; /sys stays this machine's, cgroups
+        included, which `ip netns exec` would remount without)."""
+        etc = self._etc(name)
+        return ["nsenter", f"--net=/run/netns/{self.namespaces[name]}", "unshare", "--mount", "--uts",
+                "--propagation", "private", "sh", "-c",
+                f'hostname "$0" && mount --bind {etc}/hosts /etc/hosts && mount --bind {etc}/ssh /etc/ssh && '
+                'exec "$@"', name, *command]
 
     def popen(self, name: str, *command: str, **kwargs) -> subprocess.Popen:
         return subprocess.Popen(self.command(name, *command), start_new_session=True, **kwargs)

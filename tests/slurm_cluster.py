@@ -1,7 +1,8 @@
-"""A real SLURM cluster on this machine for the tests: munged, slurmctld and one slurmd (this
-host, all its CPUs) with a slurm.conf, state and logs of their own under a folder, on free
-ports; jobs are submitted with `sbatch` as users submit them (`SLURM_CONF` names the cluster's
-configuration). `close` cancels the jobs and stops the daemons."""
+"""A real SLURM cluster on this machine for the tests: munged, slurmctld on the first of the test's
+hosts (tests/netns_hosts.py) and a slurmd on each, every node with all this machine's CPUs, with
+a slurm.conf, state and logs of their own under a folder, on free ports; jobs are submitted from
+the first host with `sbatch` as users submit them (`SLURM_CONF` names the cluster's
+configuration). `close` cancels the jobs and stops the daemons (the hosts are the caller's)."""
 import os
 import re
 import shutil
@@ -10,6 +11,8 @@ import socket
 import subprocess
 import time
 from typing import Optional
+
+from tests import netns_hosts
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 COMMANDS = ("sbatch", "scontrol", "scancel", "sinfo")
@@ -22,7 +25,7 @@ def missing() -> Optional[str]:
         return f"SLURM is not installed ({', '.join(absent)} missing: make setup installs it)"
     if os.geteuid() != 0:
         return "slurmd runs jobs as their users, which needs root"
-    return None
+    return netns_hosts.missing()
 
 
 def _free_port() -> int:
@@ -36,11 +39,11 @@ def _daemon(name: str) -> str:
 
 
 class SlurmCluster:
-    """SLURM on this host under `root`: one node, named as the host, with `os.cpu_count()` CPUs."""
+    """SLURM under `root` with a node per host of `hosts` (a netns_hosts.Hosts), named as the host."""
 
-    def __init__(self, root: str):
-        self.root, self.node = root, socket.gethostname().split(".")[0]
-        for sub in ("munge", "state", "spool", "log"):
+    def __init__(self, root: str, hosts: netns_hosts.Hosts):
+        self.root, self.hosts, self.nodes = root, hosts, hosts.names
+        for sub in ("munge", "state", "log", *(f"spool/{n}" for n in self.nodes)):
             os.makedirs(os.path.join(root, sub), exist_ok=True)
         key = os.path.join(root, "munge", "munge.key")
         with open(key, "wb") as f:
@@ -56,16 +59,17 @@ class SlurmCluster:
                         f"--pid-file={munge}/pid", f"--log-file={munge}/log", f"--seed-file={munge}/seed"],
                        check=True, capture_output=True, timeout=30)
         self._munge_pid = os.path.join(munge, "pid")
-        for daemon in ("slurmctld", "slurmd"):
-            log = open(os.path.join(root, "log", f"{daemon}.out"), "w")
-            self._processes.append(subprocess.Popen([_daemon(daemon), "-D", "-f", self.conf], stdout=log,
-                                                    stderr=subprocess.STDOUT, env=self.env, start_new_session=True))
+        for host, daemon in [(self.nodes[0], ["slurmctld"])] + [(n, ["slurmd", "-N", n]) for n in self.nodes]:
+            log = open(os.path.join(root, "log", f"{daemon[0]}-{host}.out"), "w")
+            self._processes.append(hosts.popen(host, _daemon(daemon[0]), *daemon[1:], "-D", "-f", self.conf,
+                                               stdout=log, stderr=subprocess.STDOUT, env=self.env))
         self._wait_idle()
 
     def _configuration(self, ctld_port: int, slurmd_port: int) -> str:
-        r = self.root
+        r, addresses = self.root, self.hosts.addresses
         return "\n".join([
-            "ClusterName=tests", f"SlurmctldHost={self.node}(127.0.0.1)", f"SlurmctldPort={ctld_port}",
+            "ClusterName=tests", f"SlurmctldHost={self.nodes[0]}({addresses[self.nodes[0]]})",
+            f"SlurmctldPort={ctld_port}",
             f"SlurmdPort={slurmd_port}", "AuthType=auth/munge", "CredType=cred/munge",
             f"AuthInfo=socket={r}/munge/socket", "SlurmUser=root", "SlurmdUser=root",
             f"StateSaveLocation={r}/state", f"SlurmdSpoolDir={r}/spool/%n", f"SlurmctldPidFile={r}/slurmctld.pid",
@@ -74,27 +78,26 @@ class SlurmCluster:
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "SchedulerType=sched/builtin",
             "ReturnToService=2", "MpiDefault=none", "JobAcctGatherType=jobacct_gather/none",
             "AccountingStorageType=accounting_storage/none", "KillWait=30",
-            f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} State=UNKNOWN",
+            *(f"NodeName={n} NodeAddr={addresses[n]} CPUs={os.cpu_count()} State=UNKNOWN" for n in self.nodes),
             "PartitionName=tests Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES", ""])
 
     def run(self, *command, timeout: int = 60) -> subprocess.CompletedProcess:
-        """A SLURM command (sbatch, scontrol, ...) against this cluster."""
-        return subprocess.run(list(command), capture_output=True, text=True, timeout=timeout, env=self.env)
+        """A SLURM command (sbatch, scontrol, ...) against this cluster, run on its first host."""
+        return self.hosts.run(self.nodes[0], *command, timeout=timeout, env=self.env)
 
     def _wait_idle(self, timeout: float = 60):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            out = self.run("sinfo", "-h", "-o", "%T")
-            if out.returncode == 0 and out.stdout.strip() == "idle":
+            out = self.run("sinfo", "-h", "-N", "-o", "%T")
+            if out.returncode == 0 and out.stdout.split() == ["idle"] * len(self.nodes):
                 return
             time.sleep(0.2)
         logs = os.path.join(self.root, "log")
-        raise RuntimeError(f"the test cluster's node did not become idle in {timeout} s; its logs: {logs}")
+        raise RuntimeError(f"the test cluster's nodes did not become idle in {timeout} s; its logs: {logs}")
 
     def submit(self, *args, env=None) -> int:
         """`sbatch --parsable ARGS` with this process's environment and `env`; the job's id."""
-        out = subprocess.run(["sbatch", "--parsable", *args], capture_output=True, text=True, timeout=60,
-                             env={**self.env, **(env or {})})
+        out = self.hosts.run(self.nodes[0], "sbatch", "--parsable", *args, timeout=60, env={**self.env, **(env or {})})
         assert out.returncode == 0, out.stderr
         return int(out.stdout.strip().split(";")[0])
 

@@ -1,9 +1,11 @@
-"""slurm_multinode.sh under a real SLURM (tests/slurm_cluster.py: munged, slurmctld and a slurmd
-on this host): `sbatch slurm_multinode.sh python dlrm.py ...`, as users submit it, trains DLRM at
-2 and 3 ranks with the losses and AUC of `horovodrun -np 2/3` with the same flags; a job stopped
-by `scancel --signal=TERM --batch` (what `#SBATCH --signal=B:TERM@...` sends before the time
-limit) checkpoints, requeues itself, resumes from its checkpoint and ends with the uninterrupted
-run's checkpoint."""
+"""slurm_multinode.sh under a real SLURM over three hosts (tests/slurm_cluster.py: munged, and
+slurmctld and a slurmd per host on tests/netns_hosts.py's hosts, which reach each other over ssh
+and their own addresses): `sbatch -N 2 slurm_multinode.sh python dlrm.py ...`, as users submit
+it, trains DLRM at 2 ranks over 2 hosts and at 3 over 3 with the losses and AUC of `horovodrun
+-np 2/3` on one host with the same flags; a 2-node job stopped by `scancel --signal=TERM --batch`
+(what `#SBATCH --signal=B:TERM@...` sends before the time limit, to the first node's batch
+script alone) checkpoints, requeues itself, resumes from its checkpoint and ends with the
+uninterrupted run's checkpoint."""
 import json
 import os
 import sys
@@ -14,6 +16,7 @@ import pytest
 
 from storage import checkpoint
 from tests.horovod_run import ROOT, horovodrun
+from tests.netns_hosts import INTERFACE, Hosts
 from tests.slurm_cluster import SlurmCluster, missing
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
@@ -27,9 +30,13 @@ ARGS = ["--dataset_type=synthetic", "--synthetic_cardinalities=20,50,7,30", "--s
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = SlurmCluster(str(tmp_path_factory.mktemp("slurm")))
-    yield c
-    c.close()
+    hosts = Hosts(str(tmp_path_factory.mktemp("hosts")), ("hosta", "hostb", "hostc"))
+    try:
+        c = SlurmCluster(str(tmp_path_factory.mktemp("slurm")), hosts)
+        yield c
+        c.close()
+    finally:
+        hosts.close()
 
 
 def logged(path):
@@ -39,12 +46,15 @@ def logged(path):
     return {r["step"]: r["loss"] for r in records if r["kind"] == "step"}, records[-1]["auc"]
 
 
-def sbatch(cluster, tmp_path, ranks, args, env=None, wait=True):
-    """`sbatch --oversubscribe slurm_multinode.sh python dlrm.py ARGS` with RANKS_PER_NODE=ranks
-    and VENV (the test's environment, at the same path on the node); the job's id and output file."""
+def sbatch(cluster, tmp_path, nodes, args, env=None, wait=True, options=()):
+    """`sbatch -N nodes --oversubscribe slurm_multinode.sh python dlrm.py ARGS` with a rank per
+    node, VENV (the test's environment, at the same path on every node) and horovodrun's
+    `--network-interface eth1`; the job's id and output file."""
     out = str(tmp_path / "job-%j.out")
-    job = cluster.submit("--oversubscribe", "--open-mode=append", f"--chdir={ROOT}", f"--output={out}", SLURM,
-                         "python", "dlrm.py", *args, env={"RANKS_PER_NODE": str(ranks), "VENV": VENV, **(env or {})})
+    job = cluster.submit("-N", str(nodes), *options, "--oversubscribe", "--open-mode=append", f"--chdir={ROOT}",
+                         f"--output={out}", SLURM, "python", "dlrm.py", *args,
+                         env={"RANKS_PER_NODE": "1", "VENV": VENV, "HOROVODRUN_ARGS": f"--network-interface {INTERFACE}",
+                              **(env or {})})
     out = out.replace("%j", str(job))
     if wait:
         fields = cluster.wait(job)
@@ -53,11 +63,14 @@ def sbatch(cluster, tmp_path, ranks, args, env=None, wait=True):
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
-def test_sbatch_trains_as_horovodrun_on_one_host(cluster, tmp_path, ranks):
+def test_sbatch_over_hosts_trains_as_horovodrun_on_one_host(cluster, tmp_path, ranks):
     args = ARGS + ["--synthetic_rows=1440"]
     _, out = sbatch(cluster, tmp_path, ranks, args + [f"--log_path={tmp_path / 'slurm.json'}"])
     text = open(out).read()
-    assert f"1 node(s) x {ranks} rank(s)" in text and f"horovodrun -np {ranks} -H {cluster.node}:{ranks} --gloo" in text
+    nodes = cluster.nodes[:ranks]
+    assert f"{ranks} node(s) x 1 rank(s)" in text, text[-3000:]
+    assert f"horovodrun -np {ranks} -H {','.join(n + ':1' for n in nodes)} --gloo" in text, text[-3000:]
+    assert "ranks by host: " + "; ".join(f"{n} {r}" for r, n in enumerate(nodes)) in text, text[-3000:]
     reference = horovodrun(ranks, ["dlrm.py", *args, f"--log_path={tmp_path / 'horovodrun.json'}"])
     assert reference.returncode == 0, reference.stderr[-3000:]
     (got, auc), (want, want_auc) = logged(tmp_path / "slurm.json"), logged(tmp_path / "horovodrun.json")
@@ -88,7 +101,7 @@ def test_a_terminated_job_checkpoints_requeues_and_resumes_as_if_uninterrupted(c
     cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")
     fields = cluster.wait(job, restarts=1)
     text = open(out).read()
-    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", text[-3000:]
+    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", f"{fields}\n{text[-3000:]}"
     assert "SIGTERM received: passed to this node's ranks" in text and "requeued (scontrol requeue)" in text
     assert "stopped by SIGTERM after step " in text, text[-3000:]
     stopped = int(text.split("stopped by SIGTERM after step ")[1].split(":")[0])
@@ -100,3 +113,44 @@ def test_a_terminated_job_checkpoints_requeues_and_resumes_as_if_uninterrupted(c
         np.testing.assert_allclose(checkpoint.read_tensor(str(ckpt), name),
                                    checkpoint.read_tensor(str(tmp_path / "whole"), name), rtol=1e-5, atol=1e-6,
                                    err_msg=name)
+
+
+@pytest.mark.slow
+def test_the_time_limits_signal_checkpoints_and_requeues(cluster, tmp_path):
+    """The signal `--signal=B:TERM@55` asks for, sent by SLURM itself as the 1-minute time limit
+    nears (up to a minute early: SLURM looks at time limits every 30 s), stops a 2-node job with
+    a checkpoint and the script requeues it."""
+    ckpt = tmp_path / "ckpt"
+    job, out = sbatch(cluster, tmp_path, 2, ARGS + ["--synthetic_rows=9600000", f"--save_checkpoint_path={ckpt}"],
+                      env={"REQUEUE": "1", "RESUME_FROM": str(ckpt)}, wait=False,
+                      options=["--time=1", "--signal=B:TERM@55"])
+    deadline = time.monotonic() + 150
+    while cluster.job(job).get("Restarts") != "1":
+        assert time.monotonic() < deadline and cluster.job(job)["JobState"] in ("PENDING", "RUNNING"), \
+            open(out).read()[-3000:] if os.path.exists(out) else "no output"
+        time.sleep(0.2)
+    cluster.run("scancel", str(job))
+    text = open(out).read()
+    assert "SIGTERM received: passed to this node's ranks" in text and "requeued (scontrol requeue)" in text, text[-3000:]
+    stopped = int(text.split("stopped by SIGTERM after step ")[1].split(":")[0])
+    assert f"saved checkpoint {ckpt / f'ckpt-{stopped}'}" in text
+    assert checkpoint.read_manifest(str(ckpt))["step"] == stopped
+
+
+
+@pytest.mark.parametrize("moment", ["before the launch", "while the ranks start"])
+def test_a_signal_before_the_ranks_have_started_still_stops_the_job(cluster, tmp_path, moment):
+    """SIGTERM to the batch script as soon as the job runs (the script launches nothing), or once
+    it has launched horovodrun, which is still starting the ranks (the script passes the signal
+    on once this node's ranks are there): either way the job ends, with 143."""
+    job, out = sbatch(cluster, tmp_path, 2, ARGS + ["--synthetic_rows=9600000"], wait=False)
+    deadline = time.monotonic() + 60
+    while not (cluster.job(job).get("JobState") == "RUNNING" if moment == "before the launch" else
+               os.path.exists(out) and "launching: " in open(out).read()):
+        assert time.monotonic() < deadline, cluster.job(job)
+        time.sleep(0.02)
+    assert cluster.run("scancel", "--signal=TERM", "--batch", str(job)).returncode == 0
+    fields = cluster.wait(job, timeout=120)
+    text = open(out).read()
+    assert fields["ExitCode"] == "143:0", text[-3000:]
+    assert "SIGTERM received" in text and "step 1/" not in text, text[-3000:]
