@@ -1,11 +1,47 @@
-# GPU image: TensorFlow's own image at the version requirements.txt pins, the pinned
-# requirements, and Horovod built by tools/setup_env.sh (the same version and patches as the
-# local set-up) with NCCL and Gloo for TensorFlow (and MPI, were there an MPI compiler in the
-# base image: TensorFlow's ships none). See docs/launchers.md.
-#   docker build -t dlrm-tf2 .
+# Two images (docs/launchers.md#the-container), built with BuildKit (Docker 23+, DOCKER_BUILDKIT=1
+# on Docker 20.10):
+#   docker build -t dlrm-tf2 .                    the GPU image (the last stage), on BASE: TensorFlow's
+#                                                 own image at the version requirements.txt pins
+#   docker build --target cpu -t dlrm-tf2:cpu .   the CPU image, on CPU_BASE (Debian 12)
+# Both run the same set-up as a local one (tools/setup_env.sh --system: the pinned requirements,
+# Horovod with Gloo, and NCCL in the GPU image, the project's op libraries), then install the
+# project editable. A TLS-intercepting proxy's CA bundle, where pip needs one, is passed as the
+# build secret ca-certificates: --secret id=ca-certificates,src=/etc/ssl/certs/ca-certificates.crt
 #   docker run --gpus all --ipc=host dlrm-tf2 horovodrun -np 8 -H localhost:8 python3 dlrm.py ...
-FROM tensorflow/tensorflow:2.21.0-gpu
+#   docker run dlrm-tf2:cpu horovodrun -np 2 -H localhost:2 python3 dlrm.py ...
+ARG BASE=tensorflow/tensorflow:2.21.0-gpu
+ARG CPU_BASE=debian:bookworm
 
+FROM ${CPU_BASE} AS cpu
+SHELL ["/bin/bash", "-e", "-u", "-o", "pipefail", "-c"]
+ARG DEBIAN_FRONTEND=noninteractive
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore \
+    PIP_BREAK_SYSTEM_PACKAGES=1
+WORKDIR /workspace/dlrm
+COPY requirements.txt ./
+COPY tools/ tools/
+COPY tensorflow-dot-based-interact/ tensorflow-dot-based-interact/
+COPY tensorflow-id-map/ tensorflow-id-map/
+# Debian's python3, its pip and the CA certificates; tools/setup_env.sh installs the rest it needs.
+# hadolint ignore=DL3008
+RUN --mount=type=secret,id=ca-certificates \
+    apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-pip ca-certificates \
+    && if [ -s /run/secrets/ca-certificates ]; then export PIP_CERT=/run/secrets/ca-certificates; fi \
+    && DLRM_WHEEL_CACHE=/tmp/wheels PYTHON=/usr/bin/python3 bash tools/setup_env.sh --system \
+    && horovodrun --check-build | tee /tmp/check-build.txt \
+    && grep -q '\[X\] TensorFlow' /tmp/check-build.txt && grep -q '\[X\] Gloo' /tmp/check-build.txt \
+    && rm -rf /tmp/wheels /tmp/check-build.txt /var/lib/apt/lists/*
+COPY . .
+# The project, editable, as tools/setup_env.sh installs it in a virtual environment (pyproject.toml).
+RUN python3 -m pip install --no-deps --no-build-isolation -e .
+CMD ["bash", "-c", "echo 'usage: docker run IMAGE horovodrun -np RANKS -H localhost:RANKS python3 dlrm.py|dcnv2.py [flags]   (flags: python3 dlrm.py --helpfull; more in docs/launchers.md)'"]
+
+# The GPU image: Horovod built with NCCL and Gloo for TensorFlow (and MPI, were there an MPI
+# compiler in the base image: TensorFlow's ships none).
+FROM ${BASE} AS gpu
 SHELL ["/bin/bash", "-e", "-u", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
 ENV PIP_NO_CACHE_DIR=1 \
@@ -47,7 +83,9 @@ COPY tensorflow-id-map/ tensorflow-id-map/
 ARG CUDA_CC_LIST=70,75,80,86,89,90
 # The driver's stub libcuda stands in for the driver during the build only. The build fails if
 # Horovod lacks NCCL or the interaction op its GPU kernels.
-RUN ldconfig /usr/local/cuda/lib64/stubs \
+RUN --mount=type=secret,id=ca-certificates \
+    if [ -s /run/secrets/ca-certificates ]; then export PIP_CERT=/run/secrets/ca-certificates; fi \
+    && ldconfig /usr/local/cuda/lib64/stubs \
     && PATH="/usr/local/cuda/bin:$PATH" HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_BUILD_CUDA_CC_LIST="$CUDA_CC_LIST" \
        DOT_INTERACT_CUDA_ARCHS="$CUDA_CC_LIST" DLRM_WHEEL_CACHE=/tmp/wheels PYTHON="$(command -v python3)" \
        bash tools/setup_env.sh --system \
@@ -61,6 +99,6 @@ RUN ldconfig /usr/local/cuda/lib64/stubs \
 
 COPY . .
 # The project, editable, as tools/setup_env.sh installs it in a virtual environment (pyproject.toml).
-RUN python3 -m pip install --no-deps -e .
+RUN python3 -m pip install --no-deps --no-build-isolation -e .
 
 CMD ["bash", "-c", "echo 'usage: docker run --gpus all --ipc=host IMAGE horovodrun -np GPUS -H localhost:GPUS python3 dlrm.py|dcnv2.py [flags]   (flags: python3 dlrm.py --helpfull; more in docs/launchers.md)'"]

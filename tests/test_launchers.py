@@ -44,10 +44,15 @@ def test_hadolint_clean():
 
 # --- the versions the Dockerfile, the set-up script and requirements.txt share
 
-def test_docker_base_image_is_the_pinned_tensorflow():
+def test_docker_base_images_are_the_pinned_tensorflow_and_debian():
+    """The GPU image (the last stage: what a plain `docker build` makes) is on TensorFlow's own
+    image at the pinned version, the CPU one (`--target cpu`) on Debian 12, whose Python is the
+    set-up's 3.11; both bases are build arguments."""
     pin = re.search(r"^tensorflow==(\S+)", read(os.path.join(ROOT, "requirements.txt")), re.M).group(1)
-    froms = re.findall(r"^FROM\s+(\S+)", read(DOCKERFILE), re.M)
-    assert froms == [f"tensorflow/tensorflow:{pin}-gpu"]
+    docker = read(DOCKERFILE)
+    assert re.findall(r"^FROM\s+(.+)$", docker, re.M) == ["${CPU_BASE} AS cpu", "${BASE} AS gpu"]
+    assert re.findall(r"^ARG (BASE|CPU_BASE)=(\S+)$", docker, re.M) == [
+        ("BASE", f"tensorflow/tensorflow:{pin}-gpu"), ("CPU_BASE", "debian:bookworm")]
 
 
 def test_docker_builds_the_set_up_scripts_horovod():
@@ -65,7 +70,9 @@ def test_setup_and_docker_install_the_project_editable():
     """The venv (tools/setup_env.sh) and the image (which copies the sources in after its
     --system set-up) both install the project editable (pyproject.toml)."""
     assert re.search(r'^if \[ "\$\{1:-\}" != --system \]; then \$PIP install --no-deps -e \.; fi$', read(SETUP), re.M)
-    assert re.search(r"^COPY \. \.\nRUN python3 -m pip install --no-deps -e \.$", uncommented(read(DOCKERFILE)), re.M)
+    installs = re.findall(r"^COPY \. \.\nRUN python3 -m pip install --no-deps --no-build-isolation -e \.$",
+                          uncommented(read(DOCKERFILE)), re.M)
+    assert len(installs) == 2   # each image
 
 
 # --- the Docker build: what its RUN steps use, the GPU code it compiles
@@ -101,12 +108,15 @@ def paths_used(text, tracked, seen):
 
 
 def uncopied_paths(dockerfile):
-    """[(RUN step number, path)] for each tracked path a RUN step uses that no earlier COPY put at
-    the same place (relative to WORKDIR)."""
+    """[(RUN step number, path)] for each tracked path a RUN step uses that no earlier COPY of its
+    stage put at the same place (relative to WORKDIR)."""
     tracked = tracked_paths()
     copies, missing = [], []
-    steps = re.findall(r"^(COPY|RUN)\s+(.*)$", re.sub(r"\\\n", " ", uncommented(dockerfile)), re.M)
+    steps = re.findall(r"^(FROM|COPY|RUN)\s+(.*)$", re.sub(r"\\\n", " ", uncommented(dockerfile)), re.M)
     for number, (keyword, args) in enumerate(steps):
+        if keyword == "FROM":
+            copies = []
+            continue
         if keyword == "COPY":
             *sources, dest = [a for a in args.split() if not a.startswith("--")]
             for src in sources:
@@ -123,11 +133,11 @@ def uncopied_paths(dockerfile):
 
 def test_docker_run_steps_use_only_copied_paths():
     """Every repository path a RUN step uses (also through the scripts it runs) came in by an
-    earlier COPY; the check finds the op's sources when their COPY is left out."""
+    earlier COPY of its stage; the check finds the op's sources when their COPYs are left out."""
     docker = read(DOCKERFILE)
     assert uncopied_paths(docker) == []
     without = re.sub(r"^COPY tensorflow-dot-based-interact/ .*$", "", docker, flags=re.M)
-    assert [path for _, path in uncopied_paths(without)] == ["tensorflow-dot-based-interact"]
+    assert [path for _, path in uncopied_paths(without)] == ["tensorflow-dot-based-interact"] * 2   # each stage
 
 
 def op_setup():
