@@ -11,13 +11,16 @@ second signal (another one, or the first again 2 s or more later) is passed on t
 end at once; horovodrun's own termination follows as a backstop, as it does at once when no rank
 runs on this host. The exit code is the ranks': 0, the signal's 143 or 130 when every rank that
 did not finish stopped on it, else the code of the rank that failed first (then one line says
-how the ranks ended). Gloo only (--gloo is implied; --mpi, --jsrun and elastic runs are
+how the ranks ended). A rank that exits on the stop waits (up to OTHERS_S) for the other
+ranks' own exits before horovodrun hears of it: horovodrun ends every rank still running when
+one exits non-zero, and a rank ended so is reported as if it had finished. Gloo only (--gloo is implied; --mpi, --jsrun and elastic runs are
 refused: use horovodrun for them).
 """
 import signal
 import sys
 import threading
 import time
+import types
 from typing import Dict, List, Optional, Tuple
 
 import psutil
@@ -25,6 +28,7 @@ import psutil
 from utils import preemption
 from utils.launcher import RANK_VARIABLES
 
+OTHERS_S = 60.0   # how long a rank stopped by the signal waits for the others to stop too
 USAGE = "usage: python launch.py [horovodrun's options] COMMAND (python launch.py --help: horovodrun's options)"
 
 
@@ -35,6 +39,27 @@ class Job:
         self.exits: Dict[int, Tuple[int, float]] = {}
         self.received: List[Tuple[int, float]] = []
         self.shutdown = threading.Event()   # set: horovodrun's own termination of every rank
+        self.running = 0                    # ranks launched and not exited
+        self.changed = threading.Condition()
+
+    def execute(self, execute):
+        """horovodrun's `safe_shell_exec.execute` of a rank, which returns its exit code: after a stop
+        a rank that exits with the signal's code waits for the other ranks' exits (OTHERS_S at most,
+        or until a second signal) before the code goes back to horovodrun."""
+        def run_rank(command, **kwargs):
+            with self.changed:
+                self.running += 1
+            try:
+                code = execute(command, **kwargs)
+            finally:
+                with self.changed:
+                    self.running -= 1
+                    self.changed.notify_all()
+            if self.received and code in preemption.EXIT_CODES.values():
+                with self.changed:
+                    self.changed.wait_for(lambda: self.running == 0 or self.shutdown.is_set(), timeout=OTHERS_S)
+            return code
+        return run_rank
 
     def on_signal(self, signum, frame):
         first = not self.received
@@ -60,6 +85,9 @@ class Job:
             print(f"launch: a second signal ({name}): passed to the ranks on this host, which end at once",
                   file=sys.stderr, flush=True)
             self.shutdown.set()
+        if self.shutdown.is_set():
+            with self.changed:
+                self.changed.notify_all()
 
     def outcome(self) -> Tuple[int, Optional[str]]:
         """The exit code and the line saying how the ranks ended (None when all finished)."""
@@ -130,6 +158,7 @@ def main(argv: List[str]) -> int:
         return exec_command
 
     gloo_run._exec_command_fn = recording_exec_command_fn
+    gloo_run.safe_shell_exec = types.SimpleNamespace(execute=job.execute(gloo_run.safe_shell_exec.execute))
     try:
         launch._run(args)
     except RuntimeError as e:   # horovodrun's report of a rank's non-zero exit, or its own failure

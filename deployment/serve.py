@@ -68,7 +68,8 @@ from deployment.serving.guarded_http import Safeguards  # noqa: E402
 from deployment.serving.live import Model, Updater, check_export  # noqa: E402
 from deployment.serving.tiers import POLICIES, TierConfig  # noqa: E402
 from deployment.serving.monolithic import MonolithicModel  # noqa: E402
-from deployment.serving.native import RaggedInput, ServedModel, TensorSpec, serving as native_serving  # noqa: E402
+from deployment.serving.native import (RaggedInput, RequestError, ServedModel, TensorSpec,  # noqa: E402
+                                       serving as native_serving)
 from utils.errors import CheckpointError, ConfigError, StoreError  # noqa: E402
 from utils.tensorflow_startup import import_tensorflow  # noqa: E402
 
@@ -113,6 +114,9 @@ flags.DEFINE_integer("max_queue_delay_us", None, "dynamic batching: longest wait
                      "microseconds (default: the repository's config.pbtxt)")
 flags.DEFINE_float("embedding_cache_mb", None, "serve the tables form through lookup tiers instead of loading the "
                    "tables whole: the per-process cache of hot rows, MiB over every table")
+flags.DEFINE_bool("triton_variable_length", False, "triton: also take a multi-hot feature f (a history) as "
+                  "variable-length ids, categorical_<f> [N] with categorical_<f>_lengths [B], as the native frontend "
+                  "always does; Triton's batcher cannot put such requests together, so each is served as it comes")
 flags.DEFINE_string("embedding_cache_policy", None, f"{' or '.join(POLICIES)} (default lru): which cached rows make "
                     "room for new ones; with --embedding_cache_mb")
 flags.DEFINE_string("redis_url", None, "redis://host:port/db: a Redis server shared by servers, between the cache and "
@@ -148,6 +152,7 @@ class ServerSettings:
     safeguards: Safeguards = Safeguards()      # the native frontend's TLS, token and bounds
     allow_full_exports: bool = False           # full exports taken from `updates` (their SavedModels run)
     skip_checksums: bool = False               # the repository's files not checked at start-up
+    triton_variable_length: bool = False       # triton: the variable-length forms, served unbatched
 
     @property
     def ports(self) -> Dict[str, int]:
@@ -167,13 +172,19 @@ def settings_from_flags() -> ServerSettings:
     if FLAGS.frontend == "native" and FLAGS["max_queue_delay_us"].present:
         raise ServeError("--max_queue_delay_us: no effect with --frontend=native (no dynamic batching); it is "
                          "--frontend=triton's")
+    if FLAGS.frontend == "native" and FLAGS.triton_variable_length:
+        raise ServeError("--triton_variable_length: no effect with --frontend=native, which always takes "
+                         "variable-length ids")
+    if FLAGS.triton_variable_length and FLAGS["max_queue_delay_us"].present:
+        raise ServeError("--max_queue_delay_us: no effect with --triton_variable_length (each request is served as "
+                         "it comes, unbatched)")
     for name in ("poll_seconds", "updates_allow_full_exports"):
         if FLAGS[name].present and not FLAGS.updates:
             raise ServeError(f"--{name}: no effect without --updates")
     return ServerSettings(FLAGS.model_name, FLAGS.frontend, FLAGS.address, FLAGS.http_port, FLAGS.grpc_port,
                           FLAGS.metrics_port, FLAGS.max_batch_size, FLAGS.max_queue_delay_us, FLAGS.updates,
                           FLAGS.poll_seconds, tier_config_from_flags(), safeguards_from_flags(),
-                          FLAGS.updates_allow_full_exports, FLAGS.skip_checksums)
+                          FLAGS.updates_allow_full_exports, FLAGS.skip_checksums, FLAGS.triton_variable_length)
 
 
 SAFEGUARD_FLAGS = ("tls_cert_file", "tls_key_file", "tls_client_ca_file", "auth_token_file", "max_request_mb",
@@ -316,7 +327,10 @@ def serve(repository: str, settings: ServerSettings):
               enumerate(zip(feature_columns(layout["max_hotness"]), layout["max_hotness"])) if hotness]
     served_model = ServedModel(settings.model_name or info["name"], inputs, outputs,
                                settings.max_batch_size or exported["max_batch_size"], model.infer,
-                               ragged if settings.frontend == "native" else ())
+                               ragged if settings.frontend == "native" or settings.triton_variable_length else ())
+    if settings.triton_variable_length and not ragged:
+        raise ServeError(f"--triton_variable_length: {repository}'s model has no multi-hot feature to take as "
+                         "variable-length ids")
     if settings.frontend == "native":
         stats = lambda: dict(model.stats(), model={"version_step": model.version.step})  # noqa: E731
         frontend = native_serving(served_model, settings.address, settings.http_port, settings.grpc_port,
@@ -343,8 +357,13 @@ def serve(repository: str, settings: ServerSettings):
 
 @contextmanager
 def triton_serving(model: ServedModel, settings: ServerSettings, max_queue_delay_us: int):
-    """Serves `model` from pytriton's Triton server (dynamically batched, through its Python backend)
-    while the block runs; yields the function that serves until interrupted."""
+    """Serves `model` from pytriton's Triton server (through its Python backend) while the block
+    runs; yields the function that serves until interrupted. Dynamically batched, unless the
+    model takes variable-length forms of some columns (`model.ragged`, --triton_variable_length:
+    a request's ids [N] and lengths [B], whose first dimensions differ, which Triton's batcher
+    cannot put together): then each request is served as it comes, checked and padded as the
+    native frontend does (ServedModel.run), its `categorical_features` with or without those
+    columns."""
     from pytriton.decorators import batch
     from pytriton.exceptions import PyTritonValidationError
     from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
@@ -357,17 +376,38 @@ def triton_serving(model: ServedModel, settings: ServerSettings, max_queue_delay
         except BadRequest as e:
             raise PyTritonValidationError(str(e))
 
-    config = ModelConfig(max_batch_size=model.max_batch_size,
-                         batcher=DynamicBatcher(max_queue_delay_microseconds=max_queue_delay_us))
+    def handle_as_sent(requests):
+        answers = []
+        for request in requests:
+            tensors = [(name, TensorSpec(name, a.dtype.type, ()).datatype, list(a.shape), a.tobytes())
+                       for name, a in request.items()]
+            try:
+                answers.append(model.run(tensors, None))
+            except RequestError as e:
+                raise PyTritonValidationError(str(e))
+        return answers
+
+    if model.ragged:
+        config = ModelConfig(batching=False)
+        inputs = [Tensor(name=t.name, dtype=t.dtype, shape=(-1,) * (1 + len(t.dims))) for t in model.inputs]
+        inputs += [Tensor(name=n, dtype=np.int64, shape=(-1,), optional=True) for r in model.ragged
+                   for n in (r.name, r.lengths)]
+        outputs = [Tensor(name=t.name, dtype=t.dtype, shape=(-1, *t.dims)) for t in model.outputs]
+        infer = handle_as_sent
+    else:
+        config = ModelConfig(max_batch_size=model.max_batch_size,
+                             batcher=DynamicBatcher(max_queue_delay_microseconds=max_queue_delay_us))
+        inputs, outputs = ([Tensor(name=t.name, dtype=t.dtype, shape=t.dims) for t in specs]
+                           for specs in (model.inputs, model.outputs))
+        infer = handle
     triton_config = TritonConfig(http_address=settings.address, http_port=settings.http_port,
                                  grpc_address=settings.address, grpc_port=settings.grpc_port,
                                  metrics_address=settings.address, metrics_port=settings.metrics_port,
                                  exit_timeout_secs=5)
     use_stub_environment()
-    tensors = lambda specs: [Tensor(name=t.name, dtype=t.dtype, shape=t.dims) for t in specs]  # noqa: E731
     with Triton(config=triton_config) as triton:
-        triton.bind(model_name=model.name, infer_func=handle, inputs=tensors(model.inputs),
-                    outputs=tensors(model.outputs), config=config, strict=True)
+        triton.bind(model_name=model.name, infer_func=infer, inputs=inputs, outputs=outputs, config=config,
+                    strict=True)
         yield triton.serve
 
 

@@ -370,3 +370,33 @@ def test_preprocessing_interrupted_stops_with_one_line_and_leaves_nothing(tmp_pa
     [line] = stop_lines(output)
     assert line.startswith(f"stopped by SIGTERM: preprocessing into {out} unfinished (its temporary files removed)")
     assert not out.exists()   # the folder it made, emptied, is gone
+
+
+def test_a_rank_stopped_first_waits_for_the_others_before_horovodrun_hears_of_it():
+    """horovodrun ends every rank still running once one exits non-zero, and such a rank's code
+    reads as finished: after a stop, launch.py hands a stopped rank's code back only once the
+    others have exited too (at most launch.OTHERS_S), so each reports its own."""
+    import threading
+    import launch
+    job = launch.Job()
+    job.received.append((signal.SIGTERM, time.monotonic()))
+    returned = {}
+
+    def rank(r, delay):
+        def execute(command, **kwargs):
+            time.sleep(delay)
+            return 143
+        code = job.execute(execute)("dlrm.py", index=r)
+        returned[r] = (code, time.monotonic())
+
+    threads = [threading.Thread(target=rank, args=(r, delay)) for r, delay in ((0, 0.3), (1, 1.3))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert returned[0][0] == returned[1][0] == 143
+    assert returned[0][1] >= returned[1][1] - 0.05   # rank 0's code came back once rank 1 had exited
+    job = launch.Job()   # no stop received: a failed rank's code goes back at once
+    start = time.monotonic()
+    assert job.execute(lambda command, **kwargs: 143)("dlrm.py", index=0) == 143
+    assert time.monotonic() - start < 1

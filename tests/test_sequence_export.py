@@ -22,7 +22,7 @@ from tests.configs import TINY
 from tests.test_deployment_export import deploy, reference, served
 from tests.test_model_export import check_tiers_take_the_delta, layout_of, python
 from deployment.client import ServingClient, free_ports
-from tests.test_serving import served_outputs, start_server, stop_server
+from tests.test_serving import start_server, stop_server
 
 HISTORY, MAX_LENGTH = 6, 4
 CARDS = ["300", "50", "7"]
@@ -171,12 +171,39 @@ def test_native_server_answers_as_the_model_predicts_padded_or_variable_length(d
         stop_server(server, ports, tmp_path / "server.log")
 
 
-def test_triton_frontend_answers_as_the_model_predicts(din, tmp_path):
-    """serve.py --frontend=triton (a real Triton server, the history in its padded columns)."""
+def test_triton_frontend_answers_padded_or_variable_length_as_the_model_predicts(din, tmp_path):
+    """serve.py --frontend=triton --triton_variable_length (a real Triton server, each request
+    served as it comes): the history in its padded columns, or as variable-length ids with their
+    lengths (histories of length 0, 1 and more); lengths that do not add up: the line that names
+    them, with Triton's status for a model's refusal (500). (Triton's dynamic batching of padded requests: tests/test_serving.py.)"""
     tmp, batch, categorical, logits = din
-    out = served_outputs(tmp_path / "server.log", tmp / "repo0", np.asarray(batch["numerical"], np.float32),
-                         categorical, ("logits",), "--frontend=triton")
-    np.testing.assert_allclose(out["logits"][:, 0], logits, rtol=1e-5, atol=1e-5)
+    numerical = np.asarray(batch["numerical"], np.float32)
+    history = categorical[:, -HISTORY:]
+    lengths = (history != PAD).sum(1)
+    assert {0, 1} <= set(lengths.tolist()) and lengths.max() > MAX_LENGTH
+    ids = history[history != PAD]
+    ports = free_ports(3)
+    server = start_server(tmp_path / "server.log", ports, f"--model_repository={tmp / 'repo0'}", "--frontend=triton",
+                          "--triton_variable_length")
+    try:
+        client = ServingClient("http", f"localhost:{ports[0]}", "m")
+        client.wait_ready(120)
+        np.testing.assert_allclose(client.infer(numerical, categorical, ("logits",))["logits"][:, 0], logits,
+                                   rtol=1e-5, atol=1e-5)
+        client.close()
+        ragged = [("numerical_features", "FP32", numerical), ("categorical_features", "INT64", categorical[:, :3]),
+                  ("categorical_3", "INT64", ids), ("categorical_3_lengths", "INT64", lengths)]
+        status, answer = infer_json(ports[0], ragged)
+        assert status == 200, answer
+        out = {o["name"]: np.asarray(o["data"]) for o in answer["outputs"]}
+        np.testing.assert_allclose(out["logits"], logits, rtol=1e-5, atol=1e-5)
+        more = lengths.copy()
+        more[np.argmin(lengths)] += 1
+        status, answer = infer_json(ports[0], ragged[:3] + [("categorical_3_lengths", "INT64", more)])
+        assert status == 500 and f"input 'categorical_3_lengths' sums to {lengths.sum() + 1}, but " \
+            f"'categorical_3' holds {lengths.sum()} ids" in answer["error"], answer   # Triton's status for a refusal
+    finally:
+        stop_server(server, ports, tmp_path / "server.log")
 
 
 def test_lookup_tiers_with_redis_take_the_second_days_delta(din, tmp_path):

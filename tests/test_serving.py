@@ -416,6 +416,13 @@ def test_serve_flag_errors_are_one_line(tmp_path):
                           ([f"--model_repository={tmp_path}", "--metrics_port=9002", "--max_queue_delay_us=5"],
                            "error: --max_queue_delay_us: no effect with --frontend=native (no dynamic batching); it "
                            "is --frontend=triton's"),
+                          ([f"--model_repository={tmp_path}", "--triton_variable_length"],
+                           "error: --triton_variable_length: no effect with --frontend=native, which always takes "
+                           "variable-length ids"),
+                          ([f"--model_repository={tmp_path}", "--frontend=triton", "--triton_variable_length",
+                            "--max_queue_delay_us=5"],
+                           "error: --max_queue_delay_us: no effect with --triton_variable_length (each request is "
+                           "served as it comes, unbatched)"),
                           ([f"--model_repository={tmp_path}", "--poll_seconds=2"],
                            "error: --poll_seconds: no effect without --updates"),
                           ([f"--model_repository={tmp_path}", *port_flags(free_ports(3))],

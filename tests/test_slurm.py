@@ -117,14 +117,15 @@ def test_a_terminated_job_checkpoints_requeues_and_resumes_as_if_uninterrupted(c
 
 @pytest.mark.slow
 def test_the_time_limits_signal_checkpoints_and_requeues(cluster, tmp_path):
-    """The signal `--signal=B:TERM@55` asks for, sent by SLURM itself as the 1-minute time limit
-    nears (up to a minute early: SLURM looks at time limits every 30 s), stops a 2-node job with
-    a checkpoint and the script requeues it."""
+    """The signal `--signal=B:TERM@90` asks for, sent by SLURM itself as the 2-minute time limit
+    nears (30 to 60 s in: SLURM looks at time limits every 30 s, so the signal comes up to 30 s
+    early, after the ranks have started training), stops a 2-node job with a checkpoint and the
+    script requeues it."""
     ckpt = tmp_path / "ckpt"
     job, out = sbatch(cluster, tmp_path, 2, ARGS + ["--synthetic_rows=9600000", f"--save_checkpoint_path={ckpt}"],
                       env={"REQUEUE": "1", "RESUME_FROM": str(ckpt)}, wait=False,
-                      options=["--time=1", "--signal=B:TERM@55"])
-    deadline = time.monotonic() + 150
+                      options=["--time=2", "--signal=B:TERM@90"])
+    deadline = time.monotonic() + 180
     while cluster.job(job).get("Restarts") != "1":
         assert time.monotonic() < deadline and cluster.job(job)["JobState"] in ("PENDING", "RUNNING"), \
             open(out).read()[-3000:] if os.path.exists(out) else "no output"

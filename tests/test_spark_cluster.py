@@ -98,6 +98,7 @@ def locally(spark_local, module, argv):
     run(spark_local, job.options(args), log=lambda m: None)
 
 
+@pytest.mark.slow
 def test_criteo_on_a_standalone_cluster_writes_what_local_mode_writes(cluster, spark_local, tmp_path):
     day = tmp_path / "day.tsv"
     generate.write(generate.generate(8000, seed=5, bad_fraction=0.002), str(day))
@@ -112,6 +113,7 @@ def test_criteo_on_a_standalone_cluster_writes_what_local_mode_writes(cluster, s
     assert cluster_files == local_files
 
 
+@pytest.mark.slow
 def test_raw_histories_on_a_standalone_cluster_are_what_local_mode_builds(cluster, spark_local, tmp_path):
     write_events(tmp_path, events_log(6000, seed=2, users=40))
     args = ["--spec", write_spec(tmp_path), "--shuffle", "--split_mb=1", "--part_rows=1500"]
