@@ -125,28 +125,38 @@ def infer_json(port, inputs):
         return e.code, json.loads(e.read())
 
 
+def answers_both_forms(din, port):
+    """The server on HTTP `port` answers din's requests with the model's logits, the history in its
+    padded columns and as variable-length ids with their lengths (JSON); (the variable-length
+    request's inputs, the lengths)."""
+    _, batch, categorical, logits = din
+    numerical = np.asarray(batch["numerical"], np.float32)
+    history = categorical[:, -HISTORY:]
+    lengths = (history != PAD).sum(1)
+    ids = history[history != PAD]   # row by row, each sample's oldest first
+    client = ServingClient("http", f"localhost:{port}", "m")
+    client.wait_ready(120)
+    np.testing.assert_allclose(client.infer(numerical, categorical, ("logits",))["logits"][:, 0], logits,
+                               rtol=1e-5, atol=1e-5)
+    client.close()
+    ragged = [("numerical_features", "FP32", numerical), ("categorical_features", "INT64", categorical[:, :3]),
+              ("categorical_3", "INT64", ids), ("categorical_3_lengths", "INT64", lengths)]
+    status, answer = infer_json(port, ragged)
+    assert status == 200, answer
+    out = {o["name"]: np.asarray(o["data"]) for o in answer["outputs"]}
+    np.testing.assert_allclose(out["logits"], logits, rtol=1e-5, atol=1e-5)
+    return ragged, lengths
+
+
 def test_native_server_answers_as_the_model_predicts_padded_or_variable_length(din, tmp_path):
     """The history in its padded columns, or as variable-length ids with their lengths (JSON and
     gRPC): the same logits, the model's; lengths that do not add up or exceed the columns: 400."""
     tmp, batch, categorical, logits = din
     numerical = np.asarray(batch["numerical"], np.float32)
-    history = categorical[:, -HISTORY:]
-    lengths = (history != PAD).sum(1)
-    ids = history[history != PAD]   # row by row, each sample's oldest first
     ports = free_ports(3)
     server = start_server(tmp_path / "server.log", ports, f"--model_repository={tmp / 'repo0'}")
     try:
-        client = ServingClient("http", f"localhost:{ports[0]}", "m")
-        client.wait_ready(120)
-        np.testing.assert_allclose(client.infer(numerical, categorical, ("logits",))["logits"][:, 0], logits,
-                                   rtol=1e-5, atol=1e-5)
-        client.close()
-        ragged = [("numerical_features", "FP32", numerical), ("categorical_features", "INT64", categorical[:, :3]),
-                  ("categorical_3", "INT64", ids), ("categorical_3_lengths", "INT64", lengths)]
-        status, answer = infer_json(ports[0], ragged)
-        assert status == 200, answer
-        out = {o["name"]: np.asarray(o["data"]) for o in answer["outputs"]}
-        np.testing.assert_allclose(out["logits"], logits, rtol=1e-5, atol=1e-5)
+        ragged, lengths = answers_both_forms(din, ports[0])
         import tritonclient.grpc as grpc
         tensors = []
         for name, datatype, value in ragged:
@@ -177,26 +187,12 @@ def test_triton_frontend_answers_padded_or_variable_length_as_the_model_predicts
     lengths (histories of length 0, 1 and more); lengths that do not add up: the line that names
     them, with Triton's status for a model's refusal (500). (Triton's dynamic batching of padded requests: tests/test_serving.py.)"""
     tmp, batch, categorical, logits = din
-    numerical = np.asarray(batch["numerical"], np.float32)
-    history = categorical[:, -HISTORY:]
-    lengths = (history != PAD).sum(1)
-    assert {0, 1} <= set(lengths.tolist()) and lengths.max() > MAX_LENGTH
-    ids = history[history != PAD]
     ports = free_ports(3)
     server = start_server(tmp_path / "server.log", ports, f"--model_repository={tmp / 'repo0'}", "--frontend=triton",
                           "--triton_variable_length")
     try:
-        client = ServingClient("http", f"localhost:{ports[0]}", "m")
-        client.wait_ready(120)
-        np.testing.assert_allclose(client.infer(numerical, categorical, ("logits",))["logits"][:, 0], logits,
-                                   rtol=1e-5, atol=1e-5)
-        client.close()
-        ragged = [("numerical_features", "FP32", numerical), ("categorical_features", "INT64", categorical[:, :3]),
-                  ("categorical_3", "INT64", ids), ("categorical_3_lengths", "INT64", lengths)]
-        status, answer = infer_json(ports[0], ragged)
-        assert status == 200, answer
-        out = {o["name"]: np.asarray(o["data"]) for o in answer["outputs"]}
-        np.testing.assert_allclose(out["logits"], logits, rtol=1e-5, atol=1e-5)
+        ragged, lengths = answers_both_forms(din, ports[0])
+        assert {0, 1} <= set(lengths.tolist()) and lengths.max() > MAX_LENGTH
         more = lengths.copy()
         more[np.argmin(lengths)] += 1
         status, answer = infer_json(ports[0], ragged[:3] + [("categorical_3_lengths", "INT64", more)])
