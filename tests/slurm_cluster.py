@@ -63,7 +63,7 @@ class SlurmCluster:
             log = open(os.path.join(root, "log", f"{daemon[0]}-{host}.out"), "w")
             self._processes.append(hosts.popen(host, _daemon(daemon[0]), *daemon[1:], "-D", "-f", self.conf,
                                                stdout=log, stderr=subprocess.STDOUT, env=self.env))
-        self._wait_idle()
+        self.wait_idle()
 
     def _configuration(self, ctld_port: int, slurmd_port: int) -> str:
         r, addresses = self.root, self.hosts.addresses
@@ -85,7 +85,8 @@ class SlurmCluster:
         """A SLURM command (sbatch, scontrol, ...) against this cluster, run on its first host."""
         return self.hosts.run(self.nodes[0], *command, timeout=timeout, env=self.env)
 
-    def _wait_idle(self, timeout: float = 60):
+    def wait_idle(self, timeout: float = 60):
+        """Until every node is idle (no job running or completing)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             out = self.run("sinfo", "-h", "-N", "-o", "%T")

@@ -98,6 +98,11 @@ def test_a_terminated_job_checkpoints_requeues_and_resumes_as_if_uninterrupted(c
     while not (cluster.job(job).get("Restarts") == "1" and cluster.job(job)["JobState"] in ("PENDING", "RUNNING")):
         assert time.monotonic() < deadline, open(out).read()[-3000:]   # requeued: pending ~2 minutes (BeginTime)
         time.sleep(0.1)
+    # Started at once rather than after the requeue's 2-minute hold, but in a later second than the
+    # first run's end: slurmd refuses a credential made in the second its predecessor was revoked.
+    requeued = time.time()
+    cluster.wait_idle()
+    time.sleep(max(0.0, int(requeued) + 2 - time.time()))
     cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")
     fields = cluster.wait(job, restarts=1)
     text = open(out).read()
@@ -117,26 +122,33 @@ def test_a_terminated_job_checkpoints_requeues_and_resumes_as_if_uninterrupted(c
 
 @pytest.mark.slow
 def test_the_time_limits_signal_checkpoints_and_requeues(cluster, tmp_path):
-    """The signal `--signal=B:TERM@90` asks for, sent by SLURM itself as the 2-minute time limit
-    nears (30 to 60 s in: SLURM looks at time limits every 30 s, so the signal comes up to 30 s
-    early, after the ranks have started training), stops a 2-node job with a checkpoint and the
-    script requeues it."""
+    """The signal `--signal=B:TERM@150` asks for, sent by SLURM itself as the time limit nears,
+    stops a 2-node job with a checkpoint and the script requeues it. The limit is brought near once
+    the ranks train (`scontrol update TimeLimit=`, to 90-150 s ahead): SLURM looks at time limits
+    every 30 s, so the signal comes within 30 s, at least 60 s before the limit."""
     ckpt = tmp_path / "ckpt"
     job, out = sbatch(cluster, tmp_path, 2, ARGS + ["--synthetic_rows=9600000", f"--save_checkpoint_path={ckpt}"],
                       env={"REQUEUE": "1", "RESUME_FROM": str(ckpt)}, wait=False,
-                      options=["--time=2", "--signal=B:TERM@90"])
-    deadline = time.monotonic() + 180
-    while cluster.job(job).get("Restarts") != "1":
+                      options=["--time=30", "--signal=B:TERM@150"])
+    deadline = time.monotonic() + 300
+    while "step 1/" not in (open(out).read() if os.path.exists(out) else ""):
         assert time.monotonic() < deadline and cluster.job(job)["JobState"] in ("PENDING", "RUNNING"), \
             open(out).read()[-3000:] if os.path.exists(out) else "no output"
+        time.sleep(0.2)
+    hours, minutes, seconds = (int(x) for x in cluster.job(job)["RunTime"].split(":"))
+    elapsed = 3600 * hours + 60 * minutes + seconds
+    assert cluster.run("scontrol", "update", f"JobId={job}", f"TimeLimit={-(-(elapsed + 90) // 60)}").returncode == 0
+    while cluster.job(job).get("Restarts") != "1":
+        assert time.monotonic() < deadline and cluster.job(job)["JobState"] in ("PENDING", "RUNNING"), \
+            open(out).read()[-3000:]
         time.sleep(0.2)
     cluster.run("scancel", str(job))
     text = open(out).read()
     assert "SIGTERM received: passed to this node's ranks" in text and "requeued (scontrol requeue)" in text, text[-3000:]
+    assert "stopped by SIGTERM after step " in text, text[-3000:]
     stopped = int(text.split("stopped by SIGTERM after step ")[1].split(":")[0])
     assert f"saved checkpoint {ckpt / f'ckpt-{stopped}'}" in text
     assert checkpoint.read_manifest(str(ckpt))["step"] == stopped
-
 
 
 @pytest.mark.parametrize("moment", ["before the launch", "while the ranks start"])
