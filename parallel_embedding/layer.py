@@ -201,8 +201,8 @@ class DistributedEmbedding(tf.Module):
     model need different names.
 
     Changed rows: every table records per row the global step that last updated it (0: never),
-    `updated_at` [rows, 1] int32 beside the table (one per row range: column slices share their
-    first slice's; tables on disk: in host memory, set when a training batch is staged), saved
+    `updated_at` [rows, 1] int32 beside the table (one per row range: a table's column slices
+    share one; tables on disk: in host memory, set when a training batch is staged), saved
     with the optimizer state as tensor `<table>/updated_at`; an export compares it with an earlier
     export's step to write only the rows updated since (deployment/exporter/deltas.py).
     """

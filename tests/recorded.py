@@ -1,5 +1,5 @@
-"""The built-in trainer's steps (nn.trainer.Trainer over nn.model.RankingModel) recorded at commit
-0230845 in tests/data/trainer_0230845/ (its README.md says how): the reference that ranking.Model's
+"""The earlier built-in trainer's steps, recorded in tests/data/recorded_trainer/ (its README.md
+says when and how): the reference that ranking.Model's
 step is checked against, bit for bit, since that trainer is no longer the run's.
 
 steps.json: per test module ("ranking_api", "ranking_layers", "dynamic_api"): "initial" (the
@@ -9,7 +9,7 @@ tensors before the first step), per case its "losses" (one per step) and "final"
 name ("bottom_mlp/dense_0/kernel").
 
 The bits of a trained value depend on the CPU: oneDNN picks its matrix kernels, and so the order of
-their sums, by the instructions the CPU has. This module's fixtures and tests/data/builtin_bef252e/
+their sums, by the instructions the CPU has. This module's fixtures and tests/data/builtin_checkpoints/
 were written on AMD EPYC CPUs with AVX-512 and AVX512_BF16 (`recording_cpu()`), where the tests
 compare bit for bit; on another CPU they compare every recorded loss and value within float32
 rounding (`RTOL`: bfloat16 and float16 steps within their own; a CPU with AVX512_FP16 computes float16
@@ -23,7 +23,7 @@ import os
 
 import numpy as np
 
-FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "trainer_0230845")
+FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "recorded_trainer")
 
 
 def recorded(module: str) -> dict:

@@ -3,7 +3,7 @@ built-in models were rewritten on the ranking/ API (one path): a few steps of ti
 synthetic runs (DLRM with SGD, DCNv2 with Adam, DLRM with a table on disk), float32 on the CPU
 with one thread, each checkpoint's every .npy piece and its manifest (less the run's random
 lineage id), and every step's loss and the evaluation's AUC and log loss from the JSON log,
-against tests/data/builtin_bef252e/ (written at commit bef252e; its README says how). Off the CPU
+against tests/data/builtin_checkpoints/ (written at commit bef252e; its README says how). Off the CPU
 it was written on, each value within float32 rounding and the manifest less its checksums
 (tests/recorded.py).
 
@@ -21,7 +21,7 @@ from tests.recorded import assert_values_as_recorded, recording_cpu
 from tests.warm_python import PYTHON
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURE = os.path.join(ROOT, "tests", "data", "builtin_bef252e")
+FIXTURE = os.path.join(ROOT, "tests", "data", "builtin_checkpoints")
 COMMON = ["--cpu", "--intra_op_parallelism=1", "--inter_op_parallelism=1", "--dataset_type=synthetic",
           "--synthetic_num_numerical=3", "--batch_size=32",
           "--valid_batch_size=32", "--synthetic_rows=128", "--synthetic_eval_rows=128", "--print_freq=1", "--seed=7",

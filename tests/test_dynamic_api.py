@@ -1,7 +1,7 @@
 """Dynamic tables in the Keras API (ranking/) and in model files (main.py --model=FILE with
 --dynamic_tables): a ranking.Model whose table is dynamic (TableConfig(dynamic=DynamicOptions))
-trains bit for bit as the built-in RankingModel + Trainer on the same plan (its steps recorded
-before it was removed: tests/recorded.py), raw ids far outside any cardinality under constant
+trains bit for bit as the earlier built-in trainer on the same plan (its steps, recorded:
+tests/recorded.py), raw ids far outside any cardinality under constant
 eviction, its counts in fit's logs; a model file trains with the flag on synthetic data and on
 raw-id data (split-binary, `raw_ids: true`), resumes bit for bit, is exported in the tables form
 and served as it predicts for ids seen and never seen; the refusals are one line."""

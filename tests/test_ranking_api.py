@@ -1,6 +1,6 @@
 """ranking/ (the Keras 3 API): a functional Keras model over HybridEmbedding, trained by Keras'
-fit through ranking.Model's step, equals the built-in RankingModel + Trainer on the same batches
-(its steps recorded before it was removed: tests/recorded.py); the configuration's errors; Keras'
+fit through ranking.Model's step, equals the earlier built-in trainer on the same batches
+(its steps, recorded: tests/recorded.py); the configuration's errors; Keras'
 variable tracking; a subclassed model with Keras' layers."""
 import json
 
@@ -61,8 +61,8 @@ def builtin_name(path: str) -> str:
 
 
 def keras_model():
-    """DCNv2 without cross layers (concat(bottom MLP, embeddings) -> top MLP, as the built-in
-    RankingModel(seed=3) with interaction "cross" and no cross layers) written with Keras' layers
+    """DCNv2 without cross layers (concat(bottom MLP, embeddings) -> top MLP, as the earlier
+    built-in model (seed 3) with interaction "cross" and no cross layers) written with Keras' layers
     over HybridEmbedding, with the built-in model's initial weights."""
     numerical = keras.Input((3,), name="numerical")
     ids = [keras.Input((None,), dtype="int32", ragged=True, name=f"f{f}") if h > 1 else

@@ -1,7 +1,7 @@
 """nn/layers.py (the ranking/ API's building blocks): MLP, DotInteraction, CrossNetwork and
 FactorizationMachine against NumPy and against nn/'s arithmetic on the same weights; the dot
-interaction's op against TensorFlow's ops; DLRM written with the API equals the built-in
-RankingModel + Trainer (its steps recorded before it was removed: tests/recorded.py); a
+interaction's op against TensorFlow's ops; DLRM written with the API equals the earlier
+built-in trainer (its steps, recorded: tests/recorded.py); a
 DeepFM-shaped model learns a pairwise interaction; inputs that cannot interact are one-line errors
 naming the layer."""
 import sys
@@ -148,7 +148,7 @@ def test_factorization_machine_matches_numpy():
     np.testing.assert_allclose(one, np.zeros((5, 1)), atol=1e-5)
 
 
-# DLRM written with the API against the built-in RankingModel(seed=3) + Trainer (interaction "dot",
+# DLRM written with the API against the earlier built-in model (seed 3) and trainer (interaction "dot",
 # learning rate 0.1; tables of width DIM, feature 2's combined by "mean"), recorded.
 CARDS, HOTNESS, DIM, BOTTOM, TOP, B, STEPS = [40, 30, 20], [1, 1, 3], 4, (8, 4), (16, 1), 32, 4
 DATA = SyntheticDataset(CARDS, 3, 0.0, seed=11)
@@ -166,7 +166,7 @@ def dlrm_batches():
 
 
 def api_dlrm():
-    """DLRM in a few lines of the API, seeded as RankingModel(seed=3)."""
+    """DLRM in a few lines of the API, seeded as the earlier built-in model (seed 3)."""
     features = [FeatureConfig(name=f"f{f}", table=TableConfig(name=f"t{f}", vocabulary_size=c, embedding_dim=DIM,
                                                               combiner="mean" if h > 1 else "sum"),
                               input_shape=(None, h) if h > 1 else (None,), output_shape=(None, DIM))
