@@ -34,10 +34,6 @@ from typing import Dict, List, Optional, Set, Union
 import keras
 import numpy as np
 import tensorflow as tf
-from keras.src.backend.tensorflow.trainer import TFEpochIterator
-from keras.src.models.functional import Functional
-from keras.src.models.model import functional_init_arguments
-from keras.src.utils.python_utils import pythonify_logs
 
 from nn.lr_schedule import LearningRateSchedule
 from parallel_embedding.optimizers import make_optimizer, slot_names
@@ -48,6 +44,7 @@ from storage.checkpoint import KEEP, Entry, replicated_entries
 from ranking.config import TABLE_OPTIMIZERS
 from ranking.embedding import HybridEmbedding
 from ranking.features import binary_loss
+from ranking.keras_internals import Functional, TFEpochIterator
 from ranking.precision import LOSS_SCALE_STATE, LossScale, gradient_sum, scale_gradient
 from utils.errors import ConfigError, NonFiniteError
 from utils.metrics import roc_auc
@@ -417,7 +414,7 @@ class _ProjectStep:
                 self._update_metrics(loss, {}, labels[None], outputs[None])
             else:
                 self._update_metrics(loss, means, labels, outputs)
-            logs = pythonify_logs(self.get_metrics_result())
+            logs = _python_figures(self.get_metrics_result())
             for i, h in enumerate(heads):   # the exact AUC over all samples, of a binary label's logit or if asked
                 key = "auc" if h is None else f"{h}_auc"
                 if key in logs or binary_loss(self._per_sample_loss[h]):
@@ -555,6 +552,25 @@ class _ProjectStep:
                 for name, counts in layer.sequence_stats().items() for k, v in counts.items()}
 
 
+
+def _functional_arguments(args, kwargs) -> bool:
+    """Whether Model(...) is called as a functional model: Model(inputs, outputs)."""
+    return len(args) == 2 or (len(args) == 1 and "outputs" in kwargs) or ("inputs" in kwargs and "outputs" in kwargs)
+
+
+def _python_figures(logs: dict) -> dict:
+    """Keras' metric results as Python numbers (a dict of them flattened in)."""
+    out = {}
+    for key, value in sorted(logs.items()):
+        if isinstance(value, dict):
+            out.update(_python_figures(value))
+        else:
+            try:
+                out[key] = float(value)
+            except (TypeError, ValueError):
+                out[key] = value
+    return out
+
 class Model(_ProjectStep, keras.Model):
     """A keras.Model whose `fit` (and `train_on_batch`) runs the project's step over its
     `HybridEmbedding` layers (at least one, each called once a step; all on the same
@@ -570,7 +586,7 @@ class Model(_ProjectStep, keras.Model):
     then `dense_call(embedding_call(inputs))`."""
 
     def __new__(cls, *args, **kwargs):
-        if cls is Model and functional_init_arguments(args, kwargs):
+        if cls is Model and _functional_arguments(args, kwargs):
             return FunctionalModel(*args, **kwargs)
         return super().__new__(cls, *args, **kwargs)
 
