@@ -56,6 +56,7 @@ import tensorflow as tf
 
 from storage.checkpoint import Entry, replicated_entries
 from parallel_embedding import UPDATED_AT
+from parallel_embedding.choices import COMBINERS
 from parallel_embedding.dynamic_table import IDS, DynamicTable, capacity_check, resharded_entries, tensor_names
 from parallel_embedding.optimizers import make_optimizer
 from parallel_embedding.planner import Plan, Shard, plan_tables  # noqa: F401 (plan_tables: the example)
@@ -215,8 +216,8 @@ class DistributedEmbedding(tf.Module):
         self.plan, self.comm = plan, collectives
         self.data_parallel_input = data_parallel_input
         self.combiners = list(combiners or ["sum"] * len(plan.tables))
-        if len(self.combiners) != len(plan.tables) or set(self.combiners) - {"sum", "mean"}:
-            raise ValueError(f"combiners: one of 'sum', 'mean' per table ({len(plan.tables)}), got {combiners}")
+        if len(self.combiners) != len(plan.tables) or set(self.combiners) - set(COMBINERS):
+            raise ValueError(f"combiners: one of {', '.join(COMBINERS)} per table ({len(plan.tables)}), got {combiners}")
         self.inputs_per_table = list(inputs_per_table or [1] * len(plan.tables))
         if len(self.inputs_per_table) != len(plan.tables) or min(self.inputs_per_table) < 1:
             raise ValueError(f"inputs_per_table: a positive count per table ({len(plan.tables)}), "

@@ -11,6 +11,8 @@ from typing import Dict, List, Tuple
 
 import tensorflow as tf
 
+from parallel_embedding.choices import OPTIMIZERS
+
 _ADAGRAD_INITIAL_ACCUMULATOR = 0.1   # as Keras' Adagrad
 _EPSILON = 1e-7                       # as Keras' Adagrad and Adam
 
@@ -134,7 +136,7 @@ class Adam(Optimizer):
         var.scatter_update(tf.IndexedSlices(new_var, idx))
 
 
-_OPTIMIZERS = {"sgd": SGD, "adagrad": Adagrad, "adam": Adam}
+_OPTIMIZERS = dict(zip(OPTIMIZERS, (SGD, Adagrad, Adam)))
 
 
 def _optimizer_class(name: str):

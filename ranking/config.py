@@ -9,11 +9,10 @@ parallel_embedding.planner.DynamicOptions) is a dynamic table: its features take
 import dataclasses
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
+from parallel_embedding.choices import COMBINERS, OPTIMIZERS as TABLE_OPTIMIZERS
 from parallel_embedding.planner import DynamicOptions
 from utils.errors import ConfigError
 
-COMBINERS = ("sum", "mean")
-TABLE_OPTIMIZERS = ("sgd", "adagrad", "adam")
 PLACEMENTS = ("auto", "default_device", "sparsecore")   # keras-rs' names, all placed by the planner
 
 

@@ -648,7 +648,7 @@ def _per_sample_loss(loss):
 
 
 # Keras' optimizers the step runs (their other settings at their defaults), by the step's name.
-_KERAS_OPTIMIZERS = {"sgd": keras.optimizers.SGD, "adagrad": keras.optimizers.Adagrad, "adam": keras.optimizers.Adam}
+_KERAS_OPTIMIZERS = dict(zip(TABLE_OPTIMIZERS, (keras.optimizers.SGD, keras.optimizers.Adagrad, keras.optimizers.Adam)))
 
 
 def _keras_optimizer(optimizer: keras.optimizers.Optimizer):

@@ -16,19 +16,18 @@ import yaml
 from dataloading.feature_spec import FeatureSpec
 from dataloading.synthetic import HISTORY as SYNTHETIC_HISTORY, label_names as synthetic_label_names, with_history
 from nn.model_config import table_combiners
-from parallel_embedding.planner import DYNAMIC_POLICIES, DynamicOptions, PlanError
+from parallel_embedding.choices import COMBINERS, OPTIMIZERS
+from parallel_embedding.planner import DYNAMIC_POLICIES, STRATEGIES, DynamicOptions, PlanError
 from storage.row_cache import POLICIES
 from utils.errors import ConfigError
 
 MODES = ("train", "eval", "inference")
-OPTIMIZERS = ("sgd", "adagrad", "adam")
 # dot_custom: dot, forcing the custom op; dot_tensorflow (the reference's name): dot on TensorFlow ops, never the op
 INTERACTIONS = ("dot", "dot_custom", "dot_tensorflow", "cross")
 INTERACTION_ALIASES = {"dot_custom_cuda": "dot_custom"}   # the reference's name for ours
 DATASET_TYPES = ("split_binary", "synthetic", "split_tfrecords", "tf_raw")
 FILE_DATASETS = ("split_binary", "split_tfrecords")   # tf_raw: the reference's name for split_binary's files
-COMBINERS = ("sum", "mean")
-DIST_STRATEGIES = ("basic", "memory_balanced", "memory_optimized")   # as parallel_embedding.planner
+DIST_STRATEGIES = STRATEGIES
 RESTORE_MODES = ("resume", "continue", "weights")
 LR_SCHEDULE_RESTORES = ("restart", "continue")
 BEST_METRICS = ("auc", "logloss")   # --keep_best_metric: higher, lower is better
