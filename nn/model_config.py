@@ -5,7 +5,7 @@ from typing import List, Optional, Sequence, Tuple
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TableConfig:
+class TableShape:
     """One categorical feature's embedding table: `cardinality` rows x `dim` columns. A multi-hot
     feature (at most `max_hotness` ids per sample; None: one-hot) combines its ids' rows by
     `combiner`, "sum" or "mean"."""
@@ -21,10 +21,10 @@ def table_combiners(max_hotness: Sequence[Optional[int]], multi_hot_combiner: Op
 
 
 def table_configs(*, cardinalities: Sequence[int], dims: Sequence[int], max_hotness: Sequence[Optional[int]] = None,
-                  multi_hot_combiner: Optional[str] = None) -> Tuple[TableConfig, ...]:
+                  multi_hot_combiner: Optional[str] = None) -> Tuple[TableShape, ...]:
     """Per feature f: a table of cardinalities[f] x dims[f] (one-hot features without `max_hotness`)."""
     max_hotness = max_hotness or [None] * len(cardinalities)
-    return tuple(TableConfig(cardinality=c, dim=d, max_hotness=h, combiner=k) for c, d, h, k in
+    return tuple(TableShape(cardinality=c, dim=d, max_hotness=h, combiner=k) for c, d, h, k in
                  zip(cardinalities, dims, max_hotness, table_combiners(max_hotness, multi_hot_combiner)))
 
 
@@ -35,7 +35,7 @@ class ModelConfig:
     the interaction ("dot", "dot_custom", "dot_tensorflow": nn.interaction.DOT_KERNELS; or
     "cross", with `num_cross_layers` and `cross_layer_projection_dim`, 0: full rank) and the
     top MLP (`top_mlp_dims`, ending in 1)."""
-    tables: Tuple[TableConfig, ...]
+    tables: Tuple[TableShape, ...]
     num_numerical: int
     bottom_mlp_dims: Tuple[int, ...]
     top_mlp_dims: Tuple[int, ...]

@@ -1,6 +1,6 @@
 """ModelConfig and the checkpoint signature made of it: manifests written before it existed read."""
 import run.assembly as run_assembly
-from nn.model_config import ModelConfig, TableConfig
+from nn.model_config import ModelConfig, TableShape
 from tests.configs import tiny_config
 
 # Manifest signatures as main.model_signature wrote them before ModelConfig: tiny_config() (every dot
@@ -24,8 +24,8 @@ def test_old_signatures_read_back_unchanged():
     for written in (DOT, CROSS, MULTI_HOT):
         assert ModelConfig.from_signature(written).signature(written["optimizer"]) == written
     model = ModelConfig.from_signature(MULTI_HOT)
-    assert model.tables[:2] == (TableConfig(cardinality=20, dim=8, max_hotness=3, combiner="mean"),
-                                TableConfig(cardinality=50, dim=8))
+    assert model.tables[:2] == (TableShape(cardinality=20, dim=8, max_hotness=3, combiner="mean"),
+                                TableShape(cardinality=50, dim=8))
     assert ModelConfig.from_signature(CROSS).num_cross_layers == 2
 
 
