@@ -1,5 +1,5 @@
 """A tiny dlrm.py run (4 steps, the tests' size) in a fresh interpreter against the same run forked
-from a tests/warm_python.py server, alternated: wall seconds of each, and the fresh runs' CPU
+from a tests/support/warm_python.py server, alternated: wall seconds of each, and the fresh runs' CPU
 seconds (a forked run's CPU is its server's child's, not this process's).
 
     .venv/bin/python benchmarks/warm_start.py [--pairs 3]
@@ -14,7 +14,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from tests import warm_python  # noqa: E402
+from tests.support import warm_python  # noqa: E402
 
 RUN = ["dlrm.py", "--dataset_type=synthetic", "--synthetic_cardinalities=20,50,7,30", "--synthetic_num_numerical=3",
        "--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1", "--batch_size=64",

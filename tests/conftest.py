@@ -15,11 +15,11 @@ os.environ.setdefault("HOROVOD_CYCLE_TIME", "5")
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                                          os.environ.get("PYTHONPATH")]))
 
-# tests/fake_gpus.py fakes GPUs in the process that imports it: never in pytest's (--doctest-modules).
-collect_ignore = ["fake_gpus.py"]
+# tests/support/fake_gpus.py fakes GPUs in the process that imports it: never in pytest's (--doctest-modules).
+collect_ignore = ["support/fake_gpus.py"]
 
-# Subprocesses started as `[*tests.warm_python.PYTHON, ...]` are forked by servers that imported
-# TensorFlow once, one per rank slot (tests/warm_python.py); started before collection, so that the
+# Subprocesses started as `[*tests.support.warm_python.PYTHON, ...]` are forked by servers that imported
+# TensorFlow once, one per rank slot (tests/support/warm_python.py); started before collection, so that the
 # environments the test modules copy at import name them.
 _WARM = {}
 
@@ -34,7 +34,7 @@ def pytest_configure(config):
     if _controller(config):
         return
     import tempfile
-    from tests import warm_python
+    from tests.support import warm_python
     _WARM["directory"] = tempfile.mkdtemp(prefix="warm-python-")
     _WARM["servers"] = warm_python.start_servers(3, _WARM["directory"])
 
@@ -102,3 +102,10 @@ def spark_local():
     session = spark_session("local[2]", {"spark.ui.enabled": "false"})
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def live_exports(tmp_path_factory):
+    """tests/support/live_exports.py's exports, built once per test process: {step: repository}."""
+    from tests.support import live_exports
+    return live_exports.build(tmp_path_factory.mktemp("live"))

@@ -4,8 +4,8 @@ import numpy as np
 import tensorflow as tf
 
 import run.loop as run_loop
-from tests.builtin import builtin_trainer
-from tests.configs import TINY, tiny_config
+from tests.support.builtin import builtin_trainer
+from tests.support.configs import TINY, tiny_config
 
 CARDS, B = [int(c) for c in TINY["synthetic_cardinalities"]], 256
 

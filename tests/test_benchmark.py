@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from tests.horovod_run import horovodrun
-from tests.warm_python import PYTHON
+from tests.support.horovod_run import horovodrun
+from tests.support.warm_python import PYTHON
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 YARDSTICK = os.path.join(os.path.dirname(ROOT), "shared", "bench", "yardstick", "yardstick.py")

@@ -5,7 +5,7 @@ with one thread, each checkpoint's every .npy piece and its manifest (less the r
 lineage id), and every step's loss and the evaluation's AUC and log loss from the JSON log,
 against tests/data/builtin_checkpoints/ (written at commit bef252e; its README says how). Off the CPU
 it was written on, each value within float32 rounding and the manifest less its checksums
-(tests/recorded.py).
+(tests/support/recorded.py).
 
     python -m tests.test_builtin_checkpoints write    # rewrites the fixture (only from bef252e's code)
 """
@@ -17,8 +17,8 @@ import sys
 
 import numpy as np
 import pytest
-from tests.recorded import assert_values_as_recorded, recording_cpu
-from tests.warm_python import PYTHON
+from tests.support.recorded import assert_values_as_recorded, recording_cpu
+from tests.support.warm_python import PYTHON
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE = os.path.join(ROOT, "tests", "data", "builtin_checkpoints")

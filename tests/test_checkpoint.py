@@ -7,7 +7,7 @@ import pytest
 
 import run.loop as run_loop
 from storage import checkpoint
-from tests.configs import tiny_config
+from tests.support.configs import tiny_config
 from utils.errors import CheckpointError, ConfigError
 
 

@@ -24,13 +24,13 @@ import run.loop as run_loop
 from parallel_embedding.collectives import SingleProcess
 from storage import checkpoint
 from storage.checkpoint import Entry
-from tests.configs import tiny_config
-from tests.horovod_run import ROOT, Ranks, horovodrun
+from tests.support.configs import tiny_config
+from tests.support.horovod_run import ROOT, Ranks, horovodrun
 from tests.test_checkpoint_pruning import scripted_auc  # noqa: F401 (a fixture)
-from tests.small_disk import fill, free_bytes, tmpfs
+from tests.support.small_disk import fill, free_bytes, tmpfs
 from tests.test_multirank_cli import DATA, MODEL, PLACEMENT
 from utils.errors import CheckpointError, StoreError
-from tests.warm_python import PYTHON
+from tests.support.warm_python import PYTHON
 
 TABLE, KERNEL, BIAS, SLOT = "embedding/table_1", "top_mlp/dense_0/kernel", "top_mlp/dense_0/bias", \
     "bottom_mlp/dense_1/kernel/m"

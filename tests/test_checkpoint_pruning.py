@@ -11,10 +11,10 @@ import pytest
 import run.loop as run_loop
 import nn.evaluator
 from storage import checkpoint
-from tests.configs import tiny_config
-from tests.horovod_run import ROOT
+from tests.support.configs import tiny_config
+from tests.support.horovod_run import ROOT
 from utils.errors import CheckpointError, ConfigError
-from tests.warm_python import PYTHON
+from tests.support.warm_python import PYTHON
 
 
 def checkpoints(root):

@@ -11,9 +11,9 @@ import pytest
 
 import run.loop as run_loop
 from utils import logger as run_logger
-from tests.configs import TINY as TINY_BASE, make_config
+from tests.support.configs import TINY as TINY_BASE, make_config
 from utils.errors import CheckpointError
-from tests.warm_python import PYTHON
+from tests.support.warm_python import PYTHON
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
@@ -488,7 +488,7 @@ def test_xla(out):
     assert result["logloss"] == pytest.approx(plain["logloss"], rel=1e-3)
     assert build_model(out)[1].endswith("xla False, 1 rank")
     # What only XLA does: the run's train step holds the MLPs' matmuls in XLA-compiled functions.
-    from tests.compiled import xla_compiled_ops
+    from tests.support.compiled import xla_compiled_ops
     for xla in (True, False):
         r = run_loop.Run(config(xla=xla))
         r.log.close()

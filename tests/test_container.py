@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from deployment.client import ServingClient, free_ports, request_batches
-from tests.horovod_run import ROOT, horovodrun
+from tests.support.horovod_run import ROOT, horovodrun
 from tests import test_serving
 from tests.test_serving import eval_dataset, reference
 

@@ -18,9 +18,9 @@ from deployment.client import ServingClient, free_ports
 from deployment.exporter.repository import write_repository
 from deployment.serving.live import Model
 from storage import checkpoint
-from tests.horovod_run import ROOT
+from tests.support.horovod_run import ROOT
 from tests.test_serving import start_server, stop_server
-from tests import warm_python
+from tests.support import warm_python
 
 SCRIPT = os.path.join(ROOT, "tools", "continuous_training.sh")
 TRAIN_FLAGS = ("--embedding_dim=8 --bottom_mlp_dims=16,8 --top_mlp_dims=16,1 --optimizer=adagrad --learning_rate=0.02 "

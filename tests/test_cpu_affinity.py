@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.horovod_run import ROOT
+from tests.support.horovod_run import ROOT
 
 PROBE = """
 import json, os, sys, threading
@@ -69,7 +69,7 @@ print("AFFINITY", json.dumps([comm.rank, sorted(os.sched_getaffinity(0))]), flus
 @pytest.mark.parametrize("setting", ["auto", "off"])
 def test_horovod_ranks_bind_unless_turned_off(tmp_path, setting):
     """Two Gloo ranks get the two halves of the CPUs; DLRM_CPU_AFFINITY=off leaves them alone."""
-    from tests.horovod_run import horovodrun
+    from tests.support.horovod_run import horovodrun
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) != os.cpu_count() or len(cpus) < 2:
         pytest.skip("this process may not use every CPU of the host")

@@ -10,27 +10,16 @@ import pytest
 
 import run.loop as run_loop
 from dataloading.feature_spec import SPEC_FILE, split_binary_spec
-from dataloading.generate_dataset import generate, synthetic_columns
+from dataloading.generate_dataset import synthetic_columns
 from dataloading.synthetic import SyntheticDataset
 from dataloading.writer import MappingWriter
 from storage import checkpoint
-from tests.configs import TINY
-from tests.horovod_run import ROOT, horovodrun
+from tests.support.configs import TINY
+from tests.support.datasets import CARDS, EVAL_ROWS, ROWS, write_dataset
+from tests.support.horovod_run import ROOT, horovodrun
 from run.config import build_config
 from utils.errors import CheckpointError, ConfigError
-from tests.warm_python import PYTHON
-
-CARDS = [20, 50, 7, 30]
-ROWS, EVAL_ROWS, BATCH = 128 * 12, 500, 128
-
-
-def write_dataset(path, max_hotness=None, numerical_dtype="float32", eval_rows=EVAL_ROWS, cards=CARDS):
-    """TINY's synthetic data (seed 5) as files: train 12 batches, test 500 rows."""
-    spec = split_binary_spec([f"n{k}" for k in range(3)], {f"c{k}": c for k, c in enumerate(cards)},
-                             max_hotness=max_hotness, numerical_dtype=numerical_dtype, base_dir=str(path))
-    generate(spec, ROWS, eval_rows, seed=TINY["seed"], alpha=TINY["synthetic_alpha"])
-    return str(path)
-
+from tests.support.warm_python import PYTHON
 
 def write_days(path):
     """Two days of TINY's training samples: mappings day1 = samples [0, ROWS), day2 = [ROWS, 2 ROWS),

@@ -18,10 +18,10 @@ from deployment.repository_format import export_version, read_delta
 from parallel_embedding import UPDATED_AT
 from storage import checkpoint
 from utils.errors import CheckpointError
-from tests.configs import tiny_config
+from tests.support.configs import tiny_config
 from tests.test_checkpoint_integrity import flip, piece_path
-from tests.horovod_run import ROOT, horovodrun
-from tests.warm_python import PYTHON
+from tests.support.horovod_run import ROOT, horovodrun
+from tests.support.warm_python import PYTHON
 
 CARDS = ["3000", "5000", "7", "400"]   # large enough that a few steps leave most rows untouched
 

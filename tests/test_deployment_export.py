@@ -15,11 +15,12 @@ from tensorflow.core.protobuf import saved_model_pb2
 import run.loop as run_loop
 from dataloading.batches import RankInput, eval_batches
 from deployment.repository_format import PAD, ServingLayout, categorical_matrix
-from tests.configs import TINY, tiny_config
-from tests.horovod_run import ROOT, horovodrun
-from tests.test_dataset_cli import MODEL, write_dataset
+from tests.support.configs import TINY, tiny_config
+from tests.support.horovod_run import ROOT, horovodrun
+from tests.support.datasets import write_dataset
+from tests.test_dataset_cli import MODEL
 from run.config import build_config
-from tests.warm_python import PYTHON
+from tests.support.warm_python import PYTHON
 
 DCN = ["--interaction=cross", "--embedding_dim=4,8,6,5", "--num_cross_layers=2", "--cross_layer_projection_dim=4"]
 PREDICT = """

@@ -2,7 +2,7 @@
 .npy file per table streamed from a checkpoint written at 2 ranks (row, column and replicated
 pieces), which a lookup in NumPy turns into the monolithic export's predictions; the limit on
 tables held in memory, and the repository written whole or not at all. The checkpoint is the
-built-in DCNv2's as the run builds it (examples/dcnv2.py handed its tables: tests/builtin.py)."""
+built-in DCNv2's as the run builds it (examples/dcnv2.py handed its tables: tests/support/builtin.py)."""
 import json
 import os
 import shutil
@@ -21,10 +21,10 @@ from deployment.repository_format import PAD, ServingLayout
 from nn.model_config import ModelConfig, table_configs
 from parallel_embedding.planner import plan_tables
 from storage import checkpoint
-from tests.builtin import builtin_config, builtin_model
-from tests.horovod_run import ROOT
+from tests.support.builtin import builtin_config, builtin_model
+from tests.support.horovod_run import ROOT
 from utils.errors import CheckpointError
-from tests.warm_python import PYTHON
+from tests.support.warm_python import PYTHON
 
 CONFIG = ModelConfig(tables=table_configs(cardinalities=[20, 50, 7, 30], dims=[4, 8, 6, 5],
                                           max_hotness=[3, None, None, 2], multi_hot_combiner="mean"),

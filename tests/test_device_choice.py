@@ -1,17 +1,17 @@
 """Each process takes one GPU, its local rank's, with memory growth, before TensorFlow's first op
 (TensorFlow refuses a device choice after it): dlrm.py at 1 process and at 2 Gloo ranks on a
-host faked to have 2 GPUs (tests/fake_gpus.py), which records the choice and whether any op had
+host faked to have 2 GPUs (tests/support/fake_gpus.py), which records the choice and whether any op had
 initialised TensorFlow before it."""
 import json
 import re
 
 import pytest
 
-from tests.horovod_run import horovodrun
+from tests.support.horovod_run import horovodrun
 from tests.test_multirank_cli import DATA, MODEL, one_process, succeeded
 
 # dlrm.py, run with TensorFlow's device calls faked first.
-FAKED_DLRM = ("import runpy, sys, tests.fake_gpus; sys.argv[0] = 'dlrm.py'; "
+FAKED_DLRM = ("import runpy, sys, tests.support.fake_gpus; sys.argv[0] = 'dlrm.py'; "
               "runpy.run_path('dlrm.py', run_name='__main__')")
 
 

@@ -13,9 +13,9 @@ import tensorflow as tf
 import run.loop as run_loop
 import nn.interaction as interaction
 from nn.interaction import DotInteraction, dot_interaction_width
-from tests.configs import tiny_config
+from tests.support.configs import tiny_config
 from utils.errors import ConfigError
-from tests.warm_python import PYTHON
+from tests.support.warm_python import PYTHON
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OP_DIR = os.path.join(ROOT, "tensorflow-dot-based-interact")

@@ -1,7 +1,7 @@
 """Dynamic tables in the Keras API (ranking/) and in model files (main.py --model=FILE with
 --dynamic_tables): a ranking.Model whose table is dynamic (TableConfig(dynamic=DynamicOptions))
 trains bit for bit as the earlier built-in trainer on the same plan (its steps, recorded:
-tests/recorded.py), raw ids far outside any cardinality under constant
+tests/support/recorded.py), raw ids far outside any cardinality under constant
 eviction, its counts in fit's logs; a model file trains with the flag on synthetic data and on
 raw-id data (split-binary, `raw_ids: true`), resumes bit for bit, is exported in the tables form
 and served as it predicts for ids seen and never seen; the refusals are one line."""
@@ -21,9 +21,9 @@ from deployment.serving.live import Model as ServedTables
 from parallel_embedding.planner import DynamicOptions
 from ranking import FeatureConfig, HybridEmbedding, Model, TableConfig
 from storage import checkpoint
-from tests.configs import tiny_config
-from tests.multi_hot import multi_hot_ids
-from tests.recorded import assert_as_recorded, assert_values_as_recorded, model_state, recorded
+from tests.support.configs import tiny_config
+from tests.support.multi_hot import multi_hot_ids
+from tests.support.recorded import assert_as_recorded, assert_values_as_recorded, model_state, recorded
 from tests.test_ranking_api import (B, BOTTOM, CARDS, COMBINERS, DATA, DIMS, HOTNESS, TOP, builtin_name,
                                     seeded_as_the_builtin)
 from tests.test_tiered_cli import assert_same_checkpoint
@@ -283,7 +283,7 @@ def test_a_model_file_at_two_gloo_ranks_equals_one_process(tmp_path):
     """Wide & Deep with cat_0's tables in 2 hash shards (one per rank, evicting) and cat_3's whole
     (lfu), model-parallel input: the per-step losses, the maps' state bit for bit, the values
     within float tolerance and the counts in the JSON log equal one process's."""
-    from tests.horovod_run import horovodrun
+    from tests.support.horovod_run import horovodrun
     from tests.test_dynamic_multirank import assert_same_tables
     from tests.test_model_cli import DATA, model_args, python
     from tests.test_multirank_cli import records, succeeded

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from storage import checkpoint
-from tests.horovod_run import horovodrun
+from tests.support.horovod_run import horovodrun
 from tests.test_multirank_cli import MODEL, DATA, STEPS, one_process, records, succeeded
 
 # Table 0 (300 ids) in 2 hash shards of 30 rows, LRU with K = 2 (evicting); table 3 (30 ids) whole, LFU.

@@ -16,7 +16,7 @@ from parallel_embedding.layer import DistributedEmbedding
 from parallel_embedding.planner import DynamicOptions, plan_tables
 from parallel_embedding.routing import hash_shards
 from storage import checkpoint
-from tests.configs import tiny_config
+from tests.support.configs import tiny_config
 from utils.errors import ConfigError
 
 DIM, SLOT = 4, "m"   # adam's first slot

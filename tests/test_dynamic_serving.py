@@ -30,12 +30,12 @@ from parallel_embedding import dynamic_table
 from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.dynamic_table import DynamicTable
 from storage import checkpoint
-from tests.builtin import builtin_config, builtin_model
-from tests.horovod_run import ROOT
-from tests.redis_server import RedisServer
-from tests.small_disk import fill, free_bytes, tmpfs
+from tests.support.builtin import builtin_config, builtin_model
+from tests.support.horovod_run import ROOT
+from tests.support.redis_server import RedisServer
+from tests.support.small_disk import fill, free_bytes, tmpfs
 from utils.errors import CheckpointError, StoreError
-from tests.warm_python import PYTHON
+from tests.support.warm_python import PYTHON
 
 D = 4
 CONFIG = ModelConfig(tables=table_configs(cardinalities=[6, 8, 7], dims=[D, D, D], max_hotness=[None, 3, None],
@@ -418,7 +418,7 @@ def trained(tmp_path_factory, request):
     or 51 in 3 hash shards of 17 rows, and 8: table 1 evicting; one process), day 0 of 6 steps and
     day 1 of 4 more from it: checkpoints, full exports, the delta."""
     import run.loop as run_loop
-    from tests.configs import tiny_config
+    from tests.support.configs import tiny_config
     tmp = tmp_path_factory.mktemp("trained")
     ckpts = []
     for day, (steps, seed) in enumerate([(6, 5), (4, 6)]):

@@ -24,7 +24,7 @@ from parallel_embedding.planner import (BudgetError, DynamicOptions, PlanError, 
 from parallel_embedding.routing import hash_shards
 from storage import checkpoint
 from deployment.exporter.repository import exported_model
-from tests.configs import tiny_config
+from tests.support.configs import tiny_config
 from tests.test_cli import SCRIPT_ARGS, run_script
 from utils.errors import CheckpointError, ConfigError
 

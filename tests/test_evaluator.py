@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from nn.evaluator import evaluate
 from parallel_embedding.collectives import SingleProcess
-from tests.horovod_run import horovodrun
+from tests.support.horovod_run import horovodrun
 
 BATCH = 16
 
@@ -70,7 +70,7 @@ def test_one_process(oracle):
 
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_gloo_ranks_gather_onto_rank_0(ranks):
-    out = horovodrun(ranks, ["tests/evaluator_worker.py"], timeout=600)
+    out = horovodrun(ranks, ["tests/support/evaluator_worker.py"], timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     results = sorted((json.loads(line.split("RESULT ", 1)[1]) for line in out.stdout.splitlines()
                       if "RESULT " in line), key=lambda r: r["rank"])

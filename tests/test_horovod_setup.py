@@ -1,5 +1,5 @@
 """The set-up's Horovod build works: two Gloo ranks allreduce and all-to-all inside tf.function."""
-from tests.horovod_run import horovodrun
+from tests.support.horovod_run import horovodrun
 
 SCRIPT = """
 import horovod.tensorflow as hvd, tensorflow as tf

@@ -1,5 +1,5 @@
 """ranking.keras_rs, keras-rs' front door: a script written as keras-rs' documentation shows it
-(tests/keras_rs_script.py, its import changed) trains in a plain keras.Model as the same model in
+(tests/support/keras_rs_script.py, its import changed) trains in a plain keras.Model as the same model in
 plain Keras (keras.layers.Embedding tables, combined by hand) from the same weights; sparse ids
 as ragged ones; Keras initializers; the differences that remain are one line each."""
 import keras
@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from ranking import keras_rs
-from tests import keras_rs_script as script
+from tests.support import keras_rs_script as script
 from utils.errors import ConfigError
 
 

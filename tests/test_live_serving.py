@@ -2,7 +2,6 @@
 monolithic SavedModel's predictions), versions swapped in while requests run (deltas as row
 overlays written into the tables once older requests finished, full exports), refusals of broken
 and out-of-order updates; and deployment/serve.py --updates under continuous requests."""
-import json
 import os
 import re
 import shutil
@@ -13,65 +12,17 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import run.loop as run_loop
 from deployment.client import ServingClient, free_ports
-from deployment.exporter.deltas import write_delta
 from deployment.exporter.repository import write_repository
 from deployment.repository_format import PAD, DeltaError, export_version
 from deployment.serving.errors import BadRequest, UpdateRefused
 from deployment.serving.live import Model, Updater
-from tests.configs import TINY
-from tests.test_dataset_cli import write_dataset
+from tests.support.live_exports import STEPS, make_delta, read_info, tables_of
 from tests.test_serving import port_flags, script, start_server, stop_server
-from run.config import build_config
 
-STEPS = (8, 16, 24)
-RUN = ""   # set by the exports fixture
-
-
-@pytest.fixture(scope="module")
-def exports(tmp_path_factory):
-    """{step: repository}: a DLRM trained on multi-hot files (mean combiner), 2 epochs of 12 steps,
-    exported at steps 8, 16 and 24 with the monolithic and tables forms."""
-    tmp = tmp_path_factory.mktemp("live")
-    data = write_dataset(tmp / "data", {"c0": 3, "c3": 2})
-    cfg = build_config(dict(TINY, dataset_type="split_binary", dataset_path=data, epochs=2, max_steps=24,
-                            checkpoint_every_n_steps=8, keep_checkpoints=3, multi_hot_combiner="mean",
-                            save_checkpoint_path=str(tmp / "ckpt")),
-                       present={"dataset_type", "dataset_path", "epochs", "max_steps", "save_checkpoint_path",
-                                "checkpoint_every_n_steps", "keep_checkpoints", "multi_hot_combiner"})
-    run_loop.run(cfg)
-    checkpoints = {int(re.match(r"ckpt-(\d+)", d).group(1)): str(tmp / "ckpt" / d)
-                   for d in os.listdir(tmp / "ckpt") if d.startswith("ckpt-")}
-    assert sorted(checkpoints) == list(STEPS)
-    repos = {}
-    for step in STEPS:
-        repos[step] = str(tmp / f"repo{step}")
-        write_repository(checkpoints[step], repos[step], forms=["monolithic", "tables"])
-    global RUN   # the training run of every export, as versions name it
-    RUN = export_version(repos[8]).run[:8]
-    return repos
-
-
-def tables_of(repo):
-    return [np.load(os.path.join(repo, "dlrm_tables", f"table_{f}.npy")) for f in range(4)]
-
-
-def make_delta(base_repo, new_repo, out):
-    """A delta from export `base_repo` to export `new_repo`: the rows that differ, the new dense model."""
-    base, new = tables_of(base_repo), tables_of(new_repo)
-    changed = [np.flatnonzero((a != b).any(1)) for a, b in zip(base, new)]
-    assert sum(map(len, changed)) > 0
-    info = read_info(new_repo)
-    write_delta(out, "dlrm", export_version(base_repo), export_version(new_repo), info["signature"],
-                [(f, len(b), ids, b[ids]) for f, (b, ids) in enumerate(zip(new, changed))],
-                lambda path: shutil.copytree(os.path.join(new_repo, "dlrm_dense", "1", "model.savedmodel"), path))
-    return out
-
-
-def read_info(repo):
-    with open(os.path.join(repo, "export.json")) as f:
-        return json.load(f)
+@pytest.fixture
+def exports(live_exports):
+    return live_exports
 
 
 def requests(n, seed=0):
@@ -101,7 +52,7 @@ def test_predictions_equal_the_monolithic_models(exports):
         np.testing.assert_allclose(out["predictions"], expected["predictions"], rtol=1e-6, atol=1e-6)
         np.testing.assert_array_equal(out["model_version"], np.full((64, 1), step))
         assert out["model_version"].dtype == np.int64 and np.std(out["logits"]) > 1e-3
-    assert str(model.version) == f"step 24 (run {RUN})"
+    assert str(model.version) == f"step 24 (run {exports.run})"
 
 
 def test_bad_requests_are_refused_in_one_line(exports):
@@ -174,7 +125,7 @@ def test_updates_that_do_not_apply_are_refused_and_the_old_version_serves(export
     numerical, categorical = requests(50, seed=3)
     old = model.infer(numerical, categorical)
     late = read_delta_of(make_delta(exports[16], exports[24], str(tmp_path / "d24")))
-    with pytest.raises(UpdateRefused, match=rf"^its base is step 16 \(run {RUN}\), serving step 8 \(run {RUN}\)$"):
+    with pytest.raises(UpdateRefused, match=rf"^its base is step 16 \(run {exports.run}\), serving step 8 \(run {exports.run}\)$"):
         model.apply_delta(late)
     corrupt = make_delta(exports[8], exports[16], str(tmp_path / "d16"))
     rows = os.path.join(corrupt, "table_1.rows.npy")
@@ -207,17 +158,17 @@ def test_the_updater_applies_new_updates_in_order_and_refuses_the_rest(exports, 
         f"not yet an update {updates / 'partial'}: no delta.json or export.json (deploy.py writes an update "
         "elsewhere and renames it in); taken once one appears",
         f"applied update {updates / 'a'} (delta, {changed(8, 16, exports)}): serving step 16 "
-        f"(run {RUN}), in T s, T s after its delta.json was written",
-        f"refused update {updates / 'stale'}: its base is step 8 (run {RUN}), serving step 16 (run {RUN})",
+        f"(run {exports.run}), in T s, T s after its delta.json was written",
+        f"refused update {updates / 'stale'}: its base is step 8 (run {exports.run}), serving step 16 (run {exports.run})",
         f"applied update {updates / 'b'} (delta, {changed(16, 24, exports)}): serving step 24 "
-        f"(run {RUN}), in T s, T s after its delta.json was written"]
+        f"(run {exports.run}), in T s, T s after its delta.json was written"]
     shutil.copytree(exports[24], updates / "partial" / "repo")   # not a complete update yet
     updater.poll()
     assert len(lines) == 5
     shutil.copytree(exports[16], updates / "full16")
     updater.poll()
     assert model.version.step == 16 and lines[5].startswith(f"applied update {updates / 'full16'} (full export): "
-                                                            f"serving step 16 (run {RUN}), in ")
+                                                            f"serving step 16 (run {exports.run}), in ")
     numerical, categorical = requests(50, seed=4)
     np.testing.assert_array_equal(model.infer(numerical, categorical)["logits"],
                                   Model(exports[16]).infer(numerical, categorical)["logits"])
@@ -342,7 +293,7 @@ def test_serve_swaps_versions_while_requests_run(exports, tmp_path):
     for _, _, k, (version,), logits in load.responses:
         np.testing.assert_array_equal(logits, expected[version][k])
     lines = log.read_text().splitlines()
-    assert any(line.startswith(f"serving dlrm (tables form, step 8 (run {RUN}), updates from {updates} every 0.5 s) "
+    assert any(line.startswith(f"serving dlrm (tables form, step 8 (run {exports.run}), updates from {updates} every 0.5 s) "
                                f"of ") for line in lines)
     events = {re.sub(r" \(delta, .*| \(full export.*|: .*", "", line): line for line in lines
               if line.startswith(("applied update", "refused update"))}
@@ -351,7 +302,7 @@ def test_serve_swaps_versions_while_requests_run(exports, tmp_path):
     assert events[f"refused update {updates / 'broken'}"].endswith(
         f"{updates / 'broken' / 'table_0.rows.npy'}: CRC-32 differs from delta.json's (a corrupt or partial file)")
     assert events[f"refused update {updates / 'stale'}"].endswith(
-        f"its base is step 8 (run {RUN}), serving step 16 (run {RUN})")
+        f"its base is step 8 (run {exports.run}), serving step 16 (run {exports.run})")
     report_latency(load.responses, dropped)
 
 

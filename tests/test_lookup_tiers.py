@@ -19,7 +19,7 @@ from dataloading.synthetic import power_law_ids
 from deployment.repository_format import Version
 from deployment.serving.tiers import IdError, LookupTiers, TierConfig, cache_capacities, redis_tier, store_version
 from deployment.serving.tiers.cache import _Cache
-from tests.redis_server import RedisServer, free_port
+from tests.support.redis_server import RedisServer, free_port
 from utils.errors import ConfigError, StoreError
 
 SHAPES = [(20000, 8), (12000, 16), (5, 4)]

@@ -19,11 +19,11 @@ from deployment.exporter.model_file import model_file_export
 from deployment.repository_format import RepositoryError
 import run.loop as run_loop
 from storage import checkpoint
-from tests.configs import tiny_config
-from tests.horovod_run import ROOT, horovodrun
+from tests.support.configs import tiny_config
+from tests.support.horovod_run import ROOT, horovodrun
 from tests.test_multirank_cli import assert_same_losses, assert_same_run, records, succeeded
 from tests.test_tiered_cli import assert_same_checkpoint, assert_same_run as assert_same_tiered_run, disk_units, tiered
-from tests.warm_python import PYTHON
+from tests.support.warm_python import PYTHON
 from utils.errors import ConfigError
 
 DATA = ["--dataset_type=synthetic", "--synthetic_cardinalities=300,50,7,30", "--synthetic_num_numerical=3",

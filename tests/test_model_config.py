@@ -1,7 +1,7 @@
 """ModelConfig and the checkpoint signature made of it: manifests written before it existed read."""
 import run.assembly as run_assembly
 from nn.model_config import ModelConfig, TableShape
-from tests.configs import tiny_config
+from tests.support.configs import tiny_config
 
 # Manifest signatures as main.model_signature wrote them before ModelConfig: tiny_config() (every dot
 # kernel), tiny_config(interaction="cross", optimizer="sgd"), and a multi-hot model.

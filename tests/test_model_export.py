@@ -25,12 +25,12 @@ from deployment.repository_format import ServingLayout, categorical_matrix, read
 from deployment.serving.live import Model
 from deployment.serving.tiers import TierConfig
 from run.config import build_config
-from tests.configs import TINY
-from tests.horovod_run import ROOT
-from tests.redis_server import RedisServer
+from tests.support.configs import TINY
+from tests.support.horovod_run import ROOT
+from tests.support.redis_server import RedisServer
 from tests.test_deployment_export import deploy, reference, served
 from tests.test_serving import served_outputs, start_server, stop_server
-from tests.warm_python import PYTHON
+from tests.support.warm_python import PYTHON
 
 CARDS, HOTNESS = ["300", "50", "7", "30"], ["1", "3", "1", "2"]   # features 1 and 3 multi-hot
 DATA = ["--dataset_type=synthetic", f"--synthetic_cardinalities={','.join(CARDS)}",

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.horovod_run import ROOT
+from tests.support.horovod_run import ROOT
 
 ROWS, DIM = 1 << 24, 16
 TABLE_BYTES = ROWS * DIM * 4

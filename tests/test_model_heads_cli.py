@@ -21,8 +21,8 @@ from dataloading.synthetic import SyntheticDataset
 from dataloading.to_tfrecords import convert
 from deployment.client import free_ports
 from run.config import build_config
-from tests.configs import TINY
-from tests.horovod_run import horovodrun
+from tests.support.configs import TINY
+from tests.support.horovod_run import horovodrun
 from tests.test_model_cli import DATA, FILE_DATA, PLACEMENT, STEPS, error_line, python
 from tests.test_multirank_cli import succeeded
 from tests.test_serving import script, start_server, stop_server

@@ -5,7 +5,7 @@ evaluation of it predicts what the script's model predicts, main.py trains on fr
 (--restore_mode=continue; resume is one line: no data position), `deploy.py --model=FILE`
 exports it and the export serves the script's predictions; a fresh build restores it bit for bit
 (predictions, and the next steps equal the saved model's own). The refusals are one line. (At N
-ranks: tests/ranking_multirank_worker.py saves with save_checkpoint at 2 ranks and restores into
+ranks: tests/support/ranking_multirank_worker.py saves with save_checkpoint at 2 ranks and restores into
 one process.)"""
 import json
 

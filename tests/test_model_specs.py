@@ -8,7 +8,7 @@ import pytest
 from dataloading.feature_spec import split_binary_spec
 from dataloading.generate_dataset import generate
 import run.loop as run_loop
-from tests.configs import tiny_config
+from tests.support.configs import tiny_config
 from tests.test_model_cli import EXAMPLES
 from utils.errors import ConfigError
 

@@ -12,8 +12,8 @@ from dataloading.synthetic import SyntheticDataset
 from parallel_embedding.collectives import SingleProcess
 from parallel_embedding.layer import DistributedEmbedding
 from parallel_embedding.planner import plan_tables
-from tests.builtin import builtin_trainer, variables_by_name
-from tests.multi_hot import multi_hot_ids
+from tests.support.builtin import builtin_trainer, variables_by_name
+from tests.support.multi_hot import multi_hot_ids
 
 CARDS, DIMS = [30, 7], [4, 6]
 

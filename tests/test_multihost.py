@@ -1,4 +1,4 @@
-"""horovodrun over two hosts (tests/netns_hosts.py: network namespaces with their own addresses,
+"""horovodrun over two hosts (tests/support/netns_hosts.py: network namespaces with their own addresses,
 hostnames and sshd, on this machine's file system): `horovodrun -np 4 -H hosta:2,hostb:2
 --network-interface eth1`, started on hosta, reaches hostb's ranks over ssh and Gloo over the
 hosts' own addresses, and trains DLRM with the losses and AUC of `horovodrun -np 4` on one host;
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from storage import checkpoint
-from tests.horovod_run import ROOT, horovodrun
-from tests.netns_hosts import INTERFACE, Hosts, missing
+from tests.support.horovod_run import ROOT, horovodrun
+from tests.support.netns_hosts import INTERFACE, Hosts, missing
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
 

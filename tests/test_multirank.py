@@ -1,7 +1,7 @@
 """Hybrid parallelism at 2 and 3 Gloo ranks equals one process on the same global batches: the
 run's step (run.user_model.UserTrainer) over the built-in DLRM / DCNv2 (examples/dlrm.py, dcnv2.py).
 
-Each case (one-hot or multi-hot ids) runs in `tests/multirank_worker.py` under horovodrun:
+Each case (one-hot or multi-hot ids) runs in `tests/support/multirank_worker.py` under horovodrun:
 forward logits and the loss at every step, then every variable (table shards, optimizer slots,
 dense weights) after several steps, against the single-process model with the same initial
 weights, within 1e-5.
@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.horovod_run import horovodrun
+from tests.support.horovod_run import horovodrun
 
 SMALL = [50, 80, 120, 30]
 
@@ -67,7 +67,7 @@ def results():
     {world size: the end of its output if it failed}."""
     found, failed = {}, {}
     for np_, cases in CASES.items():
-        out = horovodrun(np_, ["tests/multirank_worker.py", json.dumps(cases)])
+        out = horovodrun(np_, ["tests/support/multirank_worker.py", json.dumps(cases)])
         if out.returncode:
             failed[np_] = f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
         for line in out.stdout.splitlines():

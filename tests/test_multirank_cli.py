@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from tests.horovod_run import ROOT, Ranks, horovodrun
-from tests.warm_python import PYTHON
+from tests.support.horovod_run import ROOT, Ranks, horovodrun
+from tests.support.warm_python import PYTHON
 
 MODEL = ["--dataset_type=synthetic", "--synthetic_cardinalities=300,50,7,30,90", "--synthetic_num_numerical=3",
          "--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1", "--optimizer=adam", "--seed=7"]

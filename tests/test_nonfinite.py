@@ -14,8 +14,9 @@ import run.loop as run_loop
 from dataloading.batches import epoch_order
 from dataloading.feature_spec import SPEC_FILE, FeatureSpec
 from dataloading.split_binary import SplitBinaryDataset
-from tests.test_dataset_cli import BATCH, MODEL, ROWS, dlrm, file_config, write_dataset
-from tests.test_trainer import batch_tensors, make_trainer
+from tests.support.datasets import BATCH, ROWS, write_dataset
+from tests.test_dataset_cli import MODEL, dlrm, file_config
+from tests.test_train_step import batch_tensors, make_trainer
 from utils.errors import DatasetError, NonFiniteError
 
 

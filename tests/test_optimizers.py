@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from parallel_embedding.optimizers import make_optimizer
-from tests.builtin import builtin_trainer, variables_by_name
+from tests.support.builtin import builtin_trainer, variables_by_name
 
 EPS, B1, B2 = 1e-7, 0.8, 0.95
 

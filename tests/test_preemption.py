@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from storage import checkpoint
-from tests.horovod_run import ROOT, Ranks, _environment
+from tests.support.horovod_run import ROOT, Ranks, _environment
 
 MODEL = ["--dataset_type=synthetic", "--synthetic_cardinalities=300,50,7,30,90", "--synthetic_num_numerical=3",
          "--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1", "--optimizer=adam", "--seed=7"]

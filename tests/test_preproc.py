@@ -16,9 +16,9 @@ from preproc import layout as layouts
 from preproc.criteo import parse_thresholds
 from preproc.pipeline import Options, run
 from preproc.session import spark_session
-from tests.horovod_run import ROOT
+from tests.support.horovod_run import ROOT
 from utils.errors import ConfigError, DatasetError
-from tests.warm_python import PYTHON
+from tests.support.warm_python import PYTHON
 
 
 def line(label, ints=(), cats=()):

@@ -14,7 +14,7 @@ import yaml
 
 from preproc import raw, raw_spec
 from preproc.raw_source import RawSource
-from tests.horovod_run import ROOT
+from tests.support.horovod_run import ROOT
 from tests.test_preproc_raw import key, load, ragged, run_raw, tree, write_log
 from utils.errors import ConfigError, DatasetError
 
@@ -367,7 +367,7 @@ def test_the_movielens_guide_serves_what_its_din_predicts(spark, tmp_path):
     from deployment.repository_format import categorical_matrix
     from deployment.serving.live import Model
     from run.config import build_config
-    from tests.configs import TINY
+    from tests.support.configs import TINY
     from tests.test_deployment_export import reference
     from tests.test_model_export import layout_of, python
     python("--output", str(tmp_path / "ratings.csv"), "--users", "200", "--movies", "300", "--ratings", "6000",
@@ -403,7 +403,7 @@ def test_an_hstu_ranker_reads_the_time_gaps_and_serves_what_it_predicts(spark, t
     from deployment.repository_format import categorical_matrix
     from deployment.serving.live import Model
     from run.config import build_config
-    from tests.configs import TINY
+    from tests.support.configs import TINY
     from tests.test_deployment_export import reference
     from tests.test_model_export import layout_of, python
     python("--output", str(tmp_path / "ratings.csv"), "--users", "150", "--movies", "200", "--ratings", "4000",

@@ -19,9 +19,9 @@ from dataloading.feature_spec import SPEC_FILE, FeatureSpec
 from dataloading.split_binary import SplitBinaryDataset
 from preproc import raw, raw_spec
 from preproc.raw_source import RawSource
-from tests.horovod_run import ROOT, horovodrun
+from tests.support.horovod_run import ROOT, horovodrun
 from utils.errors import ConfigError, DatasetError
-from tests.warm_python import PYTHON
+from tests.support.warm_python import PYTHON
 
 HEADER = "click,price,count,site,color,user,tags,device,ts,day"
 GOOD = [

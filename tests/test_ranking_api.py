@@ -1,6 +1,6 @@
 """ranking/ (the Keras 3 API): a functional Keras model over HybridEmbedding, trained by Keras'
 fit through ranking.Model's step, equals the earlier built-in trainer on the same batches
-(its steps, recorded: tests/recorded.py); the configuration's errors; Keras'
+(its steps, recorded: tests/support/recorded.py); the configuration's errors; Keras'
 variable tracking; a subclassed model with Keras' layers."""
 import json
 
@@ -14,9 +14,9 @@ from nn.mlp import dense_initial_values
 from parallel_embedding.collectives import SingleProcess
 from ranking import DynamicOptions, FeatureConfig, HybridEmbedding, Model, TableConfig, TableStorage
 from storage import checkpoint
-from tests.horovod_run import horovodrun
-from tests.multi_hot import multi_hot_ids
-from tests.recorded import assert_as_recorded, assert_values_as_recorded, model_state, recorded
+from tests.support.horovod_run import horovodrun
+from tests.support.multi_hot import multi_hot_ids
+from tests.support.recorded import assert_as_recorded, assert_values_as_recorded, model_state, recorded
 from tests.test_ranking_evaluate import pairwise_auc
 from utils.errors import ConfigError, NonFiniteError
 
@@ -85,7 +85,7 @@ def keras_model():
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
 def test_fit_equals_the_builtin_trainer(optimizer):
     """The built-in trainer's losses, tables and dense weights on these batches, bit for bit (recorded;
-    tests/recorded.py says where)."""
+    tests/support/recorded.py says where)."""
     data = batches()
     want = recorded("ranking_api")
     model = keras_model()
@@ -378,11 +378,11 @@ def test_configuration_errors_name_what_is_wrong():
                                             ("separate", "two_label"), ("sequence", "one_label")])
 @pytest.mark.slow
 def test_two_gloo_ranks_equal_one_process(tmp_path, features, heads):
-    """tests/ranking_multirank_worker.py: row, column and replicated tables, one-hot and ragged
+    """tests/support/ranking_multirank_worker.py: row, column and replicated tables, one-hot and ragged
     multi-hot, each read by one feature or shared by two (weighted samples), one head or two (each
     head's loss), a sequence over each (DIN's attention over one); its checkpoint restores into one process;
     Keras' evaluate gives every rank the one process' figures, and the truncated ids their count."""
-    out = horovodrun(2, ["tests/ranking_multirank_worker.py", str(tmp_path), features, heads])
+    out = horovodrun(2, ["tests/support/ranking_multirank_worker.py", str(tmp_path), features, heads])
     assert out.returncode == 0, f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
     results = json.loads(next(l for l in out.stdout.splitlines() if "RESULT " in l).split("RESULT ", 1)[1])
     assert [r["rank"] for r in results] == [0, 1]

@@ -2,7 +2,7 @@
 (its Embedding layer with a combiner): a script written for distributed-embeddings trains, with
 only its imports changed, as the plain Keras model with the same weights and Keras optimizer: at
 one process (eager and in a tf.function) and at one and two
-Gloo ranks on the same global batches (tests/ranking_dmp_worker.py); tables are Keras weights with
+Gloo ranks on the same global batches (tests/support/ranking_dmp_worker.py); tables are Keras weights with
 IndexedSlices gradients, updated sparsely by SGD and Adagrad; the unsupported options are one line;
 XLA by TensorFlow's auto-clustering at two ranks."""
 import json
@@ -14,8 +14,8 @@ import tensorflow as tf
 
 from ranking import dist_model_parallel as dmp, embedding
 from ranking.embedding import ONE_PROCESS
-from tests.horovod_run import horovodrun
-from tests.ranking_dmp_worker import OPTIMIZERS, TABLES, UNSEEDED, batches, drawn, pair, train_step
+from tests.support.horovod_run import horovodrun
+from tests.support.ranking_dmp_worker import OPTIMIZERS, TABLES, UNSEEDED, batches, drawn, pair, train_step
 from utils.errors import ConfigError
 
 
@@ -134,7 +134,7 @@ def test_gloo_ranks_equal_one_process(ranks, kinds):
     tables, and over shared tables placed whole, where each rank takes only its own tables' inputs;
     tables drawn by a Keras initializer, seeded or not, equal to one process's; keras-rs' front door
     refused at 2 ranks in one line."""
-    out = horovodrun(ranks, ["tests/ranking_dmp_worker.py"])
+    out = horovodrun(ranks, ["tests/support/ranking_dmp_worker.py"])
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     line = next(l for l in out.stdout.splitlines() if "RESULT" in l)
     results = json.loads(line.split("RESULT", 1)[1])
@@ -171,7 +171,7 @@ def test_gloo_ranks_with_xla_auto_clustering(tmp_path):
     model's step in a tf.function at 2 ranks equals one process, and XLA compiled its matmuls."""
     dump = tmp_path / "xla"
     env = {"TF_XLA_FLAGS": "--tf_xla_cpu_global_jit", "XLA_FLAGS": f"--xla_dump_to={dump} --xla_dump_hlo_as_text"}
-    out = horovodrun(2, ["tests/ranking_dmp_worker.py", "xla"], env=env)
+    out = horovodrun(2, ["tests/support/ranking_dmp_worker.py", "xla"], env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     results = json.loads(next(l for l in out.stdout.splitlines() if "RESULT" in l).split("RESULT", 1)[1])
     assert all(run["kinds"] == ["column", "replicated", "row"] for r in results for run in r["runs"].values())

@@ -2,7 +2,7 @@
 float32 outputs; evaluate gives the loss and the exact AUC over every sample (one per head, as
 fit names them), checked against an independent NumPy reference (the AUC by comparing every
 positive with every negative, ties one half), against main.py's evaluation (nn.evaluator) and
-under XLA; fit's validation runs it. (N Gloo ranks: tests/ranking_multirank_worker.py, run by
+under XLA; fit's validation runs it. (N Gloo ranks: tests/support/ranking_multirank_worker.py, run by
 tests/test_ranking_api.py, checks every rank's figures against one process.)"""
 import keras
 import numpy as np

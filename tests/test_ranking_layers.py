@@ -1,7 +1,7 @@
 """nn/layers.py (the ranking/ API's building blocks): MLP, DotInteraction, CrossNetwork and
 FactorizationMachine against NumPy and against nn/'s arithmetic on the same weights; the dot
 interaction's op against TensorFlow's ops; DLRM written with the API equals the earlier
-built-in trainer (its steps, recorded: tests/recorded.py); a
+built-in trainer (its steps, recorded: tests/support/recorded.py); a
 DeepFM-shaped model learns a pairwise interaction; inputs that cannot interact are one-line errors
 naming the layer."""
 import sys
@@ -17,8 +17,8 @@ from nn.interaction import dot_interaction_width
 from nn.mlp import dense_initial_values, mlp_forward
 from ranking import (CrossNetwork, DotInteraction, FactorizationMachine, FeatureConfig, HybridEmbedding, MLP, Model,
                      TableConfig)
-from tests.multi_hot import multi_hot_ids
-from tests.recorded import assert_as_recorded, assert_values_as_recorded, model_state, recorded
+from tests.support.multi_hot import multi_hot_ids
+from tests.support.recorded import assert_as_recorded, assert_values_as_recorded, model_state, recorded
 from tests.test_interaction import numpy_cross, numpy_dot_interaction
 from utils.errors import ConfigError
 

@@ -1,7 +1,7 @@
 """AMP and XLA on the Keras model API (ranking/model.py; run/user_model.py for main.py --model):
 DLRM written with the API under Keras' mixed precision equals the built-in Trainer under AMP
 (bfloat16; float16 with its loss scaling: its steps recorded before it was removed,
-tests/recorded.py; skipped overflowing steps, static scale); evaluation computes in
+tests/support/recorded.py; skipped overflowing steps, static scale); evaluation computes in
 float32; XLA compiles the dense part and equals the plain step; main.py --model with --amp and
 --xla trains as without, and a float16 checkpoint restores without --amp."""
 import json
@@ -15,9 +15,9 @@ import tensorflow as tf
 import ranking.precision
 import run.loop as run_loop
 from ranking import FeatureConfig, HybridEmbedding, Model, TableConfig
-from tests.compiled import xla_compiled_ops
-from tests.configs import TINY, make_config
-from tests.recorded import (FIXTURE, RTOL, assert_as_recorded, assert_values_as_recorded, model_state, recorded,
+from tests.support.compiled import xla_compiled_ops
+from tests.support.configs import TINY, make_config
+from tests.support.recorded import (FIXTURE, RTOL, assert_as_recorded, assert_values_as_recorded, model_state, recorded,
                             recording_cpu)
 from tests.test_ranking_layers import api_dlrm, dlrm_batches
 from utils.errors import ConfigError
@@ -68,7 +68,7 @@ def test_amp_losses_are_close_to_float32():
 
 def assert_float16_as_recorded(got, want, what: str):
     """Within 1e-6 of the recorded float16 step on the recording CPU; elsewhere within float16's
-    rounding of the largest value (tests/recorded.py)."""
+    rounding of the largest value (tests/support/recorded.py)."""
     atol = 1e-6 if recording_cpu() else RTOL["float16"] * np.max(np.abs(want))
     np.testing.assert_allclose(got, want, rtol=0, atol=atol, err_msg=what)
 

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from ranking import DotInteraction, FeatureConfig, HybridEmbedding, MLP, Model, TableConfig
-from tests.compiled import xla_compiled_ops
+from tests.support.compiled import xla_compiled_ops
 from tests.test_ranking_layers import BOTTOM, CARDS, DIM, HOTNESS, TOP, api_dlrm, dlrm_batches
 from tests.test_ranking_precision import api_steps
 from utils.errors import ConfigError

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from ranking import FeatureConfig, HybridEmbedding, MLP, Model, TableConfig
-from tests.compiled import xla_compiled_nodes, xla_compiled_ops
+from tests.support.compiled import xla_compiled_nodes, xla_compiled_ops
 from tests.test_ranking_layers import BOTTOM, CARDS, DIM, HOTNESS, dlrm_batches
 from tests.test_ranking_precision import api_steps, run_losses
 from utils.errors import ConfigError

@@ -21,7 +21,7 @@ from preproc import criteo, distinct, generate, raw
 from preproc.pipeline import run
 from parallel_embedding.planner import DynamicOptions
 from utils.errors import ConfigError, DatasetError
-from tests.warm_python import PYTHON
+from tests.support.warm_python import PYTHON
 
 M64 = (1 << 64) - 1
 

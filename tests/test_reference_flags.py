@@ -199,7 +199,7 @@ def test_tfdata_debug_makes_the_same_batches_in_the_training_thread():
 def test_two_ranks_profile_rank_1_with_threads_set_before_horovod(tmp_path):
     """Under horovodrun the thread counts are set before HorovodCollectives' first op (TensorFlow
     refuses them afterwards), frozen tables train at two ranks, and only --profiled_rank profiles."""
-    from tests.horovod_run import horovodrun
+    from tests.support.horovod_run import horovodrun
     log = tmp_path / "run.json"
     proc = horovodrun(2, ["main.py", *SCRIPT_ARGS, "--cpu", "--inter_op_parallelism=2", "--intra_op_parallelism=1",
                           "--embedding_trainable=false", "--profiler_start_step=1", "--profiled_rank=1",

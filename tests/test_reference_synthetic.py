@@ -15,11 +15,11 @@ from dataloading.feature_spec import SPEC_FILE, FeatureSpec, split_binary_spec
 from dataloading.generate_dataset import generate
 from dataloading.split_binary import RaggedIds, SplitBinaryDataset
 from dataloading.synthetic import SyntheticDataset
-from tests.configs import TINY
-from tests.horovod_run import ROOT
+from tests.support.configs import TINY
+from tests.support.horovod_run import ROOT
 from run.config import build_config
 from utils.errors import ConfigError
-from tests.warm_python import PYTHON
+from tests.support.warm_python import PYTHON
 
 SCHEDULE = dict(warmup_steps=3, decay_start_step=6, decay_steps=6)
 

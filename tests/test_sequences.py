@@ -4,7 +4,7 @@ recent L, the rows' gradients with duplicate ids summed into one update, padded 
 alike, a dynamic table, the layers' formulas and their masked positions, synthetic histories, and
 the configuration's one-line errors, the export's lookups. Two Gloo
 ranks against one process: tests/test_ranking_api.py (the "sequence" features of
-tests/ranking_multirank_worker.py)."""
+tests/support/ranking_multirank_worker.py)."""
 import keras
 import numpy as np
 import pytest

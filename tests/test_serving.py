@@ -21,12 +21,12 @@ import pytest
 
 import run.loop as run_loop
 from deployment.client import ServingClient, error_line, free_ports, open_eval_data, request_batches
-from tests.configs import TINY
-from tests.horovod_run import ROOT
-from tests.test_dataset_cli import write_dataset
+from tests.support.configs import TINY
+from tests.support.horovod_run import ROOT
+from tests.support.datasets import write_dataset
 from tests.test_deployment_export import reference
 from run.config import build_config
-from tests.warm_python import PYTHON
+from tests.support.warm_python import PYTHON
 
 MAX_BATCH = 256
 FRONTENDS = ["triton", "native"]

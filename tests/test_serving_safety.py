@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from deployment.client import ServingClient, free_ports, request_batches
-from tests.horovod_run import ROOT
+from tests.support.horovod_run import ROOT
 from tests.test_serving import (data_flags, eval_dataset, parse_metrics, port_flags, script, stop_server,  # noqa
                                 trained)
 

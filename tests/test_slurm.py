@@ -1,5 +1,5 @@
-"""slurm_multinode.sh under a real SLURM over three hosts (tests/slurm_cluster.py: munged, and
-slurmctld and a slurmd per host on tests/netns_hosts.py's hosts, which reach each other over ssh
+"""slurm_multinode.sh under a real SLURM over three hosts (tests/support/slurm_cluster.py: munged, and
+slurmctld and a slurmd per host on tests/support/netns_hosts.py's hosts, which reach each other over ssh
 and their own addresses): `sbatch -N 2 slurm_multinode.sh python dlrm.py ...`, as users submit
 it, trains DLRM at 2 ranks over 2 hosts and at 3 over 3 with the losses and AUC of `horovodrun
 -np 2/3` on one host with the same flags; a 2-node job stopped by `scancel --signal=TERM --batch`
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from storage import checkpoint
-from tests.horovod_run import ROOT, horovodrun
-from tests.netns_hosts import INTERFACE, Hosts
-from tests.slurm_cluster import SlurmCluster, missing
+from tests.support.horovod_run import ROOT, horovodrun
+from tests.support.netns_hosts import INTERFACE, Hosts
+from tests.support.slurm_cluster import SlurmCluster, missing
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
 

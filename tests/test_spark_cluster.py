@@ -1,4 +1,4 @@
-"""Preprocessing on a Spark standalone cluster over two hosts (tests/netns_hosts.py): a master on
+"""Preprocessing on a Spark standalone cluster over two hosts (tests/support/netns_hosts.py): a master on
 hosta and a worker on each host, one core apiece; `preproc.criteo` and `preproc.raw` (user
 histories included) run with `--master spark://hosta:7077` on hosta, their tasks on both
 workers' executors, and write the bytes the same arguments write on the suite's local[2]
@@ -12,8 +12,8 @@ import pytest
 
 from preproc import criteo, generate, raw
 from preproc.pipeline import run
-from tests.horovod_run import ROOT
-from tests.netns_hosts import Hosts, missing
+from tests.support.horovod_run import ROOT
+from tests.support.netns_hosts import Hosts, missing
 from tests.test_preproc import read_tree
 from tests.test_preproc_history import events_log, write_events, write_spec
 

@@ -23,11 +23,11 @@ from dataloading.split_binary import RaggedIds, SplitBinaryDataset
 from dataloading.split_tfrecords import masked_crc32c, open_split_tfrecords
 from dataloading.to_tfrecords import main as to_tfrecords_main, write_mapping
 from dataloading.writer import MappingWriter
-from tests.configs import TINY
-from tests.horovod_run import ROOT
+from tests.support.configs import TINY
+from tests.support.horovod_run import ROOT
 from run.config import build_config
 from utils.errors import ConfigError, DatasetError
-from tests.warm_python import PYTHON
+from tests.support.warm_python import PYTHON
 
 CARDS = {"c0": 1000, "c1": 7, "c2": 40000}
 HOT = {"c1": 3}

@@ -27,7 +27,7 @@ from parallel_embedding.planner import (BYTES_PER_ELEMENT, INDEX_BYTES_PER_ROW, 
 from parallel_embedding import tiered
 from parallel_embedding.tiered import DiskTier, Unit
 from run.user_model import UserTrainer
-from tests.builtin import builtin_trainer
+from tests.support.builtin import builtin_trainer
 from utils.errors import ConfigError, DatasetError, StoreError
 
 # Features 1 and 2 go to disk (600 and 1,000 rows, caches of 2 x batch x hotness rows); 0 and 3 stay in

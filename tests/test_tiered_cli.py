@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from storage import checkpoint
-from tests.horovod_run import ROOT, horovodrun
+from tests.support.horovod_run import ROOT, horovodrun
 from tests.test_multirank_cli import one_process, records, succeeded, wait_for
-from tests.warm_python import PYTHON
+from tests.support.warm_python import PYTHON
 
 MODEL = ["--dataset_type=synthetic", "--synthetic_cardinalities=3000,40,2000,7", "--synthetic_num_numerical=3",
          "--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1", "--optimizer=adam", "--seed=3"]

@@ -14,16 +14,15 @@ import numpy as np
 import pytest
 import redis
 
-import tests.test_live_serving as live_tests
 from deployment.client import ServingClient, free_ports
 from deployment.exporter.repository import write_repository
 from deployment.repository_format import export_version
 from deployment.serving.live import KEPT_DENSE, Model, Updater
 from deployment.serving.tiers import TierConfig
 from deployment.serving.metrics import Metrics
-from tests.redis_server import RedisServer, free_port
-from tests.test_live_serving import (Load, make_delta, monolithic, read_delta_of, read_info, requests, tables_of,
-                                     wait_for)
+from tests.support.redis_server import RedisServer, free_port
+from tests.support.live_exports import make_delta, read_info, tables_of
+from tests.test_live_serving import Load, monolithic, read_delta_of, requests, wait_for
 from tests.test_serving import parse_metrics, port_flags, scrape, script, start_server, stop_server
 from utils.errors import StoreError
 
@@ -33,10 +32,9 @@ CACHED = 6
 KEYS = ("logits", "predictions", "model_version")
 
 
-@pytest.fixture(scope="module")
-def exports(tmp_path_factory):
-    """test_live_serving's exports: {step: repository} at steps 8, 16, 24 (monolithic and tables forms)."""
-    return live_tests.exports.__wrapped__(tmp_path_factory)
+@pytest.fixture
+def exports(live_exports):
+    return live_exports
 
 
 def copy_repo(repo, path):
@@ -334,6 +332,6 @@ def test_two_servers_share_redis_which_goes_down_and_comes_back(exports, tmp_pat
     assert metric("redis_outages_total") == 2 and metric("redis_up") == 1 and metric("model_version_step") == 24
     assert 0 < metric("redis_hits_total") <= metric("redis_lookups_total") <= metric("cache_lookups_total")
     assert samples['dlrm_inference_requests_total{model="dlrm",protocol="grpc",status="success"}'] >= answered
-    assert any(line.startswith(f"serving dlrm (tables form, step 24 (run {live_tests.RUN}), through a "
+    assert any(line.startswith(f"serving dlrm (tables form, step 24 (run {exports.run}), through a "
                                f"{BUDGET / 2**20:g} MiB lru cache, Redis {redis_server.url} and the table files) of ")
                for line in lines), lines[:5]

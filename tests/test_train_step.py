@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 
 from dataloading.synthetic import SyntheticDataset
-from tests.builtin import builtin_trainer, variables_by_name
-from tests.compiled import xla_compiled_ops
+from tests.support.builtin import builtin_trainer, variables_by_name
+from tests.support.compiled import xla_compiled_ops
 
 CARDS = [40, 30, 20]
 DATA = SyntheticDataset(CARDS, 4, 0.0, seed=2)

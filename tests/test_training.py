@@ -2,7 +2,7 @@
 import pytest
 
 import run.loop as run_loop
-from tests.configs import tiny_config
+from tests.support.configs import tiny_config
 
 PLANTED = dict(synthetic_cardinalities=["10", "20", "50", "100", "20", "50", "10", "5"], synthetic_num_numerical=13,
                synthetic_rows=1024 * 400, synthetic_eval_rows=20000, batch_size=1024, valid_batch_size=4096,

@@ -16,17 +16,16 @@ from deployment.exporter.repository import ExportError, write_delta_repository, 
 from deployment.repository_format import DELTA_INFO, RepositoryError, file_crc32, file_entries, read_delta
 from deployment.serving.live import Model, Updater, check_export
 from deployment.serving.tiers import TierConfig
-from tests import test_live_serving as live_tests
-from tests.redis_server import RedisServer
-from tests.small_disk import fill, tmpfs
-from tests.test_live_serving import make_delta, read_info, requests, wait_for
+from tests.support.redis_server import RedisServer
+from tests.support.small_disk import fill, tmpfs
+from tests.support.live_exports import make_delta, read_info
+from tests.test_live_serving import requests, wait_for
 from tests.test_serving import script, start_server, stop_server
 
 
-@pytest.fixture(scope="module")
-def exports(tmp_path_factory):
-    """test_live_serving's exports: {step: repository} at steps 8, 16, 24 (monolithic and tables forms)."""
-    return live_tests.exports.__wrapped__(tmp_path_factory)
+@pytest.fixture
+def exports(live_exports):
+    return live_exports
 
 
 def resigned(directory):

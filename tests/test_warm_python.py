@@ -1,4 +1,4 @@
-"""tests/warm_python.py, the tests' `python`: a run forked from a warm server takes the caller's
+"""tests/support/warm_python.py, the tests' `python`: a run forked from a warm server takes the caller's
 argv, working directory, environment and standard streams, and its exit status and signals; a
 request under other load-time settings runs in a fresh interpreter."""
 import os
@@ -6,7 +6,7 @@ import signal
 import subprocess
 import time
 
-from tests.warm_python import LOAD_TIME, PYTHON
+from tests.support.warm_python import LOAD_TIME, PYTHON
 
 SHOW = ("import os, sys; print(sys.argv[1:], os.getcwd(), os.environ.get('PROBE'), "
         "'tensorflow' in sys.modules); sys.stderr.write('to stderr\\n'); sys.exit(int(sys.argv[1]))")

@@ -19,12 +19,12 @@ from run.assembly import model_config
 from run.config import RunConfig, build_config
 from run.runtime import embedding_plan
 from run.user_model import UserModel, UserTrainer, dataset_features
-from tests.configs import TINY
+from tests.support.configs import TINY
 
 
 def builtin_config(model: Optional[ModelConfig] = None, max_hotness: Optional[Sequence[Optional[int]]] = None,
                    multi_hot_combiner: Optional[str] = None, world_size: int = 1, **flags) -> RunConfig:
-    """The configuration of tiny_config's flags (tests/configs.py) with `flags` (set on the command
+    """The configuration of tiny_config's flags (tests/support/configs.py) with `flags` (set on the command
     line), validated at `world_size` ranks. `model`: the flags of that ModelConfig's shapes under
     `flags`, its multi-hot combiner included (model_config gives `model` back). `max_hotness` (per
     feature; None: one-hot) and `multi_hot_combiner` give the data a multi-hot shape the synthetic

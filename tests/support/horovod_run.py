@@ -6,10 +6,10 @@ import shutil
 import subprocess
 import sys
 
-from tests.warm_python import PYTHON
+from tests.support.warm_python import PYTHON
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _environment(env):

@@ -19,8 +19,8 @@ from dataloading.synthetic import SyntheticDataset
 from parallel_embedding.collectives import SingleProcess, make_collectives
 from parallel_embedding.planner import plan_tables
 from run.user_model import UserTrainer
-from tests.builtin import builtin_trainer
-from tests.multi_hot import multi_hot_ids
+from tests.support.builtin import builtin_trainer
+from tests.support.multi_hot import multi_hot_ids
 
 TOLERANCE = 1e-5
 

@@ -32,7 +32,7 @@ import tensorflow as tf
 from dataloading.synthetic import SyntheticDataset
 from parallel_embedding.collectives import SingleProcess, make_collectives
 from ranking import FeatureConfig, HybridEmbedding, Model, SequenceMask, TableConfig, TargetAttention
-from tests.multi_hot import multi_hot_ids
+from tests.support.multi_hot import multi_hot_ids
 from tests.test_ranking_evaluate import pairwise_auc
 
 CARDS, DIMS, COMBINERS = [40, 60, 20], [8, 4, 6], ["sum", "mean", "mean"]   # tables

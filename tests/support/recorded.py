@@ -23,7 +23,7 @@ import os
 
 import numpy as np
 
-FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "recorded_trainer")
+FIXTURE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "recorded_trainer")
 
 
 def recorded(module: str) -> dict:

@@ -1,5 +1,5 @@
 """A real SLURM cluster on this machine for the tests: munged, slurmctld on the first of the test's
-hosts (tests/netns_hosts.py) and a slurmd on each, every node with all this machine's CPUs, with
+hosts (tests/support/netns_hosts.py) and a slurmd on each, every node with all this machine's CPUs, with
 a slurm.conf, state and logs of their own under a folder, on free ports; jobs are submitted from
 the first host with `sbatch` as users submit them (`SLURM_CONF` names the cluster's
 configuration). `close` cancels the jobs and stops the daemons (the hosts are the caller's)."""
@@ -12,7 +12,7 @@ import subprocess
 import time
 from typing import Optional
 
-from tests import netns_hosts
+from tests.support import netns_hosts
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 COMMANDS = ("sbatch", "scontrol", "scancel", "sinfo")

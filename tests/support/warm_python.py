@@ -1,8 +1,8 @@
 """A Python interpreter with TensorFlow already imported, for the tests' subprocesses.
 
-    python tests/warm_python.py --serve SOCKET   the server: imports PRELOAD, then forks a child
+    python tests/support/warm_python.py --serve SOCKET   the server: imports PRELOAD, then forks a child
                                                  per request (TensorFlow's runtime never started)
-    python tests/warm_python.py ARGS...          as `python ARGS...` (a script and its arguments,
+    python tests/support/warm_python.py ARGS...          as `python ARGS...` (a script and its arguments,
                                                  -m module or -c code, after -u or not), run in
                                                  a child of the server named by
                                                  $WARM_PYTHON_SOCKETS; a plain `python ARGS...`
@@ -154,7 +154,7 @@ def start_servers(n: int, directory: str) -> list:
 
 def executable() -> str:
     """One path that stands for `python` (for scripts that take an interpreter's path): a command
-    running tests/warm_python.py where the servers run, else this interpreter."""
+    running tests/support/warm_python.py where the servers run, else this interpreter."""
     return os.environ.get(EXECUTABLE, sys.executable)
 
 
