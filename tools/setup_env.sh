@@ -28,8 +28,8 @@ MODE=${1:-}
 # C++ compiler, make and the system cmake (Horovod's build, the interaction op), Java 17 (Spark),
 # redis-server (the shared tier of serving lookups, deployment/serving/tiers/redis_tier.py, and its tests),
 # for Debian's own Python, the interpreter, its headers and its venv module (split off it), and,
-# outside --system (the image), SLURM and munge, which the tests start as a real cluster (tests/slurm_cluster.py),
-# and sshd and iproute2, for the tests' hosts in network namespaces (tests/netns_hosts.py).
+# outside --system (the image), SLURM and munge, which the tests start as a real cluster (tests/support/slurm_cluster.py),
+# and sshd and iproute2, for the tests' hosts in network namespaces (tests/support/netns_hosts.py).
 system_packages() {
   local py=python3
   if [ -x "$PYTHON" ]; then py=$("$PYTHON" -c 'import sys; print("python%d.%d" % sys.version_info[:2])'); fi
