@@ -2,7 +2,7 @@
 
 Runs the train step dlrm.py / dcnv2.py run (the example model examples/dlrm.py or
 examples/dcnv2.py at the workload's shapes, handed its tables by run/assembly.py's builtin_model
-from the run's flags; its step run.user_model.UserTrainer.train_step; SGD as the workloads
+from the run's flags; its step run.run_model.RunTrainer.train_step; SGD as the workloads
 specify) on an in-memory pool of synthetic batches, as the yardstick does:
 
     python benchmarks/train_throughput.py --workload dlrm-kaggle [--xla 1] [--onednn 0|1] [--threads 2]
@@ -133,13 +133,13 @@ def run_trainer(args, w, comm, dynamic=()):
     their flags at the workload's shapes (synthetic data, its optimizer at a constant learning
     rate, --xla and --amp as asked; --interaction=dot_custom, or dot_tensorflow with --dot_op 0;
     `dynamic`: the features whose tables --dynamic_tables makes dynamic, capacity = their rows),
-    the run's plan (run.runtime.embedding_plan), run.assembly.builtin_model and its UserTrainer."""
+    the run's plan (run.runtime.embedding_plan), run.assembly.builtin_model and its RunTrainer."""
     import tensorflow as tf
     from parallel_embedding.optimizers import slot_names
     from run import flags as run_flags
     from run.assembly import builtin_model
     from run.runtime import embedding_plan
-    from run.user_model import UserTrainer
+    from run.run_model import RunTrainer
     cards, dcn = w["cardinalities"], w["model"] == "dcnv2"
     argv = ["dlrm.py", f"--interaction={'cross' if dcn else 'dot_custom' if args.dot_op else 'dot_tensorflow'}",
             f"--embedding_dim={w['embedding_dim']}", f"--bottom_mlp_dims={','.join(map(str, w['bottom_mlp']))}",
@@ -156,7 +156,7 @@ def run_trainer(args, w, comm, dynamic=()):
     cfg = run_flags.config_from_flags(comm.size)
     plan = embedding_plan(cfg, comm.size, len(slot_names(cfg.training.optimizer)),
                           bool(tf.config.list_physical_devices("GPU")))
-    return plan, UserTrainer(builtin_model(cfg, comm, plan))
+    return plan, RunTrainer(builtin_model(cfg, comm, plan))
 
 
 def against_dynamic(args, w, comm, static_step, pool, warmup: int, timed: int) -> dict:

@@ -24,7 +24,7 @@ sharing a table are looked up together, their ids concatenated (the embedding's
 Model-parallel input (`data_parallel_input=False`, N > 1): the layer looks up only ids given
 through `given_table_ids`, per table as `input_rows(t)` says: its features' ids of the global
 batch ([k_t B]) where this rank holds a shard of table t, of the local batch ([k_t b]) where t is
-replicated; the inputs still give b. The run (run/user_model.py) reads them from the data.
+replicated; the inputs still give b. The run (run/run_model.py) reads them from the data.
 
 A layer may instead be handed its tables built (`embedding`: a DistributedEmbedding on the plan
 of the caller's one planner call, as the built-in DLRM / DCNv2's, run/assembly.py): it then plans

@@ -16,7 +16,7 @@ from parallel_embedding.planner import Plan
 from run.config import RunConfig
 import run.runtime
 from run.runtime import embedding_plan, offloading_line
-from run.user_model import UserModel, UserTrainer
+from run.run_model import RunModel, RunTrainer
 from storage import checkpoint
 from utils.errors import ConfigError
 from utils.logger import RunLogger
@@ -38,7 +38,7 @@ def model_config(cfg: RunConfig) -> ModelConfig:
                        cross_layer_projection_dim=model.cross_layer_projection_dim)
 
 
-def builtin_model(cfg: RunConfig, comm, plan: Plan) -> UserModel:
+def builtin_model(cfg: RunConfig, comm, plan: Plan) -> RunModel:
     """The flags' DLRM / DCNv2 on rank `comm.rank`: the ranking.Model of nn.model.builtin_model_file
     (the flags' shapes), handed its tables placed and tiered by `plan` (nn.model.model_tables)."""
     config = model_config(cfg)
@@ -48,7 +48,7 @@ def builtin_model(cfg: RunConfig, comm, plan: Plan) -> UserModel:
     if cfg.model.interaction != "cross":   # the op's error (and fallback warning) name the flags
         interaction_op(DOT_KERNELS[cfg.model.interaction])
     path, hparams = builtin_model_file(config)
-    return UserModel(cfg, comm, path, hparams, tables)
+    return RunModel(cfg, comm, path, hparams, tables)
 
 
 def dataset_request(cfg: RunConfig) -> types.SimpleNamespace:
@@ -73,9 +73,9 @@ class Assembly:
     "eval", and "validation" with --keep_best_checkpoint where the data has that mapping);
     evaluating: whether there are evaluation rows; best_split: the split whose AUC
     --keep_best_checkpoint chooses by ("validation" where it has rows, else "eval");
-    model_config (its `signature`), model (run.user_model.UserModel: its `embeddings`), trainer
-    (run.user_model.UserTrainer: step, predict and checkpoint interface): a model file's (--model;
-    UserModel as model_config too) or the built-in model's (ModelConfig; the ranking.Model of
+    model_config (its `signature`), model (run.run_model.RunModel: its `embeddings`), trainer
+    (run.run_model.RunTrainer: step, predict and checkpoint interface): a model file's (--model;
+    RunModel as model_config too) or the built-in model's (ModelConfig; the ranking.Model of
     `builtin_model`, handed its tables on the plan of run.runtime.embedding_plan); heads: a
     model file's heads, one per label of the data in its order (None: one output); head_metrics: per
     output the figure evaluating it ("auc" or "rmse": nn.evaluator.evaluate's scores; None: the
@@ -87,7 +87,7 @@ class Assembly:
     def __init__(self, cfg: RunConfig, comm):
         self.cfg, self.comm = cfg, comm
         self.log = RunLogger(cfg.runtime.log_path, enabled=comm.rank == 0)
-        user_model = UserModel(cfg, comm) if cfg.model.model else None   # built and checked before any data is read
+        run_model = RunModel(cfg, comm) if cfg.model.model else None   # built and checked before any data is read
         self.dataset, self.rows = open_dataset(dataset_request(cfg))
         if cfg.checkpoints.keep_best_checkpoint and not self.rows["eval"]:
             raise ConfigError(f"--keep_best_checkpoint needs an evaluation; --eval_mapping={cfg.data.eval_mapping} "
@@ -101,15 +101,15 @@ class Assembly:
         if not self.evaluating:
             self.log.print(f"the {cfg.data.eval_mapping!r} mapping (--eval_mapping) has no rows: training without "
                            "evaluation")
-        self.heads = user_model.heads if user_model else None
-        self.head_metrics = user_model.head_metrics if user_model else None
-        if user_model is None:
+        self.heads = run_model.heads if run_model else None
+        self.head_metrics = run_model.head_metrics if run_model else None
+        if run_model is None:
             params = self._builtin_model(cfg, comm)
         else:
-            self.model = self.model_config = user_model
-            self.trainer = UserTrainer(user_model, run_eagerly=cfg.runtime.run_eagerly)
-            params = user_model.parameters
-            for layer in user_model.embeddings.layers:
+            self.model = self.model_config = run_model
+            self.trainer = RunTrainer(run_model, run_eagerly=cfg.runtime.run_eagerly)
+            params = run_model.parameters
+            for layer in run_model.embeddings.layers:
                 if layer.storage:   # which tables the budget puts on disk
                     emb = layer.embedding
                     self.log.print(f"layer {layer.name!r}, tables " + ", ".join(
@@ -117,10 +117,10 @@ class Assembly:
                         emb.plan.format(slots=len(emb.optimizer.slot_names)))
             if cfg.storage.cpu_offloading_threshold_gb is not None:
                 self.log.print(offloading_line(cfg.storage.cpu_offloading_threshold_gb,
-                                               user_model.table_bytes(comm.rank), comm.rank,
+                                               run_model.table_bytes(comm.rank), comm.rank,
                                                bool(tf.config.list_physical_devices("GPU"))))
-            self.log.print(f"model: {cfg.model.model}, {len(user_model.features)} categorical features, "
-                           f"{params:,} parameters, compute dtype {user_model.compute_dtype.name}, "
+            self.log.print(f"model: {cfg.model.model}, {len(run_model.features)} categorical features, "
+                           f"{params:,} parameters, compute dtype {run_model.compute_dtype.name}, "
                            f"xla {cfg.runtime.xla}, {comm.size} rank{'s' if comm.size > 1 else ''}")
         hosts = comm.ranks_by_host()
         if comm.size > 1:
@@ -149,7 +149,7 @@ class Assembly:
         plan = embedding_plan(cfg, comm.size, len(slot_names(training.optimizer)), on_gpu)
         self.model_config = model_config(cfg)
         self.model = builtin_model(cfg, comm, plan)
-        self.trainer = UserTrainer(self.model, run_eagerly=runtime.run_eagerly)
+        self.trainer = RunTrainer(self.model, run_eagerly=runtime.run_eagerly)
         self.log.print(plan.format(slots=len(slot_names(training.optimizer))))
         if cfg.storage.cpu_offloading_threshold_gb is not None:
             self.log.print(offloading_line(cfg.storage.cpu_offloading_threshold_gb, plan.bytes_on(comm.rank),

@@ -154,7 +154,7 @@ def test_a_model_file_trains_with_dynamic_tables_and_resumes_bit_for_bit(tmp_pat
 def test_a_model_file_restored_at_another_hash_shard_count_trains_on_as_at_its_own(tmp_path):
     """Wide & Deep with cat_0 dynamic in 3 hash shards (its capacity never binding), resumed at 3 and
     at 1 shard: the same losses, exactly (tests/test_dynamic_reshard.py says why), through the model
-    file's layers (run.user_model's restoring)."""
+    file's layers (run.run_model's restoring)."""
     first = str(tmp_path / "first")
     run_loop.run(tiny_config(**WIDE_AND_DEEP, dynamic_tables=["cat_0:600:1:lru:0:3"], max_steps=6,
                              save_checkpoint_path=first))

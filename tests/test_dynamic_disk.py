@@ -118,7 +118,7 @@ def test_eval_of_a_checkpoint_with_a_dynamic_table_on_disk(tmp_path, runs):
 
 
 def test_a_model_file_with_the_table_on_disk_equals_the_built_in_in_memory(tmp_path, runs):
-    """main.py --model=examples/dlrm.py (its tables staged by run/user_model.py) with table 0 on disk:
+    """main.py --model=examples/dlrm.py (its tables staged by run/run_model.py) with table 0 on disk:
     the losses and evaluations of dlrm.py in memory, bit for bit."""
     data = [a for a in MODEL if not a.startswith(("--embedding_dim", "--bottom_mlp_dims", "--top_mlp_dims"))]
     out = succeeded(one_process("main.py", "--model=examples/dlrm.py", "--model_param=embedding_dim=8",

@@ -1,4 +1,4 @@
-"""main.py --model=FILE (run/user_model.py, examples/): every example trains on synthetic data,
+"""main.py --model=FILE (run/run_model.py, examples/): every example trains on synthetic data,
 checkpoints, evaluates the checkpoint with --mode=eval (the training run's AUC), and resumes its
 step-6 checkpoint as the uninterrupted run goes on; at 2 Gloo ranks (and under horovodrun at one)
 the losses and the AUC equal one process on the same global batches, and a checkpoint written at

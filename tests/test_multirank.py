@@ -1,5 +1,5 @@
 """Hybrid parallelism at 2 and 3 Gloo ranks equals one process on the same global batches: the
-run's step (run.user_model.UserTrainer) over the built-in DLRM / DCNv2 (examples/dlrm.py, dcnv2.py).
+run's step (run.run_model.RunTrainer) over the built-in DLRM / DCNv2 (examples/dlrm.py, dcnv2.py).
 
 Each case (one-hot or multi-hot ids) runs in `tests/support/multirank_worker.py` under horovodrun:
 forward logits and the loss at every step, then every variable (table shards, optimizer slots,

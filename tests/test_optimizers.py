@@ -1,5 +1,5 @@
 """Optimizers: values against NumPy, and sparsity (untouched rows and slots bit-identical) in the
-run's step (run.user_model.UserTrainer over the built-in DLRM, examples/dlrm.py)."""
+run's step (run.run_model.RunTrainer over the built-in DLRM, examples/dlrm.py)."""
 import numpy as np
 import pytest
 import tensorflow as tf

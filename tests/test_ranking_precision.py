@@ -1,4 +1,4 @@
-"""AMP and XLA on the Keras model API (ranking/model.py; run/user_model.py for main.py --model):
+"""AMP and XLA on the Keras model API (ranking/model.py; run/run_model.py for main.py --model):
 DLRM written with the API under Keras' mixed precision equals the built-in Trainer under AMP
 (bfloat16; float16 with its loss scaling: its steps recorded before it was removed,
 tests/support/recorded.py; skipped overflowing steps, static scale); evaluation computes in

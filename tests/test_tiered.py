@@ -1,5 +1,5 @@
 """The disk tier (parallel_embedding/tiered.py) in one process, under the run's step (the built-in
-DLRM, examples/dlrm.py, handed its tables on the plan: run.user_model.UserTrainer).
+DLRM, examples/dlrm.py, handed its tables on the plan: run.run_model.RunTrainer).
 
 - Training and evaluation through caches of the rows of the batches in flight (constant
   eviction) are bit-identical to the in-memory tables: every loss, logit and checkpoint tensor.
@@ -26,7 +26,7 @@ from parallel_embedding.planner import (BYTES_PER_ELEMENT, INDEX_BYTES_PER_ROW, 
                                         plan_tables)
 from parallel_embedding import tiered
 from parallel_embedding.tiered import DiskTier, Unit
-from run.user_model import UserTrainer
+from run.run_model import RunTrainer
 from tests.support.builtin import builtin_trainer
 from utils.errors import ConfigError, DatasetError, StoreError
 
@@ -92,7 +92,7 @@ def directory(tmp_path, name: str) -> str:
 
 
 def build(hot: str, optimizer: str, store=None, rows_in_flight: int = 2 * BATCH, policy: str = "lru",
-          xla: bool = False, amp: bool = False, plan=None) -> UserTrainer:
+          xla: bool = False, amp: bool = False, plan=None) -> RunTrainer:
     """The run's trainer of the built-in DLRM of model_config(hot), in memory, or with the disk
     plan if `store` (a directory), or on `plan`."""
     plan = plan or (disk_plan(hot, SLOTS[optimizer], rows_in_flight) if store else None)
@@ -104,17 +104,17 @@ def build(hot: str, optimizer: str, store=None, rows_in_flight: int = 2 * BATCH,
                            **(dict(amp=True, compute_dtype=tf.bfloat16) if amp else {}))
 
 
-def tables(trainer: UserTrainer):
+def tables(trainer: RunTrainer):
     """The trainer's tables (the DistributedEmbedding of its model's layer)."""
     return trainer.model.embeddings.layers[0].embedding
 
 
-def train(trainer: UserTrainer, elements) -> list:
+def train(trainer: RunTrainer, elements) -> list:
     """Losses of train steps on `elements`, staged."""
     return [float(trainer.train_step(*e)) for e in trainer.model.embeddings.staged(iter(elements), training=True)]
 
 
-def state(trainer: UserTrainer, weights_only: bool = False) -> dict:
+def state(trainer: RunTrainer, weights_only: bool = False) -> dict:
     """Every checkpoint tensor's part this trainer holds, by (name, row_start, col_start)."""
     out = {}
     for e in trainer.checkpoint_entries(weights_only):
@@ -137,7 +137,7 @@ def in_memory(hot: str, optimizer: str, xla: bool = False, amp: bool = False):
     return train(trainer, batches(hot)), state(trainer)
 
 
-def check_evicted(trainer: UserTrainer):
+def check_evicted(trainer: RunTrainer):
     """The run read and wrote back more rows than its caches hold."""
     stats = trainer.model.embeddings.store_stats()
     units = tables(trainer).tiered.units.values()
@@ -185,12 +185,12 @@ def test_evaluation_between_training_steps_is_bit_identical(tmp_path):
 
 # Checkpoints across tiers ------------------------------------------------------------------------------
 
-def save(trainer: UserTrainer, root, weights_only: bool = False) -> str:
+def save(trainer: RunTrainer, root, weights_only: bool = False) -> str:
     return checkpoint.save(str(root), trainer.checkpoint_entries(weights_only), int(trainer.step.numpy()),
                            model_config("multi").signature(None if weights_only else "adam"), SingleProcess())
 
 
-def restore(trainer: UserTrainer, path: str, weights_only: bool = False):
+def restore(trainer: RunTrainer, path: str, weights_only: bool = False):
     checkpoint.restore(path, trainer.checkpoint_entries(weights_only),
                        model_config("multi").signature(None if weights_only else "adam"),
                        trainer.checkpoint_names(weights_only), extra_ok=weights_only,

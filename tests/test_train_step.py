@@ -1,4 +1,4 @@
-"""The run's train step (run.user_model.UserTrainer over the built-in DLRM / DCNv2, examples/dlrm.py
+"""The run's train step (run.run_model.RunTrainer over the built-in DLRM / DCNv2, examples/dlrm.py
 / dcnv2.py) in its variants (graph, XLA, AMP, float16 loss scaling) against the float32 eager step."""
 import functools
 

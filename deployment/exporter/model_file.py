@@ -71,7 +71,7 @@ def model_file_export(manifest: dict, model_file) -> ExportedModel:
     features = Features([CategoricalFeature(n, c, h) for n, c, h in
                          zip(names, signature["cardinalities"], signature["max_hotness"])], signature["num_numerical"],
                         labels=signature.get("labels", ["label"]), one_row_tables=True)
-    heads = signature.get("labels")   # a model with heads: one per label, named as it (run/user_model.py)
+    heads = signature.get("labels")   # a model with heads: one per label, named as it (run/run_model.py)
     try:
         build, chosen = load_model_file(model_file)
         model = build(features, dict(signature["hparams"]))

@@ -147,7 +147,7 @@ def read_whole(manifest: dict, table: Table, what: str, verify: bool = True) -> 
 
 
 def is_model_file(signature: dict) -> bool:
-    """Whether a checkpoint's signature is a model file's (run/user_model.py), not a built-in model's."""
+    """Whether a checkpoint's signature is a model file's (run/run_model.py), not a built-in model's."""
     return "hparams" in signature
 
 

@@ -2,14 +2,14 @@
 the run's configuration of tiny_config's flags and a test's own (`builtin_config`), the tables of
 nn.model.model_tables on a plan (`builtin_tables`), handed to the model file of
 nn.model.builtin_model_file (examples/dlrm.py or dcnv2.py): its bare ranking.Model
-(`builtin_model`), or a run.user_model.UserModel trained by its run.user_model.UserTrainer
+(`builtin_model`), or a run.run_model.RunModel trained by its run.run_model.RunTrainer
 (`builtin_trainer`)."""
 import contextlib
 import dataclasses
 from typing import Optional, Sequence
 from unittest import mock
 
-import run.user_model
+import run.run_model
 from nn.model import builtin_model_file, model_tables
 from nn.model_config import ModelConfig
 from parallel_embedding.collectives import SingleProcess
@@ -18,7 +18,7 @@ from ranking.features import load_model_file
 from run.assembly import model_config
 from run.config import RunConfig, build_config
 from run.runtime import embedding_plan
-from run.user_model import UserModel, UserTrainer, dataset_features
+from run.run_model import RunModel, RunTrainer, dataset_features
 from tests.support.configs import TINY
 
 
@@ -72,7 +72,7 @@ def builtin_tables(cfg: RunConfig, plan=None, comm=None, combiners: Optional[Seq
 
 def builtin_model(cfg: RunConfig, plan=None, comm=None):
     """The bare ranking.Model of `cfg`'s model file handed builtin_tables(cfg, plan, comm), not
-    compiled: its caller compiles it (ranks run as threads, together: a UserModel compiles, and so
+    compiled: its caller compiles it (ranks run as threads, together: a RunModel compiles, and so
     broadcasts, as it is built)."""
     tables = builtin_tables(cfg, plan, comm)
     path, hparams = builtin_model_file(model_config(cfg))
@@ -81,7 +81,7 @@ def builtin_model(cfg: RunConfig, plan=None, comm=None):
 
 
 def builtin_trainer(plan=None, comm=None, combiners: Optional[Sequence[str]] = None, compute_dtype=None,
-                    store_path: Optional[str] = None, cache_policy: Optional[str] = None, **config) -> UserTrainer:
+                    store_path: Optional[str] = None, cache_policy: Optional[str] = None, **config) -> RunTrainer:
     """The run's trainer of the built-in model of builtin_config(**config) on the ranks of `comm`
     (default: one process), its tables builtin_tables(cfg, plan, comm, combiners, store_path,
     cache_policy); `compute_dtype`: the dtype --amp computes in (tf.float16: posing as a GPU)."""
@@ -89,13 +89,13 @@ def builtin_trainer(plan=None, comm=None, combiners: Optional[Sequence[str]] = N
     cfg = builtin_config(world_size=comm.size, **config)
     tables = builtin_tables(cfg, plan, comm, combiners, store_path, cache_policy)
     path, hparams = builtin_model_file(model_config(cfg))
-    posed = mock.patch.object(run.user_model, "compute_dtype", lambda _: compute_dtype) if compute_dtype \
+    posed = mock.patch.object(run.run_model, "compute_dtype", lambda _: compute_dtype) if compute_dtype \
         else contextlib.nullcontext()
     with posed:
-        model = UserModel(cfg, comm, path, hparams, tables)
-    return UserTrainer(model, run_eagerly=cfg.runtime.run_eagerly)
+        model = RunModel(cfg, comm, path, hparams, tables)
+    return RunTrainer(model, run_eagerly=cfg.runtime.run_eagerly)
 
 
-def variables_by_name(trainer: UserTrainer) -> dict:
+def variables_by_name(trainer: RunTrainer) -> dict:
     """Every variable of the trainer's checkpoint by its tensor's name (one process: each whole)."""
     return {e.name: e.variable for e in trainer.checkpoint_entries()}

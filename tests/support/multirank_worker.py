@@ -2,7 +2,7 @@
 
 For every case (a JSON list in argv[1]) each rank builds the run's model and trainer (the built-in
 DLRM / DCNv2 as run/assembly.py builds them: examples/dlrm.py or dcnv2.py handed its tables, in a
-run.user_model.UserModel trained by its UserTrainer) on N ranks with the case's plan options and,
+run.run_model.RunModel trained by its RunTrainer) on N ranks with the case's plan options and,
 beside it, the single-process one (same seed: the same initial weights at any world size). Both
 train the same global batches; each rank checks its logits, the global loss and, at the end, every
 one of its variables (table shards, optimizer slots, dense weights) against the matching region of
@@ -18,14 +18,14 @@ from dataloading.batches import RankInput, rank_batch
 from dataloading.synthetic import SyntheticDataset
 from parallel_embedding.collectives import SingleProcess, make_collectives
 from parallel_embedding.planner import plan_tables
-from run.user_model import UserTrainer
+from run.run_model import RunTrainer
 from tests.support.builtin import builtin_trainer
 from tests.support.multi_hot import multi_hot_ids
 
 TOLERANCE = 1e-5
 
 
-def build(case, comm, plan) -> UserTrainer:
+def build(case, comm, plan) -> RunTrainer:
     """The run's trainer of the case's model on the ranks of `comm`, its tables on `plan` (None:
     the flags', every table whole): the flags of the case (tables, hotness, interaction, optimizer,
     learning rate, input layout; seed 3), its tables' combiners the case's (per table, which the

@@ -1,7 +1,7 @@
 """The run's model: a model file's (--model=FILE; dlrm.py / dcnv2.py: examples/dlrm.py /
 dcnv2.py, run/assembly.py), built from the dataset's features and its hyper-parameters, compiled
 with the run's optimizer and schedule, and seen by run/loop.py and run/checkpoint_policy.py
-through `UserModel` (`embeddings`, `signature`) and `UserTrainer` (step, predict, checkpoint).
+through `RunModel` (`embeddings`, `signature`) and `RunTrainer` (step, predict, checkpoint).
 
 The contract (docs/models.md): FILE defines `build_model(features, hparams) -> ranking.Model`,
 `features` a ranking.Features, `hparams` a dict (--model_params, --model_param). The model takes
@@ -65,7 +65,7 @@ def dataset_features(cfg: RunConfig, comm, tables=None) -> Features:
                     zeros_initializer=cfg.model.embedding_zeros_initializer, tables=tables)
 
 
-class UserModel:
+class RunModel:
     """A model file's compiled ranking.Model (`keras_model`) as the run sees a model: `embeddings`
     (the loop's input_rows / staged / store_stats / close: _Tables), `dense_variables`,
     `table_variables`, `parameters`, `signature`.
@@ -411,14 +411,14 @@ class _Tables:
             layer.embedding.close()
 
 
-class UserTrainer:
-    """The run's trainer over a UserModel: `train_step(numerical, categorical, labels) -> the
+class RunTrainer:
+    """The run's trainer over a RunModel: `train_step(numerical, categorical, labels) -> the
     global batch's mean loss` (a model with heads, labels [b, H]: a dict of it, "loss", and each
     head's, "<head>_loss"), `predict(numerical, categorical) -> logits [b]` ([b, H]), `step` and
     `schedule_origin` (the compiled ranking.Model's variables), `loss_scale` (ranking.precision.LossScale,
     None: no loss scaling), `learning_rate`, `check_finite`, and the checkpoint entries and names."""
 
-    def __init__(self, model: UserModel, run_eagerly: bool = False):
+    def __init__(self, model: RunModel, run_eagerly: bool = False):
         self.model, self.keras_model = model, model.keras_model
         self.step = self.keras_model.global_step
         self.schedule_origin = self.keras_model.schedule_origin
