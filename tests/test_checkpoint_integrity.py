@@ -28,7 +28,7 @@ from tests.support.configs import tiny_config
 from tests.support.horovod_run import ROOT, Ranks, horovodrun
 from tests.test_checkpoint_pruning import scripted_auc  # noqa: F401 (a fixture)
 from tests.support.small_disk import fill, free_bytes, tmpfs
-from tests.test_multirank_cli import DATA, MODEL, PLACEMENT
+from tests.support.runs import DATA, MODEL, PLACEMENT
 from utils.errors import CheckpointError, StoreError
 from tests.support.warm_python import PYTHON
 

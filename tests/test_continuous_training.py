@@ -19,7 +19,7 @@ from deployment.exporter.repository import write_repository
 from deployment.serving.live import Model
 from storage import checkpoint
 from tests.support.horovod_run import ROOT
-from tests.test_serving import start_server, stop_server
+from tests.support.serving import start_server, stop_server
 from tests.support import warm_python
 
 SCRIPT = os.path.join(ROOT, "tools", "continuous_training.sh")

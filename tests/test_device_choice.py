@@ -8,7 +8,7 @@ import re
 import pytest
 
 from tests.support.horovod_run import horovodrun
-from tests.test_multirank_cli import DATA, MODEL, one_process, succeeded
+from tests.support.runs import DATA, MODEL, one_process, succeeded
 
 # dlrm.py, run with TensorFlow's device calls faked first.
 FAKED_DLRM = ("import runpy, sys, tests.support.fake_gpus; sys.argv[0] = 'dlrm.py'; "

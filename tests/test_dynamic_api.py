@@ -286,7 +286,7 @@ def test_a_model_file_at_two_gloo_ranks_equals_one_process(tmp_path):
     from tests.support.horovod_run import horovodrun
     from tests.test_dynamic_multirank import assert_same_tables
     from tests.test_model_cli import DATA, model_args, python
-    from tests.test_multirank_cli import records, succeeded
+    from tests.support.runs import records, succeeded
     args = [*model_args("wide_and_deep"), *DATA, "--max_steps=6", "--dynamic_tables=cat_0:60:2:lru:0:2,cat_3:30:1:lfu"]
     one, two = tmp_path / "one", tmp_path / "two"
     succeeded(python(*args, f"--log_path={one}.json", f"--save_checkpoint_path={one}"))

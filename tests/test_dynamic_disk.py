@@ -28,7 +28,7 @@ from parallel_embedding.planner import DynamicOptions, TierOptions, plan_tables
 from parallel_embedding.tiered import ShardFile
 from storage import checkpoint
 from tests.support.horovod_run import horovodrun
-from tests.test_multirank_cli import one_process, succeeded
+from tests.support.runs import one_process, succeeded
 from tests.test_tiered_cli import assert_same_checkpoint, assert_same_run, log_records, one_error
 
 MODEL = ["--dataset_type=synthetic", "--synthetic_cardinalities=400,40,2000,7", "--synthetic_num_numerical=3",

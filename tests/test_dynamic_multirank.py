@@ -12,7 +12,7 @@ import pytest
 
 from storage import checkpoint
 from tests.support.horovod_run import horovodrun
-from tests.test_multirank_cli import MODEL, DATA, STEPS, one_process, records, succeeded
+from tests.support.runs import MODEL, DATA, STEPS, one_process, records, succeeded
 
 # Table 0 (300 ids) in 2 hash shards of 30 rows, LRU with K = 2 (evicting); table 3 (30 ids) whole, LFU.
 DYNAMIC = ["--dynamic_tables=0:60:2:lru:0:2,cat_3:30:1:lfu"]

@@ -18,7 +18,7 @@ from deployment.repository_format import PAD, DeltaError, export_version
 from deployment.serving.errors import BadRequest, UpdateRefused
 from deployment.serving.live import Model, Updater
 from tests.support.live_exports import STEPS, make_delta, read_info, tables_of
-from tests.test_serving import port_flags, script, start_server, stop_server
+from tests.support.serving import port_flags, script, start_server, stop_server
 
 @pytest.fixture
 def exports(live_exports):

@@ -21,7 +21,7 @@ import run.loop as run_loop
 from storage import checkpoint
 from tests.support.configs import tiny_config
 from tests.support.horovod_run import ROOT, horovodrun
-from tests.test_multirank_cli import assert_same_losses, assert_same_run, records, succeeded
+from tests.support.runs import assert_same_losses, assert_same_run, records, succeeded
 from tests.test_tiered_cli import assert_same_checkpoint, assert_same_run as assert_same_tiered_run, disk_units, tiered
 from tests.support.warm_python import PYTHON
 from utils.errors import ConfigError

@@ -29,7 +29,7 @@ from tests.support.configs import TINY
 from tests.support.horovod_run import ROOT
 from tests.support.redis_server import RedisServer
 from tests.test_deployment_export import deploy, reference, served
-from tests.test_serving import served_outputs, start_server, stop_server
+from tests.support.serving import served_outputs, start_server, stop_server
 from tests.support.warm_python import PYTHON
 
 CARDS, HOTNESS = ["300", "50", "7", "30"], ["1", "3", "1", "2"]   # features 1 and 3 multi-hot

@@ -24,8 +24,8 @@ from run.config import build_config
 from tests.support.configs import TINY
 from tests.support.horovod_run import horovodrun
 from tests.test_model_cli import DATA, FILE_DATA, PLACEMENT, STEPS, error_line, python
-from tests.test_multirank_cli import succeeded
-from tests.test_serving import script, start_server, stop_server
+from tests.support.runs import succeeded
+from tests.support.serving import script, start_server, stop_server
 from tests.test_tiered_cli import assert_same_checkpoint, log_records
 from utils.errors import ConfigError
 

@@ -3,59 +3,16 @@ batches (per-step loss and the final evaluation); a checkpoint written at 2 rank
 and at 3 ranks exactly as an uninterrupted run; a rank that dies or hangs ends the run with one
 error line within a bounded time, leaving the last checkpoint usable; a global batch that does
 not divide over the ranks is refused."""
-import json
-import os
 import re
 import signal
 import socket
 import subprocess
-import time
 
 import pytest
 
-from tests.support.horovod_run import ROOT, Ranks, horovodrun
-from tests.support.warm_python import PYTHON
-
-MODEL = ["--dataset_type=synthetic", "--synthetic_cardinalities=300,50,7,30,90", "--synthetic_num_numerical=3",
-         "--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1", "--optimizer=adam", "--seed=7"]
-# 12 steps of 96 (divisible by 2 and 3), the schedule's warm-up and decay inside them.
-DATA = ["--learning_rate=0.01", "--batch_size=96", "--valid_batch_size=300", "--synthetic_rows=1152",
-        "--synthetic_eval_rows=500", "--warmup_steps=2", "--decay_start_step=8", "--decay_steps=4",
-        "--print_freq=1", "--evals_per_epoch=1"]
-# Table 0 (2,400 elements) row-sliced over the ranks, table 2 (56) replicated on every rank.
-PLACEMENT = ["--row_slice_threshold=2000", "--data_parallel_threshold=60"]
-STEPS = 12
-
-
-def one_process(*args, timeout=300):
-    return subprocess.run([*PYTHON, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-
-
-def succeeded(result):
-    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    return result
-
-
-def records(log_path):
-    """{"step": {step: loss}, "eval": the last evaluation record}."""
-    with open(log_path) as f:
-        lines = [json.loads(line) for line in f]
-    return {"step": {r["step"]: r["loss"] for r in lines if r["kind"] == "step"},
-            "eval": [r for r in lines if r["kind"] == "eval"][-1]}
-
-
-def assert_same_losses(got, want, steps):
-    for s in steps:
-        assert got["step"][s] == pytest.approx(want["step"][s], rel=1e-5, abs=1e-6), s
-
-
-def assert_same_run(got, want, steps):
-    """Same losses at `steps`, same final evaluation."""
-    assert_same_losses(got, want, steps)
-    for metric in ("auc", "logloss"):
-        assert got["eval"][metric] == pytest.approx(want["eval"][metric], rel=1e-5, abs=1e-6), metric
-    assert got["eval"]["samples"] == want["eval"]["samples"]
+from tests.support.horovod_run import Ranks, horovodrun
+from tests.support.runs import (DATA, MODEL, PLACEMENT, STEPS, assert_same_losses, assert_same_run, one_process,
+                                records, succeeded, wait_for)
 
 
 @pytest.fixture(scope="module")
@@ -101,13 +58,6 @@ def test_batch_not_divisible_by_the_ranks_is_refused():
     out = horovodrun(2, ["dlrm.py", *MODEL, *DATA, "--batch_size=95"])
     assert out.returncode != 0
     assert "error: --batch_size (95) must be divisible by the number of ranks (2)" in out.stderr
-
-
-def wait_for(condition, seconds, what):
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 @pytest.mark.slow

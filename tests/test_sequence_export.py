@@ -22,7 +22,7 @@ from tests.support.configs import TINY
 from tests.test_deployment_export import deploy, reference, served
 from tests.test_model_export import check_tiers_take_the_delta, layout_of, python
 from deployment.client import ServingClient, free_ports
-from tests.test_serving import start_server, stop_server
+from tests.support.serving import start_server, stop_server
 
 HISTORY, MAX_LENGTH = 6, 4
 CARDS = ["300", "50", "7"]

@@ -19,8 +19,8 @@ import pytest
 
 from deployment.client import ServingClient, free_ports, request_batches
 from tests.support.horovod_run import ROOT
-from tests.test_serving import (data_flags, eval_dataset, parse_metrics, port_flags, script, stop_server,  # noqa
-                                trained)
+from tests.support.serving import parse_metrics, port_flags, script, stop_server
+from tests.test_serving import data_flags, eval_dataset, trained  # noqa: F401 (trained: a fixture)
 
 REQUESTS = 'dlrm_inference_requests_total{model="dlrm",protocol="%s",status="%s"}'
 LIMIT_MB = 8

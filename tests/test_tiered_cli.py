@@ -19,7 +19,7 @@ import pytest
 
 from storage import checkpoint
 from tests.support.horovod_run import ROOT, horovodrun
-from tests.test_multirank_cli import one_process, records, succeeded, wait_for
+from tests.support.runs import one_process, records, succeeded, wait_for
 from tests.support.warm_python import PYTHON
 
 MODEL = ["--dataset_type=synthetic", "--synthetic_cardinalities=3000,40,2000,7", "--synthetic_num_numerical=3",

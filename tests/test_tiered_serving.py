@@ -23,7 +23,7 @@ from deployment.serving.metrics import Metrics
 from tests.support.redis_server import RedisServer, free_port
 from tests.support.live_exports import make_delta, read_info, tables_of
 from tests.test_live_serving import Load, monolithic, read_delta_of, requests, wait_for
-from tests.test_serving import parse_metrics, port_flags, scrape, script, start_server, stop_server
+from tests.support.serving import parse_metrics, port_flags, scrape, script, start_server, stop_server
 from utils.errors import StoreError
 
 # TINY's tables [20, 50, 7, 30] x 8: in 800 bytes their shares are 2, 0, 3 and 1 rows, one cache of 6 (of 107)

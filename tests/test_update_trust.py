@@ -20,7 +20,7 @@ from tests.support.redis_server import RedisServer
 from tests.support.small_disk import fill, tmpfs
 from tests.support.live_exports import make_delta, read_info
 from tests.test_live_serving import requests, wait_for
-from tests.test_serving import script, start_server, stop_server
+from tests.support.serving import script, start_server, stop_server
 
 
 @pytest.fixture
