@@ -39,7 +39,10 @@ Tables on disk (a plan with tiers, plan_tables(..., tiers=planner.TierOptions(..
     emb.close()                            removes the store's files
 
 Modules: planner.py (`plan_tables`, with `TierOptions` the tiers too: pure Python), collectives.py
-(the one seam to Horovod), layer.py (`DistributedEmbedding`), routing.py (`Router`: a dynamic table
+(the one seam to Horovod), layer.py (`DistributedEmbedding`: its tables, lookups, optimizer and
+tiers; exchange.py its all-to-alls forward and backward, table_state.py its checkpoint entries and
+restores, ids.py one feature's flat ids and their combiners), choices.py (the optimizers' and
+combiners' names), routing.py (`Router`: a dynamic table
 in hash shards at N ranks, each shard's owner receiving and returning only its own ids' rows;
 `hash_shards`), tiered.py (`DiskTier`: the disk tier, its caches storage/row_cache.py's),
 optimizers.py (SGD, Adagrad, Adam: lazy sparse row updates, and the dense form, which the trainer

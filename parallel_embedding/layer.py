@@ -46,24 +46,24 @@ hold ids.
 >>> [e.shape for e in emb([tf.constant([3, 7]), tf.ragged.constant([[0, 19, 4], []])], local_batch=2)]
 [TensorShape([2, 16]), TensorShape([2, 16])]
 """
-import contextlib
 import dataclasses
 import math
-from typing import Dict, List, NamedTuple, Optional, Sequence, Set, Union
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
-from storage.checkpoint import Entry, replicated_entries
 from parallel_embedding import UPDATED_AT
 from parallel_embedding.choices import COMBINERS
-from parallel_embedding.dynamic_table import IDS, DynamicTable, capacity_check, resharded_entries, tensor_names
+from parallel_embedding.dynamic_table import DynamicTable, capacity_check
+from parallel_embedding.exchange import Exchange, Jagged, LookedUp
+from parallel_embedding.ids import FlatIds, check_ids, combine, flatten_ids
 from parallel_embedding.optimizers import make_optimizer
 from parallel_embedding.planner import Plan, Shard, plan_tables  # noqa: F401 (plan_tables: the example)
-from parallel_embedding.routing import Router, Routes, assert_size, hash_shards
+from parallel_embedding.routing import Router, hash_shards
+from parallel_embedding.table_state import TableState
 from parallel_embedding.tiered import DiskTier, DynamicUnit, Unit
 from utils.errors import ConfigError
-from utils.logger import DYNAMIC_COUNTS
 
 _INIT_BLOCK_ROWS = 1 << 16
 
@@ -88,85 +88,7 @@ def shard_initial_value(rows: int, dim: int, shard: Shard, seed) -> tf.Tensor:
     return tf.concat(parts, axis=0) if parts else tf.zeros([0, shard.width])
 
 
-class FlatIds(NamedTuple):
-    """One feature's ids for n samples (batch rows) as K ids: one-hot (K = n, `sample` None) or multi-hot."""
-    ids: tf.Tensor                     # [K]
-    sample: Optional[tf.Tensor]        # [K] the sample each id belongs to
-    weights: Optional[tf.Tensor]       # [K] its combiner weight (None: 1)
-    num_samples: Optional[tf.Tensor]   # n
-
-
-def flatten_ids(ids: Union[tf.Tensor, tf.RaggedTensor], combiner: str) -> FlatIds:
-    if not isinstance(ids, tf.RaggedTensor):
-        return FlatIds(ids, None, None, None)
-    sample = ids.value_rowids()
-    weights = None
-    if combiner == "mean":
-        lengths = tf.cast(tf.maximum(ids.row_lengths(), 1), tf.float32)
-        weights = tf.gather(1.0 / lengths, sample)
-    return FlatIds(ids.values, sample, weights, ids.nrows())
-
-
-def combine(gathered: tf.Tensor, flat: FlatIds) -> tf.Tensor:
-    """[K, w] rows of the K ids -> [n, w] rows of the n samples (the combiner)."""
-    if flat.sample is None:
-        return gathered
-    if flat.weights is not None:
-        gathered = gathered * flat.weights[:, None]
-    return tf.math.unsorted_segment_sum(gathered, flat.sample, flat.num_samples)
-
-
-def spread(grad: tf.Tensor, flat: FlatIds) -> tf.Tensor:
-    """The gradient of `combine`: [n, w] -> [K, w]."""
-    if flat.sample is None:
-        return grad
-    grad = tf.gather(grad, flat.sample)
-    return grad if flat.weights is None else grad * flat.weights[:, None]
-
-
-def num_samples(ids) -> tf.Tensor:
-    return tf.cast(ids.nrows(), tf.int32) if isinstance(ids, tf.RaggedTensor) else tf.shape(ids)[0]
-
-
-def check_ids(features: Sequence[Union[int, str]], ids: Sequence[tf.Tensor], cardinalities: Sequence[int]) -> list:
-    """Assertions that every id of `features` (their flat ids and cardinalities, in the same
-    order) is in [0, cardinality), to run before any gather: XLA clamps out-of-range gathers
-    silently, a GPU gather returns zeros, and a row shard skips ids outside its range by design.
-    `features`: their indices, or names where one has none (ids a model computes)."""
-    if not features:
-        return []
-    named = any(isinstance(f, str) for f in features)
-    id_range = tf.stack([tf.stack([tf.reduce_min(tf.cast(i, tf.int64)), tf.reduce_max(tf.cast(i, tf.int64))])
-                         for i in ids])
-    cardinalities = tf.constant(list(cardinalities), tf.int64)
-    in_range = tf.logical_and(id_range[:, 0] >= 0, id_range[:, 1] < cardinalities)
-    return [tf.debugging.Assert(tf.reduce_all(in_range), [
-        "embedding ids out of range [0, cardinality) in features (0-based):",
-        tf.boolean_mask(tf.constant([str(f) for f in features]) if named else tf.constant(list(features), tf.int64),
-                        tf.logical_not(in_range)),
-        "min/max ids:", id_range, "cardinalities:", cardinalities], summarize=64)]
-
-
-class Jagged(NamedTuple):
-    """Which rows of the multi-hot inputs hold ids, with data-parallel input at N > 1 ranks: only
-    those rows travel in the exchange and its reverse (the others are zeros, their gradients unused)."""
-    local: Dict[int, tf.Tensor]   # per multi-hot feature of any rank's static shards: [m_f b] bool, this rank's rows
-    owned: Dict[int, tf.Tensor]   # per multi-hot feature of this rank's static shards: [N] int32, each rank's count
-
-
-class LookedUp(NamedTuple):
-    """What `lookup` returns: rows and the variable indices they came from (for gradients)."""
-    shard_rows: List[tf.Tensor]        # per local shard: [m B, w] (a routed shard: [K, w], its ids'; a
-                                       # jagged one: the rows that hold ids, rank by rank, `_exchange_ids`)
-    shard_indices: List[tf.Tensor]     # per local shard: [K] row indices into its variable
-    shard_ids: List[FlatIds]           # per local shard: its feature's ids (a routed shard: its rows)
-    replicated_rows: List[tf.Tensor]   # per replicated table: [b, D_f]
-    replicated_ids: List[FlatIds]      # per replicated table: its feature's ids
-    routes: Optional[Routes] = None    # the routed shards' (None: the plan has none at this world size)
-    jagged: Optional[Jagged] = None    # data-parallel input at N > 1 ranks (None: every row travels)
-
-
-class DistributedEmbedding(tf.Module):
+class DistributedEmbedding(Exchange, TableState, tf.Module):
     """The F embedding tables of a model, placed by `plan`, executed with `collectives`.
 
     Variables: `shard_variables` (this rank's shards, model-parallel: updated here only, never
@@ -421,202 +343,9 @@ class DistributedEmbedding(tf.Module):
                            for var, flat in zip(self.replicated_variables, replicated_ids)]
         return rows, indices, replicated_rows
 
-    def _exchange_ids(self, ids: List[tf.Tensor]):
-        """Data-parallel input: every rank's b rows of ids -> (the features this rank holds: a
-        one-hot one's B rows, a multi-hot one's rows that hold ids, rank by rank (`Jagged`); the
-        routed tables' Routes (None if the plan routes none) and, per routed shard of this rank,
-        its ids (routing.py); checks of the amounts received, which the lookup must wait for; per
-        multi-hot feature held here, each rank's count of rows that hold ids, [N] int32).
-        One all-to-all carries the one-hot ids ([b] each) and, per multi-hot feature, two counts
-        (its rows that hold ids, its ids), and after them, to each rank, this rank's ids of the
-        routed shards there (`Router.outgoing_ids`: a count per shard and input, then the ids; the
-        message int64 then); a second one (only if a feature exchanged here is multi-hot) each
-        multi-hot feature's lengths of the rows that hold ids, then its ids. Every rank takes part
-        in both, even one that receives nothing; the checks consume every result, so graph
-        optimisation never prunes an all-to-all on one rank (the others would wait forever).
-
-        Example, N = 2, b = 2: rank 0 holds feature 0 (one-hot), rank 1 features 1 and 2
-        (multi-hot). Global rows 0-1 are rank 0's input, rows 2-3 rank 1's:
-            f0: a0 a1 | a2 a3      f1: [p] [q r] | [] [s]      f2: [t u] [] | [v] [w x]
-        First all-to-all, each rank sends, per destination rank r, its b ids of every one-hot
-        feature of r and two counts of every multi-hot one: rank 0 sends [a0 a1 | 2 3 1 2]
-        (counts [2, 4]), rank 1 [a2 a3 | 1 1 2 3]. Rank 1 receives [2 3 1 2 | 1 1 2 3]: per source
-        rank and feature, (rows that hold ids, ids). Second all-to-all, per multi-hot feature the
-        held rows' lengths, then the ids: rank 0 sends [] to rank 0 and [1 2 p q r | 2 t u] to
-        rank 1, rank 1 [1 s | 1 2 v w x] to itself. Rank 1 splits what it receives by those
-        counts: f1 = [p] [q r] | [s] (held rows per rank [2 1]), f2 = [t u] | [v] [w x] ([1 2]).
-        A table of m inputs (`inputs_per_table`) counts as m features for its one-hot ids, its ids
-        [m b] the m inputs' b rows each; it gets their B rows each, concatenated input by input (a
-        multi-hot table's rows that hold ids: each rank's in its (input, row) order)."""
-        ragged = [isinstance(i, tf.RaggedTensor) for i in ids]
-        dtype = tf.int64 if any((i.values if r else i).dtype == tf.int64 for i, r in zip(ids, ragged)) else tf.int32
-        m, n = self.inputs_per_table, self.size
-        b = num_samples(ids[0]) // m[0]
-        features = [f for f in self.global_features if f not in self.router.features]
-
-        def size(f):   # elements of feature f in the first message, from each rank
-            return 2 if ragged[f] else m[f] * b
-
-        def first(f):
-            if not ragged[f]:
-                return ids[f]
-            return tf.stack([tf.reduce_sum(tf.cast(ids[f].row_lengths() > 0, tf.int32)), tf.size(ids[f].values)])
-
-        routed = self.router.outgoing_ids({f: flatten_ids(ids[f], self.combiners[f]) for f in self.router.features})
-        wire = tf.int64 if self.router.shards else dtype   # the routed ids: int64
-        send = [tf.cast(x, wire) for r in range(n) for x in [first(f) for f in self._features_of[r]] + routed.send[r]]
-        counts = tf.stack([tf.add_n([0] + [size(f) for f in self._features_of[r]]) +
-                           sum(tf.size(x) for x in routed.send[r]) for r in range(n)])
-        received = self.comm.alltoall(tf.concat(send, 0) if send else tf.zeros([0], wire), counts,
-                                      f"{self.name}_ids")
-        lead = tf.add_n([0] + [size(f) for f in features])
-        received, routes, owned_ids, checks = self.router.incoming_ids(received, lead, routed)
-        parts = tf.split(tf.reshape(tf.cast(received, dtype), [n, -1]), tf.stack([size(f) for f in features]),
-                         num=len(features), axis=1) if features else []
-        out, held, multi = list(ids), {}, []
-        for f, x in zip(features, parts):
-            if ragged[f]:
-                multi.append((f, tf.cast(x, tf.int32)))   # [N, 2]: held rows, ids
-            else:   # [N, m b] (rank, input, row) -> [m B] (input, rank, row)
-                out[f] = tf.reshape(tf.transpose(tf.reshape(x, [n, m[f], -1]), [1, 0, 2]), [-1])
-        if any(ragged[f] for fs in self._features_of for f in fs):
-            values = [[tf.concat([tf.cast(tf.boolean_mask(ids[f].row_lengths(), ids[f].row_lengths() > 0), dtype),
-                                  tf.cast(ids[f].values, dtype)], 0) for f in self._features_of[r] if ragged[f]]
-                      for r in range(n)]
-            received = self.comm.alltoall(
-                tf.concat(sum(values, []), 0) if any(values) else tf.zeros([0], dtype),
-                tf.stack([tf.add_n([tf.size(v) for v in vs]) if vs else 0 for vs in values]),
-                f"{self.name}_multi_hot_ids")
-            sizes = tf.stack([tf.reduce_sum(x, axis=1) for _, x in multi], axis=1) if multi else tf.zeros([n, 0],
-                                                                                                         tf.int32)
-            checks.append(assert_size(received, tf.reduce_sum(sizes), "multi-hot ids"))
-            if multi:   # received in (source rank, feature) order: the held rows' lengths, then the ids
-                blocks = tf.split(received, tf.reshape(sizes, [-1]), num=n * len(multi))
-                for k, (f, x) in enumerate(multi):
-                    pieces = [tf.split(blocks[r * len(multi) + k], x[r], num=2) for r in range(n)]
-                    out[f] = tf.RaggedTensor.from_row_lengths(tf.concat([p[1] for p in pieces], 0),
-                                                              tf.concat([p[0] for p in pieces], 0))
-                    held[f] = x[:, 0]
-        return out, routes, owned_ids, [c for c in checks if c is not None], held
-
-    def exchange(self, looked_up: LookedUp, local_batch) -> List[tf.Tensor]:
-        """This rank's rows -> the F features of the local batch (`local_batch` = b rows, [b, D_f])."""
-        out = [None] * len(self.plan.tables)
-        for f, rows in zip(self.replicated, looked_up.replicated_rows):
-            out[f] = rows
-        if self.size == 1:   # every table on this rank, in feature order (a dynamic table's hash shards summed)
-            for s, rows in zip(self.shards, looked_up.shard_rows):
-                out[s.feature] = rows if out[s.feature] is None else out[s.feature] + rows
-            return out
-        if not any(self._widths) and not self.router.shards:
-            return out
-        b, m, jagged = local_batch, self.inputs_per_table, looked_up.jagged
-        # To each rank r: each static shard's rows of r's m x b rows, in (input, row) order (jagged:
-        # only those that hold ids), then the rows of r's ids in the routed shards here (wire order).
-        static = [[] for _ in range(self.size)]
-        for s, rows in zip(self.shards, looked_up.shard_rows):
-            if s.feature not in self.router.features:
-                for r, x in enumerate(self._split_by_rank(rows, s, m[s.feature], jagged)):
-                    static[r].append(x)
-        routed = self.router.to_wire([looked_up.shard_rows[self.shards.index(s)] for s in self.router.on[self.rank]],
-                                     looked_up.routes)
-        sizes = [[self._rows_of(s.feature, b, jagged) * s.width for s in shards] for shards in self._static_on]
-        received = self.comm.alltoall(
-            tf.concat([x for r in range(self.size) for x in static[r] + routed[r]] or [tf.zeros([0])], 0),
-            tf.stack([tf.add_n([tf.size(x) for x in static[r]] + [self.router.floats(r, looked_up.routes, mine=True)])
-                      for r in range(self.size)]), f"{self.name}_rows")
-        received, routed, checks = self.router.from_ranks(received, [tf.add_n([0] + xs) for xs in sizes],
-                                                          looked_up.routes, mine=False)
-        if checks:
-            with tf.control_dependencies(checks):
-                received, routed = tf.identity(received), [tf.identity(x) for x in routed]
-        pieces = tf.split(received, tf.stack([x for xs in sizes for x in xs]),
-                          num=len(self._all_shards)) if self._all_shards else []
-        for f, parts in self._pieces.items():
-            if parts:
-                parts = [tf.reshape(pieces[k], [-1, s.width]) for k, s in parts]
-                if jagged and f in jagged.local:   # the rows that hold ids, back in their places
-                    where = tf.cast(tf.where(jagged.local[f]), tf.int32)
-                    parts = [tf.scatter_nd(where, x, [m[f] * b, x.shape[1]]) for x in parts]
-                out[f] = tf.add_n(parts) if self.plan.tables[f].kind in ("row", "dynamic") else tf.concat(parts, axis=1)
-        if self.router.shards:   # each id's row summed into its sample's
-            for f, rows in self.router.combine(routed, looked_up.routes, b).items():
-                out[f] = rows
-        return out
-
-    def _by_rank(self, rows: tf.Tensor, m: int) -> tf.Tensor:
-        """[m B, w] rows in (input, rank, row) order -> [N, m b w] in (rank, input, row) order."""
-        return tf.reshape(tf.transpose(tf.reshape(rows, [m, self.size, -1]), [1, 0, 2]), [self.size, -1])
-
-    def _split_by_rank(self, rows: tf.Tensor, s: Shard, m: int, jagged: Optional[Jagged]) -> List[tf.Tensor]:
-        """Shard s's [m B, w] rows (input, rank, row) -> per rank r, flat, r's m x b rows in (input,
-        row) order: those that hold ids if the feature is jagged, else all of them."""
-        if not jagged or s.feature not in jagged.owned:
-            return tf.unstack(self._by_rank(rows, m), num=self.size)
-        return tf.split(tf.reshape(rows, [-1]), jagged.owned[s.feature] * s.width, num=self.size)   # rank by rank
-
-    def _rows_of(self, feature: int, b, jagged: Optional[Jagged], rank: Optional[int] = None):
-        """How many of a rank's m_f x b rows of `feature` travel: this rank's (`rank` None) or, on
-        the feature's owner, rank `rank`'s."""
-        if not jagged or feature not in jagged.local:
-            return self.inputs_per_table[feature] * b
-        if rank is None:
-            return tf.reduce_sum(tf.cast(jagged.local[feature], tf.int32))
-        return jagged.owned[feature][rank]
 
     # Backward ----------------------------------------------------------------------------------
 
-    def gradients(self, looked_up: LookedUp, feature_grads: Sequence[tf.Tensor]) -> List[tf.IndexedSlices]:
-        """Gradients of the F features ([b, D_f]) -> IndexedSlices for `variables_in_order`."""
-        shard_grads = self._reverse_exchange(feature_grads, looked_up.routes, looked_up.jagged)
-        grads = [tf.IndexedSlices(spread(g, flat), i, tf.shape(v, out_type=i.dtype))
-                 for g, i, flat, v in zip(shard_grads, looked_up.shard_indices, looked_up.shard_ids,
-                                          self.shard_variables)]
-        for f, flat, var in zip(self.replicated, looked_up.replicated_ids, self.replicated_variables):
-            g, ids = spread(feature_grads[f], flat), flat.ids
-            if self.size > 1:   # every rank applies the whole batch's rows
-                g = self.comm.allgather(g, f"{self.name}_replicated_{f}_grad")
-                ids = self.comm.allgather(ids, f"{self.name}_replicated_{f}_ids")
-            grads.append(tf.IndexedSlices(g, ids, tf.shape(var, out_type=ids.dtype)))
-        return grads
-
-    def _reverse_exchange(self, feature_grads, routes: Optional[Routes], jagged: Optional[Jagged]) -> List[tf.Tensor]:
-        """[b, D_f] per feature -> [B, w] per local shard (a routed shard: [K, w], the gradients of
-        its ids' rows in global batch order) (the reverse all-to-all)."""
-        if self.size == 1:
-            return [feature_grads[s.feature] for s in self.shards]
-        if not any(self._widths) and not self.router.shards:
-            return []
-        m = self.inputs_per_table
-        b = tf.shape(feature_grads[0])[0] // m[0]
-        send, counts = [], []
-        for r in range(self.size):   # to rank r: its static shards' [m b, w] (jagged: the rows that hold ids), then
-            static = []              # its routed shards' [c, w]
-            for s in self._static_on[r]:
-                g = feature_grads[s.feature][:, s.col_start:s.col_end]
-                if jagged and s.feature in jagged.local:
-                    g = tf.boolean_mask(g, jagged.local[s.feature])
-                static.append(tf.reshape(g, [-1]))
-            send += static + self.router.gradients_to(r, feature_grads, routes)
-            counts.append(tf.add_n([tf.size(x) for x in static] + [self.router.floats(r, routes, mine=False)]))
-        received = self.comm.alltoall(tf.concat(send, axis=0) if send else tf.zeros([0]), tf.stack(counts),
-                                      f"{self.name}_grads")
-        static = self._static_on[self.rank]
-        sizes = [[self._rows_of(s.feature, b, jagged, r) * s.width for s in static] for r in range(self.size)]
-        received, routed, _ = self.router.from_ranks(received, [tf.add_n([0] + xs) for xs in sizes], routes,
-                                                     mine=True)
-        out = {}
-        if static:   # per rank, my shards' rows in a row -> per shard [N, m b, w] (rank, input, row)
-            blocks = tf.split(received, tf.stack([x for xs in sizes for x in xs]), num=self.size * len(static))
-            for t, s in enumerate(static):
-                x = tf.reshape(tf.concat(blocks[t::len(static)], 0), [-1, s.width])
-                if not jagged or s.feature not in jagged.owned:   # jagged: the rows as lookup gave them
-                    # [N, m b, w] (rank, input, row) -> [m B, w] (input, rank, row)
-                    x = tf.reshape(tf.transpose(tf.reshape(x, [self.size, m[s.feature], -1]), [1, 0, 2]),
-                                   [-1, s.width])
-                out[s] = x
-        out.update(self.router.owned_gradients(routed, routes))
-        return [out[s] for s in self.shards]
 
     # Optimizer and checkpoints ---------------------------------------------------------------
 
@@ -696,155 +425,4 @@ class DistributedEmbedding(tf.Module):
             table.apply_gradients(grads[i].indices, grads[i].values, lr, self._step)
         self._update[multi_hot]([grads[i] for i in self._static_at], lr)
 
-    def dynamic_stats(self) -> Dict[str, Dict[str, int]]:
-        """Per dynamic table, by table name: its live rows and its admitted, evicted and refused
-        ids since the start of its lineage (id_map's totals, checkpointed), summed over its hash
-        shards on every rank (at N ranks a collective: every rank calls it at the same point)."""
-        stats: Dict[str, Dict[str, int]] = {}
-        for s, table in self.dynamic.items():
-            total = stats.setdefault(self.table_name(s.feature), dict.fromkeys(DYNAMIC_COUNTS, 0))
-            for k, v in table.counts().items():
-                if k in total:
-                    total[k] += v
-        if self.size > 1 and any(t.kind == "dynamic" for t in self.plan.tables):
-            merged: Dict[str, Dict[str, int]] = {}
-            for part in self.comm.allgather_object(stats, f"{self.name}_dynamic_stats"):
-                for name, counts in part.items():
-                    total = merged.setdefault(name, dict.fromkeys(DYNAMIC_COUNTS, 0))
-                    for k, v in counts.items():
-                        total[k] += v
-            stats = dict(sorted(merged.items()))
-        return stats
 
-    def variables_by_name(self) -> Dict[str, tf.Variable]:
-        """This rank's table variables and table optimizer state, by stable variable name."""
-        named = {v.name.split(":")[0]: v for v in self.variables_in_order + self.updated_at if v is not None}
-        named.update(self.optimizer.variables_by_name() if self.optimizer else {})
-        for table in self.dynamic.values():
-            named.update({v.name.split(":")[0]: v for v in [table.updated_at] + list(table.slots.values())
-                          if v is not None})
-            named.update(table.optimizer.variables_by_name())
-        return named
-
-    def checkpoint_entries(self, weights_only: bool = False) -> List[Entry]:
-        """This rank's tables as parts of world-size-independent tensors: tensor `table_name(f)` is
-        feature f's whole table [rows_f, D_f]; shard s holds its rows [row_start, row_end) x columns
-        [col_start, col_end) (not the spare row), a replicated table all of it (rank 0 saves it).
-        Unless `weights_only`, the optimizer's state too: slot k of a table as tensor
-        `table_name(f)/k`, cut as the table, the update counter (replicated), and the rows' updated_at
-        [rows_f, 1] int32 as tensor `table_name(f)/updated_at`. A dynamic table's hash shard: its
-        live rows only (DynamicTable.checkpoint_entries, under `dynamic_name(s)`, sized by the
-        checkpoint on restore; inside `restoring`, a table saved in another number of hash shards:
-        entries that read them all and re-hash their ids into this run's shards)."""
-        slots = self.optimizer.slots if self.optimizer and not weights_only else {}
-        entries = []
-        sources = {}
-        for unit in (self.tiered.units.values() if self.tiered else ()):
-            if isinstance(unit, DynamicUnit):   # its DynamicTable's entries, below
-                continue
-            sources.update({v.ref(): parts for v, parts in zip(unit.variables, self.tiered.sources(unit))})
-            if slots and any(s.feature == unit.feature and s.col_start == 0 for s in self.shards):
-                entries.append(Entry(f"{self.table_name(unit.feature)}/{UPDATED_AT}",
-                                     self.tiered.updated_at(unit, lambda: int(self._step.numpy())),
-                                     (self.cardinalities[unit.feature], 1), unit.row_start))
-        for s, table in self.dynamic.items():   # its live rows only (dynamic_table.py)
-            if s.feature not in self._resharding:
-                entries += table.checkpoint_entries(weights_only or not self.optimizer)
-        for f, saved in self._resharding.items():
-            entries += self._resharded_entries(f, saved, weights_only or not self.optimizer)
-        for s, var, updated_at in zip(self.shards, self.shard_variables, self.updated_at):
-            if s in self.dynamic:
-                continue
-            name, shape = self.table_name(s.feature), (self.cardinalities[s.feature], self.dims[s.feature])
-            pieces = self._with_slots(name, var, slots)
-            if var.ref() in sources:   # on disk: streamed from and to the store
-                pieces = [(tensor, source) for (tensor, _), source in zip(pieces, sources[var.ref()])]
-            entries += [Entry(tensor, v, shape, s.row_start, s.col_start, None if var.ref() in sources else s.num_rows)
-                        for tensor, v in pieces]
-            if slots and updated_at is not None:
-                entries.append(Entry(f"{name}/{UPDATED_AT}", updated_at, (shape[0], 1), s.row_start, 0, s.num_rows))
-        replicated = {tensor: v for f, var in zip(self.replicated, self.replicated_variables)
-                      for tensor, v in self._with_slots(self.table_name(f), var, slots)}
-        if self._counted(weights_only):
-            replicated[self.optimizer.iterations.name.split(":")[0]] = self.optimizer.iterations
-        if slots:
-            replicated.update({f"{self.table_name(f)}/{UPDATED_AT}": v
-                               for f, v in zip(self.replicated, self.updated_at[len(self.shards):])})
-        return entries + replicated_entries(replicated)
-
-    def _counted(self, weights_only: bool) -> bool:
-        """Whether checkpoints hold the table optimizer's update counter: with the optimizer's state,
-        when the plan has a table that is not dynamic (on any rank: the counter is replicated; each
-        dynamic table counts its own updates)."""
-        return bool(self.optimizer) and not weights_only and any(t.kind != "dynamic" for t in self.plan.tables)
-
-    @staticmethod
-    def _with_slots(name: str, var: tf.Variable, slots: dict) -> list:
-        """(tensor name, variable) of a table variable and of its optimizer slots."""
-        return [(name, var)] + [(f"{name}/{k}", slot) for k, slot in slots.get(var.ref(), {}).items()]
-
-    def checkpoint_names(self, weights_only: bool = False) -> Set[str]:
-        """Every tensor of `checkpoint_entries` on any rank: the logical tensors of the tables in a
-        complete checkpoint."""
-        tables = self.plan.tables
-        names = {self.table_name(f) for f in range(len(tables)) if tables[f].kind != "dynamic"}
-        if self.optimizer and not weights_only:
-            names |= {f"{name}/{k}" for name in names for k in self.optimizer.slot_names + (UPDATED_AT,)}
-        if self._counted(weights_only):
-            names.add(self.optimizer.iterations.name.split(":")[0])
-        slots = self.optimizer.slot_names if self.optimizer else ()
-        for t in tables:
-            prefixes = self._resharding.get(t.feature, [self.dynamic_name(s) for s in t.shards]) \
-                if t.kind == "dynamic" else []
-            for prefix in prefixes:
-                names.update(tensor_names(prefix, t.dynamic.policy, slots, weights_only or not self.optimizer))
-        return names
-
-    def _resharded_entries(self, feature: int, saved: List[str], weights_only: bool) -> List[Entry]:
-        """Restore-only entries of dynamic table `feature` saved in the hash shards `saved` (their
-        tensor prefixes): every rank holding one of its shards reads them all (dynamic_table.reshard)."""
-        t = self.plan.tables[feature]
-        tables = {t.shards.index(s): table for s, table in self.dynamic.items() if s.feature == feature}
-        if not tables:
-            return []
-        slots = list(next(iter(tables.values())).slots)
-        name = self.table_name(feature)
-        names = [n[len(name):].lstrip("/") for n in tensor_names(name, t.dynamic.policy, slots, weights_only)]
-        return resharded_entries(name, saved, names, tables, [s.num_rows for s in t.shards],
-                                 lambda ids: hash_shards(ids, len(t.shards)).numpy())
-
-    @contextlib.contextmanager
-    def restoring(self, tensors: Dict[str, dict]):
-        """The block that restores a checkpoint whose manifest's "tensors" are `tensors`: checks them
-        (check_checkpoint), and within the block `checkpoint_entries` and `checkpoint_names` take a
-        dynamic table saved in another number of hash shards in the checkpoint's shards (their ids
-        re-hashed into this run's on restore: dynamic_table.reshard says what is kept exactly)."""
-        self.check_checkpoint(tensors)
-        self._resharding = {}
-        for t in self.plan.tables:
-            saved = self._saved_shards(t.feature, tensors)
-            if t.kind == "dynamic" and saved and len(saved) != len(t.shards):
-                self._resharding[t.feature] = saved
-        try:
-            yield self
-        finally:
-            self._resharding = {}
-
-    def _saved_shards(self, feature: int, tensors: Dict[str, dict]) -> List[str]:
-        """The tensor prefixes of a table's dynamic hash shards in a checkpoint (by shard; [] if it
-        holds the table static): the table's name, or `<table>/shard_<k>` for k < P."""
-        name = self.table_name(feature)
-        saved = [n[:-len(IDS) - 1] for n in tensors if n.startswith(f"{name}/") and n.endswith(f"/{IDS}")]
-        return sorted(saved, key=lambda prefix: int(prefix.rsplit("_", 1)[1]) if prefix != name else -1)
-
-    def check_checkpoint(self, tensors: Dict[str, dict]):
-        """Raises ConfigError, one line naming the table, where a checkpoint's tensors (its manifest's
-        "tensors") hold a dynamic table as static or the reverse (a dynamic table checkpoints its ids)."""
-        for t in self.plan.tables:
-            name = self.table_name(t.feature)
-            saved = self._saved_shards(t.feature, tensors)
-            if (name in tensors or saved) and bool(saved) != (t.kind == "dynamic"):
-                raise ConfigError(
-                    f"table {name} (feature {t.feature}) is {'dynamic' if t.kind == 'dynamic' else 'static'} in this "
-                    f"run, {'dynamic' if saved else 'static'} in the checkpoint: a table's kind cannot change "
-                    "across a restore (--dynamic_tables)")

@@ -14,7 +14,7 @@ table one a sample: its ids' rows summed); the wire order of a shard's ids and r
     router = Router(plan, collectives, inputs_per_table, data_parallel_input, name)
     router.features, router.on[r], router.shards      routed tables; rank r's routed shards; all, rank by rank
     routes, owned_ids = router.keep_own(flat)         model-parallel input, flat ids per feature
-                                                      (layer.FlatIds, [m_f B]) -> `Routes`, per shard of
+                                                      (ids.FlatIds, [m_f B]) -> `Routes`, per shard of
                                                       this rank its [K_s] ids; no all-to-all (the ids'
                                                       samples go with their rows)
     outgoing = router.outgoing_ids(flat)              data-parallel input ([m_f b] flat): per rank r the
@@ -35,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from parallel_embedding.dynamic_table import mix, shift
+from parallel_embedding.ids import FlatIds
 from parallel_embedding.planner import Plan, Shard
 
 
@@ -130,7 +131,7 @@ class Router:
         self.on = [[s for s in plan.shards_on(r) if s.feature in self.features] for r in range(self.size)]
         self.shards = [s for shards in self.on for s in shards]
 
-    def outgoing_ids(self, flat: Dict[int, "FlatIds"]) -> "Outgoing":  # noqa: F821 (layer.FlatIds)
+    def outgoing_ids(self, flat: Dict[int, FlatIds]) -> "Outgoing":
         """Data-parallel input: the routed tables' local ids ([m_f b] flat per feature) -> what this
         rank sends each shard's owner in the data-parallel input exchange (after the static layout's
         ids, layer.py `_exchange_ids`): its ids of that owner's shards, input by input, after a
@@ -224,7 +225,7 @@ class Router:
 
     @staticmethod
     def _packed(x, samples: tf.Tensor) -> tf.Tensor:
-        """A multi-hot feature's flat ids (layer.FlatIds) -> [K] int64: each id's sample (in [m b])
+        """A multi-hot feature's flat ids (ids.FlatIds) -> [K] int64: each id's sample (in [m b])
         in the low 32 bits, its combiner weight's float32 bits ("mean"; else 0) in the high ones."""
         if x.weights is None:
             return tf.cast(samples, tf.int64)
@@ -236,7 +237,7 @@ class Router:
         offsets = np.cumsum([0] + [self.inputs_per_table[s.feature] for s in shards])
         return list(zip(shards, offsets[:-1].tolist()))
 
-    def keep_own(self, flat: Dict[int, "FlatIds"]):  # noqa: F821 (layer.FlatIds)
+    def keep_own(self, flat: Dict[int, FlatIds]):
         """Model-parallel input, flat ids per feature ([m_f B]) -> (Routes, per routed shard of this
         rank its K ids in global batch order), with no all-to-all: each routed shard's owner, which
         holds its feature's global ids, keeps its own in global batch order, and for each the

@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from parallel_embedding.collectives import make_collectives
-from parallel_embedding.layer import num_samples
+from parallel_embedding.ids import num_samples
 from ranking.config import COMBINERS, FeatureConfig, TableConfig
 from ranking.embedding import WeightTables
 from utils.errors import ConfigError

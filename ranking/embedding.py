@@ -50,7 +50,9 @@ import tensorflow as tf
 from tensorflow.python.eager import record   # whether a gradient tape is recording
 
 from parallel_embedding.collectives import SingleProcess
-from parallel_embedding.layer import DistributedEmbedding, LookedUp, num_samples
+from parallel_embedding.exchange import LookedUp
+from parallel_embedding.ids import num_samples
+from parallel_embedding.layer import DistributedEmbedding
 from parallel_embedding.planner import BudgetError, TierOptions, plan_tables
 from ranking.config import COMBINERS, FeatureConfig, planner_tables
 from ranking.sequences import by_position, recent_ids

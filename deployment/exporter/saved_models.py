@@ -24,7 +24,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 from deployment.exporter.model_file import builtin_dense
 from deployment.exporter.model_layout import ExportedModel, built_in_export
 from deployment.repository_format import CATEGORICAL, EMBEDDINGS, LOGITS, NUMERICAL, PAD, PREDICTIONS
-from parallel_embedding.layer import check_ids, combine, flatten_ids
+from parallel_embedding.ids import check_ids, combine, flatten_ids
 from ranking.sequences import recent_ids
 from storage import checkpoint
 
