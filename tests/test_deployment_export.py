@@ -1,65 +1,24 @@
 """deployment/deploy.py: checkpoints (one process and 2 Gloo ranks; DLRM one-hot, DCNv2 with
 unequal dims and multi-hot features) -> Triton model repositories whose SavedModels, loaded in a
 fresh process, predict what the training-time model predicts."""
-import dataclasses
 import json
 import os
-import subprocess
 
 import numpy as np
 import pytest
-import tensorflow as tf
 from google.protobuf import text_format
 from tensorflow.core.protobuf import saved_model_pb2
 
 import run.loop as run_loop
-from dataloading.batches import RankInput, eval_batches
 from deployment.repository_format import PAD, ServingLayout, categorical_matrix
 from tests.support.configs import TINY, tiny_config
-from tests.support.horovod_run import ROOT, horovodrun
+from tests.support.horovod_run import horovodrun
 from tests.support.datasets import write_dataset
 from tests.test_dataset_cli import MODEL
 from run.config import build_config
-from tests.support.warm_python import PYTHON
+from tests.support.exports import deploy, reference, served
 
 DCN = ["--interaction=cross", "--embedding_dim=4,8,6,5", "--num_cross_layers=2", "--cross_layer_projection_dim=4"]
-PREDICT = """
-import sys, numpy as np, tensorflow as tf
-repo, name, inputs, out = sys.argv[1:]
-x = np.load(inputs)
-def run(model, **tensors):
-    f = tf.saved_model.load(f"{repo}/{model}/1/model.savedmodel").signatures["serving_default"]
-    return {k: v.numpy() for k, v in f(**{k: tf.constant(v) for k, v in tensors.items()}).items()}
-mono = run(name, numerical_features=x["numerical"], categorical_features=x["categorical"])
-sparse = run(name + "_sparse", categorical_features=x["categorical"])
-dense = run(name + "_dense", numerical_features=x["numerical"], embeddings=sparse["embeddings"])
-np.savez(out, logits=mono["logits"], predictions=mono["predictions"], ensemble_logits=dense["logits"],
-         ensemble_predictions=dense["predictions"])
-"""
-
-
-def deploy(*args):
-    return subprocess.run([*PYTHON, "deployment/deploy.py", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-
-
-def reference(cfg, checkpoint, rows):
-    """The training-time model restored from `checkpoint`: (eval batch of `rows` rows, its logits)."""
-    restored = dataclasses.replace(cfg.checkpoints, restore_checkpoint_path=checkpoint, save_checkpoint_path="")
-    r = run_loop.Run(dataclasses.replace(cfg, mode="eval", checkpoints=restored))
-    batch = next(eval_batches(r.dataset, RankInput.single_process(cfg.data.num_categorical), rows=rows, batch_size=rows))
-    categorical = [c if h is None else tf.RaggedTensor.from_row_splits(c.values, c.row_splits)
-                   for c, h in zip(batch["categorical"], cfg.data.max_hotness)]
-    return batch, r.trainer.predict(batch["numerical"], categorical).numpy()
-
-
-def served(repo, batch, layout, tmp_path):
-    """Predictions of the repository's SavedModels, loaded in a fresh process."""
-    np.savez(tmp_path / "inputs.npz", numerical=batch["numerical"],
-             categorical=categorical_matrix(batch["categorical"], layout.max_hotness))
-    subprocess.run([*PYTHON, "-c", PREDICT, repo, "m", str(tmp_path / "inputs.npz"),
-                    str(tmp_path / "out.npz")], check=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    return np.load(tmp_path / "out.npz")
 
 
 def check_round_trip(cfg, checkpoint, tmp_path, rows=300):

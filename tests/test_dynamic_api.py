@@ -26,7 +26,7 @@ from tests.support.multi_hot import multi_hot_ids
 from tests.support.recorded import assert_as_recorded, assert_values_as_recorded, model_state, recorded
 from tests.test_ranking_api import (B, BOTTOM, CARDS, COMBINERS, DATA, DIMS, HOTNESS, TOP, builtin_name,
                                     seeded_as_the_builtin)
-from tests.test_tiered_cli import assert_same_checkpoint
+from tests.support.checks import assert_same_checkpoint
 from utils.errors import ConfigError
 
 DYNAMIC = DynamicOptions(24, 2, "lru")   # feature 1 (30 ids): a capacity of 24, admitted at the 2nd sighting

@@ -29,7 +29,7 @@ from parallel_embedding.tiered import ShardFile
 from storage import checkpoint
 from tests.support.horovod_run import horovodrun
 from tests.support.runs import one_process, succeeded
-from tests.test_tiered_cli import assert_same_checkpoint, assert_same_run, log_records, one_error
+from tests.support.checks import assert_same_checkpoint, assert_same_run_folders, log_records, one_error
 
 MODEL = ["--dataset_type=synthetic", "--synthetic_cardinalities=400,40,2000,7", "--synthetic_num_numerical=3",
          "--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1", "--optimizer=adam", "--seed=3"]
@@ -73,7 +73,7 @@ def test_a_dynamic_table_on_disk_equals_memory(runs):
     assert re.search(r"\sdynamic\s.*\sdisk\s+32\s", plan_line(disk_out, 0)), disk_out
     assert re.search(r"\swhole\s.*\sdisk\s", plan_line(disk_out, 2)), disk_out
     assert "disk" not in memory_out.split("\nmodel:")[0], memory_out
-    assert_same_run(disk, memory, steps=(48, 96))
+    assert_same_run_folders(disk, memory, steps=(48, 96))
     losses = [[(r["step"], r["loss"]) for r in log_records(d / "log.json") if r["kind"] == "step"]
               for d in (memory, disk)]
     assert losses[0] == losses[1] and len(losses[0]) == 6

@@ -1,9 +1,10 @@
 """docs/models.md runs as it reads. The page marks its code blocks by their info strings:
 
     ```python file=NAME   a model file: written to NAME in a scratch directory
-    ```python run         a script: executed in a fresh namespace (the page's scripts in one process, in order)
-    ```bash run           commands: run in order in one bash (set -e), those of the guide (before
-                          "# Reference") in one shell, the reference's in another, after its scripts
+    ```python run         a script: executed in a fresh namespace (the page's scripts in one process,
+                          in order, from the scratch directory)
+    ```bash run           commands: run in order in one bash (set -euo pipefail): the guide's (before
+                          "# Reference") in one shell, the reference's in another, after the scripts
     ```text               right after a `run` block: lines that block prints
 
 The scratch directory stands for the repository root: it links main.py, deployment/ and examples/
@@ -12,11 +13,11 @@ interpreter (tests/support/warm_python.py). The server the guide starts listens 
 instead of 8000-8002 (its flags, and the clients' URLs, rewritten).
 
 Checked: every code block of the page is marked; each model file is trained by a command of the
-page; every block runs without error; each line of a `text` block is a line its block printed,
-numbers and run ids aside; and what the guide says of its runs: two ranks print the losses and
-AUC of one process, the 2-rank checkpoint evaluates to that AUC, the served model scores that AUC
-through the server, and the running server applies the second day's delta (its answers then come
-from step 24 instead of 16)."""
+page; every block runs without error (a failing script's traceback names the page's line); each
+line of a `text` block is a line its block printed, numbers and run ids aside; and what the guide
+says of its runs: two ranks print the losses and AUC of one process, the 2-rank checkpoint
+evaluates to that AUC, the served model scores that AUC through the server, and the running
+server applies the second day's delta (its answers then come from step 24 instead of 16)."""
 import json
 import os
 import re
@@ -151,10 +152,10 @@ def scratch(tmp_path_factory):
     for name in LINKED:
         os.symlink(os.path.join(ROOT, name), path / name)
     (path / ".venv" / "bin").mkdir(parents=True)
-    os.symlink(executable(), path / ".venv" / "bin" / "python")
-    launcher = path / ".venv" / "bin" / "horovodrun"
-    launcher.write_text(f'#!/bin/sh\nexec {" ".join(PYTHON)} {os.path.join(os.path.dirname(sys.executable), "horovodrun")} "$@"\n')
-    launcher.chmod(0o755)
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    for name, command in (("python", executable()), ("horovodrun", f"{' '.join(PYTHON)} {horovodrun}")):
+        (path / ".venv" / "bin" / name).write_text(f'#!/bin/sh\nexec {command} "$@"\n')
+        (path / ".venv" / "bin" / name).chmod(0o755)
     (path / "bin").mkdir()
     if not shutil.which("curl"):
         (path / "bin" / "curl").write_text(CURL % sys.executable)
@@ -175,11 +176,10 @@ def run_shell(scratch, blocks, timeout=400) -> dict:
         if "deployment/serve.py" in text:
             text = text.replace("deployment/serve.py ",
                                 f"deployment/serve.py --http_port={http} --grpc_port={grpc} --metrics_port={metrics} ")
-        text = text.replace("deployment/evaluate_accuracy.py ", f"deployment/evaluate_accuracy.py --url=localhost:{http} ")
+        text = text.replace("deployment/evaluate_accuracy.py ",
+                            f"deployment/evaluate_accuracy.py --url=localhost:{http} ")
         text = text.replace("localhost:8000", f"localhost:{http}")
         script += [f"printf '\\n{MARKER}{block['index']}\\n'", text]   # after a last line without its newline (curl's)
-        if os.environ.get('GUIDE_DUMP'):
-            script += ["echo; date +%s.%N"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="3",
                PATH=os.pathsep.join([str(scratch / "bin"), os.environ["PATH"]]))
     process = subprocess.Popen(["bash", "-c", "\n".join(script)], cwd=scratch, stdout=subprocess.PIPE,
@@ -193,8 +193,6 @@ def run_shell(scratch, blocks, timeout=400) -> dict:
             pass
         process.wait()
     assert process.returncode == 0, f"the page's commands failed (exit {process.returncode}):\n{output[-6000:]}"
-    if os.environ.get('GUIDE_DUMP'):
-        open(os.environ['GUIDE_DUMP'] + str(blocks[0]['index']), 'w').write(output)
     return split_output(output)
 
 
@@ -204,9 +202,12 @@ def figures(line: str) -> dict:
 
 
 def lines_with(text: str, start: str) -> list:
-    return [line.split("<stdout>:", 1)[-1] for line in text.splitlines() if line.split("<stdout>:", 1)[-1].startswith(start)]
+    """The lines of `text` starting with `start`, without horovodrun's `[r]<stdout>:` prefix."""
+    lines = [line.split("<stdout>:", 1)[-1] for line in text.splitlines()]
+    return [line for line in lines if line.startswith(start)]
 
 
+@pytest.mark.slow   # six runs and a server: about 15 s on a quiet 2-core machine, more than 60 s under load
 def test_the_guide_trains_on_one_and_two_ranks_evaluates_exports_serves_and_updates_the_server(scratch):
     blocks = marked("run", "bash", "guide")
     out = run_shell(scratch, blocks)
@@ -236,8 +237,6 @@ def scripts(scratch):
     result = subprocess.run([*PYTHON, "-c", RUN_SCRIPTS, str(listed)], cwd=scratch, capture_output=True, text=True,
                             timeout=300, env=dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="3"))
     assert result.returncode == 0, f"a script of the page failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
-    if os.environ.get('GUIDE_DUMP'):
-        open(os.environ['GUIDE_DUMP'] + 'py', 'w').write(result.stdout + result.stderr)
     return split_output(result.stdout)
 
 
@@ -246,7 +245,7 @@ def test_the_reference_scripts_run_and_print_what_the_page_shows(scripts):
     assert_shown(BLOCKS, scripts)
 
 
-def test_the_reference_commands_run_a_model_file_and_the_scripts_checkpoint(scratch, scripts):
+def test_the_reference_commands_evaluate_and_export_the_scripts_checkpoint(scratch, scripts):
     blocks = marked("run", "bash", "reference")
     out = run_shell(scratch, blocks)
     assert_shown(BLOCKS, out)

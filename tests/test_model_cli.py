@@ -21,8 +21,8 @@ import run.loop as run_loop
 from storage import checkpoint
 from tests.support.configs import tiny_config
 from tests.support.horovod_run import ROOT, horovodrun
-from tests.support.runs import assert_same_losses, assert_same_run, records, succeeded
-from tests.test_tiered_cli import assert_same_checkpoint, assert_same_run as assert_same_tiered_run, disk_units, tiered
+from tests.support.runs import assert_same_run, records, succeeded
+from tests.support.checks import assert_same_checkpoint, assert_same_run_folders, disk_units, tiered
 from tests.support.warm_python import PYTHON
 from utils.errors import ConfigError
 
@@ -336,7 +336,7 @@ def test_tables_on_disk_equal_memory_and_checkpoints_move_between_tiers(tmp_path
     disk_out = train(disk, *tiered(store), "--checkpoint_every_n_steps=12")
     assert set(disk_units(disk_out)) == {(0, 0), (0, 2), (0, 4), (0, 6)} and "cache hits" in disk_out, disk_out
     assert "cache hits" not in memory_out
-    assert_same_tiered_run(disk, memory)
+    assert_same_run_folders(disk, memory)
     assert os.listdir(store) == []
     train(tmp_path / "from_disk", f"--restore_checkpoint_path={disk / 'ckpt' / 'ckpt-12'}")
     train(tmp_path / "to_disk", *tiered(store), f"--restore_checkpoint_path={memory / 'ckpt' / 'ckpt-12'}")
@@ -362,7 +362,7 @@ def test_two_embedding_layers_with_tables_on_disk_at_two_ranks_equal_memory(tmp_
     disk_out = train(disk, *tiered(store))
     deep, wide = disk_out.split("layer 'wide'")   # the plans: deep's tables over what wide keeps in memory
     assert disk_units(deep) and not disk_units(wide), disk_out
-    assert_same_tiered_run(disk, memory)
+    assert_same_run_folders(disk, memory)
 
 
 @pytest.mark.slow
@@ -382,7 +382,7 @@ def test_tables_on_disk_at_two_ranks_equal_memory_and_one_process(tmp_path):
     units = set(disk_units(disk_out))
     assert {(0, 4), (1, 4)} <= units and disk_units(memory_out) == {}, disk_out   # deep_cat_0: row shards
     assert "cache hits" in disk_out and "2 ranks" in disk_out
-    assert_same_tiered_run(disk, memory)
+    assert_same_run_folders(disk, memory)
     assert os.listdir(store) == []
     one = tmp_path / "one"
     train(one, ranks=1)

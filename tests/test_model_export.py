@@ -28,7 +28,7 @@ from run.config import build_config
 from tests.support.configs import TINY
 from tests.support.horovod_run import ROOT
 from tests.support.redis_server import RedisServer
-from tests.test_deployment_export import deploy, reference, served
+from tests.support.exports import deploy, reference, served
 from tests.support.serving import served_outputs, start_server, stop_server
 from tests.support.warm_python import PYTHON
 

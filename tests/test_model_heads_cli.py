@@ -26,7 +26,7 @@ from tests.support.horovod_run import horovodrun
 from tests.test_model_cli import DATA, FILE_DATA, PLACEMENT, STEPS, error_line, python
 from tests.support.runs import succeeded
 from tests.support.serving import script, start_server, stop_server
-from tests.test_tiered_cli import assert_same_checkpoint, log_records
+from tests.support.checks import assert_same_checkpoint, log_records
 from utils.errors import ConfigError
 
 MODEL = ["--model=examples/two_label.py", "--model_param=embedding_dim=4", "--model_param=hidden=[16,8]",

@@ -18,7 +18,7 @@ from deployment.repository_format import ServingLayout, categorical_matrix
 from deployment.serving.live import Model as Served
 from ranking import CategoricalFeature, Features
 from ranking.features import load_model_file
-from tests.test_deployment_export import deploy, reference
+from tests.support.exports import deploy, reference
 from tests.test_model_export import PARAMS, python, run_config
 from utils.errors import CheckpointError, ConfigError
 

@@ -368,7 +368,7 @@ def test_the_movielens_guide_serves_what_its_din_predicts(spark, tmp_path):
     from deployment.serving.live import Model
     from run.config import build_config
     from tests.support.configs import TINY
-    from tests.test_deployment_export import reference
+    from tests.support.exports import reference
     from tests.test_model_export import layout_of, python
     python("--output", str(tmp_path / "ratings.csv"), "--users", "200", "--movies", "300", "--ratings", "6000",
            script="tools/movielens_sample.py")
@@ -404,7 +404,7 @@ def test_an_hstu_ranker_reads_the_time_gaps_and_serves_what_it_predicts(spark, t
     from deployment.serving.live import Model
     from run.config import build_config
     from tests.support.configs import TINY
-    from tests.test_deployment_export import reference
+    from tests.support.exports import reference
     from tests.test_model_export import layout_of, python
     python("--output", str(tmp_path / "ratings.csv"), "--users", "150", "--movies", "200", "--ratings", "4000",
            script="tools/movielens_sample.py")

@@ -19,7 +19,7 @@ from deployment.repository_format import PAD, categorical_matrix
 from deployment.serving.live import Model, unpooled
 from run.config import build_config
 from tests.support.configs import TINY
-from tests.test_deployment_export import deploy, reference, served
+from tests.support.exports import deploy, reference, served
 from tests.test_model_export import check_tiers_take_the_delta, layout_of, python
 from deployment.client import ServingClient, free_ports
 from tests.support.serving import start_server, stop_server

@@ -22,7 +22,7 @@ from deployment.client import ServingClient, error_line, free_ports, open_eval_d
 from tests.support.configs import TINY
 from tests.support.horovod_run import ROOT
 from tests.support.datasets import write_dataset
-from tests.test_deployment_export import reference
+from tests.support.exports import reference
 from run.config import build_config
 from tests.support.serving import port_flags, scrape, script, start_server, stop_server
 

@@ -9,18 +9,18 @@ BUDGET is 107,374 bytes a rank. With Adam's 2 slots a row of width 8 takes 96 by
 least 2 x (64 + 64) rows (two training and two evaluation batches in flight) of 96 + 32 bytes plus an
 index of 4 bytes a row: 90,048 bytes with tables 1 and 3. At 2 ranks their row shards (or, in DCNv2,
 table 0's row shards and table 2's column slices) go to disk on both ranks."""
-import json
 import os
 import re
 import subprocess
 
-import numpy as np
 import pytest
 
 from storage import checkpoint
 from tests.support.horovod_run import ROOT, horovodrun
 from tests.support.runs import one_process, records, succeeded, wait_for
 from tests.support.warm_python import PYTHON
+from tests.support.checks import (BUDGET, assert_same_checkpoint, assert_same_run_folders, disk_units, error_lines,
+                                  log_records, one_error, tiered)
 
 MODEL = ["--dataset_type=synthetic", "--synthetic_cardinalities=3000,40,2000,7", "--synthetic_num_numerical=3",
          "--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1", "--optimizer=adam", "--seed=3"]
@@ -29,51 +29,8 @@ MODEL = ["--dataset_type=synthetic", "--synthetic_cardinalities=3000,40,2000,7",
 DATA = ["--learning_rate=0.01", "--batch_size=64", "--valid_batch_size=64", "--synthetic_rows=1536",
         "--synthetic_eval_rows=500", "--warmup_steps=2", "--decay_start_step=16", "--decay_steps=8",
         "--print_freq=4", "--evals_per_epoch=2"]
-BUDGET = "--embedding_memory_budget_gb=0.0001"
 ROW_SLICES = "--row_slice_threshold=1000"   # tables 0 and 2 in row shards at 2 ranks
 STORE_FIGURES = ("cache_hit_rate", "store_mb_read_per_step", "store_wait_ms_per_step")
-
-
-def tiered(store):
-    """The flags that put tables on disk, their files in `store` (created empty)."""
-    os.makedirs(store, exist_ok=True)
-    return [BUDGET, f"--embedding_store_path={store}"]
-
-
-def disk_units(stdout: str) -> dict:
-    """{(rank, feature): cache rows} of the shards the printed plan puts on disk (horovodrun's
-    line prefixes allowed)."""
-    shard = re.compile(r"(?:\[\d+\]<stdout>:)?(\d+)\s+(\d+)\s+(?:whole|row|column)\s.*\sdisk\s+([\d,]+)")
-    found = (shard.match(line) for line in stdout.splitlines())
-    return {(int(m[1]), int(m[2])): int(m[3].replace(",", "")) for m in found if m}
-
-
-def assert_same_checkpoint(got, want):
-    """Every tensor of checkpoint `got` (a directory or root) equals `want`'s, bit for bit."""
-    a, b = checkpoint.read_manifest(str(got)), checkpoint.read_manifest(str(want))
-    assert a["step"] == b["step"] and sorted(a["tensors"]) == sorted(b["tensors"])
-    differ = [n for n in a["tensors"] if not np.array_equal(checkpoint.read_tensor(a["path"], n),
-                                                            checkpoint.read_tensor(b["path"], n))]
-    assert not differ, differ
-
-
-def assert_same_run(got, want, steps=(12, 24)):
-    """Run folder `got` wrote the checkpoints (`ckpt/ckpt-<step>`) of run folder `want`, bit for bit,
-    and evaluated alike (its log.json's eval records, at exactly `steps`)."""
-    for step in steps:
-        assert_same_checkpoint(got / "ckpt" / f"ckpt-{step}", want / "ckpt" / f"ckpt-{step}")
-    evals = [[(r["step"], r["auc"], r["logloss"]) for r in log_records(out / "log.json") if r["kind"] == "eval"]
-             for out in (want, got)]
-    assert evals[0] == evals[1] and [e[0] for e in evals[1]] == list(steps), evals
-
-
-def log_records(path) -> list:
-    with open(path) as f:
-        return [json.loads(line) for line in f]
-
-
-def error_lines(text: str) -> list:
-    return [line for line in text.splitlines() if line.startswith("error: ")]
 
 
 def train(out, *args, ranks=1, script="dlrm.py", log=True):
@@ -113,7 +70,7 @@ def test_one_rank_on_disk_equals_memory(one_rank):
     units = disk_units(disk_out)
     assert set(units) == {(0, 0), (0, 2)} and disk_units(memory_out) == {}, disk_out
     assert 256 <= units[(0, 0)] < 3000 // 4 and 256 <= units[(0, 2)] < 2000 // 4, units
-    assert_same_run(disk, memory)
+    assert_same_run_folders(disk, memory)
 
     progress = [line for line in disk_out.splitlines() if line.startswith("step ")]
     assert len(progress) == 6 and all("cache hits" in line for line in progress), disk_out
@@ -122,7 +79,6 @@ def test_one_rank_on_disk_equals_memory(one_rank):
     assert all(set(STORE_FIGURES) <= set(r) for r in steps)
     assert min(r["cache_hit_rate"] for r in steps) < 1 and sum(r["store_rows_written"] for r in steps) > 0
     assert os.listdir(disk / "store") == []
-
 
 
 @pytest.mark.slow
@@ -194,7 +150,7 @@ def test_dynamic_table_beside_tables_on_disk_equals_memory_and_moves_between_tie
     disk_out = train(disk, dynamic, *tiered(tmp_path / "store"), "--checkpoint_every_n_steps=12").stdout
     assert set(disk_units(disk_out)) == {(0, 0), (0, 2)} and disk_units(memory_out) == {}, disk_out
     assert re.search(r"\n0\s+1\s+dynamic\s.*\smemory\s", disk_out), disk_out
-    assert_same_run(disk, memory)
+    assert_same_run_folders(disk, memory)
     last = [r for r in log_records(disk / "log.json") if r["kind"] == "step"][-1]
     assert last["embedding/table_1/evicted"] > 0 and last["embedding/table_1/refused"] > 0 and last["cache_hit_rate"] < 1
 
@@ -221,14 +177,6 @@ def test_two_ranks_dynamic_hash_shards_beside_row_shards_on_disk_equal_memory(tm
     saved = checkpoint.read_tensor(str(tmp_path / "disk" / "ckpt"), "embedding/table_1/shard_1/totals")
     assert saved[0, 1] > 0   # evictions
     assert os.listdir(tmp_path / "store") == []
-
-
-def one_error(proc: subprocess.CompletedProcess, code: int) -> str:
-    """The one error line of a run that exited with `code`."""
-    assert proc.returncode == code and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    errors = error_lines(proc.stderr)
-    assert len(errors) == 1, proc.stderr[-3000:]
-    return errors[0]
 
 
 def test_budget_too_small_and_missing_store_are_one_error_line(tmp_path):
