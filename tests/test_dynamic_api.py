@@ -285,7 +285,7 @@ def test_a_model_file_at_two_gloo_ranks_equals_one_process(tmp_path):
     within float tolerance and the counts in the JSON log equal one process's."""
     from tests.support.horovod_run import horovodrun
     from tests.test_dynamic_multirank import assert_same_tables
-    from tests.test_model_cli import DATA, model_args, python
+    from tests.support.model_files import DATA, model_args, python
     from tests.support.runs import records, succeeded
     args = [*model_args("wide_and_deep"), *DATA, "--max_steps=6", "--dynamic_tables=cat_0:60:2:lru:0:2,cat_3:30:1:lfu"]
     one, two = tmp_path / "one", tmp_path / "two"

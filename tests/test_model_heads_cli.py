@@ -23,7 +23,7 @@ from deployment.client import free_ports
 from run.config import build_config
 from tests.support.configs import TINY
 from tests.support.horovod_run import horovodrun
-from tests.test_model_cli import DATA, FILE_DATA, PLACEMENT, STEPS, error_line, python
+from tests.support.model_files import DATA, FILE_DATA, PLACEMENT, STEPS, error_line, python
 from tests.support.runs import succeeded
 from tests.support.serving import script, start_server, stop_server
 from tests.support.checks import assert_same_checkpoint, log_records

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from ranking import FeatureConfig, HybridEmbedding, Model, TableConfig
-from tests.test_model_cli import DATA, python
+from tests.support.model_files import DATA, python
 from tests.support.runs import succeeded
 from tests.support.checks import assert_same_checkpoint, log_records
 from utils.errors import ConfigError

@@ -9,7 +9,7 @@ from dataloading.feature_spec import split_binary_spec
 from dataloading.generate_dataset import generate
 import run.loop as run_loop
 from tests.support.configs import tiny_config
-from tests.test_model_cli import EXAMPLES
+from tests.support.model_files import EXAMPLES
 from utils.errors import ConfigError
 
 SEQUENCE_MODELS = ("din", "bst", "hstu")
