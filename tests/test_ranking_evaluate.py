@@ -12,8 +12,8 @@ import tensorflow as tf
 from nn import evaluator
 from parallel_embedding.collectives import SingleProcess
 from tests.test_ranking_heads import compiled, data, two_label_model
-from tests.test_ranking_layers import api_dlrm, dlrm_batches
-from tests.test_ranking_precision import api_steps
+from tests.support.api_dlrm import api_dlrm, dlrm_batches
+from tests.support.api_steps import api_steps
 from utils.errors import ConfigError
 
 

@@ -12,15 +12,14 @@ import pytest
 import tensorflow as tf
 
 import nn.interaction as nn_interaction
-from dataloading.synthetic import SyntheticDataset
 from nn.interaction import dot_interaction_width
 from nn.mlp import dense_initial_values, mlp_forward
 from ranking import (CrossNetwork, DotInteraction, FactorizationMachine, FeatureConfig, HybridEmbedding, MLP, Model,
                      TableConfig)
-from tests.support.multi_hot import multi_hot_ids
 from tests.support.recorded import assert_as_recorded, assert_values_as_recorded, model_state, recorded
 from tests.test_interaction import numpy_cross, numpy_dot_interaction
 from utils.errors import ConfigError
+from tests.support.api_dlrm import B, CARDS, STEPS, api_dlrm, dlrm_batches
 
 
 def numpy_mlp(x, kernels, biases, activation, linear_output):
@@ -146,39 +145,6 @@ def test_factorization_machine_matches_numpy():
     np.testing.assert_allclose(got[:, 0], pairs, rtol=1e-5, atol=1e-5)
     one = FactorizationMachine()([tf.constant(embeddings[0])]).numpy()   # no pairs
     np.testing.assert_allclose(one, np.zeros((5, 1)), atol=1e-5)
-
-
-# DLRM written with the API against the earlier built-in model (seed 3) and trainer (interaction "dot",
-# learning rate 0.1; tables of width DIM, feature 2's combined by "mean"), recorded.
-CARDS, HOTNESS, DIM, BOTTOM, TOP, B, STEPS = [40, 30, 20], [1, 1, 3], 4, (8, 4), (16, 1), 32, 4
-DATA = SyntheticDataset(CARDS, 3, 0.0, seed=11)
-
-
-def dlrm_batches():
-    """STEPS batches (numerical [B, 3], ids per feature, labels [B]); feature 2 multi-hot (ragged)."""
-    out = []
-    for step in range(STEPS):
-        b = DATA.batch("train", step * B, B)
-        ids = [tf.constant(c) for c in b["categorical"]]
-        ids[2] = tf.cast(multi_hot_ids(CARDS[2], HOTNESS[2], 2, step * B, B), tf.int32)
-        out.append((tf.constant(b["numerical"]), ids, tf.constant(b["labels"])))
-    return out
-
-
-def api_dlrm():
-    """DLRM in a few lines of the API, seeded as the earlier built-in model (seed 3)."""
-    features = [FeatureConfig(name=f"f{f}", table=TableConfig(name=f"t{f}", vocabulary_size=c, embedding_dim=DIM,
-                                                              combiner="mean" if h > 1 else "sum"),
-                              input_shape=(None, h) if h > 1 else (None,), output_shape=(None, DIM))
-                for f, (c, h) in enumerate(zip(CARDS, HOTNESS))]
-    numerical = keras.Input((3,), name="numerical")
-    ids = [keras.Input((None,), dtype="int32", ragged=True, name=f"f{f}") if h > 1 else
-           keras.Input((), dtype="int32", name=f"f{f}") for f, h in enumerate(HOTNESS)]
-    embedded = HybridEmbedding(features, seed=(3, 1000))(ids)
-    bottom = MLP(BOTTOM, seed=(3, 0), name="bottom_mlp")(numerical)
-    x = DotInteraction(name="interaction")([bottom] + embedded)
-    logit = MLP(TOP, linear_output=True, seed=(3, 100), name="top_mlp")(x)
-    return Model([numerical] + ids, logit)
 
 
 class _BatchLosses(keras.callbacks.Callback):

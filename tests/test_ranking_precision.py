@@ -4,7 +4,6 @@ DLRM written with the API under Keras' mixed precision equals the built-in Train
 tests/support/recorded.py; skipped overflowing steps, static scale); evaluation computes in
 float32; XLA compiles the dense part and equals the plain step; main.py --model with --amp and
 --xla trains as without, and a float16 checkpoint restores without --amp."""
-import json
 import os
 
 import keras
@@ -16,11 +15,12 @@ import ranking.precision
 import run.loop as run_loop
 from ranking import FeatureConfig, HybridEmbedding, Model, TableConfig
 from tests.support.compiled import xla_compiled_ops
-from tests.support.configs import TINY, make_config
+from tests.support.configs import make_config
 from tests.support.recorded import (FIXTURE, RTOL, assert_as_recorded, assert_values_as_recorded, model_state, recorded,
                             recording_cpu)
-from tests.test_ranking_layers import api_dlrm, dlrm_batches
+from tests.support.api_dlrm import api_dlrm, dlrm_batches
 from utils.errors import ConfigError
+from tests.support.api_steps import DLRM, api_steps, run_losses
 
 
 def built_under(policy: str, build=api_dlrm):
@@ -31,11 +31,6 @@ def built_under(policy: str, build=api_dlrm):
         return build()
     finally:
         keras.mixed_precision.set_global_policy(saved)
-
-
-def api_steps(model, data):
-    step = tf.function(model.step_on)
-    return [float(step([n] + ids, labels)[0]) for n, ids, labels in data]
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
@@ -173,20 +168,6 @@ def test_xla_refusals_name_the_model_or_layer():
                                           r"which it writes as the halves embedding_call and dense_call "
                                           r"\(docs/models.md\); model 'sub' writes only call$"):
         model.compile(jit_compile=True)
-
-
-# main.py --model=examples/dlrm.py with --amp, --xla (in process: run.loop.run).
-DLRM = dict(TINY, batch_size=96, valid_batch_size=300, max_steps=12, learning_rate=0.01, warmup_steps=2,
-            decay_start_step=8, decay_steps=4, seed=7, print_freq=1, synthetic_cardinalities=["300", "50", "7", "30"],
-            synthetic_rows=1152, synthetic_eval_rows=500, model="examples/dlrm.py",
-            model_param=["embedding_dim=8", "bottom=[16,8]", "top=[16]"])
-
-
-def run_losses(tmp_path, name, **flags):
-    log = tmp_path / f"{name}.json"
-    result = run_loop.run(make_config(DLRM, log_path=str(log), **flags))
-    records = [json.loads(line) for line in open(log)]
-    return [r["loss"] for r in records if r.get("kind") == "step"], result
 
 
 @pytest.mark.slow

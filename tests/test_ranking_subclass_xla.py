@@ -11,8 +11,8 @@ import tensorflow as tf
 
 from ranking import DotInteraction, FeatureConfig, HybridEmbedding, MLP, Model, TableConfig
 from tests.support.compiled import xla_compiled_ops
-from tests.test_ranking_layers import BOTTOM, CARDS, DIM, HOTNESS, TOP, api_dlrm, dlrm_batches
-from tests.test_ranking_precision import api_steps
+from tests.support.api_dlrm import BOTTOM, CARDS, DIM, HOTNESS, TOP, api_dlrm, dlrm_batches
+from tests.support.api_steps import api_steps
 from utils.errors import ConfigError
 
 
@@ -150,7 +150,7 @@ def build_model(features, hparams):
 
 def test_model_file_subclass_with_xla(tmp_path):
     """main.py --model=FILE --xla with a subclass in halves: the losses of the run without --xla."""
-    from tests.test_ranking_precision import DLRM, run_losses
+    from tests.support.api_steps import DLRM, run_losses
     path = tmp_path / "halves.py"
     path.write_text(SUBCLASS_FILE)
     flags = dict(model=str(path), model_param=[])

@@ -12,8 +12,8 @@ import tensorflow as tf
 
 from ranking import FeatureConfig, HybridEmbedding, MLP, Model, TableConfig
 from tests.support.compiled import xla_compiled_nodes, xla_compiled_ops
-from tests.test_ranking_layers import BOTTOM, CARDS, DIM, HOTNESS, dlrm_batches
-from tests.test_ranking_precision import api_steps, run_losses
+from tests.support.api_dlrm import BOTTOM, CARDS, DIM, HOTNESS, dlrm_batches
+from tests.support.api_steps import api_steps, run_losses
 from utils.errors import ConfigError
 
 CROSSED = 97   # rows of the table of the crossed feature (f0, f1)
