@@ -135,3 +135,11 @@ def test_deploy_errors_are_one_line(tmp_path):
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert sorted(os.listdir(tmp_path / "repo")) == ["dlrm", "export.json"]
     assert "kind: KIND_CPU" in (tmp_path / "repo" / "dlrm" / "config.pbtxt").read_text()
+    nested = deploy(f"--checkpoint={tmp_path / 'ckpt'}", f"--output={tmp_path / 'a' / 'b' / 'repo'}",
+                    "--forms=monolithic")   # its folders made, as mkdir -p
+    assert nested.returncode == 0, nested.stderr[-2000:]
+    assert sorted(os.listdir(tmp_path / "a" / "b" / "repo")) == ["dlrm", "export.json"]
+    (tmp_path / "file").write_text("x")
+    blocked = deploy(f"--checkpoint={tmp_path / 'ckpt'}", f"--output={tmp_path / 'file' / 'repo'}")
+    assert blocked.returncode == 2 and blocked.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'file' / 'repo'}: cannot create its folder {tmp_path / 'file'}: File exists"]

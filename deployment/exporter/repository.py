@@ -196,6 +196,10 @@ def _written_whole(out: str, write, need: int):
     it into place (removed on error). `need`: about the bytes it writes, for the line saying that
     the device is full (ExportError)."""
     parent, base = os.path.split(os.path.abspath(out))
+    try:
+        os.makedirs(parent, exist_ok=True)   # as `mkdir -p`: an output under folders yet to be made
+    except OSError as e:
+        raise ExportError(f"{out}: cannot create its folder {parent}: {e.strerror}") from None
     tmp, old = (os.path.join(parent, f".{base}.{kind}-export") for kind in ("tmp", "old"))
     shutil.rmtree(tmp, ignore_errors=True)
     free = shutil.disk_usage(parent).free
