@@ -11,35 +11,16 @@ import pytest
 
 import run.loop as run_loop
 from utils import logger as run_logger
-from tests.support.configs import TINY as TINY_BASE, make_config
 from utils.errors import CheckpointError
-from tests.support.warm_python import PYTHON
+from tests.support.checks import log_records
+from tests.support.cli import ENV, SCRIPT_ARGS, TINY, TINY_STEPS, config, run_script, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
 
-# 4 tables, 12 training steps of batch 128, 500 evaluation samples.
-TINY = dict(TINY_BASE, warmup_steps=3, decay_start_step=6, decay_steps=6, print_freq=100,
-            synthetic_rows=128 * 12, synthetic_eval_rows=500)
-TINY_STEPS = 12
 
 # Parameters of TINY (dot): tables (20+50+7+30)*8 = 856; bottom 3*16+16 + 16*8+8 = 200;
 # dot output 8 + 5*4/2 = 18 -> padded to 24; top 24*16+16 + 16*1+1 = 417.
 TINY_PARAMS = 856 + 200 + 417
-
-
-def config(**overrides):
-    """A tiny valid config with `overrides`, which count as set on the command line."""
-    return make_config(TINY, **overrides)
-
-
-def train(**overrides):
-    return run_loop.run(config(**overrides))
-
-
-def read_log(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f]
 
 
 def model_line(text):
@@ -69,15 +50,6 @@ def build_model(out, **overrides):
 
 # --------------------------------------------------------------------------------------------
 # Entry points, as subprocesses.
-
-def run_script(*args, timeout=120):
-    return subprocess.run([*PYTHON, *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=timeout)
-
-
-SCRIPT_ARGS = ["--dataset_type=synthetic", "--synthetic_cardinalities=20,50,7,30", "--synthetic_num_numerical=3",
-               "--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1", "--batch_size=64",
-               "--valid_batch_size=256", "--synthetic_rows=256", "--synthetic_eval_rows=256", "--print_freq=1"]
 
 
 @pytest.mark.parametrize("script,args,flag", [
@@ -129,7 +101,7 @@ def test_entry_point_trains_with_its_model_defaults(script, line, params, last_l
     proc = run_script(script, *SCRIPT_ARGS, f"--log_path={tmp_path / 'log.json'}")
     assert proc.returncode == 0, proc.stderr
     # The reference's schedules: warmup 8000 (DLRM) or 100 (DCNv2), both decaying from step 48000 over 24000.
-    schedule = {k: read_log(tmp_path / "log.json")[0][k] for k in ("warmup_steps", "decay_start_step", "decay_steps")}
+    schedule = {k: log_records(tmp_path / "log.json")[0][k] for k in ("warmup_steps", "decay_start_step", "decay_steps")}
     assert schedule == dict(warmup_steps=8000 if script == "dlrm.py" else 100, decay_start_step=48000,
                             decay_steps=24000)
     assert model_line(proc.stdout).startswith(line)
@@ -222,7 +194,7 @@ def test_log_path_writes_json_records_and_tensorboard(tmp_path):
     import tensorflow as tf
     log = tmp_path / "logs" / "run.json"
     result = train(log_path=str(log), print_freq=4)
-    records = read_log(log)
+    records = log_records(log)
     kinds = [r["kind"] for r in records]
     assert kinds[0] == "params" and kinds[-1] == "final"
     assert kinds.count("step") == 3 and kinds.count("eval") == 1
@@ -280,7 +252,7 @@ def test_steps_run(overrides, steps):
 def test_evals_per_epoch(tmp_path, overrides, eval_steps):
     log = tmp_path / "log.json"
     train(log_path=str(log), **overrides)
-    assert [r["step"] for r in read_log(log) if r["kind"] == "eval"] == eval_steps
+    assert [r["step"] for r in log_records(log) if r["kind"] == "eval"] == eval_steps
 
 
 # --------------------------------------------------------------------------------------------
@@ -417,7 +389,7 @@ def test_training_flags_change_the_result(baseline, overrides):
 def test_learning_rate_schedule_flags(tmp_path):
     log = tmp_path / "log.json"
     train(log_path=str(log), print_freq=1, learning_rate=0.002, warmup_steps=3, decay_start_step=6, decay_steps=4)
-    lrs = [r["lr"] for r in read_log(log) if r["kind"] == "step"]
+    lrs = [r["lr"] for r in log_records(log) if r["kind"] == "step"]
     # update k (0-based): warmup (k+1)/3, constant, then ((6+4-k)/4)^2 decay to zero, held
     expected = [0.002 * f for f in (1 / 3, 2 / 3, 1, 1, 1, 1, 1, (3 / 4) ** 2, (2 / 4) ** 2, (1 / 4) ** 2, 0, 0)]
     assert lrs == pytest.approx(expected, rel=1e-5, abs=1e-12)
@@ -540,7 +512,7 @@ def test_auc_thresholds(out, tmp_path):
     assert result["auc_thresholded"] != result["auc"]
     assert re.search(r"eval at step 2: auc 0\.\d+ \| logloss \S+ \| oracle_auc \S+ \| auc_thresholded 0\.\d+",
                      out.readouterr().out)
-    assert [r["auc_thresholded"] for r in read_log(tmp_path / "log.json") if r["kind"] == "eval"] == \
+    assert [r["auc_thresholded"] for r in log_records(tmp_path / "log.json") if r["kind"] == "eval"] == \
         [result["auc_thresholded"]]
     assert "auc_thresholded" not in train(max_steps=2)
 
@@ -569,7 +541,7 @@ def test_inference(monkeypatch, tmp_path):
         assert set(r) == {"batch_size", "samples_per_s", "mean_ms", "p50_ms", "p90_ms", "p99_ms"}
         assert 0 < r["p50_ms"] <= r["p90_ms"] <= r["p99_ms"] and r["mean_ms"] > 0 and r["samples_per_s"] > 0
     assert calls == [7 + 5] * 3          # inference_steps timed predictions after 5 warm-up ones
-    assert [r["batch_size"] for r in read_log(log) if r["kind"] == "inference"] == [1, 16, 33]
+    assert [r["batch_size"] for r in log_records(log) if r["kind"] == "inference"] == [1, 16, 33]
 
 
 def test_inference_from_checkpoint(trained, out):

@@ -25,7 +25,7 @@ from parallel_embedding.routing import hash_shards
 from storage import checkpoint
 from deployment.exporter.repository import exported_model
 from tests.support.configs import tiny_config
-from tests.test_cli import SCRIPT_ARGS, run_script
+from tests.support.cli import SCRIPT_ARGS, run_script
 from utils.errors import CheckpointError, ConfigError
 
 

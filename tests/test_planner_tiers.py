@@ -7,7 +7,7 @@ import pytest
 
 from parallel_embedding.planner import (INDEX_BYTES_PER_ROW, SLOT_OVERHEAD_BYTES, BudgetError, Plan, PlanError, Shard,
                                         TablePlacement, Tier, TierOptions, _human_bytes, assign_tiers, plan_tables)
-from tests.test_config import build
+from tests.support.flag_defaults import build
 from tests.test_planner import random_configs
 from utils.errors import ConfigError
 from run.runtime import embedding_plan

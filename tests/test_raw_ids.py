@@ -266,7 +266,7 @@ def test_dynamic_tables_from_the_datasets_distinct_ids(tmp_path):
     """--dynamic_tables=all:<factor>x: every raw-id feature, its capacity the factor times its
     distinct ids in the spec's metadata (rounded up); an entry of its own wins; a feature named as
     preprocessing named it (the metadata's columns); the refusals in one line."""
-    from tests.test_config import build
+    from tests.support.flag_defaults import build
     write_raw_dataset(tmp_path, np.arange(4), np.zeros(0, np.int64), np.zeros(4, np.int64))
     spec_path = tmp_path / SPEC_FILE
     on_disk = yaml.safe_load(spec_path.read_text())
@@ -361,7 +361,7 @@ def test_readers_give_int64_raw_ids(tmp_path):
 
 
 def test_training_refuses_raw_ids_without_a_dynamic_table(tmp_path):
-    from tests.test_config import build
+    from tests.support.flag_defaults import build
     write_raw_dataset(tmp_path, np.arange(4), np.zeros(0, np.int64), np.zeros(4, np.int64))
     for overrides in (dict(dataset_type="split_binary", dataset_path=str(tmp_path), eval_mapping="train"),
                       dict(dataset_path=str(tmp_path), synthetic_dataset_use_feature_spec=True)):

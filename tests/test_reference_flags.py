@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import run.loop as run_loop
-from tests.test_cli import SCRIPT_ARGS, TINY, TINY_STEPS, config, read_log, run_script, train
+from tests.support.cli import SCRIPT_ARGS, TINY, TINY_STEPS, config, run_script, train
+from tests.support.checks import log_records
 from run.config import build_config
 from utils.errors import ConfigError
 from run.runtime import PROFILED_STEPS, StepProfiler, offloading_line
@@ -98,7 +99,7 @@ def test_profiler_writes_a_tensorboard_profile(tmp_path, capsys):
     assert len(profiles) == 1 and os.path.getsize(profiles[0]) > 0, os.listdir(tb)
     out = capsys.readouterr().out
     assert f"profile of training steps 3..{TINY_STEPS - 1} (rank 0) written to " in out   # cut at the end
-    assert read_log(log)[0]["profiler_start_step"] == 3
+    assert log_records(log)[0]["profiler_start_step"] == 3
 
 
 def test_profiler_window():
@@ -124,7 +125,7 @@ def test_cpu_offloading_threshold_is_reported_with_the_plan(tmp_path, capsys):
     line = f"--cpu_offloading_threshold_gb=75: rank 0's tables take {tables / 2 ** 30:.3g} GiB, all in host memory"
     assert line in out
     assert out.index("embedding plan:") < out.index(line) < out.index("model: ")
-    assert read_log(log)[0]["cpu_offloading_threshold_gb"] == 75
+    assert log_records(log)[0]["cpu_offloading_threshold_gb"] == 75
     train(max_steps=1)
     assert "--cpu_offloading_threshold_gb" not in capsys.readouterr().out
 
@@ -208,4 +209,4 @@ def test_two_ranks_profile_rank_1_with_threads_set_before_horovod(tmp_path):
     assert "[1]<stdout>:profile of training steps 1..3 (rank 1) written to" in proc.stdout, proc.stdout
     assert "[0]<stdout>:profile" not in proc.stdout
     assert len(glob.glob(str(tmp_path / "run_tb" / "plugins" / "profile" / "*" / "*.xplane.pb"))) == 1
-    assert read_log(log)[-1]["kind"] == "final"
+    assert log_records(log)[-1]["kind"] == "final"

@@ -374,7 +374,7 @@ def test_synthetic_histories_and_their_affinity_term_against_python():
     """--synthetic_history_length=L: a last feature "history" over cat_0's vocabulary, 0..L ids a
     sample; the oracle logit is the other features' plus s_h * max_j <v[c_0], v[h_j]> / 2."""
     from dataloading import synthetic
-    from tests.test_config import build
+    from tests.support.flag_defaults import build
     cfg = build(synthetic_cardinalities=["50", "8", "6"], synthetic_history_length=5)
     assert cfg.data.shape.names == ["cat_0", "cat_1", "cat_2", "history"]
     assert (cfg.data.cardinalities, cfg.data.max_hotness) == ([50, 8, 6, 50], [None, None, None, 5])
