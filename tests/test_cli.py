@@ -497,7 +497,7 @@ def test_reference_interaction_names(out, interaction, kernel):
 
 def test_auc_thresholds(out, tmp_path):
     """--auc_thresholds: the reference's approximate AUC of the evaluated predictions beside the exact one."""
-    from tests.test_metrics import direct_thresholded_auc
+    from tests.support.references import direct_thresholded_auc
     from utils.metrics import roc_auc
     r = run_loop.Run(config(auc_thresholds=50, max_steps=2, log_path=str(tmp_path / "log.json")))
     result = r.train()

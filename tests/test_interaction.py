@@ -5,15 +5,7 @@ import tensorflow as tf
 
 from nn.interaction import DotInteraction, dot_interaction_width
 from nn.layers import CrossNetwork
-
-
-def numpy_dot_interaction(bottom, embeddings):
-    vectors = np.stack([bottom] + embeddings, axis=1)            # [B, F+1, D]
-    n = vectors.shape[1]
-    pairs = [np.sum(vectors[:, i] * vectors[:, j], axis=1) for i in range(n) for j in range(i)]
-    out = np.concatenate([bottom, np.stack(pairs, axis=1)], axis=1)
-    pad = (-out.shape[1]) % 8
-    return np.concatenate([out, np.zeros((out.shape[0], pad))], axis=1)
+from tests.support.references import numpy_cross, numpy_dot_interaction
 
 
 @pytest.mark.parametrize("batch,features,dim", [(1, 1, 1), (3, 8, 7), (5, 26, 16), (2, 32, 129)])
@@ -46,16 +38,6 @@ def test_dot_interaction_gradient_matches_numerical():
 
     theoretical, numerical = tf.test.compute_gradient(f, [bottom])
     np.testing.assert_allclose(theoretical[0], numerical[0], rtol=1e-6, atol=1e-6)
-
-
-def numpy_cross(x0, layers):
-    x = x0
-    for mats, bias in layers:
-        h = x
-        for m in mats:
-            h = h @ m
-        x = x0 * (h + bias) + x
-    return x
 
 
 @pytest.mark.parametrize("projection_dim", [0, 3])

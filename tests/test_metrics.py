@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from utils.metrics import log_loss, roc_auc, thresholded_auc
+from tests.support.references import direct_thresholded_auc
 
 
 def brute_force_auc(labels, scores):
@@ -37,18 +38,6 @@ def test_log_loss_from_logits():
     expected_first3 = -(np.log(p[0]) + np.log(1 - p[1]) + np.log(p[2]))
     # The 4th term (y=0, z=40) is log(1 + e^40) ~= 40, computed without overflow or log(0).
     assert log_loss(labels, logits) == pytest.approx((expected_first3 + 40.0) / 4, rel=1e-9)
-
-
-def direct_thresholded_auc(labels, logits, num_thresholds):
-    """The reference's approximation written out threshold by threshold: Keras's thresholds
-    (epsilon 1e-7 below 0 and above 1), rates of sigmoid(logits) > t, trapezoids."""
-    labels = np.asarray(labels, dtype=bool)
-    with np.errstate(over="ignore"):   # exp(800) = inf: p = 0
-        p = 1.0 / (1.0 + np.exp(-np.asarray(logits, dtype=np.float64)))
-    thresholds = [-1e-7] + [(i + 1) / (num_thresholds - 1) for i in range(num_thresholds - 2)] + [1 + 1e-7]
-    tpr = np.array([np.sum(labels & (p > t)) / labels.sum() for t in thresholds])
-    fpr = np.array([np.sum(~labels & (p > t)) / (~labels).sum() for t in thresholds])
-    return sum((fpr[i] - fpr[i + 1]) * (tpr[i] + tpr[i + 1]) / 2 for i in range(num_thresholds - 1))
 
 
 @pytest.mark.parametrize("num_thresholds", [2, 3, 10, 200, 8000])

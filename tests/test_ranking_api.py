@@ -17,7 +17,7 @@ from storage import checkpoint
 from tests.support.horovod_run import horovodrun
 from tests.support.multi_hot import multi_hot_ids
 from tests.support.recorded import assert_as_recorded, assert_values_as_recorded, model_state, recorded
-from tests.test_ranking_evaluate import pairwise_auc
+from tests.support.references import pairwise_auc
 from utils.errors import ConfigError, NonFiniteError
 
 CARDS, DIMS, COMBINERS, HOTNESS = [40, 30, 20], [8, 4, 6], ["sum", "sum", "mean"], [1, 1, 3]

@@ -15,14 +15,7 @@ from tests.test_ranking_heads import compiled, data, two_label_model
 from tests.support.api_dlrm import api_dlrm, dlrm_batches
 from tests.support.api_steps import api_steps
 from utils.errors import ConfigError
-
-
-def pairwise_auc(labels, scores) -> float:
-    """ROC AUC as its definition: over every (positive, negative) pair, 1 where the positive
-    scores higher, 1/2 where they tie; mean. labels, scores: [n]."""
-    labels, scores = np.asarray(labels).ravel() > 0.5, np.asarray(scores, np.float64).ravel()
-    pos, neg = scores[labels][:, None], scores[~labels][None, :]
-    return float(np.mean((pos > neg) + 0.5 * (pos == neg)))
+from tests.support.references import pairwise_auc
 
 
 def cross_entropy(labels, logits) -> float:

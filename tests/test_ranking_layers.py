@@ -17,7 +17,7 @@ from nn.mlp import dense_initial_values, mlp_forward
 from ranking import (CrossNetwork, DotInteraction, FactorizationMachine, FeatureConfig, HybridEmbedding, MLP, Model,
                      TableConfig)
 from tests.support.recorded import assert_as_recorded, assert_values_as_recorded, model_state, recorded
-from tests.test_interaction import numpy_cross, numpy_dot_interaction
+from tests.support.references import numpy_cross, numpy_dot_interaction
 from utils.errors import ConfigError
 from tests.support.api_dlrm import B, CARDS, STEPS, api_dlrm, dlrm_batches
 

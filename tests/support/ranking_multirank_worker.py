@@ -33,7 +33,7 @@ from dataloading.synthetic import SyntheticDataset
 from parallel_embedding.collectives import SingleProcess, make_collectives
 from ranking import FeatureConfig, HybridEmbedding, Model, SequenceMask, TableConfig, TargetAttention
 from tests.support.multi_hot import multi_hot_ids
-from tests.test_ranking_evaluate import pairwise_auc
+from tests.support.references import pairwise_auc
 
 CARDS, DIMS, COMBINERS = [40, 60, 20], [8, 4, 6], ["sum", "mean", "mean"]   # tables
 FEATURES = {"separate": [(0, 1), (1, 3), (2, 2)],   # (table, max hotness; -L: a sequence of max length L) per feature
