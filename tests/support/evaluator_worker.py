@@ -1,5 +1,5 @@
-"""Run under `horovodrun -np N`: each rank evaluates its rows of tests.test_evaluator's data (rank
-r: `rows(r)`, in batches with padding) and gathers them onto rank 0. Prints, per rank, one line
+"""Run under `horovodrun -np N`: each rank evaluates its rows of tests/support/evaluator_rows.py
+(rank r: `rank_rows(r)`, in batches with padding) and gathers them onto rank 0. Prints, per rank, one line
 `RESULT {json}` with what `gather` returned on it and the metrics `evaluate` shared."""
 import json
 
@@ -7,7 +7,7 @@ import numpy as np
 
 from nn.evaluator import evaluate
 from parallel_embedding.collectives import make_collectives
-from tests.test_evaluator import batches, rank_rows
+from tests.support.evaluator_rows import batches, rank_rows
 
 
 def main():
