@@ -8,12 +8,17 @@ default names, derived from tensor names, would not match across ranks.
 import os
 import re
 import socket
+import time
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from utils.launcher import launched
+
+# A rank's process killed on this host has closed its sockets (the failure another rank sees) a
+# moment before it reads as exited: how long a failing rank looks for it before naming a peer.
+EXIT_WAIT_S = 2.0
 
 
 class SingleProcess:
@@ -138,13 +143,17 @@ class HorovodCollectives(SingleProcess):
         """Which rank was lost: this host's other ranks whose process has exited or is stopped; else,
         at 2 ranks, the other one (the only peer there is); else an unnamed peer rank, with the host
         of the connection Gloo's message names (a rank there failed first, or saw another fail)."""
-        host, lost = socket.gethostname(), []
-        for r, (h, pid, _) in enumerate(self._processes):
-            state = _process_state(pid) if h == host and r != self.rank else None
-            if state:
-                lost.append(f"rank {r} of {self.size} {state} (process {pid} on {h})")
-        if lost:
-            return ", ".join(lost)
+        host = socket.gethostname()
+        local = [(r, h, pid) for r, (h, pid, _) in enumerate(self._processes) if h == host and r != self.rank]
+        deadline = time.monotonic() + (EXIT_WAIT_S if local else 0.0)
+        while True:   # a killed process closes its sockets (what Gloo saw) before it reads as exited
+            lost = [f"rank {r} of {self.size} {state} (process {pid} on {h})"
+                    for r, h, pid in local for state in [_process_state(pid)] if state]
+            if lost:
+                return ", ".join(lost)
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
         lost = "died, hung or became unreachable (HOROVOD_GLOO_TIMEOUT_SECONDS bounds the wait)"
         if self.size == 2:
             return f"rank {1 - self.rank} of 2 (on {self._processes[1 - self.rank][0]}) {lost}"

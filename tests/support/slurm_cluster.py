@@ -16,6 +16,7 @@ from tests.support import netns_hosts
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 COMMANDS = ("sbatch", "scontrol", "scancel", "sinfo")
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")   # a job's states once it has ended
 
 
 def missing() -> Optional[str]:
@@ -112,7 +113,7 @@ class SlurmCluster:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             fields = self.job(job_id)
-            if fields.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL") and \
+            if fields.get("JobState") in ENDED and \
                     int(fields.get("Restarts", 0)) >= restarts and fields.get("Reason") != "BeginTime":
                 return fields
             time.sleep(0.2)
